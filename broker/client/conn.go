@@ -1,0 +1,126 @@
+package client
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultSocket is where the broker listens unless told otherwise.
+const DefaultSocket = "/run/npurun/broker.sock"
+
+// SocketPath is the socket a client uses: flag, then $NPURUN_SOCKET, then
+// DefaultSocket.
+func SocketPath(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	if s := os.Getenv("NPURUN_SOCKET"); s != "" {
+		return s
+	}
+	return DefaultSocket
+}
+
+// Sentinel errors of the client side.
+var (
+	// ErrNoBroker means nothing listens on the socket.
+	ErrNoBroker = errors.New("no broker is running")
+	// ErrTimeout means no message came before the deadline.
+	ErrTimeout = errors.New("timed out")
+)
+
+// Conn is a client connection to the broker. It uses raw system calls
+// only: npurun sits in front of every job and its start-up is measured.
+type Conn struct {
+	fd  int
+	buf []byte
+	oob []byte
+}
+
+// Dial connects to the broker's socket.
+func Dial(path string) (*Conn, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	for {
+		err = unix.Connect(fd, &unix.SockaddrUnix{Name: path})
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED) {
+			return nil, fmt.Errorf("connect %s: %w (%v)", path, ErrNoBroker, err)
+		}
+		return nil, fmt.Errorf("connect %s: %w", path, err)
+	}
+	return &Conn{fd: fd, buf: make([]byte, MaxMessage), oob: make([]byte, oobSpace)}, nil
+}
+
+// Close closes the connection; a waiting request is thereby cancelled.
+func (c *Conn) Close() error { return unix.Close(c.fd) }
+
+// Send sends one request, filling in the protocol version.
+func (c *Conn) Send(req *Request) error {
+	req.V = Version
+	b, err := Encode(req)
+	if err != nil {
+		return err
+	}
+	return SendMsg(c.fd, b, nil, 0)
+}
+
+// Recv waits up to timeout (forever when timeout < 0) for one reply and
+// the descriptors it carries. An error reply is returned as *Error.
+func (c *Conn) Recv(timeout time.Duration) (*Reply, []int, error) {
+	if timeout >= 0 {
+		deadline := time.Now().Add(timeout)
+		for {
+			ms := int(time.Until(deadline) / time.Millisecond)
+			if ms < 0 {
+				ms = 0
+			}
+			pfd := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}
+			n, err := unix.Poll(pfd, ms)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("poll: %w", err)
+			}
+			if n > 0 {
+				break
+			}
+			if ms == 0 {
+				return nil, nil, ErrTimeout
+			}
+		}
+	}
+	b, fds, err := RecvMsg(c.fd, c.buf, c.oob, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	var r Reply
+	if err := json.Unmarshal(b, &r); err != nil {
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("decode reply: %w", err)
+	}
+	if r.Type != TypeGrant && len(fds) > 0 {
+		closeAll(fds) // descriptors only belong to grants
+		fds = nil
+	}
+	if r.Type == TypeGrant && len(fds) != len(r.Devices) {
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("grant of %d devices came with %d descriptors", len(r.Devices), len(fds))
+	}
+	if r.Type == TypeError {
+		return &r, nil, &Error{Code: r.Code, Message: r.Message, Hint: r.Hint}
+	}
+	return &r, fds, nil
+}

@@ -1,0 +1,207 @@
+// Package client speaks the broker's wire protocol: the message types, their framing and the descriptors they carry.
+package client
+
+// The whole exchange between a client (npurun, later task-submit and the PAM
+// module) and npubroker. One Unix socket of type SOCK_SEQPACKET; every
+// message is one JSON object in one packet, at most MaxMessage bytes, with a
+// protocol version "v". Descriptors travel as SCM_RIGHTS ancillary data in
+// the same sendmsg as the grant that names them, one per device, in the
+// order of the grant's "devices".
+//
+//	client                                   npubroker
+//	  │ ── connect ──────────────────────────▶ │ identity: SO_PEERCRED only
+//	  │ ── {"op":"acquire","n":1,"pool":…} ──▶ │ policy check, enqueue
+//	  │ ◀── {"type":"queued","position":3,…} ─ │ again whenever it changes
+//	  │ ◀── {"type":"queued","position":1} ─── │
+//	  │ ◀── {"type":"grant","devices":[5],…} ─ │ + SCM_RIGHTS: npu5.lock, flock(LOCK_EX) held
+//	  │   (the client now holds the lock; it  │ broker closes its copy and waits
+//	  │    clears FD_CLOEXEC and execs)        │ in flock on a second open file
+//	  │                                        │
+//	  │ ── {"op":"ping"} ────────────────────▶ │
+//	  │ ◀── {"type":"pong"} ────────────────── │
+//	  │                                        │
+//	  │ ── garbage / oversized / bad version ▶ │
+//	  │ ◀── {"type":"error","code":"bad-request"} and the broker closes the connection
+//
+// A client cancels a wait by closing the connection. After a grant the same
+// connection may ask again.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// Version is the protocol version every message carries.
+const Version = 1
+
+// MaxMessage is the hard cap on one message, in bytes.
+const MaxMessage = 64 << 10
+
+// MaxDevices is the most devices (and so descriptors) one grant carries.
+const MaxDevices = 64
+
+// Operations a client asks for.
+const (
+	OpAcquire = "acquire"
+	OpPing    = "ping"
+)
+
+// Reply types.
+const (
+	TypeQueued = "queued"
+	TypeGrant  = "grant"
+	TypeError  = "error"
+	TypePong   = "pong"
+)
+
+// Error codes carried by a reply of type "error".
+const (
+	CodeBadRequest = "bad-request" // malformed, oversized or unknown message
+	CodeBusy       = "busy"        // nothing free and the client asked not to wait
+	CodeDenied     = "denied"      // policy forbids the request
+	CodeTooMany    = "too-many"    // a cap on waiters or connections was reached
+	CodeNoSuchPool = "no-such-pool"
+	CodeNoDevice   = "no-such-device"
+)
+
+// Request is a message from a client.
+type Request struct {
+	V       int    `json:"v"`
+	Op      string `json:"op"`
+	N       int    `json:"n,omitempty"`       // devices wanted (acquire)
+	Pool    string `json:"pool,omitempty"`    // pool to take them from; "" is the default pool
+	Devices []int  `json:"devices,omitempty"` // exactly these physical ids
+	NoWait  bool   `json:"no_wait,omitempty"` // fail with "busy" instead of queueing
+}
+
+// Reply is a message from the broker.
+type Reply struct {
+	V    int    `json:"v"`
+	Type string `json:"type"`
+
+	// queued
+	Pool     string   `json:"pool,omitempty"`
+	Position int      `json:"position,omitempty"` // 1 is next in line
+	Ahead    []string `json:"ahead,omitempty"`    // users ahead, nearest first, at most a few
+	Reason   string   `json:"reason,omitempty"`   // why it waits although first, e.g. a limit
+
+	// grant
+	Devices  []int    `json:"devices,omitempty"` // physical ids, one descriptor each, same order
+	Vendor   string   `json:"vendor,omitempty"`
+	Env      []string `json:"env,omitempty"` // NAME=value entries selecting the devices
+	WaitedMS int64    `json:"waited_ms,omitempty"`
+
+	// error
+	Code    string `json:"code,omitempty"`
+	Message string `json:"message,omitempty"`
+	Hint    string `json:"hint,omitempty"`
+}
+
+// Error is an error reply from the broker, usable with errors.As.
+type Error struct {
+	Code    string
+	Message string
+	Hint    string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Framing errors.
+var (
+	ErrTooLarge     = errors.New("message larger than the protocol allows")
+	ErrFDsTruncated = errors.New("descriptors dropped in transit (file limit reached?)")
+	ErrClosed       = errors.New("connection closed by peer")
+)
+
+// Encode marshals a message and checks it against MaxMessage.
+func Encode(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxMessage {
+		return nil, ErrTooLarge
+	}
+	return b, nil
+}
+
+// SendMsg writes one packet, with fds as SCM_RIGHTS when there are any.
+// flags is passed to sendmsg (MSG_NOSIGNAL is always added).
+func SendMsg(fd int, b []byte, fds []int, flags int) error {
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	for {
+		err := unix.Sendmsg(fd, b, oob, nil, flags|unix.MSG_NOSIGNAL)
+		if err == unix.EINTR {
+			continue
+		}
+		return err
+	}
+}
+
+// oobSpace is room for MaxDevices descriptors.
+var oobSpace = unix.CmsgSpace(MaxDevices * 4)
+
+// RecvMsg reads one packet into buf with MSG_CMSG_CLOEXEC. It returns the
+// payload and any descriptors that came with it. A packet larger than buf
+// gives ErrTooLarge; dropped descriptors give ErrFDsTruncated; in both
+// cases any descriptors that did arrive are closed. End of stream is
+// ErrClosed. flags is added to the recvmsg flags (e.g. MSG_DONTWAIT).
+func RecvMsg(fd int, buf, oob []byte, flags int) ([]byte, []int, error) {
+	var n, oobn, rflags int
+	var err error
+	for {
+		n, oobn, rflags, _, err = unix.Recvmsg(fd, buf, oob, flags|unix.MSG_CMSG_CLOEXEC)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	var fds []int
+	if oobn > 0 {
+		fds, err = parseRights(oob[:oobn])
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	switch {
+	case rflags&unix.MSG_TRUNC != 0:
+		closeAll(fds)
+		return nil, nil, ErrTooLarge
+	case rflags&unix.MSG_CTRUNC != 0:
+		closeAll(fds)
+		return nil, nil, ErrFDsTruncated
+	case n == 0 && len(fds) == 0:
+		return nil, nil, ErrClosed
+	}
+	return buf[:n], fds, nil
+}
+
+func parseRights(oob []byte) ([]int, error) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("parse control message: %w", err)
+	}
+	var fds []int
+	for i := range msgs {
+		got, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			continue // not SCM_RIGHTS: nothing to keep
+		}
+		fds = append(fds, got...)
+	}
+	return fds, nil
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}

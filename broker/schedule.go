@@ -1,0 +1,145 @@
+package broker
+
+import "sort"
+
+// Waiter is one request waiting for devices: an inline npurun today, a PAM
+// session or a queued task later.
+type Waiter struct {
+	UID   uint32
+	N     int   // devices wanted
+	Cand  []int // devices it may take, ascending: its pool's, or the explicit ones
+	Exact bool  // it wants exactly Cand (npurun --device)
+	Pool  string
+
+	seq   uint64 // arrival order
+	round uint64 // fairness round, see Queue
+
+	conn *conn // owner, for the broker; the scheduler never looks at it
+	pos  int   // last position reported to the client
+	why  string
+}
+
+// Queue holds the waiters in service order. Service is first come first
+// served, interleaved across users: each waiter gets a round, one more than
+// the previous waiter of the same user, and never below the round of the
+// last waiter served. Waiters are ordered by (round, arrival). So a user
+// with 100 waiting requests gets one turn per round, and a newcomer's first
+// request waits behind at most one request of each user already waiting.
+type Queue struct {
+	order []*Waiter
+	next  map[uint32]uint64 // a user's next round
+	count map[uint32]int    // a user's waiters
+	round uint64            // round of the last waiter served
+	seq   uint64
+}
+
+// NewQueue returns an empty queue.
+func NewQueue() *Queue {
+	return &Queue{next: map[uint32]uint64{}, count: map[uint32]int{}}
+}
+
+// Len is the number of waiters.
+func (q *Queue) Len() int { return len(q.order) }
+
+// Waiters returns the waiters in service order; callers must not modify it.
+func (q *Queue) Waiters() []*Waiter { return q.order }
+
+// UserCount is how many waiters user uid has.
+func (q *Queue) UserCount(uid uint32) int { return q.count[uid] }
+
+func less(a, b *Waiter) bool {
+	if a.round != b.round {
+		return a.round < b.round
+	}
+	return a.seq < b.seq
+}
+
+// Add enqueues w.
+func (q *Queue) Add(w *Waiter) {
+	q.seq++
+	w.seq = q.seq
+	w.round = max(q.next[w.UID], q.round)
+	q.next[w.UID] = w.round + 1
+	q.count[w.UID]++
+	i := sort.Search(len(q.order), func(i int) bool { return less(w, q.order[i]) })
+	q.order = append(q.order, nil)
+	copy(q.order[i+1:], q.order[i:])
+	q.order[i] = w
+}
+
+// Remove takes w out of the queue (cancelled, or granted when served is
+// true, which advances the current round). It reports whether w was there.
+func (q *Queue) Remove(w *Waiter, served bool) bool {
+	i := sort.Search(len(q.order), func(i int) bool { return !less(q.order[i], w) })
+	if i >= len(q.order) || q.order[i] != w {
+		return false
+	}
+	q.order = append(q.order[:i], q.order[i+1:]...)
+	if served {
+		q.round = max(q.round, w.round)
+	}
+	if q.count[w.UID]--; q.count[w.UID] == 0 {
+		delete(q.count, w.UID)
+		delete(q.next, w.UID)
+	}
+	return true
+}
+
+// Grant is one waiter served with the devices it gets.
+type Grant struct {
+	W       *Waiter
+	Devices []int
+}
+
+// Plan decides which waiters to serve now. order is the service order,
+// free[id] tells whether device id is free, room[uid] how many more devices
+// user uid may hold (absent: no limit). It modifies none of its inputs.
+//
+// Walking the order, a waiter that can be served is; one that cannot
+// reserves the free devices it could use (up to what it wants), so a later,
+// smaller request only backfills onto devices the earlier one cannot use
+// yet. A waiter whose user has no room reserves nothing.
+func Plan(order []*Waiter, free []bool, room map[uint32]int) []Grant {
+	avail := make([]bool, len(free))
+	n := 0
+	for id, f := range free {
+		if f {
+			avail[id] = true
+			n++
+		}
+	}
+	var used map[uint32]int
+	var grants []Grant
+	for _, w := range order {
+		if n == 0 {
+			break
+		}
+		if r, ok := room[w.UID]; ok && r-used[w.UID] < w.N {
+			continue
+		}
+		var got []int
+		for _, id := range w.Cand {
+			if id < len(avail) && avail[id] {
+				got = append(got, id)
+				if len(got) == w.N && !w.Exact {
+					break
+				}
+			}
+		}
+		ok := len(got) == w.N && (!w.Exact || len(got) == len(w.Cand))
+		for _, id := range got {
+			avail[id] = false // taken, or reserved by a waiter ahead
+			n--
+		}
+		if ok {
+			grants = append(grants, Grant{W: w, Devices: got})
+			if _, limited := room[w.UID]; limited {
+				if used == nil {
+					used = map[uint32]int{}
+				}
+				used[w.UID] += w.N
+			}
+		}
+	}
+	return grants
+}

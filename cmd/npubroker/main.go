@@ -1,0 +1,130 @@
+// Command npubroker is the root daemon that owns the accelerator locks of this machine and hands out leases.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/spf13/pflag"
+
+	"github.com/npurun/npurun/broker"
+	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/policy"
+)
+
+var version = "dev"
+
+const usage = `Usage:
+  npubroker serve [--config FILE] [--socket PATH] [--run-dir DIR]
+  npubroker check-config [FILE]
+  npubroker --version
+
+Commands:
+  serve         run the broker (as root in production; unprivileged for tests)
+  check-config  validate a configuration file and name every error's line
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "serve":
+		os.Exit(serve(os.Args[2:]))
+	case "check-config":
+		os.Exit(checkConfig(os.Args[2:]))
+	case "--version", "version":
+		fmt.Println("npubroker", version)
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "npubroker: unknown command %q\n", os.Args[1])
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+}
+
+func checkConfig(args []string) int {
+	path := broker.DefaultConfig
+	switch len(args) {
+	case 0:
+	case 1:
+		path = args[0]
+	default:
+		fmt.Fprintln(os.Stderr, "npubroker: check-config takes one file")
+		return 2
+	}
+	if _, err := policy.Load(path); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("%s: ok\n", path)
+	return 0
+}
+
+func serve(args []string) int {
+	fs := pflag.NewFlagSet("npubroker serve", pflag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(os.Stderr, usage, "\nOptions of serve:\n")
+		fs.PrintDefaults()
+	}
+	config := fs.String("config", broker.DefaultConfig, "configuration file")
+	runDir := fs.String("run-dir", broker.DefaultRunDir, "directory of the lock files (RUN-DIR/locks) and, by default, the socket")
+	socket := fs.String("socket", "", "socket to listen on (default RUN-DIR/broker.sock)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "npubroker: serve takes no arguments, got %q\n", fs.Arg(0))
+		return 2
+	}
+	if *socket == "" {
+		*socket = filepath.Join(*runDir, "broker.sock")
+	}
+	lg := log.New(os.Stderr, "npubroker: ", 0)
+	cfg, err := policy.Load(*config)
+	if err != nil {
+		lg.Print(err)
+		return 1
+	}
+	inv, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi)
+	if err != nil {
+		lg.Print(err)
+		return 1
+	}
+	s, err := broker.New(broker.Options{Config: cfg, Inventory: inv, RunDir: *runDir, Log: lg})
+	if err != nil {
+		lg.Print(err)
+		return 1
+	}
+	ln, err := broker.Activated()
+	if err == nil && ln == nil {
+		ln, err = broker.Listen(*socket)
+	}
+	if err != nil {
+		lg.Print(err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	lg.Printf("serving %s npu %s on %s", inv.Vendor, npu.FormatIDs(inv.IDs), ln.Addr())
+	if err := broker.Notify("READY=1"); err != nil {
+		lg.Print(err)
+	}
+	if err := s.Serve(ctx, ln); err != nil {
+		lg.Print(err)
+		return 1
+	}
+	return 0
+}

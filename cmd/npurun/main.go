@@ -1,0 +1,77 @@
+// Command npurun runs a command on accelerator devices leased from npubroker.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/pflag"
+
+	"github.com/npurun/npurun/shim"
+)
+
+var version = "dev"
+
+const usage = `Usage:
+  npurun [-n N | -d ID[,ID...]] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
+  npurun --no-device [--] COMMAND [ARG...]
+
+Wait for free accelerator devices, lease them from npubroker, set
+NPURUN_DEVICES and the vendor's visible-device variable, and become COMMAND.
+The lease lasts until COMMAND and every process it started have exited.
+
+Options:
+`
+
+func main() {
+	var o shim.Options
+	fs := pflag.NewFlagSet("npurun", pflag.ContinueOnError)
+	fs.SetInterspersed(false)
+	fs.Usage = func() {
+		fmt.Fprint(os.Stderr, usage)
+		fs.PrintDefaults()
+	}
+	fs.IntVarP(&o.N, "devices", "n", 0, "number of devices (default 1)")
+	fs.IntSliceVarP(&o.Devices, "device", "d", nil, "exactly these devices (physical ids); waits for them alone")
+	fs.StringVarP(&o.Pool, "pool", "p", "", "pool to take devices from (default: the policy's default pool)")
+	fs.BoolVar(&o.NoWait, "no-wait", false, "fail at once with status 75 if nothing is free")
+	fs.DurationVar(&o.Timeout, "timeout", 0, "give up after this long (e.g. 10m), with status 75")
+	fs.BoolVar(&o.NoDevice, "no-device", false, "run without a lease, with every device hidden")
+	fs.BoolVarP(&o.Verbose, "verbose", "v", false, "report queue progress even when standard error is not a terminal")
+	fs.BoolVarP(&o.Quiet, "quiet", "q", false, "report nothing while waiting")
+	fs.StringVar(&o.Socket, "socket", "", "broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if err == pflag.ErrHelp {
+			os.Exit(0)
+		}
+		fmt.Fprintf(os.Stderr, "npurun: %v\n", err)
+		os.Exit(shim.ExitUsage)
+	}
+	if *showVersion {
+		fmt.Println("npurun", version)
+		return
+	}
+	switch {
+	case fs.NArg() == 0:
+		fmt.Fprintln(os.Stderr, "npurun: no command given")
+		fmt.Fprintln(os.Stderr, "npurun: hint: npurun python train.py")
+		os.Exit(shim.ExitUsage)
+	case o.N < 0:
+		fmt.Fprintf(os.Stderr, "npurun: bad device count %d\n", o.N)
+		os.Exit(shim.ExitUsage)
+	case o.NoDevice && (o.N != 0 || len(o.Devices) > 0 || o.Pool != ""):
+		fmt.Fprintln(os.Stderr, "npurun: --no-device takes no device, count or pool")
+		os.Exit(shim.ExitUsage)
+	case len(o.Devices) > 0 && o.Pool != "":
+		fmt.Fprintln(os.Stderr, "npurun: --device and --pool exclude each other")
+		os.Exit(shim.ExitUsage)
+	case len(o.Devices) > 0 && o.N != 0 && o.N != len(o.Devices):
+		fmt.Fprintf(os.Stderr, "npurun: -n %d does not match the %d devices named\n", o.N, len(o.Devices))
+		os.Exit(shim.ExitUsage)
+	case o.Timeout < 0 || (o.Timeout > 0 && o.NoWait):
+		fmt.Fprintln(os.Stderr, "npurun: --timeout takes a positive duration and excludes --no-wait")
+		os.Exit(shim.ExitUsage)
+	}
+	os.Exit(shim.Run(o, fs.Args()))
+}

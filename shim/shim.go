@@ -1,0 +1,362 @@
+// Package shim is what npurun does: find or ask for a lease, set the device variables and become the command.
+package shim
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/npu"
+)
+
+// Exit statuses of npurun itself; otherwise it exits with its command's.
+const (
+	ExitFailure     = 1
+	ExitUsage       = 2
+	ExitUnavailable = 69  // no broker (EX_UNAVAILABLE)
+	ExitTempFail    = 75  // nothing free with --no-wait, or --timeout passed (EX_TEMPFAIL)
+	ExitDenied      = 77  // the policy refuses the request (EX_NOPERM)
+	ExitNoExec      = 126 // the command cannot be executed
+	ExitNotFound    = 127 // the command was not found
+)
+
+// LeaseVar names the variable through which a lease's descriptors are
+// found by a nested npurun: "DEVICE:FD,…".
+const LeaseVar = "NPURUN_LEASE"
+
+// Options are npurun's flags.
+type Options struct {
+	Socket   string
+	N        int   // devices wanted (0: one, or as many as Devices names)
+	Devices  []int // exactly these
+	Pool     string
+	NoWait   bool
+	Timeout  time.Duration // 0: wait as long as it takes
+	NoDevice bool
+	Verbose  bool
+	Quiet    bool
+}
+
+// Run acquires a lease and executes argv under it. It returns only when it
+// could not execute argv, with the exit status to use.
+func Run(o Options, argv []string) int {
+	if len(argv) == 0 {
+		warn("no command given")
+		return ExitUsage
+	}
+	if o.NoDevice {
+		return execute(argv, npu.HiddenEnv(), nil)
+	}
+	if lease, ok := inheritedLease(); ok {
+		if err := lease.covers(o); err != nil {
+			warn("%v", err)
+			hint("a nested npurun runs inside its parent's lease; ask for the devices in the outer npurun")
+			return ExitFailure
+		}
+		if o.Verbose {
+			warn("inside a lease of npu %s; not asking again", joinInts(lease.devices))
+		}
+		return execute(argv, nil, nil)
+	}
+	w := waiter{o: o, tty: isTerminal(2)}
+	g, fds, code := w.acquire()
+	if g == nil {
+		return code
+	}
+	env := append([]string(nil), g.Env...)
+	var parts []string
+	for i, fd := range fds {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+			warn("keep lease descriptor open across exec: %v", err)
+			return ExitFailure
+		}
+		parts = append(parts, strconv.Itoa(g.Devices[i])+":"+strconv.Itoa(fd))
+	}
+	env = append(env, LeaseVar+"="+strings.Join(parts, ","))
+	return execute(argv, env, fds)
+}
+
+// waiter is one acquisition in progress, with its progress line.
+type waiter struct {
+	o        Options
+	tty      bool
+	shown    bool   // a progress line is on the terminal
+	last     string // the last progress text
+	deadline time.Time
+}
+
+func (w *waiter) request() *client.Request {
+	return &client.Request{Op: client.OpAcquire, N: w.o.N, Pool: w.o.Pool, Devices: w.o.Devices, NoWait: w.o.NoWait}
+}
+
+// acquire returns the grant and its descriptors, or nil and the exit
+// status to use.
+func (w *waiter) acquire() (*client.Reply, []int, int) {
+	path := client.SocketPath(w.o.Socket)
+	start := time.Now()
+	if w.o.Timeout > 0 {
+		w.deadline = start.Add(w.o.Timeout)
+	}
+	c, err := client.Dial(path)
+	if err != nil {
+		warn("%v", err)
+		if errors.Is(err, client.ErrNoBroker) {
+			hint("start the broker with 'systemctl start npubroker', or point NPURUN_SOCKET at a running one")
+			return nil, nil, ExitUnavailable
+		}
+		return nil, nil, ExitFailure
+	}
+	defer func() {
+		if c != nil {
+			c.Close()
+		}
+	}()
+	if err := c.Send(w.request()); err != nil {
+		warn("send request: %v", err)
+		return nil, nil, ExitFailure
+	}
+	for {
+		timeout := time.Duration(-1)
+		if !w.deadline.IsZero() {
+			timeout = max(time.Until(w.deadline), 0)
+		}
+		r, fds, err := c.Recv(timeout)
+		var be *client.Error
+		switch {
+		case err == nil && r.Type == client.TypeQueued:
+			w.progress(r)
+			continue
+		case err == nil && r.Type == client.TypeGrant:
+			w.granted(r, time.Since(start))
+			return r, fds, 0
+		case err == nil:
+			w.clear()
+			warn("unexpected reply %q from the broker", r.Type)
+			return nil, nil, ExitFailure
+		case errors.As(err, &be):
+			w.clear()
+			warn("%s", be.Message)
+			if be.Hint != "" {
+				hint("%s", be.Hint)
+			}
+			switch be.Code {
+			case client.CodeBusy:
+				return nil, nil, ExitTempFail
+			case client.CodeDenied:
+				return nil, nil, ExitDenied
+			case client.CodeBadRequest, client.CodeNoSuchPool, client.CodeNoDevice:
+				return nil, nil, ExitUsage
+			}
+			return nil, nil, ExitFailure
+		case errors.Is(err, client.ErrTimeout):
+			w.clear()
+			warn("gave up after %s: %s", w.o.Timeout, strings.TrimPrefix(w.last, "waiting for "))
+			return nil, nil, ExitTempFail
+		case errors.Is(err, client.ErrClosed) || errors.Is(err, unix.ECONNRESET):
+			// The broker restarted: our place is gone, the wait is not.
+			c.Close()
+			c = nil
+			w.say("the broker went away; reconnecting")
+			if c, err = w.redial(path); err != nil {
+				w.clear()
+				warn("%v", err)
+				return nil, nil, ExitTempFail
+			}
+			if err := c.Send(w.request()); err != nil {
+				warn("send request: %v", err)
+				return nil, nil, ExitFailure
+			}
+		default:
+			w.clear()
+			warn("%v", err)
+			return nil, nil, ExitFailure
+		}
+	}
+}
+
+// redialEvery is how often a waiting npurun tries to reach a restarting
+// broker.
+const redialEvery = 100 * time.Millisecond
+
+func (w *waiter) redial(path string) (*client.Conn, error) {
+	for {
+		c, err := client.Dial(path)
+		if err == nil {
+			return c, nil
+		}
+		if !w.deadline.IsZero() && time.Now().Add(redialEvery).After(w.deadline) {
+			return nil, fmt.Errorf("gave up after %s: %w", w.o.Timeout, err)
+		}
+		time.Sleep(redialEvery)
+	}
+}
+
+func (w *waiter) what() string {
+	n := w.o.N
+	if n == 0 {
+		n = 1
+	}
+	if len(w.o.Devices) > 0 {
+		return "npu " + joinInts(w.o.Devices)
+	}
+	if n == 1 {
+		return "1 device"
+	}
+	return strconv.Itoa(n) + " devices"
+}
+
+func (w *waiter) progress(r *client.Reply) {
+	msg := fmt.Sprintf("waiting for %s in pool %q: %s in line", w.what(), r.Pool, ordinal(r.Position))
+	if len(r.Ahead) > 0 {
+		msg += fmt.Sprintf(" (%d ahead: %s)", r.Position-1, strings.Join(r.Ahead, ", "))
+		if r.Position-1 > len(r.Ahead) {
+			msg = strings.TrimSuffix(msg, ")") + ", …)"
+		}
+	}
+	if r.Reason != "" {
+		msg += "; " + r.Reason
+	}
+	w.say(msg)
+}
+
+// say shows a progress line: rewritten in place on a terminal, a line per
+// change with -v, nothing otherwise.
+func (w *waiter) say(msg string) {
+	if msg == w.last || w.o.Quiet {
+		return
+	}
+	w.last = msg
+	switch {
+	case w.tty:
+		fmt.Fprintf(os.Stderr, "\r\033[Knpurun: %s", msg)
+		w.shown = true
+	case w.o.Verbose:
+		warn("%s", msg)
+	}
+}
+
+func (w *waiter) clear() {
+	if w.shown {
+		os.Stderr.WriteString("\r\033[K")
+		w.shown = false
+	}
+}
+
+func (w *waiter) granted(r *client.Reply, waited time.Duration) {
+	w.clear()
+	if w.o.Quiet || (w.last == "" && !w.o.Verbose) {
+		return
+	}
+	if w.last != "" || w.o.Verbose {
+		if w.tty || w.o.Verbose {
+			warn("granted npu %s after %s", joinInts(r.Devices), waited.Round(time.Millisecond))
+		}
+	}
+}
+
+// execute replaces this process with argv, its environment overridden by
+// env. keep are descriptors that must stay open (already cleared of
+// close-on-exec).
+func execute(argv []string, env []string, keep []int) int {
+	path, code := lookPath(argv[0])
+	if code != 0 {
+		return code
+	}
+	err := unix.Exec(path, argv, mergeEnv(os.Environ(), env))
+	warn("%s: %v", argv[0], err)
+	for _, fd := range keep {
+		unix.Close(fd)
+	}
+	if errors.Is(err, unix.ENOENT) {
+		return ExitNotFound
+	}
+	return ExitNoExec
+}
+
+// lookPath finds a command as a shell would, without os/exec.
+func lookPath(name string) (string, int) {
+	if strings.Contains(name, "/") {
+		return name, 0
+	}
+	denied := ""
+	for _, dir := range strings.Split(os.Getenv("PATH"), ":") {
+		if dir == "" {
+			dir = "."
+		}
+		p := dir + "/" + name
+		var st unix.Stat_t
+		if unix.Stat(p, &st) != nil || st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			continue
+		}
+		if unix.Access(p, unix.X_OK) == nil {
+			return p, 0
+		}
+		denied = p
+	}
+	if denied != "" {
+		warn("%s: permission denied", denied)
+		return "", ExitNoExec
+	}
+	warn("%s: command not found", name)
+	return "", ExitNotFound
+}
+
+// mergeEnv returns base with the entries of over replacing those of the
+// same name.
+func mergeEnv(base, over []string) []string {
+	if len(over) == 0 {
+		return base
+	}
+	names := make(map[string]bool, len(over))
+	for _, kv := range over {
+		names[kv[:strings.IndexByte(kv, '=')+1]] = true
+	}
+	out := make([]string, 0, len(base)+len(over))
+	for _, kv := range base {
+		if i := strings.IndexByte(kv, '='); i < 0 || !names[kv[:i+1]] {
+			out = append(out, kv)
+		}
+	}
+	return append(out, over...)
+}
+
+func isTerminal(fd int) bool {
+	_, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+	return err == nil
+}
+
+func ordinal(n int) string {
+	suffix := "th"
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+	case n%10 == 1:
+		suffix = "st"
+	case n%10 == 2:
+		suffix = "nd"
+	case n%10 == 3:
+		suffix = "rd"
+	}
+	return strconv.Itoa(n) + suffix
+}
+
+func joinInts(ids []int) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.Itoa(id)
+	}
+	return strings.Join(s, ",")
+}
+
+func warn(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "npurun: "+format+"\n", args...)
+}
+
+func hint(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "npurun: hint: "+format+"\n", args...)
+}
