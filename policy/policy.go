@@ -1,0 +1,527 @@
+// Package policy reads the configuration file and decides what each user may ask for.
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Defaults of the [broker] table.
+const (
+	DefaultMaxConnections    = 16384
+	DefaultMaxWaitingPerUser = 1024
+)
+
+// maxIDs bounds a device list, as npu.ParseIDs does.
+const maxIDs = 4096
+
+// Config is a validated configuration file.
+type Config struct {
+	Vendor            string // as written; "auto" when absent
+	IDs               []int  // nil when absent
+	DevDir            string // "/dev" when absent
+	NPUSmi            string // "" when absent: npu-smi in PATH
+	MaxConnections    int
+	MaxWaitingPerUser int
+	DefaultPool       string
+	Pools             []Pool           // file order; one pool "default" of all devices when [pools] is absent
+	Default           Limit            // the [limits] table
+	Users             map[string]Limit // [user.NAME], merged with Default
+	Groups            map[string]Limit // [group.NAME], merged with Default
+}
+
+// Pool is a named set of devices.
+type Pool struct {
+	Name string
+	IDs  []int // nil: all devices of the broker
+}
+
+// Limit is what one user may ask for.
+type Limit struct {
+	MaxDevices int      // devices held at once; 0: no limit
+	Pools      []string // pools allowed; nil: all
+	Source     string   // where the limit came from, for denial messages: "user alice", "group students", "the default [limits]"
+}
+
+// AllowsPool reports whether the limit lets its user ask for pool name.
+func (l Limit) AllowsPool(name string) bool {
+	return l.Pools == nil || slices.Contains(l.Pools, name)
+}
+
+// Pool returns the pool called name.
+func (c *Config) Pool(name string) (Pool, bool) {
+	for _, p := range c.Pools {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Pool{}, false
+}
+
+// LimitFor returns the limit of user, a member of groups: the [user.NAME]
+// entry if there is one; else the most permissive of the entries of the
+// user's groups (largest max_devices, 0 being largest; union of pools);
+// else the default.
+func (c *Config) LimitFor(user string, groups []string) Limit {
+	if l, ok := c.Users[user]; ok {
+		return l
+	}
+	var (
+		found  []string
+		merged Limit
+	)
+	for _, g := range groups {
+		l, ok := c.Groups[g]
+		if !ok || slices.Contains(found, g) {
+			continue
+		}
+		if len(found) == 0 {
+			merged = Limit{MaxDevices: l.MaxDevices, Pools: slices.Clone(l.Pools)}
+		} else {
+			if merged.MaxDevices != 0 && (l.MaxDevices == 0 || l.MaxDevices > merged.MaxDevices) {
+				merged.MaxDevices = l.MaxDevices
+			}
+			if merged.Pools != nil {
+				if l.Pools == nil {
+					merged.Pools = nil
+				} else {
+					for _, p := range l.Pools {
+						if !slices.Contains(merged.Pools, p) {
+							merged.Pools = append(merged.Pools, p)
+						}
+					}
+				}
+			}
+		}
+		found = append(found, g)
+	}
+	switch len(found) {
+	case 0:
+		return c.Default
+	case 1:
+		merged.Source = "group " + found[0]
+	default:
+		merged.Source = "groups " + strings.Join(found, ", ")
+	}
+	return merged
+}
+
+// Load reads and parses the configuration file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse parses and validates a configuration file. filename names the file
+// in errors. A file that does not validate gives an *Errors listing every
+// problem found.
+func Parse(filename string, data []byte) (*Config, error) {
+	var raw map[string]any
+	md, err := toml.Decode(string(data), &raw)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return nil, &Errors{{File: filename, Line: pe.Position.Line, Msg: lowerFirst(strings.TrimSuffix(pe.Message, "."))}}
+		}
+		return nil, &Errors{{File: filename, Msg: err.Error()}}
+	}
+	p := &parser{file: filename, idx: newLineIndex(data)}
+	c := p.config(raw, md.Keys())
+	if len(p.errs) > 0 {
+		sort.SliceStable(p.errs, func(i, j int) bool { return p.errs[i].Line < p.errs[j].Line })
+		return nil, &p.errs
+	}
+	return c, nil
+}
+
+var poolName = regexp.MustCompile(`^[a-z0-9_-]+$`)
+
+type parser struct {
+	file string
+	idx  lineIndex
+	errs Errors
+}
+
+// errorf records a problem with key (or with the table itself when key is
+// "") of table.
+func (p *parser) errorf(table []string, key, format string, args ...any) {
+	name := "[" + strings.Join(table, ".") + "]"
+	path := table
+	if key != "" {
+		name += " " + key
+		path = append(slices.Clone(table), key)
+	}
+	if len(table) == 0 {
+		name, path = key, []string{key}
+	}
+	p.errs = append(p.errs, Error{File: p.file, Line: p.idx.line(path...), Key: name, Msg: fmt.Sprintf(format, args...)})
+}
+
+// table returns raw[key] as a table, recording an error if it is something
+// else.
+func (p *parser) table(parent []string, raw map[string]any, key string) (map[string]any, bool) {
+	v, ok := raw[key]
+	if !ok {
+		return nil, false
+	}
+	t, ok := v.(map[string]any)
+	if !ok {
+		p.errorf(parent, key, "must be a table, not %s", typeName(v))
+		return nil, false
+	}
+	return t, true
+}
+
+// unknown records an error for each key of t not in known.
+func (p *parser) unknown(table []string, t map[string]any, known ...string) {
+	for _, k := range slices.Sorted(maps.Keys(t)) {
+		if !slices.Contains(known, k) {
+			p.errorf(table, k, "unknown key (known: %s)", strings.Join(known, ", "))
+		}
+	}
+}
+
+func (p *parser) str(table []string, t map[string]any, key string) (string, bool) {
+	v, ok := t[key]
+	if !ok {
+		return "", false
+	}
+	s, ok := v.(string)
+	if !ok {
+		p.errorf(table, key, "must be a string, not %s", typeName(v))
+	}
+	return s, ok
+}
+
+func (p *parser) integer(table []string, t map[string]any, key string, lowest int) (int, bool) {
+	v, ok := t[key]
+	if !ok {
+		return 0, false
+	}
+	n, ok := v.(int64)
+	if !ok {
+		p.errorf(table, key, "must be an integer, not %s", typeName(v))
+		return 0, false
+	}
+	if n < int64(lowest) || n > 1<<31-1 {
+		p.errorf(table, key, "must be at least %d, not %d", lowest, n)
+		return 0, false
+	}
+	return int(n), true
+}
+
+func (p *parser) ids(table []string, t map[string]any, key string) ([]int, string, bool) {
+	s, ok := p.str(table, t, key)
+	if !ok {
+		return nil, "", false
+	}
+	ids, err := parseIDs(s)
+	if err != nil {
+		p.errorf(table, key, "%v", err)
+		return nil, "", false
+	}
+	if len(ids) == 0 {
+		p.errorf(table, key, "no devices in %q", s)
+		return nil, "", false
+	}
+	return ids, s, true
+}
+
+func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
+	c := &Config{
+		Vendor:            "auto",
+		DevDir:            "/dev",
+		MaxConnections:    DefaultMaxConnections,
+		MaxWaitingPerUser: DefaultMaxWaitingPerUser,
+		Users:             map[string]Limit{},
+		Groups:            map[string]Limit{},
+	}
+	for _, k := range slices.Sorted(maps.Keys(raw)) {
+		switch k {
+		case "devices", "broker", "pools", "limits", "user", "group":
+			continue
+		}
+		if _, isTable := raw[k].(map[string]any); isTable {
+			p.errs = append(p.errs, Error{File: p.file, Line: p.idx.line(k), Key: "[" + k + "]",
+				Msg: "unknown table (known: devices, broker, pools, limits, user.NAME, group.NAME)"})
+		} else {
+			p.errorf(nil, k, "unknown key (keys belong in a table such as [devices])")
+		}
+	}
+
+	// [devices]
+	devices := []string{"devices"}
+	var idsText string
+	if t, ok := p.table(nil, raw, "devices"); ok {
+		p.unknown(devices, t, "vendor", "ids", "dev_dir", "npu_smi")
+		if v, ok := p.str(devices, t, "vendor"); ok {
+			switch v {
+			case "ascend", "nvidia", "fake", "auto":
+				c.Vendor = v
+			default:
+				p.errorf(devices, "vendor", "unknown vendor %q (want ascend, nvidia, fake or auto)", v)
+			}
+		}
+		if ids, s, ok := p.ids(devices, t, "ids"); ok {
+			c.IDs, idsText = ids, s
+		}
+		if _, ok := t["ids"]; !ok && c.Vendor == "fake" {
+			p.errorf(devices, "vendor", "vendor \"fake\" needs ids")
+		}
+		if s, ok := p.str(devices, t, "dev_dir"); ok {
+			if s == "" {
+				p.errorf(devices, "dev_dir", "must not be empty")
+			} else {
+				c.DevDir = s
+			}
+		}
+		if s, ok := p.str(devices, t, "npu_smi"); ok {
+			c.NPUSmi = s
+		}
+	}
+
+	// [pools], in file order.
+	pools := []string{"pools"}
+	if t, ok := p.table(nil, raw, "pools"); ok {
+		owner := map[int]string{}
+		for _, k := range keys {
+			if len(k) != 2 || k[0] != "pools" {
+				continue
+			}
+			name := k[1]
+			if !poolName.MatchString(name) {
+				p.errorf(pools, name, "bad pool name (want lowercase letters, digits, _ and -)")
+				continue
+			}
+			ids, _, ok := p.ids(pools, t, name)
+			if !ok {
+				continue
+			}
+			var outside []int
+			for _, id := range ids {
+				if c.IDs != nil && !slices.Contains(c.IDs, id) {
+					outside = append(outside, id)
+				}
+			}
+			switch {
+			case len(outside) == 1:
+				p.errorf(pools, name, "device %d is not in [devices] ids %q", outside[0], idsText)
+			case len(outside) > 1:
+				p.errorf(pools, name, "devices %s are not in [devices] ids %q", formatIDs(outside), idsText)
+			}
+			both := map[string][]int{}
+			var others []string
+			for _, id := range ids {
+				if o, taken := owner[id]; taken {
+					if both[o] == nil {
+						others = append(others, o)
+					}
+					both[o] = append(both[o], id)
+				} else {
+					owner[id] = name
+				}
+			}
+			for _, o := range others {
+				if d := both[o]; len(d) == 1 {
+					p.errorf(pools, name, "device %d is in both pools %q and %q", d[0], o, name)
+				} else {
+					p.errorf(pools, name, "devices %s are in both pools %q and %q", formatIDs(d), o, name)
+				}
+			}
+			c.Pools = append(c.Pools, Pool{Name: name, IDs: ids})
+		}
+		if len(t) == 0 {
+			p.errorf(pools, "", "no pools defined")
+		}
+	}
+	if _, present := raw["pools"]; !present {
+		c.Pools = []Pool{{Name: "default"}}
+	}
+	poolExists := func(name string) bool {
+		_, ok := c.Pool(name)
+		return ok
+	}
+
+	// [broker]
+	broker := []string{"broker"}
+	if t, ok := p.table(nil, raw, "broker"); ok {
+		p.unknown(broker, t, "max_connections", "max_waiting_per_user", "default_pool")
+		if n, ok := p.integer(broker, t, "max_connections", 1); ok {
+			c.MaxConnections = n
+		}
+		if n, ok := p.integer(broker, t, "max_waiting_per_user", 1); ok {
+			c.MaxWaitingPerUser = n
+		}
+		if s, ok := p.str(broker, t, "default_pool"); ok {
+			if poolExists(s) {
+				c.DefaultPool = s
+			} else {
+				p.errorf(broker, "default_pool", "no pool %q in [pools]", s)
+			}
+		}
+	}
+	if c.DefaultPool == "" && len(c.Pools) > 0 {
+		c.DefaultPool = c.Pools[0].Name
+	}
+
+	// [limits], [user.NAME], [group.NAME]
+	c.Default = Limit{Source: "the default [limits]"}
+	if t, ok := p.table(nil, raw, "limits"); ok {
+		c.Default = p.limit([]string{"limits"}, t, c.Default, poolExists)
+	}
+	for _, kind := range []string{"user", "group"} {
+		t, ok := p.table(nil, raw, kind)
+		if !ok {
+			continue
+		}
+		out := c.Users
+		if kind == "group" {
+			out = c.Groups
+		}
+		for _, name := range slices.Sorted(maps.Keys(t)) {
+			entry, ok := p.table([]string{kind}, t, name)
+			if !ok {
+				continue
+			}
+			base := c.Default
+			base.Source = kind + " " + name
+			out[name] = p.limit([]string{kind, name}, entry, base, poolExists)
+		}
+	}
+	return c
+}
+
+// limit reads a limits table over base.
+func (p *parser) limit(table []string, t map[string]any, base Limit, poolExists func(string) bool) Limit {
+	p.unknown(table, t, "max_devices", "pools")
+	l := base
+	if n, ok := p.integer(table, t, "max_devices", 0); ok {
+		l.MaxDevices = n
+	}
+	v, ok := t["pools"]
+	if !ok {
+		return l
+	}
+	list, ok := v.([]any)
+	if !ok {
+		p.errorf(table, "pools", "must be an array of pool names, not %s", typeName(v))
+		return l
+	}
+	names := make([]string, 0, len(list))
+	for _, item := range list {
+		s, ok := item.(string)
+		if !ok {
+			p.errorf(table, "pools", "must be an array of pool names, not one holding %s", typeName(item))
+			return l
+		}
+		if !poolExists(s) {
+			p.errorf(table, "pools", "no pool %q in [pools]", s)
+			continue
+		}
+		if !slices.Contains(names, s) {
+			names = append(names, s)
+		}
+	}
+	l.Pools = names
+	return l
+}
+
+func typeName(v any) string {
+	switch v.(type) {
+	case string:
+		return "a string"
+	case int64:
+		return "an integer"
+	case float64:
+		return "a float"
+	case bool:
+		return "a boolean"
+	case []any, []map[string]any:
+		return "an array"
+	case map[string]any:
+		return "a table"
+	default:
+		return "a date or time"
+	}
+}
+
+func lowerFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToLower(s[:1]) + s[1:]
+}
+
+// parseIDs reads a device list such as "0-3,8" as npu.ParseIDs does (this
+// package imports nothing of the project).
+func parseIDs(s string) ([]int, error) {
+	seen := map[int]bool{}
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if strings.HasPrefix(part, "-") {
+			return nil, fmt.Errorf("negative device id %q", part)
+		}
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, errA := atoi(lo)
+		b, errB := a, error(nil)
+		if isRange {
+			b, errB = atoi(hi)
+		}
+		switch {
+		case !isRange && errA != nil:
+			return nil, fmt.Errorf("bad device id %q", part)
+		case isRange && (errA != nil || errB != nil || b < a):
+			return nil, fmt.Errorf("bad range %q", part)
+		case b-a >= maxIDs:
+			return nil, fmt.Errorf("too many device ids in %q (at most %d)", s, maxIDs)
+		}
+		for id := a; id <= b; id++ {
+			seen[id] = true
+		}
+		if len(seen) > maxIDs {
+			return nil, fmt.Errorf("too many device ids in %q (at most %d)", s, maxIDs)
+		}
+	}
+	return slices.Sorted(maps.Keys(seen)), nil
+}
+
+func atoi(s string) (int, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, fmt.Errorf("not a device id: %q", s)
+	}
+	return strconv.Atoi(s)
+}
+
+// formatIDs writes ascending ids with runs compacted: "0-3,8".
+func formatIDs(ids []int) string {
+	var parts []string
+	for i := 0; i < len(ids); {
+		j := i
+		for j+1 < len(ids) && ids[j+1] == ids[j]+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, strconv.Itoa(ids[i])+"-"+strconv.Itoa(ids[j]))
+		} else {
+			parts = append(parts, strconv.Itoa(ids[i]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ",")
+}
