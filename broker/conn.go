@@ -196,7 +196,7 @@ func (c *conn) serve(req *client.Request) bool {
 			s.q.Remove(w, false)
 			c.w = nil
 			s.scheduleLocked()
-			c.sendLocked(errReply(client.CodeBusy, busyMessage(s, w), ""))
+			c.sendLocked(errReply(client.CodeBusy, busyMessage(w), ""))
 			return true
 		}
 		s.reportLocked(w)
@@ -265,18 +265,14 @@ func (s *Server) admit(c *conn, req *client.Request) (*Waiter, *client.Reply) {
 	return w, nil
 }
 
-func busyMessage(s *Server, w *Waiter) string {
+func busyMessage(w *Waiter) string {
 	if w.Exact {
 		return fmt.Sprintf("npu %s is in use", npu.FormatIDs(w.Cand))
 	}
-	return fmt.Sprintf("no %s free in pool %q", plural(w.N, "device"), w.Pool)
-}
-
-func plural(n int, what string) string {
-	if n == 1 {
-		return "1 " + what
+	if w.N == 1 {
+		return fmt.Sprintf("no device free in pool %q", w.Pool)
 	}
-	return fmt.Sprintf("%d %ss", n, what)
+	return fmt.Sprintf("fewer than %d devices free in pool %q", w.N, w.Pool)
 }
 
 // scheduleLocked grants what can be granted now.

@@ -1,0 +1,223 @@
+// Package tests runs the built npurun binaries end to end: a real broker on a real Unix socket, real flock, real /proc.
+package tests
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// Binaries are the commands under test, built once per test run into a
+// directory every user can read (tests run commands as other users too).
+type Binaries struct {
+	Dir, Broker, Npurun, Workload string
+}
+
+var buildOnce = sync.OnceValues(func() (*Binaries, error) {
+	dir, err := os.MkdirTemp("", "npurun-bin-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("go", "build", "-trimpath", "-o", dir+"/",
+		"github.com/npurun/npurun/cmd/npubroker",
+		"github.com/npurun/npurun/cmd/npurun",
+		"github.com/npurun/npurun/tests/workload")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build: %v\n%s", err, out)
+	}
+	return &Binaries{
+		Dir:      dir,
+		Broker:   filepath.Join(dir, "npubroker"),
+		Npurun:   filepath.Join(dir, "npurun"),
+		Workload: filepath.Join(dir, "workload"),
+	}, nil
+})
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if b, err := buildOnce(); err == nil {
+		os.RemoveAll(b.Dir)
+	}
+	os.Exit(code)
+}
+
+// bins returns the built binaries, failing the test if they do not build.
+func bins(t testing.TB) *Binaries {
+	t.Helper()
+	b, err := buildOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// needRoot skips a test that needs root, except in CI (CI=true), where a
+// skip would hide a gap and so is a failure.
+func needRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("this test needs root, and CI=true: run CI as root")
+	}
+	t.Skip("needs root (run as root, or in CI)")
+}
+
+// SharedDir makes a temporary directory that other users may enter (a
+// t.TempDir's parent is private), removed when the test ends.
+func SharedDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "npurun-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// FakeConfig is the smallest config: n fake devices 0..n-1.
+func FakeConfig(n int) string {
+	return fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0-%d\"\n", n-1)
+}
+
+// Broker is an npubroker serve process in a directory of the test's own.
+type Broker struct {
+	t      testing.TB
+	Bin    *Binaries
+	Dir    string
+	Conf   string
+	RunDir string
+	Socket string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	log  strings.Builder
+	done chan struct{}
+}
+
+// StartBroker writes conf to a new directory and starts a broker on it.
+func StartBroker(t testing.TB, conf string) *Broker {
+	t.Helper()
+	dir := SharedDir(t)
+	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(dir, "run")}
+	b.Socket = filepath.Join(b.RunDir, "broker.sock")
+	if err := os.WriteFile(b.Conf, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.Start()
+	t.Cleanup(func() {
+		b.Stop()
+		if t.Failed() {
+			t.Logf("broker log:\n%s", b.Log())
+		}
+	})
+	return b
+}
+
+// Start starts the broker process and returns once it serves: when it has
+// printed its "serving" line.
+func (b *Broker) Start() {
+	b.t.Helper()
+	cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--socket", b.Socket)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		signalled := false
+		for sc.Scan() {
+			b.mu.Lock()
+			b.log.WriteString(sc.Text() + "\n")
+			b.mu.Unlock()
+			if !signalled && strings.Contains(sc.Text(), "serving") {
+				close(ready)
+				signalled = true
+			}
+		}
+		io.Copy(io.Discard, stderr)
+		cmd.Wait()
+		close(done)
+	}()
+	b.mu.Lock()
+	b.cmd, b.done = cmd, done
+	b.mu.Unlock()
+	select {
+	case <-ready:
+	case <-done:
+		b.t.Fatalf("broker exited before serving:\n%s", b.Log())
+	case <-time.After(30 * time.Second):
+		b.t.Fatalf("broker did not serve within 30s:\n%s", b.Log())
+	}
+}
+
+func (b *Broker) signal(sig syscall.Signal) {
+	b.mu.Lock()
+	cmd, done := b.cmd, b.done
+	b.cmd = nil
+	b.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(sig)
+	<-done
+}
+
+// Kill kills the broker with SIGKILL and waits for it to be gone.
+func (b *Broker) Kill() { b.signal(syscall.SIGKILL) }
+
+// Stop stops the broker with SIGTERM and waits for it to be gone.
+func (b *Broker) Stop() { b.signal(syscall.SIGTERM) }
+
+// Log is what the broker has written to standard error so far.
+func (b *Broker) Log() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.log.String()
+}
+
+// Env is the environment for clients of this broker.
+func (b *Broker) Env() []string {
+	return append(os.Environ(), "NPURUN_SOCKET="+b.Socket)
+}
+
+// Npurun prepares an npurun command against this broker.
+func (b *Broker) Npurun(args ...string) *exec.Cmd {
+	cmd := exec.Command(b.Bin.Npurun, args...)
+	cmd.Env = b.Env()
+	return cmd
+}
+
+// Dial opens a protocol connection to the broker.
+func (b *Broker) Dial() *client.Conn {
+	b.t.Helper()
+	c, err := client.Dial(b.Socket)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { c.Close() })
+	return c
+}

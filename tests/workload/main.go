@@ -1,0 +1,52 @@
+// Command workload is the job the end-to-end tests run under npurun: it
+// proves its own exclusivity with an O_EXCL marker per device it was given
+// and records what it saw.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+func main() {
+	markers := flag.String("markers", "", "directory of per-device O_EXCL markers")
+	logFile := flag.String("log", "", "file to append one line per run to")
+	tag := flag.String("tag", "", "name of this run in the log")
+	hold := flag.Duration("hold", 0, "how long to hold the devices")
+	flag.Parse()
+
+	devs := os.Getenv("NPURUN_DEVICES")
+	start := time.Now().UnixNano()
+	var made []string
+	if *markers != "" && devs != "" {
+		for _, id := range strings.Split(devs, ",") {
+			p := filepath.Join(*markers, "npu"+id)
+			f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "workload %s: DOUBLE GRANT of npu %s: %v\n", *tag, id, err)
+				os.Exit(3)
+			}
+			f.Close()
+			made = append(made, p)
+		}
+	}
+	time.Sleep(*hold)
+	for _, p := range made {
+		os.Remove(p)
+	}
+	if *logFile != "" {
+		f, err := os.OpenFile(*logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o666)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "workload:", err)
+			os.Exit(4)
+		}
+		// One write per line: O_APPEND keeps concurrent lines whole.
+		fmt.Fprintf(f, "%s %d %d %s %s\n", *tag, start, time.Now().UnixNano(), strconv.Itoa(os.Getuid()), devs)
+		f.Close()
+	}
+}
