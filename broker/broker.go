@@ -47,7 +47,7 @@ type Server struct {
 	log   *log.Logger
 	users accounts
 
-	pools map[string][]int // pool name -> ids
+	pools  map[string][]int // pool name -> ids
 	poolOf map[int]string   // device id -> pool name
 
 	mu      sync.Mutex
