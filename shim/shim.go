@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"time"
@@ -89,6 +90,7 @@ type waiter struct {
 	shown    bool   // a progress line is on the terminal
 	last     string // the last progress text
 	deadline time.Time
+	signals  chan os.Signal
 }
 
 func (w *waiter) request() *client.Request {
@@ -130,6 +132,7 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 		var be *client.Error
 		switch {
 		case err == nil && r.Type == client.TypeQueued:
+			w.cancelOnSignal()
 			w.progress(r)
 			continue
 		case err == nil && r.Type == client.TypeGrant:
@@ -195,6 +198,23 @@ func (w *waiter) redial(path string) (*client.Conn, error) {
 		}
 		time.Sleep(redialEvery)
 	}
+}
+
+// cancelOnSignal makes an interrupted wait end cleanly: the progress line
+// cleared, a word said, the shell's status for the signal. Closing the
+// connection, which exiting does, is what takes the request off the queue.
+func (w *waiter) cancelOnSignal() {
+	if w.signals != nil {
+		return
+	}
+	w.signals = make(chan os.Signal, 1)
+	signal.Notify(w.signals, unix.SIGINT, unix.SIGTERM, unix.SIGHUP)
+	go func() {
+		sig := (<-w.signals).(unix.Signal)
+		w.clear()
+		warn("cancelled while waiting (%s)", unix.SignalName(sig))
+		os.Exit(128 + int(sig))
+	}()
 }
 
 func (w *waiter) what() string {
