@@ -33,9 +33,15 @@ all: build
 
 build: $(BINARIES)
 
-bin/%: $(SOURCES)
+# npurun is static and lean: it sits in front of every job. npubroker uses
+# cgo so that user and group lookups go through NSS (LDAP, sssd).
+bin/npurun: $(SOURCES)
 	@mkdir -p bin
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/$*
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npurun
+
+bin/npubroker: $(SOURCES)
+	@mkdir -p bin
+	$(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npubroker
 
 # The whole suite: unit tests under the race detector, then the end-to-end
 # tests of the built binaries. As root with CI=true, tests that need root
