@@ -7,10 +7,12 @@ import (
 	"maps"
 	"os"
 	"regexp"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -37,6 +39,28 @@ type Config struct {
 	Default           Limit            // the [limits] table
 	Users             map[string]Limit // [user.NAME], merged with Default
 	Groups            map[string]Limit // [group.NAME], merged with Default
+	Tasks             Tasks            // [tasks]
+}
+
+// Defaults of the [tasks] table.
+const (
+	DefaultStateDir  = "/var/spool/npurun"
+	DefaultMaxTasks  = 100000
+	DefaultKeepEnded = 10000
+	DefaultKillGrace = 10 * time.Second
+)
+
+// Tasks configures detached tasks (task-submit).
+type Tasks struct {
+	StateDir     string        // the spool
+	CPUSlots     int           // --no-device tasks running at once
+	CPUThreads   int           // threads per CPU slot (OMP_NUM_THREADS and the like)
+	IdlePriority bool          // --no-device tasks run at nice 19 in the idle I/O class
+	MaxTasks     int           // tasks pending, blocked or running, all users together
+	KeepEnded    int           // ended tasks remembered for list and show
+	KillGrace    time.Duration // SIGTERM → SIGKILL
+	TimeLimit    time.Duration // a task's limit when it asks for none; 0: none
+	MaxTime      time.Duration // the longest --time allowed; 0: no cap
 }
 
 // Pool is a named set of devices.
@@ -48,6 +72,8 @@ type Pool struct {
 // Limit is what one user may ask for.
 type Limit struct {
 	MaxDevices int      // devices held at once; 0: no limit
+	MaxQueued  int      // tasks waiting (pending or blocked) at once; 0: no limit
+	MaxRunning int      // tasks running at once; 0: no limit
 	Pools      []string // pools allowed; nil: all
 	Source     string   // where the limit came from, for denial messages: "user alice", "group students", "the default [limits]"
 }
@@ -85,11 +111,11 @@ func (c *Config) LimitFor(user string, groups []string) Limit {
 			continue
 		}
 		if len(found) == 0 {
-			merged = Limit{MaxDevices: l.MaxDevices, Pools: slices.Clone(l.Pools)}
+			merged = Limit{MaxDevices: l.MaxDevices, MaxQueued: l.MaxQueued, MaxRunning: l.MaxRunning, Pools: slices.Clone(l.Pools)}
 		} else {
-			if merged.MaxDevices != 0 && (l.MaxDevices == 0 || l.MaxDevices > merged.MaxDevices) {
-				merged.MaxDevices = l.MaxDevices
-			}
+			merged.MaxDevices = looser(merged.MaxDevices, l.MaxDevices)
+			merged.MaxQueued = looser(merged.MaxQueued, l.MaxQueued)
+			merged.MaxRunning = looser(merged.MaxRunning, l.MaxRunning)
 			if merged.Pools != nil {
 				if l.Pools == nil {
 					merged.Pools = nil
@@ -113,6 +139,14 @@ func (c *Config) LimitFor(user string, groups []string) Limit {
 		merged.Source = "groups " + strings.Join(found, ", ")
 	}
 	return merged
+}
+
+// looser is the more permissive of two caps where 0 means none.
+func looser(a, b int) int {
+	if a == 0 || b == 0 {
+		return 0
+	}
+	return max(a, b)
 }
 
 // Load reads and parses the configuration file at path.
@@ -222,6 +256,23 @@ func (p *parser) integer(table []string, t map[string]any, key string, lowest in
 	return int(n), true
 }
 
+// duration reads a Go duration such as "10s" or "6h"; "" or "0" is none.
+func (p *parser) duration(table []string, t map[string]any, key string) (time.Duration, bool) {
+	s, ok := p.str(table, t, key)
+	if !ok {
+		return 0, false
+	}
+	if s == "" || s == "0" {
+		return 0, true
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		p.errorf(table, key, "bad duration %q (want e.g. \"10s\", \"90m\", \"6h\")", s)
+		return 0, false
+	}
+	return d, true
+}
+
 func (p *parser) ids(table []string, t map[string]any, key string) ([]int, string, bool) {
 	s, ok := p.str(table, t, key)
 	if !ok {
@@ -247,15 +298,23 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 		MaxWaitingPerUser: DefaultMaxWaitingPerUser,
 		Users:             map[string]Limit{},
 		Groups:            map[string]Limit{},
+		Tasks: Tasks{
+			StateDir:     DefaultStateDir,
+			CPUSlots:     max(1, runtime.NumCPU()/2),
+			IdlePriority: true,
+			MaxTasks:     DefaultMaxTasks,
+			KeepEnded:    DefaultKeepEnded,
+			KillGrace:    DefaultKillGrace,
+		},
 	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		switch k {
-		case "devices", "broker", "pools", "limits", "user", "group":
+		case "devices", "broker", "pools", "limits", "user", "group", "tasks":
 			continue
 		}
 		if _, isTable := raw[k].(map[string]any); isTable {
 			p.errs = append(p.errs, Error{File: p.file, Line: p.idx.line(k), Key: "[" + k + "]",
-				Msg: "unknown table (known: devices, broker, pools, limits, user.NAME, group.NAME)"})
+				Msg: "unknown table (known: devices, broker, pools, limits, tasks, user.NAME, group.NAME)"})
 		} else {
 			p.errorf(nil, k, "unknown key (keys belong in a table such as [devices])")
 		}
@@ -376,6 +435,53 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 		c.DefaultPool = c.Pools[0].Name
 	}
 
+	// [tasks]
+	tasks := []string{"tasks"}
+	if t, ok := p.table(nil, raw, "tasks"); ok {
+		p.unknown(tasks, t, "state_dir", "cpu_slots", "cpu_threads", "idle_priority", "max_tasks", "keep_ended", "kill_grace", "time_limit", "max_time")
+		if s, ok := p.str(tasks, t, "state_dir"); ok {
+			if !strings.HasPrefix(s, "/") {
+				p.errorf(tasks, "state_dir", "must be an absolute path, not %q", s)
+			} else {
+				c.Tasks.StateDir = s
+			}
+		}
+		if n, ok := p.integer(tasks, t, "cpu_slots", 0); ok {
+			c.Tasks.CPUSlots = n
+		}
+		if n, ok := p.integer(tasks, t, "cpu_threads", 1); ok {
+			c.Tasks.CPUThreads = n
+		}
+		if v, ok := t["idle_priority"]; ok {
+			if b, isBool := v.(bool); isBool {
+				c.Tasks.IdlePriority = b
+			} else {
+				p.errorf(tasks, "idle_priority", "must be a boolean, not %s", typeName(v))
+			}
+		}
+		if n, ok := p.integer(tasks, t, "max_tasks", 1); ok {
+			c.Tasks.MaxTasks = n
+		}
+		if n, ok := p.integer(tasks, t, "keep_ended", 0); ok {
+			c.Tasks.KeepEnded = n
+		}
+		if d, ok := p.duration(tasks, t, "kill_grace"); ok {
+			c.Tasks.KillGrace = d
+		}
+		if d, ok := p.duration(tasks, t, "time_limit"); ok {
+			c.Tasks.TimeLimit = d
+		}
+		if d, ok := p.duration(tasks, t, "max_time"); ok {
+			c.Tasks.MaxTime = d
+		}
+		if c.Tasks.MaxTime > 0 && c.Tasks.TimeLimit > c.Tasks.MaxTime {
+			p.errorf(tasks, "time_limit", "%s is longer than max_time %s", c.Tasks.TimeLimit, c.Tasks.MaxTime)
+		}
+	}
+	if c.Tasks.CPUThreads == 0 {
+		c.Tasks.CPUThreads = max(1, runtime.NumCPU()/max(1, c.Tasks.CPUSlots))
+	}
+
 	// [limits], [user.NAME], [group.NAME]
 	c.Default = Limit{Source: "the default [limits]"}
 	if t, ok := p.table(nil, raw, "limits"); ok {
@@ -405,10 +511,16 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 
 // limit reads a limits table over base.
 func (p *parser) limit(table []string, t map[string]any, base Limit, poolExists func(string) bool) Limit {
-	p.unknown(table, t, "max_devices", "pools")
+	p.unknown(table, t, "max_devices", "max_queued_tasks", "max_running_tasks", "pools")
 	l := base
 	if n, ok := p.integer(table, t, "max_devices", 0); ok {
 		l.MaxDevices = n
+	}
+	if n, ok := p.integer(table, t, "max_queued_tasks", 0); ok {
+		l.MaxQueued = n
+	}
+	if n, ok := p.integer(table, t, "max_running_tasks", 0); ok {
+		l.MaxRunning = n
 	}
 	v, ok := t["pools"]
 	if !ok {

@@ -5,8 +5,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 const fullConfig = `# npurun.conf
@@ -114,6 +116,9 @@ func TestParseGood(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
+			if tt.want.Tasks == (Tasks{}) {
+				tt.want.Tasks = defaultTasks()
+			}
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", got, tt.want)
 			}
@@ -140,12 +145,12 @@ func TestParseBad(t *testing.T) {
 		{
 			name: "unknown key",
 			conf: "[devices]\nvendor = \"fake\"\nids = \"0-3\"\n\n[limits]\nmax_device = 2\n",
-			want: []string{"npurun.conf:6: [limits] max_device: unknown key (known: max_devices, pools)"},
+			want: []string{"npurun.conf:6: [limits] max_device: unknown key (known: max_devices, max_queued_tasks, max_running_tasks, pools)"},
 		},
 		{
 			name: "unknown table",
 			conf: "[devices]\nvendor = \"auto\"\n[device]\nids = \"1\"\n",
-			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, user.NAME, group.NAME)"},
+			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, user.NAME, group.NAME)"},
 		},
 		{
 			name: "key outside a table",
@@ -241,7 +246,7 @@ max_devices = -1
 				`npurun.conf:7: [pools] queue: bad range "15-12"`,
 				`npurun.conf:8: [pools] extra: device 16 is not in [devices] ids "0-15"`,
 				`npurun.conf:8: [pools] extra: device 12 is in both pools "interactive" and "extra"`,
-				`npurun.conf:11: [limits] max_device: unknown key (known: max_devices, pools)`,
+				`npurun.conf:11: [limits] max_device: unknown key (known: max_devices, max_queued_tasks, max_running_tasks, pools)`,
 				`npurun.conf:12: [limits] pools: no pool "batch" in [pools]`,
 				`npurun.conf:15: [group.students] max_devices: must be at least 0, not -1`,
 			},
@@ -421,4 +426,65 @@ func seq(a, b int) []int {
 		s = append(s, i)
 	}
 	return s
+}
+
+// defaultTasks is the [tasks] table of a file that has none.
+func defaultTasks() Tasks {
+	return Tasks{
+		StateDir:     DefaultStateDir,
+		CPUSlots:     max(1, runtime.NumCPU()/2),
+		CPUThreads:   max(1, runtime.NumCPU()/max(1, runtime.NumCPU()/2)),
+		IdlePriority: true,
+		MaxTasks:     DefaultMaxTasks,
+		KeepEnded:    DefaultKeepEnded,
+		KillGrace:    DefaultKillGrace,
+	}
+}
+
+func TestParseTasks(t *testing.T) {
+	conf := `[devices]
+vendor = "fake"
+ids = "0-3"
+
+[tasks]
+state_dir = "/srv/spool"
+cpu_slots = 3
+cpu_threads = 4
+idle_priority = false
+kill_grace = "5s"
+time_limit = "6h"
+max_time = "72h"
+
+[limits]
+max_queued_tasks = 50
+max_running_tasks = 2
+
+[group.a]
+max_running_tasks = 4
+[group.b]
+max_queued_tasks = 0
+`
+	c, err := Parse("npurun.conf", []byte(conf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Tasks{StateDir: "/srv/spool", CPUSlots: 3, CPUThreads: 4, MaxTasks: DefaultMaxTasks, KeepEnded: DefaultKeepEnded,
+		KillGrace: 5 * time.Second, TimeLimit: 6 * time.Hour, MaxTime: 72 * time.Hour}
+	if c.Tasks != want {
+		t.Errorf("Tasks = %+v, want %+v", c.Tasks, want)
+	}
+	if l := c.LimitFor("x", nil); l.MaxQueued != 50 || l.MaxRunning != 2 {
+		t.Errorf("default limit = %+v, want 50 queued, 2 running", l)
+	}
+	if l := c.LimitFor("x", []string{"a", "b"}); l.MaxQueued != 0 || l.MaxRunning != 4 {
+		t.Errorf("groups a, b = %+v, want no queued cap (b), 4 running (a)", l)
+	}
+	bad := "[tasks]\nkill_grace = \"soon\"\nstate_dir = \"spool\"\ntime_limit = \"8h\"\nmax_time = \"1h\"\n"
+	_, err = Parse("npurun.conf", []byte(bad))
+	wantErr := "npurun.conf:2: [tasks] kill_grace: bad duration \"soon\" (want e.g. \"10s\", \"90m\", \"6h\")\n" +
+		"npurun.conf:3: [tasks] state_dir: must be an absolute path, not \"spool\"\n" +
+		"npurun.conf:4: [tasks] time_limit: 8h0m0s is longer than max_time 1h0m0s"
+	if err == nil || err.Error() != wantErr {
+		t.Errorf("bad [tasks]: got\n%v\nwant\n%s", err, wantErr)
+	}
 }

@@ -75,6 +75,12 @@ type Request struct {
 	Pool    string `json:"pool,omitempty"`    // pool to take them from; "" is the default pool
 	Devices []int  `json:"devices,omitempty"` // exactly these physical ids
 	NoWait  bool   `json:"no_wait,omitempty"` // fail with "busy" instead of queueing
+
+	// tasks
+	Task   *Submission `json:"task,omitempty"`   // submit
+	ID     uint64      `json:"id,omitempty"`     // show, cancel, wait, task-done
+	All    bool        `json:"all,omitempty"`    // list: everyone's
+	Status *Status     `json:"status,omitempty"` // task-done
 }
 
 // Reply is a message from the broker.
@@ -98,6 +104,11 @@ type Reply struct {
 	Code    string `json:"code,omitempty"`
 	Message string `json:"message,omitempty"`
 	Hint    string `json:"hint,omitempty"`
+
+	// tasks
+	ID    uint64     `json:"id,omitempty"`    // submitted
+	Tasks []TaskInfo `json:"tasks,omitempty"` // tasks
+	More  bool       `json:"more,omitempty"`  // tasks: another "tasks" reply follows
 }
 
 // Error is an error reply from the broker, usable with errors.As.

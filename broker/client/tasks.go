@@ -1,0 +1,232 @@
+package client
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// The detached-task exchange, on the same socket and framing as leases.
+//
+//	task-submit                                 npubroker
+//	  │ ── {"op":"submit","task":{…}} ──────────▶ │ identity: SO_PEERCRED
+//	  │ ◀── {"type":"submitted","id":118,…} ───── │ only once the spool holds it (fsync)
+//	  │ ── {"op":"list","all":true} ────────────▶ │
+//	  │ ◀── {"type":"tasks","tasks":[…],"more":true} … {"type":"tasks","tasks":[…]}
+//	  │ ── {"op":"show","id":118} ──────────────▶ │ ◀── {"type":"tasks","tasks":[…]}
+//	  │ ── {"op":"cancel","id":118} ────────────▶ │ ◀── {"type":"tasks","tasks":[…]}
+//	  │ ── {"op":"wait","id":118} ──────────────▶ │ … when it ends: {"type":"tasks","tasks":[…]}
+//
+//	npubroker ── fork/exec as the submitter ──▶ npubroker supervise
+//	  stdin: one JSON Spec; descriptors 3…: the lease's locks
+//	supervisor ── {"op":"task-done","id":118,"status":{…}} ──▶ npubroker
+//	           ◀── {"type":"ok"} ─── (retried across broker restarts until acknowledged)
+
+// Task operations.
+const (
+	OpSubmit   = "submit"
+	OpList     = "list"
+	OpShow     = "show"
+	OpCancel   = "cancel"
+	OpWait     = "wait"
+	OpTaskDone = "task-done" // from a task's supervisor only
+)
+
+// Task reply types.
+const (
+	TypeSubmitted = "submitted"
+	TypeTasks     = "tasks"
+	TypeOK        = "ok"
+)
+
+// CodeNoSuchTask is the error code for an unknown task id, or one the
+// asker may not see.
+const CodeNoSuchTask = "no-such-task"
+
+// Task states.
+const (
+	StatePending   = "pending"   // in the queue
+	StateBlocked   = "blocked"   // waiting for --after tasks to succeed
+	StateRunning   = "running"   // its supervisor runs it
+	StateDone      = "done"      // ended with exit status 0
+	StateFailed    = "failed"    // ended otherwise, or could not start
+	StateCancelled = "cancelled" // cancelled before or while running
+	StateLost      = "lost"      // its supervisor vanished without a word
+)
+
+// Submission is what task-submit sends: the command and what it needs.
+// The submitter's identity is never part of it: the broker takes it from
+// SO_PEERCRED.
+type Submission struct {
+	Argv     []string `json:"argv,omitempty"`  // run as given (-- CMD ARGS)
+	Shell    string   `json:"shell,omitempty"` // or: a string run by the submitter's shell (--run)
+	Cwd      string   `json:"cwd"`
+	Env      []string `json:"env"`
+	N        int      `json:"n,omitempty"`
+	Devices  []int    `json:"devices,omitempty"`
+	Pool     string   `json:"pool,omitempty"`
+	NoDevice bool     `json:"no_device,omitempty"`
+	TimeSec  int64    `json:"time_sec,omitempty"` // --time, seconds; 0: the policy's
+	Name     string   `json:"name,omitempty"`
+	After    []uint64 `json:"after,omitempty"`
+	Log      string   `json:"log,omitempty"` // absolute path; "" for the default
+}
+
+// TaskInfo is a task as list, show, cancel and wait report it. Command,
+// Cwd, Env and Log are left out for another user's task unless the asker
+// is root.
+type TaskInfo struct {
+	ID        uint64   `json:"id"`
+	User      string   `json:"user"`
+	UID       uint32   `json:"uid"`
+	Name      string   `json:"name,omitempty"`
+	State     string   `json:"state"`
+	Command   string   `json:"command,omitempty"`
+	Cwd       string   `json:"cwd,omitempty"`
+	Env       []string `json:"env,omitempty"`
+	Log       string   `json:"log,omitempty"`
+	N         int      `json:"n,omitempty"`
+	Pool      string   `json:"pool,omitempty"`
+	NoDevice  bool     `json:"no_device,omitempty"`
+	Devices   []int    `json:"devices,omitempty"` // granted, once running
+	After     []uint64 `json:"after,omitempty"`
+	TimeSec   int64    `json:"time_sec,omitempty"`
+	Position  int      `json:"position,omitempty"` // place in line while pending
+	Submitted int64    `json:"submitted"`          // Unix milliseconds
+	Started   int64    `json:"started,omitempty"`
+	Ended     int64    `json:"ended,omitempty"`
+	Exit      *int     `json:"exit,omitempty"`   // exit code, when it exited
+	Signal    string   `json:"signal,omitempty"` // or the signal that ended it
+	Reason    string   `json:"reason,omitempty"` // why it failed, was cancelled or lost
+}
+
+// ExitStatus is the status a shell would give for the task: its exit
+// code, 128+N for signal N, 1 for a task that never ran or was lost, and
+// -1 while it has not ended.
+func (t *TaskInfo) ExitStatus() int {
+	switch {
+	case t.Exit != nil:
+		return *t.Exit
+	case t.Signal != "":
+		return 128 + signalNumber(t.Signal)
+	case t.State == StatePending || t.State == StateBlocked || t.State == StateRunning:
+		return -1
+	}
+	return 1
+}
+
+// Status is a supervisor's report of how its command ended.
+type Status struct {
+	Exit   *int   `json:"exit,omitempty"`
+	Signal string `json:"signal,omitempty"` // e.g. "SIGKILL"
+	Reason string `json:"reason,omitempty"` // "time limit 6h0m0s reached", "cancelled", "start: …"
+}
+
+// Spec is what the broker gives a task's supervisor on its standard input.
+// The supervisor already runs as the submitter (uid, gid, groups) and holds
+// the lease's lock descriptors at 3, 4, … in the order of Devices.
+type Spec struct {
+	ID       uint64   `json:"id"`
+	Argv     []string `json:"argv"` // resolved: --run became [shell, "-c", string]
+	Cwd      string   `json:"cwd"`
+	Env      []string `json:"env"` // complete, device variables included
+	Devices  []int    `json:"devices,omitempty"`
+	Log      string   `json:"log"`                // absolute path, opened by the supervisor as the submitter
+	TimeSec  int64    `json:"time_sec,omitempty"` // 0: no limit
+	GraceSec int64    `json:"grace_sec"`          // SIGTERM → SIGKILL
+	Idle     bool     `json:"idle,omitempty"`     // nice 19 and the idle I/O class
+	Socket   string   `json:"socket"`             // where to report
+}
+
+// signalNumber maps "SIGKILL" to 9; 0 when unknown.
+func signalNumber(name string) int {
+	return int(unix.SignalNum(name))
+}
+
+// call sends req and returns the first reply that is not progress.
+func (c *Conn) call(req *Request) (*Reply, error) {
+	if err := c.Send(req); err != nil {
+		return nil, err
+	}
+	for {
+		r, _, err := c.Recv(-1)
+		if err != nil {
+			return nil, err
+		}
+		if r.Type != TypeQueued {
+			return r, nil
+		}
+	}
+}
+
+// Submit queues a task. The reply carries its id, and its pool and place
+// in line when it waits for devices.
+func (c *Conn) Submit(s *Submission) (*Reply, error) {
+	r, err := c.call(&Request{Op: OpSubmit, Task: s})
+	if err != nil {
+		return nil, err
+	}
+	if r.Type != TypeSubmitted {
+		return nil, fmt.Errorf("unexpected reply %q to submit", r.Type)
+	}
+	return r, nil
+}
+
+// tasks collects a possibly multi-part "tasks" reply.
+func (c *Conn) tasks(req *Request) ([]TaskInfo, error) {
+	r, err := c.call(req)
+	var all []TaskInfo
+	for {
+		if err != nil {
+			return nil, err
+		}
+		if r.Type != TypeTasks {
+			return nil, fmt.Errorf("unexpected reply %q to %s", r.Type, req.Op)
+		}
+		all = append(all, r.Tasks...)
+		if !r.More {
+			return all, nil
+		}
+		r, _, err = c.Recv(-1)
+	}
+}
+
+func (c *Conn) one(req *Request) (*TaskInfo, error) {
+	ts, err := c.tasks(req)
+	if err != nil {
+		return nil, err
+	}
+	if len(ts) != 1 {
+		return nil, fmt.Errorf("%s: %d tasks in reply, want 1", req.Op, len(ts))
+	}
+	return &ts[0], nil
+}
+
+// List returns the asker's tasks, or everyone's with all.
+func (c *Conn) List(all bool) ([]TaskInfo, error) { return c.tasks(&Request{Op: OpList, All: all}) }
+
+// Show returns one task.
+func (c *Conn) Show(id uint64) (*TaskInfo, error) { return c.one(&Request{Op: OpShow, ID: id}) }
+
+// Cancel cancels a task: a pending one is removed, a running one is sent
+// SIGTERM (SIGKILL after a grace period). It returns the task as it stands.
+func (c *Conn) Cancel(id uint64) (*TaskInfo, error) { return c.one(&Request{Op: OpCancel, ID: id}) }
+
+// Wait blocks until the task has ended and returns it.
+func (c *Conn) Wait(id uint64) (*TaskInfo, error) { return c.one(&Request{Op: OpWait, ID: id}) }
+
+// TaskDone is a supervisor's report of its command's end; it returns once
+// the broker has recorded it.
+func (c *Conn) TaskDone(id uint64, st *Status) error {
+	r, err := c.call(&Request{Op: OpTaskDone, ID: id, Status: st})
+	if err != nil {
+		return err
+	}
+	if r.Type != TypeOK {
+		return fmt.Errorf("unexpected reply %q to task-done", r.Type)
+	}
+	return nil
+}
+
+// Fd is the connection's descriptor, for poll(2) beside other events.
+func (c *Conn) Fd() int { return c.fd }
