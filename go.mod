@@ -7,3 +7,5 @@ require (
 	github.com/spf13/pflag v1.1.0
 	golang.org/x/sys v0.49.0
 )
+
+require github.com/prometheus/procfs v0.23.0 // indirect

@@ -9,10 +9,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
@@ -36,6 +38,8 @@ type Options struct {
 	Config    *policy.Config
 	Inventory *npu.Inventory
 	RunDir    string // lock files go to RunDir/locks
+	StateDir  string // the task spool; "" for the config's
+	Socket    string // the socket path, told to tasks and their supervisors
 	Log       *log.Logger
 }
 
@@ -50,13 +54,31 @@ type Server struct {
 	pools  map[string][]int // pool name -> ids
 	poolOf map[int]string   // device id -> pool name
 
-	mu      sync.Mutex
-	devs    []*device // indexed by physical id; nil where not managed
-	nfree   int
-	held    map[uint32]int // devices held per uid, from this broker's grants
-	q       *Queue
-	conns   int
-	pending bool // a progress update is scheduled
+	socket       string
+	self         string // this executable, run as `npubroker supervise`
+	unprivileged bool   // not root: tasks only for our own uid, no credential change
+	proc         procfs.FS
+	spool        *Spool
+	cpuSlots     []int // ids of the CPU slots: 0..cpu_slots-1
+
+	mu        sync.Mutex
+	devs      []*device // indexed by physical id; nil where not managed
+	nfree     int
+	held      map[uint32]int // devices held per uid, from this broker's grants
+	q         *Queue         // waiters for devices: leases and tasks
+	conns     int
+	userConns map[uint32]int
+	pending   bool // a progress update is scheduled
+
+	tasks       map[uint64]*task
+	order       []uint64 // task ids, ascending
+	nextID      uint64
+	endedCount  int
+	queuedTasks map[uint32]int // pending or blocked, per uid
+	running     map[uint32]int // running tasks per uid
+	cpuq        *Queue         // --no-device tasks waiting for a CPU slot
+	cpuFree     []bool
+	loading     bool // replaying the journal
 }
 
 // New prepares a broker: the lock directory, the lock files, and the
@@ -66,19 +88,43 @@ func New(o Options) (*Server, error) {
 		o.Log = log.New(os.Stderr, "npubroker: ", 0)
 	}
 	s := &Server{
-		cfg:    o.Config,
-		inv:    o.Inventory,
-		locks:  filepath.Join(o.RunDir, "locks"),
-		log:    o.Log,
-		pools:  map[string][]int{},
-		poolOf: map[int]string{},
-		held:   map[uint32]int{},
-		q:      NewQueue(),
+		cfg:          o.Config,
+		inv:          o.Inventory,
+		locks:        filepath.Join(o.RunDir, "locks"),
+		log:          o.Log,
+		socket:       o.Socket,
+		unprivileged: os.Geteuid() != 0,
+		pools:        map[string][]int{},
+		poolOf:       map[int]string{},
+		held:         map[uint32]int{},
+		q:            NewQueue(),
+		userConns:    map[uint32]int{},
+		tasks:        map[uint64]*task{},
+		queuedTasks:  map[uint32]int{},
+		running:      map[uint32]int{},
+		cpuq:         NewQueue(),
+		cpuFree:      make([]bool, o.Config.Tasks.CPUSlots),
+	}
+	for i := range s.cpuFree {
+		s.cpuFree[i] = true
+		s.cpuSlots = append(s.cpuSlots, i)
+	}
+	var err error
+	if s.proc, err = procfs.NewFS("/proc"); err != nil {
+		return nil, err
+	}
+	if s.self, err = os.Executable(); err != nil {
+		return nil, fmt.Errorf("find own executable: %w", err)
 	}
 	for _, p := range o.Config.Pools {
 		ids := p.IDs
 		if ids == nil {
 			ids = o.Inventory.IDs
+		}
+		for _, id := range ids {
+			if !slices.Contains(o.Inventory.IDs, id) {
+				return nil, fmt.Errorf("pool %q names npu %d, which is not among the devices managed (%s)", p.Name, id, npu.FormatIDs(o.Inventory.IDs))
+			}
 		}
 		s.pools[p.Name] = ids
 		for _, id := range ids {
@@ -94,48 +140,72 @@ func New(o Options) (*Server, error) {
 	}
 	s.devs = make([]*device, maxID+1)
 	for _, id := range s.inv.IDs {
-		d := &device{id: id, path: LockPath(s.locks, id), fd: -1}
+		d := &device{id: id, path: LockPath(s.locks, id), fd: -1, watch: make(chan int, 1)}
 		fd, free, err := tryLock(d.path)
 		if err != nil {
 			return nil, err
 		}
 		s.devs[id] = d
+		go s.watch(d)
 		if free {
 			d.fd = fd
 			s.nfree++
 		} else {
 			d.since = time.Now()
 			s.log.Printf("npu %d is held by a lease from before this start; waiting for its release", id)
-			go s.watch(d, fd)
+			d.watch <- fd
 		}
 	}
 	if s.inv.Note != "" {
 		s.log.Print(s.inv.Note)
 	}
+	stateDir := o.StateDir
+	if stateDir == "" {
+		stateDir = o.Config.Tasks.StateDir
+	}
+	if err := s.loadTasks(stateDir); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
-// watch waits in flock on fd, a second open of d's lock file, until the
-// lease's process tree is gone; then d is free, locked by fd.
-func (s *Server) watch(d *device, fd int) {
-	if err := flock(fd, false); err != nil {
-		// Nothing else can be done with this device; keep it out of use
-		// rather than risk a double grant.
-		s.log.Printf("npu %d: wait for release: %v; device taken out of service", d.id, err)
-		unix.Close(fd)
+// watch is device d's watcher, for the broker's lifetime: given a second
+// open of d's lock file while a lease holds it, it waits in flock until the
+// lease's process tree is gone; then d is free, locked by that descriptor.
+func (s *Server) watch(d *device) {
+	for fd := range d.watch {
+		if err := flock(fd, false); err != nil {
+			// Nothing else can be done with this device; keep it out of
+			// use rather than risk a double grant.
+			s.log.Printf("npu %d: wait for release: %v; device taken out of service", d.id, err)
+			unix.Close(fd)
+			continue
+		}
+		s.mu.Lock()
+		d.fd = fd
+		if d.leased {
+			if s.held[d.holder]--; s.held[d.holder] <= 0 {
+				delete(s.held, d.holder)
+			}
+		}
+		d.leased = false
+		s.nfree++
+		s.scheduleLocked()
+		s.mu.Unlock()
+	}
+}
+
+// releasedLocked hands device d, now leased, to its watcher.
+func (s *Server) releasedLocked(d *device, uid uint32) {
+	d.leased, d.holder, d.since = true, uid, time.Now()
+	s.nfree--
+	s.held[uid]++
+	fd, err := openLock(d.path)
+	if err != nil {
+		s.log.Printf("npu %d: %v; device taken out of service", d.id, err)
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	d.fd = fd
-	if d.leased {
-		if s.held[d.holder]--; s.held[d.holder] <= 0 {
-			delete(s.held, d.holder)
-		}
-	}
-	d.leased = false
-	s.nfree++
-	s.scheduleLocked()
+	d.watch <- fd
 }
 
 // Listen opens the broker's socket at path. A socket file left by a broker

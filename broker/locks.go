@@ -22,6 +22,7 @@ type device struct {
 	holder uint32 // uid the lease was granted to (this broker's grants only)
 	leased bool   // granted by this broker (false: found held at start)
 	since  time.Time
+	watch  chan int // descriptors for the device's watcher to wait on
 }
 
 // LockPath is the lock file of physical device id in dir.

@@ -1,22 +1,33 @@
 package broker
 
-import "sort"
+import (
+	"sort"
+	"time"
+
+	"github.com/npurun/npurun/policy"
+)
 
 // Waiter is one request waiting for devices: an inline npurun today, a PAM
 // session or a queued task later.
 type Waiter struct {
-	UID   uint32
-	N     int   // devices wanted
-	Cand  []int // devices it may take, ascending: its pool's, or the explicit ones
-	Exact bool  // it wants exactly Cand (npurun --device)
-	Pool  string
+	UID    uint32
+	N      int   // devices wanted
+	Cand   []int // devices it may take, ascending: its pool's, or the explicit ones
+	Exact  bool  // it wants exactly Cand (npurun --device)
+	IsTask bool  // a queued task: counts against the user's running tasks
+	Pool   string
 
 	seq   uint64 // arrival order
 	round uint64 // fairness round, see Queue
 
-	conn *conn // owner, for the broker; the scheduler never looks at it
-	pos  int   // last position reported to the client
-	why  string
+	// The broker's, never looked at by the scheduler.
+	user   string       // account name, for messages
+	lim    policy.Limit // the user's limit when the request came
+	conn   *conn        // owner: an npurun waiting on its connection,
+	task   *task        // or a queued task
+	queued time.Time
+	pos    int    // last position reported to the client
+	why    string // last reason reported
 }
 
 // Queue holds the waiters in service order. Service is first come first
@@ -91,15 +102,22 @@ type Grant struct {
 	Devices []int
 }
 
+// Room is how much more each user may take, by uid; a user absent from a
+// map has no limit there.
+type Room struct {
+	Devices map[uint32]int // devices they may still hold
+	Tasks   map[uint32]int // tasks they may still run (counts only waiters with IsTask)
+}
+
 // Plan decides which waiters to serve now. order is the service order,
-// free[id] tells whether device id is free, room[uid] how many more devices
-// user uid may hold (absent: no limit). It modifies none of its inputs.
+// free[id] tells whether device id is free, room what the limits leave each
+// user. It modifies none of its inputs.
 //
 // Walking the order, a waiter that can be served is; one that cannot
 // reserves the free devices it could use (up to what it wants), so a later,
 // smaller request only backfills onto devices the earlier one cannot use
 // yet. A waiter whose user has no room reserves nothing.
-func Plan(order []*Waiter, free []bool, room map[uint32]int) []Grant {
+func Plan(order []*Waiter, free []bool, room Room) []Grant {
 	avail := make([]bool, len(free))
 	n := 0
 	for id, f := range free {
@@ -108,13 +126,16 @@ func Plan(order []*Waiter, free []bool, room map[uint32]int) []Grant {
 			n++
 		}
 	}
-	var used map[uint32]int
+	var used, started map[uint32]int
 	var grants []Grant
 	for _, w := range order {
 		if n == 0 {
 			break
 		}
-		if r, ok := room[w.UID]; ok && r-used[w.UID] < w.N {
+		if r, ok := room.Devices[w.UID]; ok && r-used[w.UID] < w.N {
+			continue
+		}
+		if r, ok := room.Tasks[w.UID]; ok && w.IsTask && r-started[w.UID] < 1 {
 			continue
 		}
 		var got []int
@@ -133,11 +154,17 @@ func Plan(order []*Waiter, free []bool, room map[uint32]int) []Grant {
 		}
 		if ok {
 			grants = append(grants, Grant{W: w, Devices: got})
-			if _, limited := room[w.UID]; limited {
+			if _, limited := room.Devices[w.UID]; limited {
 				if used == nil {
 					used = map[uint32]int{}
 				}
 				used[w.UID] += w.N
+			}
+			if _, limited := room.Tasks[w.UID]; limited && w.IsTask {
+				if started == nil {
+					started = map[uint32]int{}
+				}
+				started[w.UID]++
 			}
 		}
 	}

@@ -1,8 +1,10 @@
 package broker
 
 import (
+	"os"
 	"os/user"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -12,6 +14,10 @@ import (
 type account struct {
 	name   string
 	groups []string
+	gid    uint32   // primary group
+	gids   []uint32 // supplementary groups, as initgroups would set them
+	home   string
+	shell  string // login shell for --run; /bin/sh where it refuses logins
 	at     time.Time
 }
 
@@ -29,16 +35,23 @@ func (a *accounts) lookup(uid uint32) *account {
 	if acc != nil && time.Since(acc.at) < accountTTL {
 		return acc
 	}
-	acc = &account{name: "uid " + strconv.Itoa(int(uid)), at: time.Now()}
+	acc = &account{name: "uid " + strconv.Itoa(int(uid)), gid: uid, home: "/", shell: "/bin/sh", at: time.Now()}
 	if u, err := user.LookupId(strconv.Itoa(int(uid))); err == nil {
-		acc.name = u.Username
+		acc.name, acc.home = u.Username, u.HomeDir
+		if g, err := strconv.ParseUint(u.Gid, 10, 32); err == nil {
+			acc.gid = uint32(g)
+		}
 		if gids, err := u.GroupIds(); err == nil {
 			for _, gid := range gids {
+				if n, err := strconv.ParseUint(gid, 10, 32); err == nil {
+					acc.gids = append(acc.gids, uint32(n))
+				}
 				if g, err := user.LookupGroupId(gid); err == nil {
 					acc.groups = append(acc.groups, g.Name)
 				}
 			}
 		}
+		acc.shell = loginShell(u.Username)
 	}
 	a.mu.Lock()
 	if a.m == nil {
@@ -47,4 +60,24 @@ func (a *accounts) lookup(uid uint32) *account {
 	a.m[uid] = acc
 	a.mu.Unlock()
 	return acc
+}
+
+// loginShell is user's shell from /etc/passwd, or /bin/sh when there is
+// none there or it refuses logins (nologin, false).
+func loginShell(name string) string {
+	data, err := os.ReadFile("/etc/passwd")
+	if err != nil {
+		return "/bin/sh"
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Split(line, ":")
+		if len(f) == 7 && f[0] == name {
+			sh := f[6]
+			if sh == "" || strings.HasSuffix(sh, "/nologin") || strings.HasSuffix(sh, "/false") {
+				return "/bin/sh"
+			}
+			return sh
+		}
+	}
+	return "/bin/sh"
 }

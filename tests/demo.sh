@@ -20,8 +20,8 @@ CONF
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "start an unprivileged broker with 4 fake devices"
-echo "\$ npubroker serve --config $dir/npurun.conf --run-dir $dir/run &"
-"$bin/npubroker" serve --config "$dir/npurun.conf" --run-dir "$dir/run" 2>"$dir/broker.log" &
+echo "\$ npubroker serve --config $dir/npurun.conf --run-dir $dir/run --state-dir $dir/spool &"
+"$bin/npubroker" serve --config "$dir/npurun.conf" --run-dir "$dir/run" --state-dir "$dir/spool" 2>"$dir/broker.log" &
 broker_pid=$!
 export NPURUN_SOCKET=$dir/run/broker.sock
 # Wait for the broker's "serving" line: an event, not a guess.

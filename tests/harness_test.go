@@ -100,12 +100,13 @@ func FakeConfig(n int) string {
 
 // Broker is an npubroker serve process in a directory of the test's own.
 type Broker struct {
-	t      testing.TB
-	Bin    *Binaries
-	Dir    string
-	Conf   string
-	RunDir string
-	Socket string
+	t        testing.TB
+	Bin      *Binaries
+	Dir      string
+	Conf     string
+	RunDir   string
+	StateDir string
+	Socket   string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -119,6 +120,7 @@ func StartBroker(t testing.TB, conf string) *Broker {
 	dir := SharedDir(t)
 	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(dir, "run")}
 	b.Socket = filepath.Join(b.RunDir, "broker.sock")
+	b.StateDir = filepath.Join(dir, "spool")
 	if err := os.WriteFile(b.Conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +138,7 @@ func StartBroker(t testing.TB, conf string) *Broker {
 // printed its "serving" line.
 func (b *Broker) Start() {
 	b.t.Helper()
-	cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--socket", b.Socket)
+	cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--socket", b.Socket, "--state-dir", b.StateDir)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		b.t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 var version = "dev"
 
 const usage = `Usage:
-  npubroker serve [--config FILE] [--socket PATH] [--run-dir DIR]
+  npubroker serve [--config FILE] [--socket PATH] [--run-dir DIR] [--state-dir DIR]
   npubroker check-config [FILE]
   npubroker --version
 
@@ -40,6 +40,8 @@ func main() {
 		os.Exit(serve(os.Args[2:]))
 	case "check-config":
 		os.Exit(checkConfig(os.Args[2:]))
+	case "supervise": // started by the broker for each task; not for people
+		os.Exit(supervise(os.Args[2:]))
 	case "--version", "version":
 		fmt.Println("npubroker", version)
 	case "-h", "--help", "help":
@@ -78,6 +80,7 @@ func serve(args []string) int {
 	config := fs.String("config", broker.DefaultConfig, "configuration file")
 	runDir := fs.String("run-dir", broker.DefaultRunDir, "directory of the lock files (RUN-DIR/locks) and, by default, the socket")
 	socket := fs.String("socket", "", "socket to listen on (default RUN-DIR/broker.sock)")
+	stateDir := fs.String("state-dir", "", "task spool (default the config's [tasks] state_dir, /var/spool/npurun; RUN-DIR/spool when not root)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
@@ -103,10 +106,8 @@ func serve(args []string) int {
 		lg.Print(err)
 		return 1
 	}
-	s, err := broker.New(broker.Options{Config: cfg, Inventory: inv, RunDir: *runDir, Log: lg})
-	if err != nil {
-		lg.Print(err)
-		return 1
+	if *stateDir == "" && os.Geteuid() != 0 && cfg.Tasks.StateDir == policy.DefaultStateDir {
+		*stateDir = filepath.Join(*runDir, "spool")
 	}
 	ln, err := broker.Activated()
 	if err == nil && ln == nil {
@@ -116,8 +117,21 @@ func serve(args []string) int {
 		lg.Print(err)
 		return 1
 	}
+	s, err := broker.New(broker.Options{Config: cfg, Inventory: inv, RunDir: *runDir, StateDir: *stateDir, Socket: ln.Addr().String(), Log: lg})
+	if err != nil {
+		ln.Close()
+		lg.Print(err)
+		return 1
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			lg.Print("SIGHUP: the configuration is read only at start; restart the broker to apply a new one")
+		}
+	}()
 	lg.Printf("serving %s npu %s on %s", inv.Vendor, npu.FormatIDs(inv.IDs), ln.Addr())
 	if err := broker.Notify("READY=1"); err != nil {
 		lg.Print(err)

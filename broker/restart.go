@@ -1,0 +1,129 @@
+package broker
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// loadTasks replays the spool: pending tasks queue again in submission
+// order, running tasks whose supervisor lives on are followed to their end,
+// and the journal is rewritten compactly.
+func (s *Server) loadTasks(dir string) error {
+	s.loading = true
+	defer func() { s.loading = false }()
+	spool, err := OpenSpool(dir, s.applyRecord, s.snapshot)
+	if err != nil {
+		return err
+	}
+	s.spool = spool
+	slices.Sort(s.order)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range s.order {
+		t := s.tasks[id]
+		switch t.State {
+		case client.StatePending, client.StateBlocked:
+			st := t.State
+			t.State = client.StatePending
+			if st == client.StateBlocked {
+				t.State = client.StateBlocked
+				s.queuedTasks[t.UID]++
+			}
+			s.enqueueLocked(t)
+		case client.StateRunning:
+			s.adoptLocked(t)
+		default:
+			s.endedCount++
+		}
+	}
+	s.trimLocked()
+	return nil
+}
+
+// adoptLocked takes up a task that was running when the broker stopped.
+func (s *Server) adoptLocked(t *task) {
+	pid := t.PID
+	if !alive(s.proc, pid, t.PIDStart) {
+		pid = findSupervisor(s.proc, t.ID, t.UID)
+	}
+	switch {
+	case pid > 0:
+		t.PID = pid
+		s.running[t.UID]++
+		if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
+			s.cpuFree[t.Slot] = false
+		}
+		s.log.Printf("task %d is still running (supervisor pid %d)", t.ID, pid)
+		go func() {
+			waitExit(pid)
+			s.supervisorGone(t, pid)
+		}()
+	case t.PID == 0:
+		// Its start was recorded, but no supervisor was: it never ran.
+		s.log.Printf("task %d was about to start when the broker stopped; queued again", t.ID)
+		t.State, t.Started, t.Devices, t.Slot = client.StatePending, 0, nil, -1
+		s.enqueueLocked(t)
+	default:
+		t.State = client.StateLost
+		t.Reason = "its supervisor was gone when the broker restarted; exit status unknown"
+		s.endedCount++
+	}
+}
+
+// applyRecord applies one journal record to the task table.
+func (s *Server) applyRecord(r *record) error {
+	if r.Op == "task" {
+		if r.Task == nil || r.Task.ID == 0 {
+			return fmt.Errorf("task record without a task")
+		}
+		if _, seen := s.tasks[r.Task.ID]; !seen {
+			s.order = append(s.order, r.Task.ID)
+		}
+		s.tasks[r.Task.ID] = r.Task
+		s.nextID = max(s.nextID, r.Task.ID)
+		return nil
+	}
+	t := s.tasks[r.ID]
+	if t == nil {
+		return nil // a task forgotten since: nothing to apply
+	}
+	switch r.Op {
+	case "start":
+		t.State, t.Started, t.Devices, t.Slot = client.StateRunning, r.Time, r.Devices, r.Slot
+	case "pid":
+		t.PID, t.PIDStart = r.PID, r.PIDStart
+	case "end":
+		t.State, t.Ended, t.Status, t.Reason = r.State, r.Time, r.Status, r.Reason
+	default:
+		return fmt.Errorf("unknown record %q", r.Op)
+	}
+	return nil
+}
+
+// snapshot is the journal's compact form: one whole record per task kept.
+func (s *Server) snapshot() []*record {
+	slices.Sort(s.order)
+	ended := 0
+	for _, id := range s.order {
+		if s.tasks[id].ended() {
+			ended++
+		}
+	}
+	var recs []*record
+	for _, id := range s.order {
+		t := s.tasks[id]
+		if t.ended() && ended > s.cfg.Tasks.KeepEnded {
+			ended--
+			delete(s.tasks, id)
+			continue
+		}
+		recs = append(recs, &record{Op: "task", Task: t})
+	}
+	s.order = s.order[:0]
+	for _, r := range recs {
+		s.order = append(s.order, r.Task.ID)
+	}
+	return recs
+}

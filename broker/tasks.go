@@ -1,0 +1,699 @@
+package broker
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/npu"
+)
+
+// task is a detached task: its submission, resolved at submit time, and
+// what became of it. The exported fields are its journal record.
+type task struct {
+	ID      uint64            `json:"id"`
+	UID     uint32            `json:"uid"`
+	User    string            `json:"user"`
+	Sub     client.Submission `json:"sub"`
+	Argv    []string          `json:"argv"`     // resolved: --run is [shell, -c, string]
+	Log     string            `json:"log"`      // resolved
+	TimeSec int64             `json:"time_sec"` // resolved with the policy's default
+
+	State     string         `json:"state"`
+	Submitted int64          `json:"submitted"` // Unix ms
+	Started   int64          `json:"started,omitempty"`
+	Ended     int64          `json:"ended,omitempty"`
+	Devices   []int          `json:"devices,omitempty"`
+	Slot      int            `json:"slot"` // CPU slot of a --no-device task, -1 otherwise
+	PID       int            `json:"pid,omitempty"`
+	PIDStart  uint64         `json:"pid_start,omitempty"` // the supervisor's start time, against pid reuse
+	Status    *client.Status `json:"status,omitempty"`
+	Reason    string         `json:"reason,omitempty"`
+
+	w     *Waiter // while pending
+	waits []*conn // connections waiting for its end
+}
+
+// record is one line of the journal.
+type record struct {
+	Op       string         `json:"op"` // "task": a whole task; "start", "pid", "end": changes
+	Task     *task          `json:"task,omitempty"`
+	ID       uint64         `json:"id,omitempty"`
+	Time     int64          `json:"time,omitempty"`
+	Devices  []int          `json:"devices,omitempty"`
+	Slot     int            `json:"slot,omitempty"`
+	PID      int            `json:"pid,omitempty"`
+	PIDStart uint64         `json:"pid_start,omitempty"`
+	State    string         `json:"state,omitempty"`
+	Status   *client.Status `json:"status,omitempty"`
+	Reason   string         `json:"reason,omitempty"`
+}
+
+func (t *task) ended() bool {
+	switch t.State {
+	case client.StatePending, client.StateBlocked, client.StateRunning:
+		return false
+	}
+	return true
+}
+
+func (t *task) command() string {
+	if t.Sub.Shell != "" {
+		return t.Sub.Shell
+	}
+	parts := make([]string, len(t.Sub.Argv))
+	for i, a := range t.Sub.Argv {
+		parts[i] = shellQuote(a)
+	}
+	return strings.Join(parts, " ")
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// info is t as asker may see it.
+func (t *task) info(full bool, pos int) client.TaskInfo {
+	ti := client.TaskInfo{
+		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.State,
+		N: t.Sub.N, Pool: t.Sub.Pool, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
+		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
+		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended, Reason: t.Reason,
+	}
+	if len(t.Devices) == 0 && len(t.Sub.Devices) > 0 {
+		ti.Devices = t.Sub.Devices
+	}
+	if t.Status != nil {
+		ti.Exit, ti.Signal = t.Status.Exit, t.Status.Signal
+		if t.Status.Reason != "" {
+			ti.Reason = t.Status.Reason
+		}
+	}
+	if full {
+		ti.Command, ti.Cwd, ti.Env, ti.Log = t.command(), t.Sub.Cwd, t.Sub.Env, t.Log
+	}
+	return ti
+}
+
+// taskOp serves the task operations.
+func (s *Server) taskOp(c *conn, req *client.Request) bool {
+	if s.spool == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		c.sendLocked(errReply(client.CodeDenied, "this broker runs no detached tasks (it has no state directory)", ""))
+		return true
+	}
+	switch req.Op {
+	case client.OpSubmit:
+		return s.submit(c, req.Task)
+	case client.OpTaskDone:
+		return s.taskDone(c, req.ID, req.Status)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if req.Op == client.OpList {
+		s.listLocked(c, req.All)
+		return true
+	}
+	t := s.tasks[req.ID]
+	if t == nil || (t.UID != c.uid && c.uid != 0) {
+		c.sendLocked(errReply(client.CodeNoSuchTask, fmt.Sprintf("no task %d", req.ID), ""))
+		return true
+	}
+	switch req.Op {
+	case client.OpShow:
+		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, s.positionLocked(t))}})
+	case client.OpWait:
+		if t.ended() {
+			c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, 0)}})
+		} else {
+			t.waits = append(t.waits, c)
+			c.waiting = append(c.waiting, t)
+		}
+	case client.OpCancel:
+		if t.State == client.StatePending || t.State == client.StateBlocked {
+			// Taken off the queue now; durable before it is acknowledged.
+			// (A crash before then leaves it pending: never acknowledged.)
+			reason := "cancelled by " + c.acct.name
+			s.endLocked(t, client.StateCancelled, nil, reason, false)
+			s.mu.Unlock()
+			err := s.spool.Append(&record{Op: "end", ID: t.ID, Time: t.Ended, State: client.StateCancelled, Reason: reason})
+			s.mu.Lock()
+			if err != nil {
+				c.sendLocked(errReply("spool", "the broker could not record the cancel: "+err.Error(), ""))
+				return true
+			}
+		} else if t.State == client.StateRunning && t.PID > 0 {
+			syscall.Kill(t.PID, syscall.SIGTERM)
+		}
+		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, 0)}})
+	}
+	return true
+}
+
+// maxSubmission bounds what one submission may carry besides its command.
+const maxEnv = 4096
+
+// submit validates a submission, makes it durable, then queues it.
+func (s *Server) submit(c *conn, sub *client.Submission) bool {
+	s.mu.Lock()
+	t, rep := s.admitTaskLocked(c, sub)
+	if rep != nil {
+		c.sendLocked(rep)
+		s.mu.Unlock()
+		return rep.Code != client.CodeBadRequest
+	}
+	s.mu.Unlock()
+
+	// Durable before it is acknowledged or run.
+	if err := s.spool.Append(&record{Op: "task", Task: t}); err != nil {
+		s.log.Printf("task %d: %v", t.ID, err)
+		s.mu.Lock()
+		delete(s.tasks, t.ID)
+		c.sendLocked(errReply("spool", "the broker could not record the task: "+err.Error(), ""))
+		s.mu.Unlock()
+		return true
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.order = append(s.order, t.ID)
+	s.enqueueLocked(t)
+	rep = &client.Reply{Type: client.TypeSubmitted, ID: t.ID}
+	if t.State == client.StatePending {
+		rep.Position, rep.Pool = s.positionLocked(t), t.w.Pool
+	}
+	c.sendLocked(rep)
+	return true
+}
+
+// admitTaskLocked checks a submission and resolves it into a task with an
+// id, registered but not yet queued.
+func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *client.Reply) {
+	bad := func(format string, args ...any) (*task, *client.Reply) {
+		return nil, errReply(client.CodeBadRequest, fmt.Sprintf(format, args...), "")
+	}
+	switch {
+	case sub == nil:
+		return bad("submit without a task")
+	case (len(sub.Argv) == 0) == (sub.Shell == ""):
+		return bad("a task needs either a command or a shell string, not both or neither")
+	case !filepath.IsAbs(sub.Cwd):
+		return bad("working directory %q is not absolute", sub.Cwd)
+	case sub.Log != "" && !filepath.IsAbs(sub.Log):
+		return bad("log %q is not absolute", sub.Log)
+	case len(sub.Env) > maxEnv:
+		return bad("environment of %d variables, more than %d", len(sub.Env), maxEnv)
+	case sub.TimeSec < 0:
+		return bad("negative time limit")
+	case sub.NoDevice && (sub.N != 0 || len(sub.Devices) > 0 || sub.Pool != ""):
+		return bad("a --no-device task takes no device, count or pool")
+	case len(sub.Name) > 200:
+		return bad("name longer than 200 bytes")
+	}
+	if s.unprivileged && c.uid != uint32(os.Geteuid()) {
+		return nil, errReply(client.CodeDenied, fmt.Sprintf("this broker runs unprivileged as uid %d and can run tasks for that uid only", os.Geteuid()), "")
+	}
+	lim := s.cfg.LimitFor(c.acct.name, c.acct.groups)
+	limit := time.Duration(sub.TimeSec) * time.Second
+	if limit == 0 {
+		limit = s.cfg.Tasks.TimeLimit
+	}
+	if max := s.cfg.Tasks.MaxTime; max > 0 && limit > max {
+		return nil, errReply(client.CodeDenied, fmt.Sprintf("time limit %s is longer than the %s allowed", limit, max), "")
+	}
+	if len(s.order) >= s.cfg.Tasks.MaxTasks+s.endedCount {
+		return nil, errReply(client.CodeTooMany, fmt.Sprintf("the broker holds %d tasks, its most", s.cfg.Tasks.MaxTasks), "")
+	}
+	if lim.MaxQueued > 0 && s.queuedTasks[c.uid] >= lim.MaxQueued {
+		return nil, errReply(client.CodeDenied, fmt.Sprintf("%s has %d tasks waiting, the limit (%s)", c.acct.name, s.queuedTasks[c.uid], lim.Source), "")
+	}
+	t := &task{
+		UID: c.uid, User: c.acct.name, Sub: *sub, TimeSec: int64(limit / time.Second),
+		State: client.StatePending, Submitted: time.Now().UnixMilli(), Slot: -1,
+	}
+	t.Sub.Env = cleanEnv(sub.Env)
+	// Check the request now, so that a bad one is refused, not queued.
+	if _, rep := s.waiterLocked(t, c.acct); rep != nil {
+		return nil, rep
+	}
+	for _, dep := range sub.After {
+		d := s.tasks[dep]
+		if d == nil || (d.UID != c.uid && c.uid != 0) {
+			return nil, errReply(client.CodeNoSuchTask, fmt.Sprintf("--after %d: no task %d", dep, dep), "")
+		}
+	}
+	if sub.Shell != "" {
+		t.Argv = []string{c.acct.shell, "-c", sub.Shell}
+	} else {
+		t.Argv = slices.Clone(sub.Argv)
+	}
+	s.nextID++
+	t.ID = s.nextID
+	t.Log = sub.Log
+	if t.Log == "" {
+		t.Log = filepath.Join(c.acct.home, ".local/state/npurun/tasks", strconv.FormatUint(t.ID, 10)+".log")
+	}
+	s.tasks[t.ID] = t
+	return t, nil
+}
+
+// leakVars are variables of the submitter's environment a task must not
+// inherit: they belong to a lease or a broker of the submitter's session,
+// and the task gets its own.
+var leakVars = []string{"NPURUN_LEASE", "NPURUN_DEVICES", "NPURUN_SOCKET", "NPURUN_TASK_ID",
+	"ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"}
+
+func cleanEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		name, _, ok := strings.Cut(kv, "=")
+		if ok && name != "" && !slices.Contains(leakVars, name) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// waiterLocked makes the waiter that queues t.
+func (s *Server) waiterLocked(t *task, acct *account) (*Waiter, *client.Reply) {
+	if t.Sub.NoDevice {
+		if len(s.cpuFree) == 0 {
+			return nil, errReply(client.CodeDenied, "this broker has no CPU slots for --no-device tasks ([tasks] cpu_slots = 0)", "")
+		}
+		w := &Waiter{UID: t.UID, N: 1, Cand: s.cpuSlots, Pool: "cpu", IsTask: true, task: t,
+			user: acct.name, lim: s.cfg.LimitFor(acct.name, acct.groups), queued: time.Now()}
+		return w, nil
+	}
+	w, rep := s.admitLocked(t.UID, acct, t.Sub.N, t.Sub.Devices, t.Sub.Pool)
+	if rep != nil {
+		return nil, rep
+	}
+	w.task, w.IsTask = t, true
+	return w, nil
+}
+
+// enqueueLocked queues a pending task, or holds it while its dependencies
+// run, or fails it if one of them failed.
+func (s *Server) enqueueLocked(t *task) {
+	for _, dep := range t.Sub.After {
+		d := s.tasks[dep]
+		switch {
+		case d == nil:
+			s.endLocked(t, client.StateFailed, nil, fmt.Sprintf("dependency %d is unknown", dep), true)
+			return
+		case d.State == client.StateDone:
+			continue
+		case d.ended():
+			s.endLocked(t, client.StateFailed, nil, fmt.Sprintf("dependency %d %s", dep, describeEnd(d)), true)
+			return
+		default:
+			if t.State != client.StateBlocked {
+				t.State = client.StateBlocked
+				s.queuedTasks[t.UID]++
+			}
+			return
+		}
+	}
+	if t.State == client.StateBlocked {
+		s.queuedTasks[t.UID]--
+	}
+	t.State = client.StatePending
+	w, rep := s.waiterLocked(t, s.users.lookup(t.UID))
+	if rep != nil {
+		s.endLocked(t, client.StateFailed, nil, "cannot be queued: "+rep.Message, true)
+		return
+	}
+	t.w = w
+	s.queuedTasks[t.UID]++
+	if t.Sub.NoDevice {
+		s.cpuq.Add(w)
+	} else {
+		s.q.Add(w)
+	}
+	s.scheduleLocked()
+}
+
+func describeEnd(t *task) string {
+	ti := t.info(false, 0)
+	switch {
+	case t.State == client.StateCancelled:
+		return "was cancelled"
+	case ti.Exit != nil:
+		return fmt.Sprintf("failed with exit status %d", *ti.Exit)
+	case ti.Signal != "":
+		return "was killed by " + ti.Signal
+	case ti.Reason != "":
+		return t.State + ": " + ti.Reason
+	}
+	return t.State
+}
+
+// startTaskLocked starts a granted task: the devices (or CPU slot) are
+// its from now on; the journal record and the supervisor follow outside
+// the lock. The broker keeps its copies of the lock descriptors only until
+// the supervisor has inherited them.
+func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
+	fds := make([]int, len(devices))
+	for i, id := range devices {
+		d := s.devs[id]
+		fds[i] = d.fd
+		d.fd = -1
+		s.releasedLocked(d, t.UID)
+	}
+	t.w = nil
+	s.queuedTasks[t.UID]--
+	t.State, t.Started, t.Devices = client.StateRunning, time.Now().UnixMilli(), devices
+	if len(slot) > 0 {
+		t.Slot = slot[0]
+		s.cpuFree[t.Slot] = false
+	}
+	s.running[t.UID]++
+	go s.launch(t, fds)
+	return true
+}
+
+// launch records a task's start and starts its supervisor as the
+// submitter.
+func (s *Server) launch(t *task, fds []int) {
+	defer func() {
+		for _, fd := range fds {
+			closeFD(fd) // the supervisor has them now, or nobody will
+		}
+	}()
+	s.mu.Lock()
+	rec := &record{Op: "start", ID: t.ID, Time: t.Started, Devices: t.Devices, Slot: t.Slot}
+	spec := s.specLocked(t)
+	s.mu.Unlock()
+	if err := s.spool.Append(rec); err != nil {
+		s.endTask(t, client.StateFailed, nil, "not started: "+err.Error())
+		return
+	}
+	cmd, err := s.supervisor(t, spec, fds)
+	if err != nil {
+		s.log.Printf("task %d: %v", t.ID, err)
+		s.endTask(t, client.StateFailed, nil, "not started: "+err.Error())
+		return
+	}
+	pid := cmd.Process.Pid
+	start := procStart(s.proc, pid)
+	s.mu.Lock()
+	t.PID, t.PIDStart = pid, start
+	s.mu.Unlock()
+	if err := s.spool.Append(&record{Op: "pid", ID: t.ID, PID: pid, PIDStart: start}); err != nil {
+		s.log.Printf("task %d: %v", t.ID, err)
+	}
+	go func() {
+		cmd.Wait()
+		s.supervisorGone(t, pid)
+	}()
+}
+
+// specLocked is what t's supervisor is told.
+func (s *Server) specLocked(t *task) *client.Spec {
+	env := slices.Clone(t.Sub.Env)
+	if t.Sub.NoDevice {
+		env = append(env, npu.HiddenEnv()...)
+		threads := strconv.Itoa(s.cfg.Tasks.CPUThreads)
+		for _, v := range []string{"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"} {
+			env = capThreads(env, v, s.cfg.Tasks.CPUThreads, threads)
+		}
+	} else {
+		env = append(env, s.inv.Env(t.Devices)...)
+	}
+	env = append(env, "NPURUN_TASK_ID="+strconv.FormatUint(t.ID, 10), "NPURUN_SOCKET="+s.socket)
+	return &client.Spec{
+		ID: t.ID, Argv: t.Argv, Cwd: t.Sub.Cwd, Env: env, Devices: t.Devices, Log: t.Log,
+		TimeSec: t.TimeSec, GraceSec: int64(s.cfg.Tasks.KillGrace / time.Second),
+		Idle: t.Sub.NoDevice && s.cfg.Tasks.IdlePriority, Socket: s.socket,
+	}
+}
+
+// capThreads sets name to at most n threads: kept if the submitter asked
+// for fewer, set to n otherwise.
+func capThreads(env []string, name string, n int, text string) []string {
+	for i, kv := range env {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			if k, err := strconv.Atoi(v); err == nil && k >= 1 && k <= n {
+				return env
+			}
+			env[i] = name + "=" + text
+			return env
+		}
+	}
+	return append(env, name+"="+text)
+}
+
+// supervisor starts `npubroker supervise ID` as the task's submitter, with
+// the spec on its standard input and the lock descriptors at 3, 4, ….
+func (s *Server) supervisor(t *task, spec *client.Spec, fds []int) (*exec.Cmd, error) {
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(s.self, "supervise", strconv.FormatUint(t.ID, 10))
+	cmd.Args[0] = "npubroker"
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin = bytes.NewReader(data)
+	for _, fd := range fds {
+		// Dup: os.File closes what it wraps, and the broker closes its own.
+		d, err := dupCloexec(fd)
+		if err != nil {
+			return nil, err
+		}
+		f := os.NewFile(uintptr(d), "lock")
+		defer f.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if !s.unprivileged {
+		acct := s.users.lookup(t.UID)
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: t.UID, Gid: acct.gid, Groups: acct.gids}
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start supervisor: %w", err)
+	}
+	return cmd, nil
+}
+
+// supervisorGone is called when a task's supervisor has exited. It has
+// reported the end before exiting, unless it was killed: then the task is
+// lost.
+func (s *Server) supervisorGone(t *task, pid int) {
+	s.mu.Lock()
+	gone := t.State == client.StateRunning && t.PID == pid
+	s.mu.Unlock()
+	if gone {
+		s.endTask(t, client.StateLost, nil, "its supervisor ended without reporting; exit status unknown")
+	}
+}
+
+// taskDone takes a supervisor's report. Only the task's supervisor may
+// make it: the submitter's uid and the supervisor's pid, from SO_PEERCRED.
+func (s *Server) taskDone(c *conn, id uint64, st *client.Status) bool {
+	s.mu.Lock()
+	t := s.tasks[id]
+	ok := t != nil && st != nil && c.uid == t.UID &&
+		(t.State == client.StateRunning || t.State == client.StateLost) &&
+		(int(c.pid) == t.PID || (t.PID == 0 && isSupervisor(s.proc, int(c.pid), id)))
+	s.mu.Unlock()
+	if !ok {
+		s.mu.Lock()
+		c.sendLocked(errReply(client.CodeDenied, fmt.Sprintf("not the supervisor of a running task %d", id), ""))
+		s.mu.Unlock()
+		return false
+	}
+	state := client.StateFailed
+	switch {
+	case st.Exit != nil && *st.Exit == 0 && st.Reason == "":
+		state = client.StateDone
+	case st.Reason == "cancelled":
+		state = client.StateCancelled
+	}
+	s.endTask(t, state, st, "")
+	s.mu.Lock()
+	c.sendLocked(&client.Reply{Type: client.TypeOK})
+	s.mu.Unlock()
+	return true
+}
+
+// endTask records a task's end durably, then applies it.
+func (s *Server) endTask(t *task, state string, st *client.Status, reason string) {
+	now := time.Now().UnixMilli()
+	if err := s.spool.Append(&record{Op: "end", ID: t.ID, Time: now, State: state, Status: st, Reason: reason}); err != nil {
+		s.log.Printf("task %d: %v", t.ID, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.endLocked(t, state, st, reason, false)
+}
+
+// endLocked applies a task's end: its slot and place freed, its waiters
+// told, its dependents released or failed. (Its devices free themselves:
+// their watchers see the locks go.)
+// journal says whether the end still needs its record (it was decided
+// under the lock); endTask has written it already.
+func (s *Server) endLocked(t *task, state string, st *client.Status, reason string, journal bool) {
+	switch t.State {
+	case client.StateRunning:
+		if s.running[t.UID]--; s.running[t.UID] <= 0 {
+			delete(s.running, t.UID)
+		}
+		if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
+			s.cpuFree[t.Slot] = true
+		}
+	case client.StatePending:
+		if t.w != nil {
+			if t.Sub.NoDevice {
+				s.cpuq.Remove(t.w, false)
+			} else {
+				s.q.Remove(t.w, false)
+			}
+			t.w = nil
+		}
+		s.queuedTasks[t.UID]--
+	case client.StateBlocked:
+		s.queuedTasks[t.UID]--
+	case client.StateLost:
+	default:
+		return // already ended
+	}
+	if s.queuedTasks[t.UID] <= 0 {
+		delete(s.queuedTasks, t.UID)
+	}
+	t.State, t.Ended, t.Reason = state, time.Now().UnixMilli(), reason
+	if st != nil {
+		t.Status = st
+	}
+	if journal {
+		s.journalEndLocked(t, state, st, reason)
+	}
+	for _, c := range t.waits {
+		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, 0)}})
+	}
+	t.waits = nil
+	s.endedCount++
+	s.trimLocked()
+	for _, id := range s.order {
+		if d := s.tasks[id]; d != nil && d.State == client.StateBlocked && slices.Contains(d.Sub.After, t.ID) {
+			s.enqueueLocked(d)
+		}
+	}
+	s.scheduleLocked()
+}
+
+// journalEndLocked records an end that was decided under the lock (a
+// dependency failed, a pending task was cancelled) without waiting for it.
+func (s *Server) journalEndLocked(t *task, state string, st *client.Status, reason string) {
+	if s.loading {
+		return
+	}
+	go func() {
+		if err := s.spool.Append(&record{Op: "end", ID: t.ID, Time: t.Ended, State: state, Status: st, Reason: reason}); err != nil {
+			s.log.Printf("task %d: %v", t.ID, err)
+		}
+	}()
+}
+
+// trimLocked forgets the oldest ended tasks beyond what the policy keeps.
+func (s *Server) trimLocked() {
+	if s.endedCount <= s.cfg.Tasks.KeepEnded {
+		return
+	}
+	keep := s.order[:0]
+	for _, id := range s.order {
+		t := s.tasks[id]
+		if t != nil && t.ended() && s.endedCount > s.cfg.Tasks.KeepEnded {
+			delete(s.tasks, id)
+			s.endedCount--
+			continue
+		}
+		keep = append(keep, id)
+	}
+	s.order = keep
+}
+
+// positionLocked is a pending task's place in its line, 0 otherwise.
+func (s *Server) positionLocked(t *task) int {
+	if t.w == nil {
+		return 0
+	}
+	q := s.q
+	if t.Sub.NoDevice {
+		q = s.cpuq
+	}
+	pos := 0
+	for _, w := range q.Waiters() {
+		if w.Pool == t.w.Pool {
+			pos++
+		}
+		if w == t.w {
+			return pos
+		}
+	}
+	return 0
+}
+
+// listChunk is how many tasks go in one "tasks" reply.
+const listChunk = 100
+
+// listLocked sends the asker's tasks (everyone's with all), oldest first,
+// in as many replies as it takes. Another user's command, directory,
+// environment and log are left out unless the asker is root.
+func (s *Server) listLocked(c *conn, all bool) {
+	pos := s.positionsLocked()
+	var batch []client.TaskInfo
+	send := func(more bool) {
+		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: batch, More: more})
+		batch = batch[:0]
+	}
+	for _, id := range s.order {
+		t := s.tasks[id]
+		if t == nil || (!all && t.UID != c.uid) {
+			continue
+		}
+		ti := t.info(t.UID == c.uid || c.uid == 0, pos[t.w])
+		ti.Env = nil
+		batch = append(batch, ti)
+		if len(batch) == listChunk {
+			send(true)
+		}
+	}
+	send(false)
+}
+
+// positionsLocked is every waiter's place in its pool's line.
+func (s *Server) positionsLocked() map[*Waiter]int {
+	pos := map[*Waiter]int{}
+	for _, q := range []*Queue{s.q, s.cpuq} {
+		n := map[string]int{}
+		for _, w := range q.Waiters() {
+			n[w.Pool]++
+			pos[w] = n[w.Pool]
+		}
+	}
+	return pos
+}
+
+// forgetWaitsLocked drops a closed connection from the tasks it waits on.
+func (s *Server) forgetWaitsLocked(c *conn) {
+	for _, t := range c.waiting {
+		if i := slices.Index(t.waits, c); i >= 0 {
+			t.waits = slices.Delete(t.waits, i, i+1)
+		}
+	}
+	c.waiting = nil
+}
