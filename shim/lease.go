@@ -14,6 +14,14 @@ import (
 // lease is a lease this process inherited from an npurun above it.
 type lease struct {
 	devices []int
+	fds     []int
+}
+
+// drop closes this process's copies of the lease's descriptors.
+func (l *lease) drop() {
+	for _, fd := range l.fds {
+		unix.Close(fd)
+	}
 }
 
 // inheritedLease finds the lease named by $NPURUN_LEASE and checks it
@@ -33,6 +41,7 @@ func inheritedLease() (*lease, bool) {
 			return nil, false
 		}
 		l.devices = append(l.devices, id)
+		l.fds = append(l.fds, fd)
 	}
 	return l, len(l.devices) > 0
 }

@@ -52,7 +52,12 @@ func Run(o Options, argv []string) int {
 		return ExitUsage
 	}
 	if o.NoDevice {
-		return execute(argv, npu.HiddenEnv(), nil)
+		// No lease for this command: not even one inherited from a
+		// parent npurun (the parent keeps its own).
+		if lease, ok := inheritedLease(); ok {
+			lease.drop()
+		}
+		return execute(argv, append(npu.HiddenEnv(), LeaseVar+"="), nil)
 	}
 	if lease, ok := inheritedLease(); ok {
 		if err := lease.covers(o); err != nil {
