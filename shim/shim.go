@@ -176,10 +176,6 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 				warn("%v", err)
 				return nil, nil, ExitTempFail
 			}
-			if err := c.Send(w.request()); err != nil {
-				warn("send request: %v", err)
-				return nil, nil, ExitFailure
-			}
 		default:
 			w.clear()
 			warn("%v", err)
@@ -192,11 +188,17 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 // broker.
 const redialEvery = 100 * time.Millisecond
 
+// redial connects again and repeats the request, until both go through:
+// a broker that is restarting may refuse, or reset a connection its
+// predecessor's socket accepted.
 func (w *waiter) redial(path string) (*client.Conn, error) {
 	for {
 		c, err := client.Dial(path)
 		if err == nil {
-			return c, nil
+			if err = c.Send(w.request()); err == nil {
+				return c, nil
+			}
+			c.Close()
 		}
 		if !w.deadline.IsZero() && time.Now().Add(redialEvery).After(w.deadline) {
 			return nil, fmt.Errorf("gave up after %s: %w", w.o.Timeout, err)
