@@ -1,0 +1,557 @@
+package tests
+
+// Benchmarks of the built binaries. Each benchmark does its own measurement
+// over many samples (make bench runs the body once: -benchtime 1x) and
+// prints figures; nothing is asserted against the targets, which are shown
+// beside the figures:
+//
+//	BenchmarkStart       npurun -- /bin/true  vs  flock(1) LOCK /bin/true   ≤ 1.3×
+//	BenchmarkHandoff     holder's last action → next waiter's command       p50 ≤ 1.2× flock(1)
+//	BenchmarkThroughput  64 protocol clients, 4 fake devices, grants/s      ≥ 20,000/s
+//	BenchmarkMemory      broker VmRSS idle and with 10,000 waiters          ≤ 15 MiB, ≤ 100 MiB
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// Sample counts and durations; the whole suite runs in well under a minute
+// on two cores.
+const (
+	benchStartSamples    = 200
+	benchStartWarmup     = 10
+	benchHandoffSamples  = 100
+	benchThroughputConns = 64
+	benchThroughputDevs  = 4
+	benchThroughputFor   = 3 * time.Second
+	benchMemWaiters      = 10000
+)
+
+// benchQuantile returns the q-quantile (0..1) of ds, nearest rank.
+func benchQuantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(q*float64(len(s)) + 0.5)
+	i = min(max(i-1, 0), len(s)-1)
+	return s[i]
+}
+
+func benchMs(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// benchNoNsPerOp hides the meaningless ns/op of a body that runs once.
+func benchNoNsPerOp(b *testing.B) { b.ReportMetric(0, "ns/op") }
+
+// benchSummary prints an aligned table after the benchmark's result line
+// (keep it under 10 lines: the testing package truncates benchmark logs).
+func benchSummary(b *testing.B, title string, rows [][]string) {
+	var sb strings.Builder
+	widths := make([]int, 0)
+	for _, r := range rows {
+		for i, c := range r {
+			if i >= len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], len([]rune(c)))
+		}
+	}
+	fmt.Fprintf(&sb, "== %s ==", title)
+	for _, r := range rows {
+		line := ""
+		for i, c := range r {
+			line += fmt.Sprintf("  %-*s", widths[i], c)
+		}
+		sb.WriteString("\n" + strings.TrimRight(line, " "))
+	}
+	b.Log(sb.String())
+}
+
+func benchTimeRun(b *testing.B, cmd *exec.Cmd) time.Duration {
+	t0 := time.Now()
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("%v: %v", cmd.Args, err)
+	}
+	return time.Since(t0)
+}
+
+// BenchmarkStart: whole-process wall time of an uncontended
+// `npurun -- /bin/true` against `flock LOCKFILE /bin/true`, interleaved.
+func BenchmarkStart(b *testing.B) {
+	benchNoNsPerOp(b)
+	br := StartBroker(b, FakeConfig(4))
+	lock := filepath.Join(SharedDir(b), "lock")
+	if err := os.WriteFile(lock, nil, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	npurun := func() *exec.Cmd { return br.Npurun("--", "/bin/true") } // stdio: /dev/null
+	flock := func() *exec.Cmd { return exec.Command("flock", lock, "/bin/true") }
+	for range benchStartWarmup {
+		benchTimeRun(b, npurun())
+		benchTimeRun(b, flock())
+	}
+	var tn, tf []time.Duration
+	for i := range benchStartSamples {
+		// Alternate which goes first so neither always follows the other.
+		if i%2 == 0 {
+			tn = append(tn, benchTimeRun(b, npurun()))
+			tf = append(tf, benchTimeRun(b, flock()))
+		} else {
+			tf = append(tf, benchTimeRun(b, flock()))
+			tn = append(tn, benchTimeRun(b, npurun()))
+		}
+	}
+	n50, f50 := benchQuantile(tn, .5), benchQuantile(tf, .5)
+	ratio := float64(n50) / float64(f50)
+	b.ReportMetric(benchMs(n50), "npurun-p50-ms")
+	b.ReportMetric(benchMs(f50), "flock-p50-ms")
+	b.ReportMetric(ratio, "ratio")
+	benchSummary(b, fmt.Sprintf("uncontended start, %d runs each, interleaved (target ratio ≤ 1.3)", benchStartSamples), [][]string{
+		{"", "p10 ms", "p50 ms", "p90 ms"},
+		{"npurun -- /bin/true", benchF3(benchQuantile(tn, .1)), benchF3(n50), benchF3(benchQuantile(tn, .9))},
+		{"flock L /bin/true", benchF3(benchQuantile(tf, .1)), benchF3(f50), benchF3(benchQuantile(tf, .9))},
+		{"ratio p50", fmt.Sprintf("%.2f×", ratio)},
+	})
+}
+
+func benchF3(d time.Duration) string { return fmt.Sprintf("%.3f", benchMs(d)) }
+
+// benchReadStamp reads a `date +%s%N` stamp.
+func benchReadStamp(b *testing.B, path string) int64 {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		b.Fatalf("%s: %v", path, err)
+	}
+	return v
+}
+
+// benchStartHolder starts cmd, whose shell says "ready" once it holds the lock and
+// then waits for a line on its standard input before its last action.
+type benchHolder struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+}
+
+func benchStartHolder(b *testing.B, cmd *exec.Cmd) *benchHolder {
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		b.Fatalf("holder %v: said %q, %v", cmd.Args, line, err)
+	}
+	return &benchHolder{cmd: cmd, in: in}
+}
+
+// release lets the holder take its last action and exit.
+func (h *benchHolder) release(b *testing.B) {
+	if _, err := io.WriteString(h.in, "go\n"); err != nil {
+		b.Fatal(err)
+	}
+	h.in.Close()
+}
+
+// The holder's last action stamps A and is its last process's exit; the
+// waiter's command stamps B as it starts. exec keeps one process per side.
+const (
+	benchHolderScript = `echo ready; read x; exec date +%s%N > "$1"`
+	benchWaiterScript = `exec date +%s%N > "$1"`
+)
+
+// benchHandoffNpurun measures one npurun handoff on a broker with one device.
+func benchHandoffNpurun(b *testing.B, br *Broker, dir string) time.Duration {
+	a, bb := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	os.Remove(a)
+	os.Remove(bb)
+	h := benchStartHolder(b, br.Npurun("-q", "--", "sh", "-c", benchHolderScript, "sh", a))
+	w := br.Npurun("-v", "--", "sh", "-c", benchWaiterScript, "sh", bb)
+	errp, err := w.StderrPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := w.Start(); err != nil {
+		b.Fatal(err)
+	}
+	waiting := make(chan struct{})
+	var log strings.Builder
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(errp)
+		said := false
+		for sc.Scan() {
+			log.WriteString(sc.Text() + "\n")
+			if !said && strings.Contains(sc.Text(), "waiting") {
+				said = true
+				close(waiting)
+			}
+		}
+	}()
+	select {
+	case <-waiting:
+	case <-done:
+		b.Fatalf("waiter ended without waiting:\n%s", log.String())
+	case <-time.After(10 * time.Second):
+		b.Fatalf("waiter never said it waits:\n%s", log.String())
+	}
+	h.release(b)
+	if err := h.cmd.Wait(); err != nil {
+		b.Fatalf("holder: %v", err)
+	}
+	<-done
+	if err := w.Wait(); err != nil {
+		b.Fatalf("waiter: %v\n%s", err, log.String())
+	}
+	return time.Duration(benchReadStamp(b, bb) - benchReadStamp(b, a))
+}
+
+// benchBlockedOn reports whether /proc/locks shows pid blocked on inode ino.
+func benchBlockedOn(pid int, ino uint64) bool {
+	data, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return false
+	}
+	suffix := ":" + strconv.FormatUint(ino, 10)
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		// "3: -> FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF"
+		if len(f) >= 7 && f[1] == "->" && f[5] == strconv.Itoa(pid) && strings.HasSuffix(f[6], suffix) {
+			return true
+		}
+	}
+	return false
+}
+
+// benchHandoffFlock measures the same handoff between two flock(1) commands.
+func benchHandoffFlock(b *testing.B, lock string, ino uint64, dir string) time.Duration {
+	a, bb := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	os.Remove(a)
+	os.Remove(bb)
+	h := benchStartHolder(b, exec.Command("flock", lock, "sh", "-c", benchHolderScript, "sh", a))
+	w := exec.Command("flock", lock, "sh", "-c", benchWaiterScript, "sh", bb)
+	if err := w.Start(); err != nil {
+		b.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !benchBlockedOn(w.Process.Pid, ino) {
+		if time.Now().After(deadline) {
+			b.Fatal("flock waiter never showed as blocked in /proc/locks")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	h.release(b)
+	if err := h.cmd.Wait(); err != nil {
+		b.Fatalf("holder: %v", err)
+	}
+	if err := w.Wait(); err != nil {
+		b.Fatalf("waiter: %v", err)
+	}
+	return time.Duration(benchReadStamp(b, bb) - benchReadStamp(b, a))
+}
+
+// BenchmarkHandoff: from the holder's last action to the queued waiter's
+// command start, npurun (one fake device) against flock(1), interleaved.
+func BenchmarkHandoff(b *testing.B) {
+	benchNoNsPerOp(b)
+	br := StartBroker(b, FakeConfig(1))
+	dir := SharedDir(b)
+	lock := filepath.Join(dir, "lock")
+	if err := os.WriteFile(lock, nil, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(lock, &st); err != nil {
+		b.Fatal(err)
+	}
+	for range 3 { // warm up
+		benchHandoffNpurun(b, br, dir)
+		benchHandoffFlock(b, lock, st.Ino, dir)
+	}
+	var hn, hf []time.Duration
+	for i := range benchHandoffSamples {
+		if i%2 == 0 {
+			hn = append(hn, benchHandoffNpurun(b, br, dir))
+			hf = append(hf, benchHandoffFlock(b, lock, st.Ino, dir))
+		} else {
+			hf = append(hf, benchHandoffFlock(b, lock, st.Ino, dir))
+			hn = append(hn, benchHandoffNpurun(b, br, dir))
+		}
+	}
+	n50, f50 := benchQuantile(hn, .5), benchQuantile(hf, .5)
+	ratio := float64(n50) / float64(f50)
+	b.ReportMetric(benchMs(n50), "npurun-p50-ms")
+	b.ReportMetric(benchMs(benchQuantile(hn, .9)), "npurun-p90-ms")
+	b.ReportMetric(benchMs(f50), "flock-p50-ms")
+	b.ReportMetric(benchMs(benchQuantile(hf, .9)), "flock-p90-ms")
+	b.ReportMetric(ratio, "ratio")
+	benchSummary(b, fmt.Sprintf("handoff, holder's last action → waiter's command, %d samples each (target p50 ratio ≤ 1.2)", benchHandoffSamples), [][]string{
+		{"", "p10 ms", "p50 ms", "p90 ms", "max ms"},
+		{"npurun (1 device)", benchF3(benchQuantile(hn, .1)), benchF3(n50), benchF3(benchQuantile(hn, .9)), benchF3(benchQuantile(hn, 1))},
+		{"flock(1)", benchF3(benchQuantile(hf, .1)), benchF3(f50), benchF3(benchQuantile(hf, .9)), benchF3(benchQuantile(hf, 1))},
+		{"ratio p50", fmt.Sprintf("%.2f×", ratio)},
+	})
+}
+
+// BenchmarkThroughput: in-process protocol clients contend for a few fake
+// devices; each grant's descriptors are closed at once (the release) and
+// the same connection asks again.
+func BenchmarkThroughput(b *testing.B) {
+	benchNoNsPerOp(b)
+	br := StartBroker(b, FakeConfig(benchThroughputDevs))
+	conns := make([]*client.Conn, benchThroughputConns)
+	for i := range conns {
+		conns[i] = br.Dial()
+	}
+	pid := benchBrokerPID(b, br)
+	var stop atomic.Bool
+	var grants, queued atomic.Int64
+	lats := make([][]time.Duration, len(conns))
+	errs := make(chan error, len(conns))
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for !stop.Load() {
+				t0 := time.Now()
+				if err := c.Send(&client.Request{Op: client.OpAcquire, N: 1}); err != nil {
+					errs <- err
+					return
+				}
+				for {
+					r, fds, err := c.Recv(100 * time.Millisecond)
+					if err == client.ErrTimeout {
+						if stop.Load() {
+							return
+						}
+						continue
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+					if r.Type != client.TypeGrant {
+						queued.Add(1)
+						continue
+					}
+					for _, fd := range fds {
+						unix.Close(fd)
+					}
+					break
+				}
+				lats[i] = append(lats[i], time.Since(t0))
+				grants.Add(1)
+			}
+		}()
+	}
+	t0 := time.Now()
+	cpu0, self0 := benchCPU(b, pid), benchCPU(b, os.Getpid())
+	close(start)
+	time.Sleep(benchThroughputFor)
+	n := grants.Load()
+	elapsed := time.Since(t0)
+	cpu, self := benchCPU(b, pid)-cpu0, benchCPU(b, os.Getpid())-self0
+	threads := benchProcStatus(b, pid, "Threads") / 1024 // a count, not kB
+	stop.Store(true)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Errorf("client: %v", err)
+	}
+	var all []time.Duration
+	for _, l := range lats {
+		all = append(all, l...)
+	}
+	rate := float64(n) / elapsed.Seconds()
+	b.ReportMetric(rate, "grants/s")
+	b.ReportMetric(benchMs(benchQuantile(all, .5)), "acquire-p50-ms")
+	b.ReportMetric(benchMs(benchQuantile(all, .99)), "acquire-p99-ms")
+	benchSummary(b, fmt.Sprintf("grant throughput, %d clients, %d devices, %s (target ≥ 20000 grants/s)", benchThroughputConns, benchThroughputDevs, benchThroughputFor), [][]string{
+		{"grants", strconv.FormatInt(n, 10)},
+		{"grants/s", fmt.Sprintf("%.0f", rate)},
+		{"acquire→grant p50 ms", benchF3(benchQuantile(all, .5))},
+		{"acquire→grant p99 ms", benchF3(benchQuantile(all, .99))},
+		{"queued replies per grant", fmt.Sprintf("%.2f", float64(queued.Load())/float64(n))},
+		{"broker CPU", fmt.Sprintf("%.2f s in %.2f s (%.0f µs/grant), %.0f threads", cpu.Seconds(), elapsed.Seconds(), float64(cpu.Microseconds())/float64(n), threads)},
+		{"clients' CPU (this process)", fmt.Sprintf("%.2f s (%.0f µs/grant)", self.Seconds(), float64(self.Microseconds())/float64(n))},
+	})
+}
+
+// benchBrokerPID is the pid of the process serving br's socket (SO_PEERCRED of
+// a connection names the process that listens), checked against /proc.
+func benchBrokerPID(b *testing.B, br *Broker) int {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: br.Socket}); err != nil {
+		b.Fatal(err)
+	}
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pid := int(cred.Pid)
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || exe != br.Bin.Broker {
+		b.Fatalf("peer of the broker socket is pid %d (%s, %v), not %s", pid, exe, err, br.Bin.Broker)
+	}
+	return pid
+}
+
+// benchCPU is the user+system CPU time pid has used so far.
+func benchCPU(b *testing.B, pid int) time.Duration {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command name, which is in parentheses: utime and
+	// stime are the 12th and 13th.
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
+// benchProcStatus reads a field of /proc/PID/status: a "kB" one in bytes, a count times 1024.
+func benchProcStatus(b *testing.B, pid int, field string) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			f := strings.Fields(rest)
+			kb, err := strconv.ParseFloat(f[0], 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kb * 1024
+		}
+	}
+	b.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
+
+const benchMib = 1 << 20
+
+// BenchmarkMemory: the broker's resident memory idle, and with 10,000
+// connected waiters queued behind one holder.
+func BenchmarkMemory(b *testing.B) {
+	benchNoNsPerOp(b)
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		b.Fatal(err)
+	}
+	lim.Cur = lim.Max
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		b.Fatal(err)
+	}
+	waiters := benchMemWaiters
+	if room := int(lim.Cur) - 200; room < waiters {
+		b.Logf("RLIMIT_NOFILE hard limit %d: measuring %d waiters, not %d", lim.Max, room, waiters)
+		waiters = room
+	}
+	br := StartBroker(b, FakeConfig(1)+"[broker]\nmax_connections = 20000\nmax_waiting_per_user = 20000\n")
+	pid := benchBrokerPID(b, br)
+	time.Sleep(300 * time.Millisecond)
+	idle := benchProcStatus(b, pid, "VmRSS")
+
+	benchHolder := br.Dial()
+	if err := benchHolder.Send(&client.Request{Op: client.OpAcquire, N: 1}); err != nil {
+		b.Fatal(err)
+	}
+	r, fds, err := benchHolder.Recv(10 * time.Second)
+	if err != nil || r.Type != client.TypeGrant {
+		b.Fatalf("holder: %v %v", r, err)
+	}
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+
+	req, err := client.Encode(&client.Request{V: client.Version, Op: client.OpAcquire, N: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, client.MaxMessage)
+	oob := make([]byte, unix.CmsgSpace(client.MaxDevices*4))
+	socks := make([]int, 0, waiters)
+	b.Cleanup(func() {
+		br.Stop() // before the waiters go, so that it does not serve 10,000 cancellations
+		for _, fd := range socks {
+			unix.Close(fd)
+		}
+	})
+	t0 := time.Now()
+	for i := range waiters {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			b.Fatalf("waiter %d: %v", i, err)
+		}
+		socks = append(socks, fd)
+		if err := unix.Connect(fd, &unix.SockaddrUnix{Name: br.Socket}); err != nil {
+			b.Fatalf("waiter %d: connect: %v", i, err)
+		}
+		if err := client.SendMsg(fd, req, nil, 0); err != nil {
+			b.Fatalf("waiter %d: send: %v", i, err)
+		}
+		data, _, err := client.RecvMsg(fd, buf, oob, 0)
+		if err != nil {
+			b.Fatalf("waiter %d: recv: %v", i, err)
+		}
+		var rep client.Reply
+		if err := json.Unmarshal(data, &rep); err != nil || rep.Type != client.TypeQueued {
+			b.Fatalf("waiter %d: reply %s (%v)", i, data, err)
+		}
+	}
+	queueTime := time.Since(t0)
+	time.Sleep(300 * time.Millisecond)
+	loaded := benchProcStatus(b, pid, "VmRSS")
+	hwm := benchProcStatus(b, pid, "VmHWM")
+	perWaiter := (loaded - idle) / float64(waiters)
+
+	b.ReportMetric(idle/benchMib, "idle-MiB")
+	b.ReportMetric(loaded/benchMib, "10k-waiters-MiB")
+	b.ReportMetric(perWaiter/1024, "KiB/waiter")
+	benchSummary(b, fmt.Sprintf("broker resident memory (targets: idle ≤ 15 MiB, %d waiters ≤ 100 MiB)", waiters), [][]string{
+		{"VmRSS idle", fmt.Sprintf("%.1f MiB", idle/benchMib)},
+		{fmt.Sprintf("VmRSS with %d waiters", waiters), fmt.Sprintf("%.1f MiB", loaded/benchMib)},
+		{"VmHWM (peak)", fmt.Sprintf("%.1f MiB", hwm/benchMib)},
+		{"per waiter", fmt.Sprintf("%.1f KiB", perWaiter/1024)},
+		{fmt.Sprintf("time to queue %d waiters", waiters), queueTime.Round(time.Millisecond).String()},
+	})
+}
