@@ -3,7 +3,7 @@
 # Variables (override on the command line: make install PREFIX=/usr):
 #   PREFIX      install prefix                          (/usr/local)
 #   DESTDIR     staging root for packagers              (empty)
-#   BINDIR      user commands: npurun                   ($(PREFIX)/bin)
+#   BINDIR      user commands: npurun, task-submit      ($(PREFIX)/bin)
 #   SBINDIR     the daemon: npubroker                   ($(PREFIX)/sbin)
 #   MANDIR      man pages                               ($(PREFIX)/share/man)
 #   PAMDIR      PAM modules (pam_npurun.so, later)      (/lib/security)
@@ -24,7 +24,7 @@ GO         ?= go
 VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 GOFLAGS_BUILD = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
-BINARIES = bin/npubroker bin/npurun
+BINARIES = bin/npubroker bin/npurun bin/task-submit
 SOURCES = $(shell find . -name '*.go' -not -path './.git/*') go.mod go.sum
 
 .PHONY: all build test race demo bench man install uninstall clean
@@ -38,6 +38,10 @@ build: $(BINARIES)
 bin/npurun: $(SOURCES)
 	@mkdir -p bin
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npurun
+
+bin/task-submit: $(SOURCES)
+	@mkdir -p bin
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/task-submit
 
 bin/npubroker: $(SOURCES)
 	@mkdir -p bin
@@ -62,6 +66,7 @@ man:
 install: build
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(SYSTEMDDIR) $(DESTDIR)$(SYSCONFDIR)/npurun
 	install -m 0755 bin/npurun $(DESTDIR)$(BINDIR)/npurun
+	install -m 0755 bin/task-submit $(DESTDIR)$(BINDIR)/task-submit
 	install -m 0755 bin/npubroker $(DESTDIR)$(SBINDIR)/npubroker
 	install -m 0644 man/*.1 $(DESTDIR)$(MANDIR)/man1/
 	install -m 0644 man/*.5 $(DESTDIR)$(MANDIR)/man5/
@@ -72,8 +77,8 @@ install: build
 
 # The configuration file is left in place: it is the administrator's.
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/npurun $(DESTDIR)$(SBINDIR)/npubroker
-	rm -f $(DESTDIR)$(MANDIR)/man1/npurun.1 $(DESTDIR)$(MANDIR)/man5/npurun.conf.5 $(DESTDIR)$(MANDIR)/man8/npubroker.8
+	rm -f $(DESTDIR)$(BINDIR)/npurun $(DESTDIR)$(BINDIR)/task-submit $(DESTDIR)$(SBINDIR)/npubroker
+	rm -f $(DESTDIR)$(MANDIR)/man1/npurun.1 $(DESTDIR)$(MANDIR)/man1/task-submit.1 $(DESTDIR)$(MANDIR)/man5/npurun.conf.5 $(DESTDIR)$(MANDIR)/man8/npubroker.8
 	rm -f $(DESTDIR)$(SYSTEMDDIR)/npubroker.service $(DESTDIR)$(SYSTEMDDIR)/npubroker.socket
 
 clean:

@@ -20,7 +20,7 @@ import (
 // Binaries are the commands under test, built once per test run into a
 // directory every user can read (tests run commands as other users too).
 type Binaries struct {
-	Dir, Broker, Npurun, Workload string
+	Dir, Broker, Npurun, TaskSubmit, Workload string
 }
 
 var buildOnce = sync.OnceValues(func() (*Binaries, error) {
@@ -34,16 +34,18 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 	cmd := exec.Command("go", "build", "-trimpath", "-o", dir+"/",
 		"github.com/npurun/npurun/cmd/npubroker",
 		"github.com/npurun/npurun/cmd/npurun",
+		"github.com/npurun/npurun/cmd/task-submit",
 		"github.com/npurun/npurun/tests/workload")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build: %v\n%s", err, out)
 	}
 	return &Binaries{
-		Dir:      dir,
-		Broker:   filepath.Join(dir, "npubroker"),
-		Npurun:   filepath.Join(dir, "npurun"),
-		Workload: filepath.Join(dir, "workload"),
+		Dir:        dir,
+		Broker:     filepath.Join(dir, "npubroker"),
+		Npurun:     filepath.Join(dir, "npurun"),
+		TaskSubmit: filepath.Join(dir, "task-submit"),
+		Workload:   filepath.Join(dir, "workload"),
 	}, nil
 })
 
@@ -209,6 +211,13 @@ func (b *Broker) Env() []string {
 // Npurun prepares an npurun command against this broker.
 func (b *Broker) Npurun(args ...string) *exec.Cmd {
 	cmd := exec.Command(b.Bin.Npurun, args...)
+	cmd.Env = b.Env()
+	return cmd
+}
+
+// TaskSubmit prepares a task-submit command against this broker.
+func (b *Broker) TaskSubmit(args ...string) *exec.Cmd {
+	cmd := exec.Command(b.Bin.TaskSubmit, args...)
 	cmd.Env = b.Env()
 	return cmd
 }

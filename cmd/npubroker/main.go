@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/npurun/npurun/broker"
+	"github.com/npurun/npurun/broker/supervisor"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
@@ -41,7 +42,7 @@ func main() {
 	case "check-config":
 		os.Exit(checkConfig(os.Args[2:]))
 	case "supervise": // started by the broker for each task; not for people
-		os.Exit(supervise(os.Args[2:]))
+		os.Exit(supervisor.Main(os.Args[2:]))
 	case "--version", "version":
 		fmt.Println("npubroker", version)
 	case "-h", "--help", "help":

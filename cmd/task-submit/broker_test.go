@@ -1,0 +1,314 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// A stand-in for npubroker that speaks the protocol of broker/client:
+// handle gets each request and the connection to answer it on.
+type fakeBroker struct {
+	path string
+	mu   sync.Mutex
+	reqs []client.Request
+}
+
+func startBroker(t *testing.T, handle func(req client.Request, c *net.UnixConn)) *fakeBroker {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ts") // short: socket paths are limited
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	b := &fakeBroker{path: filepath.Join(dir, "broker.sock")}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: b.path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				buf := make([]byte, client.MaxMessage)
+				for {
+					n, err := c.Read(buf)
+					if err != nil || n == 0 {
+						return
+					}
+					var req client.Request
+					if err := json.Unmarshal(buf[:n], &req); err != nil {
+						t.Errorf("broker: bad request %q: %v", buf[:n], err)
+						return
+					}
+					b.mu.Lock()
+					b.reqs = append(b.reqs, req)
+					b.mu.Unlock()
+					handle(req, c)
+				}
+			})
+		}
+	})
+	return b
+}
+
+func (b *fakeBroker) requests() []client.Request {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]client.Request(nil), b.reqs...)
+}
+
+func reply(t *testing.T, c *net.UnixConn, r client.Reply) {
+	r.V = client.Version
+	p, err := json.Marshal(r)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	c.Write(p) // the client may be gone
+}
+
+// runCmd runs a command line against the broker and returns its exit
+// status and standard output.
+func runCmd(t *testing.T, b *fakeBroker, args ...string) (int, string) {
+	t.Helper()
+	o, err := parse(append([]string{"--socket", b.path}, args...), io.Discard)
+	if err != nil {
+		t.Fatalf("parse(%q): %v", args, err)
+	}
+	var out strings.Builder
+	stdout = &out
+	defer func() { stdout = os.Stdout }()
+	code := run(o)
+	return code, out.String()
+}
+
+func TestSubmitRequest(t *testing.T) {
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		reply(t, c, client.Reply{Type: client.TypeSubmitted, ID: 118, Position: 4, Pool: "queue"})
+	})
+	code, out := runCmd(t, b, "-n", "2", "--time", "90m", "--log", "out.log", "--after", "7", "--run", "python train.py")
+	if code != 0 || out != "task 118 queued (4th in line in pool \"queue\")\n" {
+		t.Errorf("submit = %d, %q", code, out)
+	}
+	cwd, _ := os.Getwd()
+	reqs := b.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("broker got %d requests, want 1", len(reqs))
+	}
+	got := reqs[0]
+	if got.V != client.Version || got.Op != client.OpSubmit || got.Task == nil {
+		t.Fatalf("request %+v, want a submit", got)
+	}
+	s := *got.Task
+	if !reflect.DeepEqual(s.Env, os.Environ()) {
+		t.Errorf("env not the submitter's")
+	}
+	s.Env = nil
+	want := client.Submission{Shell: "python train.py", Cwd: cwd, N: 2, TimeSec: 5400, After: []uint64{7}, Log: filepath.Join(cwd, "out.log")}
+	if !reflect.DeepEqual(s, want) {
+		t.Errorf("submission %+v, want %+v", s, want)
+	}
+
+	code, out = runCmd(t, b, "--json", "--", "true")
+	if code != 0 || out != `{"id":118,"position":4,"pool":"queue"}`+"\n" {
+		t.Errorf("submit --json = %d, %q", code, out)
+	}
+}
+
+func TestBrokerErrors(t *testing.T) {
+	tests := []struct {
+		code string
+		args []string
+		want int
+	}{
+		{client.CodeNoSuchTask, []string{"show", "118"}, 1},
+		{client.CodeNoSuchTask, []string{"wait", "118"}, 1},
+		{client.CodeDenied, []string{"-n", "64", "--run", "x"}, 77},
+		{client.CodeTooMany, []string{"--run", "x"}, 75},
+		{client.CodeBusy, []string{"--run", "x"}, 75},
+		{client.CodeBadRequest, []string{"list"}, 2},
+		{client.CodeNoSuchPool, []string{"-p", "nope", "--run", "x"}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.code+" "+strings.Join(tt.args, " "), func(t *testing.T) {
+			b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+				reply(t, c, client.Reply{Type: client.TypeError, Code: tt.code, Message: "no"})
+			})
+			if code, out := runCmd(t, b, tt.args...); code != tt.want || out != "" {
+				t.Errorf("exit %d, stdout %q; want %d and nothing", code, out, tt.want)
+			}
+		})
+	}
+}
+
+func TestNoBroker(t *testing.T) {
+	b := &fakeBroker{path: filepath.Join(t.TempDir(), "none.sock")}
+	for _, args := range [][]string{{"list"}, {"wait", "1"}, {"--run", "x"}} {
+		if code, _ := runCmd(t, b, args...); code != 69 {
+			t.Errorf("%q without a broker: exit %d, want 69", args, code)
+		}
+	}
+}
+
+func TestListEmpty(t *testing.T) {
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		reply(t, c, client.Reply{Type: client.TypeTasks})
+	})
+	if code, out := runCmd(t, b, "list", "--all"); code != 0 || out != "" {
+		t.Errorf("list of nothing = %d, %q; want 0 and nothing", code, out)
+	}
+	if code, out := runCmd(t, b, "list", "--json"); code != 0 || out != "[]\n" {
+		t.Errorf("list --json of nothing = %d, %q; want 0 and []", code, out)
+	}
+	if reqs := b.requests(); !reqs[0].All || reqs[1].All || reqs[0].Op != client.OpList {
+		t.Errorf("requests %+v", reqs)
+	}
+}
+
+func TestListMultipart(t *testing.T) {
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Tasks: []client.TaskInfo{{ID: 1, State: client.StateDone}}})
+		reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: 2, State: client.StateRunning}}})
+	})
+	code, out := runCmd(t, b, "list", "--json")
+	var ts []client.TaskInfo
+	if err := json.Unmarshal([]byte(out), &ts); code != 0 || err != nil || len(ts) != 2 {
+		t.Errorf("list --json = %d, %q (%v); want both parts", code, out, err)
+	}
+}
+
+// wait outlives a broker restart: the connection closed, it asks again.
+func TestWaitAcrossRestart(t *testing.T) {
+	var mu sync.Mutex
+	n := 0
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		mu.Lock()
+		n++
+		first := n == 1
+		mu.Unlock()
+		if first {
+			c.Close()
+			return
+		}
+		reply(t, c, client.Reply{Type: client.TypeQueued, Position: 1})
+		reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: 118, State: client.StateFailed, Exit: exit(3)}}})
+	})
+	if code, out := runCmd(t, b, "wait", "118"); code != 3 || out != "" {
+		t.Errorf("wait = %d, %q; want 3 and nothing", code, out)
+	}
+	for _, r := range b.requests() {
+		if r.Op != client.OpWait || r.ID != 118 {
+			t.Errorf("request %+v, want wait 118", r)
+		}
+	}
+	if len(b.requests()) != 2 {
+		t.Errorf("%d requests, want 2", len(b.requests()))
+	}
+}
+
+func TestCancel(t *testing.T) {
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: req.ID, State: client.StateRunning, Started: 1}}})
+	})
+	if code, out := runCmd(t, b, "cancel", "118"); code != 0 || out != "task 118: SIGTERM sent; SIGKILL follows after the grace period\n" {
+		t.Errorf("cancel = %d, %q", code, out)
+	}
+	if r := b.requests()[0]; r.Op != client.OpCancel || r.ID != 118 {
+		t.Errorf("request %+v, want cancel 118", r)
+	}
+}
+
+// syncWriter lets the test read what logs -f has written so far.
+type syncWriter struct {
+	mu      sync.Mutex
+	b       strings.Builder
+	changed chan struct{}
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b.Write(p)
+	select {
+	case w.changed <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+func TestLogsFollow(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "118.log")
+	appendFile(t, log, "a\n")
+	end := make(chan struct{})
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		task := client.TaskInfo{ID: 118, UID: uint32(os.Getuid()), State: client.StateRunning, Started: 1, Log: log}
+		if req.Op == client.OpWait {
+			<-end
+			task.State, task.Ended, task.Exit = client.StateFailed, 2, exit(1)
+		}
+		reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{task}})
+	})
+	o, err := parse([]string{"--socket", b.path, "logs", "-f", "118"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &syncWriter{changed: make(chan struct{}, 1)}
+	stdout = out
+	defer func() { stdout = os.Stdout }()
+	done := make(chan int, 1)
+	go func() { done <- run(o) }()
+
+	waitFor := func(want string) {
+		t.Helper()
+		deadline := time.After(10 * time.Second)
+		for out.String() != want {
+			select {
+			case <-out.changed:
+			case <-deadline: // a follow that misses the change writes nothing more
+				t.Fatalf("logs -f wrote %q, want %q", out.String(), want)
+			}
+		}
+	}
+	waitFor("a\n")
+	appendFile(t, log, "b\n")
+	waitFor("a\nb\n")
+	appendFile(t, log, "c\n")
+	close(end)
+	if code := <-done; code != 0 {
+		t.Errorf("logs -f = %d, want 0", code)
+	}
+	if got := out.String(); got != "a\nb\nc\n" {
+		t.Errorf("logs -f wrote %q, want %q", got, "a\nb\nc\n")
+	}
+}
+
+func TestLogsNotStarted(t *testing.T) {
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: 118, UID: uint32(os.Getuid()), State: client.StatePending, Log: "/x/118.log"}}})
+	})
+	if code, out := runCmd(t, b, "logs", "118"); code != 1 || out != "" {
+		t.Errorf("logs of a pending task = %d, %q; want 1 and nothing", code, out)
+	}
+}

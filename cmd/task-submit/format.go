@@ -1,0 +1,331 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// submitted is submit's --json output.
+type submitted struct {
+	ID       uint64 `json:"id"`
+	Position int    `json:"position,omitempty"`
+	Pool     string `json:"pool,omitempty"`
+}
+
+// submittedLine is submit's answer: the id, and the place in line when
+// the task waits for devices.
+func submittedLine(r *client.Reply) string {
+	if r.Position <= 0 {
+		return fmt.Sprintf("task %d submitted", r.ID)
+	}
+	if r.Pool == "" {
+		return fmt.Sprintf("task %d queued (%s in line)", r.ID, ordinal(r.Position))
+	}
+	return fmt.Sprintf("task %d queued (%s in line in pool %q)", r.ID, ordinal(r.Position), r.Pool)
+}
+
+// writeJSON writes v as one line of JSON.
+func writeJSON(w io.Writer, v any) error {
+	e := json.NewEncoder(w)
+	e.SetEscapeHTML(false)
+	return e.Encode(v)
+}
+
+// tableWidth is the width list's table is made to fit, by shortening the
+// last column.
+const tableWidth = 100
+
+// minCommandWidth is the least room the last column gets however wide
+// the others are.
+const minCommandWidth = 16
+
+const tablePadding = 2
+
+// writeTable writes list's table. all adds the USER column; now decides
+// which times are today's.
+func writeTable(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) error {
+	head := []string{"ID", "STATE", "DEVICES", "SUBMITTED", "STARTED"}
+	if all {
+		head = []string{"ID", "USER", "STATE", "DEVICES", "SUBMITTED", "STARTED"}
+	}
+	rows := [][]string{head}
+	for i := range ts {
+		t := &ts[i]
+		row := []string{strconv.FormatUint(t.ID, 10)}
+		if all {
+			row = append(row, oneLine(t.User))
+		}
+		row = append(row, t.State, deviceCell(t), timeCell(t.Submitted, now), timeCell(t.Started, now))
+		rows = append(rows, row)
+	}
+	// The last column starts where tabwriter will put it: after every
+	// other column at its widest, plus the padding.
+	start := 0
+	for col := range head {
+		width := 0
+		for _, row := range rows {
+			width = max(width, utf8.RuneCountInString(row[col]))
+		}
+		start += width + tablePadding
+	}
+	room := max(tableWidth-start, minCommandWidth)
+
+	tw := tabwriter.NewWriter(w, 0, 8, tablePadding, ' ', 0)
+	for i, row := range rows {
+		last := "NAME/COMMAND"
+		if i > 0 {
+			last = truncate(nameOrCommand(&ts[i-1]), room)
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", strings.Join(row, "\t"), last)
+	}
+	return tw.Flush()
+}
+
+// nameOrCommand is what list shows of a task: its name if it has one, else
+// its command, else "-" (another user's command, hidden).
+func nameOrCommand(t *client.TaskInfo) string {
+	switch {
+	case t.Name != "":
+		return oneLine(t.Name)
+	case t.Command != "":
+		return oneLine(t.Command)
+	}
+	return "-"
+}
+
+// deviceCell is the devices granted to a task once it has started, else
+// what it asked for: "3,5", "2 wanted", "npu 9", or "-" for none.
+func deviceCell(t *client.TaskInfo) string {
+	switch {
+	case t.NoDevice:
+		return "-"
+	case len(t.Devices) > 0 && t.Started != 0:
+		return joinInts(t.Devices)
+	case len(t.Devices) > 0:
+		return "npu " + joinInts(t.Devices)
+	}
+	return strconv.Itoa(max(t.N, 1)) + " wanted"
+}
+
+// timeCell is a time in Unix milliseconds as list shows it: the time of
+// day when it is today (in now's location), the date and minute otherwise,
+// "-" when unset.
+func timeCell(ms int64, now time.Time) string {
+	if ms == 0 {
+		return "-"
+	}
+	t := time.UnixMilli(ms).In(now.Location())
+	if y, m, d := t.Date(); y == now.Year() && m == now.Month() && d == now.Day() {
+		return t.Format("15:04:05")
+	}
+	return t.Format("Jan 02 15:04")
+}
+
+// fullTime is a time in Unix milliseconds as show gives it.
+func fullTime(ms int64, loc *time.Location) string {
+	return time.UnixMilli(ms).In(loc).Format("2006-01-02 15:04:05 MST")
+}
+
+// writeShow writes show's "key: value" lines, times in loc; what is not
+// known is left out.
+func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
+	var b strings.Builder
+	line := func(key, value string) {
+		if value != "" {
+			fmt.Fprintf(&b, "%s: %s\n", key, value)
+		}
+	}
+	line("id", strconv.FormatUint(t.ID, 10))
+	line("name", quoteIfNeeded(t.Name))
+	line("user", t.User)
+	line("state", t.State)
+	if t.Command == "" {
+		line("command", "-")
+	} else {
+		line("command", quoteIfNeeded(t.Command))
+	}
+	line("cwd", quoteIfNeeded(t.Cwd))
+	if t.NoDevice {
+		line("devices", "none (--no-device)")
+	} else {
+		line("devices", deviceCell(t))
+	}
+	line("pool", t.Pool)
+	line("after", joinIDs(t.After))
+	if t.TimeSec > 0 {
+		line("time limit", (time.Duration(t.TimeSec) * time.Second).String())
+	}
+	line("submitted", fullTime(t.Submitted, loc))
+	if t.Started != 0 {
+		line("started", fullTime(t.Started, loc))
+	}
+	if t.Ended != 0 {
+		end := fullTime(t.Ended, loc)
+		if t.Started != 0 && t.Ended >= t.Started {
+			end += " (after " + (time.Duration(t.Ended-t.Started) * time.Millisecond).Round(time.Second).String() + ")"
+		}
+		line("ended", end)
+	}
+	if t.Exit != nil {
+		line("exit status", strconv.Itoa(*t.Exit))
+	}
+	if t.Signal != "" {
+		line("signal", t.Signal)
+	}
+	line("reason", quoteIfNeeded(t.Reason))
+	line("log", quoteIfNeeded(t.Log))
+	if t.Position > 0 {
+		line("position", ordinal(t.Position)+" in line")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// ended reports whether a task has ended, for good.
+func ended(t *client.TaskInfo) bool {
+	switch t.State {
+	case client.StatePending, client.StateBlocked, client.StateRunning:
+		return false
+	}
+	return true
+}
+
+// describeEnd says how a task ended, to follow "task 118 ": "succeeded",
+// "failed: exit 3", "failed: killed by SIGKILL (time limit 1h0m0s
+// reached)", "cancelled", "lost (…)".
+func describeEnd(t *client.TaskInfo) string {
+	how := ""
+	switch {
+	case t.Exit != nil:
+		how = "exit " + strconv.Itoa(*t.Exit)
+	case t.Signal != "":
+		how = "killed by " + t.Signal
+	}
+	reason := oneLine(t.Reason)
+	switch t.State {
+	case client.StateDone:
+		return "succeeded"
+	case client.StateFailed:
+		switch {
+		case how == "" && reason == "":
+			return "failed"
+		case how == "":
+			return "failed: " + reason
+		case reason == "":
+			return "failed: " + how
+		}
+		return "failed: " + how + " (" + reason + ")"
+	case client.StateCancelled, client.StateLost:
+		base := t.State
+		var notes []string
+		switch {
+		case strings.HasPrefix(reason, t.State):
+			base = reason // "cancelled by root"
+		case reason != "":
+			notes = append(notes, reason)
+		}
+		if how != "" {
+			notes = append(notes, how)
+		}
+		if len(notes) == 0 {
+			return base
+		}
+		return base + " (" + strings.Join(notes, "; ") + ")"
+	}
+	return "is " + t.State
+}
+
+// waitStatus is wait's exit status for an ended task: the task's own
+// (128+N for signal N), and 1 for any end but success that would
+// otherwise read as 0 (never ran, lost, cancelled yet exited 0).
+func waitStatus(t *client.TaskInfo) int {
+	s := t.ExitStatus()
+	if s < 0 || s > 255 {
+		s = 1
+	}
+	if s == 0 && t.State != client.StateDone {
+		s = 1
+	}
+	return s
+}
+
+// cancelLine is cancel's answer, from the task as the broker left it.
+func cancelLine(t *client.TaskInfo) string {
+	switch {
+	case t.State == client.StateRunning || (t.Started != 0 && t.Ended == 0):
+		return fmt.Sprintf("task %d: SIGTERM sent; SIGKILL follows after the grace period", t.ID)
+	case t.State == client.StateCancelled && t.Started == 0:
+		return fmt.Sprintf("task %d cancelled", t.ID)
+	case t.State == client.StateCancelled:
+		return fmt.Sprintf("task %d was already %s", t.ID, describeEnd(t))
+	case ended(t):
+		return fmt.Sprintf("task %d had already ended: %s", t.ID, describeEnd(t))
+	}
+	return fmt.Sprintf("task %d is still %s", t.ID, t.State)
+}
+
+// truncate shortens s to n characters, the last of them "…".
+func truncate(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// oneLine makes s safe for one line of a terminal: each run of control
+// characters (newlines, tabs, escapes) becomes one space.
+func oneLine(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	return strings.TrimSpace(strings.Join(strings.FieldsFunc(s, unicode.IsControl), " "))
+}
+
+// quoteIfNeeded leaves s as it is unless it holds control characters
+// (a multi-line --run, an escape sequence), which it quotes.
+func quoteIfNeeded(s string) string {
+	if strings.ContainsFunc(s, unicode.IsControl) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+func ordinal(n int) string {
+	suffix := "th"
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+	case n%10 == 1:
+		suffix = "st"
+	case n%10 == 2:
+		suffix = "nd"
+	case n%10 == 3:
+		suffix = "rd"
+	}
+	return strconv.Itoa(n) + suffix
+}
+
+func joinInts(ids []int) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.Itoa(id)
+	}
+	return strings.Join(s, ",")
+}
+
+func joinIDs(ids []uint64) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = strconv.FormatUint(id, 10)
+	}
+	return strings.Join(s, ",")
+}

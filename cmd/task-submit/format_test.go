@@ -1,0 +1,352 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// now is the clock of these tests: times on March 10 are "today".
+var now = time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+
+func ms(month time.Month, day, hour, min, sec int) int64 {
+	return time.Date(2026, month, day, hour, min, sec, 0, time.UTC).UnixMilli()
+}
+
+func exit(n int) *int { return &n }
+
+func lines(ls ...string) string { return strings.Join(ls, "\n") + "\n" }
+
+func TestTable(t *testing.T) {
+	mine := []client.TaskInfo{
+		{ID: 118, User: "alice", State: client.StateRunning, Devices: []int{3, 5}, N: 2,
+			Command: "python train.py --lr 3e-4", Submitted: ms(3, 9, 22, 15, 0), Started: ms(3, 10, 9, 30, 5)},
+		{ID: 119, User: "alice", State: client.StatePending, N: 2, Name: "big",
+			Command: "torchrun --nproc_per_node=2 train.py", Submitted: ms(3, 10, 11, 58, 2), Position: 4},
+		{ID: 120, User: "alice", State: client.StatePending, Devices: []int{9},
+			Command: "python probe.py", Submitted: ms(3, 10, 11, 59, 0)},
+		{ID: 121, User: "alice", State: client.StateDone, NoDevice: true, Exit: exit(0),
+			Command:   "./run-experiment.sh --config configs/very/long/path/to/experiment.yaml --seed 42",
+			Submitted: ms(3, 1, 8, 0, 0), Started: ms(3, 1, 8, 1, 0), Ended: ms(3, 1, 9, 0, 0)},
+		{ID: 122, User: "alice", State: client.StateBlocked, After: []uint64{118},
+			Command: "echo a\n\techo b", Submitted: ms(3, 10, 11, 59, 30)},
+	}
+	// The last column starts at 5+9+10+14+14 = 52: 48 characters are left.
+	wantMine := lines(
+		"ID   STATE    DEVICES   SUBMITTED     STARTED       NAME/COMMAND",
+		"118  running  3,5       Mar 09 22:15  09:30:05      python train.py --lr 3e-4",
+		"119  pending  2 wanted  11:58:02      -             big",
+		"120  pending  npu 9     11:59:00      -             python probe.py",
+		"121  done     -         Mar 01 08:00  Mar 01 08:01  ./run-experiment.sh --config configs/very/long/…",
+		"122  blocked  1 wanted  11:59:30      -             echo a echo b",
+	)
+
+	everyone := []client.TaskInfo{
+		mine[0],
+		{ID: 130, User: "bob", UID: 1001, State: client.StatePending, N: 1, Submitted: ms(3, 10, 10, 0, 0), Position: 1},
+		{ID: 131, User: "bob", UID: 1001, State: client.StateRunning, Devices: []int{7}, Name: "sweep",
+			Submitted: ms(3, 10, 10, 0, 1), Started: ms(3, 10, 10, 5, 0)},
+	}
+	wantEveryone := lines(
+		"ID   USER   STATE    DEVICES   SUBMITTED     STARTED   NAME/COMMAND",
+		"118  alice  running  3,5       Mar 09 22:15  09:30:05  python train.py --lr 3e-4",
+		"130  bob    pending  1 wanted  10:00:00      -         -",
+		"131  bob    running  7         10:00:01      10:05:00  sweep",
+	)
+
+	tests := []struct {
+		name string
+		ts   []client.TaskInfo
+		all  bool
+		want string
+	}{
+		{"mine", mine, false, wantMine},
+		{"all hides others' commands", everyone, true, wantEveryone},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b strings.Builder
+			if err := writeTable(&b, tt.ts, tt.all, now); err != nil {
+				t.Fatal(err)
+			}
+			if b.String() != tt.want {
+				t.Errorf("table:\n%s\nwant:\n%s", b.String(), tt.want)
+			}
+			for _, l := range strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n") {
+				if n := len([]rune(l)); n > tableWidth {
+					t.Errorf("line of %d characters, more than %d: %q", n, tableWidth, l)
+				}
+			}
+		})
+	}
+}
+
+func TestTableNarrowsToMinimum(t *testing.T) {
+	ts := []client.TaskInfo{{ID: 1, User: strings.Repeat("u", 80), State: client.StateRunning, Devices: []int{0},
+		Command: strings.Repeat("c", 40), Submitted: ms(3, 10, 1, 0, 0), Started: ms(3, 10, 1, 0, 0)}}
+	var b strings.Builder
+	if err := writeTable(&b, ts, true, now); err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Repeat("c", minCommandWidth-1) + "…\n"
+	if !strings.HasSuffix(b.String(), want) {
+		t.Errorf("table:\n%s\nwant the last row to end in %q", b.String(), want)
+	}
+}
+
+func TestDeviceCell(t *testing.T) {
+	tests := []struct {
+		name string
+		t    client.TaskInfo
+		want string
+	}{
+		{"default request", client.TaskInfo{State: client.StatePending}, "1 wanted"},
+		{"count", client.TaskInfo{State: client.StatePending, N: 4}, "4 wanted"},
+		{"named", client.TaskInfo{State: client.StatePending, Devices: []int{9, 10}}, "npu 9,10"},
+		{"granted", client.TaskInfo{State: client.StateRunning, Devices: []int{2, 3}, N: 2, Started: 1}, "2,3"},
+		{"no device", client.TaskInfo{State: client.StateRunning, NoDevice: true, Started: 1}, "-"},
+		{"cancelled before it ran", client.TaskInfo{State: client.StateCancelled, N: 2}, "2 wanted"},
+	}
+	for _, tt := range tests {
+		if got := deviceCell(&tt.t); got != tt.want {
+			t.Errorf("%s: deviceCell = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestTimeCell(t *testing.T) {
+	tests := []struct {
+		ms   int64
+		want string
+	}{
+		{0, "-"},
+		{ms(3, 10, 0, 0, 0), "00:00:00"},
+		{ms(3, 10, 23, 59, 59), "23:59:59"},
+		{ms(3, 9, 23, 59, 59), "Mar 09 23:59"},
+		{ms(3, 11, 0, 0, 0), "Mar 11 00:00"},
+		{time.Date(2025, 3, 10, 8, 0, 0, 0, time.UTC).UnixMilli(), "Mar 10 08:00"},
+	}
+	for _, tt := range tests {
+		if got := timeCell(tt.ms, now); got != tt.want {
+			t.Errorf("timeCell(%d) = %q, want %q", tt.ms, got, tt.want)
+		}
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	tests := []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"abc", 3, "abc"},
+		{"abcd", 3, "ab…"},
+		{"", 3, ""},
+		{"äöüß", 3, "äö…"},
+	}
+	for _, tt := range tests {
+		if got := truncate(tt.s, tt.n); got != tt.want {
+			t.Errorf("truncate(%q, %d) = %q, want %q", tt.s, tt.n, got, tt.want)
+		}
+	}
+}
+
+func TestOneLine(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"python  train.py", "python  train.py"},
+		{"echo a\necho b\n", "echo a echo b"},
+		{"a\x1b[31mred", "a [31mred"},
+		{"tab\there", "tab here"},
+	}
+	for _, tt := range tests {
+		if got := oneLine(tt.in); got != tt.want {
+			t.Errorf("oneLine(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestShow(t *testing.T) {
+	tests := []struct {
+		name string
+		t    client.TaskInfo
+		want string
+	}{
+		{"failed", client.TaskInfo{
+			ID: 118, Name: "big", User: "alice", UID: 1000, State: client.StateFailed,
+			Command: "torchrun --nproc_per_node=2 train.py", Cwd: "/home/alice/proj",
+			Env: []string{"HOME=/home/alice"}, Log: "/home/alice/.local/state/npurun/tasks/118.log",
+			N: 2, Pool: "queue", Devices: []int{4, 5}, After: []uint64{116, 117}, TimeSec: 3600,
+			Submitted: ms(3, 10, 9, 0, 0), Started: ms(3, 10, 9, 30, 5), Ended: ms(3, 10, 10, 30, 5),
+			Signal: "SIGKILL", Reason: "time limit 1h0m0s reached",
+		}, lines(
+			"id: 118",
+			"name: big",
+			"user: alice",
+			"state: failed",
+			"command: torchrun --nproc_per_node=2 train.py",
+			"cwd: /home/alice/proj",
+			"devices: 4,5",
+			"pool: queue",
+			"after: 116,117",
+			"time limit: 1h0m0s",
+			"submitted: 2026-03-10 09:00:00 UTC",
+			"started: 2026-03-10 09:30:05 UTC",
+			"ended: 2026-03-10 10:30:05 UTC (after 1h0m0s)",
+			"signal: SIGKILL",
+			"reason: time limit 1h0m0s reached",
+			"log: /home/alice/.local/state/npurun/tasks/118.log",
+		)},
+		{"pending", client.TaskInfo{
+			ID: 119, User: "alice", State: client.StatePending, Command: "echo a\necho b",
+			Cwd: "/tmp", Log: "/tmp/x.log", Pool: "queue", Submitted: ms(3, 10, 11, 0, 0), Position: 2,
+		}, lines(
+			"id: 119",
+			"user: alice",
+			"state: pending",
+			`command: "echo a\necho b"`,
+			"cwd: /tmp",
+			"devices: 1 wanted",
+			"pool: queue",
+			"submitted: 2026-03-10 11:00:00 UTC",
+			"log: /tmp/x.log",
+			"position: 2nd in line",
+		)},
+		{"another's, done, no device", client.TaskInfo{
+			ID: 7, User: "bob", UID: 1001, State: client.StateDone, NoDevice: true,
+			Submitted: ms(3, 1, 8, 0, 0), Started: ms(3, 1, 8, 0, 1), Ended: ms(3, 1, 8, 0, 3), Exit: exit(0),
+		}, lines(
+			"id: 7",
+			"user: bob",
+			"state: done",
+			"command: -",
+			"devices: none (--no-device)",
+			"submitted: 2026-03-01 08:00:00 UTC",
+			"started: 2026-03-01 08:00:01 UTC",
+			"ended: 2026-03-01 08:00:03 UTC (after 2s)",
+			"exit status: 0",
+		)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b strings.Builder
+			if err := writeShow(&b, &tt.t, time.UTC); err != nil {
+				t.Fatal(err)
+			}
+			if b.String() != tt.want {
+				t.Errorf("show:\n%s\nwant:\n%s", b.String(), tt.want)
+			}
+		})
+	}
+}
+
+func TestWaitStatus(t *testing.T) {
+	tests := []struct {
+		name     string
+		t        client.TaskInfo
+		code     int
+		describe string
+	}{
+		{"succeeded", client.TaskInfo{State: client.StateDone, Exit: exit(0)}, 0, "succeeded"},
+		{"exit 3", client.TaskInfo{State: client.StateFailed, Exit: exit(3)}, 3, "failed: exit 3"},
+		{"exit 255", client.TaskInfo{State: client.StateFailed, Exit: exit(255)}, 255, "failed: exit 255"},
+		{"time limit", client.TaskInfo{State: client.StateFailed, Signal: "SIGKILL", Reason: "time limit 1h0m0s reached"},
+			137, "failed: killed by SIGKILL (time limit 1h0m0s reached)"},
+		{"segfault", client.TaskInfo{State: client.StateFailed, Signal: "SIGSEGV"}, 139, "failed: killed by SIGSEGV"},
+		{"did not start", client.TaskInfo{State: client.StateFailed, Reason: `start: exec: "pyhton": not found`},
+			1, `failed: start: exec: "pyhton": not found`},
+		{"cancelled while pending", client.TaskInfo{State: client.StateCancelled, Reason: "cancelled"}, 1, "cancelled"},
+		{"cancelled while running", client.TaskInfo{State: client.StateCancelled, Signal: "SIGTERM", Reason: "cancelled"},
+			143, "cancelled (killed by SIGTERM)"},
+		{"cancelled, exited 0 on SIGTERM", client.TaskInfo{State: client.StateCancelled, Exit: exit(0)}, 1, "cancelled (exit 0)"},
+		{"cancelled by root", client.TaskInfo{State: client.StateCancelled, Reason: "cancelled by root"}, 1, "cancelled by root"},
+		{"lost", client.TaskInfo{State: client.StateLost, Reason: "its supervisor vanished"}, 1, "lost (its supervisor vanished)"},
+		{"not ended", client.TaskInfo{State: client.StateRunning}, 1, "is running"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := waitStatus(&tt.t); got != tt.code {
+				t.Errorf("waitStatus = %d, want %d", got, tt.code)
+			}
+			if got := describeEnd(&tt.t); got != tt.describe {
+				t.Errorf("describeEnd = %q, want %q", got, tt.describe)
+			}
+		})
+	}
+}
+
+func TestCancelLine(t *testing.T) {
+	tests := []struct {
+		name string
+		t    client.TaskInfo
+		want string
+	}{
+		{"pending", client.TaskInfo{ID: 118, State: client.StateCancelled, Ended: 5}, "task 118 cancelled"},
+		{"running", client.TaskInfo{ID: 118, State: client.StateRunning, Started: 5}, "task 118: SIGTERM sent; SIGKILL follows after the grace period"},
+		{"marked cancelled, still running", client.TaskInfo{ID: 118, State: client.StateCancelled, Started: 5},
+			"task 118: SIGTERM sent; SIGKILL follows after the grace period"},
+		{"done", client.TaskInfo{ID: 118, State: client.StateDone, Started: 5, Ended: 6, Exit: exit(0)}, "task 118 had already ended: succeeded"},
+		{"failed", client.TaskInfo{ID: 118, State: client.StateFailed, Started: 5, Ended: 6, Exit: exit(3)}, "task 118 had already ended: failed: exit 3"},
+		{"cancelled before", client.TaskInfo{ID: 118, State: client.StateCancelled, Started: 5, Ended: 6, Signal: "SIGTERM"},
+			"task 118 was already cancelled (killed by SIGTERM)"},
+	}
+	for _, tt := range tests {
+		if got := cancelLine(&tt.t); got != tt.want {
+			t.Errorf("%s: cancelLine = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestSubmitted(t *testing.T) {
+	tests := []struct {
+		r        client.Reply
+		want     string
+		wantJSON string
+	}{
+		{client.Reply{ID: 118, Position: 4, Pool: "queue"}, `task 118 queued (4th in line in pool "queue")`, `{"id":118,"position":4,"pool":"queue"}`},
+		{client.Reply{ID: 119, Position: 1, Pool: "default"}, `task 119 queued (1st in line in pool "default")`, `{"id":119,"position":1,"pool":"default"}`},
+		{client.Reply{ID: 120, Position: 12}, `task 120 queued (12th in line)`, `{"id":120,"position":12}`},
+		{client.Reply{ID: 121}, `task 121 submitted`, `{"id":121}`},
+	}
+	for _, tt := range tests {
+		if got := submittedLine(&tt.r); got != tt.want {
+			t.Errorf("submittedLine(%+v) = %q, want %q", tt.r, got, tt.want)
+		}
+		var b strings.Builder
+		if err := writeJSON(&b, submitted{ID: tt.r.ID, Position: tt.r.Position, Pool: tt.r.Pool}); err != nil {
+			t.Fatal(err)
+		}
+		if b.String() != tt.wantJSON+"\n" {
+			t.Errorf("submit --json = %q, want %q", b.String(), tt.wantJSON)
+		}
+	}
+}
+
+// list --json is an array of TaskInfo that reads back as it was.
+func TestListJSON(t *testing.T) {
+	ts := []client.TaskInfo{{ID: 1, User: "alice", State: client.StateDone, Command: "a && b <c>", Exit: exit(0), Submitted: 1}}
+	var b strings.Builder
+	if err := writeJSON(&b, ts); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), `"command":"a && b <c>"`) {
+		t.Errorf("list --json = %s, want the command unescaped", b.String())
+	}
+	var back []client.TaskInfo
+	if err := json.Unmarshal([]byte(b.String()), &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back) != 1 || back[0].Command != ts[0].Command || *back[0].Exit != 0 {
+		t.Errorf("read back %+v, want %+v", back, ts)
+	}
+}
+
+func TestOrdinal(t *testing.T) {
+	for n, want := range map[int]string{1: "1st", 2: "2nd", 3: "3rd", 4: "4th", 11: "11th", 12: "12th", 13: "13th", 21: "21st", 22: "22nd", 111: "111th", 101: "101st"} {
+		if got := ordinal(n); got != want {
+			t.Errorf("ordinal(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

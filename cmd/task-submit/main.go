@@ -1,0 +1,269 @@
+// Command task-submit queues a command to run detached on accelerator devices leased from npubroker, and lists, shows, follows, waits for and cancels such tasks.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/spf13/pflag"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/shim"
+)
+
+var version = "dev"
+
+const usage = `Usage:
+  task-submit [-n N | -d ID[,ID...] | --no-device] [-p POOL] [--time DURATION] [--name NAME] [--after ID[,ID...]] [--log FILE] [--json] (--run STRING | -- COMMAND [ARG...])
+  task-submit list [--all] [--json]
+  task-submit show [--json] ID
+  task-submit logs [-f] ID
+  task-submit wait ID
+  task-submit cancel ID
+
+Queue a command with npubroker, which runs it as you, in this directory and
+with this environment, once the devices it needs are free, writing its output
+to a log file. Every form also takes --socket PATH.
+
+Options:
+`
+
+// Commands other than submitting, with whether they take --json.
+var commands = map[string]bool{
+	"list":   true,
+	"show":   true,
+	"logs":   false,
+	"wait":   false,
+	"cancel": false,
+}
+
+// options is one invocation, parsed.
+type options struct {
+	cmd     string // "submit" or one of commands
+	socket  string
+	json    bool
+	all     bool   // list
+	follow  bool   // logs
+	id      uint64 // show, logs, wait, cancel
+	sub     client.Submission
+	version bool
+}
+
+// usageError is a bad command line: exit status 2.
+type usageError struct{ msg, hint string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// errHelp means --help was asked for and the usage printed.
+var errHelp = errors.New("help requested")
+
+func main() {
+	o, err := parse(os.Args[1:], os.Stderr)
+	var ue *usageError
+	switch {
+	case errors.Is(err, errHelp):
+		os.Exit(0)
+	case errors.As(err, &ue):
+		warn("%s", ue.msg)
+		if ue.hint != "" {
+			hint("%s", ue.hint)
+		}
+		os.Exit(shim.ExitUsage)
+	case err != nil:
+		warn("%v", err)
+		os.Exit(shim.ExitUsage)
+	case o.version:
+		fmt.Println("task-submit", version)
+		return
+	}
+	os.Exit(run(o))
+}
+
+func newFlagSet(name string, stderr io.Writer) *pflag.FlagSet {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+const socketHelp = "broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)"
+
+// parse reads the command line; usage goes to stderr when asked for.
+func parse(args []string, stderr io.Writer) (*options, error) {
+	o := &options{cmd: "submit"}
+	var (
+		limit time.Duration
+		after []string
+		run   string
+	)
+	fs := newFlagSet("task-submit", stderr)
+	fs.SetInterspersed(false)
+	fs.IntVarP(&o.sub.N, "devices", "n", 0, "number of devices (default 1)")
+	fs.IntSliceVarP(&o.sub.Devices, "device", "d", nil, "exactly these devices (physical ids)")
+	fs.BoolVar(&o.sub.NoDevice, "no-device", false, "take no device; run when a CPU slot is free")
+	fs.StringVarP(&o.sub.Pool, "pool", "p", "", "pool to take devices from (default: the policy's default pool)")
+	fs.DurationVar(&limit, "time", 0, "time limit, e.g. 6h or 90m, after which the task is killed (default: the policy's)")
+	fs.StringVar(&o.sub.Name, "name", "", "name to list the task by instead of its command")
+	fs.StringSliceVar(&after, "after", nil, "start only once these tasks have succeeded")
+	fs.StringVar(&o.sub.Log, "log", "", "log file (default ~/.local/state/npurun/tasks/ID.log)")
+	fs.StringVar(&run, "run", "", "command line run by your shell, instead of -- COMMAND [ARG...]")
+	fs.BoolVar(&o.json, "json", false, "print the task's id, position and pool as JSON")
+	fs.StringVar(&o.socket, "socket", "", socketHelp)
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return nil, flagError(err)
+	}
+	if o.version {
+		return o, nil
+	}
+	rest := fs.Args()
+	if len(rest) > 0 && fs.ArgsLenAtDash() < 0 {
+		_, ok := commands[rest[0]]
+		if !ok && fs.Changed("run") {
+			return nil, &usageError{
+				msg:  fmt.Sprintf("--run takes one string, and %q follows it", rest[0]),
+				hint: fmt.Sprintf("quote the whole command line: --run %q", strings.Join(append([]string{run}, rest...), " ")),
+			}
+		}
+		if !ok {
+			return nil, &usageError{
+				msg:  fmt.Sprintf("unknown command %q", rest[0]),
+				hint: fmt.Sprintf("to submit it: task-submit -- %s, or task-submit --run %q", strings.Join(rest, " "), strings.Join(rest, " ")),
+			}
+		}
+		var early string
+		fs.Visit(func(f *pflag.Flag) {
+			if f.Name != "socket" && f.Name != "json" && early == "" {
+				early = f.Name
+			}
+		})
+		if early != "" {
+			return nil, usagef("--%s is for submitting, not for %s", early, rest[0])
+		}
+		return parseCommand(o, rest[0], rest[1:], stderr)
+	}
+
+	s := &o.sub
+	switch {
+	case fs.Changed("run") && len(rest) > 0:
+		return nil, usagef("--run and a command after -- exclude each other")
+	case !fs.Changed("run") && len(rest) == 0:
+		return nil, &usageError{msg: "no command given", hint: `task-submit --run "python train.py", or task-submit -- python train.py`}
+	case fs.Changed("run") && strings.TrimSpace(run) == "":
+		return nil, usagef("--run takes a command line")
+	case s.N < 0:
+		return nil, usagef("bad device count %d", s.N)
+	case s.NoDevice && (s.N != 0 || len(s.Devices) > 0 || s.Pool != ""):
+		return nil, usagef("--no-device takes no device, count or pool")
+	case len(s.Devices) > 0 && s.Pool != "":
+		return nil, usagef("--device and --pool exclude each other")
+	case len(s.Devices) > 0 && s.N != 0 && s.N != len(s.Devices):
+		return nil, usagef("-n %d does not match the %d devices named", s.N, len(s.Devices))
+	case fs.Changed("pool") && s.Pool == "":
+		return nil, usagef("--pool takes a pool name")
+	case fs.Changed("time") && limit <= 0:
+		return nil, usagef("--time takes a positive duration, such as 6h or 90m")
+	case fs.Changed("log") && s.Log == "":
+		return nil, usagef("--log takes a file name")
+	case strings.ContainsFunc(s.Name, unicode.IsControl):
+		return nil, usagef("--name takes one line of printable text")
+	}
+	seen := make(map[int]bool, len(s.Devices))
+	for _, d := range s.Devices {
+		if d < 0 {
+			return nil, usagef("bad device id %d", d)
+		}
+		if seen[d] {
+			return nil, usagef("device %d named twice", d)
+		}
+		seen[d] = true
+	}
+	for _, a := range after {
+		id, err := parseID(a)
+		if err != nil {
+			return nil, usagef("--after: %v", err)
+		}
+		s.After = append(s.After, id)
+	}
+	s.TimeSec = int64((limit + time.Second - 1) / time.Second)
+	if fs.Changed("run") {
+		s.Shell = run
+	} else {
+		s.Argv = rest
+	}
+	return o, nil
+}
+
+// parseCommand reads the flags and the id of a command other than submit.
+func parseCommand(o *options, cmd string, args []string, stderr io.Writer) (*options, error) {
+	o.cmd = cmd
+	fs := newFlagSet("task-submit "+cmd, stderr)
+	fs.StringVar(&o.socket, "socket", o.socket, socketHelp)
+	switch cmd {
+	case "list":
+		fs.BoolVar(&o.all, "all", false, "everyone's tasks (others' commands are shown to root only)")
+		fs.BoolVar(&o.json, "json", o.json, "print the tasks as a JSON array")
+	case "show":
+		fs.BoolVar(&o.json, "json", o.json, "print the task as JSON")
+	case "logs":
+		fs.BoolVarP(&o.follow, "follow", "f", false, "follow the log until the task ends")
+	}
+	if o.json && !commands[cmd] {
+		return nil, usagef("%s takes no --json", cmd)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, flagError(err)
+	}
+	if cmd == "list" {
+		if fs.NArg() > 0 {
+			return nil, usagef("list takes no arguments")
+		}
+		return o, nil
+	}
+	if fs.NArg() != 1 {
+		return nil, &usageError{msg: cmd + " takes one task id", hint: "task-submit " + cmd + " 118"}
+	}
+	id, err := parseID(fs.Arg(0))
+	if err != nil {
+		return nil, &usageError{msg: err.Error()}
+	}
+	o.id = id
+	return o, nil
+}
+
+func flagError(err error) error {
+	if errors.Is(err, pflag.ErrHelp) {
+		return errHelp
+	}
+	return &usageError{msg: err.Error()}
+}
+
+// parseID reads a task id: a positive decimal number.
+func parseID(s string) (uint64, error) {
+	id, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || id == 0 {
+		return 0, fmt.Errorf("bad task id %q", s)
+	}
+	return id, nil
+}
+
+func warn(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "task-submit: "+format+"\n", args...)
+}
+
+func hint(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "task-submit: hint: "+format+"\n", args...)
+}

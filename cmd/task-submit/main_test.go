@@ -1,0 +1,220 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+func TestParseSubmit(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want client.Submission
+	}{
+		{"run", []string{"--run", "python train.py --lr 3e-4"},
+			client.Submission{Shell: "python train.py --lr 3e-4"}},
+		{"argv", []string{"-n", "2", "--time", "6h", "--name", "big", "--", "torchrun", "--nproc_per_node=2", "train.py"},
+			client.Submission{Argv: []string{"torchrun", "--nproc_per_node=2", "train.py"}, N: 2, TimeSec: 6 * 3600, Name: "big"}},
+		{"device", []string{"--device", "9", "--run", "python probe.py"},
+			client.Submission{Shell: "python probe.py", Devices: []int{9}}},
+		{"devices with matching count", []string{"-n", "2", "-d", "2,3", "--run", "x"},
+			client.Submission{Shell: "x", N: 2, Devices: []int{2, 3}}},
+		{"no device", []string{"--no-device", "--run", "make build"},
+			client.Submission{Shell: "make build", NoDevice: true}},
+		{"after", []string{"--after", "118,7", "--after", "9", "--run", "python eval.py"},
+			client.Submission{Shell: "python eval.py", After: []uint64{118, 7, 9}}},
+		{"pool and log", []string{"-p", "queue", "--log", "out.log", "--", "true"},
+			client.Submission{Argv: []string{"true"}, Pool: "queue", Log: "out.log"}},
+		{"time rounds up to seconds", []string{"--time", "1500ms", "--run", "x"},
+			client.Submission{Shell: "x", TimeSec: 2}},
+		{"command flags are the command's", []string{"--", "ls", "-n", "--json"},
+			client.Submission{Argv: []string{"ls", "-n", "--json"}}},
+		{"a subcommand's name after --", []string{"--", "list"},
+			client.Submission{Argv: []string{"list"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parse(tt.args, io.Discard)
+			if err != nil {
+				t.Fatalf("parse(%q): %v", tt.args, err)
+			}
+			if o.cmd != "submit" {
+				t.Fatalf("parse(%q).cmd = %q, want submit", tt.args, o.cmd)
+			}
+			if !reflect.DeepEqual(o.sub, tt.want) {
+				t.Errorf("parse(%q).sub = %+v, want %+v", tt.args, o.sub, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseUsageErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string // the message, or a part of it
+	}{
+		{"nothing", nil, "no command given"},
+		{"bare dash", []string{"--"}, "no command given"},
+		{"both forms", []string{"--run", "x", "--", "y"}, "--run and a command after -- exclude each other"},
+		{"empty run", []string{"--run", " "}, "--run takes a command line"},
+		{"no dash", []string{"python", "train.py"}, `unknown command "python"`},
+		{"run unquoted", []string{"--run", "python", "train.py"}, `--run takes one string, and "train.py" follows it`},
+		{"no device with count", []string{"--no-device", "-n", "2", "--run", "x"}, "--no-device takes no device, count or pool"},
+		{"no device with device", []string{"--no-device", "-d", "1", "--run", "x"}, "--no-device takes no device, count or pool"},
+		{"no device with pool", []string{"--no-device", "-p", "queue", "--run", "x"}, "--no-device takes no device, count or pool"},
+		{"device with pool", []string{"-d", "1", "-p", "queue", "--run", "x"}, "--device and --pool exclude each other"},
+		{"count mismatch", []string{"-n", "3", "-d", "1,2", "--run", "x"}, "-n 3 does not match the 2 devices named"},
+		{"negative count", []string{"-n", "-1", "--run", "x"}, "bad device count -1"},
+		{"negative device", []string{"-d", "-1", "--run", "x"}, "bad device id -1"},
+		{"device twice", []string{"-d", "1,1", "--run", "x"}, "device 1 named twice"},
+		{"zero time", []string{"--time", "0s", "--run", "x"}, "--time takes a positive duration"},
+		{"negative time", []string{"--time", "-1h", "--run", "x"}, "--time takes a positive duration"},
+		{"bad time", []string{"--time", "6", "--run", "x"}, "--time"},
+		{"bad after", []string{"--after", "abc", "--run", "x"}, `--after: bad task id "abc"`},
+		{"empty log", []string{"--log", "", "--run", "x"}, "--log takes a file name"},
+		{"name with newline", []string{"--name", "a\nb", "--run", "x"}, "--name takes one line"},
+		{"unknown flag", []string{"--frobnicate", "--run", "x"}, "frobnicate"},
+		{"submit flag before list", []string{"-n", "2", "list"}, "--devices is for submitting, not for list"},
+		{"list with argument", []string{"list", "118"}, "list takes no arguments"},
+		{"show without id", []string{"show"}, "show takes one task id"},
+		{"wait with two ids", []string{"wait", "1", "2"}, "wait takes one task id"},
+		{"bad id", []string{"show", "abc"}, `bad task id "abc"`},
+		{"zero id", []string{"cancel", "0"}, `bad task id "0"`},
+		{"negative id", []string{"logs", "--", "-5"}, `bad task id "-5"`},
+		{"json for wait", []string{"--json", "wait", "1"}, "wait takes no --json"},
+		{"all for show", []string{"show", "--all", "1"}, "unknown flag: --all"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parse(tt.args, io.Discard)
+			var ue *usageError
+			if !errors.As(err, &ue) {
+				t.Fatalf("parse(%q) = %v, want a usage error", tt.args, err)
+			}
+			if !strings.Contains(ue.msg, tt.want) {
+				t.Errorf("parse(%q) = %q, want %q in it", tt.args, ue.msg, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseCommands(t *testing.T) {
+	tests := []struct {
+		args []string
+		want options
+	}{
+		{[]string{"list"}, options{cmd: "list"}},
+		{[]string{"list", "--all", "--json"}, options{cmd: "list", all: true, json: true}},
+		{[]string{"--json", "list"}, options{cmd: "list", json: true}},
+		{[]string{"--socket", "/tmp/b.sock", "list"}, options{cmd: "list", socket: "/tmp/b.sock"}},
+		{[]string{"list", "--socket=/tmp/b.sock"}, options{cmd: "list", socket: "/tmp/b.sock"}},
+		{[]string{"show", "118"}, options{cmd: "show", id: 118}},
+		{[]string{"show", "118", "--json"}, options{cmd: "show", id: 118, json: true}},
+		{[]string{"logs", "-f", "118"}, options{cmd: "logs", id: 118, follow: true}},
+		{[]string{"logs", "118"}, options{cmd: "logs", id: 118}},
+		{[]string{"wait", "118"}, options{cmd: "wait", id: 118}},
+		{[]string{"cancel", "18446744073709551615"}, options{cmd: "cancel", id: 1<<64 - 1}},
+		{[]string{"--version"}, options{cmd: "submit", version: true}},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			o, err := parse(tt.args, io.Discard)
+			if err != nil {
+				t.Fatalf("parse(%q): %v", tt.args, err)
+			}
+			if !reflect.DeepEqual(*o, tt.want) {
+				t.Errorf("parse(%q) = %+v, want %+v", tt.args, *o, tt.want)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"list", "--help"}, {"logs", "-h"}} {
+		var b strings.Builder
+		_, err := parse(args, &b)
+		if !errors.Is(err, errHelp) {
+			t.Errorf("parse(%q) = %v, want errHelp", args, err)
+		}
+		if !strings.HasPrefix(b.String(), usage) {
+			t.Errorf("parse(%q) printed %q, want the usage first", args, b.String())
+		}
+	}
+}
+
+func TestParseID(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    uint64
+		wantErr string
+	}{
+		{"118", 118, ""},
+		{"1", 1, ""},
+		{"abc", 0, `bad task id "abc"`},
+		{"", 0, `bad task id ""`},
+		{"0", 0, `bad task id "0"`},
+		{"-1", 0, `bad task id "-1"`},
+		{"+1", 0, `bad task id "+1"`},
+		{"1.5", 0, `bad task id "1.5"`},
+		{"18446744073709551616", 0, `bad task id "18446744073709551616"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := parseID(tt.in)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("parseID(%q): %v", tt.in, err)
+			case tt.wantErr != "" && (err == nil || err.Error() != tt.wantErr):
+				t.Errorf("parseID(%q) = %d, %v, want error %q", tt.in, got, err, tt.wantErr)
+			case got != tt.want:
+				t.Errorf("parseID(%q) = %d, want %d", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	tests := []struct {
+		code string
+		want int
+	}{
+		{client.CodeNoSuchTask, 1},
+		{client.CodeDenied, 77},
+		{client.CodeBusy, 75},
+		{client.CodeTooMany, 75},
+		{client.CodeBadRequest, 2},
+		{client.CodeNoSuchPool, 2},
+		{client.CodeNoDevice, 2},
+		{"something-new", 1},
+	}
+	for _, tt := range tests {
+		if got := exitCode(tt.code); got != tt.want {
+			t.Errorf("exitCode(%q) = %d, want %d", tt.code, got, tt.want)
+		}
+	}
+}
+
+// The synopsis in --help is the man page's, word for word.
+func TestManSynopsis(t *testing.T) {
+	page, err := readManPage()
+	if err != nil {
+		t.Skipf("man page: %v", err)
+	}
+	var synopsis []string
+	for _, line := range strings.Split(usage, "\n")[1:] {
+		if line == "" {
+			break
+		}
+		synopsis = append(synopsis, strings.TrimSpace(line))
+	}
+	got := manSynopsis(page)
+	if !reflect.DeepEqual(got, synopsis) {
+		t.Errorf("man page synopsis:\n%s\nwant (from --help):\n%s", strings.Join(got, "\n"), strings.Join(synopsis, "\n"))
+	}
+}

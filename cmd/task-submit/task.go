@@ -1,0 +1,350 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/shim"
+)
+
+// stdout is where answers go; a variable for the tests.
+var stdout io.Writer = os.Stdout
+
+// run carries out a parsed command line and returns the exit status.
+func run(o *options) int {
+	switch o.cmd {
+	case "submit":
+		return submit(o)
+	case "list":
+		return list(o)
+	case "show":
+		return show(o)
+	case "logs":
+		return logs(o)
+	case "wait":
+		return wait(o)
+	case "cancel":
+		return cancel(o)
+	}
+	warn("unknown command %q", o.cmd)
+	return shim.ExitUsage
+}
+
+func submit(o *options) int {
+	cwd, err := os.Getwd()
+	if err != nil {
+		warn("current directory: %v", err)
+		return shim.ExitFailure
+	}
+	s := o.sub
+	s.Cwd = cwd
+	s.Env = os.Environ()
+	if s.Log != "" && !filepath.IsAbs(s.Log) {
+		s.Log = filepath.Join(cwd, s.Log)
+	}
+	c, err := client.Dial(client.SocketPath(o.socket))
+	if err != nil {
+		return failure(err, 0)
+	}
+	defer c.Close()
+	r, err := c.Submit(&s)
+	if err != nil {
+		return failure(err, 0)
+	}
+	if o.json {
+		err = writeJSON(stdout, submitted{ID: r.ID, Position: r.Position, Pool: r.Pool})
+	} else {
+		_, err = fmt.Fprintln(stdout, submittedLine(r))
+	}
+	if err != nil {
+		warn("%v", err)
+		return shim.ExitFailure
+	}
+	return 0
+}
+
+func list(o *options) int {
+	c, err := client.Dial(client.SocketPath(o.socket))
+	if err != nil {
+		return failure(err, 0)
+	}
+	defer c.Close()
+	ts, err := c.List(o.all)
+	if err != nil {
+		return failure(err, 0)
+	}
+	switch {
+	case o.json:
+		if ts == nil {
+			ts = []client.TaskInfo{} // "[]", not "null"
+		}
+		err = writeJSON(stdout, ts)
+	case len(ts) > 0:
+		err = writeTable(stdout, ts, o.all, time.Now())
+	}
+	if err != nil {
+		warn("%v", err)
+		return shim.ExitFailure
+	}
+	return 0
+}
+
+func show(o *options) int {
+	t, code := showTask(o)
+	if t == nil {
+		return code
+	}
+	var err error
+	if o.json {
+		err = writeJSON(stdout, t)
+	} else {
+		err = writeShow(stdout, t, time.Local)
+	}
+	if err != nil {
+		warn("%v", err)
+		return shim.ExitFailure
+	}
+	return 0
+}
+
+// showTask asks for one task; nil and the exit status when that fails.
+func showTask(o *options) (*client.TaskInfo, int) {
+	c, err := client.Dial(client.SocketPath(o.socket))
+	if err != nil {
+		return nil, failure(err, o.id)
+	}
+	defer c.Close()
+	t, err := c.Show(o.id)
+	if err != nil {
+		return nil, failure(err, o.id)
+	}
+	return t, 0
+}
+
+func logs(o *options) int {
+	t, code := showTask(o)
+	if t == nil {
+		return code
+	}
+	if t.Log == "" {
+		if t.UID != uint32(os.Getuid()) {
+			warn("task %d is %s's: its log is theirs to read", t.ID, t.User)
+		} else {
+			warn("the broker did not say where the log of task %d is", t.ID)
+		}
+		return shim.ExitFailure
+	}
+	waiting := t.State == client.StatePending || t.State == client.StateBlocked
+	if !o.follow || ended(t) {
+		if waiting {
+			warn("task %d has not started; its log will be %s", t.ID, t.Log)
+			return shim.ExitFailure
+		}
+		f, err := os.Open(t.Log)
+		if err != nil {
+			return logFailure(t, err)
+		}
+		defer f.Close()
+		if _, err := io.Copy(stdout, f); err != nil {
+			return logFailure(t, err)
+		}
+		return 0
+	}
+	w, err := startWait(client.SocketPath(o.socket), t.ID)
+	if err != nil {
+		return failure(err, t.ID)
+	}
+	defer w.close()
+	if waiting {
+		warn("task %d has not started; waiting for its log at %s", t.ID, t.Log)
+	}
+	if err := follow(stdout, t.Log, w); err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			return logFailure(t, err)
+		}
+		return failure(err, t.ID)
+	}
+	if _, err := os.Stat(t.Log); err != nil && w.task != nil {
+		warn("task %d %s without a log", t.ID, describeEnd(w.task))
+	}
+	return 0
+}
+
+// logFailure reports a log that cannot be read.
+func logFailure(t *client.TaskInfo, err error) int {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		msg := fmt.Sprintf("task %d has no log at %s", t.ID, t.Log)
+		if t.Reason != "" {
+			msg += " (" + oneLine(t.Reason) + ")"
+		}
+		warn("%s", msg)
+	case errors.Is(err, fs.ErrPermission):
+		warn("you may not read the log of task %d: %v", t.ID, err)
+		hint("a task's log is written with its submitter's privileges; only they and root can read it")
+	default:
+		warn("log of task %d: %v", t.ID, err)
+	}
+	return shim.ExitFailure
+}
+
+func wait(o *options) int {
+	w, err := startWait(client.SocketPath(o.socket), o.id)
+	if err != nil {
+		return failure(err, o.id)
+	}
+	defer w.close()
+	for {
+		done, err := w.recv(-1)
+		if err != nil {
+			return failure(err, o.id)
+		}
+		if done {
+			break
+		}
+	}
+	code := waitStatus(w.task)
+	if code != 0 || w.task.State != client.StateDone {
+		warn("task %d %s", w.task.ID, describeEnd(w.task))
+	}
+	return code
+}
+
+func cancel(o *options) int {
+	c, err := client.Dial(client.SocketPath(o.socket))
+	if err != nil {
+		return failure(err, o.id)
+	}
+	defer c.Close()
+	t, err := c.Cancel(o.id)
+	if err != nil {
+		return failure(err, o.id)
+	}
+	if _, err := fmt.Fprintln(stdout, cancelLine(t)); err != nil {
+		warn("%v", err)
+		return shim.ExitFailure
+	}
+	return 0
+}
+
+// taskWaiter is a wait request in flight, on its own connection, which
+// it renews when the broker restarts.
+type taskWaiter struct {
+	path    string
+	id      uint64
+	c       *client.Conn
+	redials int
+	task    *client.TaskInfo // once it has ended
+}
+
+// maxRedials bounds how often a wait is renewed after the broker closed
+// its connection, so that a broker that fails on every wait is not asked
+// forever.
+const maxRedials = 10
+
+func startWait(path string, id uint64) (*taskWaiter, error) {
+	c, err := client.Dial(path)
+	if err != nil {
+		return nil, err
+	}
+	w := &taskWaiter{path: path, id: id, c: c}
+	if err := w.send(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *taskWaiter) send() error {
+	if err := w.c.Send(&client.Request{Op: client.OpWait, ID: w.id}); err != nil {
+		return fmt.Errorf("send wait: %w", err)
+	}
+	return nil
+}
+
+// Fd is the descriptor to poll for the reply; it changes on a redial.
+func (w *taskWaiter) Fd() int { return w.c.Fd() }
+
+// recv reads what the broker sent, waiting up to timeout (forever when
+// negative), and reports whether the task has ended; w.task is then set.
+// A broker restart is not an end: the wait is sent again on a new
+// connection, as the task and its record outlive the broker.
+func (w *taskWaiter) recv(timeout time.Duration) (bool, error) {
+	r, _, err := w.c.Recv(timeout)
+	switch {
+	case errors.Is(err, client.ErrTimeout):
+		return false, nil
+	case (errors.Is(err, client.ErrClosed) || errors.Is(err, unix.ECONNRESET)) && w.redials < maxRedials:
+		w.redials++
+		w.c.Close()
+		c, err := client.Dial(w.path)
+		if err != nil {
+			return false, fmt.Errorf("the broker went away: %w", err)
+		}
+		w.c = c
+		return false, w.send()
+	case err != nil:
+		return false, err
+	case r.Type == client.TypeQueued:
+		return false, nil
+	case r.Type != client.TypeTasks:
+		return false, fmt.Errorf("unexpected reply %q to wait", r.Type)
+	case len(r.Tasks) != 1:
+		return false, fmt.Errorf("wait: %d tasks in reply, want 1", len(r.Tasks))
+	}
+	w.task = &r.Tasks[0]
+	return true, nil
+}
+
+// Ended is recv for a caller that polled Fd and found it readable.
+func (w *taskWaiter) Ended() (bool, error) { return w.recv(0) }
+
+func (w *taskWaiter) close() { w.c.Close() }
+
+// failure reports an error from the broker or the connection to it and
+// returns the exit status for it. id is the task asked about, 0 if none.
+func failure(err error, id uint64) int {
+	var be *client.Error
+	switch {
+	case errors.As(err, &be):
+		if be.Code == client.CodeNoSuchTask && id != 0 {
+			warn("no task %d (or not yours)", id)
+		} else if be.Message != "" {
+			warn("%s", be.Message)
+		} else {
+			warn("the broker refused: %s", be.Code)
+		}
+		if be.Hint != "" {
+			hint("%s", be.Hint)
+		}
+		return exitCode(be.Code)
+	case errors.Is(err, client.ErrNoBroker):
+		warn("%v", err)
+		hint("start the broker with 'systemctl start npubroker', or point NPURUN_SOCKET at a running one")
+		return shim.ExitUnavailable
+	}
+	warn("%v", err)
+	return shim.ExitFailure
+}
+
+// exitCode is the exit status for a broker's error code.
+func exitCode(code string) int {
+	switch code {
+	case client.CodeDenied:
+		return shim.ExitDenied
+	case client.CodeBusy, client.CodeTooMany:
+		return shim.ExitTempFail
+	case client.CodeBadRequest, client.CodeNoSuchPool, client.CodeNoDevice:
+		return shim.ExitUsage
+	}
+	return shim.ExitFailure
+}
