@@ -39,8 +39,9 @@ type task struct {
 	Status    *client.Status `json:"status,omitempty"`
 	Reason    string         `json:"reason,omitempty"`
 
-	w     *Waiter // while pending
-	waits []*conn // connections waiting for its end
+	w      *Waiter // while pending
+	waits  []*conn // connections waiting for its end
+	cancel bool    // a cancel came while it was running
 }
 
 // record is one line of the journal.
@@ -155,8 +156,8 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 				c.sendLocked(errReply("spool", "the broker could not record the cancel: "+err.Error(), ""))
 				return true
 			}
-		} else if t.State == client.StateRunning && t.PID > 0 {
-			syscall.Kill(t.PID, syscall.SIGTERM)
+		} else if t.State == client.StateRunning {
+			s.stopLocked(t)
 		}
 		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, 0)}})
 	}
@@ -189,7 +190,9 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.order = append(s.order, t.ID)
+	// Concurrent submissions may become durable out of id order.
+	i, _ := slices.BinarySearch(s.order, t.ID)
+	s.order = slices.Insert(s.order, i, t.ID)
 	s.enqueueLocked(t)
 	rep = &client.Reply{Type: client.TypeSubmitted, ID: t.ID}
 	if t.State == client.StatePending {
@@ -411,6 +414,9 @@ func (s *Server) launch(t *task, fds []int) {
 	start := procStart(s.proc, pid)
 	s.mu.Lock()
 	t.PID, t.PIDStart = pid, start
+	if t.cancel {
+		syscall.Kill(pid, syscall.SIGTERM) // cancelled while it was being started
+	}
 	s.mu.Unlock()
 	if err := s.spool.Append(&record{Op: "pid", ID: t.ID, PID: pid, PIDStart: start}); err != nil {
 		s.log.Printf("task %d: %v", t.ID, err)
@@ -624,6 +630,16 @@ func (s *Server) trimLocked() {
 		keep = append(keep, id)
 	}
 	s.order = keep
+}
+
+// stopLocked asks a running task's supervisor to stop it (SIGTERM to the
+// group, SIGKILL after the grace). A supervisor still being started gets
+// the signal as soon as it exists.
+func (s *Server) stopLocked(t *task) {
+	t.cancel = true
+	if t.PID > 0 && alive(s.proc, t.PID, t.PIDStart) {
+		syscall.Kill(t.PID, syscall.SIGTERM)
+	}
 }
 
 // positionLocked is a pending task's place in its line, 0 otherwise.
