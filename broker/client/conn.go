@@ -69,9 +69,15 @@ func (c *Conn) Close() error { return unix.Close(c.fd) }
 // Send sends one request, filling in the protocol version.
 func (c *Conn) Send(req *Request) error {
 	req.V = Version
-	b, err := Encode(req)
-	if err != nil {
-		return err
+	b, ok := appendRequest(nil, req)
+	if !ok {
+		var err error
+		if b, err = Encode(req); err != nil {
+			return err
+		}
+	}
+	if len(b) > MaxMessage {
+		return ErrTooLarge
 	}
 	return SendMsg(c.fd, b, nil, 0)
 }
@@ -106,11 +112,16 @@ func (c *Conn) Recv(timeout time.Duration) (*Reply, []int, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	var r Reply
-	if err := json.Unmarshal(b, &r); err != nil {
+	rp, ok, err := decodeReply(b)
+	if err == nil && !ok {
+		rp = new(Reply)
+		err = json.Unmarshal(b, rp)
+	}
+	if err != nil {
 		closeAll(fds)
 		return nil, nil, fmt.Errorf("decode reply: %w", err)
 	}
+	r := *rp
 	if r.Type != TypeGrant && len(fds) > 0 {
 		closeAll(fds) // descriptors only belong to grants
 		fds = nil

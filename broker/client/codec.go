@@ -1,0 +1,460 @@
+package client
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// A hand-written codec for the lease exchange only (acquire, ping; queued,
+// grant, error, pong, ok): npurun runs it once per job, and encoding/json's
+// first use, which builds its reflection caches, costs more than the whole
+// round trip to the broker. Everything else goes through encoding/json;
+// codec_test.go checks the two agree.
+
+// appendRequest encodes an acquire or ping request; ok is false for any
+// other request, which the caller encodes with encoding/json.
+func appendRequest(b []byte, r *Request) ([]byte, bool) {
+	if (r.Op != OpAcquire && r.Op != OpPing) || r.Task != nil || r.Status != nil || r.ID != 0 || r.All {
+		return nil, false
+	}
+	b = append(b, `{"v":`...)
+	b = strconv.AppendInt(b, int64(r.V), 10)
+	b = append(b, `,"op":`...)
+	b = appendString(b, r.Op)
+	if r.N != 0 {
+		b = append(b, `,"n":`...)
+		b = strconv.AppendInt(b, int64(r.N), 10)
+	}
+	if r.Pool != "" {
+		b = append(b, `,"pool":`...)
+		b = appendString(b, r.Pool)
+	}
+	if len(r.Devices) > 0 {
+		b = append(b, `,"devices":[`...)
+		for i, id := range r.Devices {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(id), 10)
+		}
+		b = append(b, ']')
+	}
+	if r.NoWait {
+		b = append(b, `,"no_wait":true`...)
+	}
+	return append(b, '}'), true
+}
+
+// appendString writes s as a JSON string.
+func appendString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				b = append(b, `\ufffd`...)
+			} else {
+				b = append(b, s[i:i+size]...)
+			}
+			i += size
+			continue
+		}
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+		i++
+	}
+	return append(b, '"')
+}
+
+var errSyntax = errors.New("malformed reply")
+
+// decodeReply decodes a lease-exchange reply; ok is false for other reply
+// types (the caller then uses encoding/json), err for malformed input.
+func decodeReply(data []byte) (r *Reply, ok bool, err error) {
+	s := &scanner{b: data}
+	r = &Reply{}
+	unsure := false
+	err = s.object(func(key string) error {
+		var err error
+		switch key {
+		case "v":
+			var n int64
+			n, err = s.int()
+			r.V = int(n)
+		case "type":
+			r.Type, err = s.string()
+		case "pool":
+			r.Pool, err = s.string()
+		case "position":
+			var n int64
+			n, err = s.int()
+			r.Position = int(n)
+		case "ahead":
+			r.Ahead, err = s.strings()
+		case "reason":
+			r.Reason, err = s.string()
+		case "devices":
+			r.Devices, err = s.ints()
+		case "vendor":
+			r.Vendor, err = s.string()
+		case "env":
+			r.Env, err = s.strings()
+		case "waited_ms":
+			r.WaitedMS, err = s.int()
+		case "code":
+			r.Code, err = s.string()
+		case "message":
+			r.Message, err = s.string()
+		case "hint":
+			r.Hint, err = s.string()
+		default:
+			// encoding/json matches keys case-insensitively (with Unicode
+			// folding): leave anything that might match to it.
+			unsure = unsure || mightFold(key)
+			err = s.skip()
+		}
+		return err
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	if unsure {
+		return nil, false, nil
+	}
+	if s.ws(); s.i != len(s.b) {
+		return nil, false, errSyntax
+	}
+	switch r.Type {
+	case TypeQueued, TypeGrant, TypeError, TypePong, TypeOK:
+		return r, true, nil
+	}
+	return nil, false, nil
+}
+
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "code", "message", "hint", "id", "tasks", "more"}
+
+// mightFold tells whether encoding/json could take key for one of Reply's.
+func mightFold(key string) bool {
+	for i := 0; i < len(key); i++ {
+		if key[i] >= utf8.RuneSelf {
+			return true
+		}
+	}
+	for _, k := range replyKeys {
+		if strings.EqualFold(key, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// scanner reads the JSON the broker writes. It accepts standard JSON.
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
+		s.i++
+	}
+}
+
+func (s *scanner) peek() byte {
+	s.ws()
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+func (s *scanner) expect(c byte) error {
+	if s.peek() != c {
+		return errSyntax
+	}
+	s.i++
+	return nil
+}
+
+func (s *scanner) literal(word string) error {
+	s.ws()
+	if len(s.b)-s.i < len(word) || string(s.b[s.i:s.i+len(word)]) != word {
+		return errSyntax
+	}
+	s.i += len(word)
+	return nil
+}
+
+func (s *scanner) object(field func(key string) error) error {
+	if err := s.expect('{'); err != nil {
+		return err
+	}
+	if s.peek() == '}' {
+		s.i++
+		return nil
+	}
+	for {
+		key, err := s.string()
+		if err != nil {
+			return err
+		}
+		if err := s.expect(':'); err != nil {
+			return err
+		}
+		if err := field(key); err != nil {
+			return err
+		}
+		switch s.peek() {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return nil
+		default:
+			return errSyntax
+		}
+	}
+}
+
+func (s *scanner) array(elem func() error) error {
+	if err := s.expect('['); err != nil {
+		return err
+	}
+	if s.peek() == ']' {
+		s.i++
+		return nil
+	}
+	for {
+		if err := elem(); err != nil {
+			return err
+		}
+		switch s.peek() {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return nil
+		default:
+			return errSyntax
+		}
+	}
+}
+
+func (s *scanner) string() (string, error) {
+	if err := s.expect('"'); err != nil {
+		return "", err
+	}
+	start := s.i
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; {
+		case c == '"':
+			v := string(s.b[start:s.i])
+			s.i++
+			return v, nil
+		case c == '\\' || c >= utf8.RuneSelf:
+			return s.escaped(start)
+		case c < 0x20:
+			return "", errSyntax
+		}
+		s.i++
+	}
+	return "", errSyntax
+}
+
+// escaped finishes a string that has escapes, from its first one.
+func (s *scanner) escaped(start int) (string, error) {
+	out := append([]byte(nil), s.b[start:s.i]...)
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		switch {
+		case c == '"':
+			s.i++
+			return string(out), nil
+		case c < 0x20:
+			return "", errSyntax
+		case c >= utf8.RuneSelf:
+			r, size := utf8.DecodeRune(s.b[s.i:])
+			out = utf8.AppendRune(out, r) // invalid UTF-8 becomes U+FFFD, as in encoding/json
+			s.i += size
+			continue
+		case c != '\\':
+			out = append(out, c)
+			s.i++
+			continue
+		}
+		if s.i+1 >= len(s.b) {
+			return "", errSyntax
+		}
+		e := s.b[s.i+1]
+		s.i += 2
+		switch e {
+		case '"', '\\', '/':
+			out = append(out, e)
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r, ok := s.hex4()
+			if !ok {
+				return "", errSyntax
+			}
+			if utf16.IsSurrogate(r) {
+				r2 := utf8.RuneError
+				if s.i+1 < len(s.b) && s.b[s.i] == '\\' && s.b[s.i+1] == 'u' {
+					save := s.i
+					s.i += 2
+					if lo, ok := s.hex4(); ok {
+						if d := utf16.DecodeRune(r, lo); d != utf8.RuneError {
+							r2 = d
+						} else {
+							s.i = save
+						}
+					} else {
+						return "", errSyntax
+					}
+				}
+				r = r2
+			}
+			out = utf8.AppendRune(out, r)
+		default:
+			return "", errSyntax
+		}
+	}
+	return "", errSyntax
+}
+
+func (s *scanner) hex4() (rune, bool) {
+	if s.i+4 > len(s.b) {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(s.b[s.i:s.i+4]), 16, 32)
+	if err != nil {
+		return 0, false
+	}
+	s.i += 4
+	return rune(n), true
+}
+
+// number reads a JSON number (-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?)
+// and tells whether it is an integer.
+func (s *scanner) number() (string, bool, error) {
+	s.ws()
+	start := s.i
+	digits := func() int {
+		n := 0
+		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+			s.i++
+			n++
+		}
+		return n
+	}
+	if s.i < len(s.b) && s.b[s.i] == '-' {
+		s.i++
+	}
+	switch {
+	case s.i < len(s.b) && s.b[s.i] == '0':
+		s.i++
+	case digits() == 0:
+		return "", false, errSyntax
+	}
+	integer := true
+	if s.i < len(s.b) && s.b[s.i] == '.' {
+		s.i++
+		if digits() == 0 {
+			return "", false, errSyntax
+		}
+		integer = false
+	}
+	if s.i < len(s.b) && (s.b[s.i] == 'e' || s.b[s.i] == 'E') {
+		s.i++
+		if s.i < len(s.b) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
+			s.i++
+		}
+		if digits() == 0 {
+			return "", false, errSyntax
+		}
+		integer = false
+	}
+	return string(s.b[start:s.i]), integer, nil
+}
+
+// int reads an integer; a fraction or an exponent is malformed here, as
+// encoding/json refuses them for an integer field.
+func (s *scanner) int() (int64, error) {
+	text, integer, err := s.number()
+	if err != nil || !integer {
+		return 0, errSyntax
+	}
+	n, err := strconv.ParseInt(text, 10, 64)
+	if err != nil {
+		return 0, errSyntax
+	}
+	return n, nil
+}
+
+func (s *scanner) strings() ([]string, error) {
+	if s.peek() == 'n' {
+		return nil, s.literal("null")
+	}
+	out := []string{}
+	err := s.array(func() error {
+		v, err := s.string()
+		out = append(out, v)
+		return err
+	})
+	return out, err
+}
+
+func (s *scanner) ints() ([]int, error) {
+	if s.peek() == 'n' {
+		return nil, s.literal("null")
+	}
+	out := []int{}
+	err := s.array(func() error {
+		v, err := s.int()
+		out = append(out, int(v))
+		return err
+	})
+	return out, err
+}
+
+// skip reads past any value.
+func (s *scanner) skip() error {
+	switch c := s.peek(); {
+	case c == '"':
+		_, err := s.string()
+		return err
+	case c == '{':
+		return s.object(func(string) error { return s.skip() })
+	case c == '[':
+		return s.array(s.skip)
+	case c == 't':
+		return s.literal("true")
+	case c == 'f':
+		return s.literal("false")
+	case c == 'n':
+		return s.literal("null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		_, _, err := s.number()
+		return err
+	}
+	return errSyntax
+}
