@@ -72,6 +72,21 @@ kill -9 $holder
 wait $holder 2>/dev/null || true
 "$bin/npurun" -v -d 2 --timeout 5s sh -c 'echo "npu $NPURUN_DEVICES is ours again"'
 
+say "detached tasks: queued, run as their submitter when devices free, logs and exit status kept"
+ts() { echo "\$ task-submit $*"; "$bin/task-submit" "$@"; }
+ts -n 4 --name sweep-1 --log "$dir/t1.log" --run 'echo "sweep 1 on npu $NPURUN_DEVICES"; sleep 1'
+ts -n 2 --name sweep-2 --log "$dir/t2.log" --run 'echo "sweep 2 on npu $NPURUN_DEVICES"; exit 3'
+ts --after 2 --name eval --log "$dir/t3.log" --run 'echo never runs: its dependency failed'
+ts list
+set +e
+ts wait 2
+echo "exit status $? (the task's own)"
+set -e
+ts list
+echo "\$ cat $dir/t1.log"
+"$bin/task-submit" wait 1
+cat "$dir/t1.log"
+
 say "stop the broker"
 kill "$broker_pid"
 wait "$broker_pid" 2>/dev/null || true
