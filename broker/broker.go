@@ -61,14 +61,15 @@ type Server struct {
 	spool        *Spool
 	cpuSlots     []int // ids of the CPU slots: 0..cpu_slots-1
 
-	mu        sync.Mutex
-	devs      []*device // indexed by physical id; nil where not managed
-	nfree     int
-	held      map[uint32]int // devices held per uid, from this broker's grants
-	q         *Queue         // waiters for devices: leases and tasks
-	conns     int
-	userConns map[uint32]int
-	pending   bool // a progress update is scheduled
+	mu         sync.Mutex
+	devs       []*device // indexed by physical id; nil where not managed
+	nfree      int
+	held       map[uint32]int // devices held per uid, from this broker's grants
+	q          *Queue         // waiters for devices: leases and tasks
+	conns      int
+	userConns  map[uint32]int
+	leaseWaits map[uint32]int // waiting npurun requests per uid
+	pending    bool           // a progress update is scheduled
 
 	tasks       map[uint64]*task
 	order       []uint64 // task ids, ascending
@@ -99,6 +100,7 @@ func New(o Options) (*Server, error) {
 		held:         map[uint32]int{},
 		q:            NewQueue(),
 		userConns:    map[uint32]int{},
+		leaseWaits:   map[uint32]int{},
 		tasks:        map[uint64]*task{},
 		queuedTasks:  map[uint32]int{},
 		running:      map[uint32]int{},

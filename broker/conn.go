@@ -80,7 +80,7 @@ func (s *Server) handle(nc *net.UnixConn) {
 		c.closed = true
 		s.forgetWaitsLocked(c)
 		if c.w != nil && s.q.Remove(c.w, false) {
-			c.w = nil
+			s.unwaitLocked(c)
 			s.scheduleLocked() // its reservations are gone
 			s.progressLocked()
 		}

@@ -21,6 +21,10 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		c.sendLocked(errReply(client.CodeBadRequest, fmt.Sprintf("asked for %d devices but named %d", req.N, len(req.Devices)), ""))
 		return false
 	}
+	if s.leaseWaits[c.uid] >= s.cfg.MaxWaitingPerUser {
+		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %d requests waiting, the most the broker queues for one user", c.acct.name, s.cfg.MaxWaitingPerUser), ""))
+		return true
+	}
 	w, rep := s.admitLocked(c.uid, c.acct, req.N, req.Devices, req.Pool)
 	if rep != nil {
 		c.sendLocked(rep)
@@ -28,6 +32,7 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 	}
 	w.conn = c
 	c.w = w
+	s.leaseWaits[c.uid]++
 	s.q.Add(w)
 	s.scheduleLocked()
 	if c.w == nil {
@@ -35,7 +40,7 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 	}
 	if req.NoWait {
 		s.q.Remove(w, false)
-		c.w = nil
+		s.unwaitLocked(c)
 		s.scheduleLocked()
 		c.sendLocked(errReply(client.CodeBusy, busyMessage(w), ""))
 		return true
@@ -97,10 +102,18 @@ func (s *Server) admitLocked(uid uint32, acct *account, n int, devices []int, po
 	if lim.MaxDevices > 0 && w.N > lim.MaxDevices {
 		return nil, errReply(client.CodeDenied, fmt.Sprintf("%d devices asked, the limit for %s is %d held at once (%s)", w.N, acct.name, lim.MaxDevices, lim.Source), "")
 	}
-	if s.q.UserCount(uid) >= s.cfg.MaxWaitingPerUser {
-		return nil, errReply(client.CodeTooMany, fmt.Sprintf("%s already has %d requests waiting, the most the broker queues for one user", acct.name, s.cfg.MaxWaitingPerUser), "")
-	}
 	return w, nil
+}
+
+// unwaitLocked clears c's waiting request (granted, refused or cancelled).
+func (s *Server) unwaitLocked(c *conn) {
+	if c.w == nil {
+		return
+	}
+	c.w = nil
+	if s.leaseWaits[c.uid]--; s.leaseWaits[c.uid] <= 0 {
+		delete(s.leaseWaits, c.uid)
+	}
 }
 
 func busyMessage(w *Waiter) string {
@@ -176,7 +189,7 @@ func (s *Server) roomLocked(q *Queue) Room {
 // success the broker keeps nothing but a watcher per device.
 func (s *Server) grantLocked(g Grant) bool {
 	c := g.W.conn
-	c.w = nil
+	s.unwaitLocked(c)
 	fds := make([]int, len(g.Devices))
 	for i, id := range g.Devices {
 		fds[i] = s.devs[id].fd

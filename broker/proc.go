@@ -40,25 +40,6 @@ func isSupervisor(fs procfs.FS, pid int, id uint64) bool {
 	return err == nil && len(args) == 3 && args[1] == "supervise" && args[2] == strconv.FormatUint(id, 10)
 }
 
-// findSupervisor looks through /proc for task id's supervisor, running as
-// uid; 0 if there is none.
-func findSupervisor(fs procfs.FS, id uint64, uid uint32) int {
-	procs, err := fs.AllProcs()
-	if err != nil {
-		return 0
-	}
-	for _, p := range procs {
-		if !isSupervisor(fs, p.PID, id) {
-			continue
-		}
-		st, err := p.NewStatus()
-		if err == nil && st.UIDs[0] == uint64(uid) {
-			return p.PID
-		}
-	}
-	return 0
-}
-
 // waitExit blocks until process pid, not a child of ours, has exited.
 func waitExit(pid int) {
 	fd, err := unix.PidfdOpen(pid, 0)

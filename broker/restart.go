@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/npurun/npurun/broker/client"
 )
@@ -20,56 +21,57 @@ func (s *Server) loadTasks(dir string) error {
 	s.spool = spool
 	slices.Sort(s.order)
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	// Running tasks first: they hold their CPU slots and count against
+	// their users' caps before anything waiting is scheduled.
+	var lost []*record
+	for _, id := range s.order {
+		if t := s.tasks[id]; t.State == client.StateRunning {
+			if rec := s.adoptLocked(t); rec != nil {
+				lost = append(lost, rec)
+			}
+		}
+	}
 	for _, id := range s.order {
 		t := s.tasks[id]
 		switch t.State {
-		case client.StatePending, client.StateBlocked:
-			st := t.State
-			t.State = client.StatePending
-			if st == client.StateBlocked {
-				t.State = client.StateBlocked
-				s.queuedTasks[t.UID]++
-			}
+		case client.StatePending:
+			s.enqueueLocked(t)
+		case client.StateBlocked:
+			s.queuedTasks[t.UID]++
 			s.enqueueLocked(t)
 		case client.StateRunning:
-			s.adoptLocked(t)
 		default:
 			s.endedCount++
 		}
 	}
 	s.trimLocked()
+	s.mu.Unlock()
+	if len(lost) > 0 {
+		return s.spool.Append(lost...)
+	}
 	return nil
 }
 
-// adoptLocked takes up a task that was running when the broker stopped.
-func (s *Server) adoptLocked(t *task) {
-	pid := t.PID
-	if !alive(s.proc, pid, t.PIDStart) {
-		pid = findSupervisor(s.proc, t.ID, t.UID)
-	}
-	switch {
-	case pid > 0:
-		t.PID = pid
+// adoptLocked takes up a task that was running when the broker stopped:
+// its supervisor, if still there, reports to this broker. If it is gone the
+// task is lost, and the record saying so is returned.
+func (s *Server) adoptLocked(t *task) *record {
+	if alive(s.proc, t.PID, t.PIDStart) && isSupervisor(s.proc, t.PID, t.ID) {
 		s.running[t.UID]++
 		if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
 			s.cpuFree[t.Slot] = false
 		}
-		s.log.Printf("task %d is still running (supervisor pid %d)", t.ID, pid)
+		s.log.Printf("task %d is still running (supervisor pid %d)", t.ID, t.PID)
+		pid := t.PID
 		go func() {
 			waitExit(pid)
 			s.supervisorGone(t, pid)
 		}()
-	case t.PID == 0:
-		// Its start was recorded, but no supervisor was: it never ran.
-		s.log.Printf("task %d was about to start when the broker stopped; queued again", t.ID)
-		t.State, t.Started, t.Devices, t.Slot = client.StatePending, 0, nil, -1
-		s.enqueueLocked(t)
-	default:
-		t.State = client.StateLost
-		t.Reason = "its supervisor was gone when the broker restarted; exit status unknown"
-		s.endedCount++
+		return nil
 	}
+	t.State, t.Ended = client.StateLost, time.Now().UnixMilli()
+	t.Reason = "its supervisor was gone when the broker restarted; exit status unknown"
+	return &record{Op: "end", ID: t.ID, Time: t.Ended, State: t.State, Reason: t.Reason}
 }
 
 // applyRecord applies one journal record to the task table.

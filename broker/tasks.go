@@ -1,9 +1,9 @@
 package broker
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -195,8 +195,18 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	s.order = slices.Insert(s.order, i, t.ID)
 	s.enqueueLocked(t)
 	rep = &client.Reply{Type: client.TypeSubmitted, ID: t.ID}
-	if t.State == client.StatePending {
+	switch t.State {
+	case client.StatePending:
 		rep.Position, rep.Pool = s.positionLocked(t), t.w.Pool
+	case client.StateRunning:
+		rep.Reason = "started"
+		if len(t.Devices) > 0 {
+			rep.Reason += " on npu " + npu.FormatIDs(t.Devices)
+		}
+	case client.StateBlocked:
+		rep.Reason = "waits for task " + joinIDs(t.Sub.After)
+	default:
+		rep.Reason = t.State + ": " + t.Reason
 	}
 	c.sendLocked(rep)
 	return true
@@ -233,6 +243,9 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 	limit := time.Duration(sub.TimeSec) * time.Second
 	if limit == 0 {
 		limit = s.cfg.Tasks.TimeLimit
+	}
+	if limit == 0 {
+		limit = s.cfg.Tasks.MaxTime // a cap applies to tasks that name no limit too
 	}
 	if max := s.cfg.Tasks.MaxTime; max > 0 && limit > max {
 		return nil, errReply(client.CodeDenied, fmt.Sprintf("time limit %s is longer than the %s allowed", limit, max), "")
@@ -349,6 +362,14 @@ func (s *Server) enqueueLocked(t *task) {
 	s.scheduleLocked()
 }
 
+func joinIDs(ids []uint64) string {
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = strconv.FormatUint(id, 10)
+	}
+	return strings.Join(parts, ", ")
+}
+
 func describeEnd(t *task) string {
 	ti := t.info(false, 0)
 	switch {
@@ -388,8 +409,12 @@ func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
 	return true
 }
 
-// launch records a task's start and starts its supervisor as the
-// submitter.
+// launch starts a granted task's supervisor as the submitter, records the
+// start with the supervisor's pid durably, and only then gives the
+// supervisor its spec: a broker that dies before the record is durable
+// closes the supervisor's standard input first, and the command never
+// runs. So a task with no start record never ran, and one with a start
+// record ran at most once.
 func (s *Server) launch(t *task, fds []int) {
 	defer func() {
 		for _, fd := range fds {
@@ -397,14 +422,9 @@ func (s *Server) launch(t *task, fds []int) {
 		}
 	}()
 	s.mu.Lock()
-	rec := &record{Op: "start", ID: t.ID, Time: t.Started, Devices: t.Devices, Slot: t.Slot}
 	spec := s.specLocked(t)
 	s.mu.Unlock()
-	if err := s.spool.Append(rec); err != nil {
-		s.endTask(t, client.StateFailed, nil, "not started: "+err.Error())
-		return
-	}
-	cmd, err := s.supervisor(t, spec, fds)
+	cmd, stdin, err := s.supervisor(t, fds)
 	if err != nil {
 		s.log.Printf("task %d: %v", t.ID, err)
 		s.endTask(t, client.StateFailed, nil, "not started: "+err.Error())
@@ -412,19 +432,28 @@ func (s *Server) launch(t *task, fds []int) {
 	}
 	pid := cmd.Process.Pid
 	start := procStart(s.proc, pid)
-	s.mu.Lock()
-	t.PID, t.PIDStart = pid, start
-	if t.cancel {
-		syscall.Kill(pid, syscall.SIGTERM) // cancelled while it was being started
-	}
-	s.mu.Unlock()
-	if err := s.spool.Append(&record{Op: "pid", ID: t.ID, PID: pid, PIDStart: start}); err != nil {
-		s.log.Printf("task %d: %v", t.ID, err)
-	}
 	go func() {
 		cmd.Wait()
 		s.supervisorGone(t, pid)
 	}()
+	rec := &record{Op: "start", ID: t.ID, Time: t.Started, Devices: t.Devices, Slot: t.Slot, PID: pid, PIDStart: start}
+	if err := s.spool.Append(rec); err != nil {
+		stdin.Close() // the supervisor exits without running anything
+		s.endTask(t, client.StateFailed, nil, "not started: "+err.Error())
+		return
+	}
+	s.mu.Lock()
+	t.PID, t.PIDStart = pid, start
+	cancel := t.cancel
+	s.mu.Unlock()
+	err = json.NewEncoder(stdin).Encode(spec)
+	stdin.Close()
+	if err != nil {
+		s.log.Printf("task %d: give the supervisor its spec: %v", t.ID, err)
+	}
+	if cancel {
+		syscall.Kill(pid, syscall.SIGTERM) // cancelled while it was being started
+	}
 }
 
 // specLocked is what t's supervisor is told.
@@ -463,22 +492,23 @@ func capThreads(env []string, name string, n int, text string) []string {
 }
 
 // supervisor starts `npubroker supervise ID` as the task's submitter, with
-// the spec on its standard input and the lock descriptors at 3, 4, ….
-func (s *Server) supervisor(t *task, spec *client.Spec, fds []int) (*exec.Cmd, error) {
-	data, err := json.Marshal(spec)
-	if err != nil {
-		return nil, err
-	}
+// the lock descriptors at 3, 4, …; it waits for its spec on the pipe
+// returned.
+func (s *Server) supervisor(t *task, fds []int) (*exec.Cmd, io.WriteCloser, error) {
 	cmd := exec.Command(s.self, "supervise", strconv.FormatUint(t.ID, 10))
 	cmd.Args[0] = "npubroker"
 	cmd.Dir = "/"
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Stdin = bytes.NewReader(data)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, nil, err
+	}
 	for _, fd := range fds {
 		// Dup: os.File closes what it wraps, and the broker closes its own.
 		d, err := dupCloexec(fd)
 		if err != nil {
-			return nil, err
+			stdin.Close()
+			return nil, nil, err
 		}
 		f := os.NewFile(uintptr(d), "lock")
 		defer f.Close()
@@ -490,9 +520,10 @@ func (s *Server) supervisor(t *task, spec *client.Spec, fds []int) (*exec.Cmd, e
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: t.UID, Gid: acct.gid, Groups: acct.gids}
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start supervisor: %w", err)
+		stdin.Close()
+		return nil, nil, fmt.Errorf("start supervisor: %w", err)
 	}
-	return cmd, nil
+	return cmd, stdin, nil
 }
 
 // supervisorGone is called when a task's supervisor has exited. It has
@@ -514,7 +545,7 @@ func (s *Server) taskDone(c *conn, id uint64, st *client.Status) bool {
 	t := s.tasks[id]
 	ok := t != nil && st != nil && c.uid == t.UID &&
 		(t.State == client.StateRunning || t.State == client.StateLost) &&
-		(int(c.pid) == t.PID || (t.PID == 0 && isSupervisor(s.proc, int(c.pid), id)))
+		t.PID != 0 && int(c.pid) == t.PID
 	s.mu.Unlock()
 	if !ok {
 		s.mu.Lock()
@@ -574,6 +605,7 @@ func (s *Server) endLocked(t *task, state string, st *client.Status, reason stri
 	case client.StateBlocked:
 		s.queuedTasks[t.UID]--
 	case client.StateLost:
+		s.endedCount-- // counted when it was lost; counted again below
 	default:
 		return // already ended
 	}

@@ -1,7 +1,8 @@
 package broker
 
 import (
-	"os"
+	"context"
+	"os/exec"
 	"os/user"
 	"strconv"
 	"strings"
@@ -62,22 +63,23 @@ func (a *accounts) lookup(uid uint32) *account {
 	return acc
 }
 
-// loginShell is user's shell from /etc/passwd, or /bin/sh when there is
-// none there or it refuses logins (nologin, false).
+// loginShell is user's shell from the user database (through NSS, with
+// getent), or /bin/sh when there is none or it refuses logins (nologin,
+// false).
 func loginShell(name string) string {
-	data, err := os.ReadFile("/etc/passwd")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "getent", "passwd", name).Output()
 	if err != nil {
 		return "/bin/sh"
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Split(line, ":")
-		if len(f) == 7 && f[0] == name {
-			sh := f[6]
-			if sh == "" || strings.HasSuffix(sh, "/nologin") || strings.HasSuffix(sh, "/false") {
-				return "/bin/sh"
-			}
-			return sh
-		}
+	f := strings.Split(strings.TrimSpace(string(out)), ":")
+	if len(f) != 7 || f[0] != name {
+		return "/bin/sh"
 	}
-	return "/bin/sh"
+	sh := f[6]
+	if !strings.HasPrefix(sh, "/") || strings.HasSuffix(sh, "/nologin") || strings.HasSuffix(sh, "/false") {
+		return "/bin/sh"
+	}
+	return sh
 }

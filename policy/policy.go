@@ -249,8 +249,12 @@ func (p *parser) integer(table []string, t map[string]any, key string, lowest in
 		p.errorf(table, key, "must be an integer, not %s", typeName(v))
 		return 0, false
 	}
-	if n < int64(lowest) || n > 1<<31-1 {
+	switch {
+	case n < int64(lowest):
 		p.errorf(table, key, "must be at least %d, not %d", lowest, n)
+		return 0, false
+	case n > 1<<31-1:
+		p.errorf(table, key, "must be at most %d, not %d", 1<<31-1, n)
 		return 0, false
 	}
 	return int(n), true
@@ -268,6 +272,10 @@ func (p *parser) duration(table []string, t map[string]any, key string) (time.Du
 	d, err := time.ParseDuration(s)
 	if err != nil || d < 0 {
 		p.errorf(table, key, "bad duration %q (want e.g. \"10s\", \"90m\", \"6h\")", s)
+		return 0, false
+	}
+	if d%time.Second != 0 {
+		p.errorf(table, key, "%q is not a whole number of seconds", s)
 		return 0, false
 	}
 	return d, true

@@ -25,6 +25,9 @@ type submitted struct {
 // the task waits for devices.
 func submittedLine(r *client.Reply) string {
 	if r.Position <= 0 {
+		if r.Reason != "" { // "started on npu 0", "waits for task 2", "failed: …"
+			return fmt.Sprintf("task %d submitted: %s", r.ID, r.Reason)
+		}
 		return fmt.Sprintf("task %d submitted", r.ID)
 	}
 	if r.Pool == "" {
