@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/npu"
 )
 
 // lease is a lease this process inherited from an npurun above it.
@@ -71,11 +73,11 @@ func holdsLock(fd, id int) bool {
 func (l *lease) covers(o Options) error {
 	for _, id := range o.Devices {
 		if !slices.Contains(l.devices, id) {
-			return fmt.Errorf("inside a lease of npu %s, which does not include npu %d", joinInts(l.devices), id)
+			return fmt.Errorf("inside a lease of npu %s, which does not include npu %d", npu.FormatIDs(l.devices), id)
 		}
 	}
 	if o.N > len(l.devices) {
-		return fmt.Errorf("inside a lease of %d devices (npu %s), %d asked", len(l.devices), joinInts(l.devices), o.N)
+		return fmt.Errorf("inside a lease of %d devices (npu %s), %d asked", len(l.devices), npu.FormatIDs(l.devices), o.N)
 	}
 	return nil
 }

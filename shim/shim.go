@@ -66,7 +66,7 @@ func Run(o Options, argv []string) int {
 			return ExitFailure
 		}
 		if o.Verbose {
-			warn("inside a lease of npu %s; not asking again", joinInts(lease.devices))
+			warn("inside a lease of npu %s; not asking again", npu.FormatIDs(lease.devices))
 		}
 		return execute(argv, nil, nil)
 	}
@@ -230,7 +230,7 @@ func (w *waiter) what() string {
 		n = 1
 	}
 	if len(w.o.Devices) > 0 {
-		return "npu " + joinInts(w.o.Devices)
+		return "npu " + npu.FormatIDs(w.o.Devices)
 	}
 	if n == 1 {
 		return "1 device"
@@ -239,7 +239,7 @@ func (w *waiter) what() string {
 }
 
 func (w *waiter) progress(r *client.Reply) {
-	msg := fmt.Sprintf("waiting for %s in pool %q: %s in line", w.what(), r.Pool, ordinal(r.Position))
+	msg := fmt.Sprintf("waiting for %s in pool %q: %s in line", w.what(), r.Pool, client.Ordinal(r.Position))
 	if len(r.Ahead) > 0 {
 		msg += fmt.Sprintf(" (%d ahead: %s)", r.Position-1, strings.Join(r.Ahead, ", "))
 		if r.Position-1 > len(r.Ahead) {
@@ -282,7 +282,7 @@ func (w *waiter) granted(r *client.Reply, waited time.Duration) {
 	}
 	if w.last != "" || w.o.Verbose {
 		if w.tty || w.o.Verbose {
-			warn("granted npu %s after %s", joinInts(r.Devices), waited.Round(time.Millisecond))
+			warn("granted npu %s after %s", npu.FormatIDs(r.Devices), waited.Round(time.Millisecond))
 		}
 	}
 }
@@ -356,28 +356,6 @@ func mergeEnv(base, over []string) []string {
 func isTerminal(fd int) bool {
 	_, err := unix.IoctlGetTermios(fd, unix.TCGETS)
 	return err == nil
-}
-
-func ordinal(n int) string {
-	suffix := "th"
-	switch {
-	case n%100 >= 11 && n%100 <= 13:
-	case n%10 == 1:
-		suffix = "st"
-	case n%10 == 2:
-		suffix = "nd"
-	case n%10 == 3:
-		suffix = "rd"
-	}
-	return strconv.Itoa(n) + suffix
-}
-
-func joinInts(ids []int) string {
-	s := make([]string, len(ids))
-	for i, id := range ids {
-		s[i] = strconv.Itoa(id)
-	}
-	return strings.Join(s, ",")
 }
 
 func warn(format string, args ...any) {

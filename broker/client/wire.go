@@ -30,6 +30,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -109,6 +110,21 @@ type Reply struct {
 	ID    uint64     `json:"id,omitempty"`    // submitted
 	Tasks []TaskInfo `json:"tasks,omitempty"` // tasks
 	More  bool       `json:"more,omitempty"`  // tasks: another "tasks" reply follows
+}
+
+// Ordinal writes a place in line as people read it: 1st, 2nd, 3rd, 11th.
+func Ordinal(n int) string {
+	suffix := "th"
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+	case n%10 == 1:
+		suffix = "st"
+	case n%10 == 2:
+		suffix = "nd"
+	case n%10 == 3:
+		suffix = "rd"
+	}
+	return strconv.Itoa(n) + suffix
 }
 
 // Error is an error reply from the broker, usable with errors.As.

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/npu"
 )
 
 // submitted is submit's --json output.
@@ -31,9 +32,9 @@ func submittedLine(r *client.Reply) string {
 		return fmt.Sprintf("task %d submitted", r.ID)
 	}
 	if r.Pool == "" {
-		return fmt.Sprintf("task %d queued (%s in line)", r.ID, ordinal(r.Position))
+		return fmt.Sprintf("task %d queued (%s in line)", r.ID, client.Ordinal(r.Position))
 	}
-	return fmt.Sprintf("task %d queued (%s in line in pool %q)", r.ID, ordinal(r.Position), r.Pool)
+	return fmt.Sprintf("task %d queued (%s in line in pool %q)", r.ID, client.Ordinal(r.Position), r.Pool)
 }
 
 // writeJSON writes v as one line of JSON.
@@ -112,9 +113,9 @@ func deviceCell(t *client.TaskInfo) string {
 	case t.NoDevice:
 		return "-"
 	case len(t.Devices) > 0 && t.Started != 0:
-		return joinInts(t.Devices)
+		return npu.FormatIDs(t.Devices)
 	case len(t.Devices) > 0:
-		return "npu " + joinInts(t.Devices)
+		return "npu " + npu.FormatIDs(t.Devices)
 	}
 	return strconv.Itoa(max(t.N, 1)) + " wanted"
 }
@@ -187,7 +188,7 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 	line("reason", quoteIfNeeded(t.Reason))
 	line("log", quoteIfNeeded(t.Log))
 	if t.Position > 0 {
-		line("position", ordinal(t.Position)+" in line")
+		line("position", client.Ordinal(t.Position)+" in line")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
@@ -301,28 +302,6 @@ func quoteIfNeeded(s string) string {
 		return strconv.Quote(s)
 	}
 	return s
-}
-
-func ordinal(n int) string {
-	suffix := "th"
-	switch {
-	case n%100 >= 11 && n%100 <= 13:
-	case n%10 == 1:
-		suffix = "st"
-	case n%10 == 2:
-		suffix = "nd"
-	case n%10 == 3:
-		suffix = "rd"
-	}
-	return strconv.Itoa(n) + suffix
-}
-
-func joinInts(ids []int) string {
-	s := make([]string, len(ids))
-	for i, id := range ids {
-		s[i] = strconv.Itoa(id)
-	}
-	return strings.Join(s, ",")
 }
 
 func joinIDs(ids []uint64) string {

@@ -105,8 +105,8 @@ func TestDeviceCell(t *testing.T) {
 	}{
 		{"default request", client.TaskInfo{State: client.StatePending}, "1 wanted"},
 		{"count", client.TaskInfo{State: client.StatePending, N: 4}, "4 wanted"},
-		{"named", client.TaskInfo{State: client.StatePending, Devices: []int{9, 10}}, "npu 9,10"},
-		{"granted", client.TaskInfo{State: client.StateRunning, Devices: []int{2, 3}, N: 2, Started: 1}, "2,3"},
+		{"named", client.TaskInfo{State: client.StatePending, Devices: []int{9, 10}}, "npu 9-10"},
+		{"granted", client.TaskInfo{State: client.StateRunning, Devices: []int{2, 3}, N: 2, Started: 1}, "2-3"},
 		{"no device", client.TaskInfo{State: client.StateRunning, NoDevice: true, Started: 1}, "-"},
 		{"cancelled before it ran", client.TaskInfo{State: client.StateCancelled, N: 2}, "2 wanted"},
 	}
@@ -188,7 +188,7 @@ func TestShow(t *testing.T) {
 			"state: failed",
 			"command: torchrun --nproc_per_node=2 train.py",
 			"cwd: /home/alice/proj",
-			"devices: 4,5",
+			"devices: 4-5",
 			"pool: queue",
 			"after: 116,117",
 			"time limit: 1h0m0s",
@@ -345,8 +345,8 @@ func TestListJSON(t *testing.T) {
 
 func TestOrdinal(t *testing.T) {
 	for n, want := range map[int]string{1: "1st", 2: "2nd", 3: "3rd", 4: "4th", 11: "11th", 12: "12th", 13: "13th", 21: "21st", 22: "22nd", 111: "111th", 101: "101st"} {
-		if got := ordinal(n); got != want {
-			t.Errorf("ordinal(%d) = %q, want %q", n, got, want)
+		if got := client.Ordinal(n); got != want {
+			t.Errorf("Ordinal(%d) = %q, want %q", n, got, want)
 		}
 	}
 }
