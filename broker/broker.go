@@ -80,6 +80,7 @@ type Server struct {
 	cpuq        *Queue         // --no-device tasks waiting for a CPU slot
 	cpuFree     []bool
 	loading     bool // replaying the journal
+	applying    int  // journal records durable but not yet applied to the table
 }
 
 // New prepares a broker: the lock directory, the lock files, and the
@@ -202,12 +203,25 @@ func (s *Server) releasedLocked(d *device, uid uint32) {
 	d.leased, d.holder, d.since = true, uid, time.Now()
 	s.nfree--
 	s.held[uid]++
-	fd, err := openLock(d.path)
-	if err != nil {
-		s.log.Printf("npu %d: %v; device taken out of service", d.id, err)
+	if fd, err := openLock(d.path); err == nil {
+		d.watch <- fd
 		return
 	}
-	d.watch <- fd
+	go s.rewatch(d)
+}
+
+// rewatch gives d's watcher a fresh open of its lock file, retrying while
+// the open fails (out of descriptors, say): until then d stays leased.
+func (s *Server) rewatch(d *device) {
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		fd, err := openLock(d.path)
+		if err == nil {
+			d.watch <- fd
+			return
+		}
+		s.log.Printf("npu %d: %v; retrying", d.id, err)
+		time.Sleep(wait)
+	}
 }
 
 // Listen opens the broker's socket at path. A socket file left by a broker
@@ -252,12 +266,14 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
-				s.log.Printf("accept: %v", err)
-				time.Sleep(100 * time.Millisecond)
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("accept: %w", err)
 			}
-			return fmt.Errorf("accept: %w", err)
+			// Out of descriptors, a client gone before it was accepted:
+			// the broker serves on.
+			s.log.Printf("accept: %v", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
 		}
 		go s.handle(c)
 	}

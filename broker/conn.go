@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -171,6 +172,30 @@ func (c *conn) sendLocked(r *client.Reply, fds ...int) error {
 	var serr error
 	if err := c.rc.Control(func(fd uintptr) {
 		serr = client.SendMsg(int(fd), b, fds, unix.MSG_DONTWAIT)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// sendTimeout bounds how long a reply sent from the connection's own
+// goroutine waits for a client that does not read.
+const sendTimeout = 10 * time.Second
+
+// sendBlocking sends a reply from the connection's own goroutine (never
+// under Server.mu), waiting for room in the socket.
+func (c *conn) sendBlocking(r *client.Reply) error {
+	r.V = client.Version
+	b, err := client.Encode(r)
+	if err != nil {
+		return err
+	}
+	c.c.SetWriteDeadline(time.Now().Add(sendTimeout))
+	defer c.c.SetWriteDeadline(time.Time{})
+	var serr error
+	if err := c.rc.Write(func(fd uintptr) bool {
+		serr = client.SendMsg(int(fd), b, nil, unix.MSG_DONTWAIT)
+		return serr != unix.EAGAIN
 	}); err != nil {
 		return err
 	}

@@ -83,7 +83,7 @@ func (s *Server) admitLocked(uid uint32, acct *account, n int, devices []int, po
 		if w.N == 0 {
 			w.N = 1
 		}
-		if w.N < 0 || w.N > client.MaxDevices {
+		if w.N < 0 {
 			return nil, errReply(client.CodeBadRequest, fmt.Sprintf("bad device count %d", n), "")
 		}
 		w.Pool = s.poolName(pool)

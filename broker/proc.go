@@ -26,8 +26,7 @@ func alive(fs procfs.FS, pid int, start uint64) bool {
 	if pid <= 0 {
 		return false
 	}
-	got := procStart(fs, pid)
-	return got != 0 && (start == 0 || got == start)
+	return start != 0 && procStart(fs, pid) == start
 }
 
 // isSupervisor tells whether pid is `npubroker supervise ID`.
@@ -38,6 +37,28 @@ func isSupervisor(fs procfs.FS, pid int, id uint64) bool {
 	}
 	args, err := p.CmdLine()
 	return err == nil && len(args) == 3 && args[1] == "supervise" && args[2] == strconv.FormatUint(id, 10)
+}
+
+// killSession sends SIGKILL to every process of uid in session sid: what
+// is left of a task whose supervisor (the session's leader) is gone.
+func killSession(fs procfs.FS, sid int, uid uint32) int {
+	procs, err := fs.AllProcs()
+	if err != nil || sid <= 1 {
+		return 0
+	}
+	n := 0
+	for _, p := range procs {
+		st, err := p.Stat()
+		if err != nil || st.Session != sid {
+			continue
+		}
+		if status, err := p.NewStatus(); err == nil && status.UIDs[1] == uint64(uid) {
+			if unix.Kill(p.PID, unix.SIGKILL) == nil {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // waitExit blocks until process pid, not a child of ours, has exited.

@@ -67,8 +67,10 @@ func (s *Server) adoptLocked(t *task) *record {
 			waitExit(pid)
 			s.supervisorGone(t, pid)
 		}()
+		s.enforceLimit(t, pid)
 		return nil
 	}
+	killSession(s.proc, t.PID, t.UID) // what the supervisor left, if anything
 	t.State, t.Ended = client.StateLost, time.Now().UnixMilli()
 	t.Reason = "its supervisor was gone when the broker restarted; exit status unknown"
 	return &record{Op: "end", ID: t.ID, Time: t.Ended, State: t.State, Reason: t.Reason}
@@ -83,6 +85,7 @@ func (s *Server) applyRecord(r *record) error {
 		if _, seen := s.tasks[r.Task.ID]; !seen {
 			s.order = append(s.order, r.Task.ID)
 		}
+		r.Task.durable = true
 		s.tasks[r.Task.ID] = r.Task
 		s.nextID = max(s.nextID, r.Task.ID)
 		return nil
@@ -94,7 +97,6 @@ func (s *Server) applyRecord(r *record) error {
 	switch r.Op {
 	case "start":
 		t.State, t.Started, t.Devices, t.Slot = client.StateRunning, r.Time, r.Devices, r.Slot
-	case "pid":
 		t.PID, t.PIDStart = r.PID, r.PIDStart
 	case "end":
 		t.State, t.Ended, t.Status, t.Reason = r.State, r.Time, r.Status, r.Reason

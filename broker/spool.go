@@ -218,6 +218,24 @@ func (s *Spool) Append(recs ...*record) error {
 	return s.err
 }
 
+// Compact replaces the journal with recs, waiting for a batch being
+// written to finish; appends wait meanwhile and go to the new journal.
+// The caller must make sure recs reflect every record appended so far.
+func (s *Spool) Compact(recs []*record) error {
+	s.mu.Lock()
+	for s.writing {
+		s.cond.Wait()
+	}
+	s.writing = true // no leader starts a batch on the old file
+	s.mu.Unlock()
+	err := s.rewrite(recs)
+	s.mu.Lock()
+	s.writing = false
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	return err
+}
+
 // Close closes the journal.
 func (s *Spool) Close() error {
 	s.mu.Lock()

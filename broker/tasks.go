@@ -39,14 +39,17 @@ type task struct {
 	Status    *client.Status `json:"status,omitempty"`
 	Reason    string         `json:"reason,omitempty"`
 
-	w      *Waiter // while pending
-	waits  []*conn // connections waiting for its end
-	cancel bool    // a cancel came while it was running
+	w       *Waiter  // while pending
+	waits   []*conn  // connections waiting for its end
+	cancel  bool     // a cancel came while it was running
+	durable bool     // its submission is in the journal: it may be seen
+	overran bool     // the broker killed it for overrunning its time limit
+	acct    *account // the submitter, as looked up at submission
 }
 
 // record is one line of the journal.
 type record struct {
-	Op       string         `json:"op"` // "task": a whole task; "start", "pid", "end": changes
+	Op       string         `json:"op"` // "task": a whole task; "start", "end": changes
 	Task     *task          `json:"task,omitempty"`
 	ID       uint64         `json:"id,omitempty"`
 	Time     int64          `json:"time,omitempty"`
@@ -122,14 +125,16 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 	case client.OpTaskDone:
 		return s.taskDone(c, req.ID, req.Status)
 	}
+	if req.Op == client.OpList {
+		s.mu.Lock()
+		tasks := s.listLocked(c, req.All)
+		s.mu.Unlock()
+		return c.sendTasks(tasks) == nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if req.Op == client.OpList {
-		s.listLocked(c, req.All)
-		return true
-	}
 	t := s.tasks[req.ID]
-	if t == nil || (t.UID != c.uid && c.uid != 0) {
+	if t == nil || !t.durable || (t.UID != c.uid && c.uid != 0) {
 		c.sendLocked(errReply(client.CodeNoSuchTask, fmt.Sprintf("no task %d", req.ID), ""))
 		return true
 	}
@@ -139,7 +144,11 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 	case client.OpWait:
 		if t.ended() {
 			c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, 0)}})
-		} else {
+		} else if !slices.Contains(c.waiting, t) {
+			if len(c.waiting) >= maxWaitsPerConn {
+				c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("one connection waits for at most %d tasks", maxWaitsPerConn), ""))
+				return false
+			}
 			t.waits = append(t.waits, c)
 			c.waiting = append(c.waiting, t)
 		}
@@ -164,8 +173,14 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 	return true
 }
 
-// maxSubmission bounds what one submission may carry besides its command.
-const maxEnv = 4096
+// Caps on what one submission and one connection may hold.
+const (
+	maxEnvBytes     = 32 << 10 // environment, all variables together
+	maxCommandBytes = 16 << 10 // argv, or the --run string
+	maxPathBytes    = 4096     // cwd, log
+	maxReasonBytes  = 1024     // a supervisor's reason
+	maxWaitsPerConn = 64
+)
 
 // submit validates a submission, makes it durable, then queues it.
 func (s *Server) submit(c *conn, sub *client.Submission) bool {
@@ -176,23 +191,24 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 		s.mu.Unlock()
 		return rep.Code != client.CodeBadRequest
 	}
+	s.applying++
 	s.mu.Unlock()
 
 	// Durable before it is acknowledged or run.
-	if err := s.spool.Append(&record{Op: "task", Task: t}); err != nil {
-		s.log.Printf("task %d: %v", t.ID, err)
-		s.mu.Lock()
-		delete(s.tasks, t.ID)
-		c.sendLocked(errReply("spool", "the broker could not record the task: "+err.Error(), ""))
-		s.mu.Unlock()
-		return true
-	}
-
+	err := s.spool.Append(&record{Op: "task", Task: t})
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.applying--
+	if err != nil {
+		s.log.Printf("task %d: %v", t.ID, err)
+		delete(s.tasks, t.ID)
+		c.sendLocked(errReply("spool", "the broker could not record the task: "+err.Error(), ""))
+		return true
+	}
 	// Concurrent submissions may become durable out of id order.
 	i, _ := slices.BinarySearch(s.order, t.ID)
 	s.order = slices.Insert(s.order, i, t.ID)
+	t.durable = true
 	s.enqueueLocked(t)
 	rep = &client.Reply{Type: client.TypeSubmitted, ID: t.ID}
 	switch t.State {
@@ -227,8 +243,12 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 		return bad("working directory %q is not absolute", sub.Cwd)
 	case sub.Log != "" && !filepath.IsAbs(sub.Log):
 		return bad("log %q is not absolute", sub.Log)
-	case len(sub.Env) > maxEnv:
-		return bad("environment of %d variables, more than %d", len(sub.Env), maxEnv)
+	case byteSize(sub.Env) > maxEnvBytes:
+		return bad("environment of %d bytes, more than %d", byteSize(sub.Env), maxEnvBytes)
+	case byteSize(sub.Argv)+len(sub.Shell) > maxCommandBytes:
+		return bad("command of %d bytes, more than %d", byteSize(sub.Argv)+len(sub.Shell), maxCommandBytes)
+	case len(sub.Cwd) > maxPathBytes || len(sub.Log) > maxPathBytes:
+		return bad("path longer than %d bytes", maxPathBytes)
 	case sub.TimeSec < 0:
 		return bad("negative time limit")
 	case sub.NoDevice && (sub.N != 0 || len(sub.Devices) > 0 || sub.Pool != ""):
@@ -258,7 +278,7 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 	}
 	t := &task{
 		UID: c.uid, User: c.acct.name, Sub: *sub, TimeSec: int64(limit / time.Second),
-		State: client.StatePending, Submitted: time.Now().UnixMilli(), Slot: -1,
+		State: client.StatePending, Submitted: time.Now().UnixMilli(), Slot: -1, acct: c.acct,
 	}
 	t.Sub.Env = cleanEnv(sub.Env)
 	// Check the request now, so that a bad one is refused, not queued.
@@ -267,7 +287,7 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 	}
 	for _, dep := range sub.After {
 		d := s.tasks[dep]
-		if d == nil || (d.UID != c.uid && c.uid != 0) {
+		if d == nil || !d.durable || (d.UID != c.uid && c.uid != 0) {
 			return nil, errReply(client.CodeNoSuchTask, fmt.Sprintf("--after %d: no task %d", dep, dep), "")
 		}
 	}
@@ -284,6 +304,14 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 	}
 	s.tasks[t.ID] = t
 	return t, nil
+}
+
+func byteSize(list []string) int {
+	n := 0
+	for _, s := range list {
+		n += len(s) + 1
+	}
+	return n
 }
 
 // leakVars are variables of the submitter's environment a task must not
@@ -347,7 +375,10 @@ func (s *Server) enqueueLocked(t *task) {
 		s.queuedTasks[t.UID]--
 	}
 	t.State = client.StatePending
-	w, rep := s.waiterLocked(t, s.users.lookup(t.UID))
+	if t.acct == nil {
+		t.acct = s.users.lookup(t.UID) // replayed from the journal, before serving
+	}
+	w, rep := s.waiterLocked(t, t.acct)
 	if rep != nil {
 		s.endLocked(t, client.StateFailed, nil, "cannot be queued: "+rep.Message, true)
 		return
@@ -432,13 +463,10 @@ func (s *Server) launch(t *task, fds []int) {
 	}
 	pid := cmd.Process.Pid
 	start := procStart(s.proc, pid)
-	go func() {
-		cmd.Wait()
-		s.supervisorGone(t, pid)
-	}()
 	rec := &record{Op: "start", ID: t.ID, Time: t.Started, Devices: t.Devices, Slot: t.Slot, PID: pid, PIDStart: start}
 	if err := s.spool.Append(rec); err != nil {
 		stdin.Close() // the supervisor exits without running anything
+		go cmd.Wait()
 		s.endTask(t, client.StateFailed, nil, "not started: "+err.Error())
 		return
 	}
@@ -446,6 +474,13 @@ func (s *Server) launch(t *task, fds []int) {
 	t.PID, t.PIDStart = pid, start
 	cancel := t.cancel
 	s.mu.Unlock()
+	// Only now: a supervisor gone before its pid was known would go
+	// unnoticed, and its task would stay running forever.
+	go func() {
+		cmd.Wait()
+		s.supervisorGone(t, pid)
+	}()
+	s.enforceLimit(t, pid)
 	err = json.NewEncoder(stdin).Encode(spec)
 	stdin.Close()
 	if err != nil {
@@ -517,6 +552,10 @@ func (s *Server) supervisor(t *task, fds []int) (*exec.Cmd, io.WriteCloser, erro
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if !s.unprivileged {
 		acct := s.users.lookup(t.UID)
+		if !acct.known {
+			stdin.Close()
+			return nil, nil, fmt.Errorf("uid %d is not in the user database now: its groups are unknown", t.UID)
+		}
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: t.UID, Gid: acct.gid, Groups: acct.gids}
 	}
 	if err := cmd.Start(); err != nil {
@@ -528,14 +567,47 @@ func (s *Server) supervisor(t *task, fds []int) (*exec.Cmd, io.WriteCloser, erro
 
 // supervisorGone is called when a task's supervisor has exited. It has
 // reported the end before exiting, unless it was killed: then the task is
-// lost.
+// lost, and what is left of it in the supervisor's session is killed, so
+// that its lease, time limit and slot do not outlive the supervisor that
+// kept them.
 func (s *Server) supervisorGone(t *task, pid int) {
 	s.mu.Lock()
 	gone := t.State == client.StateRunning && t.PID == pid
+	overran := t.overran
 	s.mu.Unlock()
-	if gone {
-		s.endTask(t, client.StateLost, nil, "its supervisor ended without reporting; exit status unknown")
+	if !gone {
+		return
 	}
+	killSession(s.proc, pid, t.UID)
+	reason := "its supervisor ended without reporting; exit status unknown"
+	if overran {
+		reason = fmt.Sprintf("killed by the broker: time limit %s overrun", time.Duration(t.TimeSec)*time.Second)
+	}
+	s.endTask(t, client.StateLost, nil, reason)
+}
+
+// overrunLimit is how long past its time limit and grace a task may run
+// before the broker, not trusting the submitter's supervisor, kills it.
+const overrunLimit = 30 * time.Second
+
+// enforceLimit arms the broker's own backstop for t's time limit.
+func (s *Server) enforceLimit(t *task, pid int) {
+	if t.TimeSec <= 0 {
+		return
+	}
+	deadline := time.UnixMilli(t.Started).Add(time.Duration(t.TimeSec)*time.Second + s.cfg.Tasks.KillGrace + overrunLimit)
+	time.AfterFunc(time.Until(deadline), func() {
+		s.mu.Lock()
+		running := t.State == client.StateRunning && t.PID == pid
+		if running {
+			t.overran = true
+		}
+		s.mu.Unlock()
+		if running {
+			s.log.Printf("task %d overran its time limit; killing its session", t.ID)
+			killSession(s.proc, pid, t.UID)
+		}
+	})
 }
 
 // taskDone takes a supervisor's report. Only the task's supervisor may
@@ -552,6 +624,9 @@ func (s *Server) taskDone(c *conn, id uint64, st *client.Status) bool {
 		c.sendLocked(errReply(client.CodeDenied, fmt.Sprintf("not the supervisor of a running task %d", id), ""))
 		s.mu.Unlock()
 		return false
+	}
+	if len(st.Reason) > maxReasonBytes {
+		st.Reason = st.Reason[:maxReasonBytes] + "…"
 	}
 	state := client.StateFailed
 	switch {
@@ -570,11 +645,16 @@ func (s *Server) taskDone(c *conn, id uint64, st *client.Status) bool {
 // endTask records a task's end durably, then applies it.
 func (s *Server) endTask(t *task, state string, st *client.Status, reason string) {
 	now := time.Now().UnixMilli()
-	if err := s.spool.Append(&record{Op: "end", ID: t.ID, Time: now, State: state, Status: st, Reason: reason}); err != nil {
-		s.log.Printf("task %d: %v", t.ID, err)
-	}
+	s.mu.Lock()
+	s.applying++
+	s.mu.Unlock()
+	err := s.spool.Append(&record{Op: "end", ID: t.ID, Time: now, State: state, Status: st, Reason: reason})
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.applying--
+	if err != nil {
+		s.log.Printf("task %d: %v", t.ID, err)
+	}
 	s.endLocked(t, state, st, reason, false)
 }
 
@@ -613,6 +693,7 @@ func (s *Server) endLocked(t *task, state string, st *client.Status, reason stri
 		delete(s.queuedTasks, t.UID)
 	}
 	t.State, t.Ended, t.Reason = state, time.Now().UnixMilli(), reason
+	t.Sub.Env = nil // an ended task keeps no environment
 	if st != nil {
 		t.Status = st
 	}
@@ -620,11 +701,17 @@ func (s *Server) endLocked(t *task, state string, st *client.Status, reason stri
 		s.journalEndLocked(t, state, st, reason)
 	}
 	for _, c := range t.waits {
-		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, 0)}})
+		if i := slices.Index(c.waiting, t); i >= 0 {
+			c.waiting = slices.Delete(c.waiting, i, i+1)
+		}
+		if c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, 0)}}) != nil {
+			c.c.Close() // the client sees the end of the connection, not silence
+		}
 	}
 	t.waits = nil
 	s.endedCount++
 	s.trimLocked()
+	s.compactLocked()
 	for _, id := range s.order {
 		if d := s.tasks[id]; d != nil && d.State == client.StateBlocked && slices.Contains(d.Sub.After, t.ID) {
 			s.enqueueLocked(d)
@@ -644,6 +731,19 @@ func (s *Server) journalEndLocked(t *task, state string, st *client.Status, reas
 			s.log.Printf("task %d: %v", t.ID, err)
 		}
 	}()
+}
+
+// compactLocked rewrites the journal from the task table once it has
+// grown well past it. Records made durable before their change is applied
+// (a submission, a task's end) must not be in flight: the table would
+// miss them.
+func (s *Server) compactLocked() {
+	if s.loading || s.applying > 0 || s.spool.Records() < 4*len(s.tasks)+1000 {
+		return
+	}
+	if err := s.spool.Compact(s.snapshot()); err != nil {
+		s.log.Printf("compact the spool: %v", err)
+	}
 }
 
 // trimLocked forgets the oldest ended tasks beyond what the policy keeps.
@@ -695,19 +795,12 @@ func (s *Server) positionLocked(t *task) int {
 	return 0
 }
 
-// listChunk is how many tasks go in one "tasks" reply.
-const listChunk = 100
-
-// listLocked sends the asker's tasks (everyone's with all), oldest first,
-// in as many replies as it takes. Another user's command, directory,
-// environment and log are left out unless the asker is root.
-func (s *Server) listLocked(c *conn, all bool) {
+// listLocked returns the asker's tasks (everyone's with all), oldest
+// first. Another user's command, directory, environment and log are left
+// out unless the asker is root; nobody's environment is listed.
+func (s *Server) listLocked(c *conn, all bool) []client.TaskInfo {
 	pos := s.positionsLocked()
-	var batch []client.TaskInfo
-	send := func(more bool) {
-		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: batch, More: more})
-		batch = batch[:0]
-	}
+	var out []client.TaskInfo
 	for _, id := range s.order {
 		t := s.tasks[id]
 		if t == nil || (!all && t.UID != c.uid) {
@@ -715,12 +808,35 @@ func (s *Server) listLocked(c *conn, all bool) {
 		}
 		ti := t.info(t.UID == c.uid || c.uid == 0, pos[t.w])
 		ti.Env = nil
-		batch = append(batch, ti)
-		if len(batch) == listChunk {
-			send(true)
-		}
+		out = append(out, ti)
 	}
-	send(false)
+	return out
+}
+
+// chunkBytes is the most one "tasks" reply carries, leaving room under
+// the message cap for the envelope.
+const chunkBytes = client.MaxMessage - 4096
+
+// sendTasks sends tasks in as many "tasks" replies as their size takes,
+// from the connection's own goroutine, waiting for the client to read.
+func (c *conn) sendTasks(tasks []client.TaskInfo) error {
+	var batch []client.TaskInfo
+	size := 0
+	for i := range tasks {
+		b, err := json.Marshal(&tasks[i])
+		if err != nil {
+			return err
+		}
+		if size+len(b) > chunkBytes && len(batch) > 0 {
+			if err := c.sendBlocking(&client.Reply{Type: client.TypeTasks, Tasks: batch, More: true}); err != nil {
+				return err
+			}
+			batch, size = batch[:0], 0
+		}
+		batch = append(batch, tasks[i])
+		size += len(b) + 1
+	}
+	return c.sendBlocking(&client.Reply{Type: client.TypeTasks, Tasks: batch})
 }
 
 // positionsLocked is every waiter's place in its pool's line.

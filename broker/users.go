@@ -19,6 +19,7 @@ type account struct {
 	gids   []uint32 // supplementary groups, as initgroups would set them
 	home   string
 	shell  string // login shell for --run; /bin/sh where it refuses logins
+	known  bool   // found in the user database (else: a stand-in, briefly kept)
 	at     time.Time
 }
 
@@ -37,7 +38,10 @@ func (a *accounts) lookup(uid uint32) *account {
 		return acc
 	}
 	acc = &account{name: "uid " + strconv.Itoa(int(uid)), gid: uid, home: "/", shell: "/bin/sh", at: time.Now()}
-	if u, err := user.LookupId(strconv.Itoa(int(uid))); err == nil {
+	if u, err := user.LookupId(strconv.Itoa(int(uid))); err != nil {
+		acc.at = acc.at.Add(time.Second - accountTTL) // try again soon: NSS may be back
+	} else {
+		acc.known = true
 		acc.name, acc.home = u.Username, u.HomeDir
 		if g, err := strconv.ParseUint(u.Gid, 10, 32); err == nil {
 			acc.gid = uint32(g)

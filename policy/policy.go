@@ -48,6 +48,9 @@ const (
 	DefaultMaxTasks  = 100000
 	DefaultKeepEnded = 10000
 	DefaultKillGrace = 10 * time.Second
+	// DefaultMaxQueued caps one user's waiting tasks unless the policy
+	// says otherwise (max_queued_tasks = 0 lifts it).
+	DefaultMaxQueued = 1000
 )
 
 // Tasks configures detached tasks (task-submit).
@@ -491,7 +494,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	}
 
 	// [limits], [user.NAME], [group.NAME]
-	c.Default = Limit{Source: "the default [limits]"}
+	c.Default = Limit{MaxQueued: DefaultMaxQueued, Source: "the default [limits]"}
 	if t, ok := p.table(nil, raw, "limits"); ok {
 		c.Default = p.limit([]string{"limits"}, t, c.Default, poolExists)
 	}

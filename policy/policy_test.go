@@ -53,7 +53,7 @@ max_devices = 0
 `
 
 func TestParseGood(t *testing.T) {
-	defaultLimit := Limit{Source: "the default [limits]"}
+	defaultLimit := Limit{MaxQueued: DefaultMaxQueued, Source: "the default [limits]"}
 	tests := []struct {
 		name string
 		conf string
@@ -96,16 +96,16 @@ func TestParseGood(t *testing.T) {
 				Vendor: "ascend", IDs: seq(0, 15), DevDir: "/dev", NPUSmi: "/usr/local/bin/npu-smi",
 				MaxConnections: 100, MaxWaitingPerUser: 10, DefaultPool: "queue",
 				Pools:   []Pool{{"interactive", seq(0, 11)}, {"queue", seq(12, 15)}},
-				Default: Limit{MaxDevices: 4, Pools: []string{"interactive"}, Source: "the default [limits]"},
+				Default: Limit{MaxQueued: DefaultMaxQueued, MaxDevices: 4, Pools: []string{"interactive"}, Source: "the default [limits]"},
 				Users: map[string]Limit{
-					"alice": {MaxDevices: 8, Pools: []string{"interactive", "queue"}, Source: "user alice"},
-					"bob":   {MaxDevices: 0, Pools: []string{"interactive"}, Source: "user bob"},
-					"carol": {MaxDevices: 4, Pools: []string{"queue"}, Source: "user carol"},
+					"alice": {MaxQueued: DefaultMaxQueued, MaxDevices: 8, Pools: []string{"interactive", "queue"}, Source: "user alice"},
+					"bob":   {MaxQueued: DefaultMaxQueued, MaxDevices: 0, Pools: []string{"interactive"}, Source: "user bob"},
+					"carol": {MaxQueued: DefaultMaxQueued, MaxDevices: 4, Pools: []string{"queue"}, Source: "user carol"},
 				},
 				Groups: map[string]Limit{
-					"students": {MaxDevices: 1, Pools: []string{"interactive"}, Source: "group students"},
-					"staff":    {MaxDevices: 6, Pools: []string{"queue"}, Source: "group staff"},
-					"admins":   {MaxDevices: 0, Pools: []string{"interactive"}, Source: "group admins"},
+					"students": {MaxQueued: DefaultMaxQueued, MaxDevices: 1, Pools: []string{"interactive"}, Source: "group students"},
+					"staff":    {MaxQueued: DefaultMaxQueued, MaxDevices: 6, Pools: []string{"queue"}, Source: "group staff"},
+					"admins":   {MaxQueued: DefaultMaxQueued, MaxDevices: 0, Pools: []string{"interactive"}, Source: "group admins"},
 				},
 			},
 		},
@@ -316,27 +316,27 @@ func TestLimitFor(t *testing.T) {
 	}{
 		{
 			name: "user entry wins over groups", user: "alice", groups: []string{"admins"},
-			want: Limit{MaxDevices: 8, Pools: []string{"interactive", "queue"}, Source: "user alice"},
+			want: Limit{MaxQueued: DefaultMaxQueued, MaxDevices: 8, Pools: []string{"interactive", "queue"}, Source: "user alice"},
 		},
 		{
 			name: "user entry falls back to the default for absent fields", user: "carol",
-			want: Limit{MaxDevices: 4, Pools: []string{"queue"}, Source: "user carol"},
+			want: Limit{MaxQueued: DefaultMaxQueued, MaxDevices: 4, Pools: []string{"queue"}, Source: "user carol"},
 		},
 		{
 			name: "one group", user: "dave", groups: []string{"users", "students"},
-			want: Limit{MaxDevices: 1, Pools: []string{"interactive"}, Source: "group students"},
+			want: Limit{MaxQueued: DefaultMaxQueued, MaxDevices: 1, Pools: []string{"interactive"}, Source: "group students"},
 		},
 		{
 			name: "most permissive of groups", user: "erin", groups: []string{"students", "staff"},
-			want: Limit{MaxDevices: 6, Pools: []string{"interactive", "queue"}, Source: "groups students, staff"},
+			want: Limit{MaxQueued: DefaultMaxQueued, MaxDevices: 6, Pools: []string{"interactive", "queue"}, Source: "groups students, staff"},
 		},
 		{
 			name: "zero is unlimited and largest", user: "frank", groups: []string{"staff", "admins", "staff"},
-			want: Limit{MaxDevices: 0, Pools: []string{"queue", "interactive"}, Source: "groups staff, admins"},
+			want: Limit{MaxQueued: DefaultMaxQueued, MaxDevices: 0, Pools: []string{"queue", "interactive"}, Source: "groups staff, admins"},
 		},
 		{
 			name: "no entry", user: "gina", groups: []string{"users"},
-			want: Limit{MaxDevices: 4, Pools: []string{"interactive"}, Source: "the default [limits]"},
+			want: Limit{MaxQueued: DefaultMaxQueued, MaxDevices: 4, Pools: []string{"interactive"}, Source: "the default [limits]"},
 		},
 	}
 	for _, tt := range tests {
@@ -354,7 +354,7 @@ func TestLimitForNilPools(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := c.LimitFor("u", []string{"x", "y"})
-	want := Limit{MaxDevices: 0, Pools: nil, Source: "groups x, y"}
+	want := Limit{MaxQueued: DefaultMaxQueued, MaxDevices: 0, Pools: nil, Source: "groups x, y"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("LimitFor = %+v, want %+v", got, want)
 	}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker"
 	"github.com/npurun/npurun/broker/supervisor"
@@ -96,6 +97,9 @@ func serve(args []string) int {
 	if *socket == "" {
 		*socket = filepath.Join(*runDir, "broker.sock")
 	}
+	// Whatever descriptors the broker inherited (from a root shell, say)
+	// must not reach the supervisors it starts as other users.
+	unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	lg := log.New(os.Stderr, "npubroker: ", 0)
 	cfg, err := policy.Load(*config)
 	if err != nil {

@@ -286,12 +286,7 @@ func (w *taskWaiter) recv(timeout time.Duration) (bool, error) {
 	case (errors.Is(err, client.ErrClosed) || errors.Is(err, unix.ECONNRESET)) && w.redials < maxRedials:
 		w.redials++
 		w.c.Close()
-		c, err := client.Dial(w.path)
-		if err != nil {
-			return false, fmt.Errorf("the broker went away: %w", err)
-		}
-		w.c = c
-		return false, w.send()
+		return false, w.redial()
 	case err != nil:
 		return false, err
 	case r.Type == client.TypeQueued:
@@ -303,6 +298,30 @@ func (w *taskWaiter) recv(timeout time.Duration) (bool, error) {
 	}
 	w.task = &r.Tasks[0]
 	return true, nil
+}
+
+// redialFor is how long a wait keeps trying to reach a broker that is
+// restarting.
+const redialFor = 10 * time.Minute
+
+// redial connects again and renews the wait, retrying while the broker is
+// away (restarting: its socket refuses, or accepts and resets).
+func (w *taskWaiter) redial() error {
+	deadline := time.Now().Add(redialFor)
+	for pause := 100 * time.Millisecond; ; pause = min(2*pause, 2*time.Second) {
+		c, err := client.Dial(w.path)
+		if err == nil {
+			w.c = c
+			if err = w.send(); err == nil {
+				return nil
+			}
+			c.Close()
+		}
+		if time.Now().Add(pause).After(deadline) {
+			return fmt.Errorf("the broker went away: %w", err)
+		}
+		time.Sleep(pause)
+	}
 }
 
 // Ended is recv for a caller that polled Fd and found it readable.
