@@ -182,13 +182,11 @@ func (c *conn) sendLocked(r *client.Reply, fds ...int) error {
 // goroutine waits for a client that does not read.
 const sendTimeout = 10 * time.Second
 
-// sendBlocking sends a reply from the connection's own goroutine (never
-// under Server.mu), waiting for room in the socket.
-func (c *conn) sendBlocking(r *client.Reply) error {
-	r.V = client.Version
-	b, err := client.Encode(r)
-	if err != nil {
-		return err
+// sendRaw sends an encoded reply from the connection's own goroutine
+// (never under Server.mu), waiting for room in the socket.
+func (c *conn) sendRaw(b []byte) error {
+	if len(b) > client.MaxMessage {
+		return client.ErrTooLarge
 	}
 	c.c.SetWriteDeadline(time.Now().Add(sendTimeout))
 	defer c.c.SetWriteDeadline(time.Time{})

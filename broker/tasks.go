@@ -813,30 +813,32 @@ func (s *Server) listLocked(c *conn, all bool) []client.TaskInfo {
 	return out
 }
 
-// chunkBytes is the most one "tasks" reply carries, leaving room under
-// the message cap for the envelope.
-const chunkBytes = client.MaxMessage - 4096
-
 // sendTasks sends tasks in as many "tasks" replies as their size takes,
 // from the connection's own goroutine, waiting for the client to read.
+// Each task is encoded once, and the replies are put together from the
+// pieces.
 func (c *conn) sendTasks(tasks []client.TaskInfo) error {
-	var batch []client.TaskInfo
-	size := 0
+	head := []byte(`{"v":` + strconv.Itoa(client.Version) + `,"type":"` + client.TypeTasks + `","tasks":[`)
+	msg := append([]byte(nil), head...)
+	n := 0
 	for i := range tasks {
 		b, err := json.Marshal(&tasks[i])
 		if err != nil {
 			return err
 		}
-		if size+len(b) > chunkBytes && len(batch) > 0 {
-			if err := c.sendBlocking(&client.Reply{Type: client.TypeTasks, Tasks: batch, More: true}); err != nil {
+		if n > 0 && len(msg)+len(b)+len(`],"more":true}`) > client.MaxMessage {
+			if err := c.sendRaw(append(msg, `],"more":true}`...)); err != nil {
 				return err
 			}
-			batch, size = batch[:0], 0
+			msg, n = append(msg[:0], head...), 0
 		}
-		batch = append(batch, tasks[i])
-		size += len(b) + 1
+		if n > 0 {
+			msg = append(msg, ',')
+		}
+		msg = append(msg, b...)
+		n++
 	}
-	return c.sendBlocking(&client.Reply{Type: client.TypeTasks, Tasks: batch})
+	return c.sendRaw(append(msg, `]}`...))
 }
 
 // positionsLocked is every waiter's place in its pool's line.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -83,7 +84,9 @@ func writeTable(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) erro
 	}
 	room := max(tableWidth-start, minCommandWidth)
 
-	tw := tabwriter.NewWriter(w, 0, 8, tablePadding, ' ', 0)
+	// tabwriter writes each cell and each pad on its own: buffer them.
+	bw := bufio.NewWriterSize(w, 64<<10)
+	tw := tabwriter.NewWriter(bw, 0, 8, tablePadding, ' ', 0)
 	for i, row := range rows {
 		last := "NAME/COMMAND"
 		if i > 0 {
@@ -91,7 +94,10 @@ func writeTable(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) erro
 		}
 		fmt.Fprintf(tw, "%s\t%s\n", strings.Join(row, "\t"), last)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return bw.Flush()
 }
 
 // nameOrCommand is what list shows of a task: its name if it has one, else
