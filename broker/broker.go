@@ -81,6 +81,7 @@ type Server struct {
 	cpuFree     []bool
 	loading     bool // replaying the journal
 	applying    int  // journal records durable but not yet applied to the table
+	warm        int  // supervisors started for tasks still waiting
 }
 
 // New prepares a broker: the lock directory, the lock files, and the

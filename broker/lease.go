@@ -162,6 +162,9 @@ func (s *Server) scheduleLocked() {
 			s.startTaskLocked(g.W.task, nil, g.Devices[0])
 		}
 	}
+	if !s.loading {
+		s.warmLocked()
+	}
 }
 
 // roomLocked is what Plan needs of the limits: per user, how many more

@@ -45,6 +45,8 @@ func (s *Server) loadTasks(dir string) error {
 		}
 	}
 	s.trimLocked()
+	s.loading = false
+	s.warmLocked()
 	s.mu.Unlock()
 	if len(lost) > 0 {
 		return s.spool.Append(lost...)

@@ -3,9 +3,7 @@ package broker
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -39,12 +37,14 @@ type task struct {
 	Status    *client.Status `json:"status,omitempty"`
 	Reason    string         `json:"reason,omitempty"`
 
-	w       *Waiter  // while pending
-	waits   []*conn  // connections waiting for its end
-	cancel  bool     // a cancel came while it was running
-	durable bool     // its submission is in the journal: it may be seen
-	overran bool     // the broker killed it for overrunning its time limit
-	acct    *account // the submitter, as looked up at submission
+	w        *Waiter     // while pending
+	waits    []*conn     // connections waiting for its end
+	cancel   bool        // a cancel came while it was running
+	durable  bool        // its submission is in the journal: it may be seen
+	overran  bool        // the broker killed it for overrunning its time limit
+	starting bool        // launch is recording its start
+	sup      *supervisor // its supervisor, once started (warm while it waits)
+	acct     *account    // the submitter, as looked up at submission
 }
 
 // record is one line of the journal.
@@ -440,176 +440,6 @@ func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
 	return true
 }
 
-// launch starts a granted task's supervisor as the submitter, records the
-// start with the supervisor's pid durably, and only then gives the
-// supervisor its spec: a broker that dies before the record is durable
-// closes the supervisor's standard input first, and the command never
-// runs. So a task with no start record never ran, and one with a start
-// record ran at most once.
-func (s *Server) launch(t *task, fds []int) {
-	defer func() {
-		for _, fd := range fds {
-			closeFD(fd) // the supervisor has them now, or nobody will
-		}
-	}()
-	s.mu.Lock()
-	spec := s.specLocked(t)
-	s.mu.Unlock()
-	cmd, stdin, err := s.supervisor(t, fds)
-	if err != nil {
-		s.log.Printf("task %d: %v", t.ID, err)
-		s.endTask(t, client.StateFailed, nil, "not started: "+err.Error())
-		return
-	}
-	pid := cmd.Process.Pid
-	start := procStart(s.proc, pid)
-	rec := &record{Op: "start", ID: t.ID, Time: t.Started, Devices: t.Devices, Slot: t.Slot, PID: pid, PIDStart: start}
-	if err := s.spool.Append(rec); err != nil {
-		stdin.Close() // the supervisor exits without running anything
-		go cmd.Wait()
-		s.endTask(t, client.StateFailed, nil, "not started: "+err.Error())
-		return
-	}
-	s.mu.Lock()
-	t.PID, t.PIDStart = pid, start
-	cancel := t.cancel
-	s.mu.Unlock()
-	// Only now: a supervisor gone before its pid was known would go
-	// unnoticed, and its task would stay running forever.
-	go func() {
-		cmd.Wait()
-		s.supervisorGone(t, pid)
-	}()
-	s.enforceLimit(t, pid)
-	err = json.NewEncoder(stdin).Encode(spec)
-	stdin.Close()
-	if err != nil {
-		s.log.Printf("task %d: give the supervisor its spec: %v", t.ID, err)
-	}
-	if cancel {
-		syscall.Kill(pid, syscall.SIGTERM) // cancelled while it was being started
-	}
-}
-
-// specLocked is what t's supervisor is told.
-func (s *Server) specLocked(t *task) *client.Spec {
-	env := slices.Clone(t.Sub.Env)
-	if t.Sub.NoDevice {
-		env = append(env, npu.HiddenEnv()...)
-		threads := strconv.Itoa(s.cfg.Tasks.CPUThreads)
-		for _, v := range []string{"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"} {
-			env = capThreads(env, v, s.cfg.Tasks.CPUThreads, threads)
-		}
-	} else {
-		env = append(env, s.inv.Env(t.Devices)...)
-	}
-	env = append(env, "NPURUN_TASK_ID="+strconv.FormatUint(t.ID, 10), "NPURUN_SOCKET="+s.socket)
-	return &client.Spec{
-		ID: t.ID, Argv: t.Argv, Cwd: t.Sub.Cwd, Env: env, Devices: t.Devices, Log: t.Log,
-		TimeSec: t.TimeSec, GraceSec: int64(s.cfg.Tasks.KillGrace / time.Second),
-		Idle: t.Sub.NoDevice && s.cfg.Tasks.IdlePriority, Socket: s.socket,
-	}
-}
-
-// capThreads sets name to at most n threads: kept if the submitter asked
-// for fewer, set to n otherwise.
-func capThreads(env []string, name string, n int, text string) []string {
-	for i, kv := range env {
-		if v, ok := strings.CutPrefix(kv, name+"="); ok {
-			if k, err := strconv.Atoi(v); err == nil && k >= 1 && k <= n {
-				return env
-			}
-			env[i] = name + "=" + text
-			return env
-		}
-	}
-	return append(env, name+"="+text)
-}
-
-// supervisor starts `npubroker supervise ID` as the task's submitter, with
-// the lock descriptors at 3, 4, …; it waits for its spec on the pipe
-// returned.
-func (s *Server) supervisor(t *task, fds []int) (*exec.Cmd, io.WriteCloser, error) {
-	cmd := exec.Command(s.self, "supervise", strconv.FormatUint(t.ID, 10))
-	cmd.Args[0] = "npubroker"
-	cmd.Dir = "/"
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, fd := range fds {
-		// Dup: os.File closes what it wraps, and the broker closes its own.
-		d, err := dupCloexec(fd)
-		if err != nil {
-			stdin.Close()
-			return nil, nil, err
-		}
-		f := os.NewFile(uintptr(d), "lock")
-		defer f.Close()
-		cmd.ExtraFiles = append(cmd.ExtraFiles, f)
-	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if !s.unprivileged {
-		acct := s.users.lookup(t.UID)
-		if !acct.known {
-			stdin.Close()
-			return nil, nil, fmt.Errorf("uid %d is not in the user database now: its groups are unknown", t.UID)
-		}
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: t.UID, Gid: acct.gid, Groups: acct.gids}
-	}
-	if err := cmd.Start(); err != nil {
-		stdin.Close()
-		return nil, nil, fmt.Errorf("start supervisor: %w", err)
-	}
-	return cmd, stdin, nil
-}
-
-// supervisorGone is called when a task's supervisor has exited. It has
-// reported the end before exiting, unless it was killed: then the task is
-// lost, and what is left of it in the supervisor's session is killed, so
-// that its lease, time limit and slot do not outlive the supervisor that
-// kept them.
-func (s *Server) supervisorGone(t *task, pid int) {
-	s.mu.Lock()
-	gone := t.State == client.StateRunning && t.PID == pid
-	overran := t.overran
-	s.mu.Unlock()
-	if !gone {
-		return
-	}
-	killSession(s.proc, pid, t.UID)
-	reason := "its supervisor ended without reporting; exit status unknown"
-	if overran {
-		reason = fmt.Sprintf("killed by the broker: time limit %s overrun", time.Duration(t.TimeSec)*time.Second)
-	}
-	s.endTask(t, client.StateLost, nil, reason)
-}
-
-// overrunLimit is how long past its time limit and grace a task may run
-// before the broker, not trusting the submitter's supervisor, kills it.
-const overrunLimit = 30 * time.Second
-
-// enforceLimit arms the broker's own backstop for t's time limit.
-func (s *Server) enforceLimit(t *task, pid int) {
-	if t.TimeSec <= 0 {
-		return
-	}
-	deadline := time.UnixMilli(t.Started).Add(time.Duration(t.TimeSec)*time.Second + s.cfg.Tasks.KillGrace + overrunLimit)
-	time.AfterFunc(time.Until(deadline), func() {
-		s.mu.Lock()
-		running := t.State == client.StateRunning && t.PID == pid
-		if running {
-			t.overran = true
-		}
-		s.mu.Unlock()
-		if running {
-			s.log.Printf("task %d overran its time limit; killing its session", t.ID)
-			killSession(s.proc, pid, t.UID)
-		}
-	})
-}
-
 // taskDone takes a supervisor's report. Only the task's supervisor may
 // make it: the submitter's uid and the supervisor's pid, from SO_PEERCRED.
 func (s *Server) taskDone(c *conn, id uint64, st *client.Status) bool {
@@ -673,6 +503,7 @@ func (s *Server) endLocked(t *task, state string, st *client.Status, reason stri
 			s.cpuFree[t.Slot] = true
 		}
 	case client.StatePending:
+		s.dropSupervisorLocked(t)
 		if t.w != nil {
 			if t.Sub.NoDevice {
 				s.cpuq.Remove(t.w, false)

@@ -2,19 +2,22 @@
 package supervisor
 
 // The broker starts `npubroker supervise ID` already as the submitter, in a
-// session of its own, with cwd "/", PATH alone in its environment, one JSON
-// client.Spec on standard input, the lease's flock-held lock files at
-// descriptors 3, 4, … (one per Spec.Devices entry, in order) and /dev/null
-// for standard output and error. The supervisor starts the command with
-// those descriptors, closes its own copies at once (the lease lives and dies
-// with the command's process tree), waits, and reports the end with
-// task-done until the broker acknowledges it.
+// session of its own, with cwd "/", PATH alone in its environment and
+// /dev/null for standard output and error. Its standard input is a
+// SOCK_SEQPACKET socket to the broker carrying two messages: the Spec, at
+// once; then, when the task is granted and its start is in the journal, the
+// go-ahead (a Spec with the devices and their variables) with the lease's
+// flock-held lock descriptors. If the socket closes before the go-ahead, the
+// task was not started (cancelled, or the broker died): the supervisor exits
+// having run nothing. Otherwise it starts the command with the descriptors,
+// closes its own copies at once (the lease lives and dies with the command's
+// process tree), waits, and reports the end with task-done until the broker
+// acknowledges it.
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"os/signal"
@@ -26,12 +29,11 @@ import (
 	"github.com/npurun/npurun/broker/client"
 )
 
-// maxSpec is the most the broker may write on standard input.
-const maxSpec = 1 << 20
+// maxSpec is the largest message the broker may send.
+const maxSpec = client.MaxMessage
 
-// firstLease is the descriptor of the first lock file, in the supervisor
-// and in the command alike.
-const firstLease = 3
+// brokerFD is the descriptor of the socket to the broker.
+const brokerFD = 0
 
 // errUsage marks a Spec or command line the supervisor refuses outright.
 var errUsage = errors.New("usage: npubroker supervise ID")
@@ -41,16 +43,24 @@ var errUsage = errors.New("usage: npubroker supervise ID")
 // reporting, 2 when the command line or the Spec is unusable.
 func Main(args []string) int {
 	cancel := catchSignals()
-	spec, err := readSpec(os.Stdin, args)
+	// Nothing inherited beyond the standard three reaches the command.
+	_ = unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
+	spec, err := readSpec(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "npubroker: supervise: %v\n", err)
 		return 2
 	}
+	prep := prepare(spec)
+	leases, err := awaitGoAhead(spec)
+	if err != nil {
+		// Not started: cancelled while waiting, or the broker is gone.
+		fmt.Fprintf(os.Stderr, "npubroker: supervise: task %d not started: %v\n", spec.ID, err)
+		return 0
+	}
 	if err := releaseStdin(); err != nil {
 		fmt.Fprintf(os.Stderr, "npubroker: supervise: %v\n", err)
 	}
-	keepOnlyLease(len(spec.Devices))
-	st := runTask(spec, cancel)
+	st := runTask(spec, prep, leases, cancel)
 	return report(spec, st)
 }
 
@@ -66,7 +76,7 @@ func catchSignals() <-chan os.Signal {
 }
 
 // readSpec reads the broker's Spec and checks it names the task of args.
-func readSpec(r io.Reader, args []string) (*client.Spec, error) {
+func readSpec(args []string) (*client.Spec, error) {
 	if len(args) != 1 {
 		return nil, errUsage
 	}
@@ -74,18 +84,59 @@ func readSpec(r io.Reader, args []string) (*client.Spec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("task id %q: %w", args[0], errUsage)
 	}
-	b, err := io.ReadAll(io.LimitReader(r, maxSpec+1))
+	var spec client.Spec
+	fds, err := receive(&spec)
+	closeAll(fds) // the Spec comes alone
 	if err != nil {
 		return nil, fmt.Errorf("read spec: %w", err)
 	}
-	if len(b) > maxSpec {
-		return nil, fmt.Errorf("read spec: larger than %d bytes", maxSpec)
-	}
-	var spec client.Spec
-	if err := json.Unmarshal(b, &spec); err != nil {
-		return nil, fmt.Errorf("decode spec: %w", err)
-	}
 	return &spec, checkSpec(&spec, id)
+}
+
+// awaitGoAhead waits for the broker's word to start and returns the
+// lease's lock files, one per device.
+func awaitGoAhead(spec *client.Spec) ([]*os.File, error) {
+	var g client.Spec
+	fds, err := receive(&g)
+	switch {
+	case err != nil:
+		closeAll(fds)
+		return nil, err
+	case g.ID != spec.ID || len(g.Devices) != len(fds) || len(fds) > client.MaxDevices:
+		closeAll(fds)
+		return nil, fmt.Errorf("go-ahead for task %d with %d devices and %d descriptors", g.ID, len(g.Devices), len(fds))
+	}
+	spec.Devices = g.Devices
+	spec.Env = append(spec.Env, g.Env...)
+	files := make([]*os.File, len(fds))
+	for i, fd := range fds {
+		files[i] = os.NewFile(uintptr(fd), "npu"+strconv.Itoa(g.Devices[i])+".lock")
+	}
+	return files, nil
+}
+
+// receive reads one message from the broker into v, with the descriptors
+// that came with it.
+func receive(v any) ([]int, error) {
+	buf := make([]byte, maxSpec+1)
+	oob := make([]byte, unix.CmsgSpace(client.MaxDevices*4))
+	b, fds, err := client.RecvMsg(brokerFD, buf, oob, 0)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxSpec {
+		return fds, fmt.Errorf("message larger than %d bytes", maxSpec)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fds, fmt.Errorf("decode: %w", err)
+	}
+	return fds, nil
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }
 
 // checkSpec refuses a Spec the supervisor could not even report on.
@@ -113,11 +164,4 @@ func releaseStdin() error {
 		return fmt.Errorf("release stdin: %w", err)
 	}
 	return nil
-}
-
-// keepOnlyLease marks every inherited descriptor above the lease's
-// close-on-exec, so that nothing the broker let slip reaches the command.
-// Best effort: kernels before 5.11 lack the flag.
-func keepOnlyLease(n int) {
-	_ = unix.CloseRange(uint(firstLease+n), math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
 }

@@ -352,13 +352,17 @@ func TestBadSpec(t *testing.T) {
 		{"another task's spec", []string{"8"}, good},
 		{"no id", nil, good},
 		{"id not a number", []string{"seven"}, good},
-		{"too large", []string{"7"}, append(bytes.Repeat([]byte(" "), maxSpec), good...)},
+		{"too large", []string{"7"}, append(bytes.Repeat([]byte(" "), maxSpec+1), good...)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(testBinary(t), append([]string{"supervise"}, tc.args...)...)
 			cmd.Env = []string{roleVar + "=supervisor", "PATH=/usr/bin:/bin"}
-			cmd.Stdin = bytes.NewReader(tc.stdin)
+			sock := brokerSocket(t, cmd)
+			if err := client.SendMsg(int(sock.Fd()), tc.stdin, nil, 0); err != nil {
+				t.Fatal(err)
+			}
+			sock.Close()
 			out, err := cmd.CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
@@ -366,6 +370,20 @@ func TestBadSpec(t *testing.T) {
 			}
 		})
 	}
+}
+
+// brokerSocket gives cmd, as its standard input, one end of a socket
+// pair standing in for the broker's, and returns the other end.
+func brokerSocket(t *testing.T, cmd *exec.Cmd) *os.File {
+	t.Helper()
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := os.NewFile(uintptr(pair[1]), "supervisor")
+	t.Cleanup(func() { child.Close() })
+	cmd.Stdin = child
+	return os.NewFile(uintptr(pair[0]), "broker")
 }
 
 // newSpec is a Spec for task 7 with its own directory, log and socket.
@@ -411,13 +429,28 @@ func startSupervisor(t *testing.T, spec *client.Spec, locks []*os.File, env ...s
 	s.cmd = exec.Command(testBinary(t), "supervise", strconv.FormatUint(spec.ID, 10))
 	s.cmd.Env = append([]string{roleVar + "=supervisor", "PATH=/usr/bin:/bin", "GORACE=atexit_sleep_ms=0"}, env...) // GORACE: no 1 s pause at exit
 	s.cmd.Dir = "/"
-	s.cmd.Stdin = bytes.NewReader(b)
+	sock := brokerSocket(t, s.cmd)
 	s.cmd.Stderr = s.stderr
-	s.cmd.ExtraFiles = locks
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// The broker's two messages: the Spec, then the go-ahead with the locks.
+	fds := make([]int, len(locks))
+	for i, f := range locks {
+		fds[i] = int(f.Fd())
+	}
+	goAhead, err := json.Marshal(&client.Spec{ID: spec.ID, Devices: spec.Devices})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.SendMsg(int(sock.Fd()), goAhead, fds, 0); err != nil {
+		t.Fatal(err)
+	}
+	sock.Close()
 	for _, f := range locks {
 		f.Close()
 	}

@@ -35,24 +35,36 @@ const (
 // errNotFound means the command is not in the task's PATH.
 var errNotFound = errors.New("not found in the task's PATH")
 
+// prepared is what can be done before the go-ahead, so that a grant
+// starts the command without delay: the log open, the program found.
+type prepared struct {
+	log     *os.File
+	path    string
+	logErr  error
+	pathErr error
+}
+
+func prepare(spec *client.Spec) *prepared {
+	p := &prepared{}
+	p.log, p.logErr = openLog(spec.Log)
+	p.path, p.pathErr = resolve(spec.Argv, spec.Env, spec.Cwd)
+	return p
+}
+
 // runTask runs the command of spec to its end and says how it ended. The
 // lease's descriptors are closed by the time it returns.
-func runTask(spec *client.Spec, cancel <-chan os.Signal) *client.Status {
-	leases, err := leaseFiles(spec.Devices)
+func runTask(spec *client.Spec, p *prepared, leases []*os.File, cancel <-chan os.Signal) *client.Status {
 	defer closeFiles(leases)
-	if err != nil {
-		return &client.Status{Reason: err.Error()}
+	if p.logErr != nil {
+		return &client.Status{Reason: p.logErr.Error()}
 	}
-	log, err := openLog(spec.Log)
-	if err != nil {
-		return &client.Status{Reason: err.Error()}
-	}
+	log := p.log
 	defer log.Close()
 	if cancelled(cancel) {
 		logf(log, "npurun: task %d cancelled before it started\n", spec.ID)
 		return &client.Status{Reason: reasonCancelled}
 	}
-	cmd, err := startCommand(spec, log, leases)
+	cmd, err := startCommand(spec, p, leases)
 	closeFiles(leases)
 	if err != nil {
 		logf(log, "npurun: task %d did not start: %v\n", spec.ID, err)
@@ -61,19 +73,6 @@ func runTask(spec *client.Spec, cancel <-chan os.Signal) *client.Status {
 	st := endStatus(supervise(cmd, spec, cancel))
 	logf(log, "npurun: task %d ended: %s\n", spec.ID, describe(st))
 	return st
-}
-
-// leaseFiles wraps the inherited lock descriptors, one per device.
-func leaseFiles(devices []int) ([]*os.File, error) {
-	files := make([]*os.File, 0, len(devices))
-	for i, dev := range devices {
-		fd := firstLease + i
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
-			return files, fmt.Errorf("lease descriptor %d of npu %d: %w", fd, dev, err)
-		}
-		files = append(files, os.NewFile(uintptr(fd), "npu"+strconv.Itoa(dev)+".lock"))
-	}
-	return files, nil
 }
 
 func closeFiles(files []*os.File) {
@@ -117,13 +116,13 @@ func cancelled(cancel <-chan os.Signal) bool {
 
 // startCommand logs the start and starts the command in a process group of
 // its own, with the lease at descriptors 3, 4, …
-func startCommand(spec *client.Spec, log *os.File, leases []*os.File) (*exec.Cmd, error) {
-	path, err := resolve(spec.Argv, spec.Env, spec.Cwd)
-	if err != nil {
-		return nil, fmt.Errorf("start: %w", err)
+func startCommand(spec *client.Spec, p *prepared, leases []*os.File) (*exec.Cmd, error) {
+	if p.pathErr != nil {
+		return nil, fmt.Errorf("start: %w", p.pathErr)
 	}
+	log := p.log
 	cmd := &exec.Cmd{
-		Path:        path,
+		Path:        p.path,
 		Args:        spec.Argv,
 		Dir:         spec.Cwd,
 		Env:         taskEnv(spec.Env, spec.Devices),
@@ -195,6 +194,10 @@ func taskEnv(env []string, devices []int) []string {
 	}
 	return out
 }
+
+// firstLease is the command's descriptor of the first lock file: ExtraFiles
+// puts them at 3, 4, ….
+const firstLease = 3
 
 // leaseValue is "dev:fd,…" for the command's descriptors 3, 4, …
 func leaseValue(devices []int) string {
