@@ -779,3 +779,66 @@ func awaitExit(t *testing.T, pidfd int) {
 		return
 	}
 }
+
+// TestNoGoAhead: a supervisor whose broker goes away before the go-ahead
+// (the task cancelled while it waited, or the broker dead before the start
+// was journaled) exits having run nothing; so does one given a go-ahead
+// whose descriptors do not match its devices.
+func TestNoGoAhead(t *testing.T) {
+	tests := []struct {
+		name    string
+		goAhead func(t *testing.T, sock *os.File, spec *client.Spec)
+	}{
+		{"socket closed", func(*testing.T, *os.File, *client.Spec) {}},
+		{"descriptors missing", func(t *testing.T, sock *os.File, spec *client.Spec) {
+			b, err := json.Marshal(&client.Spec{ID: spec.ID, Devices: []int{0, 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"another task's go-ahead", func(t *testing.T, sock *os.File, spec *client.Spec) {
+			b, err := json.Marshal(&client.Spec{ID: spec.ID + 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			marker := filepath.Join(t.TempDir(), "ran")
+			spec := newSpec(t, "sh", "-c", "touch "+marker)
+			b, err := json.Marshal(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(testBinary(t), "supervise", strconv.FormatUint(spec.ID, 10))
+			cmd.Env = []string{roleVar + "=supervisor", "PATH=/usr/bin:/bin", "GORACE=atexit_sleep_ms=0"}
+			sock := brokerSocket(t, cmd)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
+				t.Fatal(err)
+			}
+			tc.goAhead(t, sock, spec)
+			sock.Close()
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("supervisor: %v, want exit 0; stderr:\n%s", err, &stderr)
+			}
+			if !strings.Contains(stderr.String(), "not started") {
+				t.Errorf("stderr does not say the task was not started:\n%s", &stderr)
+			}
+			if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the command ran (%s exists: %v)", marker, err)
+			}
+		})
+	}
+}
