@@ -81,7 +81,3 @@ func closeFD(fd int) {
 		unix.Close(fd)
 	}
 }
-
-func dupCloexec(fd int) (int, error) {
-	return unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-}
