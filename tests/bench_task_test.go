@@ -334,26 +334,18 @@ func BenchmarkTaskHandoff(b *testing.B) {
 	if err := unix.Mkfifo(filepath.Join(tdir, "fifo"), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	dir := SharedDir(b)
-	lock := filepath.Join(dir, "lock")
-	if err := os.WriteFile(lock, nil, 0o644); err != nil {
-		b.Fatal(err)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(lock, &st); err != nil {
-		b.Fatal(err)
-	}
+	dir, lock, ino := benchFlockFile(b)
 	for range 3 {
 		benchTaskHandoffOne(b, c, logs, tdir)
-		benchHandoffFlock(b, lock, st.Ino, dir)
+		benchHandoffFlock(b, lock, ino, dir)
 	}
 	var ht, hf []time.Duration
 	for i := range benchTaskHandoffSamples {
 		if i%2 == 0 {
 			ht = append(ht, benchTaskHandoffOne(b, c, logs, tdir))
-			hf = append(hf, benchHandoffFlock(b, lock, st.Ino, dir))
+			hf = append(hf, benchHandoffFlock(b, lock, ino, dir))
 		} else {
-			hf = append(hf, benchHandoffFlock(b, lock, st.Ino, dir))
+			hf = append(hf, benchHandoffFlock(b, lock, ino, dir))
 			ht = append(ht, benchTaskHandoffOne(b, c, logs, tdir))
 		}
 	}

@@ -279,13 +279,12 @@ func benchHandoffFlock(b *testing.B, lock string, ino uint64, dir string) time.D
 	return time.Duration(benchReadStamp(b, bb) - benchReadStamp(b, a))
 }
 
-// BenchmarkHandoff: from the holder's last action to the queued waiter's
-// command start, npurun (one fake device) against flock(1), interleaved.
-func BenchmarkHandoff(b *testing.B) {
-	benchNoNsPerOp(b)
-	br := StartBroker(b, FakeConfig(1))
-	dir := SharedDir(b)
-	lock := filepath.Join(dir, "lock")
+// benchFlockFile makes the lock file the flock(1) side of a handoff
+// measurement uses, in a directory every user may enter; it returns the
+// directory, the file and its inode (to find its waiters in /proc/locks).
+func benchFlockFile(b *testing.B) (dir, lock string, ino uint64) {
+	dir = SharedDir(b)
+	lock = filepath.Join(dir, "lock")
 	if err := os.WriteFile(lock, nil, 0o644); err != nil {
 		b.Fatal(err)
 	}
@@ -293,17 +292,26 @@ func BenchmarkHandoff(b *testing.B) {
 	if err := unix.Stat(lock, &st); err != nil {
 		b.Fatal(err)
 	}
+	return dir, lock, st.Ino
+}
+
+// BenchmarkHandoff: from the holder's last action to the queued waiter's
+// command start, npurun (one fake device) against flock(1), interleaved.
+func BenchmarkHandoff(b *testing.B) {
+	benchNoNsPerOp(b)
+	br := StartBroker(b, FakeConfig(1))
+	dir, lock, ino := benchFlockFile(b)
 	for range 3 { // warm up
 		benchHandoffNpurun(b, br, dir)
-		benchHandoffFlock(b, lock, st.Ino, dir)
+		benchHandoffFlock(b, lock, ino, dir)
 	}
 	var hn, hf []time.Duration
 	for i := range benchHandoffSamples {
 		if i%2 == 0 {
 			hn = append(hn, benchHandoffNpurun(b, br, dir))
-			hf = append(hf, benchHandoffFlock(b, lock, st.Ino, dir))
+			hf = append(hf, benchHandoffFlock(b, lock, ino, dir))
 		} else {
-			hf = append(hf, benchHandoffFlock(b, lock, st.Ino, dir))
+			hf = append(hf, benchHandoffFlock(b, lock, ino, dir))
 			hn = append(hn, benchHandoffNpurun(b, br, dir))
 		}
 	}
