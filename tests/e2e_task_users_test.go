@@ -1,0 +1,261 @@
+package tests
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// newGroup creates a system group for the test, with members, and removes
+// it afterwards (after the members, whose cleanups run first when they
+// were made later).
+func newGroup(t *testing.T) (string, uint32) {
+	t.Helper()
+	needRoot(t)
+	buf := make([]byte, 4)
+	rand.Read(buf)
+	name := "npurun-g" + hex.EncodeToString(buf)
+	if out, err := exec.Command("groupadd", "--system", name).CombinedOutput(); err != nil {
+		t.Fatalf("groupadd %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("groupdel", name).CombinedOutput(); err != nil {
+			t.Errorf("groupdel %s: %v: %s", name, err, out)
+		}
+	})
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gid, _ := strconv.Atoi(g.Gid)
+	return name, uint32(gid)
+}
+
+// fileOwner is the uid owning path, and its permission bits.
+func fileOwner(t *testing.T, path string) (uint32, os.FileMode) {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Sys().(*syscall.Stat_t).Uid, fi.Mode().Perm()
+}
+
+// TestTaskRunsAsSubmitter: a task runs with its submitter's uid, primary
+// and supplementary groups, directory and environment, never as root, and
+// its log is the submitter's.
+func TestTaskRunsAsSubmitter(t *testing.T) {
+	gname, gid2 := newGroup(t)
+	u := newUser(t)
+	if out, err := exec.Command("usermod", "-a", "-G", gname, u.Name).CombinedOutput(); err != nil {
+		t.Fatalf("usermod -G %s %s: %v: %s", gname, u.Name, err, out)
+	}
+	b := StartBroker(t, taskConfig(1))
+	dir := userDir(t, &u, 0o700)
+	marker := "marker-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	log := filepath.Join(dir, "task.log")
+
+	cmd := asUser(b.TaskSubmit("--json", "--no-device", "--log", log,
+		"--run", `{ id -u; id -G; pwd; echo "$NPURUN_E2E_MARKER"; } > out`), &u, dir, gid2)
+	cmd.Env = append(cmd.Env, "NPURUN_E2E_MARKER="+marker)
+	r := runTaskCmd(t, cmd)
+	if r.code != 0 {
+		t.Fatalf("submit as %s: %s", u.Name, r)
+	}
+	var sub struct{ ID uint64 }
+	if err := json.Unmarshal([]byte(r.stdout), &sub); err != nil || sub.ID == 0 {
+		t.Fatalf("submit --json printed %q: %v", r.stdout, err)
+	}
+	id := sub.ID
+	if w := waitTask(t, b, id); w.code != 0 {
+		t.Fatalf("wait %d: %s\nlog: %s", id, w, readFile(log))
+	}
+	ti := showTask(t, b, id)
+	if ti.UID != u.UID || ti.User != u.Name {
+		t.Errorf("task of %s (%d) listed as %s (%d)", u.Name, u.UID, ti.User, ti.UID)
+	}
+
+	out := filepath.Join(dir, "out")
+	lines := strings.Split(strings.TrimRight(readFile(out), "\n"), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("task wrote %q, want 4 lines", lines)
+	}
+	if lines[0] != strconv.Itoa(int(u.UID)) {
+		t.Errorf("task ran as uid %s, want %d", lines[0], u.UID)
+	}
+	gotGroups := strings.Fields(lines[1])
+	wantGroups := []string{strconv.Itoa(int(u.GID)), strconv.Itoa(int(gid2))}
+	slices.Sort(gotGroups)
+	slices.Sort(wantGroups)
+	if !slices.Equal(gotGroups, wantGroups) {
+		t.Errorf("task ran with groups %v, want %v (primary and %s)", gotGroups, wantGroups, gname)
+	}
+	if lines[2] != dir {
+		t.Errorf("task ran in %q, want %q", lines[2], dir)
+	}
+	if lines[3] != marker {
+		t.Errorf("task saw NPURUN_E2E_MARKER=%q, want %q", lines[3], marker)
+	}
+	for _, p := range []string{out, log} {
+		if owner, _ := fileOwner(t, p); owner != u.UID {
+			t.Errorf("%s is owned by uid %d, want %s's %d", p, owner, u.Name, u.UID)
+		}
+	}
+}
+
+// TestTaskPrivacy: another user sees that a task exists, and whose it is,
+// but not its command, directory or log; may not show, wait for, cancel,
+// follow or depend on it; and cannot read its log.
+func TestTaskPrivacy(t *testing.T) {
+	a, bu := newUser(t), newUser(t)
+	b := StartBroker(t, taskConfig(1))
+	adir, bdir := userDir(t, &a, 0o755), userDir(t, &bu, 0o700)
+	gate := filepath.Join(adir, "gate")
+	makeFIFO(t, gate)
+	alog := filepath.Join(adir, "a.log")
+	id := submitTask(t, b, &a, adir, "--no-device", "--log", alog,
+		"--", "sh", "-c", `echo private output; read x < "$1"`, "sh", gate)
+	w := openFIFO(t, gate, os.O_WRONLY) // A's task runs
+
+	if mine := findTask(listTasks(t, b, &a, false), id); mine == nil || mine.Command == "" || mine.Log != alog {
+		t.Fatalf("A's own list shows %+v, want the command and log", mine)
+	}
+	seen := findTask(listTasks(t, b, &bu, true), id)
+	switch {
+	case seen == nil:
+		t.Errorf("B's list --all lacks A's task %d", id)
+	case seen.User != a.Name || seen.UID != a.UID || seen.State != client.StateRunning:
+		t.Errorf("B's list --all shows A's task as %+v", seen)
+	case seen.Command != "" || seen.Cwd != "" || seen.Log != "" || len(seen.Env) > 0:
+		t.Errorf("B's list --all shows A's private fields: command %q cwd %q log %q env %q", seen.Command, seen.Cwd, seen.Log, seen.Env)
+	}
+	if got := findTask(listTasks(t, b, &bu, false), id); got != nil {
+		t.Errorf("B's own list has A's task: %+v", got)
+	}
+	for _, args := range [][]string{
+		{"show", idStr(id)},
+		{"show", "--json", idStr(id)},
+		{"cancel", idStr(id)},
+		{"wait", idStr(id)},
+		{"logs", idStr(id)},
+		{"--log", filepath.Join(bdir, "b.log"), "--after", idStr(id), "--", "true"},
+	} {
+		r := runTaskCmd(t, asUser(b.TaskSubmit(args...), &bu, bdir))
+		if r.code != 1 || !strings.Contains(r.stderr, "no task") || strings.Contains(r.stdout+r.stderr, adir) {
+			t.Errorf("B's task-submit %q on A's task: %s; want exit 1, \"no task\", nothing of A's", args, r)
+		}
+	}
+
+	if owner, mode := fileOwner(t, alog); owner != a.UID || mode != 0o600 {
+		t.Errorf("A's log is uid %d mode %o, want uid %d mode 600", owner, mode, a.UID)
+	}
+	r := runTaskCmd(t, asUser(exec.Command("cat", alog), &bu, bdir))
+	if r.code == 0 || !strings.Contains(r.stderr, "Permission denied") || strings.Contains(r.stdout, "private") {
+		t.Errorf("B reading A's log: %s; want permission denied", r)
+	}
+
+	// B's cancel did nothing: the task still runs, and ends well.
+	if ti := showTask(t, b, id); ti.State != client.StateRunning {
+		t.Errorf("A's task after B's cancel: %s, want running", ti.State)
+	}
+	w.Write([]byte("go\n"))
+	w.Close()
+	if r := waitTask(t, b, id); r.code != 0 {
+		t.Errorf("wait %d: %s", id, r)
+	}
+	if ti := showTask(t, b, id); ti.State != client.StateDone {
+		t.Errorf("A's task ended %s (%s), want done", ti.State, ti.Reason)
+	}
+	if !strings.Contains(readFile(alog), "private output") {
+		t.Errorf("A's log lacks the task's output:\n%s", readFile(alog))
+	}
+}
+
+// TestTaskLogSymlink: a --log path that leads, through a symbolic link the
+// submitter placed, to a file or directory only root may reach is never
+// written: the log is opened with the submitter's privileges (and without
+// following a final link), so the task fails instead.
+func TestTaskLogSymlink(t *testing.T) {
+	a := newUser(t)
+	b := StartBroker(t, taskConfig(1))
+	adir := userDir(t, &a, 0o755)
+	root := t.TempDir() // private to root, parents included
+	if err := os.Chmod(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	secret := filepath.Join(root, "secret")
+	content := []byte("root's own file\n")
+	if err := os.WriteFile(secret, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mtime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	if err := os.Chtimes(secret, mtime, mtime); err != nil {
+		t.Fatal(err)
+	}
+	rootOnly := filepath.Join(root, "only")
+	if err := os.Mkdir(rootOnly, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := func(target, name string) string {
+		p := filepath.Join(adir, name)
+		// A owns the link, as if A had placed it.
+		if err := os.Symlink(target, p); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Lchown(p, int(a.UID), int(a.GID)); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	fileLink := link(secret, "file.log")
+	dirLink := link(rootOnly, "logs")
+
+	for _, c := range []struct{ name, log string }{
+		{"log is a link to root's file", fileLink},
+		{"log dir is a link to root's dir", filepath.Join(dirLink, "task.log")},
+		{"log dir to be made under a link to root's dir", filepath.Join(dirLink, "sub", "task.log")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			id := submitTask(t, b, &a, adir, "--no-device", "--log", c.log, "--", "echo", "written by the task")
+			r := waitTask(t, b, id)
+			ti := showTask(t, b, id)
+			if ti.State == client.StateDone || r.code == 0 {
+				t.Errorf("task with log %s ended %s (wait %s); want it failed, having no log", c.log, ti.State, r)
+			} else {
+				t.Logf("task %d: %s: %s", id, ti.State, ti.Reason)
+			}
+			got, err := os.ReadFile(secret)
+			if err != nil || !bytes.Equal(got, content) {
+				t.Errorf("root's file now holds %q (%v), want %q", got, err, content)
+			}
+			if fi, err := os.Stat(secret); err != nil || !fi.ModTime().Equal(mtime) {
+				t.Errorf("root's file modified: %v, %v", fi.ModTime(), err)
+			}
+			if ents, _ := os.ReadDir(rootOnly); len(ents) > 0 {
+				t.Errorf("something wrote into root's directory: %v", ents)
+			}
+		})
+	}
+}
+
+// readFile is a file's text, or the error reading it.
+func readFile(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	return string(data)
+}
