@@ -228,8 +228,7 @@ func (s *Server) rewatch(d *device) {
 // Listen opens the broker's socket at path. A socket file left by a broker
 // that is gone is replaced; one that answers is an error.
 func Listen(path string) (*net.UnixListener, error) {
-	if c, err := client.Dial(path); err == nil {
-		c.Close()
+	if answers(path) {
 		return nil, fmt.Errorf("listen %s: another broker is serving there", path)
 	}
 	var st unix.Stat_t
@@ -255,6 +254,26 @@ func Listen(path string) (*net.UnixListener, error) {
 		return nil, err
 	}
 	return ln, nil
+}
+
+// staleWait is how long a broker that accepts a connection has to answer
+// a ping before its socket counts as stale.
+const staleWait = time.Second
+
+// answers tells whether a broker serves at path. A connection alone does
+// not tell: a process the dead broker was starting can hold its listening
+// socket for a moment after it died, accepting nothing.
+func answers(path string) bool {
+	c, err := client.Dial(path)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	if c.Send(&client.Request{Op: client.OpPing}) != nil {
+		return false
+	}
+	r, _, err := c.Recv(staleWait)
+	return err == nil && r.Type == client.TypePong
 }
 
 // Serve accepts connections until ctx is done.
