@@ -85,6 +85,11 @@ func closeFiles(files []*os.File) {
 // directories as the submitter, never through a symbolic link.
 func openLog(path string) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		// MkdirAll says "file exists" for a directory it may not look
+		// into; the submitter needs to hear why.
+		if _, serr := os.Stat(filepath.Dir(path)); serr != nil && !errors.Is(serr, fs.ErrNotExist) {
+			err = serr
+		}
 		return nil, fmt.Errorf("open log %s: %w", path, err)
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
