@@ -537,6 +537,10 @@ func BenchmarkMemory(b *testing.B) {
 		if err := client.SendMsg(fd, req, nil, 0); err != nil {
 			b.Fatalf("waiter %d: send: %v", i, err)
 		}
+	}
+	// The broker tells waiters their places in batches (every 50 ms), not
+	// one by one: ask on every connection first, then read the answers.
+	for i, fd := range socks {
 		data, _, err := client.RecvMsg(fd, buf, oob, 0)
 		if err != nil {
 			b.Fatalf("waiter %d: recv: %v", i, err)
