@@ -54,7 +54,9 @@ func (sup *supervisor) gone() bool {
 // warmLocked starts supervisors for the first task waiting in each pool,
 // so that their grants start their commands at once.
 func (s *Server) warmLocked() {
-	if s.warm >= maxWarm {
+	// Called on every scheduling pass: with no task waiting (npurun alone)
+	// it must cost nothing.
+	if s.warm >= maxWarm || len(s.queuedTasks) == 0 {
 		return
 	}
 	for _, q := range []*Queue{s.q, s.cpuq} {
