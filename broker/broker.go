@@ -59,7 +59,8 @@ type Server struct {
 	unprivileged bool   // not root: tasks only for our own uid, no credential change
 	proc         procfs.FS
 	spool        *Spool
-	cpuSlots     []int // ids of the CPU slots: 0..cpu_slots-1
+	cpuSlots     []int    // ids of the CPU slots: 0..cpu_slots-1
+	stateClaim   *os.File // held for the broker's life: no other broker replays this spool
 
 	mu         sync.Mutex
 	devs       []*device // indexed by physical id; nil where not managed
@@ -135,7 +136,7 @@ func New(o Options) (*Server, error) {
 			s.poolOf[id] = p.Name
 		}
 	}
-	if err := prepareLockDir(s.locks); err != nil {
+	if err := prepareDir(s.locks, lockDirMode); err != nil {
 		return nil, err
 	}
 	maxID := 0
@@ -144,7 +145,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.devs = make([]*device, maxID+1)
 	for _, id := range s.inv.IDs {
-		d := &device{id: id, path: LockPath(s.locks, id), fd: -1, watch: make(chan int, 1)}
+		d := &device{id: id, path: LockPath(s.locks, id), fd: -1, spare: -1, watch: make(chan int, 1)}
 		fd, free, err := tryLock(d.path)
 		if err != nil {
 			return nil, err
@@ -152,8 +153,12 @@ func New(o Options) (*Server, error) {
 		s.devs[id] = d
 		go s.watch(d)
 		if free {
-			d.fd = fd
-			s.nfree++
+			// Free, but descriptors of leases from before this start may
+			// still reach the file: the device starts on a fresh one.
+			if err := s.renewOnce(d, fd); err != nil {
+				s.log.Printf("npu %d: %v; out of service until a fresh lock file can be made", id, err)
+				go s.renew(d, fd)
+			}
 		} else {
 			d.since = time.Now()
 			s.log.Printf("npu %d is held by a lease from before this start; waiting for its release", id)
@@ -167,6 +172,12 @@ func New(o Options) (*Server, error) {
 	if stateDir == "" {
 		stateDir = o.Config.Tasks.StateDir
 	}
+	if err := prepareStateDir(stateDir); err != nil {
+		return nil, err
+	}
+	if s.stateClaim, err = Claim(stateDir); err != nil {
+		return nil, err
+	}
 	if err := s.loadTasks(stateDir); err != nil {
 		return nil, err
 	}
@@ -175,7 +186,8 @@ func New(o Options) (*Server, error) {
 
 // watch is device d's watcher, for the broker's lifetime: given a second
 // open of d's lock file while a lease holds it, it waits in flock until the
-// lease's process tree is gone; then d is free, locked by that descriptor.
+// lease's process tree is gone; then the lease is over, and d is free once
+// a fresh lock file is in place.
 func (s *Server) watch(d *device) {
 	for fd := range d.watch {
 		if err := flock(fd, false); err != nil {
@@ -186,43 +198,55 @@ func (s *Server) watch(d *device) {
 			continue
 		}
 		s.mu.Lock()
-		d.fd = fd
 		if d.leased {
 			if s.held[d.holder]--; s.held[d.holder] <= 0 {
 				delete(s.held, d.holder)
 			}
 		}
 		d.leased = false
-		s.nfree++
-		s.scheduleLocked()
 		s.mu.Unlock()
+		s.renew(d, fd)
 	}
 }
 
-// releasedLocked hands device d, now leased, to its watcher.
+// renew makes d free on a fresh lock file; old is the lock of the lease
+// that ended, closed once the new file is in place. While no fresh file can
+// be made (out of descriptors, a full /run) d stays out of service: handing
+// out the old file again would let an earlier lease's descriptor take it.
+func (s *Server) renew(d *device, old int) {
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		err := s.renewOnce(d, old)
+		if err == nil {
+			return
+		}
+		s.log.Printf("npu %d: %v; out of service until a fresh lock file can be made", d.id, err)
+		time.Sleep(wait)
+	}
+}
+
+// renewOnce tries once to make d free on a fresh lock file.
+func (s *Server) renewOnce(d *device, old int) error {
+	fd, spare, err := renewLock(d.path)
+	if err != nil {
+		return err
+	}
+	unix.Close(old)
+	s.mu.Lock()
+	d.fd, d.spare = fd, spare
+	s.nfree++
+	s.scheduleLocked()
+	s.mu.Unlock()
+	return nil
+}
+
+// releasedLocked hands device d, now leased, to its watcher. The caller has
+// taken d.fd, the locked descriptor, for the lease.
 func (s *Server) releasedLocked(d *device, uid uint32) {
 	d.leased, d.holder, d.since = true, uid, time.Now()
 	s.nfree--
 	s.held[uid]++
-	if fd, err := openLock(d.path); err == nil {
-		d.watch <- fd
-		return
-	}
-	go s.rewatch(d)
-}
-
-// rewatch gives d's watcher a fresh open of its lock file, retrying while
-// the open fails (out of descriptors, say): until then d stays leased.
-func (s *Server) rewatch(d *device) {
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		fd, err := openLock(d.path)
-		if err == nil {
-			d.watch <- fd
-			return
-		}
-		s.log.Printf("npu %d: %v; retrying", d.id, err)
-		time.Sleep(wait)
-	}
+	d.watch <- d.spare
+	d.spare = -1
 }
 
 // Listen opens the broker's socket at path. A socket file left by a broker
@@ -243,15 +267,16 @@ func Listen(path string) (*net.UnixListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
+	// Everyone may connect: identity comes from SO_PEERCRED and the
+	// policy decides what each user gets. The mode is set by the umask at
+	// bind, not by a chmod of the path afterwards, which would follow
+	// whatever the path names by then. (The broker starts no other thread
+	// that creates files while it listens.)
+	old := unix.Umask(0o111)
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	unix.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
-	}
-	// Everyone may connect: identity comes from SO_PEERCRED and the
-	// policy decides what each user gets.
-	if err := os.Chmod(path, 0o666); err != nil {
-		ln.Close()
-		return nil, err
 	}
 	return ln, nil
 }

@@ -14,11 +14,21 @@ import (
 // device is one accelerator's lock. While the device is free the broker
 // holds its lock file open and flock'ed (fd >= 0); a grant hands that very
 // descriptor to the client and the broker keeps nothing but a second open
-// of the file, blocked in flock until the holder's process tree is gone.
+// of the file (spare), blocked in flock until the holder's process tree is
+// gone.
+//
+// A lock file serves one lease. Every descriptor a lease's client got
+// shares the one open file the broker granted, and that client may keep it
+// after its lease ends and block in flock on it; were the next lease on the
+// same file, that flock could win the lock without a grant. So when a lease
+// ends the broker puts a fresh lock file in its place (renew): no earlier
+// lease's descriptor reaches the file a lease holds, and a nested npurun
+// recognises a lease by the device and inode of the current file.
 type device struct {
 	id     int
 	path   string
 	fd     int    // locked descriptor while free; -1 while leased
+	spare  int    // a second open of the free lock file, for the watcher; -1 if none
 	holder uint32 // uid the lease was granted to (this broker's grants only)
 	leased bool   // granted by this broker (false: found held at start)
 	since  time.Time
@@ -30,28 +40,39 @@ func LockPath(dir string, id int) string {
 	return filepath.Join(dir, "npu"+strconv.Itoa(id)+".lock")
 }
 
+// lockDirMode lets everyone look up a lock file by name (stat(2): a nested
+// npurun compares its descriptor with the current file) but nobody list,
+// create or, the files being 0600, open one.
+const lockDirMode = 0o711
+
 // prepareLockDir makes dir, owned by us and open to nobody else. It refuses
 // a symlink or a directory owned by someone else.
 func prepareLockDir(dir string) error {
+	return prepareDir(dir, 0o700)
+}
+
+// prepareDir makes dir with mode, owned by us, writable by nobody else. It
+// refuses a symlink or a directory owned by someone else.
+func prepareDir(dir string, mode uint32) error {
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return err
 	}
-	if err := unix.Mkdir(dir, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("create lock directory %s: %w", dir, err)
+	if err := unix.Mkdir(dir, mode); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("create directory %s: %w", dir, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Lstat(dir, &st); err != nil {
-		return fmt.Errorf("lock directory %s: %w", dir, err)
+		return fmt.Errorf("directory %s: %w", dir, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return fmt.Errorf("lock directory %s: not a directory", dir)
+		return fmt.Errorf("directory %s: not a directory", dir)
 	}
 	if st.Uid != uint32(os.Geteuid()) {
-		return fmt.Errorf("lock directory %s: owned by uid %d, not by the broker's uid %d", dir, st.Uid, os.Geteuid())
+		return fmt.Errorf("directory %s: owned by uid %d, not by the broker's uid %d", dir, st.Uid, os.Geteuid())
 	}
-	if st.Mode&0o077 != 0 {
-		if err := unix.Chmod(dir, 0o700); err != nil {
-			return fmt.Errorf("lock directory %s: %w", dir, err)
+	if st.Mode&0o7777 != mode {
+		if err := unix.Chmod(dir, mode); err != nil {
+			return fmt.Errorf("directory %s: %w", dir, err)
 		}
 	}
 	return nil
@@ -100,5 +121,55 @@ func tryLock(path string) (int, bool, error) {
 	default:
 		unix.Close(fd)
 		return -1, false, fmt.Errorf("lock %s: %w", path, err)
+	}
+}
+
+// renewLock puts a fresh lock file at path, locked, and returns its locked
+// descriptor and a second, unlocked open of it for the watcher. The fresh
+// file is made aside and renamed over path, so path always names a lock
+// file; no descriptor opened before reaches the new one.
+func renewLock(path string) (locked, spare int, err error) {
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".new")
+	if err := unix.Unlink(tmp); err != nil && !errors.Is(err, unix.ENOENT) {
+		return -1, -1, fmt.Errorf("renew lock %s: %w", path, err)
+	}
+	for {
+		locked, err = unix.Open(tmp, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return -1, -1, fmt.Errorf("renew lock %s: %w", path, err)
+	}
+	fail := func(err error) (int, int, error) {
+		unix.Close(locked)
+		unix.Unlink(tmp)
+		return -1, -1, fmt.Errorf("renew lock %s: %w", path, err)
+	}
+	if err := flock(locked, true); err != nil {
+		return fail(err)
+	}
+	// The spare is opened through the descriptor, not the name, so that it
+	// is the same file whatever happens to the name.
+	spare, err = reopen(locked)
+	if err != nil {
+		return fail(err)
+	}
+	if err := unix.Rename(tmp, path); err != nil {
+		unix.Close(spare)
+		return fail(err)
+	}
+	return locked, spare, nil
+}
+
+// reopen opens the file of descriptor fd again: a new open file, sharing
+// no lock with fd.
+func reopen(fd int) (int, error) {
+	for {
+		nfd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != unix.EINTR {
+			return nfd, err
+		}
 	}
 }

@@ -27,9 +27,11 @@ func (l *lease) drop() {
 }
 
 // inheritedLease finds the lease named by $NPURUN_LEASE and checks it
-// rather than trusting it: each descriptor must be open, be the lock file
-// of its device, and hold an exclusive flock.
-func inheritedLease() (*lease, bool) {
+// rather than trusting it: each descriptor must be open, be the current
+// lock file of its device at the broker that serves socket (the broker
+// keeps them in "locks" beside its socket), and hold an exclusive flock.
+func inheritedLease(socket string) (*lease, bool) {
+	dir := socket[:strings.LastIndexByte(socket, '/')+1] + "locks"
 	v := os.Getenv(LeaseVar)
 	if v == "" {
 		return nil, false
@@ -39,7 +41,7 @@ func inheritedLease() (*lease, bool) {
 		dev, fdText, ok := strings.Cut(part, ":")
 		id, err1 := strconv.Atoi(dev)
 		fd, err2 := strconv.Atoi(fdText)
-		if !ok || err1 != nil || err2 != nil || fd < 0 || !holdsLock(fd, id) {
+		if !ok || err1 != nil || err2 != nil || fd < 0 || !holdsLock(fd, id, dir) {
 			return nil, false
 		}
 		l.devices = append(l.devices, id)
@@ -48,12 +50,18 @@ func inheritedLease() (*lease, bool) {
 	return l, len(l.devices) > 0
 }
 
-// holdsLock tells whether descriptor fd is device id's lock file and this
-// open file holds an exclusive flock on it. /proc/self/fdinfo lists the
-// locks of the open file behind the descriptor only.
-func holdsLock(fd, id int) bool {
-	link, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
-	if err != nil || !strings.HasSuffix(link, "/npu"+strconv.Itoa(id)+".lock") {
+// holdsLock tells whether descriptor fd is device id's current lock file
+// in dir, and this open file holds an exclusive flock on it. The broker
+// puts a fresh lock file in place whenever a lease ends, so a descriptor
+// kept from an earlier lease, or a look-alike file elsewhere, is another
+// file. /proc/self/fdinfo lists the locks of the open file behind the
+// descriptor only.
+func holdsLock(fd, id int, dir string) bool {
+	var have, cur unix.Stat_t
+	if unix.Fstat(fd, &have) != nil || unix.Stat(dir+"/npu"+strconv.Itoa(id)+".lock", &cur) != nil {
+		return false
+	}
+	if have.Dev != cur.Dev || have.Ino != cur.Ino {
 		return false
 	}
 	info, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
@@ -62,8 +70,7 @@ func holdsLock(fd, id int) bool {
 	}
 	for _, line := range bytes.Split(info, []byte("\n")) {
 		if bytes.HasPrefix(line, []byte("lock:")) && bytes.Contains(line, []byte("FLOCK")) && bytes.Contains(line, []byte("WRITE")) {
-			var st unix.Stat_t
-			return unix.Fstat(fd, &st) == nil
+			return true
 		}
 	}
 	return false

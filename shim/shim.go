@@ -54,12 +54,12 @@ func Run(o Options, argv []string) int {
 	if o.NoDevice {
 		// No lease for this command: not even one inherited from a
 		// parent npurun (the parent keeps its own).
-		if lease, ok := inheritedLease(); ok {
+		if lease, ok := inheritedLease(client.SocketPath(o.Socket)); ok {
 			lease.drop()
 		}
 		return execute(argv, append(npu.HiddenEnv(), LeaseVar+"="), nil)
 	}
-	if lease, ok := inheritedLease(); ok {
+	if lease, ok := inheritedLease(client.SocketPath(o.Socket)); ok {
 		if err := lease.covers(o); err != nil {
 			warn("%v", err)
 			hint("a nested npurun runs inside its parent's lease; ask for the devices in the outer npurun")

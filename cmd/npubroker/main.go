@@ -114,6 +114,17 @@ func serve(args []string) int {
 	if *stateDir == "" && os.Geteuid() != 0 && cfg.Tasks.StateDir == policy.DefaultStateDir {
 		*stateDir = filepath.Join(*runDir, "spool")
 	}
+	// One broker per run directory and per state directory, for life.
+	if err := os.MkdirAll(*runDir, 0o755); err != nil {
+		lg.Print(err)
+		return 1
+	}
+	runClaim, err := broker.Claim(*runDir)
+	if err != nil {
+		lg.Print(err)
+		return 1
+	}
+	defer runClaim.Close()
 	ln, err := broker.Activated()
 	if err == nil && ln == nil {
 		ln, err = broker.Listen(*socket)
@@ -121,6 +132,9 @@ func serve(args []string) int {
 	if err != nil {
 		lg.Print(err)
 		return 1
+	}
+	if addr := ln.Addr().String(); filepath.Dir(addr) != filepath.Clean(*runDir) {
+		lg.Printf("warning: socket %s is not in the run directory %s: a nested npurun looks for the lock files beside the socket, so it will not recognise its parent's lease", addr, *runDir)
 	}
 	s, err := broker.New(broker.Options{Config: cfg, Inventory: inv, RunDir: *runDir, StateDir: *stateDir, Socket: ln.Addr().String(), Log: lg})
 	if err != nil {

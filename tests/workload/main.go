@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func main() {
@@ -18,7 +20,12 @@ func main() {
 	logFile := flag.String("log", "", "file to append one line per run to")
 	tag := flag.String("tag", "", "name of this run in the log")
 	hold := flag.Duration("hold", 0, "how long to hold the devices")
+	relock := flag.Bool("relock", false, "play a client that keeps its lease's descriptor: unlock it, then block in flock on it again until standard input closes")
 	flag.Parse()
+	if *relock {
+		relockLease()
+		return
+	}
 
 	devs := os.Getenv("NPURUN_DEVICES")
 	start := time.Now().UnixNano()
@@ -49,4 +56,28 @@ func main() {
 		fmt.Fprintf(f, "%s %d %d %s %s\n", *tag, start, time.Now().UnixNano(), strconv.Itoa(os.Getuid()), devs)
 		f.Close()
 	}
+}
+
+// relockLease unlocks the lease's first descriptor (ending the lease, as
+// far as the broker can tell), says "unlocked", then waits in flock on the
+// same descriptor and says "relocked" once it has the lock, and holds it
+// until its standard input closes.
+func relockLease() {
+	dev, fdText, _ := strings.Cut(strings.Split(os.Getenv("NPURUN_LEASE"), ",")[0], ":")
+	fd, err := strconv.Atoi(fdText)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "workload: no lease descriptor in NPURUN_LEASE")
+		os.Exit(4)
+	}
+	if err := unix.Flock(fd, unix.LOCK_UN); err != nil {
+		fmt.Fprintln(os.Stderr, "workload: unlock:", err)
+		os.Exit(4)
+	}
+	fmt.Println("unlocked npu" + dev)
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		fmt.Fprintln(os.Stderr, "workload: lock:", err)
+		os.Exit(4)
+	}
+	fmt.Println("relocked npu" + dev)
+	os.Stdin.Read(make([]byte, 1))
 }
