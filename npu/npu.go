@@ -108,6 +108,26 @@ func Discover(vendor Vendor, ids []int, devDir, npuSmi string) (*Inventory, erro
 	return inv, nil
 }
 
+// Found returns the ids of the vendor's device nodes in devDir ("" for
+// /dev), ascending, without running npu-smi: the devices a broker whose
+// configuration names no ids would manage. Auto looks for davinciN, then
+// nvidiaN; Fake has no nodes, and so no ids.
+func Found(vendor Vendor, devDir string) []int {
+	if devDir == "" {
+		devDir = "/dev"
+	}
+	switch vendor {
+	case Ascend, NVIDIA:
+		return scanNodes(devDir, nodePrefix(vendor))
+	case Auto, Unknown:
+		if ids := scanNodes(devDir, "davinci"); len(ids) > 0 {
+			return ids
+		}
+		return scanNodes(devDir, "nvidia")
+	}
+	return nil
+}
+
 // logicalMap runs npu-smi and returns the physical -> logical map of ids,
 // or nil and a notice saying why the identity is used instead. A note
 // comes with a map too when the map is a guess.

@@ -192,6 +192,27 @@ func TestDiscover(t *testing.T) {
 	}
 }
 
+func TestFound(t *testing.T) {
+	ascendDev := fakeDev(t, "davinci0", "davinci3", "davinci_manager", "nvidia7")
+	nvidiaDev := fakeDev(t, "nvidia1", "nvidia0", "nvidiactl", "nvidia-uvm")
+	for _, tt := range []struct {
+		vendor Vendor
+		dir    string
+		want   []int
+	}{
+		{Auto, ascendDev, []int{0, 3}},
+		{Ascend, ascendDev, []int{0, 3}},
+		{NVIDIA, ascendDev, []int{7}},
+		{Auto, nvidiaDev, []int{0, 1}},
+		{Fake, ascendDev, nil},
+		{Auto, fakeDev(t), nil},
+	} {
+		if got := Found(tt.vendor, tt.dir); !slices.Equal(got, tt.want) {
+			t.Errorf("Found(%s, %s) = %v, want %v", tt.vendor, tt.dir, got, tt.want)
+		}
+	}
+}
+
 func TestDiscoverNPUSmiInPath(t *testing.T) {
 	dev := fakeDev(t, "davinci0", "davinci1", "davinci2", "davinci3")
 	smi, _ := fakeNPUSmi(t, sampleRemapped, 0, sampleRemaps)
