@@ -9,6 +9,9 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/policy"
 )
 
 // TestNoDeviceInsideLease: npurun --no-device under a lease hides the
@@ -197,5 +200,26 @@ func TestNoBrokerThere(t *testing.T) {
 				t.Errorf("task-submit --socket %s list: want exit 69 and %q; %s", tc.path, want, r)
 			}
 		})
+	}
+}
+
+// TestDeviceListSyntaxMatchesConfig: -d (npu.ParseIDs) accepts exactly the
+// device lists the configuration's ids accept (policy keeps its own copy
+// of the parser, as it imports nothing of the project), and reads them
+// alike.
+func TestDeviceListSyntaxMatchesConfig(t *testing.T) {
+	for _, in := range []string{
+		"0", "7", "0-3", "0-3,8", "8,0-3", " 1 , 2 ", "0 - 3", "3-3", "1,1", "0-3,2",
+		"x", "-1", "3-1", "1,,2", ",1", "1,", "1-", "-", "0-3-5", "+1", "1.5", "0x1",
+		"0-4095", "0-4096", "99999999999999999999999",
+	} {
+		ids, errFlag := npu.ParseIDs(in)
+		cfg, errConf := policy.Parse("t.conf", []byte("[devices]\nvendor = \"fake\"\nids = \""+in+"\"\n"))
+		switch {
+		case (errFlag == nil) != (errConf == nil):
+			t.Errorf("%q: -d says %v, the config says %v", in, errFlag, errConf)
+		case errFlag == nil && !slices.Equal(ids, cfg.IDs):
+			t.Errorf("%q: -d reads %v, the config %v", in, ids, cfg.IDs)
+		}
 	}
 }
