@@ -2,60 +2,111 @@
 #
 # Variables (override on the command line: make install PREFIX=/usr):
 #   PREFIX      install prefix                          (/usr/local)
-#   DESTDIR     staging root for packagers              (empty)
+#   DESTDIR     staging root for packagers: prepended to every path
+#               written, never to the paths written into files  (empty)
 #   BINDIR      user commands: npurun, task-submit      ($(PREFIX)/bin)
 #   SBINDIR     the daemon: npubroker                   ($(PREFIX)/sbin)
 #   MANDIR      man pages                               ($(PREFIX)/share/man)
-#   PAMDIR      PAM modules (pam_npurun.so, later)      (/lib/security)
-#   SYSTEMDDIR  systemd units                           (/lib/systemd/system)
-#   SYSCONFDIR  configuration: npurun/npurun.conf       (/etc)
+#   SYSCONFDIR  configuration: npurun/npurun.conf       (/etc; $(PREFIX)/etc *)
+#   SYSTEMDDIR  systemd units                           (/lib/systemd/system;
+#                                                        $(PREFIX)/lib/systemd/system *)
+#   PAMDIR      PAM modules (pam_npurun.so, later)      (/lib/security;
+#                                                        $(PREFIX)/lib/security *)
+#   BUILDDIR    where the binaries are built            (bin)
 #   VERSION     version stamped into the binaries       (git describe)
 #   GO          the Go toolchain                        (go)
+#
+# * With the usual prefixes, /usr/local and /usr, the configuration goes to
+#   /etc and the units where systemd finds them: a working install. Any
+#   other PREFIX keeps everything under it (make install PREFIX=/tmp/x
+#   writes nothing outside /tmp/x), unless a variable is set explicitly.
+#   The unit files name $(SBINDIR) and $(SYSCONFDIR) as installed.
+#
+# make uninstall removes a file only if it is the one this tree, with the
+# same variables, would install (compared byte for byte), so it never
+# removes another prefix's or another version's files; it names those it
+# leaves. The configuration file is never removed: it is the administrator's.
 
 PREFIX     ?= /usr/local
 DESTDIR    ?=
 BINDIR     ?= $(PREFIX)/bin
 SBINDIR    ?= $(PREFIX)/sbin
 MANDIR     ?= $(PREFIX)/share/man
-PAMDIR     ?= /lib/security
-SYSTEMDDIR ?= /lib/systemd/system
+ifneq ($(filter /usr/local /usr,$(PREFIX)),)
 SYSCONFDIR ?= /etc
+SYSTEMDDIR ?= /lib/systemd/system
+PAMDIR     ?= /lib/security
+else
+SYSCONFDIR ?= $(PREFIX)/etc
+SYSTEMDDIR ?= $(PREFIX)/lib/systemd/system
+PAMDIR     ?= $(PREFIX)/lib/security
+endif
+BUILDDIR   ?= bin
 GO         ?= go
 VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 GOFLAGS_BUILD = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
-BINARIES = bin/npubroker bin/npurun bin/task-submit
+BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit
 SOURCES = $(shell find . -name '*.go' -not -path './.git/*') go.mod go.sum
+MAN1 = $(wildcard man/*.1)
+MAN5 = $(wildcard man/*.5)
+MAN8 = $(wildcard man/*.8)
 
-.PHONY: all build test race demo bench man install uninstall clean
+.PHONY: all build test race demo bench man install uninstall clean units
 
 all: build
 
 build: $(BINARIES)
 
 # npurun is static and lean: it sits in front of every job. npubroker uses
-# cgo so that user and group lookups go through NSS (LDAP, sssd).
-bin/npurun: $(SOURCES)
-	@mkdir -p bin
+# cgo so that user and group lookups go through NSS (LDAP, sssd): without
+# a C compiler Go would quietly build it without, and accounts known only
+# to LDAP would be unknown to the broker.
+$(BUILDDIR)/npurun: $(SOURCES)
+	@mkdir -p $(BUILDDIR)
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npurun
 
-bin/task-submit: $(SOURCES)
-	@mkdir -p bin
+$(BUILDDIR)/task-submit: $(SOURCES)
+	@mkdir -p $(BUILDDIR)
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/task-submit
 
-bin/npubroker: $(SOURCES)
-	@mkdir -p bin
-	$(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npubroker
+$(BUILDDIR)/npubroker: $(SOURCES)
+	@mkdir -p $(BUILDDIR)
+	@if [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
+		echo "npubroker needs cgo, for user and group lookups through NSS (LDAP, sssd), and cgo is off:" >&2; \
+		echo "  install a C compiler (gcc, or the one \$$CC names: $$($(GO) env CC)) and do not set CGO_ENABLED=0" >&2; \
+		exit 1; \
+	fi
+	CGO_ENABLED=1 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npubroker
+
+# The units as installed, with this install's paths in them, and a first
+# line that names the install: units of two installs that share
+# SYSTEMDDIR (PREFIX=/usr/local and /usr) differ, so that uninstalling one
+# leaves the other's.
+UNIT_HEADER = \# Installed by npurun's make install: SBINDIR=$(SBINDIR) SYSCONFDIR=$(SYSCONFDIR)
+
+units: $(BUILDDIR)/npubroker.service $(BUILDDIR)/npubroker.socket
+
+$(BUILDDIR)/npubroker.service $(BUILDDIR)/npubroker.socket: $(BUILDDIR)/%: broker/dist/% FORCE
+	@mkdir -p $(BUILDDIR)
+	@{ echo "$(UNIT_HEADER)"; sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|/etc/npurun/npurun.conf|$(SYSCONFDIR)/npurun/npurun.conf|g' $<; } > $@.tmp && mv $@.tmp $@
+
+FORCE:
 
 # The whole suite: unit tests under the race detector, then the end-to-end
 # tests of the built binaries. As root with CI=true, tests that need root
 # (other users, the PAM stack) must run: a skip is a failure there.
+# The output is each package's verdict ("ok", "FAIL"), every skipped test
+# with its reason and every failed test's whole output.
+test: SHELL := /bin/bash
+test: .SHELLFLAGS := -o pipefail -c
 test:
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) build -o $(BUILDDIR)/.testsummary ./tests/testsummary
+	$(GO) test -race -count=1 -timeout 20m -json ./... 2>&1 | $(BUILDDIR)/.testsummary
 
 demo: build
-	@bash tests/demo.sh bin
+	@bash tests/demo.sh $(BUILDDIR)
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./tests/
@@ -63,23 +114,34 @@ bench: build
 man:
 	@ls man/*.[0-9]
 
-install: build
+install: build units
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(SYSTEMDDIR) $(DESTDIR)$(SYSCONFDIR)/npurun
-	install -m 0755 bin/npurun $(DESTDIR)$(BINDIR)/npurun
-	install -m 0755 bin/task-submit $(DESTDIR)$(BINDIR)/task-submit
-	install -m 0755 bin/npubroker $(DESTDIR)$(SBINDIR)/npubroker
-	install -m 0644 man/*.1 $(DESTDIR)$(MANDIR)/man1/
-	install -m 0644 man/*.5 $(DESTDIR)$(MANDIR)/man5/
-	install -m 0644 man/*.8 $(DESTDIR)$(MANDIR)/man8/
-	sed 's|@SBINDIR@|$(SBINDIR)|g' broker/dist/npubroker.service > $(DESTDIR)$(SYSTEMDDIR)/npubroker.service
-	install -m 0644 broker/dist/npubroker.socket $(DESTDIR)$(SYSTEMDDIR)/npubroker.socket
+	install -m 0755 $(BUILDDIR)/npurun $(DESTDIR)$(BINDIR)/npurun
+	install -m 0755 $(BUILDDIR)/task-submit $(DESTDIR)$(BINDIR)/task-submit
+	install -m 0755 $(BUILDDIR)/npubroker $(DESTDIR)$(SBINDIR)/npubroker
+	install -m 0644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/
+	install -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
+	install -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
+	install -m 0644 $(BUILDDIR)/npubroker.service $(DESTDIR)$(SYSTEMDDIR)/npubroker.service
+	install -m 0644 $(BUILDDIR)/npubroker.socket $(DESTDIR)$(SYSTEMDDIR)/npubroker.socket
 	test -e $(DESTDIR)$(SYSCONFDIR)/npurun/npurun.conf || install -m 0644 broker/dist/npurun.conf $(DESTDIR)$(SYSCONFDIR)/npurun/npurun.conf
 
-# The configuration file is left in place: it is the administrator's.
-uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/npurun $(DESTDIR)$(BINDIR)/task-submit $(DESTDIR)$(SBINDIR)/npubroker
-	rm -f $(DESTDIR)$(MANDIR)/man1/npurun.1 $(DESTDIR)$(MANDIR)/man1/task-submit.1 $(DESTDIR)$(MANDIR)/man5/npurun.conf.5 $(DESTDIR)$(MANDIR)/man8/npubroker.8
-	rm -f $(DESTDIR)$(SYSTEMDDIR)/npubroker.service $(DESTDIR)$(SYSTEMDDIR)/npubroker.socket
+# remove_same INSTALLED SOURCE: remove INSTALLED if it is SOURCE, byte for
+# byte; otherwise leave it and say so.
+remove_same = if [ -e '$(1)' ] || [ -L '$(1)' ]; then \
+	if cmp -s '$(2)' '$(1)'; then rm -f '$(1)' && echo "removed $(1)"; \
+	else echo "left $(1): it is not what this tree installs there" >&2; fi; fi
+
+uninstall: build units
+	@$(call remove_same,$(DESTDIR)$(BINDIR)/npurun,$(BUILDDIR)/npurun)
+	@$(call remove_same,$(DESTDIR)$(BINDIR)/task-submit,$(BUILDDIR)/task-submit)
+	@$(call remove_same,$(DESTDIR)$(SBINDIR)/npubroker,$(BUILDDIR)/npubroker)
+	@$(foreach p,$(MAN1),$(call remove_same,$(DESTDIR)$(MANDIR)/man1/$(notdir $(p)),$(p));)
+	@$(foreach p,$(MAN5),$(call remove_same,$(DESTDIR)$(MANDIR)/man5/$(notdir $(p)),$(p));)
+	@$(foreach p,$(MAN8),$(call remove_same,$(DESTDIR)$(MANDIR)/man8/$(notdir $(p)),$(p));)
+	@$(call remove_same,$(DESTDIR)$(SYSTEMDDIR)/npubroker.service,$(BUILDDIR)/npubroker.service)
+	@$(call remove_same,$(DESTDIR)$(SYSTEMDDIR)/npubroker.socket,$(BUILDDIR)/npubroker.socket)
+	@if [ -e '$(DESTDIR)$(SYSCONFDIR)/npurun/npurun.conf' ]; then echo "kept $(DESTDIR)$(SYSCONFDIR)/npurun/npurun.conf: the administrator's, to remove by hand"; fi
 
 clean:
-	rm -rf bin
+	rm -rf $(BUILDDIR)

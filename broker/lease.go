@@ -42,7 +42,7 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		s.q.Remove(w, false)
 		s.unwaitLocked(c)
 		s.scheduleLocked()
-		c.sendLocked(errReply(client.CodeBusy, busyMessage(w), ""))
+		c.sendLocked(errReply(client.CodeBusy, busyMessage(w, s.inv.Vendor), ""))
 		return true
 	}
 	s.progressLocked() // its place, soon: a short wait costs no message
@@ -66,14 +66,14 @@ func (s *Server) admitLocked(uid uint32, acct *account, n int, devices []int, po
 		}
 		for _, id := range ids {
 			if id < 0 || id >= len(s.devs) || s.devs[id] == nil {
-				return nil, errReply(client.CodeNoDevice, fmt.Sprintf("no npu %d here", id), "this broker manages npu "+npu.FormatIDs(s.inv.IDs))
+				return nil, errReply(client.CodeNoDevice, "no "+s.inv.Vendor.Format([]int{id})+" here", "this broker manages "+s.inv.Vendor.Format(s.inv.IDs))
 			}
 			p, inPool := s.poolOf[id]
 			switch {
 			case !inPool:
-				return nil, errReply(client.CodeDenied, fmt.Sprintf("npu %d is in no pool, so nobody may lease it", id), "")
+				return nil, errReply(client.CodeDenied, fmt.Sprintf("%s is in no pool, so nobody may lease it", s.inv.Vendor.Format([]int{id})), "")
 			case !lim.AllowsPool(p):
-				return nil, errReply(client.CodeDenied, fmt.Sprintf("npu %d is in pool %q, which %s does not open to %s", id, p, lim.Source, acct.name), "")
+				return nil, errReply(client.CodeDenied, fmt.Sprintf("%s is in pool %q, which %s does not open to %s", s.inv.Vendor.Format([]int{id}), p, lim.Source, acct.name), "")
 			}
 			w.Pool = p
 		}
@@ -116,9 +116,9 @@ func (s *Server) unwaitLocked(c *conn) {
 	}
 }
 
-func busyMessage(w *Waiter) string {
+func busyMessage(w *Waiter, v npu.Vendor) string {
 	if w.Exact {
-		return fmt.Sprintf("npu %s is in use", npu.FormatIDs(w.Cand))
+		return v.Format(w.Cand) + " is in use"
 	}
 	if w.N == 1 {
 		return fmt.Sprintf("no device free in pool %q", w.Pool)

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
-	"github.com/npurun/npurun/npu"
 )
 
 // task is a detached task: its submission, resolved at submit time, and
@@ -217,7 +216,7 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	case client.StateRunning:
 		rep.Reason = "started"
 		if len(t.Devices) > 0 {
-			rep.Reason += " on npu " + npu.FormatIDs(t.Devices)
+			rep.Reason += " on " + s.inv.Vendor.Format(t.Devices)
 		}
 	case client.StateBlocked:
 		rep.Reason = "waits for task " + joinIDs(t.Sub.After)

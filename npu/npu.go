@@ -99,7 +99,7 @@ func Discover(vendor Vendor, ids []int, devDir, npuSmi string) (*Inventory, erro
 	inv.IDs = ids
 	inv.Logical = identity(ids)
 	if vendor == Ascend {
-		m, note := logicalMap(npuSmi, ids)
+		m, note := logicalMap(npuSmi, ids, devDir)
 		if m != nil {
 			inv.Logical = m
 		}
@@ -108,9 +108,38 @@ func Discover(vendor Vendor, ids []int, devDir, npuSmi string) (*Inventory, erro
 	return inv, nil
 }
 
+// Found returns the ids of the vendor's device nodes in devDir ("" for
+// /dev), ascending, without running npu-smi: the devices a broker whose
+// configuration names no ids would manage. Auto looks for davinciN, then
+// nvidiaN; Fake has no nodes, and so no ids.
+func Found(vendor Vendor, devDir string) []int {
+	if devDir == "" {
+		devDir = "/dev"
+	}
+	switch vendor {
+	case Ascend, NVIDIA:
+		return scanNodes(devDir, nodePrefix(vendor))
+	case Auto, Unknown:
+		if ids := scanNodes(devDir, "davinci"); len(ids) > 0 {
+			return ids
+		}
+		return scanNodes(devDir, "nvidia")
+	}
+	return nil
+}
+
 // logicalMap runs npu-smi and returns the physical -> logical map of ids,
-// or nil and a notice saying why the identity is used instead.
-func logicalMap(npuSmi string, ids []int) (map[int]int, string) {
+// or nil and a notice saying why the identity is used instead. A note
+// comes with a map too when the map is a guess.
+//
+// `npu-smi info -m` lists every compute chip with its logical id. Where it
+// also has a Chip Phy-ID column, that is the map. Where it has not, each
+// device is asked for with `npu-smi info -t phyid-remap -p N`. Where that
+// fails too (an npu-smi that lacks it), the listing order is matched to
+// the davinciN nodes of devDir in ascending order, but only when there are
+// as many of each, with a note: a listing that skips a card (a container,
+// a failed card) would otherwise shift every id after it.
+func logicalMap(npuSmi string, ids []int, devDir string) (map[int]int, string) {
 	const fallback = "logical ids taken equal to physical ids"
 	bin := npuSmi
 	if bin == "" {
@@ -120,54 +149,129 @@ func logicalMap(npuSmi string, ids []int) (map[int]int, string) {
 		}
 		bin = p
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), npuSmiTimeout)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, "info", "-m").Output()
+	out, err := runNPUSmi(bin, "info", "-m")
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Sprintf("npu-smi not found at %s: %s", bin, fallback)
 		}
 		return nil, fmt.Sprintf("run %s info -m: %v: %s", bin, err, fallback)
 	}
-	all, err := ParseNPUSmiMap(out)
+	chips, hasPhy, err := ParseNPUSmiTable(out)
 	if err != nil {
 		return nil, fmt.Sprintf("read %s info -m: %v: %s", bin, err, fallback)
 	}
-	m := make(map[int]int, len(ids))
+	if hasPhy {
+		all := make(map[int]int, len(chips))
+		for _, c := range chips {
+			all[c.Phys] = c.Logical
+		}
+		m := make(map[int]int, len(ids))
+		for _, id := range ids {
+			l, ok := all[id]
+			if !ok {
+				return nil, fmt.Sprintf("read %s info -m: no chip with physical id %d: %s", bin, id, fallback)
+			}
+			m[id] = l
+		}
+		return m, ""
+	}
+	m, err := remapIDs(bin, ids, chips)
+	if err == nil {
+		return m, ""
+	}
+	nodes := scanNodes(devDir, "davinci")
+	if len(nodes) != len(chips) {
+		return nil, fmt.Sprintf("%v; %s info -m lists %d chips and %s has %d davinci nodes: %s", err, bin, len(chips), devDir, len(nodes), fallback)
+	}
+	all := make(map[int]int, len(chips))
+	for k, c := range chips {
+		all[nodes[k]] = c.Logical
+	}
+	m = make(map[int]int, len(ids))
 	for _, id := range ids {
 		l, ok := all[id]
 		if !ok {
-			return nil, fmt.Sprintf("read %s info -m: no chip with physical id %d: %s", bin, id, fallback)
+			return nil, fmt.Sprintf("%v; no davinci%d among the nodes: %s", err, id, fallback)
 		}
 		m[id] = l
 	}
-	return m, ""
+	return m, fmt.Sprintf("%v; logical ids taken from %s info -m in listing order, matched to the davinci nodes in ascending order", err, bin)
+}
+
+// remapIDs asks npu-smi for the logical id of each physical id, and checks
+// each answer against the chips of `npu-smi info -m`.
+func remapIDs(bin string, ids []int, chips []Chip) (map[int]int, error) {
+	listed := make(map[int]bool, len(chips))
+	for _, c := range chips {
+		listed[c.Logical] = true
+	}
+	m := make(map[int]int, len(ids))
+	taken := make(map[int]int, len(ids))
+	for _, id := range ids {
+		what := fmt.Sprintf("%s info -t phyid-remap -p %d", bin, id)
+		out, err := runNPUSmi(bin, "info", "-t", "phyid-remap", "-p", strconv.Itoa(id))
+		if err != nil {
+			return nil, fmt.Errorf("run %s: %w", what, err)
+		}
+		phys, logical, err := ParsePhyIDRemap(out)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("read %s: %w", what, err)
+		case phys != id:
+			return nil, fmt.Errorf("read %s: it answers for physical id %d", what, phys)
+		case !listed[logical]:
+			return nil, fmt.Errorf("read %s: logical id %d is not in %s info -m", what, logical, bin)
+		}
+		if other, dup := taken[logical]; dup {
+			return nil, fmt.Errorf("read %s: logical id %d is also physical id %d's", what, logical, other)
+		}
+		taken[logical] = id
+		m[id] = logical
+	}
+	return m, nil
+}
+
+// runNPUSmi runs npu-smi with args, bounded by npuSmiTimeout, and returns
+// its standard output.
+func runNPUSmi(bin string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), npuSmiTimeout)
+	defer cancel()
+	return exec.CommandContext(ctx, bin, args...).Output()
 }
 
 // Env returns the environment entries that select the given physical
 // devices for a command: NPURUN_DEVICES with the physical ids always, and
 // the vendor's visible-device variable (ASCEND_RT_VISIBLE_DEVICES with
 // logical ids for Ascend and Fake; CUDA_DEVICE_ORDER and
-// CUDA_VISIBLE_DEVICES for NVIDIA). Lists are ascending and comma-separated.
+// CUDA_VISIBLE_DEVICES for NVIDIA). Lists are comma-separated and in
+// matching order: the i-th entry of NPURUN_DEVICES is the device the i-th
+// entry of the vendor's variable selects, and the runtime's device i
+// inside the process. That order is ascending logical ids for Ascend (the
+// CANN runtime wants them ascending), ascending ids for NVIDIA.
 func (inv *Inventory) Env(physical []int) []string {
 	phys := sortedUnique(physical)
-	env := []string{"NPURUN_DEVICES=" + joinInts(phys)}
-	switch inv.Vendor {
-	case NVIDIA:
-		env = append(env, "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES="+joinInts(phys))
-	default:
-		logical := make([]int, 0, len(phys))
-		for _, p := range phys {
-			l, ok := inv.Logical[p]
-			if !ok {
-				l = p
-			}
-			logical = append(logical, l)
-		}
-		slices.Sort(logical)
-		env = append(env, "ASCEND_RT_VISIBLE_DEVICES="+joinInts(logical))
+	if inv.Vendor == NVIDIA {
+		return []string{"NPURUN_DEVICES=" + joinInts(phys), "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=" + joinInts(phys)}
 	}
-	return env
+	logical := make([]int, len(phys))
+	for i, p := range phys {
+		l, ok := inv.Logical[p]
+		if !ok {
+			l = p
+		}
+		logical[i] = l
+	}
+	order := make([]int, len(phys))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return logical[a] - logical[b] })
+	physOut := make([]int, len(phys))
+	logOut := make([]int, len(phys))
+	for i, k := range order {
+		physOut[i], logOut[i] = phys[k], logical[k]
+	}
+	return []string{"NPURUN_DEVICES=" + joinInts(physOut), "ASCEND_RT_VISIBLE_DEVICES=" + joinInts(logOut)}
 }
 
 // HiddenEnv returns the environment entries of a command run with no lease:

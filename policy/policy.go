@@ -40,6 +40,9 @@ type Config struct {
 	Users             map[string]Limit // [user.NAME], merged with Default
 	Groups            map[string]Limit // [group.NAME], merged with Default
 	Tasks             Tasks            // [tasks]
+
+	file string    // the file name as given to Parse, for warnings
+	idx  lineIndex // where each table and key is, for warnings
 }
 
 // Defaults of the [tasks] table.
@@ -180,6 +183,7 @@ func Parse(filename string, data []byte) (*Config, error) {
 		sort.SliceStable(p.errs, func(i, j int) bool { return p.errs[i].Line < p.errs[j].Line })
 		return nil, &p.errs
 	}
+	c.file, c.idx = filename, p.idx
 	return c, nil
 }
 

@@ -19,13 +19,6 @@ type lease struct {
 	fds     []int
 }
 
-// drop closes this process's copies of the lease's descriptors.
-func (l *lease) drop() {
-	for _, fd := range l.fds {
-		unix.Close(fd)
-	}
-}
-
 // inheritedLease finds the lease named by $NPURUN_LEASE and checks it
 // rather than trusting it: each descriptor must be open, be the current
 // lock file of its device at the broker that serves socket (the broker
@@ -80,11 +73,11 @@ func holdsLock(fd, id int, dir string) bool {
 func (l *lease) covers(o Options) error {
 	for _, id := range o.Devices {
 		if !slices.Contains(l.devices, id) {
-			return fmt.Errorf("inside a lease of npu %s, which does not include npu %d", npu.FormatIDs(l.devices), id)
+			return fmt.Errorf("inside a lease of %s, which does not include device %d", npu.Unknown.Format(l.devices), id)
 		}
 	}
 	if o.N > len(l.devices) {
-		return fmt.Errorf("inside a lease of %d devices (npu %s), %d asked", len(l.devices), npu.FormatIDs(l.devices), o.N)
+		return fmt.Errorf("inside a lease of %s, %d asked", npu.Unknown.Format(l.devices), o.N)
 	}
 	return nil
 }

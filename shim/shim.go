@@ -52,21 +52,30 @@ func Run(o Options, argv []string) int {
 		return ExitUsage
 	}
 	if o.NoDevice {
-		// No lease for this command: not even one inherited from a
-		// parent npurun (the parent keeps its own).
-		if lease, ok := inheritedLease(client.SocketPath(o.Socket)); ok {
-			lease.drop()
-		}
-		return execute(argv, append(npu.HiddenEnv(), LeaseVar+"="), nil)
+		// No lease for this command, and every device hidden. A lease
+		// inherited from an npurun above stays whole: its descriptors stay
+		// open in this process and its command, as in any process of the
+		// lease's tree, so the devices are released only when that tree is
+		// gone (npurun -n 8 npurun --no-device CMD holds them while CMD
+		// runs). NPURUN_LEASE stays too, so that an npurun below does not
+		// ask the broker for devices its ancestor holds.
+		return execute(argv, npu.HiddenEnv(), nil)
 	}
 	if lease, ok := inheritedLease(client.SocketPath(o.Socket)); ok {
+		if v, set := os.LookupEnv("NPURUN_DEVICES"); set && v == "" {
+			// Under an npurun --no-device inside the lease: the devices
+			// are hidden here, and the lease's variables are gone.
+			warn("inside a lease of %s whose devices an npurun --no-device above hides", npu.Unknown.Format(lease.devices))
+			hint("run this npurun outside the npurun --no-device, or drop --no-device there")
+			return ExitFailure
+		}
 		if err := lease.covers(o); err != nil {
 			warn("%v", err)
 			hint("a nested npurun runs inside its parent's lease; ask for the devices in the outer npurun")
 			return ExitFailure
 		}
 		if o.Verbose {
-			warn("inside a lease of npu %s; not asking again", npu.FormatIDs(lease.devices))
+			warn("inside a lease of %s; not asking again", npu.Unknown.Format(lease.devices))
 		}
 		return execute(argv, nil, nil)
 	}
@@ -230,7 +239,7 @@ func (w *waiter) what() string {
 		n = 1
 	}
 	if len(w.o.Devices) > 0 {
-		return "npu " + npu.FormatIDs(w.o.Devices)
+		return npu.Unknown.Format(w.o.Devices)
 	}
 	if n == 1 {
 		return "1 device"
@@ -282,7 +291,7 @@ func (w *waiter) granted(r *client.Reply, waited time.Duration) {
 	}
 	if w.last != "" || w.o.Verbose {
 		if w.tty || w.o.Verbose {
-			warn("granted npu %s after %s", npu.FormatIDs(r.Devices), waited.Round(time.Millisecond))
+			warn("granted %s after %s", npu.Vendor(r.Vendor).Format(r.Devices), waited.Round(time.Millisecond))
 		}
 	}
 }

@@ -27,8 +27,9 @@ func SocketPath(flag string) string {
 
 // Sentinel errors of the client side.
 var (
-	// ErrNoBroker means nothing listens on the socket.
-	ErrNoBroker = errors.New("no broker is running")
+	// ErrNoBroker means no broker is there: nothing at the path, nothing
+	// listening, or something that is not the broker's socket.
+	ErrNoBroker = errors.New("no broker")
 	// ErrTimeout means no message came before the deadline.
 	ErrTimeout = errors.New("timed out")
 )
@@ -55,12 +56,43 @@ func Dial(path string) (*Conn, error) {
 	}
 	if err != nil {
 		unix.Close(fd)
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ECONNREFUSED) {
-			return nil, fmt.Errorf("connect %s: %w (%v)", path, ErrNoBroker, err)
+		if why := noBroker(path, err); why != "" {
+			return nil, fmt.Errorf("%w at %s: %s", ErrNoBroker, path, why)
 		}
 		return nil, fmt.Errorf("connect %s: %w", path, err)
 	}
 	return &Conn{fd: fd, buf: make([]byte, MaxMessage), oob: make([]byte, oobSpace)}, nil
+}
+
+// noBroker says why connect's err means that no broker is at path, or
+// returns "" when err means something else (such as no permission).
+func noBroker(path string, err error) string {
+	switch err {
+	case unix.ENOENT:
+		return "no such file"
+	case unix.ENOTDIR:
+		return "a part of the path is not a directory"
+	case unix.ENOTSOCK:
+		return "not a socket"
+	case unix.EPROTOTYPE:
+		return "the socket there is of another type than the broker's"
+	case unix.ECONNREFUSED:
+		// Connecting to a file that is not a socket is refused too.
+		var st unix.Stat_t
+		if unix.Stat(path, &st) != nil {
+			return "nothing listens there"
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFSOCK:
+			return "nothing listens on the socket"
+		case unix.S_IFDIR:
+			return "a directory, not a socket"
+		case unix.S_IFREG:
+			return "a regular file, not a socket"
+		}
+		return "not a socket"
+	}
+	return ""
 }
 
 // Close closes the connection; a waiting request is thereby cancelled.

@@ -8,6 +8,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"os/user"
 	"path/filepath"
 	"syscall"
 
@@ -55,22 +56,62 @@ func main() {
 	}
 }
 
+const checkConfigHelp = `Validate a configuration file (default ` + broker.DefaultConfig + `) and name every
+problem by file, line and key. Errors exit 1. Warnings, also on standard
+error, leave the status 0: a [user.NAME] or [group.NAME] for an account
+this machine does not know (yet), devices that [pools] puts in no pool.
+`
+
 func checkConfig(args []string) int {
-	path := broker.DefaultConfig
-	switch len(args) {
-	case 0:
-	case 1:
-		path = args[0]
-	default:
-		fmt.Fprintln(os.Stderr, "npubroker: check-config takes one file")
+	fs := pflag.NewFlagSet("npubroker check-config", pflag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(os.Stderr, usage, "\n", checkConfigHelp)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
 		return 2
 	}
-	if _, err := policy.Load(path); err != nil {
+	path := broker.DefaultConfig
+	switch fs.NArg() {
+	case 0:
+	case 1:
+		path = fs.Arg(0)
+	default:
+		fmt.Fprintf(os.Stderr, "npubroker: check-config takes one file, got %d\n", fs.NArg())
+		return 2
+	}
+	cfg, err := policy.Load(path)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	devices := cfg.IDs
+	if devices == nil {
+		devices = npu.Found(npu.Vendor(cfg.Vendor), cfg.DevDir)
+		if len(devices) == 0 {
+			devices = nil // not on the machine it is for: no pools check
+		}
+	}
+	for _, w := range cfg.Warnings(devices, accountExists) {
+		fmt.Fprintln(os.Stderr, w.Error())
+	}
 	fmt.Printf("%s: ok\n", path)
 	return 0
+}
+
+// accountExists tells whether this machine knows the user or group name
+// (through NSS: files, LDAP, sssd).
+func accountExists(kind, name string) bool {
+	var err error
+	if kind == "group" {
+		_, err = user.LookupGroup(name)
+	} else {
+		_, err = user.Lookup(name)
+	}
+	return err == nil
 }
 
 func serve(args []string) int {
@@ -142,8 +183,15 @@ func serve(args []string) int {
 		lg.Print(err)
 		return 1
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
+	stopSignals := make(chan os.Signal, 1)
+	signal.Notify(stopSignals, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		sig := (<-stopSignals).(syscall.Signal)
+		lg.Printf("%s: stopping (leases and running tasks go on without the broker)", unix.SignalName(sig))
+		stop()
+	}()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
@@ -159,5 +207,6 @@ func serve(args []string) int {
 		lg.Print(err)
 		return 1
 	}
+	lg.Print("stopped")
 	return 0
 }

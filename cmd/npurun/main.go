@@ -4,16 +4,18 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 
 	"github.com/spf13/pflag"
 
+	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/shim"
 )
 
 var version = "dev"
 
 const usage = `Usage:
-  npurun [-n N | -d ID[,ID...]] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
+  npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
 
 Wait for free accelerator devices, lease them from npubroker, set
@@ -32,7 +34,8 @@ func main() {
 		fs.PrintDefaults()
 	}
 	fs.IntVarP(&o.N, "devices", "n", 0, "number of devices (default 1)")
-	fs.IntSliceVarP(&o.Devices, "device", "d", nil, "exactly these devices (physical ids); waits for them alone")
+	var devices []string
+	fs.StringArrayVarP(&devices, "device", "d", nil, "exactly these devices: a `LIST` of physical ids and ranges, such as 3 or 0-3,8; waits for them alone (may be repeated)")
 	fs.StringVarP(&o.Pool, "pool", "p", "", "pool to take devices from (default: the policy's default pool)")
 	fs.BoolVar(&o.NoWait, "no-wait", false, "fail at once with status 75 if nothing is free")
 	fs.DurationVar(&o.Timeout, "timeout", 0, "give up after this long (e.g. 10m), with status 75")
@@ -52,16 +55,29 @@ func main() {
 		fmt.Println("npurun", version)
 		return
 	}
+	for _, d := range devices {
+		ids, err := npu.ParseIDs(d)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "npurun: bad device list %q: %v\n", d, err)
+			fmt.Fprintln(os.Stderr, "npurun: hint: -d takes physical ids and ranges, such as -d 3 or -d 0-3,8")
+			os.Exit(shim.ExitUsage)
+		}
+		o.Devices = append(o.Devices, ids...)
+	}
+	o.Devices = slices.Compact(slices.Sorted(slices.Values(o.Devices)))
 	switch {
 	case fs.NArg() == 0:
 		fmt.Fprintln(os.Stderr, "npurun: no command given")
 		fmt.Fprintln(os.Stderr, "npurun: hint: npurun python train.py")
 		os.Exit(shim.ExitUsage)
-	case o.N < 0:
-		fmt.Fprintf(os.Stderr, "npurun: bad device count %d\n", o.N)
-		os.Exit(shim.ExitUsage)
-	case o.NoDevice && (o.N != 0 || len(o.Devices) > 0 || o.Pool != ""):
+	case o.NoDevice && (fs.Changed("devices") || len(o.Devices) > 0 || o.Pool != ""):
 		fmt.Fprintln(os.Stderr, "npurun: --no-device takes no device, count or pool")
+		os.Exit(shim.ExitUsage)
+	case o.N < 0 || (o.N == 0 && fs.Changed("devices")):
+		fmt.Fprintf(os.Stderr, "npurun: bad device count %d: -n takes 1 or more\n", o.N)
+		if o.N == 0 {
+			fmt.Fprintln(os.Stderr, "npurun: hint: to run without a device, use --no-device")
+		}
 		os.Exit(shim.ExitUsage)
 	case len(o.Devices) > 0 && o.Pool != "":
 		fmt.Fprintln(os.Stderr, "npurun: --device and --pool exclude each other")

@@ -113,7 +113,9 @@ func nameOrCommand(t *client.TaskInfo) string {
 }
 
 // deviceCell is the devices granted to a task once it has started, else
-// what it asked for: "3,5", "2 wanted", "npu 9", or "-" for none.
+// what it asked for: "3,5", "2 wanted", "device 9", "devices 2-3", or "-"
+// for none. (The client does not know the vendor, so the noun is
+// npu.Unknown's.)
 func deviceCell(t *client.TaskInfo) string {
 	switch {
 	case t.NoDevice:
@@ -121,7 +123,7 @@ func deviceCell(t *client.TaskInfo) string {
 	case len(t.Devices) > 0 && t.Started != 0:
 		return npu.FormatIDs(t.Devices)
 	case len(t.Devices) > 0:
-		return "npu " + npu.FormatIDs(t.Devices)
+		return npu.Unknown.Format(t.Devices)
 	}
 	return strconv.Itoa(max(t.N, 1)) + " wanted"
 }

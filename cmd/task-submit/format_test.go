@@ -39,7 +39,7 @@ func TestTable(t *testing.T) {
 		"ID   STATE    DEVICES   SUBMITTED     STARTED       NAME/COMMAND",
 		"118  running  3,5       Mar 09 22:15  09:30:05      python train.py --lr 3e-4",
 		"119  pending  2 wanted  11:58:02      -             big",
-		"120  pending  npu 9     11:59:00      -             python probe.py",
+		"120  pending  device 9  11:59:00      -             python probe.py",
 		"121  done     -         Mar 01 08:00  Mar 01 08:01  ./run-experiment.sh --config configs/very/long/…",
 		"122  blocked  1 wanted  11:59:30      -             echo a echo b",
 	)
@@ -105,7 +105,7 @@ func TestDeviceCell(t *testing.T) {
 	}{
 		{"default request", client.TaskInfo{State: client.StatePending}, "1 wanted"},
 		{"count", client.TaskInfo{State: client.StatePending, N: 4}, "4 wanted"},
-		{"named", client.TaskInfo{State: client.StatePending, Devices: []int{9, 10}}, "npu 9-10"},
+		{"named", client.TaskInfo{State: client.StatePending, Devices: []int{9, 10}}, "devices 9-10"},
 		{"granted", client.TaskInfo{State: client.StateRunning, Devices: []int{2, 3}, N: 2, Started: 1}, "2-3"},
 		{"no device", client.TaskInfo{State: client.StateRunning, NoDevice: true, Started: 1}, "-"},
 		{"cancelled before it ran", client.TaskInfo{State: client.StateCancelled, N: 2}, "2 wanted"},

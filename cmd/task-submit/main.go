@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,13 +15,14 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/shim"
 )
 
 var version = "dev"
 
 const usage = `Usage:
-  task-submit [-n N | -d ID[,ID...] | --no-device] [-p POOL] [--time DURATION] [--name NAME] [--after ID[,ID...]] [--log FILE] [--json] (--run STRING | -- COMMAND [ARG...])
+  task-submit [-n N | -d LIST | --no-device] [-p POOL] [--time DURATION] [--name NAME] [--after ID[,ID...]] [--log FILE] [--json] (--run STRING | -- COMMAND [ARG...])
   task-submit list [--all] [--json]
   task-submit show [--json] ID
   task-submit logs [-f] ID
@@ -112,7 +114,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs := newFlagSet("task-submit", stderr)
 	fs.SetInterspersed(false)
 	fs.IntVarP(&o.sub.N, "devices", "n", 0, "number of devices (default 1)")
-	fs.IntSliceVarP(&o.sub.Devices, "device", "d", nil, "exactly these devices (physical ids)")
+	var devices []string
+	fs.StringArrayVarP(&devices, "device", "d", nil, "exactly these devices: a `LIST` of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)")
 	fs.BoolVar(&o.sub.NoDevice, "no-device", false, "take no device; run when a CPU slot is free")
 	fs.StringVarP(&o.sub.Pool, "pool", "p", "", "pool to take devices from (default: the policy's default pool)")
 	fs.DurationVar(&limit, "time", 0, "time limit, e.g. 6h or 90m, after which the task is killed (default: the policy's)")
@@ -157,6 +160,14 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 
 	s := &o.sub
+	for _, d := range devices {
+		ids, err := npu.ParseIDs(d)
+		if err != nil {
+			return nil, &usageError{msg: fmt.Sprintf("bad device list %q: %v", d, err), hint: "-d takes physical ids and ranges, such as -d 3 or -d 0-3,8"}
+		}
+		s.Devices = append(s.Devices, ids...)
+	}
+	s.Devices = slices.Compact(slices.Sorted(slices.Values(s.Devices)))
 	switch {
 	case fs.Changed("run") && len(rest) > 0:
 		return nil, usagef("--run and a command after -- exclude each other")
@@ -164,10 +175,12 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, &usageError{msg: "no command given", hint: `task-submit --run "python train.py", or task-submit -- python train.py`}
 	case fs.Changed("run") && strings.TrimSpace(run) == "":
 		return nil, usagef("--run takes a command line")
-	case s.N < 0:
-		return nil, usagef("bad device count %d", s.N)
-	case s.NoDevice && (s.N != 0 || len(s.Devices) > 0 || s.Pool != ""):
+	case s.NoDevice && (fs.Changed("devices") || len(s.Devices) > 0 || s.Pool != ""):
 		return nil, usagef("--no-device takes no device, count or pool")
+	case s.N < 0:
+		return nil, usagef("bad device count %d: -n takes 1 or more", s.N)
+	case s.N == 0 && fs.Changed("devices"):
+		return nil, &usageError{msg: "bad device count 0: -n takes 1 or more", hint: "for a task that needs no device, use --no-device"}
 	case len(s.Devices) > 0 && s.Pool != "":
 		return nil, usagef("--device and --pool exclude each other")
 	case len(s.Devices) > 0 && s.N != 0 && s.N != len(s.Devices):
@@ -180,16 +193,6 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("--log takes a file name")
 	case strings.ContainsFunc(s.Name, unicode.IsControl):
 		return nil, usagef("--name takes one line of printable text")
-	}
-	seen := make(map[int]bool, len(s.Devices))
-	for _, d := range s.Devices {
-		if d < 0 {
-			return nil, usagef("bad device id %d", d)
-		}
-		if seen[d] {
-			return nil, usagef("device %d named twice", d)
-		}
-		seen[d] = true
 	}
 	for _, a := range after {
 		id, err := parseID(a)

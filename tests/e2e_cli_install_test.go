@@ -1,0 +1,297 @@
+package tests
+
+import (
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// liveInstallPaths are where an install with the default prefix writes, and
+// so where one with another prefix must not.
+var liveInstallPaths = []string{
+	"/etc/npurun", "/etc/npurun/npurun.conf",
+	"/lib/systemd/system/npubroker.service", "/lib/systemd/system/npubroker.socket",
+	"/etc/systemd/system/npubroker.service", "/usr/lib/systemd/system/npubroker.service",
+	"/usr/local/lib/systemd/system/npubroker.service",
+	"/usr/local/bin/npurun", "/usr/local/bin/task-submit", "/usr/local/sbin/npubroker",
+	"/usr/local/share/man/man1/npurun.1", "/lib/security",
+}
+
+// fileState is what a path is before and after: absent, or its mtime.
+func fileState(p string) string {
+	st, err := os.Lstat(p)
+	if err != nil {
+		return "absent"
+	}
+	return st.ModTime().Format(time.RFC3339Nano) + " " + st.Mode().String()
+}
+
+// makeInRepo prepares a make command in the repository root with vars, and
+// DESTDIR unset unless vars set it.
+func makeInRepo(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("make", append([]string{"--no-print-directory", "-C", root}, args...)...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DESTDIR=") && !strings.HasPrefix(kv, "MAKEFLAGS=") && !strings.HasPrefix(kv, "MFLAGS=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	return cmd
+}
+
+// absPaths are the absolute paths in make's dry-run output.
+var absPaths = regexp.MustCompile(`(^|[\s'">])(/[^\s'";|&<>)]*)`)
+
+// dryRunWritesOnlyUnder runs `make -n ARGS` and fails the test, before
+// anything is run for real, if the commands name an absolute path outside
+// the given roots (the repository's own files are read, never written: the
+// build directory is in a root).
+func dryRunWritesOnlyUnder(t *testing.T, args []string, roots ...string) {
+	t.Helper()
+	root, _ := filepath.Abs("..")
+	out, err := makeInRepo(t, append([]string{"-n"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	if strings.Contains(string(out), "go build") {
+		t.Fatalf("make -n %s would build, which this test does not allow for:\n%s", strings.Join(args, " "), out)
+	}
+	for _, m := range absPaths.FindAllStringSubmatch(string(out), -1) {
+		p := filepath.Clean(m[2])
+		ok := p == root || strings.HasPrefix(p, root+"/") || p == "/dev/null"
+		for _, r := range roots {
+			ok = ok || p == r || strings.HasPrefix(p, r+"/")
+		}
+		if !ok {
+			t.Fatalf("make %s would touch %s, outside %v; not running it. Dry run:\n%s", strings.Join(args, " "), p, roots, out)
+		}
+	}
+}
+
+// TestMakeInstallPrefix: make install and make uninstall with a PREFIX of
+// their own write and remove only under it, the units name the installed
+// paths, the configuration is installed once and kept, and uninstall
+// leaves what it did not install.
+func TestMakeInstallPrefix(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make not installed")
+	}
+	b := bins(t)
+	tmp := t.TempDir()
+	build := filepath.Join(tmp, "build")
+	prefix := filepath.Join(tmp, "prefix")
+	// Binaries built already, newer than every source: make builds nothing.
+	if err := os.MkdirAll(build, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"npubroker", "npurun", "task-submit"} {
+		copyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
+	}
+	vars := []string{"PREFIX=" + prefix, "BUILDDIR=" + build}
+
+	before := make(map[string]string)
+	for _, p := range liveInstallPaths {
+		before[p] = fileState(p)
+	}
+	checkLive := func(step string) {
+		t.Helper()
+		for _, p := range liveInstallPaths {
+			if now := fileState(p); now != before[p] {
+				t.Errorf("after %s, %s changed: %s, was %s", step, p, now, before[p])
+			}
+		}
+	}
+
+	install := append([]string{"install"}, vars...)
+	dryRunWritesOnlyUnder(t, install, tmp)
+	if out, err := makeInRepo(t, install...).CombinedOutput(); err != nil {
+		t.Fatalf("make install: %v\n%s", err, out)
+	}
+	checkLive("make install")
+	for _, p := range []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "share/man/man1/npurun.1",
+		"share/man/man1/task-submit.1", "share/man/man5/npurun.conf.5", "share/man/man8/npubroker.8",
+		"lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket", "etc/npurun/npurun.conf"} {
+		if _, err := os.Stat(filepath.Join(prefix, p)); err != nil {
+			t.Errorf("make install did not install %s: %v", p, err)
+		}
+	}
+	unit := mustRead(t, filepath.Join(prefix, "lib/systemd/system/npubroker.service"))
+	if want := "ExecStart=" + prefix + "/sbin/npubroker serve --config " + prefix + "/etc/npurun/npurun.conf\n"; !strings.Contains(unit, want) {
+		t.Errorf("installed unit lacks %q:\n%s", want, unit)
+	}
+
+	// The administrator's configuration survives a second install.
+	conf := filepath.Join(prefix, "etc/npurun/npurun.conf")
+	if err := os.WriteFile(conf, []byte("# mine\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := makeInRepo(t, install...).CombinedOutput(); err != nil {
+		t.Fatalf("second make install: %v\n%s", err, out)
+	}
+	if got := mustRead(t, conf); got != "# mine\n" {
+		t.Errorf("second make install overwrote the configuration: %q", got)
+	}
+
+	// A file that is not this install's is left, and named.
+	foreignMan := filepath.Join(prefix, "share/man/man8/npubroker.8")
+	if err := os.WriteFile(foreignMan, []byte(".TH OTHER 8\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	uninstall := append([]string{"uninstall"}, vars...)
+	dryRunWritesOnlyUnder(t, uninstall, tmp)
+	out, err := makeInRepo(t, uninstall...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("make uninstall: %v\n%s", err, out)
+	}
+	checkLive("make uninstall")
+	for _, p := range []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "share/man/man1/npurun.1",
+		"lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket"} {
+		if _, err := os.Lstat(filepath.Join(prefix, p)); err == nil {
+			t.Errorf("make uninstall left %s; output:\n%s", p, out)
+		}
+	}
+	if _, err := os.Stat(foreignMan); err != nil || !strings.Contains(string(out), "left "+foreignMan) {
+		t.Errorf("make uninstall removed or did not name the changed %s (%v); output:\n%s", foreignMan, err, out)
+	}
+	if mustRead(t, conf) != "# mine\n" {
+		t.Errorf("make uninstall touched the configuration")
+	}
+}
+
+// TestMakeInstallStaged: with DESTDIR, every file lands under it while the
+// units name the paths of the final install.
+func TestMakeInstallStaged(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make not installed")
+	}
+	b := bins(t)
+	tmp := t.TempDir()
+	build := filepath.Join(tmp, "build")
+	stage := filepath.Join(tmp, "stage")
+	if err := os.MkdirAll(build, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"npubroker", "npurun", "task-submit"} {
+		copyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
+	}
+	for _, tc := range []struct {
+		prefix, unit, conf string
+	}{
+		{"/usr/local", "/lib/systemd/system", "/etc"},
+		{"/usr", "/lib/systemd/system", "/etc"},
+		{"/opt/npurun", "/opt/npurun/lib/systemd/system", "/opt/npurun/etc"},
+	} {
+		t.Run(tc.prefix, func(t *testing.T) {
+			dest := filepath.Join(stage, strings.ReplaceAll(tc.prefix, "/", "_"))
+			args := []string{"install", "PREFIX=" + tc.prefix, "DESTDIR=" + dest, "BUILDDIR=" + build}
+			dryRunWritesOnlyUnder(t, args, tmp)
+			if out, err := makeInRepo(t, args...).CombinedOutput(); err != nil {
+				t.Fatalf("make %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+			unit := mustRead(t, filepath.Join(dest, tc.unit, "npubroker.service"))
+			if want := "ExecStart=" + tc.prefix + "/sbin/npubroker serve --config " + tc.conf + "/npurun/npurun.conf\n"; !strings.Contains(unit, want) {
+				t.Errorf("staged unit lacks %q:\n%s", want, unit)
+			}
+			for _, p := range []string{tc.prefix + "/bin/npurun", tc.prefix + "/sbin/npubroker", tc.conf + "/npurun/npurun.conf", tc.unit + "/npubroker.socket"} {
+				if _, err := os.Stat(filepath.Join(dest, p)); err != nil {
+					t.Errorf("%s not staged: %v", p, err)
+				}
+			}
+		})
+	}
+}
+
+// TestMakeUninstallOtherPrefix: two installs that share the unit
+// directory (/usr/local and /usr both use /lib/systemd/system): uninstalling
+// one leaves the other's units.
+func TestMakeUninstallOtherPrefix(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make not installed")
+	}
+	b := bins(t)
+	tmp := t.TempDir()
+	build := filepath.Join(tmp, "build")
+	if err := os.MkdirAll(build, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"npubroker", "npurun", "task-submit"} {
+		copyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
+	}
+	units := filepath.Join(tmp, "units")
+	common := []string{"BUILDDIR=" + build, "SYSTEMDDIR=" + units, "SYSCONFDIR=" + filepath.Join(tmp, "etc")}
+	a := append([]string{"PREFIX=" + filepath.Join(tmp, "a")}, common...)
+	other := append([]string{"PREFIX=" + filepath.Join(tmp, "b")}, common...)
+	dryRunWritesOnlyUnder(t, append([]string{"install"}, a...), tmp)
+	if out, err := makeInRepo(t, append([]string{"install"}, a...)...).CombinedOutput(); err != nil {
+		t.Fatalf("make install: %v\n%s", err, out)
+	}
+	dryRunWritesOnlyUnder(t, append([]string{"uninstall"}, other...), tmp)
+	out, err := makeInRepo(t, append([]string{"uninstall"}, other...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("make uninstall: %v\n%s", err, out)
+	}
+	for _, u := range []string{"npubroker.service", "npubroker.socket"} {
+		if _, err := os.Stat(filepath.Join(units, u)); err != nil {
+			t.Errorf("uninstalling another prefix removed %s; output:\n%s", u, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(tmp, "a/bin/npurun")); err != nil {
+		t.Errorf("uninstalling another prefix removed a/bin/npurun: %v", err)
+	}
+}
+
+func copyFile(t *testing.T, from, to string, mode os.FileMode) {
+	t.Helper()
+	in, err := os.Open(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustRead(t *testing.T, p string) string {
+	t.Helper()
+	data, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// TestMakeNeedsCgo: npubroker is not built without cgo (its user and
+// group lookups would then skip NSS); the build says why and how to fix it.
+func TestMakeNeedsCgo(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make not installed")
+	}
+	build := t.TempDir()
+	target := filepath.Join(build, "npubroker")
+	cmd := makeInRepo(t, "BUILDDIR="+build, target)
+	cmd.Env = append(cmd.Env, "CGO_ENABLED=0") // as Go decides where it finds no C compiler
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "npubroker needs cgo") || !strings.Contains(string(out), "install a C compiler") {
+		t.Fatalf("make %s without cgo: %v, want a failure naming cgo and the C compiler; output:\n%s", target, err, out)
+	}
+	if _, err := os.Stat(target); err == nil {
+		t.Errorf("npubroker was built without cgo")
+	}
+}
