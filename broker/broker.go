@@ -62,15 +62,17 @@ type Server struct {
 	cpuSlots     []int    // ids of the CPU slots: 0..cpu_slots-1
 	stateClaim   *os.File // held for the broker's life: no other broker replays this spool
 
-	mu         sync.Mutex
-	devs       []*device // indexed by physical id; nil where not managed
-	nfree      int
-	held       map[uint32]int // devices held per uid, from this broker's grants
-	q          *Queue         // waiters for devices: leases and tasks
-	conns      int
-	userConns  map[uint32]int
-	leaseWaits map[uint32]int // waiting npurun requests per uid
-	pending    bool           // a progress update is scheduled
+	mu            sync.Mutex
+	devs          []*device // indexed by physical id; nil where not managed
+	nfree         int
+	held          map[uint32]int // devices held per uid, from this broker's grants
+	q             *Queue         // waiters for devices: leases and tasks
+	conns         int
+	userConns     map[uint32]int
+	leaseWaits    map[uint32]int // waiting npurun requests per uid
+	pending       bool           // a progress report is arranged ...
+	progressAt    time.Time      // ... for then,
+	progressTimer *time.Timer    // by this timer
 
 	tasks       map[uint64]*task
 	order       []uint64 // task ids, ascending
@@ -155,9 +157,9 @@ func New(o Options) (*Server, error) {
 		if free {
 			// Free, but descriptors of leases from before this start may
 			// still reach the file: the device starts on a fresh one.
-			if err := s.renewOnce(d, fd); err != nil {
+			if err := s.renewOnce(d, fd, nil); err != nil {
 				s.log.Printf("npu %d: %v; out of service until a fresh lock file can be made", id, err)
-				go s.renew(d, fd)
+				go s.renew(d, fd, nil)
 			}
 		} else {
 			d.since = time.Now()
@@ -185,16 +187,24 @@ func New(o Options) (*Server, error) {
 }
 
 // watch is device d's watcher, for the broker's lifetime: given a second
-// open of d's lock file while a lease holds it, it waits in flock until the
-// lease's process tree is gone; then the lease is over, and d is free once
-// a fresh lock file is in place.
+// open of d's lock file while a lease holds it, it makes the fresh lock
+// file for the next lease, then waits in flock until the lease's process
+// tree is gone; then the lease is over, and d is free once the fresh file
+// is in place.
 func (s *Server) watch(d *device) {
 	for fd := range d.watch {
+		next, err := prepareLock(d.path) // while the lease runs, not after
+		if err != nil {
+			s.log.Printf("npu %d: %v; trying again when its lease ends", d.id, err)
+		}
 		if err := flock(fd, false); err != nil {
 			// Nothing else can be done with this device; keep it out of
 			// use rather than risk a double grant.
 			s.log.Printf("npu %d: wait for release: %v; device taken out of service", d.id, err)
 			unix.Close(fd)
+			if next != nil {
+				next.discard()
+			}
 			continue
 		}
 		s.mu.Lock()
@@ -205,34 +215,42 @@ func (s *Server) watch(d *device) {
 		}
 		d.leased = false
 		s.mu.Unlock()
-		s.renew(d, fd)
+		s.renew(d, fd, next)
 	}
 }
 
-// renew makes d free on a fresh lock file; old is the lock of the lease
-// that ended, closed once the new file is in place. While no fresh file can
-// be made (out of descriptors, a full /run) d stays out of service: handing
-// out the old file again would let an earlier lease's descriptor take it.
-func (s *Server) renew(d *device, old int) {
+// renew makes d free on a fresh lock file, next if it was made already;
+// old is the lock of the lease that ended, closed once the new file is in
+// place. While no fresh file can be made (out of descriptors, a full /run)
+// d stays out of service: handing out the old file again would let an
+// earlier lease's descriptor take it.
+func (s *Server) renew(d *device, old int, next *freshLock) {
 	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		err := s.renewOnce(d, old)
+		err := s.renewOnce(d, old, next)
 		if err == nil {
 			return
 		}
+		next = nil
 		s.log.Printf("npu %d: %v; out of service until a fresh lock file can be made", d.id, err)
 		time.Sleep(wait)
 	}
 }
 
 // renewOnce tries once to make d free on a fresh lock file.
-func (s *Server) renewOnce(d *device, old int) error {
-	fd, spare, err := renewLock(d.path)
-	if err != nil {
+func (s *Server) renewOnce(d *device, old int, next *freshLock) error {
+	if next == nil {
+		var err error
+		if next, err = prepareLock(d.path); err != nil {
+			return err
+		}
+	}
+	if err := next.place(d.path); err != nil {
+		next.discard()
 		return err
 	}
 	unix.Close(old)
 	s.mu.Lock()
-	d.fd, d.spare = fd, spare
+	d.fd, d.spare = next.locked, next.spare
 	s.nfree++
 	s.scheduleLocked()
 	s.mu.Unlock()

@@ -124,15 +124,22 @@ func tryLock(path string) (int, bool, error) {
 	}
 }
 
-// renewLock puts a fresh lock file at path, locked, and returns its locked
-// descriptor and a second, unlocked open of it for the watcher. The fresh
-// file is made aside and renamed over path, so path always names a lock
-// file; no descriptor opened before reaches the new one.
-func renewLock(path string) (locked, spare int, err error) {
+// freshLock is a fresh lock file made aside, locked, with a second open of
+// it, ready to be put in place of a device's lock file.
+type freshLock struct {
+	tmp           string
+	locked, spare int
+}
+
+// prepareLock makes a fresh lock file beside path, under a name of its
+// own, locks it and opens it a second time.
+func prepareLock(path string) (*freshLock, error) {
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".new")
 	if err := unix.Unlink(tmp); err != nil && !errors.Is(err, unix.ENOENT) {
-		return -1, -1, fmt.Errorf("renew lock %s: %w", path, err)
+		return nil, fmt.Errorf("make lock file %s: %w", tmp, err)
 	}
+	var locked int
+	var err error
 	for {
 		locked, err = unix.Open(tmp, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 		if err != unix.EINTR {
@@ -140,27 +147,36 @@ func renewLock(path string) (locked, spare int, err error) {
 		}
 	}
 	if err != nil {
-		return -1, -1, fmt.Errorf("renew lock %s: %w", path, err)
+		return nil, fmt.Errorf("make lock file %s: %w", tmp, err)
 	}
-	fail := func(err error) (int, int, error) {
-		unix.Close(locked)
-		unix.Unlink(tmp)
-		return -1, -1, fmt.Errorf("renew lock %s: %w", path, err)
-	}
+	f := &freshLock{tmp: tmp, locked: locked, spare: -1}
 	if err := flock(locked, true); err != nil {
-		return fail(err)
+		f.discard()
+		return nil, fmt.Errorf("lock %s: %w", tmp, err)
 	}
 	// The spare is opened through the descriptor, not the name, so that it
 	// is the same file whatever happens to the name.
-	spare, err = reopen(locked)
-	if err != nil {
-		return fail(err)
+	if f.spare, err = reopen(locked); err != nil {
+		f.discard()
+		return nil, fmt.Errorf("open %s again: %w", tmp, err)
 	}
-	if err := unix.Rename(tmp, path); err != nil {
-		unix.Close(spare)
-		return fail(err)
+	return f, nil
+}
+
+// place renames the fresh file over path: from now on path names it, and
+// no descriptor opened before reaches it.
+func (f *freshLock) place(path string) error {
+	if err := unix.Rename(f.tmp, path); err != nil {
+		return fmt.Errorf("put a fresh lock file in place of %s: %w", path, err)
 	}
-	return locked, spare, nil
+	return nil
+}
+
+// discard closes and removes a fresh file that will not be used.
+func (f *freshLock) discard() {
+	closeFD(f.locked)
+	closeFD(f.spare)
+	unix.Unlink(f.tmp)
 }
 
 // reopen opens the file of descriptor fd again: a new open file, sharing
