@@ -95,6 +95,26 @@ func SharedDir(t testing.TB) string {
 	return dir
 }
 
+// RunTmp makes a directory that other users may enter for a broker's run
+// directory, on a tmpfs where the machine has one at /dev/shm: in production
+// the run directory is /run, a tmpfs, and a lease's end makes a file there.
+func RunTmp(t testing.TB) string {
+	t.Helper()
+	var fs syscall.Statfs_t
+	if syscall.Statfs("/dev/shm", &fs) != nil || fs.Type != 0x01021994 { // TMPFS_MAGIC
+		return SharedDir(t)
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "npurun-run-")
+	if err != nil {
+		return SharedDir(t)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
 // FakeConfig is the smallest config: n fake devices 0..n-1.
 func FakeConfig(n int) string {
 	return fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0-%d\"\n", n-1)
@@ -120,7 +140,7 @@ type Broker struct {
 func StartBroker(t testing.TB, conf string) *Broker {
 	t.Helper()
 	dir := SharedDir(t)
-	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(dir, "run")}
+	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(RunTmp(t), "run")}
 	b.Socket = filepath.Join(b.RunDir, "broker.sock")
 	b.StateDir = filepath.Join(dir, "spool")
 	if err := os.WriteFile(b.Conf, []byte(conf), 0o644); err != nil {
