@@ -7,6 +7,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/policy"
 )
 
 // acquire serves an npurun's request for a lease.
@@ -171,20 +172,20 @@ func (s *Server) scheduleLocked() {
 // devices they may hold, or (for a task) how many more tasks they may run.
 func (s *Server) roomLocked(q *Queue) Room {
 	var room Room
-	for _, w := range q.Waiters() {
-		if w.lim.MaxDevices > 0 {
+	q.Limits(func(uid uint32, lim policy.Limit) {
+		if lim.MaxDevices > 0 {
 			if room.Devices == nil {
 				room.Devices = map[uint32]int{}
 			}
-			room.Devices[w.UID] = w.lim.MaxDevices - s.held[w.UID]
+			room.Devices[uid] = lim.MaxDevices - s.held[uid]
 		}
-		if w.task != nil && w.lim.MaxRunning > 0 {
+		if lim.MaxRunning > 0 {
 			if room.Tasks == nil {
 				room.Tasks = map[uint32]int{}
 			}
-			room.Tasks[w.UID] = w.lim.MaxRunning - s.running[w.UID]
+			room.Tasks[uid] = lim.MaxRunning - s.running[uid]
 		}
-	}
+	})
 	return room
 }
 
@@ -221,20 +222,49 @@ func (s *Server) grantLocked(g Grant) bool {
 
 // progressLocked arranges for waiters to hear their new places soon.
 func (s *Server) progressLocked() {
-	if s.pending || s.q.Len() == 0 {
+	s.progressAfterLocked(progressDelay)
+}
+
+// progressAfterLocked arranges a report within d: sooner than one already
+// arranged, never later.
+func (s *Server) progressAfterLocked(d time.Duration) {
+	if s.q.Len() == 0 {
 		return
 	}
-	s.pending = true
-	time.AfterFunc(progressDelay, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.pending = false
-		s.reportLocked()
-	})
+	at := time.Now().Add(d)
+	if s.pending && !s.progressAt.After(at) {
+		return
+	}
+	s.pending, s.progressAt = true, at
+	if s.progressTimer == nil {
+		s.progressTimer = time.AfterFunc(d, s.progressDue)
+	} else {
+		s.progressTimer.Reset(d)
+	}
+}
+
+// progressDue reports, and arranges the next report for what it held back.
+func (s *Server) progressDue() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pending = false
+	if again := s.reportLocked(time.Now()); again > 0 {
+		s.progressAfterLocked(again)
+	}
 }
 
 // maxAhead is how many users ahead a progress message names.
 const maxAhead = 3
+
+// Every grant moves everyone behind it one place up, so telling every
+// waiter of every move costs a message per waiter per grant: with
+// thousands waiting, the broker would do little else. A waiter is told
+// what changed for it, when it matters: at once when it becomes next in
+// line or the reason it waits changes; otherwise when its place has moved
+// by a tenth or more since it was last told (every move, in the first ten
+// places), and then at most once per progressEvery. Messages per grant so
+// stay about constant however long the line.
+const progressEvery = time.Second
 
 // standing is a pool's line as the report walks it.
 type standing struct {
@@ -242,11 +272,13 @@ type standing struct {
 	ahead []string
 }
 
-// reportLocked sends every waiting client whose place changed its new
-// place (1 is next), the users ahead of it, and why it waits if not only
-// for its turn.
-func (s *Server) reportLocked() {
+// reportLocked tells waiting clients their new places (1 is next), the
+// users ahead of them, and why they wait if not only for their turn. It
+// returns how soon to report again for waiters whose news was held back by
+// progressEvery, or 0.
+func (s *Server) reportLocked(now time.Time) time.Duration {
 	st := map[string]*standing{}
+	var again time.Duration
 	for _, w := range s.q.Waiters() {
 		p := st[w.Pool]
 		if p == nil {
@@ -254,23 +286,49 @@ func (s *Server) reportLocked() {
 			st[w.Pool] = p
 		}
 		p.pos++
-		if w.conn != nil {
+		if w.conn == nil {
+			w.pos = p.pos
+		} else if w.pos != p.pos || w.lim.MaxDevices > 0 {
 			why := s.reasonLocked(w)
-			if p.pos != w.pos || why != w.why {
-				w.pos, w.why = p.pos, why
+			if wait := tellAfter(w, p.pos, why, now); wait == 0 {
+				w.pos, w.why, w.told = p.pos, why, now
 				r := &client.Reply{Type: client.TypeQueued, Pool: w.Pool, Position: w.pos, Reason: w.why}
 				if w.pos > 1 {
 					r.Ahead = p.ahead
 				}
 				w.conn.sendLocked(r)
+			} else if wait > 0 && (again == 0 || wait < again) {
+				again = wait
 			}
-		} else {
-			w.pos = p.pos
 		}
 		if len(p.ahead) < maxAhead && !slices.Contains(p.ahead, w.user) {
 			p.ahead = append(p.ahead, w.user)
 		}
 	}
+	return again
+}
+
+// tellAfter decides whether waiter w, now at place pos waiting for why, is
+// to be told: 0 means now, a positive duration means later (it was told
+// too recently), a negative one means not for this change.
+func tellAfter(w *Waiter, pos int, why string, now time.Time) time.Duration {
+	switch {
+	case w.pos == 0, why != w.why, pos == 1 && w.pos != 1:
+		return 0
+	case pos == w.pos:
+		return -1
+	}
+	moved := pos - w.pos
+	if moved < 0 {
+		moved = -moved
+	}
+	if moved*10 < w.pos {
+		return -1
+	}
+	if wait := w.told.Add(progressEvery).Sub(now); wait > 0 {
+		return wait
+	}
+	return 0
 }
 
 // reasonLocked says why w waits beyond its turn, if it does.

@@ -26,8 +26,9 @@ type Waiter struct {
 	conn   *conn        // owner: an npurun waiting on its connection,
 	task   *task        // or a queued task
 	queued time.Time
-	pos    int    // last position reported to the client
-	why    string // last reason reported
+	pos    int       // last position reported to the client
+	why    string    // last reason reported
+	told   time.Time // when they were reported
 }
 
 // Queue holds the waiters in service order. Service is first come first
@@ -38,15 +39,24 @@ type Waiter struct {
 // request waits behind at most one request of each user already waiting.
 type Queue struct {
 	order []*Waiter
-	next  map[uint32]uint64 // a user's next round
-	count map[uint32]int    // a user's waiters
-	round uint64            // round of the last waiter served
+	next  map[uint32]uint64       // a user's next round
+	count map[uint32]int          // a user's waiters
+	lim   map[uint32]policy.Limit // a waiting user's limit, as their last request found it
+	round uint64                  // round of the last waiter served
 	seq   uint64
 }
 
 // NewQueue returns an empty queue.
 func NewQueue() *Queue {
-	return &Queue{next: map[uint32]uint64{}, count: map[uint32]int{}}
+	return &Queue{next: map[uint32]uint64{}, count: map[uint32]int{}, lim: map[uint32]policy.Limit{}}
+}
+
+// Limits calls f with each waiting user's limit: the broker works out what
+// room each user has from these, at a cost in users waiting, not waiters.
+func (q *Queue) Limits(f func(uid uint32, lim policy.Limit)) {
+	for uid, lim := range q.lim {
+		f(uid, lim)
+	}
 }
 
 // Len is the number of waiters.
@@ -72,6 +82,7 @@ func (q *Queue) Add(w *Waiter) {
 	w.round = max(q.next[w.UID], q.round)
 	q.next[w.UID] = w.round + 1
 	q.count[w.UID]++
+	q.lim[w.UID] = w.lim
 	i := sort.Search(len(q.order), func(i int) bool { return less(w, q.order[i]) })
 	q.order = append(q.order, nil)
 	copy(q.order[i+1:], q.order[i:])
@@ -92,6 +103,7 @@ func (q *Queue) Remove(w *Waiter, served bool) bool {
 	if q.count[w.UID]--; q.count[w.UID] == 0 {
 		delete(q.count, w.UID)
 		delete(q.next, w.UID)
+		delete(q.lim, w.UID)
 	}
 	return true
 }
