@@ -122,8 +122,12 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 	c, err := client.Dial(path)
 	if err != nil {
 		warn("%v", err)
-		if errors.Is(err, client.ErrNoBroker) {
+		switch {
+		case errors.Is(err, client.ErrNoBroker):
 			hint("start the broker with 'systemctl start npubroker', or point NPURUN_SOCKET at a running one")
+			return nil, nil, ExitUnavailable
+		case errors.Is(err, client.ErrNoAnswer):
+			hint("the broker may be overloaded or stuck: see 'journalctl -u npubroker'")
 			return nil, nil, ExitUnavailable
 		}
 		return nil, nil, ExitFailure
@@ -171,6 +175,11 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 				return nil, nil, ExitUsage
 			}
 			return nil, nil, ExitFailure
+		case errors.Is(err, client.ErrNoAnswer):
+			w.clear()
+			warn("%v", err)
+			hint("the broker may be overloaded or stuck: see 'journalctl -u npubroker'")
+			return nil, nil, ExitUnavailable
 		case errors.Is(err, client.ErrTimeout):
 			w.clear()
 			warn("gave up after %s: %s", w.o.Timeout, strings.TrimPrefix(w.last, "waiting for "))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -32,20 +33,41 @@ var (
 	ErrNoBroker = errors.New("no broker")
 	// ErrTimeout means no message came before the deadline.
 	ErrTimeout = errors.New("timed out")
+	// ErrNoAnswer means a broker is there but did not answer in time: it
+	// accepted no connection, or said nothing to a request, for FirstAnswer.
+	ErrNoAnswer = errors.New("the broker does not answer")
 )
+
+// FirstAnswer bounds how long a client waits for the broker to take its
+// connection, and then for the first answer to each request. A request
+// that waits for devices is answered at once all the same (granted, or
+// told its place in line); one whose real answer may take hours (wait for
+// a task) is followed by a ping, whose answer shows the broker serves.
+const FirstAnswer = 10 * time.Second
 
 // Conn is a client connection to the broker. It uses raw system calls
 // only: npurun sits in front of every job and its start-up is measured.
 type Conn struct {
-	fd  int
-	buf []byte
-	oob []byte
+	fd    int
+	path  string
+	buf   []byte
+	oob   []byte
+	asked time.Time // a request waits for its first answer since then; zero once answered
+	pings int       // pings sent by Send whose pong is still to come
 }
 
 // Dial connects to the broker's socket.
 func Dial(path string) (*Conn, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	// A broker that accepts nothing (stalled, out of descriptors) leaves a
+	// connect waiting while its listen queue is full; the send timeout
+	// bounds that wait (and a send to a broker that reads nothing).
+	tv := unix.NsecToTimeval(int64(FirstAnswer))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
+		unix.Close(fd)
 		return nil, fmt.Errorf("socket: %w", err)
 	}
 	for {
@@ -59,9 +81,12 @@ func Dial(path string) (*Conn, error) {
 		if why := noBroker(path, err); why != "" {
 			return nil, fmt.Errorf("%w at %s: %s", ErrNoBroker, path, why)
 		}
+		if err == unix.EAGAIN {
+			return nil, fmt.Errorf("%w at %s: it took no connection for %s", ErrNoAnswer, path, FirstAnswer)
+		}
 		return nil, fmt.Errorf("connect %s: %w", path, err)
 	}
-	return &Conn{fd: fd, buf: make([]byte, MaxMessage), oob: make([]byte, oobSpace)}, nil
+	return &Conn{fd: fd, path: path, buf: make([]byte, MaxMessage), oob: make([]byte, oobSpace)}, nil
 }
 
 // noBroker says why connect's err means that no broker is at path, or
@@ -111,35 +136,93 @@ func (c *Conn) Send(req *Request) error {
 	if len(b) > MaxMessage {
 		return ErrTooLarge
 	}
-	return SendMsg(c.fd, b, nil, 0)
+	if c.asked.IsZero() {
+		c.asked = time.Now()
+	}
+	if err := c.send(b); err != nil {
+		return err
+	}
+	if req.Op == OpWait {
+		// Its answer comes when the task ends; the pong comes now.
+		if err := c.send([]byte(`{"v":` + strconv.Itoa(Version) + `,"op":"` + OpPing + `"}`)); err != nil {
+			return err
+		}
+		c.pings++
+	}
+	return nil
+}
+
+func (c *Conn) send(b []byte) error {
+	err := SendMsg(c.fd, b, nil, 0)
+	if err == unix.EAGAIN {
+		return fmt.Errorf("%w at %s: it read nothing for %s", ErrNoAnswer, c.path, FirstAnswer)
+	}
+	return err
 }
 
 // Recv waits up to timeout (forever when timeout < 0) for one reply and
-// the descriptors it carries. An error reply is returned as *Error.
+// the descriptors it carries. An error reply is returned as *Error. The
+// first answer to a request must come within FirstAnswer, whatever the
+// timeout: ErrNoAnswer otherwise.
 func (c *Conn) Recv(timeout time.Duration) (*Reply, []int, error) {
+	var deadline time.Time
 	if timeout >= 0 {
-		deadline := time.Now().Add(timeout)
-		for {
-			ms := int(time.Until(deadline) / time.Millisecond)
-			if ms < 0 {
-				ms = 0
+		deadline = time.Now().Add(timeout)
+	}
+	for {
+		until, silent := deadline, false
+		if !c.asked.IsZero() {
+			if first := c.asked.Add(FirstAnswer); until.IsZero() || first.Before(until) {
+				until, silent = first, true
 			}
-			pfd := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}
-			n, err := unix.Poll(pfd, ms)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return nil, nil, fmt.Errorf("poll: %w", err)
-			}
-			if n > 0 {
-				break
-			}
-			if ms == 0 {
+		}
+		if !until.IsZero() {
+			ready, err := c.poll(until)
+			switch {
+			case err != nil:
+				return nil, nil, err
+			case !ready && silent:
+				return nil, nil, fmt.Errorf("%w at %s: no answer for %s", ErrNoAnswer, c.path, FirstAnswer)
+			case !ready:
 				return nil, nil, ErrTimeout
 			}
 		}
+		r, fds, err := c.read()
+		c.asked = time.Time{} // answered, if only by closing
+		if err == nil && r.Type == TypePong && c.pings > 0 {
+			c.pings--
+			continue
+		}
+		return r, fds, err
 	}
+}
+
+// poll waits until the connection is readable or until has passed.
+func (c *Conn) poll(until time.Time) (bool, error) {
+	for {
+		ms := int(time.Until(until) / time.Millisecond)
+		if ms < 0 {
+			ms = 0
+		}
+		pfd := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, ms)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("poll: %w", err)
+		}
+		if n > 0 {
+			return true, nil
+		}
+		if ms == 0 {
+			return false, nil
+		}
+	}
+}
+
+// read reads and decodes one reply.
+func (c *Conn) read() (*Reply, []int, error) {
 	b, fds, err := RecvMsg(c.fd, c.buf, c.oob, 0)
 	if err != nil {
 		return nil, nil, err

@@ -259,7 +259,15 @@ func startWait(path string, id uint64) (*taskWaiter, error) {
 	w := &taskWaiter{path: path, id: id, c: c}
 	if err := w.send(); err != nil {
 		c.Close()
-		return nil, err
+		if !errors.Is(err, unix.EPIPE) && !errors.Is(err, unix.ECONNRESET) {
+			return nil, err
+		}
+		// The broker went away between our connect and our request: it
+		// is restarting, as after the connection it closes on a wait.
+		w.redials++
+		if err := w.redial(); err != nil {
+			return nil, err
+		}
 	}
 	return w, nil
 }
@@ -349,6 +357,10 @@ func failure(err error, id uint64) int {
 	case errors.Is(err, client.ErrNoBroker):
 		warn("%v", err)
 		hint("start the broker with 'systemctl start npubroker', or point NPURUN_SOCKET at a running one")
+		return shim.ExitUnavailable
+	case errors.Is(err, client.ErrNoAnswer):
+		warn("%v", err)
+		hint("the broker may be overloaded or stuck: see 'journalctl -u npubroker'")
 		return shim.ExitUnavailable
 	}
 	warn("%v", err)
