@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
 )
 
 // TestStaleDescriptorTakesNothing: a client that keeps its lease's
@@ -21,6 +24,14 @@ func TestStaleDescriptorTakesNothing(t *testing.T) {
 
 	thief := startProc(t, "thief", b.Npurun("-d", "0", b.Bin.Workload, "-relock"))
 	thief.waitLine("unlocked npu0")
+	// The broker sees the lease end: the device is free again. Only then
+	// does the thief wait in flock on its kept descriptor (were it quicker,
+	// it would only go on with its own lease).
+	free := startProc(t, "free", b.Npurun("-d", "0", "--timeout", "10s", "true"))
+	free.mustSucceed()
+	if _, err := io.WriteString(thief.stdin, "\n"); err != nil {
+		t.Fatal(err)
+	}
 
 	for i := range 3 {
 		h := hold(t, b, fmt.Sprintf("holder %d", i), "-d", "0")
@@ -134,4 +145,119 @@ func TestSocketMode(t *testing.T) {
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK || st.Mode&0o777 != 0o666 {
 		t.Fatalf("socket mode %o, want a socket with mode 0666", st.Mode)
 	}
+}
+
+// TestSilentBroker: a broker that takes no connection, or takes one and
+// says nothing, is reported within client.FirstAnswer with exit 69, by
+// npurun and task-submit alike; nobody hangs in the listen queue.
+func TestSilentBroker(t *testing.T) {
+	bin := bins(t)
+	sock := filepath.Join(t.TempDir(), "silent.sock")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) }) // after the parallel subtests
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: sock}); err != nil {
+		t.Fatal(err)
+	}
+	// A queue of one: the first client is queued and never answered, the
+	// next find the queue full.
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		cmd  string
+		args []string
+	}{
+		{"npurun queued", bin.Npurun, []string{"--no-wait", "true"}},
+		{"npurun queue full", bin.Npurun, []string{"true"}},
+		{"task-submit list", bin.TaskSubmit, []string{"list"}},
+		{"task-submit wait", bin.TaskSubmit, []string{"wait", "1"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), client.FirstAnswer+eventTimeout)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, tc.cmd, tc.args...)
+			cmd.Env = append(os.Environ(), "NPURUN_SOCKET="+sock)
+			code, out := exitCode(t, cmd)
+			if code != 69 || !strings.Contains(out, "does not answer") {
+				t.Fatalf("%s against a silent broker: exit %d, want 69 naming the silence; output:\n%s", tc.name, code, out)
+			}
+		})
+	}
+}
+
+// TestProgressStaysFlat: as grants move a long line up, a waiter is not
+// told of every move (that costs the broker a message per waiter per
+// grant), yet whoever becomes next in line is told so at once.
+func TestProgressStaysFlat(t *testing.T) {
+	const waiters, steps = 200, 20
+	b := StartBroker(t, FakeConfig(1))
+	h := hold(t, b, "holder")
+	conns := make([]*client.Conn, waiters)
+	for i := range conns {
+		conns[i] = b.Dial()
+		if err := conns[i].Send(&client.Request{Op: client.OpAcquire, N: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Everyone hears their place once; the places say the order (the
+	// connections' requests reach the broker in no set order).
+	line := make([]*client.Conn, waiters)
+	for i, c := range conns {
+		r, _, err := c.Recv(eventTimeout)
+		if err != nil || r.Type != client.TypeQueued || r.Position < 1 || r.Position > waiters || line[r.Position-1] != nil {
+			t.Fatalf("waiter %d: %+v %v, want queued at a place of its own", i, r, err)
+		}
+		line[r.Position-1] = c
+	}
+	conns = line
+	h.release()
+	// Each step: the head is granted and holds its device until the next
+	// has heard that it is next, then lets go. Each step so spans at least
+	// one round of reports.
+	for i := range steps {
+		var held []int
+		for held == nil {
+			r, fds, err := conns[i].Recv(eventTimeout)
+			if err != nil {
+				t.Fatalf("waiter %d: %v", i, err)
+			}
+			if r.Type == client.TypeGrant {
+				held = fds
+			}
+		}
+		for {
+			r, _, err := conns[i+1].Recv(eventTimeout)
+			if err != nil {
+				t.Fatalf("waiter %d, next after a grant: %v", i+1, err)
+			}
+			if r.Position == 1 {
+				break
+			}
+		}
+		for _, fd := range held {
+			unix.Close(fd)
+		}
+	}
+	// What the rest were sent meanwhile.
+	sent := 0
+	for _, c := range conns[steps+1:] {
+		for {
+			_, _, err := c.Recv(0)
+			if err != nil {
+				break
+			}
+			sent++
+		}
+	}
+	rest := waiters - steps - 1
+	if limit := 5 * rest; sent > limit {
+		t.Fatalf("%d waiters were sent %d progress messages over %d grants (%.1f each), want at most %d", rest, sent, steps, float64(sent)/float64(rest), limit)
+	}
+	t.Logf("%d waiters were sent %d progress messages over %d grants", rest, sent, steps)
 }

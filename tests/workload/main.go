@@ -6,6 +6,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -59,9 +60,9 @@ func main() {
 }
 
 // relockLease unlocks the lease's first descriptor (ending the lease, as
-// far as the broker can tell), says "unlocked", then waits in flock on the
-// same descriptor and says "relocked" once it has the lock, and holds it
-// until its standard input closes.
+// far as the broker can tell) and says "unlocked"; once a byte comes on its
+// standard input it waits in flock on the same descriptor, says "relocked"
+// once it has the lock, and holds it until its standard input closes.
 func relockLease() {
 	dev, fdText, _ := strings.Cut(strings.Split(os.Getenv("NPURUN_LEASE"), ",")[0], ":")
 	fd, err := strconv.Atoi(fdText)
@@ -74,10 +75,16 @@ func relockLease() {
 		os.Exit(4)
 	}
 	fmt.Println("unlocked npu" + dev)
+	// Told when the broker has seen the lease end (its device free again),
+	// wait in flock on the kept descriptor.
+	if _, err := os.Stdin.Read(make([]byte, 1)); err != nil {
+		fmt.Fprintln(os.Stderr, "workload: read:", err)
+		os.Exit(4)
+	}
 	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
 		fmt.Fprintln(os.Stderr, "workload: lock:", err)
 		os.Exit(4)
 	}
 	fmt.Println("relocked npu" + dev)
-	os.Stdin.Read(make([]byte, 1))
+	io.Copy(io.Discard, os.Stdin)
 }
