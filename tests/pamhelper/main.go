@@ -12,6 +12,7 @@
 //	held                           (-hold) the session is open; close stdin to end it
 //	close ok | close ERROR         pam_close_session (unless -no-close)
 //	time OPEN_NS                   (-repeat) one line per open_session, in ns
+//	fds N                          (-fds) descriptors open at the end
 package main
 
 import (
@@ -36,6 +37,7 @@ func main() {
 	noClose := flag.Bool("no-close", false, "end the handle without pam_close_session")
 	repeat := flag.Int("repeat", 1, "open and close the session this many times, timing each open")
 	quiet := flag.Bool("quiet", false, "print only time lines and failures")
+	countFDs := flag.Bool("fds", false, "at the end, print the number of open descriptors: fds N")
 	flag.Parse()
 
 	out := bufio.NewWriter(os.Stdout)
@@ -106,5 +108,9 @@ func main() {
 	}
 	for _, d := range times {
 		fmt.Fprintf(out, "time %d\n", d.Nanoseconds())
+	}
+	if *countFDs {
+		entries, _ := os.ReadDir("/proc/self/fd")
+		fmt.Fprintf(out, "fds %d\n", len(entries))
 	}
 }
