@@ -25,7 +25,7 @@ type devTree struct {
 // controlNodes are Ascend's shared nodes.
 var controlNodes = []string{"davinci_manager", "devmm_svm", "hisi_hdc"}
 
-func newDevTree(t *testing.T, n int) devTree {
+func newDevTree(t testing.TB, n int) devTree {
 	t.Helper()
 	needRoot(t)
 	dir := filepath.Join(SharedDir(t), "dev")

@@ -70,7 +70,7 @@ func pamService(t testing.TB, name, control, args string) string {
 
 // startPAM starts the helper opening a session of user with service from
 // confDir, and extra helper flags.
-func startPAM(t *testing.T, confDir, service, user string, flags ...string) *proc {
+func startPAM(t testing.TB, confDir, service, user string, flags ...string) *proc {
 	t.Helper()
 	args := append([]string{"-confdir", confDir, "-service", service, "-user", user}, flags...)
 	return startProc(t, "pamhelper "+user, exec.Command(pamBins(t).Helper, args...))
@@ -78,7 +78,7 @@ func startPAM(t *testing.T, confDir, service, user string, flags ...string) *pro
 
 // runPAM runs the helper to its end and returns its output and how long it
 // ran.
-func runPAM(t *testing.T, confDir, service, user string, flags ...string) (string, time.Duration) {
+func runPAM(t testing.TB, confDir, service, user string, flags ...string) (string, time.Duration) {
 	t.Helper()
 	start := time.Now()
 	p := startPAM(t, confDir, service, user, flags...)

@@ -12,6 +12,7 @@
 //	held                           (-hold) the session is open; close stdin to end it
 //	close ok | close ERROR         pam_close_session (unless -no-close)
 //	time OPEN_NS                   (-repeat) one line per open_session, in ns
+//	leases N                       (-repeat) sessions that got a lease
 //	fds N                          (-fds) descriptors open at the end
 package main
 
@@ -56,6 +57,7 @@ func main() {
 		return "", nil
 	})
 	var times []time.Duration
+	leases := 0
 	for range *repeat {
 		tx, err := pam.StartConfDir(*service, *user, conv, *confDir)
 		if err != nil {
@@ -91,6 +93,9 @@ func main() {
 				fmt.Fprintf(out, "env %s=%s\n", k, env[k])
 			}
 		}
+		if v := tx.GetEnv("NPURUN_LEASE"); v != "" {
+			leases++
+		}
 		if *hold {
 			fmt.Fprintln(out, "held")
 			out.Flush()
@@ -108,6 +113,9 @@ func main() {
 	}
 	for _, d := range times {
 		fmt.Fprintf(out, "time %d\n", d.Nanoseconds())
+	}
+	if *repeat > 1 {
+		fmt.Fprintf(out, "leases %d\n", leases)
 	}
 	if *countFDs {
 		entries, _ := os.ReadDir("/proc/self/fd")
