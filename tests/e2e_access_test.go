@@ -234,3 +234,40 @@ func TestRestrictedTask(t *testing.T) {
 		t.Error("after the task the device still opens")
 	}
 }
+
+// TestCheckConfigRestrictWarnings: check-config warns, with file and line,
+// when a restricted account is still in the group that owns the device
+// nodes, and when a node is open to everyone; exit status 0.
+func TestCheckConfigRestrictWarnings(t *testing.T) {
+	dev := newDevTree(t, 2)
+	student := newUser(t)
+	// The nodes' group is the student's own: the ACLs would restrict
+	// nothing for them.
+	for _, n := range []string{"davinci0", "davinci1"} {
+		if err := os.Chown(dev.node(n), 0, int(student.GID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(dev.node("davinci_manager"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(SharedDir(t), "npurun.conf")
+	text := dev.config("0-1", fmt.Sprintf("[restrict]\nusers = [%q]\n", student.Name))
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out := exitCode(t, exec.Command(bins(t).Broker, "check-config", conf))
+	group := student.Name // useradd's user-private group
+	for _, want := range []string{
+		fmt.Sprintf(`%s:8: [restrict] users: warning: restricted user %q is in group %q, which may open the device nodes without a lease`, conf, student.Name, group),
+		fmt.Sprintf(`%s:7: [restrict]: warning: %s may be opened by every account`, conf, dev.node("davinci_manager")),
+		conf + ": ok",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check-config output lacks\n%s\ngot:\n%s", want, out)
+		}
+	}
+	if code != 0 {
+		t.Errorf("check-config exit %d, want 0 (warnings only)", code)
+	}
+}
