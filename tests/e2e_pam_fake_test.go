@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,9 +40,19 @@ func startFakeBroker(t *testing.T, answer func(n int) fakeAnswer) *fakeBroker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var held []*net.UnixConn
+	var (
+		mu   sync.Mutex
+		held []*net.UnixConn
+	)
+	keep := func(c *net.UnixConn) {
+		mu.Lock()
+		held = append(held, c)
+		mu.Unlock()
+	}
 	t.Cleanup(func() {
 		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
 		for _, c := range held {
 			c.Close()
 		}
@@ -50,8 +61,15 @@ func startFakeBroker(t *testing.T, answer func(n int) fakeAnswer) *fakeBroker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { null.Close() })
+	nullFD := int(null.Fd())
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		ln.Close()
+		<-done // the server's last send is over
+		null.Close()
+	})
 	go func() {
+		defer close(done)
 		for n := 0; ; n++ {
 			c, err := ln.AcceptUnix()
 			if err != nil {
@@ -66,7 +84,7 @@ func startFakeBroker(t *testing.T, answer func(n int) fakeAnswer) *fakeBroker {
 			a := answer(n)
 			switch {
 			case a.silent:
-				held = append(held, c)
+				keep(c)
 				continue
 			case a.hangup:
 				c.Close()
@@ -83,15 +101,15 @@ func startFakeBroker(t *testing.T, answer func(n int) fakeAnswer) *fakeBroker {
 			if a.fds > 0 {
 				fds := make([]int, a.fds)
 				for i := range fds {
-					fds[i] = int(null.Fd())
+					fds[i] = nullFD
 				}
 				oob = unix.UnixRights(fds...)
 			}
 			if a.data != nil || oob != nil {
 				c.WriteMsgUnix(a.data, oob, nil)
 			}
-			if a.silent || a.queued > 0 && a.data == nil {
-				held = append(held, c)
+			if a.queued > 0 && a.data == nil {
+				keep(c)
 				continue
 			}
 			c.Close()

@@ -147,6 +147,7 @@ func TestLoginShell(t *testing.T) {
 	cmdSession := login(t, b, other, "command", "", `SSH_ORIGINAL_COMMAND=echo "cmd devices=[$NPURUN_DEVICES]"; exec 3<>`+node+` 2>/dev/null && echo opened`)
 	cmdSession.waitLine("cmd devices=[]")
 	cmdSession.wait()
+	<-cmdSession.outDone
 	if strings.Contains(cmdSession.Output(), "opened") {
 		t.Error("a command session opened the login's device")
 	}
@@ -176,7 +177,9 @@ func TestLoginOnBusy(t *testing.T) {
 		{"deny", func(t *testing.T, b *Broker, hold *proc) {
 			p := login(t, b, second, "denied", `echo "shell ran"`)
 			p.waitLine(`login refused (on_busy = "deny")`)
-			if code, _ := p.wait(); code != 75 || strings.Contains(p.Output(), "shell ran") {
+			code, _ := p.wait()
+			<-p.outDone
+			if code != 75 || strings.Contains(p.Output(), "shell ran") {
 				t.Errorf("denied login: exit %d, output:\n%s", code, p.Output())
 			}
 		}},
@@ -236,6 +239,7 @@ func TestLoginBrokerDown(t *testing.T) {
 			b.Stop()
 			p := login(t, b, student, "student", `echo "shell devices=[$NPURUN_DEVICES]"; exit 0`)
 			code, _ := p.wait()
+			<-p.outDone
 			out := p.Output()
 			switch down {
 			case "deny":
@@ -248,7 +252,9 @@ func TestLoginBrokerDown(t *testing.T) {
 				}
 			}
 			p = login(t, b, staff, "staff", `echo "staff shell"; exit 0`)
-			if code, _ := p.wait(); code != 0 || !strings.Contains(p.Output(), "staff shell") {
+			code, _ = p.wait()
+			<-p.outDone
+			if code != 0 || !strings.Contains(p.Output(), "staff shell") {
 				t.Errorf("unrestricted with no broker: exit %d, output:\n%s", code, p.Output())
 			}
 		})
