@@ -198,7 +198,7 @@ func fdCount(t *testing.T, pid int) int {
 
 // TestSSHD: a real sshd with pam_npurun.so and npurun --login as
 // ForceCommand: an interactive login (ssh -tt) gets the login lease and
-// opens its node; `ssh host CMD` gets none and cannot; a second restricted
+// opens its node; `ssh host CMD` gets none and cannot; sftp works; a second restricted
 // login is refused (on_busy = "deny"); logout frees the device; 20 logins
 // in a row leak no lease and no descriptor in sshd.
 func TestSSHD(t *testing.T) {
@@ -216,6 +216,15 @@ func TestSSHD(t *testing.T) {
 	code, out := exitCode(t, s.ssh(student, nil, `echo "CMD=[$NPURUN_DEVICES] LEASE=[$NPURUN_LEASE]"; (exec 3<>`+node+`) 2>/dev/null && echo OPENED || echo CLOSED`))
 	if code != 0 || !strings.Contains(out, "CMD=[] LEASE=[]") || !strings.Contains(out, "CLOSED") {
 		t.Errorf("ssh host CMD: exit %d: %s", code, out)
+	}
+
+	// sftp (and so scp) goes through the wrapper as a command.
+	sftp := exec.Command("sftp", "-F", "/dev/null", "-i", s.Key, "-P", s.Port, "-b", "-",
+		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+		student.Name+"@127.0.0.1")
+	sftp.Stdin = strings.NewReader("pwd\n")
+	if code, out := exitCode(t, sftp); code != 0 || !strings.Contains(out, "Remote working directory: /home/"+student.Name) {
+		t.Errorf("sftp: exit %d: %s", code, out)
 	}
 
 	// An interactive login: the lease, its variables, its node.
