@@ -10,11 +10,13 @@
 #   SYSCONFDIR  configuration: npurun/npurun.conf       (/etc; $(PREFIX)/etc *)
 #   SYSTEMDDIR  systemd units                           (/lib/systemd/system;
 #                                                        $(PREFIX)/lib/systemd/system *)
-#   PAMDIR      PAM modules (pam_npurun.so, later)      (/lib/security;
+#   PAMDIR      PAM modules: pam_npurun.so              (/lib/security;
 #                                                        $(PREFIX)/lib/security *)
 #   BUILDDIR    where the binaries are built            (bin)
 #   VERSION     version stamped into the binaries       (git describe)
 #   GO          the Go toolchain                        (go)
+#   CC, CFLAGS  the C compiler for pam_npurun.so, and flags added to
+#               the module's own (-Wall -Wextra -Werror)  (cc, -O2)
 #
 # * With the usual prefixes, /usr/local and /usr, the configuration goes to
 #   /etc and the units where systemd finds them: a working install. Any
@@ -45,8 +47,11 @@ BUILDDIR   ?= bin
 GO         ?= go
 VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
+CC         ?= cc
+CFLAGS     ?= -O2
+
 GOFLAGS_BUILD = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
-BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit
+BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/pam_npurun.so
 SOURCES = $(shell find . -name '*.go' -not -path './.git/*') go.mod go.sum
 MAN1 = $(wildcard man/*.1)
 MAN5 = $(wildcard man/*.5)
@@ -78,6 +83,18 @@ $(BUILDDIR)/npubroker: $(SOURCES)
 		exit 1; \
 	fi
 	CGO_ENABLED=1 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npubroker
+
+# The PAM module is C on purpose (a Go runtime loaded into sshd can hang:
+# see DESIGN.md), a thin client of the broker, built with warnings as
+# errors against libpam (Debian: libpam0g-dev).
+PAM_CFLAGS = -std=gnu11 -Wall -Wextra -Werror -fPIC -shared
+$(BUILDDIR)/pam_npurun.so: pam/module/pam_npurun.c
+	@mkdir -p $(BUILDDIR)
+	@if ! echo '#include <security/pam_modules.h>' | $(CC) -E - >/dev/null 2>&1; then \
+		echo "pam_npurun.so needs the PAM headers (security/pam_modules.h): install libpam0g-dev (Debian, Ubuntu) or pam-devel" >&2; \
+		exit 1; \
+	fi
+	$(CC) $(CFLAGS) $(PAM_CFLAGS) -o $@ $< -lpam
 
 # The units as installed, with this install's paths in them, and a first
 # line that names the install: units of two installs that share
@@ -115,10 +132,11 @@ man:
 	@ls man/*.[0-9]
 
 install: build units
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(SYSTEMDDIR) $(DESTDIR)$(SYSCONFDIR)/npurun
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(SYSTEMDDIR) $(DESTDIR)$(SYSCONFDIR)/npurun $(DESTDIR)$(PAMDIR)
 	install -m 0755 $(BUILDDIR)/npurun $(DESTDIR)$(BINDIR)/npurun
 	install -m 0755 $(BUILDDIR)/task-submit $(DESTDIR)$(BINDIR)/task-submit
 	install -m 0755 $(BUILDDIR)/npubroker $(DESTDIR)$(SBINDIR)/npubroker
+	install -m 0644 $(BUILDDIR)/pam_npurun.so $(DESTDIR)$(PAMDIR)/pam_npurun.so
 	install -m 0644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/
 	install -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
 	install -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
@@ -136,6 +154,7 @@ uninstall: build units
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/npurun,$(BUILDDIR)/npurun)
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/task-submit,$(BUILDDIR)/task-submit)
 	@$(call remove_same,$(DESTDIR)$(SBINDIR)/npubroker,$(BUILDDIR)/npubroker)
+	@$(call remove_same,$(DESTDIR)$(PAMDIR)/pam_npurun.so,$(BUILDDIR)/pam_npurun.so)
 	@$(foreach p,$(MAN1),$(call remove_same,$(DESTDIR)$(MANDIR)/man1/$(notdir $(p)),$(p));)
 	@$(foreach p,$(MAN5),$(call remove_same,$(DESTDIR)$(MANDIR)/man5/$(notdir $(p)),$(p));)
 	@$(foreach p,$(MAN8),$(call remove_same,$(DESTDIR)$(MANDIR)/man8/$(notdir $(p)),$(p));)

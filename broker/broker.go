@@ -146,17 +146,19 @@ func New(o Options) (*Server, error) {
 		maxID = max(maxID, id)
 	}
 	s.devs = make([]*device, maxID+1)
+	var free []int
 	for _, id := range s.inv.IDs {
 		d := &device{id: id, path: LockPath(s.locks, id), fd: -1, spare: -1, watch: make(chan int, 1)}
-		fd, free, err := tryLock(d.path)
+		fd, isFree, err := tryLock(d.path)
 		if err != nil {
 			return nil, err
 		}
 		s.devs[id] = d
 		go s.watch(d)
-		if free {
+		if isFree {
 			// Free, but descriptors of leases from before this start may
 			// still reach the file: the device starts on a fresh one.
+			free = append(free, id)
 			if err := s.renewOnce(d, fd, nil); err != nil {
 				s.log.Printf("npu %d: %v; out of service until a fresh lock file can be made", id, err)
 				go s.renew(d, fd, nil)
@@ -169,6 +171,14 @@ func New(o Options) (*Server, error) {
 	}
 	if s.inv.Note != "" {
 		s.log.Print(s.inv.Note)
+	}
+	// Device access: nothing is granted before Serve, so a free device's
+	// node is cleaned before anyone can lease it.
+	s.mu.Lock()
+	s.startAccessLocked(free)
+	s.mu.Unlock()
+	if err := s.writeSessionPolicy(o.RunDir); err != nil {
+		return nil, err
 	}
 	stateDir := o.StateDir
 	if stateDir == "" {
@@ -213,7 +223,8 @@ func (s *Server) watch(d *device) {
 				delete(s.held, d.holder)
 			}
 		}
-		d.leased = false
+		d.leased, d.origin = false, nil
+		s.revokeLocked(d.id) // before the device can be granted again
 		s.mu.Unlock()
 		s.renew(d, fd, next)
 	}
@@ -257,9 +268,14 @@ func (s *Server) renewOnce(d *device, old int, next *freshLock) error {
 	return nil
 }
 
-// releasedLocked hands device d, now leased, to its watcher. The caller has
-// taken d.fd, the locked descriptor, for the lease.
+// releasedLocked hands device d, now leased to uid, to its watcher. The
+// caller has taken d.fd, the locked descriptor, for the lease. A
+// restricted uid's access to the device is added here if the caller has not
+// done so yet (a task's, before its supervisor starts).
 func (s *Server) releasedLocked(d *device, uid uint32) {
+	if err := s.allowLocked(uid, []int{d.id}); err != nil {
+		s.log.Printf("npu %d: %v", d.id, err)
+	}
 	d.leased, d.holder, d.since = true, uid, time.Now()
 	s.nfree--
 	s.held[uid]++

@@ -27,6 +27,9 @@ type conn struct {
 	w       *Waiter // the request waiting, nil when none
 	waiting []*task // tasks whose end it waits for
 	closed  bool
+
+	origin *Origin // a session's, or a request's on behalf of another user
+	login  *login  // a login session waiting for its lease
 }
 
 // rbuf is a receive buffer, taken from a pool only while a message is being
@@ -210,6 +213,8 @@ func (c *conn) serve(req *client.Request) bool {
 		return c.sendLocked(&client.Reply{Type: client.TypePong}) == nil
 	case client.OpAcquire:
 		return s.acquire(c, req)
+	case client.OpSession:
+		return s.session(c, req)
 	case client.OpSubmit, client.OpList, client.OpShow, client.OpCancel, client.OpWait, client.OpTaskDone:
 		return s.taskOp(c, req)
 	default:

@@ -7,13 +7,27 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/pam"
 	"github.com/npurun/npurun/policy"
 )
 
 // acquire serves an npurun's request for a lease.
 func (s *Server) acquire(c *conn, req *client.Request) bool {
+	uid, acct := c.uid, c.acct
+	if req.User != "" {
+		var rep *client.Reply
+		if uid, acct, rep = s.onBehalf(c, req.User); rep != nil {
+			s.mu.Lock()
+			c.sendLocked(rep)
+			s.mu.Unlock()
+			return true
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if req.User != "" {
+		c.origin = &Origin{User: acct.name, Service: req.Service, TTY: req.TTY, RHost: req.RHost, ByRoot: true}
+	}
 	if c.w != nil {
 		c.sendLocked(errReply(client.CodeBadRequest, "this connection already waits for devices", ""))
 		return false
@@ -22,18 +36,18 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		c.sendLocked(errReply(client.CodeBadRequest, fmt.Sprintf("asked for %d devices but named %d", req.N, len(req.Devices)), ""))
 		return false
 	}
-	if s.leaseWaits[c.uid] >= s.cfg.MaxWaitingPerUser {
-		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %d requests waiting, the most the broker queues for one user", c.acct.name, s.cfg.MaxWaitingPerUser), ""))
+	if s.leaseWaits[uid] >= s.cfg.MaxWaitingPerUser {
+		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %d requests waiting, the most the broker queues for one user", acct.name, s.cfg.MaxWaitingPerUser), ""))
 		return true
 	}
-	w, rep := s.admitLocked(c.uid, c.acct, req.N, req.Devices, req.Pool)
+	w, rep := s.admitLocked(uid, acct, req.N, req.Devices, req.Pool)
 	if rep != nil {
 		c.sendLocked(rep)
 		return rep.Code != client.CodeBadRequest
 	}
 	w.conn = c
 	c.w = w
-	s.leaseWaits[c.uid]++
+	s.leaseWaits[uid]++
 	s.q.Add(w)
 	s.scheduleLocked()
 	if c.w == nil {
@@ -107,13 +121,17 @@ func (s *Server) admitLocked(uid uint32, acct *account, n int, devices []int, po
 }
 
 // unwaitLocked clears c's waiting request (granted, refused or cancelled).
+// Waits count against the user they are for (not root's, for a request on
+// another user's behalf).
 func (s *Server) unwaitLocked(c *conn) {
 	if c.w == nil {
 		return
 	}
+	uid := c.w.UID
 	c.w = nil
-	if s.leaseWaits[c.uid]--; s.leaseWaits[c.uid] <= 0 {
-		delete(s.leaseWaits, c.uid)
+	c.login = nil
+	if s.leaseWaits[uid]--; s.leaseWaits[uid] <= 0 {
+		delete(s.leaseWaits, uid)
 	}
 }
 
@@ -189,14 +207,24 @@ func (s *Server) roomLocked(q *Queue) Room {
 	return room
 }
 
-// grantLocked sends the locked descriptors to the waiter's client. On
-// success the broker keeps nothing but a watcher per device.
+// grantLocked sends the locked descriptors to the waiter's client. A
+// restricted account's access to the devices comes first (before the
+// descriptors leave the broker). On success the broker keeps nothing but
+// a watcher per device.
 func (s *Server) grantLocked(g Grant) bool {
 	c := g.W.conn
+	uid := g.W.UID
+	isLogin := c.login != nil
 	s.unwaitLocked(c)
 	fds := make([]int, len(g.Devices))
 	for i, id := range g.Devices {
 		fds[i] = s.devs[id].fd
+	}
+	if err := s.allowLocked(uid, g.Devices); err != nil {
+		s.log.Printf("grant npu %s to %s: %v", npu.FormatIDs(g.Devices), g.W.user, err)
+		s.undoAccessLocked(g.Devices)
+		c.sendLocked(errReply(client.CodeNoAccess, fmt.Sprintf("the broker could not open %s to %s: %v", s.inv.Vendor.Format(g.Devices), g.W.user, err), "tell the administrator: the broker's log says more"))
+		return false
 	}
 	r := &client.Reply{
 		Type:     client.TypeGrant,
@@ -205,8 +233,12 @@ func (s *Server) grantLocked(g Grant) bool {
 		Env:      s.inv.Env(g.Devices),
 		WaitedMS: time.Since(g.W.queued).Milliseconds(),
 	}
+	if isLogin {
+		r.Message = pam.GrantMessage(s.inv.Vendor, g.Devices, g.W.Pool)
+	}
 	if err := c.sendLocked(r, fds...); err != nil {
-		s.log.Printf("grant npu %s to %s (pid %d): %v", npu.FormatIDs(g.Devices), c.acct.name, c.pid, err)
+		s.log.Printf("grant npu %s to %s (pid %d): %v", npu.FormatIDs(g.Devices), g.W.user, c.pid, err)
+		s.undoAccessLocked(g.Devices)
 		c.closed = true
 		c.c.Close()
 		return false
@@ -215,9 +247,18 @@ func (s *Server) grantLocked(g Grant) bool {
 		d := s.devs[id]
 		closeFD(d.fd)
 		d.fd = -1
-		s.releasedLocked(d, c.uid)
+		d.origin = c.origin
+		s.releasedLocked(d, uid)
 	}
 	return true
+}
+
+// undoAccessLocked takes back the access a grant that failed gave: its
+// devices stay free, so no managed entry belongs on their nodes.
+func (s *Server) undoAccessLocked(ids []int) {
+	for _, id := range ids {
+		s.revokeLocked(id)
+	}
 }
 
 // progressLocked arranges for waiters to hear their new places soon.

@@ -27,10 +27,11 @@ import (
 type device struct {
 	id     int
 	path   string
-	fd     int    // locked descriptor while free; -1 while leased
-	spare  int    // a second open of the free lock file, for the watcher; -1 if none
-	holder uint32 // uid the lease was granted to (this broker's grants only)
-	leased bool   // granted by this broker (false: found held at start)
+	fd     int     // locked descriptor while free; -1 while leased
+	spare  int     // a second open of the free lock file, for the watcher; -1 if none
+	holder uint32  // uid the lease was granted to (this broker's grants only)
+	leased bool    // granted by this broker (false: found held at start)
+	origin *Origin // the session the lease was granted to, if it was one
 	since  time.Time
 	watch  chan int // descriptors for the device's watcher to wait on
 }

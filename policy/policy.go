@@ -40,6 +40,7 @@ type Config struct {
 	Users             map[string]Limit // [user.NAME], merged with Default
 	Groups            map[string]Limit // [group.NAME], merged with Default
 	Tasks             Tasks            // [tasks]
+	Restrict          Restrict         // [restrict]
 
 	file string    // the file name as given to Parse, for warnings
 	idx  lineIndex // where each table and key is, for warnings
@@ -67,6 +68,47 @@ type Tasks struct {
 	KillGrace    time.Duration // SIGTERM → SIGKILL
 	TimeLimit    time.Duration // a task's limit when it asks for none; 0: none
 	MaxTime      time.Duration // the longest --time allowed; 0: no cap
+}
+
+// Restrict is the [restrict] table: the accounts that reach a device only
+// through a lease, and what their login sessions get.
+type Restrict struct {
+	Users        []string      // restricted accounts by name
+	Groups       []string      // restricted accounts by group
+	LoginDevices int           // devices of an interactive login's lease; 0: none
+	LoginPool    string        // pool of the login lease; the default pool when absent
+	OnBusy       string        // "wait", "hide" or "deny": the login lease finds nothing free
+	BusyWait     time.Duration // for OnBusy "wait": how long, then as "hide"
+	OnBrokerDown string        // "hide" or "deny": a login while the broker cannot be reached
+}
+
+// Defaults of the [restrict] table.
+const (
+	DefaultLoginDevices = 1
+	DefaultOnBusy       = "hide"
+	DefaultOnBrokerDown = "hide"
+	// MaxBusyWait bounds on_busy = "wait D": a login waits at most this.
+	MaxBusyWait = 10 * time.Minute
+)
+
+// Active tells whether [restrict] names any account.
+func (r Restrict) Active() bool { return len(r.Users) > 0 || len(r.Groups) > 0 }
+
+// Restricted tells whether user, a member of groups, is a restricted
+// account. Root never is.
+func (c *Config) Restricted(user string, groups []string) bool {
+	if user == "root" {
+		return false
+	}
+	if slices.Contains(c.Restrict.Users, user) {
+		return true
+	}
+	for _, g := range groups {
+		if slices.Contains(c.Restrict.Groups, g) {
+			return true
+		}
+	}
+	return false
 }
 
 // Pool is a named set of devices.
@@ -324,12 +366,12 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		switch k {
-		case "devices", "broker", "pools", "limits", "user", "group", "tasks":
+		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "restrict":
 			continue
 		}
 		if _, isTable := raw[k].(map[string]any); isTable {
 			p.errs = append(p.errs, Error{File: p.file, Line: p.idx.line(k), Key: "[" + k + "]",
-				Msg: "unknown table (known: devices, broker, pools, limits, tasks, user.NAME, group.NAME)"})
+				Msg: "unknown table (known: devices, broker, pools, limits, tasks, restrict, user.NAME, group.NAME)"})
 		} else {
 			p.errorf(nil, k, "unknown key (keys belong in a table such as [devices])")
 		}
@@ -497,6 +539,8 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 		c.Tasks.CPUThreads = max(1, runtime.NumCPU()/max(1, c.Tasks.CPUSlots))
 	}
 
+	c.Restrict = p.restrict(raw, c, poolExists)
+
 	// [limits], [user.NAME], [group.NAME]
 	c.Default = Limit{MaxQueued: DefaultMaxQueued, Source: "the default [limits]"}
 	if t, ok := p.table(nil, raw, "limits"); ok {
@@ -522,6 +566,109 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 		}
 	}
 	return c
+}
+
+// accountName is what [restrict] accepts as a user or group name: what
+// useradd and groupadd accept, and nothing a line-based reader (the PAM
+// module reads these names from the broker's session-policy file) could
+// misread.
+var accountName = regexp.MustCompile(`^[A-Za-z0-9_.][A-Za-z0-9_.-]*\$?$`)
+
+// restrict reads the [restrict] table.
+func (p *parser) restrict(raw map[string]any, c *Config, poolExists func(string) bool) Restrict {
+	r := Restrict{LoginDevices: DefaultLoginDevices, OnBusy: DefaultOnBusy, OnBrokerDown: DefaultOnBrokerDown}
+	table := []string{"restrict"}
+	t, ok := p.table(nil, raw, "restrict")
+	if !ok {
+		return r
+	}
+	p.unknown(table, t, "users", "groups", "login_devices", "login_pool", "on_busy", "on_broker_down")
+	r.Users = p.names(table, t, "users", "user")
+	r.Groups = p.names(table, t, "groups", "group")
+	for _, u := range r.Users {
+		if u == "root" {
+			p.errorf(table, "users", "root is never restricted: remove it from the list")
+		}
+	}
+	if _, hasUsers := t["users"]; !hasUsers {
+		if _, hasGroups := t["groups"]; !hasGroups {
+			p.errorf(table, "", "names no account: give users = [...] or groups = [...]")
+		}
+	}
+	if n, ok := p.integer(table, t, "login_devices", 0); ok {
+		r.LoginDevices = n
+	}
+	if s, ok := p.str(table, t, "login_pool"); ok {
+		if poolExists(s) {
+			r.LoginPool = s
+		} else {
+			p.errorf(table, "login_pool", "no pool %q in [pools]", s)
+		}
+	}
+	name := r.LoginPool
+	if name == "" {
+		name = c.DefaultPool
+	}
+	if pool, exists := c.Pool(name); exists && pool.IDs != nil && r.LoginDevices > len(pool.IDs) {
+		p.errorf(table, "login_devices", "%d devices for a login, but pool %q has only %d", r.LoginDevices, name, len(pool.IDs))
+	}
+	if s, ok := p.str(table, t, "on_busy"); ok {
+		switch rest, isWait := strings.CutPrefix(s, "wait "); {
+		case s == "hide" || s == "deny":
+			r.OnBusy = s
+		case isWait:
+			d, err := time.ParseDuration(strings.TrimSpace(rest))
+			switch {
+			case err != nil || d <= 0:
+				p.errorf(table, "on_busy", "bad duration in %q (want e.g. \"wait 30s\")", s)
+			case d%time.Second != 0:
+				p.errorf(table, "on_busy", "%q is not a whole number of seconds", s)
+			case d > MaxBusyWait:
+				p.errorf(table, "on_busy", "%q waits longer than a login may: at most %s", s, MaxBusyWait)
+			default:
+				r.OnBusy, r.BusyWait = "wait", d
+			}
+		default:
+			p.errorf(table, "on_busy", "unknown value %q (want \"wait 30s\", \"hide\" or \"deny\")", s)
+		}
+	}
+	if s, ok := p.str(table, t, "on_broker_down"); ok {
+		if s == "hide" || s == "deny" {
+			r.OnBrokerDown = s
+		} else {
+			p.errorf(table, "on_broker_down", "unknown value %q (want \"hide\" or \"deny\")", s)
+		}
+	}
+	return r
+}
+
+// names reads an array of account names.
+func (p *parser) names(table []string, t map[string]any, key, kind string) []string {
+	v, ok := t[key]
+	if !ok {
+		return nil
+	}
+	list, ok := v.([]any)
+	if !ok {
+		p.errorf(table, key, "must be an array of %s names, not %s", kind, typeName(v))
+		return nil
+	}
+	var names []string
+	for _, item := range list {
+		s, ok := item.(string)
+		if !ok {
+			p.errorf(table, key, "must be an array of %s names, not one holding %s", kind, typeName(item))
+			return nil
+		}
+		if !accountName.MatchString(s) || len(s) > 256 {
+			p.errorf(table, key, "bad %s name %q", kind, s)
+			continue
+		}
+		if !slices.Contains(names, s) {
+			names = append(names, s)
+		}
+	}
+	return names
 }
 
 // limit reads a limits table over base.

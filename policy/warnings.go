@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 )
 
 // Warnings returns what in a valid configuration is probably a mistake,
@@ -59,5 +60,55 @@ func (c *Config) Warnings(devices []int, exists func(kind, name string) bool) Er
 		}
 	}
 	sort.SliceStable(ws, func(i, j int) bool { return ws[i].Line < ws[j].Line })
+	return ws
+}
+
+// RestrictWarnings returns what makes [restrict] enforce less than it
+// says: a restricted account that is still a member of a group that may
+// open the device nodes (the ACL entries the broker manages are then no
+// limit for it), and device nodes that every account may open.
+//
+// nodeGroups names the groups that own a device node with read or write
+// permission; worldOpen lists the nodes that others may open. member tells
+// whether user belongs to group (primary or supplementary); members lists
+// the users of a group. Nil functions skip their checks.
+func (c *Config) RestrictWarnings(nodeGroups, worldOpen []string, member func(user, group string) bool, members func(group string) []string) Errors {
+	var ws Errors
+	if !c.Restrict.Active() {
+		return nil
+	}
+	warn := func(key string, path []string, format string, args ...any) {
+		ws = append(ws, Error{File: c.file, Line: c.idx.line(path...), Key: key, Msg: "warning: " + fmt.Sprintf(format, args...)})
+	}
+	for _, node := range worldOpen {
+		warn("[restrict]", []string{"restrict"}, "%s may be opened by every account: restricted accounts reach it without a lease (make it mode 0660)", node)
+	}
+	hint := "take them out of it (gpasswd -d USER GROUP), see pam_npurun(8)"
+	for _, g := range nodeGroups {
+		if member != nil {
+			for _, u := range c.Restrict.Users {
+				if member(u, g) {
+					warn("[restrict] users", []string{"restrict", "users"}, "restricted user %q is in group %q, which may open the device nodes without a lease: %s", u, g, hint)
+				}
+			}
+		}
+		if members != nil {
+			for _, rg := range c.Restrict.Groups {
+				if rg == g {
+					warn("[restrict] groups", []string{"restrict", "groups"}, "restricted group %q itself may open the device nodes without a lease", rg)
+					continue
+				}
+				var both []string
+				for _, u := range members(rg) {
+					if u != "root" && member != nil && member(u, g) {
+						both = append(both, u)
+					}
+				}
+				if len(both) > 0 {
+					warn("[restrict] groups", []string{"restrict", "groups"}, "members of restricted group %q are in group %q, which may open the device nodes without a lease (%s): %s", rg, g, strings.Join(both, ", "), hint)
+				}
+			}
+		}
+	}
 	return ws
 }

@@ -42,6 +42,7 @@ type Options struct {
 	NoDevice bool
 	Verbose  bool
 	Quiet    bool
+	Login    bool // npurun --login: a login shell under the login lease
 }
 
 // Run acquires a lease and executes argv under it. It returns only when it
@@ -84,16 +85,11 @@ func Run(o Options, argv []string) int {
 	if g == nil {
 		return code
 	}
-	env := append([]string(nil), g.Env...)
-	var parts []string
-	for i, fd := range fds {
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
-			warn("keep lease descriptor open across exec: %v", err)
-			return ExitFailure
-		}
-		parts = append(parts, strconv.Itoa(g.Devices[i])+":"+strconv.Itoa(fd))
+	env, err := leaseEnv(g, fds)
+	if err != nil {
+		warn("%v", err)
+		return ExitFailure
 	}
-	env = append(env, LeaseVar+"="+strings.Join(parts, ","))
 	return execute(argv, env, fds)
 }
 
@@ -105,6 +101,7 @@ type waiter struct {
 	last     string // the last progress text
 	deadline time.Time
 	signals  chan os.Signal
+	waitFor  time.Duration // a login's on_busy wait, as the broker announced it
 }
 
 func (w *waiter) request() *client.Request {

@@ -17,7 +17,8 @@ import (
 // appendRequest encodes an acquire or ping request; ok is false for any
 // other request, which the caller encodes with encoding/json.
 func appendRequest(b []byte, r *Request) ([]byte, bool) {
-	if (r.Op != OpAcquire && r.Op != OpPing) || r.Task != nil || r.Status != nil || r.ID != 0 || r.All {
+	if (r.Op != OpAcquire && r.Op != OpPing) || r.Task != nil || r.Status != nil || r.ID != 0 || r.All ||
+		r.User != "" || r.Service != "" || r.TTY != "" || r.RHost != "" || r.Login {
 		return nil, false
 	}
 	b = append(b, `{"v":`...)
@@ -112,6 +113,8 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 			r.Env, err = s.strings()
 		case "waited_ms":
 			r.WaitedMS, err = s.int()
+		case "wait_ms":
+			r.WaitMS, err = s.int()
 		case "code":
 			r.Code, err = s.string()
 		case "message":
@@ -142,7 +145,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "code", "message", "hint", "id", "tasks", "more"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "tasks", "more"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool {

@@ -25,6 +25,28 @@ package client
 //
 // A client cancels a wait by closing the connection. After a grant the same
 // connection may ask again.
+//
+// Sessions: pam_npurun.so (as root, on behalf of the user logging in) and
+// npurun --login (as the user) ask what a login session gets. The broker
+// decides from [restrict]; the client only carries the verdict out.
+//
+//	pam_npurun.so (uid 0)                      npubroker
+//	  │ ── {"op":"session","user":"alice",     │ "user" is taken from uid 0 only (anyone
+//	  │     "service":"login","tty":"tty1",    │ else: denied), resolved through NSS;
+//	  │     "rhost":"","login":true} ────────▶ │ service, tty, rhost: the session's origin
+//	  │ ◀── {"type":"ignore"} ──────────────── │ not restricted: PAM_IGNORE
+//	  │ ◀── {"type":"hide","env":[…]} ──────── │ restricted, no lease: devices hidden
+//	  │ ◀── {"type":"queued","wait_ms":30000} ─│ on_busy = "wait 30s": the answer comes
+//	  │                                        │ within wait_ms (the client's deadline grows)
+//	  │ ◀── {"type":"grant","devices":[4],     │ + SCM_RIGHTS, as for acquire; the broker
+//	  │      "env":[…],"message":"npu 4 is…"}  │ added user:alice:rw to the nodes' ACLs first
+//	  │ ◀── {"type":"hide","env":[…],"message"}│ nothing free (on_busy "hide", or the wait ran out)
+//	  │ ◀── {"type":"error","code":"busy"|"denied","message":…}   session refused
+//
+// "login": false asks for no lease (a session that may be a command, scp,
+// sftp: sshd's); the verdict is then ignore or hide. The session-policy
+// file (SessionPolicyFile, beside the socket) says what to do while no
+// broker answers.
 
 import (
 	"encoding/json"
@@ -48,6 +70,7 @@ const MaxDevices = 64
 const (
 	OpAcquire = "acquire"
 	OpPing    = "ping"
+	OpSession = "session"
 )
 
 // Reply types.
@@ -56,6 +79,8 @@ const (
 	TypeGrant  = "grant"
 	TypeError  = "error"
 	TypePong   = "pong"
+	TypeIgnore = "ignore" // session: not a restricted account
+	TypeHide   = "hide"   // session: no lease, devices hidden
 )
 
 // Error codes carried by a reply of type "error".
@@ -66,6 +91,7 @@ const (
 	CodeTooMany    = "too-many"    // a cap on waiters or connections was reached
 	CodeNoSuchPool = "no-such-pool"
 	CodeNoDevice   = "no-such-device"
+	CodeNoAccess   = "no-access" // the broker could not open the devices' nodes to the user
 )
 
 // Request is a message from a client.
@@ -76,6 +102,13 @@ type Request struct {
 	Pool    string `json:"pool,omitempty"`    // pool to take them from; "" is the default pool
 	Devices []int  `json:"devices,omitempty"` // exactly these physical ids
 	NoWait  bool   `json:"no_wait,omitempty"` // fail with "busy" instead of queueing
+
+	// sessions (and acquire on behalf of another user)
+	User    string `json:"user,omitempty"`    // the account asked for; only uid 0 may name one
+	Service string `json:"service,omitempty"` // PAM service (sshd, login, su-l)
+	TTY     string `json:"tty,omitempty"`
+	RHost   string `json:"rhost,omitempty"` // remote host
+	Login   bool   `json:"login,omitempty"` // an interactive login shell: wants the login lease
 
 	// tasks
 	Task   *Submission `json:"task,omitempty"`   // submit
@@ -94,6 +127,7 @@ type Reply struct {
 	Position int      `json:"position,omitempty"` // 1 is next in line
 	Ahead    []string `json:"ahead,omitempty"`    // users ahead, nearest first, at most a few
 	Reason   string   `json:"reason,omitempty"`   // why it waits although first, e.g. a limit
+	WaitMS   int64    `json:"wait_ms,omitempty"`  // session: the final answer comes within this long
 
 	// grant
 	Devices  []int    `json:"devices,omitempty"` // physical ids, one descriptor each, same order

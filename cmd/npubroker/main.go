@@ -18,6 +18,7 @@ import (
 	"github.com/npurun/npurun/broker"
 	"github.com/npurun/npurun/broker/supervisor"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/pam"
 	"github.com/npurun/npurun/policy"
 )
 
@@ -59,7 +60,8 @@ func main() {
 const checkConfigHelp = `Validate a configuration file (default ` + broker.DefaultConfig + `) and name every
 problem by file, line and key. Errors exit 1. Warnings, also on standard
 error, leave the status 0: a [user.NAME] or [group.NAME] for an account
-this machine does not know (yet), devices that [pools] puts in no pool.
+this machine does not know (yet), devices that [pools] puts in no pool, a
+[restrict]ed account still in a group that may open the device nodes.
 `
 
 func checkConfig(args []string) int {
@@ -95,7 +97,12 @@ func checkConfig(args []string) int {
 			devices = nil // not on the machine it is for: no pools check
 		}
 	}
-	for _, w := range cfg.Warnings(devices, accountExists) {
+	warnings := cfg.Warnings(devices, accountExists)
+	if cfg.Restrict.Active() && devices != nil {
+		groups, open := pam.NodeAccess(npu.Vendor(cfg.Vendor), cfg.DevDir, devices)
+		warnings = append(warnings, cfg.RestrictWarnings(groups, open, pam.Member, pam.Members)...)
+	}
+	for _, w := range warnings {
 		fmt.Fprintln(os.Stderr, w.Error())
 	}
 	fmt.Printf("%s: ok\n", path)
@@ -199,6 +206,12 @@ func serve(args []string) int {
 			lg.Print("SIGHUP: the configuration is read only at start; restart the broker to apply a new one")
 		}
 	}()
+	if cfg.Restrict.Active() {
+		groups, open := pam.NodeAccess(inv.Vendor, inv.DevDir, inv.IDs)
+		for _, w := range cfg.RestrictWarnings(groups, open, pam.Member, pam.Members) {
+			lg.Print(w.Error())
+		}
+	}
 	lg.Printf("serving %s npu %s on %s", inv.Vendor, npu.FormatIDs(inv.IDs), ln.Addr())
 	if err := broker.Notify("READY=1"); err != nil {
 		lg.Print(err)

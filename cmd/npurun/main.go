@@ -17,6 +17,7 @@ var version = "dev"
 const usage = `Usage:
   npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
+  npurun --login [-q] [--socket PATH]
 
 Wait for free accelerator devices, lease them from npubroker, set
 NPURUN_DEVICES and the vendor's visible-device variable, and become COMMAND.
@@ -40,6 +41,7 @@ func main() {
 	fs.BoolVar(&o.NoWait, "no-wait", false, "fail at once with status 75 if nothing is free")
 	fs.DurationVar(&o.Timeout, "timeout", 0, "give up after this long (e.g. 10m), with status 75")
 	fs.BoolVar(&o.NoDevice, "no-device", false, "run without a lease, with every device hidden")
+	fs.BoolVar(&o.Login, "login", false, "become the login shell under the login lease (sshd's ForceCommand for restricted accounts; see pam_npurun(8))")
 	fs.BoolVarP(&o.Verbose, "verbose", "v", false, "report queue progress even when standard error is not a terminal")
 	fs.BoolVarP(&o.Quiet, "quiet", "q", false, "report nothing while waiting")
 	fs.StringVar(&o.Socket, "socket", "", "broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)")
@@ -65,6 +67,14 @@ func main() {
 		o.Devices = append(o.Devices, ids...)
 	}
 	o.Devices = slices.Compact(slices.Sorted(slices.Values(o.Devices)))
+	if o.Login {
+		if fs.NArg() > 0 || o.NoDevice || fs.Changed("devices") || len(o.Devices) > 0 || o.Pool != "" || o.NoWait || o.Timeout != 0 || o.Verbose {
+			fmt.Fprintln(os.Stderr, "npurun: --login takes no command and no other option but -q and --socket")
+			fmt.Fprintln(os.Stderr, "npurun: hint: the policy's [restrict] says what a login gets; sshd passes a command in SSH_ORIGINAL_COMMAND")
+			os.Exit(shim.ExitUsage)
+		}
+		os.Exit(shim.Login(o))
+	}
 	switch {
 	case fs.NArg() == 0:
 		fmt.Fprintln(os.Stderr, "npurun: no command given")

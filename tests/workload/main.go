@@ -4,6 +4,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
 )
 
 func main() {
@@ -22,7 +25,13 @@ func main() {
 	tag := flag.String("tag", "", "name of this run in the log")
 	hold := flag.Duration("hold", 0, "how long to hold the devices")
 	relock := flag.Bool("relock", false, "play a client that keeps its lease's descriptor: unlock it, then block in flock on it again until standard input closes")
+	ask := flag.String("ask", "", "send one request with this op, naming -user, to the broker at $NPURUN_SOCKET and print the reply")
+	askUser := flag.String("user", "", "the user an -ask request names")
 	flag.Parse()
+	if *ask != "" {
+		askBroker(*ask, *askUser)
+		return
+	}
 	if *relock {
 		relockLease()
 		return
@@ -87,4 +96,30 @@ func relockLease() {
 	}
 	fmt.Println("relocked npu" + dev)
 	io.Copy(io.Discard, os.Stdin)
+}
+
+// askBroker sends one request naming user and prints the reply's type, or
+// the error's code and message.
+func askBroker(op, user string) {
+	c, err := client.Dial(client.SocketPath(""))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "workload:", err)
+		os.Exit(4)
+	}
+	defer c.Close()
+	if err := c.Send(&client.Request{Op: op, User: user, Login: op == client.OpSession}); err != nil {
+		fmt.Fprintln(os.Stderr, "workload:", err)
+		os.Exit(4)
+	}
+	r, _, err := c.Recv(10 * time.Second)
+	var be *client.Error
+	switch {
+	case errors.As(err, &be):
+		fmt.Printf("%s: %s\n", be.Code, be.Message)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "workload:", err)
+		os.Exit(4)
+	default:
+		fmt.Println(r.Type)
+	}
 }

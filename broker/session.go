@@ -1,0 +1,203 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/pam"
+)
+
+// Origin is where a session or a request on behalf of a user comes from,
+// kept with its waiter and its lease for listings.
+type Origin struct {
+	User    string // the account the session is for
+	Service string // PAM service (sshd, login, su-l), or "npurun --login"
+	TTY     string
+	RHost   string
+	ByRoot  bool // asked by root (the PAM module): the fields are the module's; else the user's own claim
+}
+
+// Caps on a session request's origin fields.
+const (
+	maxServiceBytes = 64
+	maxTTYBytes     = 256
+	maxRHostBytes   = 1024
+)
+
+// login is a waiting login session's decision, kept on its connection.
+type login struct {
+	d      pam.Decision
+	w      *Waiter
+	queued time.Time
+}
+
+// onBehalf resolves the account a request names. Only root may name one;
+// anyone else, or a name the user database does not know, gets the reply
+// to send instead.
+func (s *Server) onBehalf(c *conn, name string) (uint32, *account, *client.Reply) {
+	if c.uid != 0 {
+		return 0, nil, errReply(client.CodeDenied, fmt.Sprintf("only root may ask on behalf of another user (asked for %q)", name), "")
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return 0, nil, errReply(client.CodeDenied, fmt.Sprintf("no user %q here", name), "")
+	}
+	id, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return 0, nil, errReply(client.CodeDenied, fmt.Sprintf("user %q has uid %q", name, u.Uid), "")
+	}
+	acct := s.users.lookup(uint32(id))
+	if !acct.known {
+		return 0, nil, errReply(client.CodeDenied, fmt.Sprintf("no user %q here", name), "")
+	}
+	return uint32(id), acct, nil
+}
+
+// session serves a session request: pam_npurun.so's, as root on behalf of
+// the user logging in, or npurun --login's, for its own user.
+func (s *Server) session(c *conn, req *client.Request) bool {
+	switch {
+	case len(req.Service) > maxServiceBytes, len(req.TTY) > maxTTYBytes, len(req.RHost) > maxRHostBytes:
+		s.mu.Lock()
+		c.sendLocked(errReply(client.CodeBadRequest, fmt.Sprintf("service, tty or rhost too long (at most %d, %d, %d bytes)", maxServiceBytes, maxTTYBytes, maxRHostBytes), ""))
+		s.mu.Unlock()
+		return false
+	}
+	uid, acct := c.uid, c.acct
+	if req.User != "" {
+		var rep *client.Reply
+		if uid, acct, rep = s.onBehalf(c, req.User); rep != nil {
+			s.mu.Lock()
+			c.sendLocked(rep)
+			s.mu.Unlock()
+			return true
+		}
+	}
+	d := pam.Decide(s.cfg, pam.Account{Name: acct.name, Groups: acct.groups}, req.Login)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.w != nil {
+		c.sendLocked(errReply(client.CodeBadRequest, "this connection already waits for devices", ""))
+		return false
+	}
+	c.origin = &Origin{User: acct.name, Service: req.Service, TTY: req.TTY, RHost: req.RHost, ByRoot: c.uid == 0}
+	switch d.Verdict {
+	case pam.Ignore:
+		c.sendLocked(&client.Reply{Type: client.TypeIgnore})
+		return true
+	case pam.Hide:
+		c.sendLocked(&client.Reply{Type: client.TypeHide, Env: npu.HiddenEnv()})
+		return true
+	}
+	if s.leaseWaits[uid] >= s.cfg.MaxWaitingPerUser {
+		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %d requests waiting, the most the broker queues for one user", acct.name, s.cfg.MaxWaitingPerUser), ""))
+		return true
+	}
+	w, rep := s.admitLocked(uid, acct, d.N, nil, d.Pool)
+	if rep != nil {
+		c.sendLocked(rep)
+		return true
+	}
+	l := &login{d: d, w: w, queued: time.Now()}
+	w.conn, c.w, c.login = c, w, l
+	s.leaseWaits[uid]++
+	s.q.Add(w)
+	s.scheduleLocked()
+	if c.w != w {
+		return true // granted at once, or the grant failed and said so
+	}
+	if d.Wait == 0 {
+		s.busyLocked(c, l)
+		return true
+	}
+	c.sendLocked(&client.Reply{Type: client.TypeQueued, Pool: w.Pool, WaitMS: d.Wait.Milliseconds()})
+	time.AfterFunc(d.Wait, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if c.w == w && !c.closed {
+			s.busyLocked(c, l)
+		}
+	})
+	s.progressLocked()
+	return true
+}
+
+// busyLocked ends a login's wait for a lease that found nothing free: it
+// logs in without one (hide) or is refused (deny), as on_busy says.
+func (s *Server) busyLocked(c *conn, l *login) {
+	s.q.Remove(l.w, false)
+	s.unwaitLocked(c)
+	s.scheduleLocked()
+	s.progressLocked()
+	var waited time.Duration
+	if l.d.Wait > 0 {
+		waited = time.Since(l.queued).Round(time.Second)
+	}
+	msg := pam.BusyMessage(l.d.Busy, l.w.N, l.w.Pool, waited)
+	if l.d.Busy == pam.Deny {
+		c.sendLocked(errReply(client.CodeBusy, msg, ""))
+		return
+	}
+	c.sendLocked(&client.Reply{Type: client.TypeHide, Env: npu.HiddenEnv(), Message: msg})
+}
+
+// writeSessionPolicy writes the session-policy file into the run
+// directory: what pam_npurun.so and npurun --login do while no broker
+// answers. Accounts are resolved now; one unknown now is listed by name.
+//
+// Without [restrict] there is no such file (one left by an earlier
+// configuration is removed), and the module lets every session be.
+func (s *Server) writeSessionPolicy(runDir string) error {
+	r := s.cfg.Restrict
+	path := filepath.Join(runDir, client.SessionPolicyFile)
+	if !r.Active() {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove session policy: %w", err)
+		}
+		return nil
+	}
+	p := &client.SessionPolicy{OnBrokerDown: r.OnBrokerDown}
+	for _, name := range r.Users {
+		a := client.Account{Name: name, ID: -1}
+		if u, err := user.Lookup(name); err == nil {
+			if id, err := strconv.ParseInt(u.Uid, 10, 64); err == nil {
+				a.ID = id
+			}
+		}
+		p.Users = append(p.Users, a)
+	}
+	for _, name := range r.Groups {
+		a := client.Account{Name: name, ID: -1}
+		if g, err := user.LookupGroup(name); err == nil {
+			if id, err := strconv.ParseInt(g.Gid, 10, 64); err == nil {
+				a.ID = id
+			}
+		}
+		p.Groups = append(p.Groups, a)
+	}
+	tmp := path + ".new"
+	os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("write session policy: %w", err)
+	}
+	_, err = f.Write(p.Marshal())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write session policy: %w", err)
+	}
+	return nil
+}

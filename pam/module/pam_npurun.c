@@ -1,0 +1,897 @@
+/*
+ * pam_npurun.so: the session module of npurun, a thin client of npubroker.
+ *
+ * pam_sm_open_session asks the broker what the session of PAM_USER gets
+ * (one JSON request over the broker's SOCK_SEQPACKET socket, naming the
+ * user, service, tty and remote host) and carries out the verdict:
+ *
+ *   ignore  not a restricted account: PAM_IGNORE, nothing changed
+ *   hide    no lease: pam_putenv the variables that hide every device
+ *   grant   a lease (module argument "lease"): the lock descriptors arrive
+ *           as SCM_RIGHTS; they are kept for the PAM handle's life
+ *           (pam_set_data, whose cleanup closes them) and inherited by the
+ *           session's processes (NPURUN_LEASE names them), as under npurun
+ *   error   the session is refused: pam_error the message, PAM_SESSION_ERR
+ *
+ * Every decision is the broker's (Go, the pam package); this file only
+ * connects, asks, reads one bounded reply with a strict reader, and obeys.
+ * No broker answering within timeout= (or an answer it cannot read) is
+ * "broker down": the session-policy file the broker wrote beside its
+ * socket then says whether a restricted account logs in without a device
+ * or not at all.
+ *
+ * Module arguments: socket=PATH, timeout=SECONDS (default 2, fractions
+ * allowed; an on_busy wait the broker announces is added to it), lease,
+ * debug. See pam_npurun(8).
+ */
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <poll.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <syslog.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <security/pam_ext.h>
+#include <security/pam_modules.h>
+
+#define DEFAULT_SOCKET "/run/npurun/broker.sock"
+#define POLICY_FILE "session-policy"
+#define PROTOCOL_VERSION 1
+#define MAX_MESSAGE (64 * 1024)   /* the broker's MaxMessage */
+#define MAX_DEVICES 64            /* the broker's MaxDevices */
+#define MAX_ENV 16
+#define MAX_STRING 4096
+#define MAX_POLICY (64 * 1024)
+#define MAX_WAIT_MS (11 * 60 * 1000) /* the longest on_busy wait, and then some */
+#define DATA_NAME "pam_npurun_lease"
+
+/* The variables that hide every device: npu.HiddenEnv. */
+static const char *const hidden_env[] = {
+	"NPURUN_DEVICES=", "ASCEND_RT_VISIBLE_DEVICES=", "CUDA_VISIBLE_DEVICES=",
+};
+
+struct options {
+	const char *socket;
+	long timeout_ms;
+	int lease;
+	int debug;
+};
+
+/* A reply, as the strict reader accepts it. */
+struct reply {
+	char type[16];
+	char code[32];
+	char message[MAX_STRING + 1];
+	char *env[MAX_ENV];
+	int nenv;
+	int devices[MAX_DEVICES];
+	int ndevices;
+	long long wait_ms;
+	int fds[MAX_DEVICES];
+	int nfds;
+};
+
+/* ---- the strict reader --------------------------------------------- */
+
+struct reader {
+	const unsigned char *p, *end;
+};
+
+static void skip_ws(struct reader *r)
+{
+	while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r'))
+		r->p++;
+}
+
+static int expect(struct reader *r, unsigned char c)
+{
+	skip_ws(r);
+	if (r->p >= r->end || *r->p != c)
+		return -1;
+	r->p++;
+	return 0;
+}
+
+static int put_utf8(char *out, size_t cap, size_t *n, uint32_t c)
+{
+	unsigned char b[4];
+	size_t k;
+	if (c == 0 || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF))
+		return -1;
+	if (c < 0x80) {
+		b[0] = (unsigned char)c;
+		k = 1;
+	} else if (c < 0x800) {
+		b[0] = (unsigned char)(0xC0 | (c >> 6));
+		b[1] = (unsigned char)(0x80 | (c & 0x3F));
+		k = 2;
+	} else if (c < 0x10000) {
+		b[0] = (unsigned char)(0xE0 | (c >> 12));
+		b[1] = (unsigned char)(0x80 | ((c >> 6) & 0x3F));
+		b[2] = (unsigned char)(0x80 | (c & 0x3F));
+		k = 3;
+	} else {
+		b[0] = (unsigned char)(0xF0 | (c >> 18));
+		b[1] = (unsigned char)(0x80 | ((c >> 12) & 0x3F));
+		b[2] = (unsigned char)(0x80 | ((c >> 6) & 0x3F));
+		b[3] = (unsigned char)(0x80 | (c & 0x3F));
+		k = 4;
+	}
+	if (*n + k >= cap)
+		return -1;
+	memcpy(out + *n, b, k);
+	*n += k;
+	return 0;
+}
+
+static int hex4(struct reader *r, uint32_t *v)
+{
+	*v = 0;
+	for (int i = 0; i < 4; i++) {
+		unsigned char c;
+		if (r->p >= r->end)
+			return -1;
+		c = *r->p++;
+		*v <<= 4;
+		if (c >= '0' && c <= '9')
+			*v |= (uint32_t)(c - '0');
+		else if (c >= 'a' && c <= 'f')
+			*v |= (uint32_t)(c - 'a' + 10);
+		else if (c >= 'A' && c <= 'F')
+			*v |= (uint32_t)(c - 'A' + 10);
+		else
+			return -1;
+	}
+	return 0;
+}
+
+/* One UTF-8 sequence from the input, validated (no overlong forms, no
+ * surrogates, nothing past U+10FFFF). */
+static int utf8_char(struct reader *r, uint32_t *c)
+{
+	const unsigned char *p = r->p;
+	size_t avail = (size_t)(r->end - p), k;
+	uint32_t v, min;
+	if (p[0] < 0x80) {
+		*c = p[0];
+		r->p++;
+		return 0;
+	} else if ((p[0] & 0xE0) == 0xC0) {
+		k = 2, v = p[0] & 0x1F, min = 0x80;
+	} else if ((p[0] & 0xF0) == 0xE0) {
+		k = 3, v = p[0] & 0x0F, min = 0x800;
+	} else if ((p[0] & 0xF8) == 0xF0) {
+		k = 4, v = p[0] & 0x07, min = 0x10000;
+	} else {
+		return -1;
+	}
+	if (avail < k)
+		return -1;
+	for (size_t i = 1; i < k; i++) {
+		if ((p[i] & 0xC0) != 0x80)
+			return -1;
+		v = (v << 6) | (p[i] & 0x3F);
+	}
+	if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
+		return -1;
+	*c = v;
+	r->p += k;
+	return 0;
+}
+
+/* A JSON string into out (at most cap-1 bytes and a NUL). NUL, invalid
+ * UTF-8, bad escapes and raw control characters are refused. */
+static int read_string(struct reader *r, char *out, size_t cap)
+{
+	size_t n = 0;
+	if (expect(r, '"') != 0)
+		return -1;
+	for (;;) {
+		uint32_t c;
+		if (r->p >= r->end)
+			return -1;
+		if (*r->p == '"') {
+			r->p++;
+			break;
+		}
+		if (*r->p < 0x20)
+			return -1;
+		if (*r->p == '\\') {
+			r->p++;
+			if (r->p >= r->end)
+				return -1;
+			switch (*r->p++) {
+			case '"': c = '"'; break;
+			case '\\': c = '\\'; break;
+			case '/': c = '/'; break;
+			case 'b': c = '\b'; break;
+			case 'f': c = '\f'; break;
+			case 'n': c = '\n'; break;
+			case 'r': c = '\r'; break;
+			case 't': c = '\t'; break;
+			case 'u':
+				if (hex4(r, &c) != 0)
+					return -1;
+				if (c >= 0xD800 && c <= 0xDBFF) {
+					uint32_t lo;
+					if (r->end - r->p < 6 || r->p[0] != '\\' || r->p[1] != 'u')
+						return -1;
+					r->p += 2;
+					if (hex4(r, &lo) != 0 || lo < 0xDC00 || lo > 0xDFFF)
+						return -1;
+					c = 0x10000 + ((c - 0xD800) << 10) + (lo - 0xDC00);
+				}
+				break;
+			default:
+				return -1;
+			}
+		} else if (utf8_char(r, &c) != 0) {
+			return -1;
+		}
+		if (put_utf8(out, cap, &n, c) != 0)
+			return -1;
+	}
+	out[n] = '\0';
+	return 0;
+}
+
+/* A JSON integer: an optional minus and 1 to 15 digits, no fraction or
+ * exponent (the broker writes none). */
+static int read_int(struct reader *r, long long *v)
+{
+	int neg = 0, digits = 0;
+	long long x = 0;
+	skip_ws(r);
+	if (r->p < r->end && *r->p == '-') {
+		neg = 1;
+		r->p++;
+	}
+	while (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
+		if (++digits > 15)
+			return -1;
+		x = x * 10 + (*r->p++ - '0');
+	}
+	if (digits == 0)
+		return -1;
+	if (r->p < r->end && (*r->p == '.' || *r->p == 'e' || *r->p == 'E'))
+		return -1;
+	*v = neg ? -x : x;
+	return 0;
+}
+
+/* Array helpers: call item for each element; at most max elements. */
+static int read_array(struct reader *r, int max, int (*item)(struct reader *, void *, int), void *ctx)
+{
+	int n = 0;
+	if (expect(r, '[') != 0)
+		return -1;
+	skip_ws(r);
+	if (r->p < r->end && *r->p == ']') {
+		r->p++;
+		return 0;
+	}
+	for (;;) {
+		if (n >= max || item(r, ctx, n) != 0)
+			return -1;
+		n++;
+		skip_ws(r);
+		if (r->p < r->end && *r->p == ',') {
+			r->p++;
+			continue;
+		}
+		return expect(r, ']');
+	}
+}
+
+/* A variable as the broker sends it: NAME=value, NAME of [A-Z0-9_]. */
+static int valid_env(const char *s)
+{
+	const char *eq = strchr(s, '=');
+	if (eq == NULL || eq == s)
+		return 0;
+	for (const char *p = s; p < eq; p++)
+		if (!((*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_'))
+			return 0;
+	return 1;
+}
+
+static int env_item(struct reader *r, void *ctx, int i)
+{
+	struct reply *rp = ctx;
+	char buf[MAX_STRING + 1];
+	if (read_string(r, buf, sizeof buf) != 0 || !valid_env(buf))
+		return -1;
+	rp->env[i] = strdup(buf);
+	if (rp->env[i] == NULL)
+		return -1;
+	rp->nenv = i + 1;
+	return 0;
+}
+
+static int device_item(struct reader *r, void *ctx, int i)
+{
+	struct reply *rp = ctx;
+	long long v;
+	if (read_int(r, &v) != 0 || v < 0 || v > 1000000)
+		return -1;
+	rp->devices[i] = (int)v;
+	rp->ndevices = i + 1;
+	return 0;
+}
+
+static int skip_string_item(struct reader *r, void *ctx, int i)
+{
+	char buf[MAX_STRING + 1];
+	(void)ctx;
+	(void)i;
+	return read_string(r, buf, sizeof buf);
+}
+
+static void free_reply(struct reply *rp)
+{
+	for (int i = 0; i < rp->nenv; i++)
+		free(rp->env[i]);
+	rp->nenv = 0;
+}
+
+/* parse_reply reads one reply: an object of the keys below, each with
+ * its type, none twice, nothing else, nothing after it. */
+static int npurun_parse_reply(const unsigned char *data, size_t len, struct reply *rp)
+{
+	struct reader r = {data, data + len};
+	unsigned seen = 0;
+	char key[32], scratch[MAX_STRING + 1];
+	long long v;
+	memset(rp->type, 0, sizeof rp->type);
+	rp->code[0] = rp->message[0] = '\0';
+	rp->nenv = rp->ndevices = 0;
+	rp->wait_ms = 0;
+	if (expect(&r, '{') != 0)
+		goto bad;
+	skip_ws(&r);
+	if (r.p < r.end && *r.p == '}') {
+		r.p++;
+		goto end;
+	}
+	for (;;) {
+		static const char *const keys[] = {
+			"v", "type", "code", "message", "hint", "reason", "pool", "vendor",
+			"env", "devices", "ahead", "position", "waited_ms", "wait_ms",
+		};
+		unsigned bit = 0;
+		int ok;
+		if (read_string(&r, key, sizeof key) != 0 || expect(&r, ':') != 0)
+			goto bad;
+		for (unsigned k = 0; k < sizeof keys / sizeof keys[0]; k++)
+			if (strcmp(key, keys[k]) == 0)
+				bit = 1u << k;
+		if (bit == 0 || (seen & bit) != 0)
+			goto bad; /* unknown or repeated */
+		seen |= bit;
+		if (strcmp(key, "v") == 0)
+			ok = read_int(&r, &v) == 0 && v == PROTOCOL_VERSION;
+		else if (strcmp(key, "type") == 0)
+			ok = read_string(&r, rp->type, sizeof rp->type) == 0;
+		else if (strcmp(key, "code") == 0)
+			ok = read_string(&r, rp->code, sizeof rp->code) == 0;
+		else if (strcmp(key, "message") == 0)
+			ok = read_string(&r, rp->message, sizeof rp->message) == 0;
+		else if (strcmp(key, "env") == 0)
+			ok = read_array(&r, MAX_ENV, env_item, rp) == 0;
+		else if (strcmp(key, "devices") == 0)
+			ok = read_array(&r, MAX_DEVICES, device_item, rp) == 0;
+		else if (strcmp(key, "ahead") == 0)
+			ok = read_array(&r, MAX_ENV, skip_string_item, NULL) == 0;
+		else if (strcmp(key, "wait_ms") == 0)
+			ok = read_int(&r, &rp->wait_ms) == 0 && rp->wait_ms >= 0 && rp->wait_ms <= MAX_WAIT_MS;
+		else if (strcmp(key, "position") == 0 || strcmp(key, "waited_ms") == 0)
+			ok = read_int(&r, &v) == 0;
+		else /* hint, reason, pool, vendor */
+			ok = read_string(&r, scratch, sizeof scratch) == 0;
+		if (!ok)
+			goto bad;
+		skip_ws(&r);
+		if (r.p < r.end && *r.p == ',') {
+			r.p++;
+			continue;
+		}
+		if (expect(&r, '}') != 0)
+			goto bad;
+		break;
+	}
+end:
+	skip_ws(&r);
+	if (r.p != r.end || (seen & 3u) != 3u) /* v and type are required */
+		goto bad;
+	return 0;
+bad:
+	free_reply(rp);
+	return -1;
+}
+
+/* ---- talking to the broker ------------------------------------------ */
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* wait_for polls fd for events until deadline (ms, monotonic); 0 when
+ * ready, -1 on timeout or error. */
+static int wait_for(int fd, short events, long long deadline)
+{
+	for (;;) {
+		struct pollfd p = {.fd = fd, .events = events};
+		long long left = deadline - now_ms();
+		int n;
+		if (left < 0)
+			left = 0;
+		n = poll(&p, 1, (int)(left > INT_MAX ? INT_MAX : left));
+		if (n > 0)
+			return 0;
+		if (n == 0 || (n < 0 && errno != EINTR))
+			return -1;
+	}
+}
+
+/* append a JSON string, escaped, truncated to max bytes of input. */
+static void put_json(char *buf, size_t cap, size_t *n, const char *s, size_t max)
+{
+	static const char hex[] = "0123456789abcdef";
+	if (*n + 1 < cap)
+		buf[(*n)++] = '"';
+	for (size_t i = 0; s != NULL && s[i] != '\0' && i < max; i++) {
+		unsigned char c = (unsigned char)s[i];
+		char e[7];
+		size_t k = 0;
+		if (c == '"' || c == '\\') {
+			e[k++] = '\\';
+			e[k++] = (char)c;
+		} else if (c < 0x20 || c == 0x7f) {
+			memcpy(e, "\\u00", 4);
+			e[4] = hex[c >> 4];
+			e[5] = hex[c & 15];
+			k = 6;
+		} else {
+			e[k++] = (char)c;
+		}
+		if (*n + k + 2 >= cap)
+			break;
+		memcpy(buf + *n, e, k);
+		*n += k;
+	}
+	if (*n + 1 < cap)
+		buf[(*n)++] = '"';
+	buf[*n] = '\0';
+}
+
+static void close_fds(int *fds, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+}
+
+/* recv_reply reads one packet with its descriptors (MSG_CMSG_CLOEXEC). A
+ * packet or control data larger than the caps is refused, its descriptors
+ * closed. */
+static int recv_reply(int sock, unsigned char *buf, size_t cap, size_t *len, int *fds, int *nfds)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * MAX_DEVICES)];
+	} ctl;
+	struct iovec iov = {.iov_base = buf, .iov_len = cap};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
+	ssize_t n;
+	*nfds = 0;
+	do
+		n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -1;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c != NULL; c = CMSG_NXTHDR(&m, c)) {
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+			size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (size_t i = 0; i < k; i++) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+				if (*nfds < MAX_DEVICES)
+					fds[(*nfds)++] = fd;
+				else
+					close(fd);
+			}
+		}
+	}
+	if ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || n == 0) {
+		close_fds(fds, *nfds);
+		*nfds = 0;
+		return -1;
+	}
+	*len = (size_t)n;
+	return 0;
+}
+
+/* ask sends the session request and reads replies until one that is not
+ * "queued". 0 with *rp filled, -1 when no usable answer came in time. */
+static int ask(pam_handle_t *pamh, const struct options *o, const char *user, struct reply *rp)
+{
+	const void *service = NULL, *tty = NULL, *rhost = NULL;
+	char req[4096];
+	size_t n = 0;
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	long long deadline = now_ms() + o->timeout_ms;
+	unsigned char *buf;
+	int sock, rc = -1;
+
+	pam_get_item(pamh, PAM_SERVICE, &service);
+	pam_get_item(pamh, PAM_TTY, &tty);
+	pam_get_item(pamh, PAM_RHOST, &rhost);
+	n = (size_t)snprintf(req, sizeof req, "{\"v\":%d,\"op\":\"session\",\"user\":", PROTOCOL_VERSION);
+	put_json(req, sizeof req, &n, user, 256);
+	n += (size_t)snprintf(req + n, sizeof req - n, ",\"service\":");
+	put_json(req, sizeof req, &n, service, 64);
+	n += (size_t)snprintf(req + n, sizeof req - n, ",\"tty\":");
+	put_json(req, sizeof req, &n, tty, 256);
+	n += (size_t)snprintf(req + n, sizeof req - n, ",\"rhost\":");
+	put_json(req, sizeof req, &n, rhost, 1024);
+	n += (size_t)snprintf(req + n, sizeof req - n, ",\"login\":%s}", o->lease ? "true" : "false");
+	if (n >= sizeof req)
+		return -1;
+
+	if (strlen(o->socket) >= sizeof addr.sun_path) {
+		pam_syslog(pamh, LOG_ERR, "socket path too long: %s", o->socket);
+		return -1;
+	}
+	strcpy(addr.sun_path, o->socket);
+	sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (sock < 0) {
+		pam_syslog(pamh, LOG_ERR, "socket: %m");
+		return -1;
+	}
+	if (connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0) {
+		if (errno != EINPROGRESS && errno != EAGAIN) {
+			pam_syslog(pamh, LOG_WARNING, "connect %s: %m", o->socket);
+			goto out;
+		}
+		if (wait_for(sock, POLLOUT, deadline) != 0) {
+			pam_syslog(pamh, LOG_WARNING, "connect %s: no answer within %ld ms", o->socket, o->timeout_ms);
+			goto out;
+		}
+	}
+	for (;;) {
+		ssize_t w = send(sock, req, n, MSG_NOSIGNAL);
+		if (w == (ssize_t)n)
+			break;
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN && wait_for(sock, POLLOUT, deadline) == 0)
+			continue;
+		pam_syslog(pamh, LOG_WARNING, "send to %s: %m", o->socket);
+		goto out;
+	}
+	buf = malloc(MAX_MESSAGE + 1);
+	if (buf == NULL)
+		goto out;
+	for (int replies = 0; replies < 1000; replies++) {
+		size_t len = 0;
+		if (wait_for(sock, POLLIN, deadline) != 0) {
+			pam_syslog(pamh, LOG_WARNING, "no answer from the broker at %s within %ld ms", o->socket, o->timeout_ms);
+			break;
+		}
+		if (recv_reply(sock, buf, MAX_MESSAGE + 1, &len, rp->fds, &rp->nfds) != 0) {
+			pam_syslog(pamh, LOG_WARNING, "read the broker's answer: %s", errno ? strerror(errno) : "too large or connection closed");
+			break;
+		}
+		if (npurun_parse_reply(buf, len, rp) != 0) {
+			pam_syslog(pamh, LOG_ERR, "the broker's answer is not one this module reads (%zu bytes)", len);
+			close_fds(rp->fds, rp->nfds);
+			rp->nfds = 0;
+			break;
+		}
+		if (strcmp(rp->type, "grant") != 0 && rp->nfds > 0) {
+			close_fds(rp->fds, rp->nfds); /* descriptors belong to grants only */
+			rp->nfds = 0;
+		}
+		if (strcmp(rp->type, "queued") == 0) {
+			if (rp->wait_ms > 0)
+				deadline = now_ms() + rp->wait_ms + o->timeout_ms;
+			free_reply(rp);
+			continue;
+		}
+		if (strcmp(rp->type, "grant") == 0 && (rp->nfds != rp->ndevices || rp->nfds == 0)) {
+			pam_syslog(pamh, LOG_ERR, "a grant of %d devices came with %d descriptors", rp->ndevices, rp->nfds);
+			close_fds(rp->fds, rp->nfds);
+			rp->nfds = 0;
+			free_reply(rp);
+			break;
+		}
+		rc = 0;
+		break;
+	}
+	free(buf);
+out:
+	close(sock);
+	return rc;
+}
+
+/* ---- broker down ----------------------------------------------------- */
+
+/* restricted_down reads the session-policy file beside the socket: -1 if
+ * there is none to trust, else whether user is restricted, with *deny set
+ * from on_broker_down. */
+static int restricted_down(pam_handle_t *pamh, const struct options *o, const char *user, int *deny)
+{
+	char path[PATH_MAX], *data = NULL, *line, *save = NULL;
+	const char *slash = strrchr(o->socket, '/');
+	struct stat st;
+	int fd, restricted = 0, have_policy = 0, ngroups = 0;
+	gid_t groups[1024];
+	struct passwd pw, *pwp = NULL;
+	char pwbuf[4096];
+	ssize_t got;
+
+	*deny = 0;
+	if (slash == NULL || (size_t)(slash - o->socket) + sizeof POLICY_FILE + 1 > sizeof path)
+		return -1;
+	snprintf(path, sizeof path, "%.*s/%s", (int)(slash - o->socket), o->socket, POLICY_FILE);
+	fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0) {
+		if (o->debug)
+			pam_syslog(pamh, LOG_DEBUG, "no session policy at %s: %m", path);
+		return -1;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022) != 0 || st.st_size > MAX_POLICY) {
+		pam_syslog(pamh, LOG_ERR, "%s: not a file of root's alone, or too large: ignored", path);
+		close(fd);
+		return -1;
+	}
+	data = calloc(1, (size_t)st.st_size + 1);
+	if (data == NULL) {
+		close(fd);
+		return -1;
+	}
+	got = read(fd, data, (size_t)st.st_size);
+	close(fd);
+	if (got != st.st_size) {
+		free(data);
+		return -1;
+	}
+	if (getpwnam_r(user, &pw, pwbuf, sizeof pwbuf, &pwp) == 0 && pwp != NULL) {
+		ngroups = (int)(sizeof groups / sizeof groups[0]);
+		if (getgrouplist(user, pw.pw_gid, groups, &ngroups) < 0)
+			ngroups = 0;
+	}
+	for (line = strtok_r(data, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+		char kind[16], name[257], id[16];
+		if (line[0] == '#' || line[0] == '\0')
+			continue;
+		if (sscanf(line, "on_broker_down %15s", kind) == 1) {
+			have_policy = 1;
+			*deny = strcmp(kind, "deny") == 0;
+			continue;
+		}
+		if (sscanf(line, "%15s %256s %15s", kind, name, id) != 3)
+			continue;
+		if (strcmp(kind, "user") == 0 && strcmp(name, user) == 0) {
+			restricted = 1;
+		} else if (strcmp(kind, "group") == 0) {
+			long gid = -1;
+			if (strcmp(id, "-") != 0) {
+				char *e;
+				gid = strtol(id, &e, 10);
+				if (*e != '\0')
+					gid = -1;
+			} else {
+				struct group gr, *grp = NULL;
+				char grbuf[4096];
+				if (getgrnam_r(name, &gr, grbuf, sizeof grbuf, &grp) == 0 && grp != NULL)
+					gid = (long)gr.gr_gid;
+			}
+			for (int i = 0; gid >= 0 && i < ngroups; i++)
+				if ((long)groups[i] == gid)
+					restricted = 1;
+		}
+	}
+	free(data);
+	if (!have_policy)
+		return -1;
+	return strcmp(user, "root") != 0 && restricted;
+}
+
+/* ---- the session ----------------------------------------------------- */
+
+struct lease {
+	int n;
+	int fds[MAX_DEVICES];
+};
+
+static void cleanup_lease(pam_handle_t *pamh, void *data, int error_status)
+{
+	struct lease *l = data;
+	(void)pamh;
+	(void)error_status;
+	close_fds(l->fds, l->n);
+	free(l);
+}
+
+static void parse_args(pam_handle_t *pamh, int argc, const char **argv, struct options *o)
+{
+	o->socket = DEFAULT_SOCKET;
+	o->timeout_ms = 2000;
+	o->lease = 0;
+	o->debug = 0;
+	for (int i = 0; i < argc; i++) {
+		if (strncmp(argv[i], "socket=", 7) == 0 && argv[i][7] == '/') {
+			o->socket = argv[i] + 7;
+		} else if (strncmp(argv[i], "timeout=", 8) == 0) {
+			char *end;
+			double s = strtod(argv[i] + 8, &end);
+			if (*end != '\0' || !(s > 0 && s <= 600))
+				pam_syslog(pamh, LOG_ERR, "bad argument %s (seconds, more than 0, at most 600): using %ld ms", argv[i], o->timeout_ms);
+			else
+				o->timeout_ms = (long)(s * 1000 + 0.5);
+		} else if (strcmp(argv[i], "lease") == 0) {
+			o->lease = 1;
+		} else if (strcmp(argv[i], "debug") == 0) {
+			o->debug = 1;
+		} else {
+			pam_syslog(pamh, LOG_ERR, "unknown argument %s (known: socket=PATH, timeout=SECONDS, lease, debug)", argv[i]);
+		}
+	}
+}
+
+/* say shows the broker's message, control characters replaced. */
+static void say(pam_handle_t *pamh, int error, const char *msg)
+{
+	char clean[MAX_STRING + 1];
+	size_t i;
+	if (msg[0] == '\0')
+		return;
+	for (i = 0; msg[i] != '\0' && i < MAX_STRING; i++)
+		clean[i] = ((unsigned char)msg[i] < 0x20 || msg[i] == 0x7f) ? '?' : msg[i];
+	clean[i] = '\0';
+	if (error)
+		pam_error(pamh, "npurun: %s", clean);
+	else
+		pam_info(pamh, "npurun: %s", clean);
+}
+
+static int put_env(pam_handle_t *pamh, char *const *env, int n)
+{
+	for (int i = 0; i < n; i++) {
+		int rc = pam_putenv(pamh, env[i]);
+		if (rc != PAM_SUCCESS) {
+			pam_syslog(pamh, LOG_ERR, "pam_putenv: %s", pam_strerror(pamh, rc));
+			return rc;
+		}
+	}
+	return PAM_SUCCESS;
+}
+
+static int hide(pam_handle_t *pamh)
+{
+	return put_env(pamh, (char *const *)hidden_env, (int)(sizeof hidden_env / sizeof hidden_env[0]));
+}
+
+/* keep takes a grant's descriptors for the PAM handle's life and lets the
+ * session's processes inherit them, named by NPURUN_LEASE. */
+static int keep(pam_handle_t *pamh, struct reply *rp)
+{
+	char var[32 + MAX_DEVICES * 24];
+	size_t n;
+	struct lease *l = calloc(1, sizeof *l);
+	int rc;
+	if (l == NULL)
+		return PAM_BUF_ERR;
+	n = (size_t)snprintf(var, sizeof var, "NPURUN_LEASE=");
+	for (int i = 0; i < rp->nfds; i++) {
+		int flags = fcntl(rp->fds[i], F_GETFD);
+		if (flags < 0 || fcntl(rp->fds[i], F_SETFD, flags & ~FD_CLOEXEC) != 0) {
+			pam_syslog(pamh, LOG_ERR, "fcntl: %m");
+			free(l);
+			return PAM_SESSION_ERR;
+		}
+		n += (size_t)snprintf(var + n, sizeof var - n, "%s%d:%d", i ? "," : "", rp->devices[i], rp->fds[i]);
+		l->fds[i] = rp->fds[i];
+	}
+	l->n = rp->nfds;
+	rc = pam_set_data(pamh, DATA_NAME, l, cleanup_lease);
+	if (rc != PAM_SUCCESS) {
+		free(l);
+		return rc;
+	}
+	rp->nfds = 0; /* the handle's now */
+	if ((rc = put_env(pamh, rp->env, rp->nenv)) != PAM_SUCCESS)
+		return rc;
+	return pam_putenv(pamh, var);
+}
+
+PAM_EXTERN int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc, const char **argv)
+{
+	struct options o;
+	const char *user = NULL;
+	struct reply *rp;
+	int rc;
+	(void)flags;
+
+	parse_args(pamh, argc, argv, &o);
+	if (pam_get_user(pamh, &user, NULL) != PAM_SUCCESS || user == NULL || user[0] == '\0') {
+		pam_syslog(pamh, LOG_ERR, "no user");
+		return PAM_SESSION_ERR;
+	}
+	if (strcmp(user, "root") == 0)
+		return PAM_IGNORE; /* never restricted */
+	rp = calloc(1, sizeof *rp);
+	if (rp == NULL)
+		return PAM_BUF_ERR;
+	if (ask(pamh, &o, user, rp) != 0) {
+		int deny, r = restricted_down(pamh, &o, user, &deny);
+		free(rp);
+		if (r <= 0) {
+			if (r < 0)
+				pam_syslog(pamh, LOG_WARNING, "no answer from the broker and no session policy to go by: session of %s left as it is", user);
+			return PAM_IGNORE;
+		}
+		if (deny) {
+			pam_syslog(pamh, LOG_NOTICE, "no answer from the broker: session of restricted user %s refused (on_broker_down = deny)", user);
+			pam_error(pamh, "npurun: the device broker does not answer: no login for restricted accounts until it does");
+			return PAM_SESSION_ERR;
+		}
+		pam_syslog(pamh, LOG_NOTICE, "no answer from the broker: restricted user %s logs in without a device", user);
+		return hide(pamh);
+	}
+	if (o.debug)
+		pam_syslog(pamh, LOG_DEBUG, "broker: %s for %s", rp->type, user);
+	if (strcmp(rp->type, "ignore") == 0) {
+		rc = PAM_IGNORE;
+	} else if (strcmp(rp->type, "hide") == 0) {
+		rc = put_env(pamh, rp->env, rp->nenv);
+		say(pamh, 0, rp->message);
+	} else if (strcmp(rp->type, "grant") == 0 && o.lease) {
+		rc = keep(pamh, rp);
+		if (rc == PAM_SUCCESS) {
+			say(pamh, 0, rp->message);
+			pam_syslog(pamh, LOG_INFO, "lease of %d device(s) for %s", rp->ndevices, user);
+		}
+	} else if (strcmp(rp->type, "error") == 0) {
+		pam_syslog(pamh, LOG_NOTICE, "session of %s refused: %s: %s", user, rp->code, rp->message);
+		say(pamh, 1, rp->message);
+		rc = PAM_SESSION_ERR;
+	} else {
+		pam_syslog(pamh, LOG_ERR, "unexpected answer %s from the broker", rp->type);
+		rc = PAM_SESSION_ERR;
+	}
+	close_fds(rp->fds, rp->nfds);
+	free_reply(rp);
+	free(rp);
+	return rc;
+}
+
+PAM_EXTERN int pam_sm_close_session(pam_handle_t *pamh, int flags, int argc, const char **argv)
+{
+	const void *data = NULL;
+	(void)flags;
+	(void)argc;
+	(void)argv;
+	if (pam_get_data(pamh, DATA_NAME, &data) != PAM_SUCCESS || data == NULL)
+		return PAM_IGNORE;
+	/* Replacing the data runs its cleanup: the descriptors close, and the
+	 * lease ends once the session's processes are gone. */
+	return pam_set_data(pamh, DATA_NAME, NULL, NULL);
+}

@@ -1,0 +1,207 @@
+package shim
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/npu"
+)
+
+// loginAnswer bounds the wait for the broker's answer to a login, beyond
+// the on_busy wait it announces.
+const loginAnswer = 10 * time.Second
+
+// LoginService is the service a login session names when npurun --login
+// asks for it.
+const LoginService = "npurun --login"
+
+// Login is npurun --login, what sshd's ForceCommand runs for a restricted
+// account (see pam_npurun(8)). A session that asked for a command, scp or
+// sftp (SSH_ORIGINAL_COMMAND set) runs it with no lease and every device
+// hidden, without asking the broker. An interactive login asks the broker
+// for its login lease and becomes the user's login shell under it, or
+// without one where the policy says so (hide), or ends (deny).
+func Login(o Options) int {
+	shell := os.Getenv("SHELL")
+	if !strings.HasPrefix(shell, "/") {
+		shell = "/bin/sh"
+	}
+	if cmd, ok := os.LookupEnv("SSH_ORIGINAL_COMMAND"); ok {
+		return execShell(shell, []string{filepath.Base(shell), "-c", cmd}, npu.HiddenEnv(), nil)
+	}
+	loginArgv := []string{"-" + filepath.Base(shell)}
+	path := client.SocketPath(o.Socket)
+	r, fds, code := askLogin(o, path)
+	switch {
+	case code != 0:
+		return code
+	case r == nil: // no broker: the session-policy file decided to hide
+		return execShell(shell, loginArgv, npu.HiddenEnv(), nil)
+	case r.Type == client.TypeIgnore:
+		return execShell(shell, loginArgv, nil, nil)
+	case r.Type == client.TypeHide:
+		if r.Message != "" {
+			warn("%s", r.Message)
+		}
+		return execShell(shell, loginArgv, r.Env, nil)
+	}
+	env, err := leaseEnv(r, fds)
+	if err != nil {
+		warn("%v", err)
+		return ExitFailure
+	}
+	if r.Message != "" && !o.Quiet {
+		warn("%s", r.Message)
+	}
+	return execShell(shell, loginArgv, env, fds)
+}
+
+// askLogin asks the broker what this login gets. It returns the reply (a
+// grant with its descriptors, ignore or hide), or nil for a login without
+// a device because no broker answers, or an exit status.
+func askLogin(o Options, path string) (*client.Reply, []int, int) {
+	c, err := client.Dial(path)
+	if err != nil {
+		return brokerDown(path, err)
+	}
+	defer c.Close()
+	req := &client.Request{Op: client.OpSession, Login: true, Service: LoginService, TTY: ttyName(), RHost: remoteHost()}
+	if err := c.Send(req); err != nil {
+		return brokerDown(path, err)
+	}
+	w := waiter{o: o, tty: isTerminal(2)}
+	deadline := time.Now().Add(loginAnswer)
+	for {
+		r, fds, err := c.Recv(max(time.Until(deadline), 0))
+		var be *client.Error
+		switch {
+		case err == nil && r.Type == client.TypeQueued:
+			if r.WaitMS > 0 {
+				deadline = time.Now().Add(time.Duration(r.WaitMS)*time.Millisecond + loginAnswer)
+				w.waitFor = time.Duration(r.WaitMS) * time.Millisecond
+			}
+			w.cancelOnSignal()
+			w.loginProgress(r)
+			continue
+		case err == nil && (r.Type == client.TypeGrant || r.Type == client.TypeIgnore || r.Type == client.TypeHide):
+			w.clear()
+			return r, fds, 0
+		case err == nil:
+			w.clear()
+			warn("unexpected reply %q from the broker", r.Type)
+			return nil, nil, ExitFailure
+		case errors.As(err, &be):
+			w.clear()
+			warn("%s", be.Message)
+			if be.Hint != "" {
+				hint("%s", be.Hint)
+			}
+			switch be.Code {
+			case client.CodeBusy:
+				return nil, nil, ExitTempFail
+			case client.CodeDenied:
+				return nil, nil, ExitDenied
+			}
+			return nil, nil, ExitFailure
+		default:
+			w.clear()
+			return brokerDown(path, err)
+		}
+	}
+}
+
+// brokerDown applies the session-policy file's on_broker_down to a login
+// that no broker answers: for a restricted account, a login without a
+// device (nil reply) or none at all; anyone else logs in as usual.
+func brokerDown(path string, why error) (*client.Reply, []int, int) {
+	p, err := client.ReadSessionPolicy(path)
+	if err != nil {
+		// No policy to go by: nothing restricts this login but the ACLs.
+		warn("the broker does not answer (%v); logged in without a device", why)
+		return nil, nil, 0
+	}
+	gids, _ := unix.Getgroups()
+	all := []uint32{uint32(os.Getgid())}
+	for _, g := range gids {
+		all = append(all, uint32(g))
+	}
+	if !p.Restricts(uint32(os.Getuid()), os.Getenv("USER"), all) {
+		return &client.Reply{Type: client.TypeIgnore}, nil, 0
+	}
+	if p.OnBrokerDown == "deny" {
+		warn("the broker does not answer (%v): no login for restricted accounts until it does (on_broker_down = \"deny\")", why)
+		return nil, nil, ExitUnavailable
+	}
+	warn("the broker does not answer (%v); logged in without a device", why)
+	return nil, nil, 0
+}
+
+// leaseEnv is the environment of a command under the lease of grant r: its
+// variables and NPURUN_LEASE, the descriptors cleared of close-on-exec.
+func leaseEnv(r *client.Reply, fds []int) ([]string, error) {
+	env := append([]string(nil), r.Env...)
+	var parts []string
+	for i, fd := range fds {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
+			return nil, fmt.Errorf("keep lease descriptor open across exec: %w", err)
+		}
+		parts = append(parts, strconv.Itoa(r.Devices[i])+":"+strconv.Itoa(fd))
+	}
+	return append(env, LeaseVar+"="+strings.Join(parts, ",")), nil
+}
+
+// execShell replaces this process with the shell at path, argv as given
+// (a login shell's argv[0] starts with "-"), its environment overridden by
+// env.
+func execShell(path string, argv, env []string, keep []int) int {
+	err := unix.Exec(path, argv, mergeEnv(os.Environ(), env))
+	warn("%s: %v", path, err)
+	for _, fd := range keep {
+		unix.Close(fd)
+	}
+	return ExitNoExec
+}
+
+// ttyName is the terminal on standard input, "" if none.
+func ttyName() string {
+	if !isTerminal(0) {
+		return ""
+	}
+	p, err := os.Readlink("/proc/self/fd/0")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimPrefix(p, "/dev/")
+}
+
+// remoteHost is the ssh client's address, from SSH_CONNECTION.
+func remoteHost() string {
+	f := strings.Fields(os.Getenv("SSH_CONNECTION"))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}
+
+// loginProgress shows a waiting login's place in line.
+func (w *waiter) loginProgress(r *client.Reply) {
+	msg := fmt.Sprintf("waiting for a device for this login in pool %q", r.Pool)
+	if r.Position > 0 {
+		msg += ": " + client.Ordinal(r.Position) + " in line"
+	}
+	if w.waitFor > 0 {
+		msg += fmt.Sprintf(" (at most %s)", w.waitFor)
+	}
+	if r.Reason != "" {
+		msg += "; " + r.Reason
+	}
+	w.say(msg)
+}

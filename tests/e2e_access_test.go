@@ -1,0 +1,273 @@
+package tests
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// devTree is a fake /dev of real character nodes (each behaves as
+// /dev/null): davinci0..n-1 and Ascend's control nodes, mode 0660, owned
+// by root's group, as they are once the device group is taken away from
+// restricted accounts.
+type devTree struct {
+	Dir string
+}
+
+// controlNodes are Ascend's shared nodes.
+var controlNodes = []string{"davinci_manager", "devmm_svm", "hisi_hdc"}
+
+func newDevTree(t testing.TB, n int) devTree {
+	t.Helper()
+	needRoot(t)
+	dir := filepath.Join(SharedDir(t), "dev")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	names := append([]string(nil), controlNodes...)
+	for i := range n {
+		names = append(names, fmt.Sprintf("davinci%d", i))
+	}
+	for _, name := range names {
+		p := filepath.Join(dir, name)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o660, int(unix.Mkdev(1, 3))); err != nil {
+			t.Fatalf("mknod %s: %v", p, err)
+		}
+		if err := unix.Chmod(p, 0o660); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return devTree{Dir: dir}
+}
+
+func (d devTree) node(name string) string { return filepath.Join(d.Dir, name) }
+
+// config is an Ascend configuration on the tree (no npu-smi: logical ids
+// are the physical ones) with extra appended.
+func (d devTree) config(ids, extra string) string {
+	return fmt.Sprintf("[devices]\nvendor = \"ascend\"\nids = %q\ndev_dir = %q\nnpu_smi = %q\n\n%s",
+		ids, d.Dir, filepath.Join(d.Dir, "no-npu-smi"), extra)
+}
+
+// canOpen tells whether u may open path for reading and writing, from a
+// process of u's with u's groups: the kernel's answer, EACCES or not.
+func canOpen(t *testing.T, u testUser, path string) bool {
+	t.Helper()
+	cmd := exec.Command("/bin/sh", "-c", `exec 3<>"$1"`, "sh", path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.UID, Gid: u.GID}}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return true
+	case errors.As(err, &ee) && strings.Contains(stderr.String(), "Permission denied"):
+		return false
+	}
+	t.Fatalf("open %s as %s: %v: %s", path, u.Name, err, stderr.String())
+	return false
+}
+
+// aclText is getfacl's view of path's ACL (numeric ids, no header).
+func aclText(t *testing.T, path string) string {
+	t.Helper()
+	out, err := exec.Command("getfacl", "-cn", path).Output()
+	if err != nil {
+		t.Fatalf("getfacl %s: %v", path, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// waitFree returns once device id is free again, as seen by a new lease of
+// it: the broker has removed the ended lease's ACL entries by then (it does
+// so before the device can be granted again).
+func waitFree(t *testing.T, b *Broker, id int) {
+	t.Helper()
+	cmd := b.Npurun("-d", fmt.Sprint(id), "--timeout", "20s", "true")
+	if code, out := exitCode(t, cmd); code != 0 {
+		t.Fatalf("npu %d did not come free: exit %d: %s", id, code, out)
+	}
+}
+
+// leaseAs starts npurun ARGS as u, its command printing "held" and keeping
+// the lease until its standard input closes.
+func leaseAs(t *testing.T, b *Broker, u testUser, name string, args ...string) holder {
+	t.Helper()
+	args = append(args, "sh", "-c", `echo "held $NPURUN_DEVICES"; read x; exit 0`)
+	p := startProc(t, name, u.as(b.Npurun(args...), b.Dir))
+	p.waitLine("held")
+	return holder{p}
+}
+
+// TestRestrictedAccess: a restricted account opens a device node only while
+// it holds a lease of that device, and the control nodes only while it
+// holds any; an unrestricted account's access and an administrator's ACL
+// entries are left as they are.
+func TestRestrictedAccess(t *testing.T) {
+	dev := newDevTree(t, 3)
+	student, staff := newUser(t), newUser(t)
+	b := StartBroker(t, dev.config("0-2", fmt.Sprintf("[restrict]\nusers = [%q]\n", student.Name)))
+	// An administrator's entry, on a node the broker will touch.
+	if out, err := exec.Command("setfacl", "-m", fmt.Sprintf("u:%d:rw", staff.UID), dev.node("davinci2")).CombinedOutput(); err != nil {
+		t.Fatalf("setfacl: %v: %s", err, out)
+	}
+
+	closed := func(when string, names ...string) {
+		t.Helper()
+		for _, n := range names {
+			if canOpen(t, student, dev.node(n)) {
+				t.Errorf("%s: %s opens %s", when, student.Name, n)
+			}
+		}
+	}
+	closed("before any lease", "davinci0", "davinci1", "davinci2", "davinci_manager", "devmm_svm", "hisi_hdc")
+
+	// Inside npurun -d 0: davinci0 and the control nodes open, the others
+	// stay closed.
+	script := `exec 3<>"$1/davinci0" && exec 4<>"$1/davinci_manager" && exec 5<>"$1/devmm_svm" && exec 6<>"$1/hisi_hdc" && echo "opened $NPURUN_DEVICES"
+if (exec 7<>"$1/davinci1") 2>/dev/null; then echo "davinci1 opened"; fi`
+	cmd := student.as(b.Npurun("-d", "0", "sh", "-c", script, "sh", dev.Dir), b.Dir)
+	code, out := exitCode(t, cmd)
+	if code != 0 || !strings.Contains(out, "opened 0") || strings.Contains(out, "davinci1 opened") {
+		t.Fatalf("inside npurun -d 0: exit %d, output:\n%s", code, out)
+	}
+	waitFree(t, b, 0)
+	closed("after the lease", "davinci0", "davinci_manager", "devmm_svm", "hisi_hdc")
+
+	// An unrestricted account's lease changes no ACL.
+	before := aclText(t, dev.node("davinci1"))
+	h := leaseAs(t, b, staff, "staff", "-d", "1")
+	if got := aclText(t, dev.node("davinci1")); got != before {
+		t.Errorf("an unrestricted lease changed the ACL:\n%s\nwas\n%s", got, before)
+	}
+	if strings.Contains(aclText(t, dev.node("davinci_manager")), fmt.Sprint(staff.UID)) {
+		t.Error("an unrestricted lease put an entry on a control node")
+	}
+	h.release()
+
+	// The administrator's entry outlives a restricted lease of its node.
+	h = leaseAs(t, b, student, "student on 2", "-d", "2")
+	if !canOpen(t, student, dev.node("davinci2")) {
+		t.Error("a lease of davinci2 does not open it")
+	}
+	h.release()
+	waitFree(t, b, 2)
+	closed("after the lease of davinci2", "davinci2", "davinci_manager")
+	if want := fmt.Sprintf("user:%d:rw-", staff.UID); !strings.Contains(aclText(t, dev.node("davinci2")), want) {
+		t.Errorf("the administrator's entry %s is gone:\n%s", want, aclText(t, dev.node("davinci2")))
+	}
+	if !canOpen(t, staff, dev.node("davinci2")) {
+		t.Error("the administrator's entry no longer opens davinci2")
+	}
+}
+
+// TestRestrictedAccessAcrossKill: the broker killed with SIGKILL during two
+// leases, one of which ends while it is down: after the restart the held
+// lease keeps its access, the ended one has lost it, and the held one loses
+// it when it ends.
+func TestRestrictedAccessAcrossKill(t *testing.T) {
+	dev := newDevTree(t, 2)
+	student := newUser(t)
+	b := StartBroker(t, dev.config("0-1", fmt.Sprintf("[restrict]\nusers = [%q]\n", student.Name)))
+
+	held := leaseAs(t, b, student, "held", "-d", "0")
+	ended := leaseAs(t, b, student, "ended", "-d", "1")
+	for _, n := range []string{"davinci0", "davinci1", "davinci_manager"} {
+		if !canOpen(t, student, dev.node(n)) {
+			t.Fatalf("during the leases %s cannot open %s", student.Name, n)
+		}
+	}
+	b.Kill()
+	ended.release() // nobody watches: its entry is still there
+	if !canOpen(t, student, dev.node("davinci1")) {
+		t.Fatal("the ACL entry went with no broker to remove it: the test shows nothing")
+	}
+	b.Start()
+	if canOpen(t, student, dev.node("davinci1")) {
+		t.Error("after the restart the ended lease's device still opens")
+	}
+	for _, n := range []string{"davinci0", "davinci_manager", "devmm_svm"} {
+		if !canOpen(t, student, dev.node(n)) {
+			t.Errorf("after the restart the held lease lost %s", n)
+		}
+	}
+	held.release()
+	waitFree(t, b, 0)
+	for _, n := range []string{"davinci0", "davinci1", "davinci_manager", "devmm_svm", "hisi_hdc"} {
+		if canOpen(t, student, dev.node(n)) {
+			t.Errorf("after every lease ended %s still opens %s", student.Name, n)
+		}
+	}
+}
+
+// TestRestrictedTask: a detached task of a restricted account opens its
+// device: the entry is there before the task's command runs.
+func TestRestrictedTask(t *testing.T) {
+	dev := newDevTree(t, 1)
+	student := newUser(t)
+	b := StartBroker(t, dev.config("0", fmt.Sprintf("[restrict]\nusers = [%q]\n", student.Name)))
+	dir := filepath.Join(SharedDir(t), "task")
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o777)
+	log := filepath.Join(dir, "log")
+	id := submitTask(t, b, &student, dir, "--log", log, "--run", fmt.Sprintf(`exec 3<>%q && echo opened`, dev.node("davinci0")))
+	if code, out := exitCode(t, student.as(b.TaskSubmit("wait", fmt.Sprint(id)), dir)); code != 0 {
+		data, _ := os.ReadFile(log)
+		t.Fatalf("task: exit %d: %s\nlog:\n%s", code, out, data)
+	}
+	if data, _ := os.ReadFile(log); !strings.Contains(string(data), "opened") {
+		t.Errorf("task log:\n%s", data)
+	}
+	waitFree(t, b, 0)
+	if canOpen(t, student, dev.node("davinci0")) {
+		t.Error("after the task the device still opens")
+	}
+}
+
+// TestCheckConfigRestrictWarnings: check-config warns, with file and line,
+// when a restricted account is still in the group that owns the device
+// nodes, and when a node is open to everyone; exit status 0.
+func TestCheckConfigRestrictWarnings(t *testing.T) {
+	dev := newDevTree(t, 2)
+	student := newUser(t)
+	// The nodes' group is the student's own: the ACLs would restrict
+	// nothing for them.
+	for _, n := range []string{"davinci0", "davinci1"} {
+		if err := os.Chown(dev.node(n), 0, int(student.GID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(dev.node("davinci_manager"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(SharedDir(t), "npurun.conf")
+	text := dev.config("0-1", fmt.Sprintf("[restrict]\nusers = [%q]\n", student.Name))
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out := exitCode(t, exec.Command(bins(t).Broker, "check-config", conf))
+	group := student.Name // useradd's user-private group
+	for _, want := range []string{
+		fmt.Sprintf(`%s:8: [restrict] users: warning: restricted user %q is in group %q, which may open the device nodes without a lease`, conf, student.Name, group),
+		fmt.Sprintf(`%s:7: [restrict]: warning: %s may be opened by every account`, conf, dev.node("davinci_manager")),
+		conf + ": ok",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check-config output lacks\n%s\ngot:\n%s", want, out)
+		}
+	}
+	if code != 0 {
+		t.Errorf("check-config exit %d, want 0 (warnings only)", code)
+	}
+}

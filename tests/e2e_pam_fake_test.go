@@ -1,0 +1,271 @@
+package tests
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// fakeBroker listens where a broker would and answers every connection
+// with answer(n) for the n-th connection (from 0): the bytes of one
+// packet, whether to send descriptors with it, and whether to send
+// nothing at all (and keep the connection open until the test ends).
+type fakeBroker struct {
+	Dir, Socket string
+}
+
+type fakeAnswer struct {
+	data    []byte
+	fds     int  // descriptors (of /dev/null) sent with it
+	silent  bool // send nothing, keep the connection
+	hangup  bool // close at once
+	queued  int  // "queued" packets sent before data
+	waitFor int  // wait_ms of the first queued packet
+}
+
+func startFakeBroker(t *testing.T, answer func(n int) fakeAnswer) *fakeBroker {
+	t.Helper()
+	dir := SharedDir(t)
+	fb := &fakeBroker{Dir: dir, Socket: filepath.Join(dir, "broker.sock")}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: fb.Socket, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		held []*net.UnixConn
+	)
+	keep := func(c *net.UnixConn) {
+		mu.Lock()
+		held = append(held, c)
+		mu.Unlock()
+	}
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	null, err := os.Open("/dev/null")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nullFD := int(null.Fd())
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		ln.Close()
+		<-done // the server's last send is over
+		null.Close()
+	})
+	go func() {
+		defer close(done)
+		for n := 0; ; n++ {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 65536)
+			c.SetReadDeadline(time.Now().Add(eventTimeout))
+			if _, err := c.Read(buf); err != nil {
+				c.Close()
+				continue
+			}
+			a := answer(n)
+			switch {
+			case a.silent:
+				keep(c)
+				continue
+			case a.hangup:
+				c.Close()
+				continue
+			}
+			for i := range a.queued {
+				q := `{"v":1,"type":"queued","pool":"p","position":2}`
+				if i == 0 && a.waitFor > 0 {
+					q = fmt.Sprintf(`{"v":1,"type":"queued","pool":"p","position":2,"wait_ms":%d}`, a.waitFor)
+				}
+				c.Write([]byte(q))
+			}
+			var oob []byte
+			if a.fds > 0 {
+				fds := make([]int, a.fds)
+				for i := range fds {
+					fds[i] = nullFD
+				}
+				oob = unix.UnixRights(fds...)
+			}
+			if a.data != nil || oob != nil {
+				c.WriteMsgUnix(a.data, oob, nil)
+			}
+			if a.queued > 0 && a.data == nil {
+				keep(c)
+				continue
+			}
+			c.Close()
+		}
+	}()
+	return fb
+}
+
+// writePolicy writes a session-policy file beside the fake broker's socket.
+func (fb *fakeBroker) writePolicy(t *testing.T, user, down string) {
+	t.Helper()
+	data := fmt.Sprintf("on_broker_down %s\nuser %s -\n", down, user)
+	if err := os.WriteFile(filepath.Join(fb.Dir, "session-policy"), []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPAMBadBroker: a broker socket answering garbage, a huge reply, a
+// truncated one, nothing at all, or replies of the wrong shape: the module
+// neither crashes nor hangs its host past timeout=, and the session goes
+// as on_broker_down says (here deny: refused) — except for the answers
+// that are well formed.
+func TestPAMBadBroker(t *testing.T) {
+	student := newUser(t)
+	huge := `{"v":1,"type":"hide","message":"` + strings.Repeat("x", 200<<10) + `"}`
+	long := `{"v":1,"type":"hide","message":"` + strings.Repeat("y", 5000) + `"}`
+	deep := strings.Repeat("[", 100000)
+	const refused, opened = "refused", "opened"
+	cases := []struct {
+		name string
+		a    fakeAnswer
+		want string
+		env  string // a variable the session must have, NAME=VALUE
+	}{
+		{"nothing", fakeAnswer{silent: true}, refused, ""},
+		{"hang up", fakeAnswer{hangup: true}, refused, ""},
+		{"garbage", fakeAnswer{data: []byte("hello, world")}, refused, ""},
+		{"empty packet", fakeAnswer{data: []byte{}}, refused, ""},
+		{"huge", fakeAnswer{data: []byte(huge)}, refused, ""},
+		{"too long a string", fakeAnswer{data: []byte(long)}, refused, ""},
+		{"truncated", fakeAnswer{data: []byte(`{"v":1,"type":"hi`)}, refused, ""},
+		{"nested object", fakeAnswer{data: []byte(`{"v":1,"type":"hide","env":[{"A":"1"}]}`)}, refused, ""},
+		{"deep arrays", fakeAnswer{data: []byte(`{"v":1,"type":"hide","env":` + deep + `}`)}, refused, ""},
+		{"raw NUL", fakeAnswer{data: []byte("{\"v\":1,\"type\":\"hide\",\"message\":\"a\x00b\"}")}, refused, ""},
+		{"escaped NUL", fakeAnswer{data: []byte(`{"v":1,"type":"hide","env":["A=\u0000"]}`)}, refused, ""},
+		{"bad UTF-8", fakeAnswer{data: []byte("{\"v\":1,\"type\":\"hide\",\"message\":\"\xff\xfe\"}")}, refused, ""},
+		{"lone surrogate", fakeAnswer{data: []byte(`{"v":1,"type":"hide","message":"\ud800"}`)}, refused, ""},
+		{"version as string", fakeAnswer{data: []byte(`{"v":"1","type":"hide"}`)}, refused, ""},
+		{"type as array", fakeAnswer{data: []byte(`{"v":1,"type":["hide"]}`)}, refused, ""},
+		{"env as string", fakeAnswer{data: []byte(`{"v":1,"type":"hide","env":"A=1"}`)}, refused, ""},
+		{"float", fakeAnswer{data: []byte(`{"v":1.0,"type":"hide"}`)}, refused, ""},
+		{"unknown key", fakeAnswer{data: []byte(`{"v":1,"type":"hide","extra":1}`)}, refused, ""},
+		{"repeated key", fakeAnswer{data: []byte(`{"v":1,"type":"hide","type":"ignore"}`)}, refused, ""},
+		{"other version", fakeAnswer{data: []byte(`{"v":2,"type":"ignore"}`)}, refused, ""},
+		{"no version", fakeAnswer{data: []byte(`{"type":"ignore"}`)}, refused, ""},
+		{"trailing bytes", fakeAnswer{data: []byte(`{"v":1,"type":"ignore"} {}`)}, refused, ""},
+		{"bad variable", fakeAnswer{data: []byte(`{"v":1,"type":"hide","env":["PATH;rm=1"]}`)}, refused, ""},
+		{"too many variables", fakeAnswer{data: []byte(`{"v":1,"type":"hide","env":[` + strings.TrimSuffix(strings.Repeat(`"A=1",`, 17), ",") + `]}`)}, refused, ""},
+		{"grant without descriptors", fakeAnswer{data: []byte(`{"v":1,"type":"grant","devices":[0],"env":["NPURUN_DEVICES=0"]}`)}, refused, ""},
+		{"grant, descriptors short", fakeAnswer{data: []byte(`{"v":1,"type":"grant","devices":[0,1],"env":["NPURUN_DEVICES=0,1"]}`), fds: 1}, refused, ""},
+		{"unknown type", fakeAnswer{data: []byte(`{"v":1,"type":"surprise"}`)}, refused, ""},
+		{"queued, then nothing", fakeAnswer{queued: 1}, refused, ""},
+		{"wait too long", fakeAnswer{data: []byte(`{"v":1,"type":"queued","wait_ms":99999999}`)}, refused, ""},
+		{"error reply", fakeAnswer{data: []byte(`{"v":1,"type":"error","code":"denied","message":"not you\u001b[2J"}`)}, refused, ""},
+		{"hide with descriptors", fakeAnswer{data: []byte(`{"v":1,"type":"hide","env":["NPURUN_DEVICES="],"message":"in without a device"}`), fds: 2}, opened, "NPURUN_DEVICES="},
+		{"hide, unicode", fakeAnswer{data: []byte(`{"v":1,"type":"hide","env":["NPURUN_DEVICES=\u00e9\ud83d\ude00"]}`)}, opened, "NPURUN_DEVICES=é😀"},
+		{"grant", fakeAnswer{data: []byte(`{"v":1,"type":"grant","devices":[3],"vendor":"ascend","env":["NPURUN_DEVICES=3","ASCEND_RT_VISIBLE_DEVICES=3"],"waited_ms":0,"message":"npu 3 is yours"}`), fds: 1}, opened, "NPURUN_DEVICES=3"},
+		{"queued, then grant", fakeAnswer{queued: 3, waitFor: 1500, data: []byte(`{"v":1,"type":"grant","devices":[3],"env":["NPURUN_DEVICES=3"]}`), fds: 1}, opened, "NPURUN_DEVICES=3"},
+		{"ignore", fakeAnswer{data: []byte(`{"v":1,"type":"ignore"}`)}, opened, ""},
+	}
+	const timeout = 500 * time.Millisecond
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fb := startFakeBroker(t, func(int) fakeAnswer { return tc.a })
+			fb.writePolicy(t, student.Name, "deny")
+			conf := pamService(t, "npurun-fake", "required", fmt.Sprintf("socket=%s timeout=%g lease", fb.Socket, timeout.Seconds()))
+			out, took := runPAM(t, conf, "npurun-fake", student.Name, "-fds")
+			switch tc.want {
+			case refused:
+				if strings.Contains(out, "open ok") {
+					t.Errorf("session opened; want it refused:\n%s", out)
+				}
+			case opened:
+				if !strings.Contains(out, "open ok") {
+					t.Errorf("session refused; want it opened:\n%s", out)
+				}
+			}
+			if tc.env != "" && !strings.Contains(out, "env "+tc.env+"\n") {
+				t.Errorf("want %s in the session's environment:\n%s", tc.env, out)
+			}
+			if strings.Contains(out, "\x1b") {
+				t.Errorf("a control character reached the user:\n%q", out)
+			}
+			limit := timeout + 2*time.Second
+			if tc.a.waitFor > 0 {
+				limit += time.Duration(tc.a.waitFor) * time.Millisecond
+			}
+			if took > limit {
+				t.Errorf("the session took %s, more than timeout= allows", took)
+			}
+		})
+	}
+}
+
+// TestPAMFuzz: 300 sessions against a broker answering random mutations
+// of well-formed replies, with descriptors: the host survives every one,
+// in bounded time, and keeps no descriptor from a session it closed.
+func TestPAMFuzz(t *testing.T) {
+	student := newUser(t)
+	seeds := []string{
+		`{"v":1,"type":"hide","env":["NPURUN_DEVICES=","CUDA_VISIBLE_DEVICES="],"message":"no device free"}`,
+		`{"v":1,"type":"grant","devices":[3],"vendor":"ascend","env":["NPURUN_DEVICES=3"],"waited_ms":12,"message":"npu 3 is yours \u00e9"}`,
+		`{"v":1,"type":"queued","pool":"interactive","position":2,"ahead":["bob"],"reason":"","wait_ms":1000}`,
+		`{"v":1,"type":"error","code":"busy","message":"refused","hint":"later"}`,
+		`{"v":1,"type":"ignore"}`,
+	}
+	rng := rand.New(rand.NewPCG(7, 11))
+	mutate := func(s string) []byte {
+		b := []byte(s)
+		for range 1 + rng.IntN(4) {
+			switch i := rng.IntN(len(b)); rng.IntN(4) {
+			case 0:
+				b[i] = byte(rng.IntN(256))
+			case 1:
+				b = append(b[:i], b[i+1:]...)
+			case 2:
+				const punct = "{}[]\",:\\u0"
+				b = append(b[:i], append([]byte{punct[rng.IntN(len(punct))]}, b[i:]...)...)
+			case 3:
+				b = b[:i]
+			}
+			if len(b) == 0 {
+				b = []byte{'{'}
+			}
+		}
+		return b
+	}
+	const sessions = 300
+	fb := startFakeBroker(t, func(n int) fakeAnswer {
+		s := seeds[n%len(seeds)]
+		return fakeAnswer{data: mutate(s), fds: rng.IntN(3)}
+	})
+	fb.writePolicy(t, student.Name, "hide")
+	conf := pamService(t, "npurun-fuzz", "required", "socket="+fb.Socket+" timeout=0.3 lease")
+	start := time.Now()
+	out, _ := runPAM(t, conf, "npurun-fuzz", student.Name, "-repeat", strconv.Itoa(sessions), "-quiet", "-fds")
+	if took := time.Since(start); took > sessions*400*time.Millisecond {
+		t.Errorf("%d sessions took %s", sessions, took)
+	}
+	var fds int
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, "fds "); ok {
+			fds, _ = strconv.Atoi(v)
+		}
+	}
+	if fds == 0 || fds > 10 {
+		t.Errorf("after %d sessions the host has %d descriptors open (want a handful: none kept from closed sessions)", sessions, fds)
+	}
+}

@@ -1,0 +1,239 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// pamBuild is pam_npurun.so, built as the Makefile builds it (warnings are
+// errors), and the PAM helper (the one cgo program of the tests).
+type pamBuild struct {
+	Dir, Module, Helper string
+}
+
+var pamOnce = sync.OnceValues(func() (*pamBuild, error) {
+	dir, err := os.MkdirTemp("", "npurun-pam-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, err
+	}
+	root, _ := filepath.Abs("..")
+	p := &pamBuild{Dir: dir, Module: filepath.Join(dir, "pam_npurun.so"), Helper: filepath.Join(dir, "pamhelper")}
+	mk := exec.Command("make", "--no-print-directory", "-C", root, "BUILDDIR="+dir, p.Module)
+	if out, err := mk.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("make pam_npurun.so: %v\n%s", err, out)
+	}
+	gb := exec.Command("go", "build", "-o", p.Helper, "github.com/npurun/npurun/tests/pamhelper")
+	gb.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := gb.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build pamhelper: %v\n%s", err, out)
+	}
+	return p, nil
+})
+
+func pamBins(t testing.TB) *pamBuild {
+	t.Helper()
+	p, err := pamOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// pamService writes a PAM service file into a directory of its own: the
+// module with args, then pam_permit so that a module that steps aside
+// (PAM_IGNORE) leaves a working stack. It returns the directory.
+func pamService(t testing.TB, name, control, args string) string {
+	t.Helper()
+	dir := t.TempDir()
+	var lines string
+	if control != "" {
+		lines = fmt.Sprintf("session %s %s %s\n", control, pamBins(t).Module, args)
+	}
+	lines += "session required pam_permit.so\n"
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// startPAM starts the helper opening a session of user with service from
+// confDir, and extra helper flags.
+func startPAM(t testing.TB, confDir, service, user string, flags ...string) *proc {
+	t.Helper()
+	args := append([]string{"-confdir", confDir, "-service", service, "-user", user}, flags...)
+	return startProc(t, "pamhelper "+user, exec.Command(pamBins(t).Helper, args...))
+}
+
+// runPAM runs the helper to its end and returns its output and how long it
+// ran.
+func runPAM(t testing.TB, confDir, service, user string, flags ...string) (string, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	p := startPAM(t, confDir, service, user, flags...)
+	code, sig := p.wait()
+	took := time.Since(start)
+	<-p.outDone
+	if code != 0 || sig != 0 {
+		t.Fatalf("pamhelper: exit %d signal %v (a crash of the module's host?); output:\n%s", code, sig, p.Output())
+	}
+	return p.Output(), took
+}
+
+// envOf is the PAM environment in a helper's output.
+func envOf(out string) map[string]string {
+	env := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if kv, ok := strings.CutPrefix(line, "env "); ok {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+	}
+	return env
+}
+
+// TestPAMLease: the module in lease mode (login, su-l) on the real PAM
+// stack: a restricted user's open_session holds the login lease (variables
+// put, descriptors kept, the node open to the user); close_session, End
+// alone, and a killed PAM process each release it.
+func TestPAMLease(t *testing.T) {
+	dev := newDevTree(t, 2)
+	student, staff := newUser(t), newUser(t)
+	b := StartBroker(t, restrictConf(dev, []testUser{student}, ""))
+	conf := pamService(t, "npurun-login", "required", "socket="+b.Socket+" lease debug")
+
+	for _, end := range []string{"close_session", "end only", "kill -9"} {
+		t.Run(end, func(t *testing.T) {
+			flags := []string{"-hold", "-tty", "tty7"}
+			if end == "end only" {
+				flags = append(flags, "-no-close")
+			}
+			p := startPAM(t, conf, "npurun-login", student.Name, flags...)
+			p.waitLine("held")
+			out := p.Output()
+			env := envOf(out)
+			if !strings.Contains(out, "open ok") || env["NPURUN_DEVICES"] != "0" || env["ASCEND_RT_VISIBLE_DEVICES"] != "0" || !strings.HasPrefix(env["NPURUN_LEASE"], "0:") {
+				t.Fatalf("open_session:\n%s", out)
+			}
+			if !strings.Contains(out, `info npurun: npu 0 is yours until you log out (pool "interactive")`) {
+				t.Errorf("no grant message:\n%s", out)
+			}
+			if !canOpen(t, student, dev.node("davinci0")) {
+				t.Error("the session's user cannot open its device")
+			}
+			if c := b.Dial(); true {
+				c.Send(&client.Request{Op: client.OpAcquire, Devices: []int{0}, NoWait: true})
+				if _, _, err := c.Recv(eventTimeout); errCode(err) != client.CodeBusy {
+					t.Errorf("device 0 during the session: %v, want busy", err)
+				}
+			}
+			switch end {
+			case "kill -9":
+				p.cmd.Process.Signal(syscall.SIGKILL)
+				p.wait()
+			default:
+				p.stdin.Close()
+				p.mustSucceed()
+				if end == "close_session" && !strings.Contains(p.Output(), "close ok") {
+					t.Errorf("close_session:\n%s", p.Output())
+				}
+			}
+			waitFree(t, b, 0)
+			if canOpen(t, student, dev.node("davinci0")) {
+				t.Error("the device still opens after the session ended")
+			}
+		})
+	}
+
+	t.Run("unrestricted", func(t *testing.T) {
+		out, _ := runPAM(t, conf, "npurun-login", staff.Name)
+		if env := envOf(out); !strings.Contains(out, "open ok") || len(env) != 0 {
+			t.Errorf("unrestricted user: want the session as it is:\n%s", out)
+		}
+	})
+	t.Run("root", func(t *testing.T) {
+		out, _ := runPAM(t, conf, "npurun-login", "root")
+		if env := envOf(out); !strings.Contains(out, "open ok") || len(env) != 0 {
+			t.Errorf("root: want the session as it is:\n%s", out)
+		}
+	})
+}
+
+// TestPAMMark: without "lease" (sshd, where PAM cannot tell a shell from a
+// command) a restricted session gets the devices hidden and no lease.
+func TestPAMMark(t *testing.T) {
+	dev := newDevTree(t, 2)
+	student := newUser(t)
+	b := StartBroker(t, restrictConf(dev, []testUser{student}, ""))
+	conf := pamService(t, "npurun-sshd", "required", "socket="+b.Socket)
+	p := startPAM(t, conf, "npurun-sshd", student.Name, "-hold", "-rhost", "192.0.2.7")
+	p.waitLine("held")
+	env := envOf(p.Output())
+	for _, v := range []string{"NPURUN_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"} {
+		if val, ok := env[v]; !ok || val != "" {
+			t.Errorf("%s = %q (set %v), want set and empty:\n%s", v, val, ok, p.Output())
+		}
+	}
+	if _, ok := env["NPURUN_LEASE"]; ok {
+		t.Error("a marked session got a lease")
+	}
+	// Both devices are free while the session is open.
+	for _, id := range []int{0, 1} {
+		c := b.Dial()
+		c.Send(&client.Request{Op: client.OpAcquire, Devices: []int{id}, NoWait: true})
+		r, fds, err := c.Recv(eventTimeout)
+		if err != nil || r.Type != client.TypeGrant {
+			t.Errorf("npu %d during a marked session: %v", id, err)
+		}
+		for _, fd := range fds {
+			syscall.Close(fd)
+		}
+		c.Close()
+	}
+	p.stdin.Close()
+	p.mustSucceed()
+}
+
+// TestPAMBrokerDown: no broker answering, the module follows the
+// session-policy file within timeout=: deny refuses a restricted session,
+// hide opens it with the devices hidden; an unrestricted one is let be.
+func TestPAMBrokerDown(t *testing.T) {
+	dev := newDevTree(t, 1)
+	student, staff := newUser(t), newUser(t)
+	for _, down := range []string{"deny", "hide"} {
+		t.Run(down, func(t *testing.T) {
+			b := StartBroker(t, dev.config("0", fmt.Sprintf("[restrict]\nusers = [%q]\non_broker_down = %q\n", student.Name, down)))
+			b.Stop()
+			conf := pamService(t, "npurun-down", "required", "socket="+b.Socket+" timeout=1 lease")
+			out, took := runPAM(t, conf, "npurun-down", student.Name)
+			switch down {
+			case "deny":
+				if strings.Contains(out, "open ok") || !strings.Contains(out, "error npurun: the device broker does not answer") {
+					t.Errorf("deny: want the session refused:\n%s", out)
+				}
+			case "hide":
+				if env := envOf(out); !strings.Contains(out, "open ok") || env["NPURUN_DEVICES"] != "" || len(env) != 3 {
+					t.Errorf("hide: want the session with the devices hidden:\n%s", out)
+				}
+			}
+			if took > 3*time.Second {
+				t.Errorf("a stopped broker cost the login %s", took)
+			}
+			out, _ = runPAM(t, conf, "npurun-down", staff.Name)
+			if !strings.Contains(out, "open ok") || len(envOf(out)) != 0 {
+				t.Errorf("unrestricted user with no broker:\n%s", out)
+			}
+		})
+	}
+}

@@ -1,0 +1,124 @@
+// Command pamhelper drives the real Linux-PAM stack for the PAM tests: it opens a session of a user with a service file from a directory of the test's own, and says what came of it.
+//
+// It is the only cgo of the tests (github.com/msteinert/pam/v2), in a
+// process of its own, so that a module that crashes or hangs its host
+// shows as this process's end, not the test's.
+//
+// Output, one item a line:
+//
+//	info MESSAGE / error MESSAGE   the module's conversation
+//	open ok | open ERROR           pam_open_session's result
+//	env NAME=VALUE                 the PAM environment after it
+//	held                           (-hold) the session is open; close stdin to end it
+//	close ok | close ERROR         pam_close_session (unless -no-close)
+//	time OPEN_NS                   (-repeat) one line per open_session, in ns
+//	leases N                       (-repeat) sessions that got a lease
+//	fds N                          (-fds) descriptors open at the end
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/msteinert/pam/v2"
+)
+
+func main() {
+	confDir := flag.String("confdir", "", "directory of PAM service files")
+	service := flag.String("service", "", "PAM service")
+	user := flag.String("user", "", "user whose session is opened")
+	tty := flag.String("tty", "", "PAM_TTY")
+	rhost := flag.String("rhost", "", "PAM_RHOST")
+	hold := flag.Bool("hold", false, "keep the session open until standard input closes")
+	noClose := flag.Bool("no-close", false, "end the handle without pam_close_session")
+	repeat := flag.Int("repeat", 1, "open and close the session this many times, timing each open")
+	quiet := flag.Bool("quiet", false, "print only time lines and failures")
+	countFDs := flag.Bool("fds", false, "at the end, print the number of open descriptors: fds N")
+	flag.Parse()
+
+	out := bufio.NewWriter(os.Stdout)
+	defer out.Flush()
+	conv := pam.ConversationFunc(func(s pam.Style, msg string) (string, error) {
+		switch s {
+		case pam.TextInfo:
+			if !*quiet {
+				fmt.Fprintf(out, "info %s\n", msg)
+			}
+		case pam.ErrorMsg:
+			fmt.Fprintf(out, "error %s\n", msg)
+		default:
+			return "", fmt.Errorf("no prompts in a session")
+		}
+		return "", nil
+	})
+	var times []time.Duration
+	leases := 0
+	for range *repeat {
+		tx, err := pam.StartConfDir(*service, *user, conv, *confDir)
+		if err != nil {
+			fmt.Fprintf(out, "start %v\n", err)
+			out.Flush()
+			os.Exit(1)
+		}
+		if *tty != "" {
+			tx.SetItem(pam.Tty, *tty)
+		}
+		if *rhost != "" {
+			tx.SetItem(pam.Rhost, *rhost)
+		}
+		start := time.Now()
+		err = tx.OpenSession(0)
+		took := time.Since(start)
+		if *repeat > 1 {
+			times = append(times, took)
+		}
+		if err != nil {
+			fmt.Fprintf(out, "open %v\n", err)
+		} else if !*quiet {
+			fmt.Fprintln(out, "open ok")
+		}
+		if !*quiet {
+			env, _ := tx.GetEnvList()
+			var names []string
+			for k := range env {
+				names = append(names, k)
+			}
+			sort.Strings(names)
+			for _, k := range names {
+				fmt.Fprintf(out, "env %s=%s\n", k, env[k])
+			}
+		}
+		if v := tx.GetEnv("NPURUN_LEASE"); v != "" {
+			leases++
+		}
+		if *hold {
+			fmt.Fprintln(out, "held")
+			out.Flush()
+			io.Copy(io.Discard, os.Stdin)
+		}
+		if err == nil && !*noClose {
+			if err := tx.CloseSession(0); err != nil {
+				fmt.Fprintf(out, "close %v\n", err)
+			} else if !*quiet {
+				fmt.Fprintln(out, "close ok")
+			}
+		}
+		tx.End()
+		out.Flush()
+	}
+	for _, d := range times {
+		fmt.Fprintf(out, "time %d\n", d.Nanoseconds())
+	}
+	if *repeat > 1 {
+		fmt.Fprintf(out, "leases %d\n", leases)
+	}
+	if *countFDs {
+		entries, _ := os.ReadDir("/proc/self/fd")
+		fmt.Fprintf(out, "fds %d\n", len(entries))
+	}
+}
