@@ -449,12 +449,32 @@ static int wait_for(int fd, short events, long long deadline)
 	}
 }
 
+/*
+ * Bounded appends to the request: *n never passes cap - 1, and a request
+ * that does not fit is marked by *n == cap (the caller refuses it).
+ */
+static void put_raw(char *buf, size_t cap, size_t *n, const char *s)
+{
+	size_t k = strlen(s);
+	if (*n >= cap)
+		return;
+	if (*n + k >= cap) {
+		*n = cap;
+		return;
+	}
+	memcpy(buf + *n, s, k + 1);
+	*n += k;
+}
+
 /* append a JSON string, escaped, truncated to max bytes of input. */
 static void put_json(char *buf, size_t cap, size_t *n, const char *s, size_t max)
 {
 	static const char hex[] = "0123456789abcdef";
-	if (*n + 1 < cap)
-		buf[(*n)++] = '"';
+	if (*n + 2 >= cap) {
+		*n = cap;
+		return;
+	}
+	buf[(*n)++] = '"';
 	for (size_t i = 0; s != NULL && s[i] != '\0' && i < max; i++) {
 		unsigned char c = (unsigned char)s[i];
 		char e[7];
@@ -475,8 +495,7 @@ static void put_json(char *buf, size_t cap, size_t *n, const char *s, size_t max
 		memcpy(buf + *n, e, k);
 		*n += k;
 	}
-	if (*n + 1 < cap)
-		buf[(*n)++] = '"';
+	buf[(*n)++] = '"';
 	buf[*n] = '\0';
 }
 
@@ -544,13 +563,13 @@ static int ask(pam_handle_t *pamh, const struct options *o, const char *user, st
 	pam_get_item(pamh, PAM_RHOST, &rhost);
 	n = (size_t)snprintf(req, sizeof req, "{\"v\":%d,\"op\":\"session\",\"user\":", PROTOCOL_VERSION);
 	put_json(req, sizeof req, &n, user, 256);
-	n += (size_t)snprintf(req + n, sizeof req - n, ",\"service\":");
+	put_raw(req, sizeof req, &n, ",\"service\":");
 	put_json(req, sizeof req, &n, service, 64);
-	n += (size_t)snprintf(req + n, sizeof req - n, ",\"tty\":");
+	put_raw(req, sizeof req, &n, ",\"tty\":");
 	put_json(req, sizeof req, &n, tty, 256);
-	n += (size_t)snprintf(req + n, sizeof req - n, ",\"rhost\":");
+	put_raw(req, sizeof req, &n, ",\"rhost\":");
 	put_json(req, sizeof req, &n, rhost, 1024);
-	n += (size_t)snprintf(req + n, sizeof req - n, ",\"login\":%s}", o->lease ? "true" : "false");
+	put_raw(req, sizeof req, &n, o->lease ? ",\"login\":true}" : ",\"login\":false}");
 	if (n >= sizeof req)
 		return -1;
 
