@@ -333,9 +333,17 @@ func (j *journal) stats() (int64, int, error) {
 	return j.size, j.records, j.broken
 }
 
+// close closes the journal once what is queued is written.
 func (j *journal) close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	for j.resolved < j.queued {
+		if j.writing {
+			j.cond.Wait()
+			continue
+		}
+		j.writeBatchLocked()
+	}
 	if j.f == nil {
 		return nil
 	}

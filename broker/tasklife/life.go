@@ -255,6 +255,8 @@ type Life struct {
 	secretEnds  uint64        // ends of tasks whose environment is in the journal
 	secretsOut  uint64        // of those, the ones a rewrite has taken off the disk
 	timerSet    bool
+
+	afterCompact func() // when set (by tests), called with the lock held after each rewrite
 }
 
 // How the journal is compacted: when it has grown to twice its size after
@@ -264,9 +266,10 @@ type Life struct {
 // of the time).
 const (
 	compactSlack = 1 << 20
-	secretDelay  = 5 * time.Second
 	maxBackoff   = time.Minute
 )
+
+var secretDelay = 5 * time.Second // a variable for tests
 
 func newLife(dir string, o Options) *Life {
 	lg := o.Log
@@ -339,7 +342,7 @@ func Open(dir string, o Options) (*Life, error) {
 	return l, nil
 }
 
-// Close closes the journal.
+// Close closes the journal, once the records queued are written.
 func (l *Life) Close() error { return l.j.close() }
 
 // Get is task id, nil if there is none.
@@ -945,6 +948,9 @@ func (l *Life) compact() error {
 	l.failBackoff = 0
 	l.lastSize = int64(len(data))
 	l.secretsOut = max(l.secretsOut, gen)
+	if l.afterCompact != nil {
+		l.afterCompact()
+	}
 	return nil
 }
 
