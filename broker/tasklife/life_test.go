@@ -466,6 +466,7 @@ func TestIDsNeverRepeat(t *testing.T) {
 		tb.run(x)
 		tb.end(x, Done, 0)
 		tb.Close()
+		openTable(t, dir, 0, 0).Close() // a rewrite that keeps no task
 	}
 }
 
