@@ -100,8 +100,12 @@ func (s *Server) spawnLocked(t *task) *supervisor {
 	return sup
 }
 
-// errUnknownUser is a submitter that the user database does not know.
-var errUnknownUser = errors.New("is not in the user database now: its groups are unknown")
+// errUnknownUser is a submitter that the user database does not know;
+// errLookup, one it could not be asked about (that passes).
+var (
+	errUnknownUser = errors.New("is not in the user database now: its groups are unknown")
+	errLookup      = errors.New("the user database cannot be read now")
+)
 
 // startSupervisor starts `npubroker supervise ID` as the submitter and
 // gives it its Spec.
@@ -125,6 +129,9 @@ func (s *Server) startSupervisor(t *task, sup *supervisor, spec *client.Spec, ac
 		}
 		if !acct.known {
 			sup.sock.Close()
+			if acct.err != nil {
+				return fmt.Errorf("look up uid %d: %w: %w", t.UID, errLookup, acct.err)
+			}
 			return fmt.Errorf("uid %d %w", t.UID, errUnknownUser)
 		}
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: t.UID, Gid: acct.gid, Groups: acct.gids}
@@ -154,7 +161,7 @@ func (s *Server) startSupervisor(t *task, sup *supervisor, spec *client.Spec, ac
 // passing tells whether a supervisor could not be started for a reason
 // that passes: the broker is out of descriptors, processes or memory.
 func passing(err error) bool {
-	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.EAGAIN, unix.ENOMEM, unix.ENOBUFS, unix.EINTR} {
+	for _, e := range []error{errLookup, unix.EMFILE, unix.ENFILE, unix.EAGAIN, unix.ENOMEM, unix.ENOBUFS, unix.EINTR} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -470,10 +477,11 @@ const overrunLimit = 30 * time.Second
 
 // enforceLimitLocked arms the broker's own backstop for t's time limit,
 // measured on the monotonic clock from the start recorded in this boot,
-// so that a step of the wall clock cannot fool it.
-func (s *Server) enforceLimitLocked(t *task) {
+// so that a step of the wall clock cannot fool it. It returns how long the
+// task may run on (0: no limit).
+func (s *Server) enforceLimitLocked(t *task) time.Duration {
 	if t.TimeSec <= 0 {
-		return
+		return 0
 	}
 	limit := time.Duration(t.TimeSec)*time.Second + s.cfg.Tasks.KillGrace + overrunLimit
 	var left time.Duration
@@ -494,4 +502,5 @@ func (s *Server) enforceLimitLocked(t *task) {
 		s.log.Printf("task %d overran its time limit; killing its session", t.ID)
 		s.endProcessesLocked(t)
 	})
+	return max(left, time.Nanosecond)
 }

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/npurun/npurun/broker/tasklife"
@@ -111,12 +112,15 @@ func (s *Server) adoptLocked(j *task) bool {
 	if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
 		s.cpuFree[t.Slot] = false
 	}
-	s.log.Printf("task %d is still running (supervisor pid %d)", t.ID, t.PID)
+	msg := fmt.Sprintf("task %d is still running (supervisor pid %d)", t.ID, t.PID)
+	if left := s.enforceLimitLocked(j); left > 0 {
+		msg += fmt.Sprintf("; the broker kills it if it runs %s more", left.Round(time.Second))
+	}
+	s.log.Print(msg)
 	pid, start := t.PID, t.PIDStart
 	go func() {
 		waitExit(s.proc, pid, start)
 		s.supervisorGone(j, pid)
 	}()
-	s.enforceLimitLocked(j)
 	return true
 }

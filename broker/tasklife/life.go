@@ -58,6 +58,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -194,6 +195,7 @@ type Record struct {
 	State     string         `json:"state,omitempty"`
 	Status    *client.Status `json:"status,omitempty"`
 	Reason    string         `json:"reason,omitempty"`
+	Pad       string         `json:"pad,omitempty"` // a probe's size
 }
 
 // The records of the journal.
@@ -537,6 +539,11 @@ func (l *Life) EndNow(t *Task, state, reason string) {
 	l.maybeCompact()
 }
 
+// probeSize is the size of the record that tests the journal: larger than
+// a start record, so that a journal with room for a probe has room for a
+// start.
+const probeSize = 1 << 10
+
 // Recover tests whether the journal can be written again: with a record
 // that changes nothing, or, after a failed sync, by rewriting it.
 func (l *Life) Recover() error {
@@ -546,7 +553,7 @@ func (l *Life) Recover() error {
 		}
 		return l.compact()
 	}
-	return l.write(&Record{Op: opProbe, Time: time.Now().UnixMilli()})
+	return l.write(&Record{Op: opProbe, Time: time.Now().UnixMilli(), Pad: strings.Repeat(".", probeSize)})
 }
 
 // write makes recs durable, with the lock released while the disk works.
