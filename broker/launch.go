@@ -199,6 +199,7 @@ func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
 		// Only pending tasks that are not being cancelled are in line
 		// unheld; keep the devices free and the task in its place.
 		s.log.Printf("%v", err)
+		t.inLine = false // Plan's caller took it out
 		s.requeueLocked(t)
 		return false
 	}
