@@ -197,10 +197,12 @@ func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
 	}
 	if err := s.life.Grant(t.Task, devices, sl, time.Now()); err != nil {
 		// Only pending tasks that are not being cancelled are in line
-		// unheld; keep the devices free and the task in its place.
+		// unheld: this is a bug. Keep the devices free and the task in
+		// its place, held so that the next pass does not grant it again.
 		s.log.Printf("%v", err)
 		t.inLine = false // Plan's caller took it out
 		s.requeueLocked(t)
+		t.w.Held = true
 		return false
 	}
 	s.leftLineLocked(t)
