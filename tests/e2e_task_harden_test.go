@@ -832,3 +832,32 @@ func TestTaskJournalBounded(t *testing.T) {
 	}
 	t.Logf("journal: %d bytes", st.Size())
 }
+
+// TestTaskJournalUnavailable: a journal that cannot be opened (its state
+// directory is a file) does not keep the broker from serving leases (issue
+// 6.3); task operations say why they are refused, and once the directory
+// can be made the broker takes up tasks by itself.
+func TestTaskJournalUnavailable(t *testing.T) {
+	b := NewBroker(t, taskConfig(1))
+	if err := os.WriteFile(b.StateDir, []byte("not a directory\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mark := b.LogLen()
+	b.Start()
+	if code, out := exitCode(t, b.Npurun("true")); code != 0 {
+		t.Errorf("npurun on a broker whose journal cannot be opened: exit %d; output:\n%s", code, out)
+	}
+	dir := t.TempDir()
+	r := runTaskCmd(t, asUser(b.TaskSubmit("--no-device", "--log", filepath.Join(dir, "log"), "--", "true"), nil, dir))
+	if r.code == 0 || !strings.Contains(r.stderr, "journal is unavailable") || !strings.Contains(r.stderr, "not a directory") {
+		t.Errorf("task-submit on a broker whose journal cannot be opened: %s; want it refused, saying why", r)
+	}
+	if err := os.Remove(b.StateDir); err != nil {
+		t.Fatal(err)
+	}
+	b.WaitLog(mark, "tasks available again")
+	id := submitTask(t, b, nil, dir, "--no-device", "--log", filepath.Join(dir, "log"), "--", "true")
+	if w := waitTask(t, b, id); w.code != 0 {
+		t.Errorf("a task once the journal could be opened: %s", w)
+	}
+}
