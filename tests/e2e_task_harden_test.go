@@ -85,6 +85,28 @@ func protoSub(dir string, noDevice bool, argv ...string) *client.Submission {
 		Log: filepath.Join(dir, "proto.log")}
 }
 
+// endAll waits for every task of b to end, so that no supervisor of the
+// test's outlives it (one whose broker is gone reports for a day).
+func endAll(t *testing.T, b *Broker) {
+	t.Helper()
+	c := b.Dial()
+	ts, err := c.List(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ti := range ts {
+		if ti.ExitStatus() >= 0 {
+			continue
+		}
+		if _, err := c.Wait(ti.ID); err != nil {
+			var ce *client.Error
+			if !errors.As(err, &ce) || ce.Code != client.CodeNoSuchTask {
+				t.Errorf("wait %d: %v", ti.ID, err)
+			}
+		}
+	}
+}
+
 // spoolErr tells whether err is the broker's answer that it could not
 // record a change.
 func spoolErr(err error) bool {
@@ -213,6 +235,7 @@ func TestTaskFullSpool(t *testing.T) {
 			t.Errorf("task %d after a restart: %s, want done", id, ti.State)
 		}
 	}
+	endAll(t, b)
 }
 
 // TestTaskSpoolFullAtRestart: a broker that restarts on a full disk
@@ -309,6 +332,7 @@ func TestTaskTrimFair(t *testing.T) {
 			}
 		}
 		h.release()
+		endAll(t, b)
 		r := runTaskCmd(t, asUser(b.TaskSubmit("show", "--json", idStr(vid)), &victim, vdir))
 		if r.code != 0 || !strings.Contains(r.stdout, `"state":"done"`) {
 			t.Errorf("the victim's task after another user's churn: %s", r)
@@ -369,6 +393,7 @@ func TestTaskTrimFair(t *testing.T) {
 			t.Errorf("--after %v kept as %v, want [%d]", s.After, ti.After, a.ID)
 		}
 		h.release()
+		endAll(t, b)
 	})
 }
 
@@ -473,6 +498,7 @@ func TestTaskWaitingCapsApart(t *testing.T) {
 	}
 	h.release()
 	inline.mustSucceed()
+	endAll(t, b)
 
 	page, err := os.ReadFile(filepath.Join("..", "man", "npurun.conf.5"))
 	if err != nil {

@@ -256,6 +256,7 @@ type Life struct {
 	failBackoff time.Duration // after a failed rewrite, wait this long before another
 	secretEnds  uint64        // ends of tasks whose environment is in the journal
 	secretsOut  uint64        // of those, the ones a rewrite has taken off the disk
+	secretWait  time.Duration // secretDelay
 	timerSet    bool
 
 	afterCompact func() // when set (by tests), called with the lock held after each rewrite
@@ -271,7 +272,9 @@ const (
 	maxBackoff   = time.Minute
 )
 
-var secretDelay = 5 * time.Second // a variable for tests
+// secretDelay is the wait before a rewrite that takes an ended task's
+// environment off the disk (a table's own, which tests shorten).
+const secretDelay = 5 * time.Second
 
 func newLife(dir string, o Options) *Life {
 	lg := o.Log
@@ -282,7 +285,7 @@ func newLife(dir string, o Options) *Life {
 		mu: o.Lock, j: newJournal(dir), log: lg, keep: o.Keep, keepU: o.KeepPerUser, onEnd: o.Ended,
 		tasks: map[uint64]*Task{}, sorted: true,
 		waiting: map[uint32]int{}, running: map[uint32]int{}, submitting: map[uint32]int{},
-		endedBy: map[uint32][]uint64{}, namedBy: map[uint64][]uint64{},
+		endedBy: map[uint32][]uint64{}, namedBy: map[uint64][]uint64{}, secretWait: secretDelay,
 	}
 }
 
@@ -896,7 +899,7 @@ func (l *Life) maybeCompact() {
 	}
 	due := size >= 2*l.lastSize+compactSlack
 	if l.secretEnds != l.secretsOut {
-		if wait := max(secretDelay, 9*l.lastTook) - since; wait > 0 {
+		if wait := max(l.secretWait, 9*l.lastTook) - since; wait > 0 {
 			l.later(wait)
 		} else {
 			due = true

@@ -338,10 +338,9 @@ func TestRunningWithoutPID(t *testing.T) {
 // table at its end and after a replay, and from the journal's file once
 // it is rewritten, which happens by itself soon after the end.
 func TestEndedDropsEnvironment(t *testing.T) {
-	defer func(d time.Duration) { secretDelay = d }(secretDelay)
-	secretDelay = 200 * time.Millisecond
 	dir := t.TempDir()
 	tb := openTable(t, dir, 10, 10)
+	tb.secretWait = 200 * time.Millisecond
 	x := tb.submit(1)
 	keep := tb.submit(1) // still waiting: its environment stays
 	tb.run(x)
