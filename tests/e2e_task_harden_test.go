@@ -310,6 +310,7 @@ func TestTaskNumbersInRange(t *testing.T) {
 	if ti := showTask(t, b, r.ID); ti.TimeSec != 3600 {
 		t.Errorf("task's time limit %d s, want 3600", ti.TimeSec)
 	}
+	endAll(t, b)
 }
 
 // TestTaskTrimFair: ended tasks are trimmed fairly (issue 6.6): another
