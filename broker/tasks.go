@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/tasklife"
@@ -321,26 +322,80 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 }
 
 // checkSizeLocked refuses a task whose messages would not fit: its show
-// reply, and the Spec its supervisor reads. They are sizes as encoded,
-// where JSON writes a control character, <, > or & as 6 bytes.
+// reply, and the Spec its supervisor reads, as encoded, where JSON writes a
+// control character, <, > or & as 6 bytes. The sizes are counted, not
+// encoded (this runs under the lock for every submission); replyLen and
+// specLen bound the encodings from above (TestEncodedSizeBounds).
 func (s *Server) checkSizeLocked(t *tasklife.Task) *client.Reply {
-	ti := info(t, true, 1<<20)
-	show, err := json.Marshal(&client.Reply{V: client.Version, Type: client.TypeTasks, Tasks: []client.TaskInfo{ti}})
-	if err != nil {
-		return errReply(client.CodeBadRequest, fmt.Sprintf("task cannot be encoded: %v", err), "")
-	}
-	spec, err := json.Marshal(s.specLocked(t))
-	if err != nil {
-		return errReply(client.CodeBadRequest, fmt.Sprintf("task cannot be encoded: %v", err), "")
-	}
 	const why = "JSON writes each control character, <, > and & as 6 bytes"
-	if n := len(show) + replyRoom; n > client.MaxMessage {
-		return errReply(client.CodeBadRequest, fmt.Sprintf("task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", len(show), client.MaxMessage-replyRoom, why), "")
+	if n := replyLen(t); n+replyRoom > client.MaxMessage {
+		return errReply(client.CodeBadRequest, fmt.Sprintf("task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, client.MaxMessage-replyRoom, why), "")
 	}
-	if n := len(spec) + specRoom; n > client.MaxMessage {
-		return errReply(client.CodeBadRequest, fmt.Sprintf("task too large: what its supervisor is given takes %d bytes encoded, more than %d (%s)", len(spec), client.MaxMessage-specRoom, why), "")
+	if n := s.specLen(t); n+specRoom > client.MaxMessage {
+		return errReply(client.CodeBadRequest, fmt.Sprintf("task too large: what its supervisor is given takes %d bytes encoded, more than %d (%s)", n, client.MaxMessage-specRoom, why), "")
 	}
 	return nil
+}
+
+// Room for the field names, numbers and ids of a show reply and a Spec
+// beside their strings.
+const (
+	replyFrame = 1 << 10
+	specFrame  = 512
+)
+
+// replyLen bounds the size of t's show reply (full, with its environment).
+func replyLen(t *tasklife.Task) int {
+	return replyFrame + jsonListLen(t.Sub.Env) + jsonLen(command(t)) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) +
+		jsonLen(t.Sub.Name) + jsonLen(t.User) + jsonLen(t.Sub.Pool) + 21*len(t.Sub.After) + 12*len(t.Sub.Devices)
+}
+
+// specLen bounds the size of t's Spec, with the variables the broker adds.
+func (s *Server) specLen(t *tasklife.Task) int {
+	n := specFrame + jsonListLen(t.Sub.Env) + jsonListLen(t.Argv) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) + 2*jsonLen(s.socket)
+	if t.Sub.NoDevice {
+		n += jsonListLen(npu.HiddenEnv()) + 3*(len("OPENBLAS_NUM_THREADS=")+24)
+	}
+	return n
+}
+
+// jsonLen is the length of s as encoding/json writes it, quotes included:
+// \" \\ \n \r \t take 2 bytes, other control characters, <, > and & (HTML
+// escaping), U+2028, U+2029 and each byte of invalid UTF-8 take 6.
+func jsonLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t':
+				n += 2
+			case c < 0x20 || c == '<' || c == '>' || c == '&':
+				n += 6
+			default:
+				n++
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if (r == utf8.RuneError && size == 1) || r == '\u2028' || r == '\u2029' {
+			n += 6
+		} else {
+			n += size
+		}
+		i += size
+	}
+	return n
+}
+
+// jsonListLen is the length of a JSON array of strings.
+func jsonListLen(list []string) int {
+	n := 2
+	for _, s := range list {
+		n += jsonLen(s) + 1
+	}
+	return n
 }
 
 func byteSize(list []string) int {

@@ -834,7 +834,7 @@ func TestTaskJournalBounded(t *testing.T) {
 	dir := t.TempDir()
 	h := hold(t, b, "holder")
 	c := b.Dial()
-	pad := strings.Repeat("x", 8<<10)
+	pad := strings.Repeat("x", 30<<10)
 	const cycles = 300
 	for range cycles {
 		s := protoSub(dir, false, "true")
@@ -852,10 +852,10 @@ func TestTaskJournalBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 300 submissions of 8 KiB each are 2.4 MiB appended; a journal that
-	// keeps 50 small ended tasks is rewritten past 1 MiB and some.
-	if st.Size() > 1536<<10 {
-		t.Errorf("journal of %d bytes after %d submit-and-cancel cycles of 8 KiB each, keeping 50: not compacted", st.Size(), cycles)
+	// 300 submissions of 30 KiB each are 8.8 MiB appended; a journal that
+	// keeps 50 small ended tasks is rewritten past 4 MiB and some.
+	if st.Size() > 5<<20 {
+		t.Errorf("journal of %d bytes after %d submit-and-cancel cycles of 30 KiB each, keeping 50: not compacted", st.Size(), cycles)
 	}
 	t.Logf("journal: %d bytes", st.Size())
 }

@@ -246,7 +246,7 @@ type Life struct {
 	endedBy    map[uint32][]uint64 // per uid, in the order they ended
 	nEnded     int
 	endSeq     uint64
-	namedBy    map[uint64][]uint64 // id → the waiting tasks that name it in --after
+	namedBy    map[uint64]map[uint64]struct{} // id → the waiting tasks that name it in --after
 	replaying  bool
 
 	compacting  bool
@@ -262,14 +262,16 @@ type Life struct {
 	afterCompact func() // when set (by tests), called with the lock held after each rewrite
 }
 
-// How the journal is compacted: when it has grown to twice its size after
-// the last rewrite plus compactSlack, and, while the environment of an
-// ended task is still in it, secretDelay after the last rewrite (or nine
-// times as long as that one took, so that rewrites take at most a tenth
-// of the time).
+// How the journal is compacted: when it has grown to compactGrowth times
+// its size after the last rewrite plus compactSlack (so that rewriting
+// costs at most a third of what was appended), and, while the environment
+// of an ended task is still in it, secretDelay after the last rewrite (or
+// nine times as long as that one took, so that rewrites take at most a
+// tenth of the time).
 const (
-	compactSlack = 1 << 20
-	maxBackoff   = time.Minute
+	compactGrowth = 4
+	compactSlack  = 4 << 20
+	maxBackoff    = time.Minute
 )
 
 // secretDelay is the wait before a rewrite that takes an ended task's
@@ -285,7 +287,7 @@ func newLife(dir string, o Options) *Life {
 		mu: o.Lock, j: newJournal(dir), log: lg, keep: o.Keep, keepU: o.KeepPerUser, onEnd: o.Ended,
 		tasks: map[uint64]*Task{}, sorted: true,
 		waiting: map[uint32]int{}, running: map[uint32]int{}, submitting: map[uint32]int{},
-		endedBy: map[uint32][]uint64{}, namedBy: map[uint64][]uint64{}, secretWait: secretDelay,
+		endedBy: map[uint32][]uint64{}, namedBy: map[uint64]map[uint64]struct{}{}, secretWait: secretDelay,
 	}
 }
 
@@ -383,14 +385,15 @@ func (l *Life) Live() int {
 	return n
 }
 
-// Dependents are the waiting tasks that name id in --after.
+// Dependents are the waiting tasks that name id in --after, in id order.
 func (l *Life) Dependents(id uint64) []*Task {
 	var out []*Task
-	for _, d := range l.namedBy[id] {
+	for d := range l.namedBy[id] {
 		if t := l.tasks[d]; t != nil {
 			out = append(out, t)
 		}
 	}
+	slices.SortFunc(out, func(a, b *Task) int { return cmpUint(a.ID, b.ID) })
 	return out
 }
 
@@ -425,7 +428,14 @@ func (l *Life) Submit(t *Task) error {
 	l.name(t)
 	l.submitting[t.UID]++
 	rec := &Record{Op: opTask, Task: t}
-	err := l.write(rec)
+	// Nobody else sees t yet, and the tasks it names are kept: it is
+	// encoded without the lock, the largest record by far.
+	l.mu.Unlock()
+	data, err := encode(rec)
+	l.mu.Lock()
+	if err == nil {
+		err = l.writeEncoded(data, 1)
+	}
 	if l.submitting[t.UID]--; l.submitting[t.UID] <= 0 {
 		delete(l.submitting, t.UID)
 	}
@@ -565,10 +575,15 @@ func (l *Life) write(recs ...*Record) error {
 	if err != nil {
 		return err
 	}
+	return l.writeEncoded(data, len(recs))
+}
+
+// writeEncoded is write for n records already encoded.
+func (l *Life) writeEncoded(data []byte, n int) error {
 	if len(data) > maxRecord {
 		return fmt.Errorf("journal record of %d bytes, more than %d", len(data), maxRecord)
 	}
-	tk, err := l.j.enqueue(data, len(recs))
+	tk, err := l.j.enqueue(data, n)
 	if err != nil {
 		return err
 	}
@@ -746,9 +761,10 @@ func (l *Life) move(t *Task, to string) {
 // name registers t, waiting, with the tasks it names in --after.
 func (l *Life) name(t *Task) {
 	for _, dep := range t.Sub.After {
-		if !slices.Contains(l.namedBy[dep], t.ID) {
-			l.namedBy[dep] = append(l.namedBy[dep], t.ID)
+		if l.namedBy[dep] == nil {
+			l.namedBy[dep] = map[uint64]struct{}{}
 		}
+		l.namedBy[dep][t.ID] = struct{}{}
 	}
 }
 
@@ -756,17 +772,16 @@ func (l *Life) name(t *Task) {
 // now.
 func (l *Life) unname(t *Task) {
 	for _, dep := range t.Sub.After {
-		by := l.namedBy[dep]
-		if i := slices.Index(by, t.ID); i >= 0 {
-			by = slices.Delete(by, i, i+1)
+		by, ok := l.namedBy[dep]
+		if !ok {
+			continue
 		}
+		delete(by, t.ID)
 		if len(by) == 0 {
 			delete(l.namedBy, dep)
 			if d := l.tasks[dep]; d != nil && d.IsEnded() {
 				l.trim(d.UID)
 			}
-		} else {
-			l.namedBy[dep] = by
 		}
 	}
 }
@@ -897,7 +912,7 @@ func (l *Life) maybeCompact() {
 		l.later(l.failBackoff - since)
 		return
 	}
-	due := size >= 2*l.lastSize+compactSlack
+	due := size >= compactGrowth*l.lastSize+compactSlack
 	if l.secretEnds != l.secretsOut {
 		if wait := max(l.secretWait, 9*l.lastTook) - since; wait > 0 {
 			l.later(wait)
