@@ -14,9 +14,10 @@ package tasklife
 //	 ┌─────────  pending ◀───────────────────────────────▶ blocked
 //	 │             │  ▲                                      │
 //	 │       grant │  │ ungrant: its start could not be      │
-//	 │    (memory) │  │ recorded, or its supervisor started  │
-//	 │             ▼  │                                      │
-//	 │          starting                                     │
+//	 │    (memory) │  │ recorded, or its supervisor cannot   │
+//	 │             ▼  │ be started for now                   │
+//	 │          starting ── end: failed, its supervisor      │
+//	 │             │        could not be started at all      │
 //	 │             │ start ("start", with the supervisor's   │
 //	 │             │ pid: only then may it get its go-ahead) │
 //	 │             ▼                                         │
