@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
@@ -58,7 +59,7 @@ type Server struct {
 	self         string // this executable, run as `npubroker supervise`
 	unprivileged bool   // not root: tasks only for our own uid, no credential change
 	proc         procfs.FS
-	spool        *Spool
+	boot         string   // this boot's id, against pids of an earlier boot
 	cpuSlots     []int    // ids of the CPU slots: 0..cpu_slots-1
 	stateClaim   *os.File // held for the broker's life: no other broker replays this spool
 
@@ -74,17 +75,18 @@ type Server struct {
 	progressAt    time.Time      // ... for then,
 	progressTimer *time.Timer    // by this timer
 
-	tasks       map[uint64]*task
-	order       []uint64 // task ids, ascending
-	nextID      uint64
-	endedCount  int
-	queuedTasks map[uint32]int // pending or blocked, per uid
-	running     map[uint32]int // running tasks per uid
-	cpuq        *Queue         // --no-device tasks waiting for a CPU slot
-	cpuFree     []bool
-	loading     bool // replaying the journal
-	applying    int  // journal records durable but not yet applied to the table
-	warm        int  // supervisors started for tasks still waiting
+	// Tasks: the table (nil while the journal cannot be opened, taskErr
+	// says why) and, for each task not ended, what the broker holds.
+	life      *tasklife.Life
+	taskErr   error
+	jobs      map[uint64]*task
+	running   map[uint32]int // tasks starting or running per uid: the table's own count
+	cpuq      *Queue         // --no-device tasks waiting for a CPU slot
+	cpuFree   []bool
+	loading   bool          // taking up the journal's tasks
+	warm      int           // supervisors started for tasks still waiting
+	paused    *pause        // task starts are stopped, and why
+	pauseWait time.Duration // how long the current pause waits before trying again
 }
 
 // New prepares a broker: the lock directory, the lock files, and the
@@ -106,9 +108,9 @@ func New(o Options) (*Server, error) {
 		q:            NewQueue(),
 		userConns:    map[uint32]int{},
 		leaseWaits:   map[uint32]int{},
-		tasks:        map[uint64]*task{},
-		queuedTasks:  map[uint32]int{},
+		jobs:         map[uint64]*task{},
 		running:      map[uint32]int{},
+		boot:         bootID(),
 		cpuq:         NewQueue(),
 		cpuFree:      make([]bool, o.Config.Tasks.CPUSlots),
 	}
@@ -184,13 +186,7 @@ func New(o Options) (*Server, error) {
 	if stateDir == "" {
 		stateDir = o.Config.Tasks.StateDir
 	}
-	if err := prepareStateDir(stateDir); err != nil {
-		return nil, err
-	}
-	if s.stateClaim, err = Claim(stateDir); err != nil {
-		return nil, err
-	}
-	if err := s.loadTasks(stateDir); err != nil {
+	if err := s.openTasks(stateDir); err != nil {
 		return nil, err
 	}
 	return s, nil

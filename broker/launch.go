@@ -2,6 +2,7 @@ package broker
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -27,6 +29,14 @@ import (
 // while they wait ("warm"), and a grant costs one message, not a process
 // start; and a broker that dies before the start record is on disk leaves
 // nothing running that the journal does not know.
+//
+// A task's processes are started in one place, startSupervisor, and ended
+// in one place, endProcesses.
+//
+// When a start cannot be made for a reason that passes (the journal cannot
+// be written, the broker is out of descriptors or processes), the task goes
+// back to its place in line and the broker starts no task until it has
+// tried again, with a growing wait; leases are served meanwhile.
 
 // maxWarm bounds the supervisors started ahead of their grant.
 const maxWarm = 8
@@ -56,13 +66,13 @@ func (sup *supervisor) gone() bool {
 func (s *Server) warmLocked() {
 	// Called on every scheduling pass: with no task waiting (npurun alone)
 	// it must cost nothing.
-	if s.warm >= maxWarm || len(s.queuedTasks) == 0 {
+	if s.warm >= maxWarm || s.life == nil || !s.life.AnyWaiting() || s.paused != nil {
 		return
 	}
 	for _, q := range []*Queue{s.q, s.cpuq} {
 		seen := map[string]bool{}
 		for _, w := range q.Waiters() {
-			if w.task == nil || seen[w.Pool] {
+			if w.task == nil || w.Held || seen[w.Pool] {
 				continue
 			}
 			seen[w.Pool] = true
@@ -78,7 +88,7 @@ func (s *Server) warmLocked() {
 // ready channel says when it exists.
 func (s *Server) spawnLocked(t *task) *supervisor {
 	sup := &supervisor{ready: make(chan struct{}), exited: make(chan struct{})}
-	spec := s.specLocked(t)
+	spec := s.specLocked(t.Task)
 	acct := t.acct
 	go func() {
 		defer close(sup.ready)
@@ -89,6 +99,13 @@ func (s *Server) spawnLocked(t *task) *supervisor {
 	}()
 	return sup
 }
+
+// errUnknownUser is a submitter that the user database does not know;
+// errLookup, one it could not be asked about (that passes).
+var (
+	errUnknownUser = errors.New("is not in the user database now: its groups are unknown")
+	errLookup      = errors.New("the user database cannot be read now")
+)
 
 // startSupervisor starts `npubroker supervise ID` as the submitter and
 // gives it its Spec.
@@ -112,7 +129,10 @@ func (s *Server) startSupervisor(t *task, sup *supervisor, spec *client.Spec, ac
 		}
 		if !acct.known {
 			sup.sock.Close()
-			return fmt.Errorf("uid %d is not in the user database now: its groups are unknown", t.UID)
+			if acct.err != nil {
+				return fmt.Errorf("look up uid %d: %w: %w", t.UID, errLookup, acct.err)
+			}
+			return fmt.Errorf("uid %d %w", t.UID, errUnknownUser)
 		}
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: t.UID, Gid: acct.gid, Groups: acct.gids}
 	}
@@ -138,6 +158,17 @@ func (s *Server) startSupervisor(t *task, sup *supervisor, spec *client.Spec, ac
 	return nil
 }
 
+// passing tells whether a supervisor could not be started for a reason
+// that passes: the broker is out of descriptors, processes or memory.
+func passing(err error) bool {
+	for _, e := range []error{errLookup, unix.EMFILE, unix.ENFILE, unix.EAGAIN, unix.ENOMEM, unix.ENOBUFS, unix.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
 // dropSupervisorLocked lets a warm supervisor go: its task will not start
 // (cancelled, or failed in line). It exits having run nothing.
 func (s *Server) dropSupervisorLocked(t *task) {
@@ -155,10 +186,45 @@ func (s *Server) dropSupervisorLocked(t *task) {
 	}()
 }
 
+// startTaskLocked starts a granted task: the devices (or CPU slot) are
+// its from now on, and it is starting; its supervisor, its start record
+// and the go-ahead follow in launch. The broker keeps its copies of the
+// lock descriptors only until the supervisor has inherited them.
+func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
+	sl := -1
+	if len(slot) > 0 {
+		sl = slot[0]
+	}
+	if err := s.life.Grant(t.Task, devices, sl, time.Now()); err != nil {
+		// Only pending tasks that are not being cancelled are in line
+		// unheld: this is a bug. Keep the devices free and the task in
+		// its place, held so that the next pass does not grant it again.
+		s.log.Printf("%v", err)
+		t.inLine = false // Plan's caller took it out
+		s.requeueLocked(t)
+		t.w.Held = true
+		return false
+	}
+	s.leftLineLocked(t)
+	fds := make([]int, len(devices))
+	for i, id := range devices {
+		d := s.devs[id]
+		fds[i] = d.fd
+		d.fd = -1
+		s.releasedLocked(d, t.UID)
+	}
+	if sl >= 0 {
+		s.cpuFree[sl] = false
+	}
+	go s.launch(t, fds)
+	return true
+}
+
 // launch starts a granted task: its supervisor (warm, or started now), the
 // start record with the supervisor's pid made durable, then the go-ahead
 // with the lock descriptors. The broker's copies of the descriptors are
-// closed at the end: by then the supervisor has them, or nobody will.
+// closed at the end: by then the supervisor has them, or nobody will, and
+// the devices go back to the line.
 func (s *Server) launch(t *task, fds []int) {
 	defer func() {
 		for _, fd := range fds {
@@ -166,6 +232,7 @@ func (s *Server) launch(t *task, fds []int) {
 		}
 	}()
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	sup := t.sup
 	if sup != nil {
 		t.sup = nil
@@ -181,57 +248,142 @@ func (s *Server) launch(t *task, fds []int) {
 		if sup.err == nil && !sup.gone() {
 			break
 		}
-		if try > 0 || sup.err != nil {
-			s.mu.Unlock()
-			err := sup.err
-			if err == nil {
-				err = fmt.Errorf("its supervisor exited before the start")
-			}
-			s.log.Printf("task %d: %v", t.ID, err)
-			s.endTask(t, client.StateFailed, nil, "not started: "+err.Error())
+		err := sup.err
+		if err == nil {
+			sup.sock.Close()
+			err = errors.New("its supervisor exited before the start")
+		}
+		if try == 0 {
+			sup = nil // a warm one that failed or died while waiting: start another
+			continue
+		}
+		if passing(err) {
+			s.ungrantLocked(t, fmt.Errorf("task %d: %w", t.ID, err), false)
 			return
 		}
-		sup.sock.Close() // a warm supervisor that died while waiting: start another
-		sup = nil
-	}
-	t.PID, t.PIDStart, t.starting = sup.pid, sup.start, true
-	rec := &record{Op: "start", ID: t.ID, Time: t.Started, Devices: t.Devices, Slot: t.Slot, PID: sup.pid, PIDStart: sup.start}
-	goAhead := s.goAheadLocked(t)
-	s.mu.Unlock()
-
-	err := s.spool.Append(rec)
-	if err == nil {
-		var b []byte
-		if b, err = json.Marshal(goAhead); err == nil {
-			err = client.SendMsg(int(sup.sock.Fd()), b, fds, 0)
+		s.log.Printf("task %d: %v", t.ID, err)
+		if err := s.life.End(t.Task, tasklife.Failed, nil, "not started: "+err.Error()); err != nil {
+			s.ungrantLocked(t, fmt.Errorf("task %d: record its failure: %w", t.ID, err), true)
 		}
+		return
+	}
+	if t.cancel {
+		// Cancelled while it was being granted: it never starts.
+		sup.sock.Close()
+		s.ungrantLocked(t, nil, false)
+		s.cancelLocked(t, t.cancelBy)
+		return
+	}
+	if err := s.life.Start(t.Task, sup.pid, sup.start, s.boot, int64(monoNow()/time.Millisecond)); err != nil {
+		sup.sock.Close() // it exits having run nothing
+		s.ungrantLocked(t, fmt.Errorf("task %d: record its start: %w", t.ID, err), true)
+		return
+	}
+	s.pauseWait = 0
+	goAhead := s.goAheadLocked(t.Task)
+	t.launching = true
+	s.mu.Unlock()
+	b, err := json.Marshal(goAhead)
+	if err == nil {
+		err = client.SendMsg(int(sup.sock.Fd()), b, fds, 0)
 	}
 	sup.sock.Close()
-
 	s.mu.Lock()
-	t.starting = false
-	cancel := t.cancel
-	s.mu.Unlock()
-	select {
-	case <-sup.exited:
-		// Gone before or while starting: supervisorGone left it to us, so
-		// that its end is journaled after its start.
-		s.supervisorGone(t, sup.pid)
-		return
-	default:
-	}
+	t.launching = false
 	if err != nil {
-		s.log.Printf("task %d: %v", t.ID, err)
+		s.log.Printf("task %d: give the supervisor its go-ahead: %v", t.ID, err)
 	}
-	s.enforceLimit(t, sup.pid)
-	if cancel {
-		syscall.Kill(sup.pid, syscall.SIGTERM) // cancelled while it was being started
+	if sup.gone() {
+		// Gone before or while starting: supervisorGone left it to us,
+		// so that its end is recorded after its start.
+		s.supervisorGoneLocked(t, sup.pid)
+		return
+	}
+	s.enforceLimitLocked(t)
+	if t.cancel {
+		s.stopLocked(t) // cancelled while it was being started
+	}
+}
+
+// ungrantLocked puts a task whose start could not be made back in its
+// place in line, and, when why is not nil, stops task starts until the
+// broker has tried again: journal tells that the journal could not be
+// written.
+func (s *Server) ungrantLocked(t *task, why error, journal bool) {
+	if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
+		s.cpuFree[t.Slot] = true
+	}
+	s.life.Ungrant(t.Task)
+	if why != nil {
+		s.pauseStartsLocked(why, journal)
+	}
+	s.requeueLocked(t)
+}
+
+// A pause of task starts, and how long it waits before trying again.
+const (
+	firstPause = 250 * time.Millisecond
+	maxPause   = 10 * time.Second
+)
+
+// pause is why task starts are stopped.
+type pause struct {
+	why     error
+	journal bool // the journal could not be written: test it before resuming
+}
+
+// pauseStartsLocked stops task starts: every task waiting is held in its
+// place, and the broker tries again after a wait that grows each time.
+func (s *Server) pauseStartsLocked(why error, journal bool) {
+	if s.paused != nil {
+		s.paused.journal = s.paused.journal || journal
+		return
+	}
+	s.paused = &pause{why: why, journal: journal}
+	s.pauseWait = min(max(2*s.pauseWait, firstPause), maxPause)
+	s.log.Printf("%v; task starts paused (leases go on), trying again in %s", why, s.pauseWait)
+	s.holdTasksLocked(true)
+	time.AfterFunc(s.pauseWait, s.retryStarts)
+}
+
+// retryStarts resumes task starts once the journal can be written, or
+// waits longer.
+func (s *Server) retryStarts() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.paused
+	if p.journal || s.life.Writable() != nil {
+		if err := s.life.Recover(); err != nil {
+			s.pauseWait = min(2*s.pauseWait, maxPause)
+			if err.Error() != p.why.Error() {
+				s.log.Printf("the journal: %v; task starts stay paused", err)
+				p.why = err
+			}
+			time.AfterFunc(s.pauseWait, s.retryStarts)
+			return
+		}
+	}
+	s.paused = nil
+	s.log.Print("task starts resume")
+	s.holdTasksLocked(false)
+	s.scheduleLocked()
+}
+
+// holdTasksLocked holds (or releases) every task waiting in line. A task
+// being cancelled stays held.
+func (s *Server) holdTasksLocked(hold bool) {
+	for _, q := range []*Queue{s.q, s.cpuq} {
+		for _, w := range q.Waiters() {
+			if w.task != nil {
+				w.Held = hold || w.task.Busy()
+			}
+		}
 	}
 }
 
 // specLocked is what t's supervisor is told when it starts; the devices
 // and their variables come with the go-ahead.
-func (s *Server) specLocked(t *task) *client.Spec {
+func (s *Server) specLocked(t *tasklife.Task) *client.Spec {
 	env := slices.Clone(t.Sub.Env)
 	if t.Sub.NoDevice {
 		env = append(env, npu.HiddenEnv()...)
@@ -250,7 +402,7 @@ func (s *Server) specLocked(t *task) *client.Spec {
 
 // goAheadLocked is the go-ahead for a granted task: its devices and their
 // variables (the descriptors travel beside it).
-func (s *Server) goAheadLocked(t *task) *client.Spec {
+func (s *Server) goAheadLocked(t *tasklife.Task) *client.Spec {
 	g := &client.Spec{ID: t.ID, Devices: t.Devices}
 	if !t.Sub.NoDevice {
 		g.Env = s.inv.Env(t.Devices)
@@ -273,48 +425,85 @@ func capThreads(env []string, name string, n int, text string) []string {
 	return append(env, name+"="+text)
 }
 
-// supervisorGone is called when a task's supervisor has exited. It has
-// reported the end before exiting, unless it was killed: then the task is
-// lost, and what is left of it in the supervisor's session is killed, so
-// that its lease, time limit and slot do not outlive the supervisor that
-// kept them. A supervisor that exits while its task is being started is
-// launch's to handle.
+// supervisorGone is called when a task's supervisor, pid, has exited. It
+// has reported the end before exiting, unless it was killed: then the task
+// is lost, and what is left of it in the supervisor's session is killed,
+// so that its lease, time limit and slot do not outlive the supervisor
+// that kept them. A supervisor that exits while its task is being started
+// is launch's to handle.
 func (s *Server) supervisorGone(t *task, pid int) {
 	s.mu.Lock()
-	gone := t.State == client.StateRunning && t.PID == pid && !t.starting
-	overran := t.overran
-	s.mu.Unlock()
-	if !gone {
+	defer s.mu.Unlock()
+	s.supervisorGoneLocked(t, pid)
+}
+
+func (s *Server) supervisorGoneLocked(t *task, pid int) {
+	if t.launching || t.State != tasklife.Running || t.PID != pid {
 		return
 	}
-	killSession(s.proc, pid, t.UID)
+	s.endProcessesLocked(t)
+	if t.State != tasklife.Running || t.PID != pid {
+		return // it reported meanwhile
+	}
 	reason := "its supervisor ended without reporting; exit status unknown"
-	if overran {
+	if t.overran {
 		reason = fmt.Sprintf("killed by the broker: time limit %s overrun", time.Duration(t.TimeSec)*time.Second)
 	}
-	s.endTask(t, client.StateLost, nil, reason)
+	s.life.EndNow(t.Task, tasklife.Lost, reason)
+}
+
+// endProcessesLocked kills what is left of a running task in its
+// supervisor's session, with the lock released during the /proc scan.
+func (s *Server) endProcessesLocked(t *task) {
+	pid, start, uid := t.PID, t.PIDStart, t.UID
+	if t.Boot != "" && t.Boot != s.boot {
+		return // started in an earlier boot: nothing of it is left
+	}
+	s.mu.Unlock()
+	killSession(s.proc, pid, start, uid)
+	s.mu.Lock()
+}
+
+// stopLocked asks a running task's supervisor to stop it (SIGTERM to the
+// group, SIGKILL after the grace). A supervisor still being started gets
+// the signal as soon as it exists.
+func (s *Server) stopLocked(t *task) {
+	t.cancel = true
+	if t.State == tasklife.Running && (t.Boot == "" || t.Boot == s.boot) {
+		signalChecked(s.proc, t.PID, t.PIDStart, unix.SIGTERM)
+	}
 }
 
 // overrunLimit is how long past its time limit and grace a task may run
 // before the broker, not trusting the submitter's supervisor, kills it.
 const overrunLimit = 30 * time.Second
 
-// enforceLimit arms the broker's own backstop for t's time limit.
-func (s *Server) enforceLimit(t *task, pid int) {
+// enforceLimitLocked arms the broker's own backstop for t's time limit,
+// measured on the monotonic clock from the start recorded in this boot,
+// so that a step of the wall clock cannot fool it. It returns how long the
+// task may run on (0: no limit).
+func (s *Server) enforceLimitLocked(t *task) time.Duration {
 	if t.TimeSec <= 0 {
-		return
+		return 0
 	}
-	deadline := time.UnixMilli(t.Started).Add(time.Duration(t.TimeSec)*time.Second + s.cfg.Tasks.KillGrace + overrunLimit)
-	time.AfterFunc(time.Until(deadline), func() {
+	limit := time.Duration(t.TimeSec)*time.Second + s.cfg.Tasks.KillGrace + overrunLimit
+	var left time.Duration
+	if t.StartMono > 0 && t.Boot == s.boot {
+		left = limit - (monoNow() - time.Duration(t.StartMono)*time.Millisecond)
+	} else {
+		// Recorded by an older broker, without the monotonic clock.
+		left = time.Until(time.UnixMilli(t.Started).Add(limit))
+	}
+	pid := t.PID
+	time.AfterFunc(left, func() {
 		s.mu.Lock()
-		running := t.State == client.StateRunning && t.PID == pid
-		if running {
-			t.overran = true
+		defer s.mu.Unlock()
+		if t.State != tasklife.Running || t.PID != pid {
+			return
 		}
-		s.mu.Unlock()
-		if running {
-			s.log.Printf("task %d overran its time limit; killing its session", t.ID)
-			killSession(s.proc, pid, t.UID)
-		}
+		t.overran = true
+		s.log.Printf("task %d overran its time limit; killing its session", t.ID)
+		s.endProcessesLocked(t)
 	})
+	return max(left, time.Nanosecond)
 }

@@ -1,135 +1,143 @@
 package broker
 
 import (
+	"errors"
 	"fmt"
-	"slices"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/tasklife"
 )
 
-// loadTasks replays the spool: pending tasks queue again in submission
-// order, running tasks whose supervisor lives on are followed to their end,
-// and the journal is rewritten compactly.
-func (s *Server) loadTasks(dir string) error {
-	s.loading = true
-	defer func() { s.loading = false }()
-	spool, err := OpenSpool(dir, s.applyRecord, s.snapshot)
+// openTasks opens the task journal in dir and takes up its tasks. A
+// journal that cannot be opened (its directory refused, or unreadable)
+// does not stop the broker: it serves leases, refuses task operations
+// with the reason, and tries again in the background until it can.
+func (s *Server) openTasks(dir string) error {
+	err := s.takeUpTasks(dir)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrClaimed) {
+		return err // another broker's spool: this one must not start
+	}
+	s.mu.Lock()
+	s.taskErr = err
+	s.mu.Unlock()
+	s.log.Printf("tasks unavailable: %v; leases are served, and the broker tries again", err)
+	go func() {
+		for wait := time.Second; ; wait = min(2*wait, time.Minute) {
+			time.Sleep(wait)
+			err := s.takeUpTasks(dir)
+			if err == nil {
+				s.log.Print("tasks available again")
+				return
+			}
+			s.mu.Lock()
+			if err.Error() != s.taskErr.Error() {
+				s.log.Printf("tasks unavailable: %v", err)
+			}
+			s.taskErr = err
+			s.mu.Unlock()
+		}
+	}()
+	return nil
+}
+
+// takeUpTasks replays the journal into a new table (outside the broker's
+// lock: nobody else sees it yet), then, under the lock, takes it up:
+// running tasks whose supervisor lives on are followed to their end (the
+// others are lost), and waiting tasks queue again in submission order.
+func (s *Server) takeUpTasks(dir string) error {
+	// Two brokers replaying one journal would run the same task twice: the
+	// state directory is this broker's for its life.
+	if s.stateClaim == nil {
+		if err := prepareLockDir(dir); err != nil {
+			return err
+		}
+		claim, err := Claim(dir)
+		if err != nil {
+			return err
+		}
+		s.stateClaim = claim
+	}
+	life, err := tasklife.Open(dir, tasklife.Options{
+		Lock: &s.mu, Keep: s.cfg.Tasks.KeepEnded, KeepPerUser: s.cfg.Tasks.KeepEndedPer,
+		Ended: s.taskEndedLocked, Log: s.log,
+	})
 	if err != nil {
 		return err
 	}
-	s.spool = spool
-	slices.Sort(s.order)
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loading = true
+	s.life, s.running, s.taskErr = life, life.RunningByUser(), nil
+	var all []*tasklife.Task
+	life.Each(func(t *tasklife.Task) bool {
+		if !t.IsEnded() {
+			all = append(all, t)
+		}
+		return true
+	})
 	// Running tasks first: they hold their CPU slots and count against
 	// their users' caps before anything waiting is scheduled.
-	var lost []*record
-	for _, id := range s.order {
-		if t := s.tasks[id]; t.State == client.StateRunning {
-			if rec := s.adoptLocked(t); rec != nil {
-				lost = append(lost, rec)
-			}
+	var gone []*task
+	for _, t := range all {
+		if t.State != tasklife.Running {
+			continue
+		}
+		j := &task{Task: t}
+		s.jobs[t.ID] = j
+		if s.adoptLocked(j) {
+			continue
+		}
+		gone = append(gone, j)
+		reason := "its supervisor was gone when the broker restarted; exit status unknown"
+		if t.Boot != "" && t.Boot != s.boot {
+			reason = "the machine restarted while it ran; exit status unknown"
+		}
+		life.EndNow(t, tasklife.Lost, reason)
+	}
+	for _, t := range all {
+		if t.IsWaiting() {
+			j := &task{Task: t}
+			s.jobs[t.ID] = j
+			s.settleLocked(j)
 		}
 	}
-	for _, id := range s.order {
-		t := s.tasks[id]
-		switch t.State {
-		case client.StatePending:
-			s.enqueueLocked(t)
-		case client.StateBlocked:
-			s.queuedTasks[t.UID]++
-			s.enqueueLocked(t)
-		case client.StateRunning:
-		default:
-			s.endedCount++
-		}
-	}
-	s.trimLocked()
 	s.loading = false
-	s.warmLocked()
-	s.mu.Unlock()
-	if len(lost) > 0 {
-		return s.spool.Append(lost...)
+	s.scheduleLocked()
+	// What a gone supervisor left in its session is killed, with the lock
+	// let go during the /proc scans.
+	for _, j := range gone {
+		s.endProcessesLocked(j)
 	}
 	return nil
 }
 
 // adoptLocked takes up a task that was running when the broker stopped:
-// its supervisor, if still there, reports to this broker. If it is gone the
-// task is lost, and the record saying so is returned.
-func (s *Server) adoptLocked(t *task) *record {
-	if alive(s.proc, t.PID, t.PIDStart) && isSupervisor(s.proc, t.PID, t.ID) {
-		s.running[t.UID]++
-		if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
-			s.cpuFree[t.Slot] = false
-		}
-		s.log.Printf("task %d is still running (supervisor pid %d)", t.ID, t.PID)
-		pid := t.PID
-		go func() {
-			waitExit(pid)
-			s.supervisorGone(t, pid)
-		}()
-		s.enforceLimit(t, pid)
-		return nil
+// its supervisor, if still there, reports to this broker. It tells whether
+// the supervisor is there. One from another boot never is: its pid and
+// start time may name an unrelated process now.
+func (s *Server) adoptLocked(j *task) bool {
+	t := j.Task
+	if t.Boot != "" && t.Boot != s.boot {
+		return false
 	}
-	killSession(s.proc, t.PID, t.UID) // what the supervisor left, if anything
-	t.State, t.Ended = client.StateLost, time.Now().UnixMilli()
-	t.Reason = "its supervisor was gone when the broker restarted; exit status unknown"
-	return &record{Op: "end", ID: t.ID, Time: t.Ended, State: t.State, Reason: t.Reason}
-}
-
-// applyRecord applies one journal record to the task table.
-func (s *Server) applyRecord(r *record) error {
-	if r.Op == "task" {
-		if r.Task == nil || r.Task.ID == 0 {
-			return fmt.Errorf("task record without a task")
-		}
-		if _, seen := s.tasks[r.Task.ID]; !seen {
-			s.order = append(s.order, r.Task.ID)
-		}
-		r.Task.durable = true
-		s.tasks[r.Task.ID] = r.Task
-		s.nextID = max(s.nextID, r.Task.ID)
-		return nil
+	if !alive(s.proc, t.PID, t.PIDStart) || !isSupervisor(s.proc, t.PID, t.ID) {
+		return false
 	}
-	t := s.tasks[r.ID]
-	if t == nil {
-		return nil // a task forgotten since: nothing to apply
+	if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
+		s.cpuFree[t.Slot] = false
 	}
-	switch r.Op {
-	case "start":
-		t.State, t.Started, t.Devices, t.Slot = client.StateRunning, r.Time, r.Devices, r.Slot
-		t.PID, t.PIDStart = r.PID, r.PIDStart
-	case "end":
-		t.State, t.Ended, t.Status, t.Reason = r.State, r.Time, r.Status, r.Reason
-	default:
-		return fmt.Errorf("unknown record %q", r.Op)
+	msg := fmt.Sprintf("task %d is still running (supervisor pid %d)", t.ID, t.PID)
+	if left := s.enforceLimitLocked(j); left > 0 {
+		msg += fmt.Sprintf("; the broker kills it if it runs %s more", left.Round(time.Second))
 	}
-	return nil
-}
-
-// snapshot is the journal's compact form: one whole record per task kept.
-func (s *Server) snapshot() []*record {
-	slices.Sort(s.order)
-	ended := 0
-	for _, id := range s.order {
-		if s.tasks[id].ended() {
-			ended++
-		}
-	}
-	var recs []*record
-	for _, id := range s.order {
-		t := s.tasks[id]
-		if t.ended() && ended > s.cfg.Tasks.KeepEnded {
-			ended--
-			delete(s.tasks, id)
-			continue
-		}
-		recs = append(recs, &record{Op: "task", Task: t})
-	}
-	s.order = s.order[:0]
-	for _, r := range recs {
-		s.order = append(s.order, r.Task.ID)
-	}
-	return recs
+	s.log.Print(msg)
+	pid, start := t.PID, t.PIDStart
+	go func() {
+		waitExit(s.proc, pid, start)
+		s.supervisorGone(j, pid)
+	}()
+	return true
 }

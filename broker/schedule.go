@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -15,6 +16,7 @@ type Waiter struct {
 	Cand   []int // devices it may take, ascending: its pool's, or the explicit ones
 	Exact  bool  // it wants exactly Cand (npurun --device)
 	IsTask bool  // a queued task: counts against the user's running tasks
+	Held   bool  // keeps its place but is skipped, reserving nothing (a task whose start must wait)
 	Pool   string
 
 	seq   uint64 // arrival order
@@ -108,6 +110,15 @@ func (q *Queue) Remove(w *Waiter, served bool) bool {
 	return true
 }
 
+// Readd puts back a waiter that Remove took out, in the place it had: a
+// task granted whose start could not be made.
+func (q *Queue) Readd(w *Waiter) {
+	q.count[w.UID]++
+	q.next[w.UID] = max(q.next[w.UID], w.round+1)
+	i := sort.Search(len(q.order), func(i int) bool { return less(w, q.order[i]) })
+	q.order = slices.Insert(q.order, i, w)
+}
+
 // Grant is one waiter served with the devices it gets.
 type Grant struct {
 	W       *Waiter
@@ -128,7 +139,8 @@ type Room struct {
 // Walking the order, a waiter that can be served is; one that cannot
 // reserves the free devices it could use (up to what it wants), so a later,
 // smaller request only backfills onto devices the earlier one cannot use
-// yet. A waiter whose user has no room reserves nothing.
+// yet. A waiter whose user has no room reserves nothing, nor does a held
+// one.
 func Plan(order []*Waiter, free []bool, room Room) []Grant {
 	avail := make([]bool, len(free))
 	n := 0
@@ -143,6 +155,9 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 	for _, w := range order {
 		if n == 0 {
 			break
+		}
+		if w.Held {
+			continue
 		}
 		if r, ok := room.Devices[w.UID]; ok && r-used[w.UID] < w.N {
 			continue

@@ -8,68 +8,75 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/npu"
 )
 
-// task is a detached task: its submission, resolved at submit time, and
-// what became of it. The exported fields are its journal record.
+// The broker's side of detached tasks: the operations of task-submit and
+// of the supervisors, and the scheduling of tasks. What a task is and how
+// its state changes is package tasklife's; the broker keeps, for each task
+// that has not ended, what it needs to run it.
+
+// task is a task that has not ended, and what the broker holds for it.
 type task struct {
-	ID      uint64            `json:"id"`
-	UID     uint32            `json:"uid"`
-	User    string            `json:"user"`
-	Sub     client.Submission `json:"sub"`
-	Argv    []string          `json:"argv"`     // resolved: --run is [shell, -c, string]
-	Log     string            `json:"log"`      // resolved
-	TimeSec int64             `json:"time_sec"` // resolved with the policy's default
-
-	State     string         `json:"state"`
-	Submitted int64          `json:"submitted"` // Unix ms
-	Started   int64          `json:"started,omitempty"`
-	Ended     int64          `json:"ended,omitempty"`
-	Devices   []int          `json:"devices,omitempty"`
-	Slot      int            `json:"slot"` // CPU slot of a --no-device task, -1 otherwise
-	PID       int            `json:"pid,omitempty"`
-	PIDStart  uint64         `json:"pid_start,omitempty"` // the supervisor's start time, against pid reuse
-	Status    *client.Status `json:"status,omitempty"`
-	Reason    string         `json:"reason,omitempty"`
-
-	w        *Waiter     // while pending
-	waits    []*conn     // connections waiting for its end
-	cancel   bool        // a cancel came while it was running
-	durable  bool        // its submission is in the journal: it may be seen
-	overran  bool        // the broker killed it for overrunning its time limit
-	starting bool        // launch is recording its start
-	sup      *supervisor // its supervisor, once started (warm while it waits)
-	acct     *account    // the submitter, as looked up at submission
+	*tasklife.Task
+	acct      *account    // the submitter, as looked up at submission
+	w         *Waiter     // its place in line (kept while it starts, to put it back)
+	inLine    bool        // w is in a queue
+	waits     []*conn     // connections waiting for its end
+	cancel    bool        // a cancel came while it was starting or running
+	cancelBy  string      // who cancelled it
+	overran   bool        // the broker killed it for overrunning its time limit
+	launching bool        // launch is giving it its go-ahead
+	sup       *supervisor // its supervisor, once started (warm while it waits)
 }
 
-// record is one line of the journal.
-type record struct {
-	Op       string         `json:"op"` // "task": a whole task; "start", "end": changes
-	Task     *task          `json:"task,omitempty"`
-	ID       uint64         `json:"id,omitempty"`
-	Time     int64          `json:"time,omitempty"`
-	Devices  []int          `json:"devices,omitempty"`
-	Slot     int            `json:"slot,omitempty"`
-	PID      int            `json:"pid,omitempty"`
-	PIDStart uint64         `json:"pid_start,omitempty"`
-	State    string         `json:"state,omitempty"`
-	Status   *client.Status `json:"status,omitempty"`
-	Reason   string         `json:"reason,omitempty"`
-}
+// Caps on what one submission and one connection may hold.
+const (
+	maxEnvBytes     = 32 << 10 // environment, all variables together
+	maxCommandBytes = 16 << 10 // argv, or the --run string
+	maxPathBytes    = 4096     // cwd, log
+	maxReasonBytes  = 1024     // a supervisor's reason
+	maxAfter        = 1024     // --after ids
+	maxWaitsPerConn = 64
+	// maxTimeSec is the longest time limit a task may ask for (a century):
+	// with it, seconds times 10^9 stays far inside an int64.
+	maxTimeSec = 100 * 365 * 24 * 3600
+	// A task's show reply and its supervisor's Spec must fit in one
+	// message, with room for what is added later (a reason, devices).
+	replyRoom = 8 << 10
+	specRoom  = 1 << 10
+)
 
-func (t *task) ended() bool {
-	switch t.State {
-	case client.StatePending, client.StateBlocked, client.StateRunning:
-		return false
+// info is t as asker may see it; full includes its command, directory,
+// environment and log.
+func info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
+	ti := client.TaskInfo{
+		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
+		N: t.Sub.N, Pool: t.Sub.Pool, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
+		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
+		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended, Reason: t.Reason,
 	}
-	return true
+	if len(t.Devices) == 0 && len(t.Sub.Devices) > 0 {
+		ti.Devices = t.Sub.Devices
+	}
+	if t.Status != nil {
+		ti.Exit, ti.Signal = t.Status.Exit, t.Status.Signal
+		if t.Status.Reason != "" {
+			ti.Reason = t.Status.Reason
+		}
+	}
+	if full {
+		ti.Command, ti.Cwd, ti.Env, ti.Log = command(t), t.Sub.Cwd, t.Sub.Env, t.Log
+	}
+	return ti
 }
 
-func (t *task) command() string {
+func command(t *tasklife.Task) string {
 	if t.Sub.Shell != "" {
 		return t.Sub.Shell
 	}
@@ -87,44 +94,28 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// info is t as asker may see it.
-func (t *task) info(full bool, pos int) client.TaskInfo {
-	ti := client.TaskInfo{
-		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.State,
-		N: t.Sub.N, Pool: t.Sub.Pool, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
-		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
-		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended, Reason: t.Reason,
-	}
-	if len(t.Devices) == 0 && len(t.Sub.Devices) > 0 {
-		ti.Devices = t.Sub.Devices
-	}
-	if t.Status != nil {
-		ti.Exit, ti.Signal = t.Status.Exit, t.Status.Signal
-		if t.Status.Reason != "" {
-			ti.Reason = t.Status.Reason
-		}
-	}
-	if full {
-		ti.Command, ti.Cwd, ti.Env, ti.Log = t.command(), t.Sub.Cwd, t.Sub.Env, t.Log
-	}
-	return ti
+// noTasksLocked is the reply to a task operation while the journal cannot
+// be opened.
+func (s *Server) noTasksLocked() *client.Reply {
+	return errReply(client.CodeSpool, "the broker's task journal is unavailable: "+s.taskErr.Error(),
+		"leases are served meanwhile; the broker tries again by itself (see npubroker(8))")
 }
 
 // taskOp serves the task operations.
 func (s *Server) taskOp(c *conn, req *client.Request) bool {
-	if s.spool == nil {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		c.sendLocked(errReply(client.CodeDenied, "this broker runs no detached tasks (it has no state directory)", ""))
+	s.mu.Lock()
+	if s.life == nil {
+		c.sendLocked(s.noTasksLocked())
+		s.mu.Unlock()
 		return true
 	}
+	s.mu.Unlock()
 	switch req.Op {
 	case client.OpSubmit:
 		return s.submit(c, req.Task)
 	case client.OpTaskDone:
 		return s.taskDone(c, req.ID, req.Status)
-	}
-	if req.Op == client.OpList {
+	case client.OpList:
 		s.mu.Lock()
 		tasks := s.listLocked(c, req.All)
 		s.mu.Unlock()
@@ -132,93 +123,103 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.tasks[req.ID]
-	if t == nil || !t.durable || (t.UID != c.uid && c.uid != 0) {
+	t := s.life.Get(req.ID)
+	if t == nil || (t.UID != c.uid && c.uid != 0) {
 		c.sendLocked(errReply(client.CodeNoSuchTask, fmt.Sprintf("no task %d", req.ID), ""))
 		return true
 	}
 	switch req.Op {
 	case client.OpShow:
-		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, s.positionLocked(t))}})
+		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{info(t, true, s.positionLocked(s.jobs[t.ID]))}})
 	case client.OpWait:
-		if t.ended() {
-			c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, 0)}})
-		} else if !slices.Contains(c.waiting, t) {
+		j := s.jobs[t.ID]
+		if t.IsEnded() || j == nil {
+			c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{info(t, true, 0)}})
+		} else if !slices.Contains(c.waiting, j) {
 			if len(c.waiting) >= maxWaitsPerConn {
 				c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("one connection waits for at most %d tasks", maxWaitsPerConn), ""))
 				return false
 			}
-			t.waits = append(t.waits, c)
-			c.waiting = append(c.waiting, t)
+			j.waits = append(j.waits, c)
+			c.waiting = append(c.waiting, j)
 		}
 	case client.OpCancel:
-		if t.State == client.StatePending || t.State == client.StateBlocked {
-			// Taken off the queue now; durable before it is acknowledged.
-			// (A crash before then leaves it pending: never acknowledged.)
-			reason := "cancelled by " + c.acct.name
-			s.endLocked(t, client.StateCancelled, nil, reason, false)
-			s.mu.Unlock()
-			err := s.spool.Append(&record{Op: "end", ID: t.ID, Time: t.Ended, State: client.StateCancelled, Reason: reason})
-			s.mu.Lock()
-			if err != nil {
-				c.sendLocked(errReply("spool", "the broker could not record the cancel: "+err.Error(), ""))
-				return true
-			}
-		} else if t.State == client.StateRunning {
-			s.stopLocked(t)
-		}
-		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, 0)}})
+		return s.cancel(c, t)
 	}
 	return true
 }
 
-// Caps on what one submission and one connection may hold.
-const (
-	maxEnvBytes     = 32 << 10 // environment, all variables together
-	maxCommandBytes = 16 << 10 // argv, or the --run string
-	maxPathBytes    = 4096     // cwd, log
-	maxReasonBytes  = 1024     // a supervisor's reason
-	maxWaitsPerConn = 64
-)
+// cancel serves a cancel. A waiting task ends cancelled once that is
+// recorded, and not otherwise; a starting or running one is asked to stop.
+// The reply says what became of it.
+func (s *Server) cancel(c *conn, t *tasklife.Task) bool {
+	j := s.jobs[t.ID]
+	switch {
+	case t.Busy():
+		c.sendLocked(errReply(client.CodeBusy, fmt.Sprintf("task %d is being cancelled already", t.ID), ""))
+		return true
+	case t.IsWaiting() && j != nil:
+		if err := s.cancelLocked(j, c.acct.name); err != nil {
+			c.sendLocked(errReply(client.CodeSpool, fmt.Sprintf("the broker could not record the cancel, so task %d still waits: %v", t.ID, err), ""))
+			return true
+		}
+	case (t.State == tasklife.Starting || t.State == tasklife.Running) && j != nil:
+		j.cancelBy = c.acct.name
+		s.stopLocked(j)
+	}
+	c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{info(t, true, 0)}})
+	return true
+}
+
+// cancelLocked ends a waiting task as cancelled by who, once that is
+// recorded; meanwhile it keeps its place in line but is not started. If
+// the record cannot be made, it waits on as before.
+func (s *Server) cancelLocked(j *task, who string) error {
+	if j.w != nil {
+		j.w.Held = true
+	}
+	err := s.life.End(j.Task, tasklife.Cancelled, nil, "cancelled by "+who)
+	if err == nil {
+		return nil
+	}
+	s.log.Printf("task %d: cancel: %v", j.ID, err)
+	if j.w != nil {
+		j.w.Held = s.paused != nil
+	}
+	s.settleLocked(j) // its --after tasks may have ended meanwhile
+	s.scheduleLocked()
+	return err
+}
 
 // submit validates a submission, makes it durable, then queues it.
 func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	t, rep := s.admitTaskLocked(c, sub)
 	if rep != nil {
 		c.sendLocked(rep)
-		s.mu.Unlock()
 		return rep.Code != client.CodeBadRequest
 	}
-	s.applying++
-	s.mu.Unlock()
-
-	// Durable before it is acknowledged or run.
-	err := s.spool.Append(&record{Op: "task", Task: t})
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.applying--
-	if err != nil {
+	// Durable before it is acknowledged or run; the lock is let go
+	// meanwhile.
+	if err := s.life.Submit(t.Task); err != nil {
 		s.log.Printf("task %d: %v", t.ID, err)
-		delete(s.tasks, t.ID)
-		c.sendLocked(errReply("spool", "the broker could not record the task: "+err.Error(), ""))
+		c.sendLocked(errReply(client.CodeSpool, "the broker could not record the task: "+err.Error(),
+			"the broker's state directory may be full; leases are not affected"))
 		return true
 	}
-	// Concurrent submissions may become durable out of id order.
-	i, _ := slices.BinarySearch(s.order, t.ID)
-	s.order = slices.Insert(s.order, i, t.ID)
-	t.durable = true
-	s.enqueueLocked(t)
+	s.jobs[t.ID] = t
+	s.settleLocked(t)
 	rep = &client.Reply{Type: client.TypeSubmitted, ID: t.ID}
 	switch t.State {
-	case client.StatePending:
+	case tasklife.Pending:
 		rep.Position, rep.Pool = s.positionLocked(t), t.w.Pool
-	case client.StateRunning:
-		rep.Reason = "started"
+	case tasklife.Starting, tasklife.Running:
+		rep.Reason = "starting"
 		if len(t.Devices) > 0 {
 			rep.Reason += " on " + s.inv.Vendor.Format(t.Devices)
 		}
-	case client.StateBlocked:
+	case tasklife.Blocked:
 		rep.Reason = "waits for task " + joinIDs(t.Sub.After)
 	default:
 		rep.Reason = t.State + ": " + t.Reason
@@ -228,7 +229,7 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 }
 
 // admitTaskLocked checks a submission and resolves it into a task with an
-// id, registered but not yet queued.
+// id, not yet recorded.
 func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *client.Reply) {
 	bad := func(format string, args ...any) (*task, *client.Reply) {
 		return nil, errReply(client.CodeBadRequest, fmt.Sprintf(format, args...), "")
@@ -250,10 +251,17 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 		return bad("path longer than %d bytes", maxPathBytes)
 	case sub.TimeSec < 0:
 		return bad("negative time limit")
+	case sub.TimeSec > maxTimeSec:
+		// Checked before it is multiplied: 9223372037 s would wrap.
+		return bad("time limit of %d seconds is out of range (at most %d, a century)", sub.TimeSec, maxTimeSec)
+	case sub.N < 0:
+		return bad("bad device count %d", sub.N)
 	case sub.NoDevice && (sub.N != 0 || len(sub.Devices) > 0 || sub.Pool != ""):
 		return bad("a --no-device task takes no device, count or pool")
 	case len(sub.Name) > 200:
 		return bad("name longer than 200 bytes")
+	case len(sub.After) > maxAfter:
+		return bad("--after names %d tasks, more than %d", len(sub.After), maxAfter)
 	}
 	if s.unprivileged && c.uid != uint32(os.Geteuid()) {
 		return nil, errReply(client.CodeDenied, fmt.Sprintf("this broker runs unprivileged as uid %d and can run tasks for that uid only", os.Geteuid()), "")
@@ -269,40 +277,125 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 	if max := s.cfg.Tasks.MaxTime; max > 0 && limit > max {
 		return nil, errReply(client.CodeDenied, fmt.Sprintf("time limit %s is longer than the %s allowed", limit, max), "")
 	}
-	if len(s.order) >= s.cfg.Tasks.MaxTasks+s.endedCount {
+	if s.life.Live() >= s.cfg.Tasks.MaxTasks {
 		return nil, errReply(client.CodeTooMany, fmt.Sprintf("the broker holds %d tasks, its most", s.cfg.Tasks.MaxTasks), "")
 	}
-	if lim.MaxQueued > 0 && s.queuedTasks[c.uid] >= lim.MaxQueued {
-		return nil, errReply(client.CodeDenied, fmt.Sprintf("%s has %d tasks waiting, the limit (%s)", c.acct.name, s.queuedTasks[c.uid], lim.Source), "")
+	if n := s.life.Waiting(c.uid); lim.MaxQueued > 0 && n >= lim.MaxQueued {
+		return nil, errReply(client.CodeDenied, fmt.Sprintf("%s has %d tasks waiting, the limit (%s)", c.acct.name, n, lim.Source), "")
 	}
-	t := &task{
-		UID: c.uid, User: c.acct.name, Sub: *sub, TimeSec: int64(limit / time.Second),
-		State: client.StatePending, Submitted: time.Now().UnixMilli(), Slot: -1, acct: c.acct,
-	}
-	t.Sub.Env = cleanEnv(sub.Env)
-	// Check the request now, so that a bad one is refused, not queued.
-	if _, rep := s.waiterLocked(t, c.acct); rep != nil {
-		return nil, rep
-	}
-	for _, dep := range sub.After {
-		d := s.tasks[dep]
-		if d == nil || !d.durable || (d.UID != c.uid && c.uid != 0) {
+	after := slices.Clone(sub.After)
+	slices.Sort(after)
+	after = slices.Compact(after)
+	for _, dep := range after {
+		d := s.life.Get(dep)
+		if d == nil || (d.UID != c.uid && c.uid != 0) {
 			return nil, errReply(client.CodeNoSuchTask, fmt.Sprintf("--after %d: no task %d", dep, dep), "")
 		}
+	}
+	t := &task{acct: c.acct, Task: &tasklife.Task{
+		UID: c.uid, User: c.acct.name, Sub: *sub, TimeSec: int64(limit / time.Second),
+		Submitted: time.Now().UnixMilli(), Slot: -1,
+	}}
+	t.Sub.Env = cleanEnv(sub.Env)
+	t.Sub.After = after
+	if len(after) == 0 {
+		t.Sub.After = nil
+	}
+	// Check the request now, so that a bad one is refused, not queued.
+	if _, rep := s.waiterLocked(t); rep != nil {
+		return nil, rep
 	}
 	if sub.Shell != "" {
 		t.Argv = []string{c.acct.shell, "-c", sub.Shell}
 	} else {
 		t.Argv = slices.Clone(sub.Argv)
 	}
-	s.nextID++
-	t.ID = s.nextID
+	t.ID = s.life.NewID()
 	t.Log = sub.Log
 	if t.Log == "" {
 		t.Log = filepath.Join(c.acct.home, ".local/state/npurun/tasks", strconv.FormatUint(t.ID, 10)+".log")
 	}
-	s.tasks[t.ID] = t
+	if rep := s.checkSizeLocked(t.Task); rep != nil {
+		return nil, rep
+	}
 	return t, nil
+}
+
+// checkSizeLocked refuses a task whose messages would not fit: its show
+// reply, and the Spec its supervisor reads, as encoded, where JSON writes a
+// control character, <, > or & as 6 bytes. The sizes are counted, not
+// encoded (this runs under the lock for every submission); replyLen and
+// specLen bound the encodings from above (TestEncodedSizeBounds).
+func (s *Server) checkSizeLocked(t *tasklife.Task) *client.Reply {
+	const why = "JSON writes each control character, <, > and & as 6 bytes"
+	if n := replyLen(t); n+replyRoom > client.MaxMessage {
+		return errReply(client.CodeBadRequest, fmt.Sprintf("task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, client.MaxMessage-replyRoom, why), "")
+	}
+	if n := s.specLen(t); n+specRoom > client.MaxMessage {
+		return errReply(client.CodeBadRequest, fmt.Sprintf("task too large: what its supervisor is given takes %d bytes encoded, more than %d (%s)", n, client.MaxMessage-specRoom, why), "")
+	}
+	return nil
+}
+
+// Room for the field names, numbers and ids of a show reply and a Spec
+// beside their strings.
+const (
+	replyFrame = 1 << 10
+	specFrame  = 512
+)
+
+// replyLen bounds the size of t's show reply (full, with its environment).
+func replyLen(t *tasklife.Task) int {
+	return replyFrame + jsonListLen(t.Sub.Env) + jsonLen(command(t)) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) +
+		jsonLen(t.Sub.Name) + jsonLen(t.User) + jsonLen(t.Sub.Pool) + 21*len(t.Sub.After) + 12*len(t.Sub.Devices)
+}
+
+// specLen bounds the size of t's Spec, with the variables the broker adds.
+func (s *Server) specLen(t *tasklife.Task) int {
+	n := specFrame + jsonListLen(t.Sub.Env) + jsonListLen(t.Argv) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) + 2*jsonLen(s.socket)
+	if t.Sub.NoDevice {
+		n += jsonListLen(npu.HiddenEnv()) + 3*(len("OPENBLAS_NUM_THREADS=")+24)
+	}
+	return n
+}
+
+// jsonLen is the length of s as encoding/json writes it, quotes included:
+// \" \\ \n \r \t take 2 bytes, other control characters, <, > and & (HTML
+// escaping), U+2028, U+2029 and each byte of invalid UTF-8 take 6.
+func jsonLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t':
+				n += 2
+			case c < 0x20 || c == '<' || c == '>' || c == '&':
+				n += 6
+			default:
+				n++
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if (r == utf8.RuneError && size == 1) || r == '\u2028' || r == '\u2029' {
+			n += 6
+		} else {
+			n += size
+		}
+		i += size
+	}
+	return n
+}
+
+// jsonListLen is the length of a JSON array of strings.
+func jsonListLen(list []string) int {
+	n := 2
+	for _, s := range list {
+		n += jsonLen(s) + 1
+	}
+	return n
 }
 
 func byteSize(list []string) int {
@@ -331,7 +424,8 @@ func cleanEnv(env []string) []string {
 }
 
 // waiterLocked makes the waiter that queues t.
-func (s *Server) waiterLocked(t *task, acct *account) (*Waiter, *client.Reply) {
+func (s *Server) waiterLocked(t *task) (*Waiter, *client.Reply) {
+	acct := t.acct
 	if t.Sub.NoDevice {
 		if len(s.cpuFree) == 0 {
 			return nil, errReply(client.CodeDenied, "this broker has no CPU slots for --no-device tasks ([tasks] cpu_slots = 0)", "")
@@ -348,48 +442,132 @@ func (s *Server) waiterLocked(t *task, acct *account) (*Waiter, *client.Reply) {
 	return w, nil
 }
 
-// enqueueLocked queues a pending task, or holds it while its dependencies
-// run, or fails it if one of them failed.
-func (s *Server) enqueueLocked(t *task) {
-	for _, dep := range t.Sub.After {
-		d := s.tasks[dep]
-		switch {
-		case d == nil:
-			s.endLocked(t, client.StateFailed, nil, fmt.Sprintf("dependency %d is unknown", dep), true)
-			return
-		case d.State == client.StateDone:
-			continue
-		case d.ended():
-			s.endLocked(t, client.StateFailed, nil, fmt.Sprintf("dependency %d %s", dep, describeEnd(d)), true)
-			return
-		default:
-			if t.State != client.StateBlocked {
-				t.State = client.StateBlocked
-				s.queuedTasks[t.UID]++
-			}
-			return
-		}
-	}
-	if t.State == client.StateBlocked {
-		s.queuedTasks[t.UID]--
-	}
-	t.State = client.StatePending
-	if t.acct == nil {
-		t.acct = s.users.lookup(t.UID) // replayed from the journal, before serving
-	}
-	w, rep := s.waiterLocked(t, t.acct)
-	if rep != nil {
-		s.endLocked(t, client.StateFailed, nil, "cannot be queued: "+rep.Message, true)
+// settleLocked puts a waiting task where it belongs: in line, or blocked
+// behind its --after tasks, or ended (failed) when one of them did not
+// succeed or it cannot be queued.
+func (s *Server) settleLocked(t *task) {
+	if !s.life.Settle(t.Task) || t.inLine {
 		return
 	}
-	t.w = w
-	s.queuedTasks[t.UID]++
-	if t.Sub.NoDevice {
-		s.cpuq.Add(w)
-	} else {
-		s.q.Add(w)
+	if t.w == nil {
+		if t.acct == nil {
+			t.acct = s.users.lookup(t.UID) // replayed from the journal
+		}
+		w, rep := s.waiterLocked(t)
+		if rep != nil {
+			s.life.EndNow(t.Task, tasklife.Failed, "cannot be queued: "+rep.Message)
+			return
+		}
+		t.w = w
 	}
+	s.addLineLocked(t, (*Queue).Add)
 	s.scheduleLocked()
+}
+
+// requeueLocked puts a task that was taken out of line for its start back
+// in the place it had.
+func (s *Server) requeueLocked(t *task) {
+	if t.inLine || t.w == nil || !t.IsWaiting() {
+		return
+	}
+	s.addLineLocked(t, (*Queue).Readd)
+}
+
+// addLineLocked puts t's waiter in its queue with add. (Waiting tasks are
+// capped by max_queued_tasks, not by max_waiting_per_user, which is for
+// npurun's requests: a user's queued tasks never lock them out of an
+// interactive npurun.)
+func (s *Server) addLineLocked(t *task, add func(*Queue, *Waiter)) {
+	t.w.Held = s.paused != nil || t.Busy()
+	t.inLine = true
+	if t.Sub.NoDevice {
+		add(s.cpuq, t.w)
+	} else {
+		add(s.q, t.w)
+	}
+}
+
+// leftLineLocked notes that t's waiter has left its queue (granted, or
+// removed by removeLineLocked).
+func (s *Server) leftLineLocked(t *task) { t.inLine = false }
+
+// removeLineLocked takes t out of its queue.
+func (s *Server) removeLineLocked(t *task) {
+	if !t.inLine {
+		return
+	}
+	q := s.q
+	if t.Sub.NoDevice {
+		q = s.cpuq
+	}
+	q.Remove(t.w, false)
+	s.leftLineLocked(t)
+}
+
+// taskEndedLocked is called by the task table when a task has ended,
+// however it ended: its place in line, supervisor and slot are let go, the
+// connections waiting for it are told, and the tasks waiting for it are
+// settled. (Its devices free themselves: their watchers see the locks go.)
+func (s *Server) taskEndedLocked(t *tasklife.Task) {
+	if j := s.jobs[t.ID]; j != nil {
+		delete(s.jobs, t.ID)
+		s.removeLineLocked(j)
+		s.dropSupervisorLocked(j)
+		if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
+			s.cpuFree[t.Slot] = true
+		}
+		for _, c := range j.waits {
+			if i := slices.Index(c.waiting, j); i >= 0 {
+				c.waiting = slices.Delete(c.waiting, i, i+1)
+			}
+			if c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{info(t, true, 0)}}) != nil {
+				c.c.Close() // the client sees the end of the connection, not silence
+			}
+		}
+		j.waits = nil
+	}
+	for _, d := range s.life.Dependents(t.ID) {
+		if j := s.jobs[d.ID]; j != nil && d.State == tasklife.Blocked {
+			s.settleLocked(j)
+		}
+	}
+	if !s.loading {
+		s.scheduleLocked()
+	}
+}
+
+// taskDone takes a supervisor's report. Only the task's supervisor may
+// make it: the submitter's uid and the supervisor's pid, from SO_PEERCRED.
+// The supervisor is acknowledged once the end is recorded; if it cannot be,
+// it is told so and reports again later.
+func (s *Server) taskDone(c *conn, id uint64, st *client.Status) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.life.Get(id)
+	ok := t != nil && st != nil && c.uid == t.UID &&
+		(t.State == tasklife.Running || t.State == tasklife.Lost) &&
+		t.PID != 0 && int(c.pid) == t.PID
+	if !ok {
+		c.sendLocked(errReply(client.CodeDenied, fmt.Sprintf("not the supervisor of a running task %d", id), ""))
+		return false
+	}
+	if len(st.Reason) > maxReasonBytes {
+		st.Reason = st.Reason[:maxReasonBytes] + "…"
+	}
+	state := tasklife.Failed
+	switch {
+	case st.Exit != nil && *st.Exit == 0 && st.Reason == "":
+		state = tasklife.Done
+	case st.Reason == "cancelled":
+		state = tasklife.Cancelled
+	}
+	if err := s.life.End(t, state, st, ""); err != nil {
+		s.log.Printf("task %d: %v", id, err)
+		c.sendLocked(errReply(client.CodeSpool, fmt.Sprintf("the broker could not record the end of task %d: %v", id, err), "report again later"))
+		return true
+	}
+	c.sendLocked(&client.Reply{Type: client.TypeOK})
+	return true
 }
 
 func joinIDs(ids []uint64) string {
@@ -400,213 +578,9 @@ func joinIDs(ids []uint64) string {
 	return strings.Join(parts, ", ")
 }
 
-func describeEnd(t *task) string {
-	ti := t.info(false, 0)
-	switch {
-	case t.State == client.StateCancelled:
-		return "was cancelled"
-	case ti.Exit != nil:
-		return fmt.Sprintf("failed with exit status %d", *ti.Exit)
-	case ti.Signal != "":
-		return "was killed by " + ti.Signal
-	case ti.Reason != "":
-		return t.State + ": " + ti.Reason
-	}
-	return t.State
-}
-
-// startTaskLocked starts a granted task: the devices (or CPU slot) are
-// its from now on; the journal record and the supervisor follow outside
-// the lock. The broker keeps its copies of the lock descriptors only until
-// the supervisor has inherited them.
-func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
-	fds := make([]int, len(devices))
-	for i, id := range devices {
-		d := s.devs[id]
-		fds[i] = d.fd
-		d.fd = -1
-		s.releasedLocked(d, t.UID)
-	}
-	t.w = nil
-	s.queuedTasks[t.UID]--
-	t.State, t.Started, t.Devices = client.StateRunning, time.Now().UnixMilli(), devices
-	if len(slot) > 0 {
-		t.Slot = slot[0]
-		s.cpuFree[t.Slot] = false
-	}
-	s.running[t.UID]++
-	go s.launch(t, fds)
-	return true
-}
-
-// taskDone takes a supervisor's report. Only the task's supervisor may
-// make it: the submitter's uid and the supervisor's pid, from SO_PEERCRED.
-func (s *Server) taskDone(c *conn, id uint64, st *client.Status) bool {
-	s.mu.Lock()
-	t := s.tasks[id]
-	ok := t != nil && st != nil && c.uid == t.UID &&
-		(t.State == client.StateRunning || t.State == client.StateLost) &&
-		t.PID != 0 && int(c.pid) == t.PID
-	s.mu.Unlock()
-	if !ok {
-		s.mu.Lock()
-		c.sendLocked(errReply(client.CodeDenied, fmt.Sprintf("not the supervisor of a running task %d", id), ""))
-		s.mu.Unlock()
-		return false
-	}
-	if len(st.Reason) > maxReasonBytes {
-		st.Reason = st.Reason[:maxReasonBytes] + "…"
-	}
-	state := client.StateFailed
-	switch {
-	case st.Exit != nil && *st.Exit == 0 && st.Reason == "":
-		state = client.StateDone
-	case st.Reason == "cancelled":
-		state = client.StateCancelled
-	}
-	s.endTask(t, state, st, "")
-	s.mu.Lock()
-	c.sendLocked(&client.Reply{Type: client.TypeOK})
-	s.mu.Unlock()
-	return true
-}
-
-// endTask records a task's end durably, then applies it.
-func (s *Server) endTask(t *task, state string, st *client.Status, reason string) {
-	now := time.Now().UnixMilli()
-	s.mu.Lock()
-	s.applying++
-	s.mu.Unlock()
-	err := s.spool.Append(&record{Op: "end", ID: t.ID, Time: now, State: state, Status: st, Reason: reason})
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.applying--
-	if err != nil {
-		s.log.Printf("task %d: %v", t.ID, err)
-	}
-	s.endLocked(t, state, st, reason, false)
-}
-
-// endLocked applies a task's end: its slot and place freed, its waiters
-// told, its dependents released or failed. (Its devices free themselves:
-// their watchers see the locks go.)
-// journal says whether the end still needs its record (it was decided
-// under the lock); endTask has written it already.
-func (s *Server) endLocked(t *task, state string, st *client.Status, reason string, journal bool) {
-	switch t.State {
-	case client.StateRunning:
-		if s.running[t.UID]--; s.running[t.UID] <= 0 {
-			delete(s.running, t.UID)
-		}
-		if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
-			s.cpuFree[t.Slot] = true
-		}
-	case client.StatePending:
-		s.dropSupervisorLocked(t)
-		if t.w != nil {
-			if t.Sub.NoDevice {
-				s.cpuq.Remove(t.w, false)
-			} else {
-				s.q.Remove(t.w, false)
-			}
-			t.w = nil
-		}
-		s.queuedTasks[t.UID]--
-	case client.StateBlocked:
-		s.queuedTasks[t.UID]--
-	case client.StateLost:
-		s.endedCount-- // counted when it was lost; counted again below
-	default:
-		return // already ended
-	}
-	if s.queuedTasks[t.UID] <= 0 {
-		delete(s.queuedTasks, t.UID)
-	}
-	t.State, t.Ended, t.Reason = state, time.Now().UnixMilli(), reason
-	t.Sub.Env = nil // an ended task keeps no environment
-	if st != nil {
-		t.Status = st
-	}
-	if journal {
-		s.journalEndLocked(t, state, st, reason)
-	}
-	for _, c := range t.waits {
-		if i := slices.Index(c.waiting, t); i >= 0 {
-			c.waiting = slices.Delete(c.waiting, i, i+1)
-		}
-		if c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{t.info(true, 0)}}) != nil {
-			c.c.Close() // the client sees the end of the connection, not silence
-		}
-	}
-	t.waits = nil
-	s.endedCount++
-	s.trimLocked()
-	s.compactLocked()
-	for _, id := range s.order {
-		if d := s.tasks[id]; d != nil && d.State == client.StateBlocked && slices.Contains(d.Sub.After, t.ID) {
-			s.enqueueLocked(d)
-		}
-	}
-	s.scheduleLocked()
-}
-
-// journalEndLocked records an end that was decided under the lock (a
-// dependency failed, a pending task was cancelled) without waiting for it.
-func (s *Server) journalEndLocked(t *task, state string, st *client.Status, reason string) {
-	if s.loading {
-		return
-	}
-	go func() {
-		if err := s.spool.Append(&record{Op: "end", ID: t.ID, Time: t.Ended, State: state, Status: st, Reason: reason}); err != nil {
-			s.log.Printf("task %d: %v", t.ID, err)
-		}
-	}()
-}
-
-// compactLocked rewrites the journal from the task table once it has
-// grown well past it. Records made durable before their change is applied
-// (a submission, a task's end) must not be in flight: the table would
-// miss them.
-func (s *Server) compactLocked() {
-	if s.loading || s.applying > 0 || s.spool.Records() < 4*len(s.tasks)+1000 {
-		return
-	}
-	if err := s.spool.Compact(s.snapshot()); err != nil {
-		s.log.Printf("compact the spool: %v", err)
-	}
-}
-
-// trimLocked forgets the oldest ended tasks beyond what the policy keeps.
-func (s *Server) trimLocked() {
-	if s.endedCount <= s.cfg.Tasks.KeepEnded {
-		return
-	}
-	keep := s.order[:0]
-	for _, id := range s.order {
-		t := s.tasks[id]
-		if t != nil && t.ended() && s.endedCount > s.cfg.Tasks.KeepEnded {
-			delete(s.tasks, id)
-			s.endedCount--
-			continue
-		}
-		keep = append(keep, id)
-	}
-	s.order = keep
-}
-
-// stopLocked asks a running task's supervisor to stop it (SIGTERM to the
-// group, SIGKILL after the grace). A supervisor still being started gets
-// the signal as soon as it exists.
-func (s *Server) stopLocked(t *task) {
-	t.cancel = true
-	if t.PID > 0 && alive(s.proc, t.PID, t.PIDStart) {
-		syscall.Kill(t.PID, syscall.SIGTERM)
-	}
-}
-
-// positionLocked is a pending task's place in its line, 0 otherwise.
+// positionLocked is a waiting task's place in its line, 0 otherwise.
 func (s *Server) positionLocked(t *task) int {
-	if t.w == nil {
+	if t == nil || !t.inLine {
 		return 0
 	}
 	q := s.q
@@ -631,15 +605,19 @@ func (s *Server) positionLocked(t *task) int {
 func (s *Server) listLocked(c *conn, all bool) []client.TaskInfo {
 	pos := s.positionsLocked()
 	var out []client.TaskInfo
-	for _, id := range s.order {
-		t := s.tasks[id]
-		if t == nil || (!all && t.UID != c.uid) {
-			continue
+	s.life.Each(func(t *tasklife.Task) bool {
+		if !all && t.UID != c.uid {
+			return true
 		}
-		ti := t.info(t.UID == c.uid || c.uid == 0, pos[t.w])
+		p := 0
+		if j := s.jobs[t.ID]; j != nil && j.inLine {
+			p = pos[j.w]
+		}
+		ti := info(t, t.UID == c.uid || c.uid == 0, p)
 		ti.Env = nil
 		out = append(out, ti)
-	}
+		return true
+	})
 	return out
 }
 

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"os/user"
 	"strconv"
@@ -20,6 +21,7 @@ type account struct {
 	home   string
 	shell  string // login shell for --run; /bin/sh where it refuses logins
 	known  bool   // found in the user database (else: a stand-in, briefly kept)
+	err    error  // why the database could not be asked, when it was not "no such user"
 	at     time.Time
 }
 
@@ -40,6 +42,10 @@ func (a *accounts) lookup(uid uint32) *account {
 	acc = &account{name: "uid " + strconv.Itoa(int(uid)), gid: uid, home: "/", shell: "/bin/sh", at: time.Now()}
 	if u, err := user.LookupId(strconv.Itoa(int(uid))); err != nil {
 		acc.at = acc.at.Add(time.Second - accountTTL) // try again soon: NSS may be back
+		var unknown user.UnknownUserIdError
+		if !errors.As(err, &unknown) {
+			acc.err = err // out of descriptors, NSS unreachable: not an answer
+		}
 	} else {
 		acc.known = true
 		acc.name, acc.home = u.Username, u.HomeDir

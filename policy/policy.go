@@ -57,6 +57,9 @@ const (
 	DefaultMaxQueued = 1000
 )
 
+// DefaultKeepEndedPerUser caps one user's ended tasks kept.
+const DefaultKeepEndedPerUser = 1000
+
 // Tasks configures detached tasks (task-submit).
 type Tasks struct {
 	StateDir     string        // the spool
@@ -64,7 +67,8 @@ type Tasks struct {
 	CPUThreads   int           // threads per CPU slot (OMP_NUM_THREADS and the like)
 	IdlePriority bool          // --no-device tasks run at nice 19 in the idle I/O class
 	MaxTasks     int           // tasks pending, blocked or running, all users together
-	KeepEnded    int           // ended tasks remembered for list and show
+	KeepEnded    int           // ended tasks remembered for list and show, all users together
+	KeepEndedPer int           // ended tasks remembered per user (keep_ended_per_user)
 	KillGrace    time.Duration // SIGTERM → SIGKILL
 	TimeLimit    time.Duration // a task's limit when it asks for none; 0: none
 	MaxTime      time.Duration // the longest --time allowed; 0: no cap
@@ -361,6 +365,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 			IdlePriority: true,
 			MaxTasks:     DefaultMaxTasks,
 			KeepEnded:    DefaultKeepEnded,
+			KeepEndedPer: DefaultKeepEndedPerUser,
 			KillGrace:    DefaultKillGrace,
 		},
 	}
@@ -495,7 +500,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	// [tasks]
 	tasks := []string{"tasks"}
 	if t, ok := p.table(nil, raw, "tasks"); ok {
-		p.unknown(tasks, t, "state_dir", "cpu_slots", "cpu_threads", "idle_priority", "max_tasks", "keep_ended", "kill_grace", "time_limit", "max_time")
+		p.unknown(tasks, t, "state_dir", "cpu_slots", "cpu_threads", "idle_priority", "max_tasks", "keep_ended", "keep_ended_per_user", "kill_grace", "time_limit", "max_time")
 		if s, ok := p.str(tasks, t, "state_dir"); ok {
 			if !strings.HasPrefix(s, "/") {
 				p.errorf(tasks, "state_dir", "must be an absolute path, not %q", s)
@@ -521,6 +526,9 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 		}
 		if n, ok := p.integer(tasks, t, "keep_ended", 0); ok {
 			c.Tasks.KeepEnded = n
+		}
+		if n, ok := p.integer(tasks, t, "keep_ended_per_user", 0); ok {
+			c.Tasks.KeepEndedPer = n
 		}
 		if d, ok := p.duration(tasks, t, "kill_grace"); ok {
 			c.Tasks.KillGrace = d

@@ -412,6 +412,7 @@ func defaultTasks() Tasks {
 		IdlePriority: true,
 		MaxTasks:     DefaultMaxTasks,
 		KeepEnded:    DefaultKeepEnded,
+		KeepEndedPer: DefaultKeepEndedPerUser,
 		KillGrace:    DefaultKillGrace,
 	}
 }
@@ -429,6 +430,7 @@ idle_priority = false
 kill_grace = "5s"
 time_limit = "6h"
 max_time = "72h"
+keep_ended_per_user = 20
 
 [limits]
 max_queued_tasks = 50
@@ -444,7 +446,7 @@ max_queued_tasks = 0
 		t.Fatal(err)
 	}
 	want := Tasks{StateDir: "/srv/spool", CPUSlots: 3, CPUThreads: 4, MaxTasks: DefaultMaxTasks, KeepEnded: DefaultKeepEnded,
-		KillGrace: 5 * time.Second, TimeLimit: 6 * time.Hour, MaxTime: 72 * time.Hour}
+		KeepEndedPer: 20, KillGrace: 5 * time.Second, TimeLimit: 6 * time.Hour, MaxTime: 72 * time.Hour}
 	if c.Tasks != want {
 		t.Errorf("Tasks = %+v, want %+v", c.Tasks, want)
 	}

@@ -28,7 +28,9 @@ func TestTaskSpoolKill9(t *testing.T) {
 		workers = 8
 		killAt  = 300 // acknowledgements before the kill
 	)
-	b := StartBroker(t, taskConfig(1))
+	// One user's 1000 tasks are all kept to be counted: more than the
+	// default of ended tasks kept per user.
+	b := StartBroker(t, taskConfig(1)+"keep_ended_per_user = 2000\n")
 	dir := t.TempDir()
 	markers, logs := filepath.Join(dir, "markers"), filepath.Join(dir, "logs")
 	for _, d := range []string{markers, logs} {

@@ -130,14 +130,24 @@ type Broker struct {
 	StateDir string
 	Socket   string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	log  strings.Builder
-	done chan struct{}
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	log    strings.Builder
+	logged chan struct{} // closed and replaced on every log line
+	done   chan struct{}
 }
 
 // StartBroker writes conf to a new directory and starts a broker on it.
 func StartBroker(t testing.TB, conf string) *Broker {
+	t.Helper()
+	b := NewBroker(t, conf)
+	b.Start()
+	return b
+}
+
+// NewBroker writes conf to a new directory and prepares a broker on it,
+// not started yet.
+func NewBroker(t testing.TB, conf string) *Broker {
 	t.Helper()
 	dir := SharedDir(t)
 	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(RunTmp(t), "run")}
@@ -146,7 +156,7 @@ func StartBroker(t testing.TB, conf string) *Broker {
 	if err := os.WriteFile(b.Conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b.Start()
+	b.logged = make(chan struct{})
 	t.Cleanup(func() {
 		b.Stop()
 		if t.Failed() {
@@ -176,6 +186,8 @@ func (b *Broker) Start() {
 		for sc.Scan() {
 			b.mu.Lock()
 			b.log.WriteString(sc.Text() + "\n")
+			close(b.logged)
+			b.logged = make(chan struct{})
 			b.mu.Unlock()
 			if !signalled && strings.Contains(sc.Text(), "serving") {
 				close(ready)
@@ -215,6 +227,48 @@ func (b *Broker) Kill() { b.signal(syscall.SIGKILL) }
 
 // Stop stops the broker with SIGTERM and waits for it to be gone.
 func (b *Broker) Stop() { b.signal(syscall.SIGTERM) }
+
+// Pid is the broker's process id, 0 when it is not running.
+func (b *Broker) Pid() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cmd == nil {
+		return 0
+	}
+	return b.cmd.Process.Pid
+}
+
+// WaitLog waits for the broker to log a line containing substr after the
+// first skip bytes of its log, and returns the log's length after that
+// line; it fails the test if none comes within eventTimeout.
+func (b *Broker) WaitLog(skip int, substr string) int {
+	b.t.Helper()
+	deadline := time.After(eventTimeout)
+	for {
+		b.mu.Lock()
+		text, ch := b.log.String(), b.logged
+		b.mu.Unlock()
+		if i := strings.Index(text[min(skip, len(text)):], substr); i >= 0 {
+			at := min(skip, len(text)) + i
+			if nl := strings.IndexByte(text[at:], '\n'); nl >= 0 {
+				return at + nl + 1
+			}
+			return len(text)
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			b.t.Fatalf("the broker did not log %q within %s; log:\n%s", substr, eventTimeout, text)
+		}
+	}
+}
+
+// LogLen is the length of the broker's log so far, for WaitLog.
+func (b *Broker) LogLen() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.log.Len()
+}
 
 // Log is what the broker has written to standard error so far.
 func (b *Broker) Log() string {

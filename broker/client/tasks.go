@@ -20,7 +20,8 @@ import (
 //	npubroker ── fork/exec as the submitter ──▶ npubroker supervise
 //	  stdin: one JSON Spec; descriptors 3…: the lease's locks
 //	supervisor ── {"op":"task-done","id":118,"status":{…}} ──▶ npubroker
-//	           ◀── {"type":"ok"} ─── (retried across broker restarts until acknowledged)
+//	           ◀── {"type":"ok"} ─── (retried across broker restarts until acknowledged,
+//	                                  and while the broker answers "spool")
 
 // Task operations.
 const (
@@ -39,9 +40,15 @@ const (
 	TypeOK        = "ok"
 )
 
-// CodeNoSuchTask is the error code for an unknown task id, or one the
-// asker may not see.
-const CodeNoSuchTask = "no-such-task"
+// Error codes of the task operations.
+const (
+	// CodeNoSuchTask is an unknown task id, or one the asker may not see.
+	CodeNoSuchTask = "no-such-task"
+	// CodeSpool is a change the broker could not record in its journal
+	// (a full disk, say): it did not happen. A supervisor whose report is
+	// answered so reports again later.
+	CodeSpool = "spool"
+)
 
 // Task states.
 const (

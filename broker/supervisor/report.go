@@ -29,8 +29,9 @@ func report(spec *client.Spec, st *client.Status) int {
 			return 0
 		}
 		var refused *client.Error
-		if errors.As(err, &refused) {
-			// The broker answered, and its answer will not change.
+		if errors.As(err, &refused) && refused.Code != client.CodeSpool {
+			// The broker answered, and its answer will not change. (One
+			// that could not record the end yet is asked again.)
 			fmt.Fprintf(os.Stderr, "npubroker: supervise: %v\n", err)
 			return 1
 		}
