@@ -164,7 +164,7 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 				hint("%s", be.Hint)
 			}
 			switch be.Code {
-			case client.CodeBusy:
+			case client.CodeBusy, client.CodeTooMany:
 				return nil, nil, ExitTempFail
 			case client.CodeDenied:
 				return nil, nil, ExitDenied

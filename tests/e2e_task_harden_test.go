@@ -494,8 +494,8 @@ func TestTaskWaitingCapsApart(t *testing.T) {
 		t.Errorf("a fourth task with max_queued_tasks = 3: %s; want exit 77", r)
 	}
 	inline := queue(t, b, "inline", "true") // waits, beside three waiting tasks
-	if code, out := exitCode(t, b.Npurun("-d", "0", "true")); code != 1 || !strings.Contains(out, "1 requests waiting") {
-		t.Errorf("a second waiting npurun with max_waiting_per_user = 1: exit %d, want 1 (as npurun.conf(5) says); output:\n%s", code, out)
+	if code, out := exitCode(t, b.Npurun("-d", "0", "true")); code != 75 || !strings.Contains(out, "1 requests waiting") {
+		t.Errorf("a second waiting npurun with max_waiting_per_user = 1: exit %d, want 75 (as npurun.conf(5) says); output:\n%s", code, out)
 	}
 	h.release()
 	inline.mustSucceed()
@@ -514,7 +514,7 @@ func TestTaskWaitingCapsApart(t *testing.T) {
 	if j := strings.Index(para[1:], ".TP"); j >= 0 {
 		para = para[:j+1]
 	}
-	if strings.Contains(para, "pending tasks") || !strings.Contains(para, "max_queued_tasks") || !strings.Contains(para, "status 1") {
+	if strings.Contains(para, "pending tasks") || !strings.Contains(para, "max_queued_tasks") || !strings.Contains(para, "status 75") {
 		t.Errorf("npurun.conf(5) on max_waiting_per_user does not say what the broker does (tasks are capped by max_queued_tasks):\n%s", para)
 	}
 }
