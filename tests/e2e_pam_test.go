@@ -19,6 +19,23 @@ import (
 // errors), and the PAM helper (the one cgo program of the tests).
 type pamBuild struct {
 	Dir, Module, Helper string
+	Preload             string // NPURUN_PAM_SANITIZE: the sanitizers' runtime
+}
+
+// With NPURUN_PAM_SANITIZE=1 the module is built by clang with
+// AddressSanitizer and UndefinedBehaviorSanitizer, and their runtime is
+// preloaded into the module's hosts (pamhelper, sshd): a memory error or
+// undefined behaviour in the module ends its host, which the tests see as
+// a crash. Not for CI (it needs clang and libclang-rt); for a review run.
+var pamSanitize = os.Getenv("NPURUN_PAM_SANITIZE") == "1"
+
+// pamHostEnv is the environment of a process that loads the module.
+func pamHostEnv(t testing.TB) []string {
+	env := os.Environ()
+	if p := pamBins(t).Preload; p != "" {
+		env = append(env, "LD_PRELOAD="+p, "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0", "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+	}
+	return env
 }
 
 var pamOnce = sync.OnceValues(func() (*pamBuild, error) {
@@ -32,6 +49,14 @@ var pamOnce = sync.OnceValues(func() (*pamBuild, error) {
 	root, _ := filepath.Abs("..")
 	p := &pamBuild{Dir: dir, Module: filepath.Join(dir, "pam_npurun.so"), Helper: filepath.Join(dir, "pamhelper")}
 	mk := exec.Command("make", "--no-print-directory", "-C", root, "BUILDDIR="+dir, p.Module)
+	if pamSanitize {
+		mk.Args = append(mk.Args, "CC=clang", "CFLAGS=-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -shared-libasan")
+		out, err := exec.Command("clang", "-print-file-name=libclang_rt.asan-x86_64.so").Output()
+		if err != nil {
+			return nil, fmt.Errorf("NPURUN_PAM_SANITIZE: find the ASan runtime: %v", err)
+		}
+		p.Preload = strings.TrimSpace(string(out))
+	}
 	if out, err := mk.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("make pam_npurun.so: %v\n%s", err, out)
 	}
@@ -74,7 +99,9 @@ func pamService(t testing.TB, name, control, args string) string {
 func startPAM(t testing.TB, confDir, service, user string, flags ...string) *proc {
 	t.Helper()
 	args := append([]string{"-confdir", confDir, "-service", service, "-user", user}, flags...)
-	return startProc(t, "pamhelper "+user, exec.Command(pamBins(t).Helper, args...))
+	cmd := exec.Command(pamBins(t).Helper, args...)
+	cmd.Env = pamHostEnv(t)
+	return startProc(t, "pamhelper "+user, cmd)
 }
 
 // runPAM runs the helper to its end and returns its output and how long it
