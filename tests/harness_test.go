@@ -130,6 +130,8 @@ type Broker struct {
 	StateDir string
 	Socket   string
 
+	env []string // added to the broker process's environment
+
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	log  strings.Builder
@@ -139,8 +141,15 @@ type Broker struct {
 // StartBroker writes conf to a new directory and starts a broker on it.
 func StartBroker(t testing.TB, conf string) *Broker {
 	t.Helper()
+	return StartBrokerEnv(t, conf)
+}
+
+// StartBrokerEnv is StartBroker with variables added to the broker
+// process's environment (NAME=value).
+func StartBrokerEnv(t testing.TB, conf string, env ...string) *Broker {
+	t.Helper()
 	dir := SharedDir(t)
-	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(RunTmp(t), "run")}
+	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(RunTmp(t), "run"), env: env}
 	b.Socket = filepath.Join(b.RunDir, "broker.sock")
 	b.StateDir = filepath.Join(dir, "spool")
 	if err := os.WriteFile(b.Conf, []byte(conf), 0o644); err != nil {
@@ -161,6 +170,9 @@ func StartBroker(t testing.TB, conf string) *Broker {
 func (b *Broker) Start() {
 	b.t.Helper()
 	cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--socket", b.Socket, "--state-dir", b.StateDir)
+	if len(b.env) > 0 {
+		cmd.Env = append(os.Environ(), b.env...)
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		b.t.Fatal(err)
