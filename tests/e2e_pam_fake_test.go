@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/npu"
 )
 
 // fakeBroker listens where a broker would and answers every connection
@@ -484,4 +486,34 @@ func waitInSyscall(t *testing.T, p *proc, nr int) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	t.Fatalf("%s did not wait in system call %d within %s", p.name, nr, eventTimeout)
+}
+
+// TestPAMBrokerVariables: every variable the broker puts in a session (a
+// grant's, for each vendor, and the hidden ones) is one the module takes:
+// its list of the broker's variables is kept with npu's.
+func TestPAMBrokerVariables(t *testing.T) {
+	student := newUser(t)
+	sets := map[string][]string{"hidden": npu.HiddenEnv()}
+	for _, v := range []npu.Vendor{npu.Ascend, npu.NVIDIA, npu.Fake} {
+		inv := &npu.Inventory{Vendor: v, Logical: map[int]int{3: 0, 12: 1}}
+		sets[string(v)] = inv.Env([]int{12, 3})
+	}
+	for name, env := range sets {
+		t.Run(name, func(t *testing.T) {
+			data, err := json.Marshal(map[string]any{"v": 1, "type": "grant", "devices": []int{3, 12}, "env": env})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fb := startFakeBroker(t, func(int) fakeAnswer { return fakeAnswer{data: data, fds: 2} })
+			conf := pamService(t, "npurun-vars", "required", "socket="+fb.Socket+" timeout=1 lease")
+			out, _ := runPAM(t, conf, "npurun-vars", student.Name)
+			got := envOf(out)
+			for _, kv := range env {
+				k, v, _ := strings.Cut(kv, "=")
+				if val, ok := got[k]; !ok || val != v {
+					t.Errorf("%s: want %s in the session:\n%s", name, kv, out)
+				}
+			}
+		})
+	}
 }
