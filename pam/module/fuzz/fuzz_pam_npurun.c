@@ -7,8 +7,9 @@
  *
  *   0  the strict reader alone: the rest is one reply
  *   1  the whole receive path: the rest is packets, each [nfds][len lo][len
- *      hi][bytes], sent with nfds descriptors (up to 79: more than the
- *      module takes) over a SOCK_SEQPACKET socket pair; the module reads
+ *      hi][bytes] (length 0xffff: the rest of the input, which may be more
+ *      than the module takes), sent with nfds descriptors (up to 79: more
+ *      than the module takes) over a SOCK_SEQPACKET socket pair; the module reads
  *      them as it reads the broker, carries out the answer (lease mode when
  *      bit 7 of the first byte is set) and the handle ends. Afterwards no
  *      descriptor of the module's may be open.
@@ -175,8 +176,8 @@ static void fuzz_receive(const uint8_t *data, size_t len, int lease)
 		} ctl;
 		data += 3;
 		len -= 3;
-		if (k > len)
-			k = len;
+		if (k > len || k == 0xffff)
+			k = len; /* 0xffff: the rest, which may be larger than the module takes */
 		iov.iov_base = (void *)data;
 		iov.iov_len = k;
 		if (nfds > 0) {
