@@ -17,6 +17,8 @@
 #   GO          the Go toolchain                        (go)
 #   CC, CFLAGS  the C compiler for pam_npurun.so, and flags added to
 #               the module's own (-Wall -Wextra -Werror)  (cc, -O2)
+#   FUZZ_CC     the compiler of make fuzz-pam, with libFuzzer (clang)
+#   FUZZTIME    seconds make fuzz-pam runs the fuzzer        (300)
 #
 # * With the usual prefixes, /usr/local and /usr, the configuration goes to
 #   /etc and the units where systemd finds them: a working install. Any
@@ -57,7 +59,7 @@ MAN1 = $(wildcard man/*.1)
 MAN5 = $(wildcard man/*.5)
 MAN8 = $(wildcard man/*.8)
 
-.PHONY: all build test race demo bench man install uninstall clean units
+.PHONY: all build test race demo bench man install uninstall clean units fuzz-pam
 
 all: build
 
@@ -95,6 +97,20 @@ $(BUILDDIR)/pam_npurun.so: pam/module/pam_npurun.c
 		exit 1; \
 	fi
 	$(CC) $(CFLAGS) $(PAM_CFLAGS) -o $@ $< -lpam
+
+# Fuzz pam_npurun.c's reply reader, receive path and request builder with
+# libFuzzer under ASan and UBSan (Debian: clang, libclang-rt-14-dev); the
+# harness is pam/module/fuzz/fuzz_pam_npurun.c, its seeds
+# pam/module/fuzz/corpus. Not part of make test. What it finds goes to
+# $(BUILDDIR)/fuzz-corpus, a crash to ./crash-*.
+FUZZ_CC   ?= clang
+FUZZTIME  ?= 300
+fuzz-pam: pam/module/pam_npurun.c pam/module/fuzz/fuzz_pam_npurun.c
+	@mkdir -p $(BUILDDIR)/fuzz-corpus
+	$(FUZZ_CC) -g -O1 -Wall -Wextra -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+		-o $(BUILDDIR)/fuzz_pam_npurun pam/module/fuzz/fuzz_pam_npurun.c
+	$(BUILDDIR)/fuzz_pam_npurun -max_total_time=$(FUZZTIME) -max_len=70000 -print_final_stats=1 \
+		$(BUILDDIR)/fuzz-corpus pam/module/fuzz/corpus
 
 # The units as installed, with this install's paths in them, and a first
 # line that names the install: units of two installs that share

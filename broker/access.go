@@ -31,35 +31,64 @@ func (s *Server) aclsManaged() bool {
 	return s.cfg.Restrict.Active() && s.inv.Vendor != npu.Fake
 }
 
-// knownAccount returns what the broker knows of uid, from the cache
-// whatever its age when the account was found (a lease's holder was looked
-// up when it asked), else from the user database.
-func (s *Server) knownAccount(uid uint32) *account {
+// cachedAccount is what the broker knows of uid from its cache, whatever
+// the entry's age; nil where uid was never looked up. Code under s.mu asks
+// no user database: NSS (LDAP, sssd) and the getent it runs can take
+// seconds, and every client waits on s.mu meanwhile. The accounts it needs
+// are looked up before: a client's when it asks, a task's when it is
+// loaded, and those that an ACL names by resolveNodeUsers.
+func (s *Server) cachedAccount(uid uint32) *account {
 	s.users.mu.Lock()
-	acc := s.users.m[uid]
-	s.users.mu.Unlock()
-	if acc != nil && acc.known {
-		return acc
-	}
-	return s.users.lookup(uid)
+	defer s.users.mu.Unlock()
+	return s.users.m[uid]
 }
 
-// restricted tells whether uid is a restricted account.
+// resolveNodeUsers looks up the accounts of the uids named in the ACLs of
+// devices ids' nodes and of the control nodes that the cache does not know
+// (a known account is taken whatever its age, as a lease's holder was
+// looked up when it asked), so that revokeLocked and sweepSharedLocked
+// find them cached. It is called without s.mu, before them.
+func (s *Server) resolveNodeUsers(ids []int) {
+	if !s.aclsManaged() {
+		return
+	}
+	var paths []string
+	for _, id := range ids {
+		paths = append(paths, s.inv.Nodes(id)...)
+	}
+	for _, p := range append(paths, s.inv.SharedNodes()...) {
+		uids, err := npu.ACLUsers(p)
+		if err != nil {
+			continue // revokeLocked says so
+		}
+		for _, uid := range uids {
+			if a := s.cachedAccount(uid); uid != 0 && (a == nil || !a.known) {
+				s.users.lookup(uid)
+			}
+		}
+	}
+}
+
+// restricted tells whether uid is a restricted account. An account the
+// broker has not looked up is not (it gets no entry).
 func (s *Server) restricted(uid uint32) bool {
 	if uid == 0 || !s.aclsManaged() {
 		return false
 	}
-	a := s.knownAccount(uid)
-	return a.known && s.cfg.Restricted(a.name, a.groups)
+	a := s.cachedAccount(uid)
+	return a != nil && a.known && s.cfg.Restricted(a.name, a.groups)
 }
 
-// managed tells whether an ACL entry for uid is the broker's.
+// managed tells whether an ACL entry for uid is the broker's: a restricted
+// account's, or a uid that no account has. An entry of a uid the broker
+// has not looked up (added after resolveNodeUsers ran, so not by the
+// broker) is left.
 func (s *Server) managed(uid uint32) bool {
 	if uid == 0 {
 		return false
 	}
-	a := s.knownAccount(uid)
-	return !a.known || s.cfg.Restricted(a.name, a.groups)
+	a := s.cachedAccount(uid)
+	return a != nil && (!a.known || s.cfg.Restricted(a.name, a.groups))
 }
 
 // allowLocked opens devices ids, and the shared control nodes, to uid if

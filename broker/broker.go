@@ -175,7 +175,9 @@ func New(o Options) (*Server, error) {
 		s.log.Print(s.inv.Note)
 	}
 	// Device access: nothing is granted before Serve, so a free device's
-	// node is cleaned before anyone can lease it.
+	// node is cleaned before anyone can lease it. The accounts the ACLs
+	// name are looked up first, without the lock.
+	s.resolveNodeUsers(s.inv.IDs)
 	s.mu.Lock()
 	s.startAccessLocked(free)
 	s.mu.Unlock()
@@ -213,6 +215,7 @@ func (s *Server) watch(d *device) {
 			}
 			continue
 		}
+		s.resolveNodeUsers([]int{d.id}) // for revokeLocked, outside the lock
 		s.mu.Lock()
 		if d.leased {
 			if s.held[d.holder]--; s.held[d.holder] <= 0 {

@@ -129,6 +129,34 @@ func (a acl) withMask() acl {
 	return out
 }
 
+// folded applies the ACL's mask (if any) to the group class, the owning
+// group and the named entries: each keeps only what the mask lets it have
+// now. The broker folds before it adds or removes its entry, so that the
+// mask recomputed after gives nobody else more than before: otherwise a
+// mask narrowed by an administrator (chmod g-rw, or 0600, on a node with
+// an ACL) would be widened again to the owning group's and every named
+// entry's full permissions, and for good once the last named entry goes
+// (the group bits are then the owning group's entry).
+func (a acl) folded() acl {
+	mask, ok := uint16(0), false
+	for _, e := range a {
+		if e.tag == aclMask {
+			mask, ok = e.perm, true
+		}
+	}
+	out := slices.Clone(a)
+	if !ok {
+		return out
+	}
+	for i, e := range out {
+		switch e.tag {
+		case aclUser, aclGroup, aclGroupObj:
+			out[i].perm &= mask
+		}
+	}
+	return out
+}
+
 // users returns the uids of the named user entries.
 func (a acl) users() []uint32 {
 	var uids []uint32
@@ -223,11 +251,14 @@ func AllowUser(path string, uid uint32) error {
 		return fmt.Errorf("read ACL of %s: %w", path, err)
 	}
 	found := false
+	for _, e := range a {
+		if e.tag == aclUser && e.id == uid && e.perm&aclRW == aclRW && a.maskAllows(aclRW) {
+			return nil // the mask as it is, not as it would be recomputed
+		}
+	}
+	a = a.folded()
 	for i, e := range a {
 		if e.tag == aclUser && e.id == uid {
-			if e.perm&aclRW == aclRW && a.withMask().maskAllows(aclRW) {
-				return nil
-			}
 			a[i].perm |= aclRW
 			found = true
 		}
@@ -266,7 +297,7 @@ func RemoveUsers(path string, managed func(uid uint32) bool) ([]uint32, error) {
 	}
 	var removed []uint32
 	kept := a[:0:0]
-	for _, e := range a {
+	for _, e := range a.folded() {
 		if e.tag == aclUser && managed(e.id) {
 			removed = append(removed, e.id)
 			continue

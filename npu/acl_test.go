@@ -232,3 +232,61 @@ func TestACLRefusesWhatIsNotADevice(t *testing.T) {
 		t.Errorf("the symlink's target got an entry:\n%s", got)
 	}
 }
+
+// TestACLKeepsANarrowedMask: a mask that an administrator narrowed (chmod
+// on a node with an ACL) is not widened by the broker's changes: adding
+// an entry opens the node to that user alone, and removing it gives
+// neither the owning group nor another named entry back what the mask
+// took, even once no named entry is left.
+func TestACLKeepsANarrowedMask(t *testing.T) {
+	needRoot(t)
+	dir := charDev(t, 0o660, "davinci0")
+	node := filepath.Join(dir, "davinci0")
+	const student, admins = 54321, 54322
+	if out, err := exec.Command("setfacl", "-m", "u:"+strconv.Itoa(admins)+":rw", node).CombinedOutput(); err != nil {
+		t.Fatalf("setfacl: %v: %s", err, out)
+	}
+	// The administrator takes the node from everyone but its owner.
+	if err := unix.Chmod(node, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if canOpen(t, node, admins) {
+		t.Fatal("the mask does not hold: the test shows nothing")
+	}
+	if err := AllowUser(node, student); err != nil {
+		t.Fatal(err)
+	}
+	if !canOpen(t, node, student) {
+		t.Error("the broker's entry does not open the node")
+	}
+	if canOpen(t, node, admins) {
+		t.Errorf("adding the broker's entry opened the node to uid %d again:\n%s", admins, getfacl(t, node))
+	}
+	// Narrowed again while the entry is there: allowing again opens it
+	// (the mask as it is counts, not as it would be recomputed).
+	if err := unix.Chmod(node, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := AllowUser(node, student); err != nil {
+		t.Fatal(err)
+	}
+	if !canOpen(t, node, student) {
+		t.Errorf("AllowUser left the entry masked:\n%s", getfacl(t, node))
+	}
+	if _, err := RemoveUsers(node, func(uid uint32) bool { return uid == student }); err != nil {
+		t.Fatal(err)
+	}
+	if canOpen(t, node, admins) {
+		t.Errorf("removing the broker's entry opened the node to uid %d again:\n%s", admins, getfacl(t, node))
+	}
+	if m := modeOf(t, node); m&0o070 != 0 {
+		t.Errorf("mode %o after the broker's entry went: the owning group got back what the administrator took", m)
+	}
+	// With no named entry left, the owning group is as the mode said.
+	if _, err := RemoveUsers(node, func(uint32) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	if m := modeOf(t, node); m != 0o600 {
+		t.Errorf("mode %o with no entry left, want 600 as the administrator set it", m)
+	}
+}

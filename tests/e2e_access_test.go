@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
 )
 
 // devTree is a fake /dev of real character nodes (each behaves as
@@ -269,5 +271,71 @@ func TestCheckConfigRestrictWarnings(t *testing.T) {
 	}
 	if code != 0 {
 		t.Errorf("check-config exit %d, want 0 (warnings only)", code)
+	}
+}
+
+// TestRevokeLooksUpWithoutLock: the accounts that a device's ACL names are
+// looked up (NSS, and the getent it runs) without the broker's lock, so a
+// slow user database delays that device's release alone, not every
+// client. Here getent hangs for the uid of an administrator's entry, which
+// the broker has not looked up before, while a restricted lease of the
+// node ends; another client's request is answered meanwhile.
+func TestRevokeLooksUpWithoutLock(t *testing.T) {
+	dev := newDevTree(t, 2)
+	student, staff := newUser(t), newUser(t)
+	dir := SharedDir(t)
+	armed, blocked, release := filepath.Join(dir, "armed"), filepath.Join(dir, "blocked"), filepath.Join(dir, "release")
+	makeFIFO(t, blocked)
+	makeFIFO(t, release)
+	real, err := exec.LookPath("getent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	getent := fmt.Sprintf(`#!/bin/sh
+if [ -e %q ] && [ "$2" = %q ]; then
+	echo $$ > %q
+	read x < %q
+fi
+exec %q "$@"
+`, armed, staff.Name, blocked, release, real)
+	if err := os.WriteFile(filepath.Join(dir, "getent"), []byte(getent), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := StartBrokerEnv(t, dev.config("0-1", fmt.Sprintf("[restrict]\nusers = [%q]\n", student.Name)), "PATH="+dir+":"+os.Getenv("PATH"))
+
+	h := leaseAs(t, b, student, "student", "-d", "0")
+	if out, err := exec.Command("setfacl", "-m", fmt.Sprintf("u:%d:rw", staff.UID), dev.node("davinci0")).CombinedOutput(); err != nil {
+		t.Fatalf("setfacl: %v: %s", err, out)
+	}
+	if err := os.WriteFile(armed, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.release()
+	// The release looks up staff: getent says so, and hangs.
+	var pid int
+	if _, err := fmt.Fscan(openFIFO(t, blocked, os.O_RDONLY), &pid); err != nil {
+		t.Fatal(err)
+	}
+	c := b.Dial()
+	c.Send(&client.Request{Op: client.OpAcquire, Devices: []int{1}, NoWait: true})
+	r, fds, err := c.Recv(eventTimeout)
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
+	if err != nil || r.Type != client.TypeGrant {
+		t.Fatalf("npu 1: %v %v", r, err)
+	}
+	if state, _ := procState(pid); state == 0 || state == 'Z' {
+		t.Errorf("npu 1 was granted only once the lookup was over (getent %d gone): the broker looked up an account under its lock", pid)
+	} else {
+		openFIFO(t, release, os.O_WRONLY).Close() // the lookup goes on
+	}
+	waitFree(t, b, 0)
+	acl := aclText(t, dev.node("davinci0"))
+	if want := fmt.Sprintf("user:%d:rw-", staff.UID); !strings.Contains(acl, want) {
+		t.Errorf("the administrator's entry %s is gone:\n%s", want, acl)
+	}
+	if strings.Contains(acl, fmt.Sprintf("user:%d:", student.UID)) {
+		t.Errorf("the ended lease's entry is still there:\n%s", acl)
 	}
 }

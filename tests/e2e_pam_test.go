@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +19,23 @@ import (
 // errors), and the PAM helper (the one cgo program of the tests).
 type pamBuild struct {
 	Dir, Module, Helper string
+	Preload             string // NPURUN_PAM_SANITIZE: the sanitizers' runtime
+}
+
+// With NPURUN_PAM_SANITIZE=1 the module is built by clang with
+// AddressSanitizer and UndefinedBehaviorSanitizer, and their runtime is
+// preloaded into the module's hosts (pamhelper, sshd): a memory error or
+// undefined behaviour in the module ends its host, which the tests see as
+// a crash. Not for CI (it needs clang and libclang-rt); for a review run.
+var pamSanitize = os.Getenv("NPURUN_PAM_SANITIZE") == "1"
+
+// pamHostEnv is the environment of a process that loads the module.
+func pamHostEnv(t testing.TB) []string {
+	env := os.Environ()
+	if p := pamBins(t).Preload; p != "" {
+		env = append(env, "LD_PRELOAD="+p, "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0", "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1")
+	}
+	return env
 }
 
 var pamOnce = sync.OnceValues(func() (*pamBuild, error) {
@@ -31,6 +49,14 @@ var pamOnce = sync.OnceValues(func() (*pamBuild, error) {
 	root, _ := filepath.Abs("..")
 	p := &pamBuild{Dir: dir, Module: filepath.Join(dir, "pam_npurun.so"), Helper: filepath.Join(dir, "pamhelper")}
 	mk := exec.Command("make", "--no-print-directory", "-C", root, "BUILDDIR="+dir, p.Module)
+	if pamSanitize {
+		mk.Args = append(mk.Args, "CC=clang", "CFLAGS=-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -shared-libasan")
+		out, err := exec.Command("clang", "-print-file-name=libclang_rt.asan-x86_64.so").Output()
+		if err != nil {
+			return nil, fmt.Errorf("NPURUN_PAM_SANITIZE: find the ASan runtime: %v", err)
+		}
+		p.Preload = strings.TrimSpace(string(out))
+	}
 	if out, err := mk.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("make pam_npurun.so: %v\n%s", err, out)
 	}
@@ -73,7 +99,9 @@ func pamService(t testing.TB, name, control, args string) string {
 func startPAM(t testing.TB, confDir, service, user string, flags ...string) *proc {
 	t.Helper()
 	args := append([]string{"-confdir", confDir, "-service", service, "-user", user}, flags...)
-	return startProc(t, "pamhelper "+user, exec.Command(pamBins(t).Helper, args...))
+	cmd := exec.Command(pamBins(t).Helper, args...)
+	cmd.Env = pamHostEnv(t)
+	return startProc(t, "pamhelper "+user, cmd)
 }
 
 // runPAM runs the helper to its end and returns its output and how long it
@@ -233,6 +261,69 @@ func TestPAMBrokerDown(t *testing.T) {
 			out, _ = runPAM(t, conf, "npurun-down", staff.Name)
 			if !strings.Contains(out, "open ok") || len(envOf(out)) != 0 {
 				t.Errorf("unrestricted user with no broker:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestPAMOriginBytes: a remote host or terminal name that is long, cut
+// inside a character by the module's caps, or not UTF-8 at all costs no
+// login: the module sends it as valid UTF-8 within the broker's caps (an
+// invalid byte would decode to three), so an unrestricted user's session
+// is left as it is and a restricted one's is marked.
+func TestPAMOriginBytes(t *testing.T) {
+	dev := newDevTree(t, 2)
+	student, staff := newUser(t), newUser(t)
+	b := StartBroker(t, restrictConf(dev, []testUser{student}, ""))
+	conf := pamService(t, "npurun-origin", "required", "socket="+b.Socket)
+	for _, tc := range []struct {
+		name  string
+		flags []string
+	}{
+		{"rhost not UTF-8", []string{"-rhost", strings.Repeat("\xff", 400)}},
+		{"rhost cut in a character", []string{"-rhost", strings.Repeat("a", 1023) + "é"}},
+		{"tty cut in a character", []string{"-tty", "a" + strings.Repeat("é", 200)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, _ := runPAM(t, conf, "npurun-origin", staff.Name, tc.flags...)
+			if !strings.Contains(out, "open ok") || len(envOf(out)) != 0 {
+				t.Errorf("unrestricted user: want the session as it is:\n%s", out)
+			}
+			out, _ = runPAM(t, conf, "npurun-origin", student.Name, tc.flags...)
+			if env := envOf(out); !strings.Contains(out, "open ok") || len(env) != 3 || env["NPURUN_DEVICES"] != "" {
+				t.Errorf("restricted user: want the session with the devices hidden:\n%s", out)
+			}
+		})
+	}
+	if log := b.Log(); strings.Contains(log, "too long") {
+		t.Errorf("the broker refused a request:\n%s", log)
+	}
+}
+
+// TestPAMBrokerDownBigAccount: with no broker, a restricted group's member
+// whose account entry is large (a long GECOS field) is still found in the
+// group: the module's lookups grow their buffers rather than take the
+// account for an unknown one, and the session for an unrestricted one.
+func TestPAMBrokerDownBigAccount(t *testing.T) {
+	student := newUser(t)
+	if out, err := exec.Command("usermod", "-c", strings.Repeat("x", 5000), student.Name).CombinedOutput(); err != nil {
+		t.Fatalf("usermod: %v: %s", err, out)
+	}
+	g, err := user.LookupGroupId(fmt.Sprint(student.GID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{g.Gid, "-"} {
+		t.Run("group id "+id, func(t *testing.T) {
+			dir := SharedDir(t)
+			policy := fmt.Sprintf("on_broker_down deny\ngroup %s %s\n", g.Name, id)
+			if err := os.WriteFile(filepath.Join(dir, "session-policy"), []byte(policy), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			conf := pamService(t, "npurun-down", "required", "socket="+filepath.Join(dir, "broker.sock")+" timeout=1")
+			out, _ := runPAM(t, conf, "npurun-down", student.Name)
+			if strings.Contains(out, "open ok") || !strings.Contains(out, "error npurun: the device broker does not answer") {
+				t.Errorf("a member of restricted group %s with a large account entry: want the session refused:\n%s", g.Name, out)
 			}
 		})
 	}

@@ -132,7 +132,9 @@ Match User %s
 	}
 	s.keysDir = keys
 	s.pub = pub
-	s.proc = startProc(t, name, exec.Command(bin, "-D", "-e", "-f", conf))
+	cmd := exec.Command(bin, "-D", "-e", "-f", conf)
+	cmd.Env = pamHostEnv(t)
+	s.proc = startProc(t, name, cmd)
 	s.proc.waitLine("Server listening on 127.0.0.1 port " + s.Port)
 	t.Cleanup(func() {
 		if t.Failed() {

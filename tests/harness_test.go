@@ -130,6 +130,8 @@ type Broker struct {
 	StateDir string
 	Socket   string
 
+	env []string // added to the broker process's environment
+
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	log    strings.Builder
@@ -145,12 +147,21 @@ func StartBroker(t testing.TB, conf string) *Broker {
 	return b
 }
 
+// StartBrokerEnv is StartBroker with variables added to the broker
+// process's environment (NAME=value).
+func StartBrokerEnv(t testing.TB, conf string, env ...string) *Broker {
+	t.Helper()
+	b := NewBroker(t, conf, env...)
+	b.Start()
+	return b
+}
+
 // NewBroker writes conf to a new directory and prepares a broker on it,
-// not started yet.
-func NewBroker(t testing.TB, conf string) *Broker {
+// not started yet; env is added to the broker process's environment.
+func NewBroker(t testing.TB, conf string, env ...string) *Broker {
 	t.Helper()
 	dir := SharedDir(t)
-	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(RunTmp(t), "run")}
+	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(RunTmp(t), "run"), env: env}
 	b.Socket = filepath.Join(b.RunDir, "broker.sock")
 	b.StateDir = filepath.Join(dir, "spool")
 	if err := os.WriteFile(b.Conf, []byte(conf), 0o644); err != nil {
@@ -171,6 +182,9 @@ func NewBroker(t testing.TB, conf string) *Broker {
 func (b *Broker) Start() {
 	b.t.Helper()
 	cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--socket", b.Socket, "--state-dir", b.StateDir)
+	if len(b.env) > 0 {
+		cmd.Env = append(os.Environ(), b.env...)
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		b.t.Fatal(err)

@@ -58,6 +58,19 @@
 #define MAX_WAIT_MS (11 * 60 * 1000) /* the longest on_busy wait, and then some */
 #define DATA_NAME "pam_npurun_lease"
 
+/* The request's strings, in bytes as the broker decodes them: the user's
+ * name whole or not at all; the origin fields (the broker's caps) cut at a
+ * character. Escaped, a byte takes at most 6 ("\u001f"). */
+#define MAX_USER 256
+#define MAX_SERVICE 64
+#define MAX_TTY 256
+#define MAX_RHOST 1024
+#define MAX_REQUEST (256 + 6 * (MAX_USER + MAX_SERVICE + MAX_TTY + MAX_RHOST))
+
+/* NSS buffers grow to at most this (getpwnam_r and getgrnam_r, ERANGE). */
+#define MAX_NSS_BUF (1024 * 1024)
+#define MAX_GROUPS 65536
+
 /* The variables that hide every device: npu.HiddenEnv. */
 static const char *const hidden_env[] = {
 	"NPURUN_DEVICES=", "ASCEND_RT_VISIBLE_DEVICES=", "CUDA_VISIBLE_DEVICES=",
@@ -296,14 +309,31 @@ static int read_array(struct reader *r, int max, int (*item)(struct reader *, vo
 	}
 }
 
-/* A variable as the broker sends it: NAME=value, NAME of [A-Z0-9_]. */
+/* The variables the broker puts in a session (npu.Inventory.Env and
+ * npu.HiddenEnv), and no other: whatever answers on the socket, the module
+ * never puts a variable that changes what a program loads or runs
+ * (LD_PRELOAD, PATH, ...). NPURUN_LEASE is the module's own. */
+static const char *const broker_env[] = {
+	"NPURUN_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES",
+	"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+};
+
+/* valid_env: NAME=value, NAME one of broker_env, value of device lists and
+ * plain words ([A-Za-z0-9_,.:-], possibly empty). */
 static int valid_env(const char *s)
 {
 	const char *eq = strchr(s, '=');
-	if (eq == NULL || eq == s)
+	int known = 0;
+	if (eq == NULL)
 		return 0;
-	for (const char *p = s; p < eq; p++)
-		if (!((*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_'))
+	for (size_t i = 0; i < sizeof broker_env / sizeof broker_env[0]; i++)
+		if (strlen(broker_env[i]) == (size_t)(eq - s) && strncmp(s, broker_env[i], (size_t)(eq - s)) == 0)
+			known = 1;
+	if (!known)
+		return 0;
+	for (const char *p = eq + 1; *p != '\0'; p++)
+		if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+		      *p == '_' || *p == ',' || *p == '.' || *p == ':' || *p == '-'))
 			return 0;
 	return 1;
 }
@@ -466,19 +496,39 @@ static void put_raw(char *buf, size_t cap, size_t *n, const char *s)
 	*n += k;
 }
 
-/* append a JSON string, escaped, truncated to max bytes of input. */
+/* utf8_len is the length of the valid UTF-8 sequence at s (at most avail
+ * bytes), 0 if there is none. */
+static size_t utf8_len(const unsigned char *s, size_t avail)
+{
+	struct reader r = {s, s + avail};
+	uint32_t c;
+	if (avail == 0 || utf8_char(&r, &c) != 0)
+		return 0;
+	return (size_t)(r.p - s);
+}
+
+/*
+ * put_json appends s as a JSON string whose decoded form is at most max
+ * bytes of valid UTF-8: control characters escaped, a byte that starts no
+ * valid sequence written as '?', and s cut at a character, never inside
+ * one. So the broker decodes exactly what was meant, within its caps (an
+ * invalid byte would otherwise decode to three, U+FFFD, and a request
+ * past the broker's cap is refused).
+ */
 static void put_json(char *buf, size_t cap, size_t *n, const char *s, size_t max)
 {
 	static const char hex[] = "0123456789abcdef";
-	if (*n + 2 >= cap) {
+	const unsigned char *u = (const unsigned char *)(s != NULL ? s : "");
+	size_t len = strlen((const char *)u), used = 0;
+	if (*n >= cap || *n + 2 >= cap) {
 		*n = cap;
 		return;
 	}
 	buf[(*n)++] = '"';
-	for (size_t i = 0; s != NULL && s[i] != '\0' && i < max; i++) {
-		unsigned char c = (unsigned char)s[i];
-		char e[7];
-		size_t k = 0;
+	for (size_t i = 0; i < len;) {
+		char e[8];
+		size_t k = 0, in = 1, out = 1;
+		unsigned char c = u[i];
 		if (c == '"' || c == '\\') {
 			e[k++] = '\\';
 			e[k++] = (char)c;
@@ -487,16 +537,68 @@ static void put_json(char *buf, size_t cap, size_t *n, const char *s, size_t max
 			e[4] = hex[c >> 4];
 			e[5] = hex[c & 15];
 			k = 6;
-		} else {
+		} else if (c < 0x80) {
 			e[k++] = (char)c;
+		} else if ((in = utf8_len(u + i, len - i)) == 0) {
+			e[k++] = '?';
+			in = 1;
+		} else {
+			memcpy(e, u + i, in);
+			k = out = in;
 		}
-		if (*n + k + 2 >= cap)
+		if (used + out > max)
 			break;
+		if (*n + k + 2 >= cap) {
+			*n = cap;
+			return;
+		}
 		memcpy(buf + *n, e, k);
 		*n += k;
+		used += out;
+		i += in;
 	}
 	buf[(*n)++] = '"';
 	buf[*n] = '\0';
+}
+
+/* valid_utf8 tells whether s is valid UTF-8 throughout. */
+static int valid_utf8(const char *s)
+{
+	const unsigned char *u = (const unsigned char *)s;
+	size_t len = strlen(s);
+	for (size_t i = 0; i < len;) {
+		size_t k = utf8_len(u + i, len - i);
+		if (k == 0)
+			return 0;
+		i += k;
+	}
+	return 1;
+}
+
+/*
+ * build_request writes the session request into req (MAX_REQUEST bytes):
+ * 0, or -1 where the user's name cannot be sent as it is (too long, not
+ * UTF-8): a name cut or mended would be another account's.
+ */
+static int build_request(char *req, size_t cap, size_t *len, const char *user, const char *service,
+			 const char *tty, const char *rhost, int login)
+{
+	size_t n;
+	if (strlen(user) > MAX_USER || !valid_utf8(user))
+		return -1;
+	n = (size_t)snprintf(req, cap, "{\"v\":%d,\"op\":\"session\",\"user\":", PROTOCOL_VERSION);
+	put_json(req, cap, &n, user, MAX_USER);
+	put_raw(req, cap, &n, ",\"service\":");
+	put_json(req, cap, &n, service, MAX_SERVICE);
+	put_raw(req, cap, &n, ",\"tty\":");
+	put_json(req, cap, &n, tty, MAX_TTY);
+	put_raw(req, cap, &n, ",\"rhost\":");
+	put_json(req, cap, &n, rhost, MAX_RHOST);
+	put_raw(req, cap, &n, login ? ",\"login\":true}" : ",\"login\":false}");
+	if (n >= cap)
+		return -1;
+	*len = n;
+	return 0;
 }
 
 static void close_fds(int *fds, int n)
@@ -506,10 +608,10 @@ static void close_fds(int *fds, int n)
 			close(fds[i]);
 }
 
-/* recv_reply reads one packet with its descriptors (MSG_CMSG_CLOEXEC). A
- * packet or control data larger than the caps is refused, its descriptors
- * closed. */
-static int recv_reply(int sock, unsigned char *buf, size_t cap, size_t *len, int *fds, int *nfds)
+/* recv_reply reads one packet with its descriptors (MSG_CMSG_CLOEXEC): 0,
+ * or -1 with *why set. A packet or control data larger than the caps is
+ * refused, its descriptors closed. */
+static int recv_reply(int sock, unsigned char *buf, size_t cap, size_t *len, int *fds, int *nfds, const char **why)
 {
 	union {
 		struct cmsghdr h;
@@ -522,10 +624,12 @@ static int recv_reply(int sock, unsigned char *buf, size_t cap, size_t *len, int
 	do
 		n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 	while (n < 0 && errno == EINTR);
-	if (n < 0)
+	if (n < 0) {
+		*why = strerror(errno);
 		return -1;
+	}
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c != NULL; c = CMSG_NXTHDR(&m, c)) {
-		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(0)) {
 			size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
 			for (size_t i = 0; i < k; i++) {
 				int fd;
@@ -540,81 +644,99 @@ static int recv_reply(int sock, unsigned char *buf, size_t cap, size_t *len, int
 	if ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || n == 0) {
 		close_fds(fds, *nfds);
 		*nfds = 0;
+		*why = n == 0 ? "connection closed" : "too large";
 		return -1;
 	}
 	*len = (size_t)n;
 	return 0;
 }
 
-/* ask sends the session request and reads replies until one that is not
- * "queued". 0 with *rp filled, -1 when no usable answer came in time. */
-static int ask(pam_handle_t *pamh, const struct options *o, const char *user, struct reply *rp)
+/*
+ * connect_broker connects to the socket by deadline and checks who serves
+ * it: the broker runs as root, and an answer from anyone else (a socket=
+ * path someone else could bind) is no answer. A full listen queue is
+ * waited on (SO_SNDTIMEO), not taken for a broker that is down. The socket
+ * is returned non-blocking, or -1.
+ */
+static int connect_broker(pam_handle_t *pamh, const struct options *o, long long deadline)
 {
-	const void *service = NULL, *tty = NULL, *rhost = NULL;
-	char req[4096];
-	size_t n = 0;
 	struct sockaddr_un addr = {.sun_family = AF_UNIX};
-	long long deadline = now_ms() + o->timeout_ms;
-	unsigned char *buf;
-	int sock, rc = -1;
-
-	pam_get_item(pamh, PAM_SERVICE, &service);
-	pam_get_item(pamh, PAM_TTY, &tty);
-	pam_get_item(pamh, PAM_RHOST, &rhost);
-	n = (size_t)snprintf(req, sizeof req, "{\"v\":%d,\"op\":\"session\",\"user\":", PROTOCOL_VERSION);
-	put_json(req, sizeof req, &n, user, 256);
-	put_raw(req, sizeof req, &n, ",\"service\":");
-	put_json(req, sizeof req, &n, service, 64);
-	put_raw(req, sizeof req, &n, ",\"tty\":");
-	put_json(req, sizeof req, &n, tty, 256);
-	put_raw(req, sizeof req, &n, ",\"rhost\":");
-	put_json(req, sizeof req, &n, rhost, 1024);
-	put_raw(req, sizeof req, &n, o->lease ? ",\"login\":true}" : ",\"login\":false}");
-	if (n >= sizeof req)
-		return -1;
+	struct ucred cred;
+	socklen_t credlen = sizeof cred;
+	int sock;
 
 	if (strlen(o->socket) >= sizeof addr.sun_path) {
 		pam_syslog(pamh, LOG_ERR, "socket path too long: %s", o->socket);
 		return -1;
 	}
-	strcpy(addr.sun_path, o->socket);
-	sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	memcpy(addr.sun_path, o->socket, strlen(o->socket) + 1);
+	sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (sock < 0) {
 		pam_syslog(pamh, LOG_ERR, "socket: %m");
 		return -1;
 	}
-	if (connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0) {
-		if (errno != EINPROGRESS && errno != EAGAIN) {
-			pam_syslog(pamh, LOG_WARNING, "connect %s: %m", o->socket);
-			goto out;
-		}
-		if (wait_for(sock, POLLOUT, deadline) != 0) {
-			pam_syslog(pamh, LOG_WARNING, "connect %s: no answer within %ld ms", o->socket, o->timeout_ms);
-			goto out;
-		}
-	}
 	for (;;) {
-		ssize_t w = send(sock, req, n, MSG_NOSIGNAL);
-		if (w == (ssize_t)n)
+		long long left = deadline - now_ms();
+		struct timeval tv;
+		if (left < 1)
+			left = 1;
+		tv.tv_sec = (time_t)(left / 1000);
+		tv.tv_usec = (suseconds_t)(left % 1000) * 1000;
+		if (setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0) {
+			pam_syslog(pamh, LOG_ERR, "setsockopt: %m");
+			goto fail;
+		}
+		if (connect(sock, (struct sockaddr *)&addr, sizeof addr) == 0 || errno == EISCONN)
 			break;
-		if (w < 0 && errno == EINTR)
+		if ((errno == EINTR || errno == EAGAIN) && now_ms() < deadline)
 			continue;
-		if (w < 0 && errno == EAGAIN && wait_for(sock, POLLOUT, deadline) == 0)
-			continue;
-		pam_syslog(pamh, LOG_WARNING, "send to %s: %m", o->socket);
-		goto out;
+		if (errno == EAGAIN)
+			pam_syslog(pamh, LOG_WARNING, "connect %s: no room within %ld ms", o->socket, o->timeout_ms);
+		else
+			pam_syslog(pamh, LOG_WARNING, "connect %s: %m", o->socket);
+		goto fail;
 	}
-	buf = malloc(MAX_MESSAGE + 1);
+	if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &credlen) != 0) {
+		pam_syslog(pamh, LOG_ERR, "%s: peer credentials: %m", o->socket);
+		goto fail;
+	}
+	if (cred.uid != 0) {
+		pam_syslog(pamh, LOG_ERR, "%s is served by uid %u (pid %d), not by root: not the broker, not asked",
+			   o->socket, (unsigned)cred.uid, (int)cred.pid);
+		goto fail;
+	}
+	if (fcntl(sock, F_SETFL, O_NONBLOCK) != 0) {
+		pam_syslog(pamh, LOG_ERR, "fcntl: %m");
+		goto fail;
+	}
+	return sock;
+fail:
+	close(sock);
+	return -1;
+}
+
+/*
+ * receive reads replies on sock until one that is not "queued": 0 with *rp
+ * filled (a grant with as many descriptors as devices), -1 when no usable
+ * answer came by the deadline. The first on_busy wait the broker announces
+ * moves the deadline, once: a broker that announces again and again does
+ * not keep the login waiting past timeout= and the longest wait.
+ */
+static int receive(pam_handle_t *pamh, const struct options *o, int sock, long long deadline, struct reply *rp)
+{
+	unsigned char *buf = malloc(MAX_MESSAGE + 1);
+	int rc = -1, extended = 0;
 	if (buf == NULL)
-		goto out;
+		return -1;
 	for (int replies = 0; replies < 1000; replies++) {
 		size_t len = 0;
+		const char *why = "";
 		if (wait_for(sock, POLLIN, deadline) != 0) {
-			pam_syslog(pamh, LOG_WARNING, "no answer from the broker at %s within %ld ms", o->socket, o->timeout_ms);
+			pam_syslog(pamh, LOG_WARNING, "no answer from the broker at %s in time", o->socket);
 			break;
 		}
-		if (recv_reply(sock, buf, MAX_MESSAGE + 1, &len, rp->fds, &rp->nfds) != 0) {
-			pam_syslog(pamh, LOG_WARNING, "read the broker's answer: %s", errno ? strerror(errno) : "too large or connection closed");
+		if (recv_reply(sock, buf, MAX_MESSAGE + 1, &len, rp->fds, &rp->nfds, &why) != 0) {
+			pam_syslog(pamh, LOG_WARNING, "read the broker's answer: %s", why);
 			break;
 		}
 		if (npurun_parse_reply(buf, len, rp) != 0) {
@@ -628,8 +750,10 @@ static int ask(pam_handle_t *pamh, const struct options *o, const char *user, st
 			rp->nfds = 0;
 		}
 		if (strcmp(rp->type, "queued") == 0) {
-			if (rp->wait_ms > 0)
+			if (rp->wait_ms > 0 && !extended) {
 				deadline = now_ms() + rp->wait_ms + o->timeout_ms;
+				extended = 1;
+			}
 			free_reply(rp);
 			continue;
 		}
@@ -644,12 +768,123 @@ static int ask(pam_handle_t *pamh, const struct options *o, const char *user, st
 		break;
 	}
 	free(buf);
+	return rc;
+}
+
+/* ask sends the session request and reads the answer: 0 with *rp filled,
+ * -1 when no usable answer came in time. */
+static int ask(pam_handle_t *pamh, const struct options *o, const char *user, struct reply *rp)
+{
+	const void *service = NULL, *tty = NULL, *rhost = NULL;
+	char req[MAX_REQUEST];
+	size_t n = 0;
+	long long deadline = now_ms() + o->timeout_ms;
+	int sock, rc = -1;
+
+	pam_get_item(pamh, PAM_SERVICE, &service);
+	pam_get_item(pamh, PAM_TTY, &tty);
+	pam_get_item(pamh, PAM_RHOST, &rhost);
+	if (build_request(req, sizeof req, &n, user, service, tty, rhost, o->lease) != 0) {
+		pam_syslog(pamh, LOG_ERR, "the user's name is longer than %d bytes or not UTF-8: not asked", MAX_USER);
+		return -1;
+	}
+	if ((sock = connect_broker(pamh, o, deadline)) < 0)
+		return -1;
+	for (;;) {
+		ssize_t w = send(sock, req, n, MSG_NOSIGNAL);
+		if (w == (ssize_t)n)
+			break;
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0 && errno == EAGAIN && wait_for(sock, POLLOUT, deadline) == 0)
+			continue;
+		pam_syslog(pamh, LOG_WARNING, "send to %s: %s", o->socket, w < 0 ? strerror(errno) : "short write");
+		goto out;
+	}
+	rc = receive(pamh, o, sock, deadline, rp);
 out:
 	close(sock);
 	return rc;
 }
 
 /* ---- broker down ----------------------------------------------------- */
+
+/*
+ * NSS lookups with buffers that grow on ERANGE (an account with a long
+ * entry, a group with many members), so that a big entry is never taken
+ * for a missing one. Each returns 0 with the entry, -1 otherwise; *buf is
+ * the caller's to free.
+ */
+static int lookup_user(const char *name, struct passwd *pw, char **buf)
+{
+	struct passwd *res = NULL;
+	for (size_t size = 4096; size <= MAX_NSS_BUF; size *= 2) {
+		char *b = realloc(*buf, size);
+		int err;
+		if (b == NULL)
+			return -1;
+		*buf = b;
+		err = getpwnam_r(name, pw, b, size, &res);
+		if (err == ERANGE)
+			continue;
+		return err == 0 && res != NULL ? 0 : -1;
+	}
+	return -1;
+}
+
+static int lookup_group(const char *name, struct group *gr, char **buf)
+{
+	struct group *res = NULL;
+	for (size_t size = 4096; size <= MAX_NSS_BUF; size *= 2) {
+		char *b = realloc(*buf, size);
+		int err;
+		if (b == NULL)
+			return -1;
+		*buf = b;
+		err = getgrnam_r(name, gr, b, size, &res);
+		if (err == ERANGE)
+			continue;
+		return err == 0 && res != NULL ? 0 : -1;
+	}
+	return -1;
+}
+
+/* user_groups returns user's groups (primary first) in a new array, their
+ * count in *n; NULL when the user is unknown. */
+static gid_t *user_groups(const char *user, int *n)
+{
+	struct passwd pw;
+	char *buf = NULL;
+	gid_t *groups = NULL;
+	int want = 64;
+	*n = 0;
+	if (lookup_user(user, &pw, &buf) != 0) {
+		free(buf);
+		return NULL;
+	}
+	for (int tries = 0; tries < 4 && want <= MAX_GROUPS; tries++) {
+		gid_t *g = realloc(groups, (size_t)want * sizeof *g);
+		int got = want;
+		if (g == NULL)
+			break;
+		groups = g;
+		if (getgrouplist(user, pw.pw_gid, groups, &got) >= 0) {
+			*n = got;
+			free(buf);
+			return groups;
+		}
+		want = got > want ? got : want * 2; /* got: how many there are */
+	}
+	/* Too many to list: the primary group at least. */
+	free(buf);
+	free(groups);
+	groups = malloc(sizeof *groups);
+	if (groups != NULL) {
+		groups[0] = pw.pw_gid;
+		*n = 1;
+	}
+	return groups;
+}
 
 /* restricted_down reads the session-policy file beside the socket: -1 if
  * there is none to trust, else whether user is restricted, with *deny set
@@ -660,9 +895,7 @@ static int restricted_down(pam_handle_t *pamh, const struct options *o, const ch
 	const char *slash = strrchr(o->socket, '/');
 	struct stat st;
 	int fd, restricted = 0, have_policy = 0, ngroups = 0;
-	gid_t groups[1024];
-	struct passwd pw, *pwp = NULL;
-	char pwbuf[4096];
+	gid_t *groups;
 	ssize_t got;
 
 	*deny = 0;
@@ -685,17 +918,17 @@ static int restricted_down(pam_handle_t *pamh, const struct options *o, const ch
 		close(fd);
 		return -1;
 	}
-	got = read(fd, data, (size_t)st.st_size);
+	do
+		got = read(fd, data, (size_t)st.st_size);
+	while (got < 0 && errno == EINTR);
 	close(fd);
 	if (got != st.st_size) {
 		free(data);
 		return -1;
 	}
-	if (getpwnam_r(user, &pw, pwbuf, sizeof pwbuf, &pwp) == 0 && pwp != NULL) {
-		ngroups = (int)(sizeof groups / sizeof groups[0]);
-		if (getgrouplist(user, pw.pw_gid, groups, &ngroups) < 0)
-			ngroups = 0;
-	}
+	groups = user_groups(user, &ngroups);
+	if (groups == NULL)
+		pam_syslog(pamh, LOG_WARNING, "%s: unknown to the user database: matched by name alone", user);
 	for (line = strtok_r(data, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
 		char kind[16], name[257], id[16];
 		if (line[0] == '#' || line[0] == '\0')
@@ -713,20 +946,23 @@ static int restricted_down(pam_handle_t *pamh, const struct options *o, const ch
 			long gid = -1;
 			if (strcmp(id, "-") != 0) {
 				char *e;
+				errno = 0;
 				gid = strtol(id, &e, 10);
-				if (*e != '\0')
+				if (*e != '\0' || errno != 0)
 					gid = -1;
 			} else {
-				struct group gr, *grp = NULL;
-				char grbuf[4096];
-				if (getgrnam_r(name, &gr, grbuf, sizeof grbuf, &grp) == 0 && grp != NULL)
+				struct group gr;
+				char *grbuf = NULL;
+				if (lookup_group(name, &gr, &grbuf) == 0)
 					gid = (long)gr.gr_gid;
+				free(grbuf);
 			}
 			for (int i = 0; gid >= 0 && i < ngroups; i++)
 				if ((long)groups[i] == gid)
 					restricted = 1;
 		}
 	}
+	free(groups);
 	free(data);
 	if (!have_policy)
 		return -1;
@@ -775,16 +1011,28 @@ static void parse_args(pam_handle_t *pamh, int argc, const char **argv, struct o
 	}
 }
 
-/* say shows the broker's message, control characters replaced. */
+/* say shows the broker's message, control characters (C0, DEL, and C1 as
+ * UTF-8: U+0080..U+009F, which some terminals obey) replaced by '?'. */
 static void say(pam_handle_t *pamh, int error, const char *msg)
 {
 	char clean[MAX_STRING + 1];
-	size_t i;
+	size_t i = 0, j = 0;
 	if (msg[0] == '\0')
 		return;
-	for (i = 0; msg[i] != '\0' && i < MAX_STRING; i++)
-		clean[i] = ((unsigned char)msg[i] < 0x20 || msg[i] == 0x7f) ? '?' : msg[i];
-	clean[i] = '\0';
+	while (msg[i] != '\0' && j < MAX_STRING) {
+		unsigned char c = (unsigned char)msg[i];
+		if (c < 0x20 || c == 0x7f) {
+			clean[j++] = '?';
+			i++;
+		} else if (c == 0xc2 && (unsigned char)msg[i + 1] >= 0x80 && (unsigned char)msg[i + 1] <= 0x9f) {
+			clean[j++] = '?';
+			i += 2;
+		} else {
+			clean[j++] = (char)c;
+			i++;
+		}
+	}
+	clean[j] = '\0';
 	if (error)
 		pam_error(pamh, "npurun: %s", clean);
 	else
@@ -841,6 +1089,38 @@ static int keep(pam_handle_t *pamh, struct reply *rp)
 	return pam_putenv(pamh, var);
 }
 
+/* obey carries out the broker's answer rp for user's session; the answer's
+ * descriptors are the handle's or closed when it returns. */
+static int obey(pam_handle_t *pamh, const struct options *o, const char *user, struct reply *rp)
+{
+	int rc;
+	if (o->debug)
+		pam_syslog(pamh, LOG_DEBUG, "broker: %s for %s", rp->type, user);
+	if (strcmp(rp->type, "ignore") == 0) {
+		rc = PAM_IGNORE;
+	} else if (strcmp(rp->type, "hide") == 0) {
+		rc = put_env(pamh, rp->env, rp->nenv);
+		say(pamh, 0, rp->message);
+	} else if (strcmp(rp->type, "grant") == 0 && o->lease) {
+		rc = keep(pamh, rp);
+		if (rc == PAM_SUCCESS) {
+			say(pamh, 0, rp->message);
+			pam_syslog(pamh, LOG_INFO, "lease of %d device(s) for %s", rp->ndevices, user);
+		}
+	} else if (strcmp(rp->type, "error") == 0) {
+		pam_syslog(pamh, LOG_NOTICE, "session of %s refused: %s: %s", user, rp->code, rp->message);
+		say(pamh, 1, rp->message);
+		rc = PAM_SESSION_ERR;
+	} else {
+		pam_syslog(pamh, LOG_ERR, "unexpected answer %s from the broker", rp->type);
+		rc = PAM_SESSION_ERR;
+	}
+	close_fds(rp->fds, rp->nfds);
+	rp->nfds = 0;
+	free_reply(rp);
+	return rc;
+}
+
 PAM_EXTERN int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc, const char **argv)
 {
 	struct options o;
@@ -875,29 +1155,7 @@ PAM_EXTERN int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc, cons
 		pam_syslog(pamh, LOG_NOTICE, "no answer from the broker: restricted user %s logs in without a device", user);
 		return hide(pamh);
 	}
-	if (o.debug)
-		pam_syslog(pamh, LOG_DEBUG, "broker: %s for %s", rp->type, user);
-	if (strcmp(rp->type, "ignore") == 0) {
-		rc = PAM_IGNORE;
-	} else if (strcmp(rp->type, "hide") == 0) {
-		rc = put_env(pamh, rp->env, rp->nenv);
-		say(pamh, 0, rp->message);
-	} else if (strcmp(rp->type, "grant") == 0 && o.lease) {
-		rc = keep(pamh, rp);
-		if (rc == PAM_SUCCESS) {
-			say(pamh, 0, rp->message);
-			pam_syslog(pamh, LOG_INFO, "lease of %d device(s) for %s", rp->ndevices, user);
-		}
-	} else if (strcmp(rp->type, "error") == 0) {
-		pam_syslog(pamh, LOG_NOTICE, "session of %s refused: %s: %s", user, rp->code, rp->message);
-		say(pamh, 1, rp->message);
-		rc = PAM_SESSION_ERR;
-	} else {
-		pam_syslog(pamh, LOG_ERR, "unexpected answer %s from the broker", rp->type);
-		rc = PAM_SESSION_ERR;
-	}
-	close_fds(rp->fds, rp->nfds);
-	free_reply(rp);
+	rc = obey(pamh, &o, user, rp);
 	free(rp);
 	return rc;
 }

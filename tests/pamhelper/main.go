@@ -14,6 +14,10 @@
 //	time OPEN_NS                   (-repeat) one line per open_session, in ns
 //	leases N                       (-repeat) sessions that got a lease
 //	fds N                          (-fds) descriptors open at the end
+//
+// With -serve SOCKET it is instead a fake broker (run as another user by
+// the tests): it listens on SOCKET, prints "listening", and answers every
+// request with the packet -reply, until killed.
 package main
 
 import (
@@ -21,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"sort"
 	"time"
@@ -39,7 +44,13 @@ func main() {
 	repeat := flag.Int("repeat", 1, "open and close the session this many times, timing each open")
 	quiet := flag.Bool("quiet", false, "print only time lines and failures")
 	countFDs := flag.Bool("fds", false, "at the end, print the number of open descriptors: fds N")
+	serve := flag.String("serve", "", "be a fake broker listening on this socket instead")
+	reply := flag.String("reply", "", "(-serve) the packet answering every request")
 	flag.Parse()
+	if *serve != "" {
+		serveFake(*serve, *reply)
+		return
+	}
 
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
@@ -120,5 +131,26 @@ func main() {
 	if *countFDs {
 		entries, _ := os.ReadDir("/proc/self/fd")
 		fmt.Fprintf(out, "fds %d\n", len(entries))
+	}
+}
+
+// serveFake listens on socket and answers every request with reply.
+func serveFake(socket, reply string) {
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: socket, Net: "unixpacket"})
+	if err != nil {
+		fmt.Println("listen", err)
+		os.Exit(1)
+	}
+	fmt.Println("listening")
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			os.Exit(1)
+		}
+		buf := make([]byte, 65536)
+		if _, err := c.Read(buf); err == nil {
+			c.Write([]byte(reply))
+		}
+		c.Close()
 	}
 }
