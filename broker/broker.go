@@ -83,6 +83,8 @@ type Server struct {
 	loading     bool // replaying the journal
 	applying    int  // journal records durable but not yet applied to the table
 	warm        int  // supervisors started for tasks still waiting
+
+	led ledger // leases as granted, their holders in /proc, unleased use, accounting (leases.go)
 }
 
 // New prepares a broker: the lock directory, the lock files, and the
@@ -144,6 +146,7 @@ func New(o Options) (*Server, error) {
 		maxID = max(maxID, id)
 	}
 	s.devs = make([]*device, maxID+1)
+	held := map[int]int{} // devices held from before this start: their lock files
 	for _, id := range s.inv.IDs {
 		d := &device{id: id, path: LockPath(s.locks, id), fd: -1, spare: -1, watch: make(chan int, 1)}
 		fd, free, err := tryLock(d.path)
@@ -162,7 +165,7 @@ func New(o Options) (*Server, error) {
 		} else {
 			d.since = time.Now()
 			s.log.Printf("npu %d is held by a lease from before this start; waiting for its release", id)
-			d.watch <- fd
+			held[id] = fd // to its watcher once its lease is taken up
 		}
 	}
 	if s.inv.Note != "" {
@@ -177,6 +180,12 @@ func New(o Options) (*Server, error) {
 	}
 	if s.stateClaim, err = Claim(stateDir); err != nil {
 		return nil, err
+	}
+	if err := s.initLedger(stateDir, held); err != nil {
+		return nil, err
+	}
+	for id, fd := range held {
+		s.devs[id].watch <- fd
 	}
 	if err := s.loadTasks(stateDir); err != nil {
 		return nil, err
@@ -198,6 +207,7 @@ func (s *Server) watch(d *device) {
 			continue
 		}
 		s.mu.Lock()
+		s.leaseEndLocked(d)
 		if d.leased {
 			if s.held[d.holder]--; s.held[d.holder] <= 0 {
 				delete(s.held, d.holder)
@@ -305,6 +315,8 @@ func answers(path string) bool {
 func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
+	s.serveMetrics(ctx)
+	defer s.led.usage.flush(2 * time.Second)
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {

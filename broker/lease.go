@@ -129,6 +129,7 @@ func busyMessage(w *Waiter, v npu.Vendor) string {
 // scheduleLocked grants what can be granted now: devices to leases and
 // tasks, CPU slots to tasks that need no device.
 func (s *Server) scheduleLocked() {
+	s.changedLocked() // for status watchers: the line or the devices changed
 	for s.nfree > 0 && s.q.Len() > 0 {
 		free := make([]bool, len(s.devs))
 		for id, d := range s.devs {
@@ -210,6 +211,7 @@ func (s *Server) grantLocked(g Grant) bool {
 		c.c.Close()
 		return false
 	}
+	s.inlineGrantedLocked(c, g, fds)
 	for _, id := range g.Devices {
 		d := s.devs[id]
 		closeFD(d.fd)

@@ -427,6 +427,7 @@ func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
 		d.fd = -1
 		s.releasedLocked(d, t.UID)
 	}
+	s.taskGrantedLocked(t, devices, fds)
 	t.w = nil
 	s.queuedTasks[t.UID]--
 	t.State, t.Started, t.Devices = client.StateRunning, time.Now().UnixMilli(), devices
