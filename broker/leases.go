@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -82,7 +83,8 @@ type ledger struct {
 	refreshMu sync.Mutex // one targeted look at a time
 	refreshed time.Time
 
-	metrics *metrics
+	metrics   *metrics
+	metricsLn net.Listener // [broker] metrics_listen, nil when off
 
 	names nameCache // uid -> user name, for holders of any uid
 }
@@ -100,6 +102,7 @@ func (s *Server) initLedger(stateDir string, held map[int]int) error {
 	led.seen = map[useKey]*use{}
 	led.nodes, led.paths = map[uint64]int{}, map[int]string{}
 	led.metrics = newMetrics(s)
+	s.listenMetrics()
 	for _, id := range s.inv.IDs {
 		for _, p := range s.inv.Nodes(id) {
 			var st unix.Stat_t

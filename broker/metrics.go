@@ -113,10 +113,9 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(s.led.usage.dropped.Load()))
 }
 
-// serveMetrics serves the metrics on [broker] metrics_listen until ctx is
-// done; with none configured it does nothing. A metrics endpoint that
-// cannot listen is said in the log and leases go on.
-func (s *Server) serveMetrics(ctx context.Context) {
+// listenMetrics opens [broker] metrics_listen, if set. A metrics endpoint
+// that cannot listen is said in the log, and leases go on.
+func (s *Server) listenMetrics() {
 	addr := s.cfg.MetricsListen
 	if addr == "" {
 		return
@@ -126,10 +125,19 @@ func (s *Server) serveMetrics(ctx context.Context) {
 		s.log.Printf("metrics: %v; serving leases without metrics", err)
 		return
 	}
+	s.led.metricsLn = ln
+	s.log.Printf("metrics on http://%s/metrics", ln.Addr())
+}
+
+// serveMetrics serves the metrics until ctx is done.
+func (s *Server) serveMetrics(ctx context.Context) {
+	ln := s.led.metricsLn
+	if ln == nil {
+		return
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.led.metrics.reg, promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 10 * time.Second}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
-	s.log.Printf("metrics on http://%s/metrics", ln.Addr())
 	go func() {
 		<-ctx.Done()
 		srv.Close()

@@ -145,11 +145,9 @@ func (s *Server) scanOnce() {
 	s.mu.Lock()
 	s.led.lastScan = &scanInfo{at: res.At, took: res.Took, procs: res.Procs}
 	s.led.metrics.scanned(res)
-	changed := s.holdersFromScanLocked(res, targets, names)
-	acts, usesChanged := s.unleasedLocked(res, targets, ancestors, restricted, names)
-	if changed || usesChanged {
-		s.changedLocked()
-	}
+	s.holdersFromScanLocked(res, targets, names)
+	acts := s.unleasedLocked(res, targets, ancestors, restricted, names)
+	s.changedLocked() // the board tells when the last scan was, if nothing else
 	s.mu.Unlock()
 	for _, u := range acts {
 		sig := unix.SIGTERM
@@ -162,10 +160,8 @@ func (s *Server) scanOnce() {
 	}
 }
 
-// holdersFromScanLocked takes each lease's holders from a full scan. It
-// tells whether any changed.
-func (s *Server) holdersFromScanLocked(res *procscan.Result, targets procscan.Targets, names map[uint32]string) bool {
-	changed := false
+// holdersFromScanLocked takes each lease's holders from a full scan.
+func (s *Server) holdersFromScanLocked(res *procscan.Result, targets procscan.Targets, names map[uint32]string) {
 	for _, l := range s.uniqueLeasesLocked() {
 		found := map[int][]*procscan.Proc{}
 		scanned := true
@@ -183,21 +179,19 @@ func (s *Server) holdersFromScanLocked(res *procscan.Result, targets procscan.Ta
 				}
 			}
 		}
-		if scanned && s.setHoldersLocked(l, found, res.At, names) {
-			changed = true
+		if scanned {
+			s.setHoldersLocked(l, found, res.At, names)
 		}
 	}
-	return changed
 }
 
 // unleasedLocked judges the device nodes open in res: it keeps the uses
 // seen, reports those past the grace window, and returns those the policy
-// acts on now. It tells whether the reported list changed.
-func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, ancestors map[int][]int, restricted map[uint32]bool, names map[uint32]string) ([]use, bool) {
+// acts on now.
+func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, ancestors map[int][]int, restricted map[uint32]bool, names map[uint32]string) []use {
 	st := s.cfg.Status
 	seen := map[useKey]bool{}
 	var acts []use
-	changed := false
 	for rdev, pids := range res.Nodes {
 		dev, ok := s.led.nodes[rdev]
 		if !ok {
@@ -231,7 +225,7 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 				s.led.seen[k] = u
 			}
 			if !u.reported && res.At.Sub(u.since) >= st.UnleasedGrace {
-				u.reported, changed = true, true
+				u.reported = true
 				if u.restricted {
 					u.action = st.UnleasedUse
 				}
@@ -243,42 +237,28 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 			}
 		}
 	}
-	for k, u := range s.led.seen {
+	for k := range s.led.seen {
 		if !seen[k] {
-			delete(s.led.seen, k)
-			changed = changed || u.reported
+			delete(s.led.seen, k) // gone, or closed
 		}
 	}
-	if changed || len(s.led.reported) != countReported(s.led.seen) {
-		s.led.reported = s.led.reported[:0]
-		for _, u := range s.led.seen {
-			if u.reported {
-				s.led.reported = append(s.led.reported, u)
-			}
+	s.led.reported = s.led.reported[:0]
+	for _, u := range s.led.seen {
+		if u.reported {
+			s.led.reported = append(s.led.reported, u)
 		}
-		slices.SortFunc(s.led.reported, func(a, b *use) int {
-			if a.dev != b.dev {
-				return a.dev - b.dev
-			}
-			return a.pid - b.pid
-		})
-		changed = true
 	}
-	return acts, changed
+	slices.SortFunc(s.led.reported, func(a, b *use) int {
+		if a.dev != b.dev {
+			return a.dev - b.dev
+		}
+		return a.pid - b.pid
+	})
+	return acts
 }
 
 // maxUses bounds the unleased uses the broker keeps track of.
 const maxUses = 4096
-
-func countReported(m map[useKey]*use) int {
-	n := 0
-	for _, u := range m {
-		if u.reported {
-			n++
-		}
-	}
-	return n
-}
 
 func actionNote(u *use) string {
 	switch u.action {
