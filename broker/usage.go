@@ -154,16 +154,25 @@ func (u *usageLog) run() {
 				break drain
 			}
 		}
-		if len(batch) > 0 {
-			buf = buf[:0]
-			for i := range batch {
-				b, err := json.Marshal(&batch[i])
-				if err != nil {
-					continue
-				}
-				buf = append(append(buf, b...), '\n')
+		buf = buf[:0]
+		n := int64(0)
+		for i := range batch {
+			b, err := json.Marshal(&batch[i])
+			if err != nil {
+				continue
 			}
-			u.write(buf, int64(len(batch)))
+			if u.ensureOpen() == nil && u.size+int64(len(buf)+len(b)) >= u.maxSize && u.size+int64(len(buf)) > 0 {
+				u.write(buf, n)
+				buf, n = buf[:0], 0
+				if err := u.rotate(); err != nil {
+					u.log.Printf("usage log %s: rotate: %v; writing on past its size", u.path, err)
+				}
+			}
+			buf = append(append(buf, b...), '\n')
+			n++
+		}
+		if n > 0 {
+			u.write(buf, n)
 		}
 		if flushed != nil {
 			close(flushed)
@@ -171,16 +180,13 @@ func (u *usageLog) run() {
 	}
 }
 
-// write appends buf (n records), rotating first when it would pass the
-// size limit. A failure drops the records and is said once.
+// write appends buf (n records). A failure drops the records and is said
+// once.
 func (u *usageLog) write(buf []byte, n int64) {
-	err := u.ensureOpen()
-	if err == nil && u.size > 0 && u.size+int64(len(buf)) > u.maxSize {
-		if rerr := u.rotate(); rerr != nil {
-			u.log.Printf("usage log %s: rotate: %v; writing on past its size", u.path, rerr)
-		}
-		err = u.ensureOpen()
+	if len(buf) == 0 {
+		return
 	}
+	err := u.ensureOpen()
 	if err == nil {
 		if u.torn {
 			buf = append([]byte{'\n'}, buf...)
@@ -266,7 +272,9 @@ func (u *usageLog) rotate() error {
 		f.Close()
 		return err
 	}
-	u.f.Close()
+	if u.f != nil {
+		u.f.Close()
+	}
 	u.f, u.size, u.torn = f, int64(len(buf)), false
 	return nil
 }

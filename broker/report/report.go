@@ -234,7 +234,9 @@ func writeJSON(env Env, v any, indent bool) int {
 // ParseSince reads a duration as --since takes it: Go's (90m, 36h) with
 // days (7d) and weeks (2w) besides, or a sum of those (1d12h).
 func ParseSince(s string) (time.Duration, error) {
-	rest, total := s, time.Duration(0)
+	bad := fmt.Errorf("bad duration %q (want e.g. 7d, 24h, 90m)", s)
+	const limit = 100 * 365 * 24 * time.Hour
+	rest, total := s, 0.0 // seconds
 	for rest != "" {
 		i := 0
 		for i < len(rest) && (rest[i] >= '0' && rest[i] <= '9' || rest[i] == '.') {
@@ -245,36 +247,26 @@ func ParseSince(s string) (time.Duration, error) {
 			j++
 		}
 		if i == 0 || j == i {
-			return 0, fmt.Errorf("bad duration %q (want e.g. 7d, 24h, 90m)", s)
+			return 0, bad
 		}
-		num, unit := rest[:i], rest[i:j]
-		var d time.Duration
-		switch unit {
-		case "d", "w":
-			n, err := strconv.ParseFloat(num, 64)
-			if err != nil {
-				return 0, fmt.Errorf("bad duration %q (want e.g. 7d, 24h, 90m)", s)
-			}
-			d = time.Duration(n * 24 * float64(time.Hour))
-			if unit == "w" {
-				d *= 7
-			}
-		default:
-			var err error
-			if d, err = time.ParseDuration(num + unit); err != nil {
-				return 0, fmt.Errorf("bad duration %q (want e.g. 7d, 24h, 90m)", s)
-			}
+		n, err := strconv.ParseFloat(rest[:i], 64)
+		if err != nil {
+			return 0, bad
 		}
-		total += d
+		unit, ok := map[string]float64{"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[rest[i:j]]
+		if !ok {
+			return 0, bad
+		}
+		total += n * unit
 		rest = rest[j:]
 	}
-	if total <= 0 {
+	switch {
+	case total <= 0:
 		return 0, fmt.Errorf("bad duration %q: must be more than 0", s)
-	}
-	if total > 100*365*24*time.Hour {
+	case total > limit.Seconds():
 		return 0, fmt.Errorf("bad duration %q: more than a hundred years", s)
 	}
-	return total, nil
+	return time.Duration(total * float64(time.Second)), nil
 }
 
 // termWidth is the width to fit tables to: $COLUMNS, else the terminal's
