@@ -24,7 +24,8 @@ package client
 //	  │ ◀── {"type":"error","code":"bad-request"} and the broker closes the connection
 //
 // A client cancels a wait by closing the connection. After a grant the same
-// connection may ask again.
+// connection may ask again. The task exchange is in tasks.go; status and
+// usage, who holds what and who used how much, in status.go.
 
 import (
 	"encoding/json"
