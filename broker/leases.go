@@ -224,6 +224,7 @@ func (s *Server) leaseStartLocked(l *lease, devices []int, fds []int, w *Waiter)
 	rec := l.record("start")
 	rec.WaitedMS = waited.Milliseconds()
 	s.led.usage.add(rec)
+	s.led.refreshed = time.Time{} // the next status looks at the new lease's holders
 	s.changedLocked()
 }
 
