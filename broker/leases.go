@@ -118,9 +118,11 @@ func (s *Server) initLedger(stateDir string, held map[int]int) error {
 			led.paths[id] = p
 		}
 	}
-	prefixes := []string{canonical(s.locks) + "/", "/dev/"}
-	if dir := canonical(s.inv.DevDir); dir != "/dev" {
-		prefixes = append(prefixes, dir+"/")
+	// Only links that may name a lock file or a device node are looked at
+	// further: not every /dev/null and terminal of every process.
+	prefixes := []string{canonical(s.locks) + "/"}
+	if stem := nodeStem(s.inv); stem != "" {
+		prefixes = append(prefixes, filepath.Join(canonical(s.inv.DevDir), stem), "/dev/"+stem)
 	}
 	var err error
 	if led.scanner, err = procscan.New(s.procRoot(), os.Getpid(), prefixes...); err != nil {
@@ -145,6 +147,19 @@ func (s *Server) initLedger(stateDir string, held map[int]int) error {
 	go led.usage.run()
 	go s.scanLoop()
 	return nil
+}
+
+// nodeStem is the name of the vendor's device nodes without the number:
+// "davinci", "nvidia"; "" for a vendor without nodes.
+func nodeStem(inv *npu.Inventory) string {
+	if len(inv.IDs) == 0 {
+		return ""
+	}
+	nodes := inv.Nodes(inv.IDs[0])
+	if len(nodes) == 0 {
+		return ""
+	}
+	return strings.TrimRight(filepath.Base(nodes[0]), "0123456789")
 }
 
 // canonical resolves symbolic links in dir, as /proc's links show paths.
