@@ -134,6 +134,15 @@ func (s *Server) setHoldersLocked(l *lease, found map[int][]*procscan.Proc, at t
 			}
 		}
 	}
+	if l.pidStart == 0 {
+		// The start time of the process granted the lease, read here, off
+		// the grant's path: while it holds the lease its pid is its own.
+		for _, h := range all {
+			if h.PID == l.pid {
+				l.pidStart = h.Start
+			}
+		}
+	}
 	devs := s.inv.Vendor.Format(heldIDs(l))
 	if l.pid > 0 && l.kind != client.KindTask && len(all) > 0 && !l.said["pid"] &&
 		!slices.ContainsFunc(all, func(h *procscan.Proc) bool { return h.PID == l.pid && (l.pidStart == 0 || h.Start == l.pidStart) }) {

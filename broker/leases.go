@@ -34,7 +34,7 @@ type lease struct {
 	uid      uint32
 	user     string
 	pid      int    // the process granted it; for a task, its supervisor once known
-	pidStart uint64 // against pid reuse; 0 when unknown
+	pidStart uint64 // against pid reuse: taken when /proc first shows it holding the lease; 0 until then
 	task     uint64
 	service  string // login sessions: PAM service, tty, remote host
 	tty      string
@@ -181,10 +181,15 @@ func (s *Server) newLeaseID() uint64 {
 	return id
 }
 
-// inlineGrantedLocked records the lease that grantLocked just sent an
-// npurun: fds are the locked descriptors sent, in the order of g.Devices.
+// inlineGrantedLocked records the lease that grantLocked just sent over
+// connection c: fds are the locked descriptors sent, in the order of
+// g.Devices. The lease is the waiter's user's (who may not be the
+// connection's: root asks on behalf of a login); its pid is the process
+// that will hold it, c's peer. A login session's lease (kind login, with
+// its PAM service, tty and remote host) is recorded here too, once
+// sessions exist.
 func (s *Server) inlineGrantedLocked(c *conn, g Grant, fds []int) {
-	l := &lease{kind: client.KindInline, uid: c.uid, user: c.acct.name, pid: int(c.pid), pool: g.W.Pool}
+	l := &lease{kind: client.KindInline, uid: g.W.UID, user: g.W.user, pid: int(c.pid), pool: g.W.Pool}
 	s.leaseStartLocked(l, g.Devices, fds, g.W)
 }
 
@@ -208,9 +213,6 @@ func (s *Server) leaseStartLocked(l *lease, devices []int, fds []int, w *Waiter)
 	l.id, l.since = s.newLeaseID(), now
 	l.devices = slices.Clone(devices)
 	l.held = map[int]bool{}
-	if l.pid > 0 {
-		l.pidStart = s.led.scanner.Start(l.pid)
-	}
 	for i, id := range devices {
 		fid, err := procscan.ID(fds[i])
 		if err != nil {
@@ -300,18 +302,6 @@ func (s *Server) uniqueLeasesLocked() []*lease {
 		}
 	}
 	return out
-}
-
-// isLive tells whether lease id is held now.
-func (s *Server) isLive(id uint64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, l := range s.led.leases {
-		if l.id == id {
-			return true
-		}
-	}
-	return false
 }
 
 // adoptLeases takes up, at start, the leases held from before: a held

@@ -84,12 +84,10 @@ colour = true
 log = "usage.log"
 max_size_mb = 0
 keep = 101
-[restrict]
-users = "guest"
 `
 	_, err := Parse("npurun.conf", []byte(conf))
 	if err == nil {
-		t.Fatal("bad [status], [usage], [restrict] accepted")
+		t.Fatal("bad [status] and [usage] accepted")
 	}
 	want := []string{
 		`npurun.conf:2: [broker] metrics_listen: want host:port such as "127.0.0.1:9464", not "9464"`,
@@ -102,7 +100,6 @@ users = "guest"
 		`npurun.conf:11: [usage] log: must be an absolute path, not "usage.log"`,
 		`npurun.conf:12: [usage] max_size_mb: must be at least 1, not 0`,
 		`npurun.conf:13: [usage] keep: must be at most 100, not 101`,
-		`npurun.conf:15: [restrict] users: must be an array of strings, not a string`,
 	}
 	if got := strings.Split(err.Error(), "\n"); !reflect.DeepEqual(got, want) {
 		t.Errorf("errors:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

@@ -178,19 +178,22 @@ func (s *Scanner) openFiles(p procfs.Proc, t Targets, r *Result) {
 		if err != nil || n == 0 || linkBuf[0] != '/' || !s.worthStat(linkBuf[:n]) {
 			continue // a socket, a pipe, or a path of no interest
 		}
-		var st unix.Stat_t
-		if unix.Stat(path, &st) != nil {
+		// Cached attributes only (AT_STATX_DONT_SYNC): a file on a FUSE
+		// or network file system of a user's is not asked, so that it
+		// cannot hold the scan up.
+		var st unix.Statx_t
+		if unix.Statx(unix.AT_FDCWD, path, unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE|unix.STATX_INO, &st) != nil {
 			continue
 		}
-		switch st.Mode & unix.S_IFMT {
+		switch uint32(st.Mode) & unix.S_IFMT {
 		case unix.S_IFREG:
-			if id := (FileID{Dev: st.Dev, Ino: st.Ino}); t.Files[id] {
+			if id := (FileID{Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}); t.Files[id] {
 				r.Files[id] = appendOnce(r.Files[id], p.PID)
 				found = true
 			}
 		case unix.S_IFCHR:
-			if t.Nodes[st.Rdev] {
-				r.Nodes[st.Rdev] = appendOnce(r.Nodes[st.Rdev], p.PID)
+			if rdev := unix.Mkdev(st.Rdev_major, st.Rdev_minor); t.Nodes[rdev] {
+				r.Nodes[rdev] = appendOnce(r.Nodes[rdev], p.PID)
 				found = true
 			}
 		}
