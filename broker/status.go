@@ -249,24 +249,37 @@ func (s *Server) waiterInfo(w *Waiter, pos int) client.WaiterInfo {
 }
 
 // encodeBoard is the status reply carrying b, cut to fit one message if
-// it must be: fewer waiters, unleased uses and holders are listed.
+// it must be: fewer waiters, unleased uses and holders, then no commands,
+// then fewer devices; Truncated says so.
 func encodeBoard(b *client.Board) []byte {
 	for cut := 0; ; cut++ {
 		data, err := json.Marshal(&client.Reply{V: client.Version, Type: client.TypeStatus, Board: b})
-		if err == nil && len(data) <= client.MaxMessage || cut == 3 {
+		if err == nil && len(data) <= client.MaxMessage || cut == 5 {
 			return data
 		}
 		b.Truncated = true
-		keep := []int{5, 1, 0}[min(cut, 2)]
+		keep := []int{5, 1, 0, 0, 0}[cut]
 		for i := range b.Waiting {
 			b.Waiting[i].Waiters = b.Waiting[i].Waiters[:min(keep, len(b.Waiting[i].Waiters))]
 		}
 		b.Unleased = b.Unleased[:min(keep*4, len(b.Unleased))]
 		for i := range b.Devices {
-			if li := b.Devices[i].Lease; li != nil && len(li.Holders) > keep {
-				li.MoreHolders += len(li.Holders) - keep
-				li.Holders = li.Holders[:keep]
+			li := b.Devices[i].Lease
+			if li == nil {
+				continue
 			}
+			if n := max(keep, 1); len(li.Holders) > n {
+				li.MoreHolders += len(li.Holders) - n
+				li.Holders = li.Holders[:n]
+			}
+			if cut >= 3 {
+				for j := range li.Holders {
+					li.Holders[j].Command = ""
+				}
+			}
+		}
+		if cut == 4 {
+			b.Devices = b.Devices[:min(len(b.Devices), 256)]
 		}
 	}
 }
