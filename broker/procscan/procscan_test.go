@@ -1,10 +1,12 @@
 package procscan
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -184,4 +186,94 @@ func TestSignalChecksStart(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("SIGTERM did not end the process")
 	}
+}
+
+// fakeProc writes process pid of a fake /proc tree at root: its stat,
+// status and cmdline, its descriptors as links to files, and its children.
+func fakeProc(t *testing.T, root string, pid, ppid int, uid int, comm string, fds map[int]string, children ...int) {
+	t.Helper()
+	dir := filepath.Join(root, strconv.Itoa(pid))
+	for _, d := range []string{"fd", filepath.Join("task", strconv.Itoa(pid))} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stat := fmt.Sprintf("%d (%s) S %d %d %d 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 %d 1000 100 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0\n", pid, comm, ppid, pid, pid, 1000+pid)
+	status := fmt.Sprintf("Name:\t%s\nUid:\t%d\t%d\t%d\t%d\nGid:\t0\t0\t0\t0\n", comm, uid, uid, uid, uid)
+	var kids []string
+	for _, c := range children {
+		kids = append(kids, strconv.Itoa(c))
+	}
+	for name, data := range map[string]string{"stat": stat, "status": status, "cmdline": comm + "\x00--fake\x00",
+		filepath.Join("task", strconv.Itoa(pid), "children"): strings.Join(kids, " ")} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for fd, target := range fds {
+		if err := os.Symlink(target, filepath.Join(dir, "fd", strconv.Itoa(fd))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestFakeTree: the scanner reads whatever tree it is given (procfs.NewFS
+// of a root, no /proc of its own): holders by the files their descriptor
+// links reach, children and ancestors from stat and the children lists,
+// and a loop of parents in a damaged tree ends.
+func TestFakeTree(t *testing.T) {
+	root := t.TempDir()
+	files := t.TempDir()
+	lock := filepath.Join(files, "npu0.lock")
+	if err := os.WriteFile(lock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "uptime"), []byte("1000.50 10.00\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fakeProc(t, root, 10, 1, 1000, "torchrun", map[int]string{3: lock, 4: "/elsewhere"}, 11, 12)
+	fakeProc(t, root, 11, 10, 1000, "worker", map[int]string{3: lock}) // inherited
+	fakeProc(t, root, 12, 10, 1000, "worker", map[int]string{0: "/dev/null"})
+	fakeProc(t, root, 20, 21, 2000, "loop", map[int]string{7: lock}) // passed to, parents in a loop
+	fakeProc(t, root, 21, 20, 2000, "loop", nil)
+	s, err := New(root, 0, files+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	id, err := ID(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := Targets{Files: map[FileID]bool{id: true}}
+	r, err := s.Scan(targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Files[id]; !slices.Equal(sorted(got), []int{10, 11, 20}) || r.Procs != 5 {
+		t.Fatalf("holders %v of %d processes, want 10, 11, 20 of 5", got, r.Procs)
+	}
+	if pi := r.Info[11]; pi == nil || pi.PPID != 10 || pi.UID != 1000 || pi.Comm != "worker" || !slices.Equal(pi.Cmdline, []string{"worker", "--fake"}) || pi.Start != 1011 {
+		t.Errorf("process 11: %+v", r.Info[11])
+	}
+	if anc := s.Ancestors(r, 11); !slices.Equal(anc, []int{10}) {
+		t.Errorf("ancestors of 11: %v, want [10]", anc)
+	}
+	if anc := s.Ancestors(r, 20); len(anc) != 1024 {
+		t.Errorf("a loop of parents walked %d steps, want the bound, 1024", len(anc))
+	}
+	tr := s.Tree([]int{10}, targets, 100)
+	if got := tr.Files[id]; !slices.Equal(sorted(got), []int{10, 11}) || tr.Procs != 3 {
+		t.Errorf("tree of 10: holders %v of %d processes, want 10, 11 of 3", got, tr.Procs)
+	}
+}
+
+func sorted(s []int) []int {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
 }
