@@ -14,13 +14,22 @@ import (
 	"github.com/npurun/npurun/broker/client"
 )
 
-// opener writes a script that closes descriptor 3 (where npurun puts a
-// lease's lock), opens the device node $1 at descriptor 8, says
-// "open NODE PID" and becomes `sleep 600`, keeping the node open.
+// opener writes a script that closes the lease's lock descriptor if it
+// has one (NPURUN_LEASE=DEV:FD), opens the device node $1 at descriptor 8,
+// says "open NODE PID" and becomes `sleep 600`, keeping the node open.
 func opener(t testing.TB) string {
 	t.Helper()
 	p := filepath.Join(SharedDir(t), "opener.sh")
-	script := "#!/bin/sh\nexec 3<&-\nexec 8<\"$1\"\necho \"open $1 $$\"\nexec sleep 600\n"
+	script := `#!/bin/sh
+if [ -n "$NPURUN_LEASE" ]; then
+	fd=${NPURUN_LEASE#*:}
+	eval "exec ${fd%%,*}<&-"
+	[ -e /proc/$$/fd/${fd%%,*} ] && { echo "lock descriptor ${fd%%,*} still open"; exit 1; }
+fi
+exec 8<"$1"
+echo "open $1 $$"
+exec sleep 600
+`
 	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
