@@ -65,7 +65,7 @@ type ledger struct {
 	leases  map[int]*lease // by device id, while held
 	lastID  uint64
 	scanner *procscan.Scanner // safe for concurrent use
-	usage   *usageLog         // nil when the broker keeps no accounting log
+	usage   *usageLog         // the accounting log
 	nodes   map[uint64]int    // device node rdev -> device id
 	paths   map[int]string    // device id -> its node
 	freed   map[int]time.Time // when a device's last lease ended, for the handoff metric
@@ -91,9 +91,9 @@ type ledger struct {
 
 // initLedger prepares the ledger: the /proc scanner, the device nodes to
 // watch, the accounting log (read back for the leases still open), and
-// the leases found held at start (held: device id -> locked descriptor's
-// open file, the spare that its watcher will wait on). It returns once
-// every held device has its lease adopted or recorded as found.
+// the leases found held at start (held: device id -> a descriptor of its
+// held lock file, the one its watcher will wait on). It returns once every
+// held device has its lease taken up or recorded as found.
 func (s *Server) initLedger(stateDir string, held map[int]int) error {
 	led := &s.led
 	led.leases = map[int]*lease{}
