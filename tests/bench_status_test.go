@@ -128,12 +128,15 @@ func BenchmarkScanCPU(b *testing.B) {
 	br.mu.Unlock()
 	// Wait for a scan that saw the extra processes, then measure from there.
 	w := watchBoards(b, br, nil)
-	first, _ := w.next("a scan of the extra processes", func(bd *client.Board) bool { return bd.Scan.Procs >= benchExtraProcs })
+	// A scan of 5,000 processes is followed by a pause 49 times its CPU
+	// time: on a slow machine, longer than the interval.
+	const slow = 10 * time.Minute
+	first, _ := w.nextWithin(slow, "a scan of the extra processes", func(bd *client.Board) bool { return bd.Scan.Procs >= benchExtraProcs })
 	interval := time.Duration(first.Scan.IntervalMS) * time.Millisecond
 	c0, t0 := benchCPU(b, pid), time.Now()
 	last := first
 	for range benchScanWindow {
-		last, _ = w.next("the next scan", func(bd *client.Board) bool { return bd.Scan.Last > last.Scan.Last })
+		last, _ = w.nextWithin(slow, "the next scan", func(bd *client.Board) bool { return bd.Scan.Last > last.Scan.Last })
 	}
 	c1, t1 := benchCPU(b, pid), time.Now()
 	share := (c1 - c0).Seconds() / t1.Sub(t0).Seconds()
@@ -143,6 +146,6 @@ func BenchmarkScanCPU(b *testing.B) {
 		{"interval", interval.String()},
 		{"processes scanned", strconv.Itoa(last.Scan.Procs)},
 		{"one scan (wall)", strconv.FormatFloat(last.Scan.TookMS, 'f', 1, 64) + " ms"},
-		{"broker CPU over " + t1.Sub(t0).Round(time.Second).String(), strconv.FormatFloat(100*share, 'f', 2, 64) + "% of one core (target ≤ 2%)"},
+		{"broker CPU over " + strconv.Itoa(benchScanWindow) + " scans, " + t1.Sub(t0).Round(time.Second).String(), strconv.FormatFloat(100*share, 'f', 2, 64) + "% of one core (target ≤ 2%)"},
 	})
 }

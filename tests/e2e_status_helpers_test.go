@@ -69,8 +69,15 @@ func watchBoards(t testing.TB, b *Broker, as func(*exec.Cmd) *exec.Cmd) *watcher
 // returns it, with every board before it (those that did not).
 func (w *watcher) next(what string, ok func(*client.Board) bool) (*client.Board, []*client.Board) {
 	w.t.Helper()
+	return w.nextWithin(eventTimeout, what, ok)
+}
+
+// nextWithin is next with a time limit of its own, for events that come
+// slowly by design (a background scan on a machine with many processes).
+func (w *watcher) nextWithin(limit time.Duration, what string, ok func(*client.Board) bool) (*client.Board, []*client.Board) {
+	w.t.Helper()
 	var before []*client.Board
-	deadline := time.After(eventTimeout)
+	deadline := time.After(limit)
 	for {
 		w.mu.Lock()
 		lines, ch := w.lines, w.notify
@@ -96,7 +103,7 @@ func (w *watcher) next(what string, ok func(*client.Board) bool) (*client.Board,
 				j, _ := json.Marshal(before[n-1])
 				last = string(j)
 			}
-			w.t.Fatalf("no board with %s within %s; last one:\n%s", what, eventTimeout, last)
+			w.t.Fatalf("no board with %s within %s; last one:\n%s", what, limit, last)
 		}
 	}
 }
