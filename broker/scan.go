@@ -27,15 +27,17 @@ import (
 // lease away: allocation is the truth, usage only a signal.
 //
 // Its CPU share is bounded: a scan starts at most every scan_interval, and
-// never sooner after the last one than 49 times the CPU time that one
-// took, so the scan stays within 2% of one core whatever the number of
-// processes (on a busy machine its wall time is longer, not its share).
+// never sooner after the last one than 59 times the CPU time that one
+// took: the scan's own thread stays within 1/60 of one core whatever the
+// number of processes, which leaves the broker's whole share within 2%
+// with what the scan costs elsewhere (its garbage, mostly). On a busy
+// machine its wall time is longer, not its share.
 // Status asks for a scan sooner (a kick) when it finds a lease whose known
 // holders are all gone; the bound holds for those too.
 
-// scanBudget is the most of one core the background scan may use, as the
-// ratio of a scan's time to the time from its start to the next one's.
-const scanBudget = 50
+// scanBudget is the least ratio of the time from one scan's start to the
+// next one's to the CPU time the first took: 60, 1/60 of one core.
+const scanBudget = 60
 
 // scanInfo is what status tells of the last background scan.
 type scanInfo struct {

@@ -163,17 +163,17 @@ func (s *Scanner) result() *Result {
 // openFiles records the targets that process p has open, and p itself if
 // it has any.
 func (s *Scanner) openFiles(p procfs.Proc, t Targets, r *Result) {
-	fds, err := p.FileDescriptors()
-	if err != nil {
-		return // gone, or not ours to read
-	}
 	found := false
 	var pathBuf [256]byte
 	var linkBuf [4096]byte
 	dir := strconv.AppendInt(append(append(pathBuf[:0], s.root...), '/'), int64(p.PID), 10)
 	dir = append(dir, "/fd/"...)
+	fds, ok := readFDs(string(dir))
+	if !ok {
+		return // gone, or not ours to read
+	}
 	for _, fd := range fds {
-		path := string(strconv.AppendInt(dir, int64(fd), 10))
+		path := string(append(dir, fd...))
 		n, err := unix.Readlink(path, linkBuf[:])
 		if err != nil || n == 0 || linkBuf[0] != '/' || !s.worthStat(linkBuf[:n]) {
 			continue // a socket, a pipe, or a path of no interest
@@ -200,6 +200,33 @@ func (s *Scanner) openFiles(p procfs.Proc, t Targets, r *Result) {
 	}
 	if found {
 		s.info(r, p.PID)
+	}
+}
+
+// readFDs lists the descriptors in a /proc/PID/fd directory. It is the
+// scan's most frequent call, so it reads the directory with plain system
+// calls: os.Open would also fstat the directory and try to register it
+// with the poller, for each of thousands of processes.
+func readFDs(dir string) ([]string, bool) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, false
+	}
+	defer unix.Close(fd)
+	var buf [8192]byte
+	var names []string
+	for {
+		n, err := unix.ReadDirent(fd, buf[:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return names, len(names) > 0
+		}
+		if n <= 0 {
+			return names, true
+		}
+		_, _, names = unix.ParseDirent(buf[:n], -1, names)
 	}
 }
 
