@@ -87,6 +87,8 @@ type Server struct {
 	warm      int           // supervisors started for tasks still waiting
 	paused    *pause        // task starts are stopped, and why
 	pauseWait time.Duration // how long the current pause waits before trying again
+
+	led ledger // leases as granted, their holders in /proc, unleased use, accounting (leases.go)
 }
 
 // New prepares a broker: the lock directory, the lock files, and the
@@ -149,6 +151,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.devs = make([]*device, maxID+1)
 	var free []int
+	held := map[int]int{} // devices held from before this start: their lock files
 	for _, id := range s.inv.IDs {
 		d := &device{id: id, path: LockPath(s.locks, id), fd: -1, spare: -1, watch: make(chan int, 1)}
 		fd, isFree, err := tryLock(d.path)
@@ -168,7 +171,7 @@ func New(o Options) (*Server, error) {
 		} else {
 			d.since = time.Now()
 			s.log.Printf("npu %d is held by a lease from before this start; waiting for its release", id)
-			d.watch <- fd
+			held[id] = fd // to its watcher once its lease is taken up
 		}
 	}
 	if s.inv.Note != "" {
@@ -187,6 +190,18 @@ func New(o Options) (*Server, error) {
 	stateDir := o.StateDir
 	if stateDir == "" {
 		stateDir = o.Config.Tasks.StateDir
+	}
+	// The state directory is this broker's for its life: the journal and
+	// the accounting log are read and written by one broker only. A
+	// directory that cannot be had now leaves leases served (tasks try again).
+	if err := s.claimState(stateDir); errors.Is(err, ErrClaimed) {
+		return nil, err
+	}
+	if err := s.initLedger(stateDir, held); err != nil {
+		return nil, err
+	}
+	for id, fd := range held {
+		s.devs[id].watch <- fd
 	}
 	if err := s.openTasks(stateDir); err != nil {
 		return nil, err
@@ -217,6 +232,7 @@ func (s *Server) watch(d *device) {
 		}
 		s.resolveNodeUsers([]int{d.id}) // for revokeLocked, outside the lock
 		s.mu.Lock()
+		s.leaseEndLocked(d)
 		if d.leased {
 			if s.held[d.holder]--; s.held[d.holder] <= 0 {
 				delete(s.held, d.holder)
@@ -338,6 +354,8 @@ func answers(path string) bool {
 func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
+	s.serveMetrics(ctx)
+	defer s.led.usage.flush(2 * time.Second)
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {

@@ -72,3 +72,20 @@ func readPID(f *os.File) int {
 	}
 	return pid
 }
+
+// claimState takes the state directory for this broker's life, once: two
+// brokers replaying one journal would run the same task twice.
+func (s *Server) claimState(dir string) error {
+	if s.stateClaim != nil {
+		return nil
+	}
+	if err := prepareLockDir(dir); err != nil {
+		return err
+	}
+	claim, err := Claim(dir)
+	if err != nil {
+		return err
+	}
+	s.stateClaim = claim
+	return nil
+}

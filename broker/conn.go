@@ -217,6 +217,8 @@ func (c *conn) serve(req *client.Request) bool {
 		return s.session(c, req)
 	case client.OpSubmit, client.OpList, client.OpShow, client.OpCancel, client.OpWait, client.OpTaskDone:
 		return s.taskOp(c, req)
+	case client.OpStatus, client.OpUsage:
+		return s.statusOp(c, req)
 	default:
 		s.mu.Lock()
 		defer s.mu.Unlock()

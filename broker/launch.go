@@ -213,6 +213,7 @@ func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
 		d.fd = -1
 		s.releasedLocked(d, t.UID)
 	}
+	s.taskGrantedLocked(t, devices, fds)
 	if sl >= 0 {
 		s.cpuFree[sl] = false
 	}

@@ -148,6 +148,7 @@ func busyMessage(w *Waiter, v npu.Vendor) string {
 // scheduleLocked grants what can be granted now: devices to leases and
 // tasks, CPU slots to tasks that need no device.
 func (s *Server) scheduleLocked() {
+	s.changedLocked() // for status watchers: the line or the devices changed
 	for s.nfree > 0 && s.q.Len() > 0 {
 		free := make([]bool, len(s.devs))
 		for id, d := range s.devs {
@@ -243,6 +244,7 @@ func (s *Server) grantLocked(g Grant) bool {
 		c.c.Close()
 		return false
 	}
+	s.inlineGrantedLocked(c, g, fds, isLogin)
 	for _, id := range g.Devices {
 		d := s.devs[id]
 		closeFD(d.fd)

@@ -48,17 +48,9 @@ func (s *Server) openTasks(dir string) error {
 // running tasks whose supervisor lives on are followed to their end (the
 // others are lost), and waiting tasks queue again in submission order.
 func (s *Server) takeUpTasks(dir string) error {
-	// Two brokers replaying one journal would run the same task twice: the
-	// state directory is this broker's for its life.
-	if s.stateClaim == nil {
-		if err := prepareLockDir(dir); err != nil {
-			return err
-		}
-		claim, err := Claim(dir)
-		if err != nil {
-			return err
-		}
-		s.stateClaim = claim
+	// Two brokers replaying one journal would run the same task twice.
+	if err := s.claimState(dir); err != nil {
+		return err
 	}
 	life, err := tasklife.Open(dir, tasklife.Options{
 		Lock: &s.mu, Keep: s.cfg.Tasks.KeepEnded, KeepPerUser: s.cfg.Tasks.KeepEndedPer,

@@ -40,6 +40,9 @@ type Config struct {
 	Users             map[string]Limit // [user.NAME], merged with Default
 	Groups            map[string]Limit // [group.NAME], merged with Default
 	Tasks             Tasks            // [tasks]
+	MetricsListen     string           // [broker] metrics_listen: host:port for Prometheus; "" for none
+	Status            Status           // [status]
+	Usage             Usage            // [usage]
 	Restrict          Restrict         // [restrict]
 
 	file string    // the file name as given to Parse, for warnings
@@ -371,12 +374,12 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		switch k {
-		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "restrict":
+		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict":
 			continue
 		}
 		if _, isTable := raw[k].(map[string]any); isTable {
 			p.errs = append(p.errs, Error{File: p.file, Line: p.idx.line(k), Key: "[" + k + "]",
-				Msg: "unknown table (known: devices, broker, pools, limits, tasks, restrict, user.NAME, group.NAME)"})
+				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, user.NAME, group.NAME)"})
 		} else {
 			p.errorf(nil, k, "unknown key (keys belong in a table such as [devices])")
 		}
@@ -478,7 +481,8 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	// [broker]
 	broker := []string{"broker"}
 	if t, ok := p.table(nil, raw, "broker"); ok {
-		p.unknown(broker, t, "max_connections", "max_waiting_per_user", "default_pool")
+		p.unknown(broker, t, "max_connections", "max_waiting_per_user", "default_pool", "metrics_listen")
+		p.metricsListen(broker, t, c)
 		if n, ok := p.integer(broker, t, "max_connections", 1); ok {
 			c.MaxConnections = n
 		}
@@ -546,6 +550,8 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	if c.Tasks.CPUThreads == 0 {
 		c.Tasks.CPUThreads = max(1, runtime.NumCPU()/max(1, c.Tasks.CPUSlots))
 	}
+	p.status(raw, c)
+	p.usage(raw, c)
 
 	c.Restrict = p.restrict(raw, c, poolExists)
 

@@ -135,6 +135,12 @@ func TestLoginShell(t *testing.T) {
 	first.waitLine("devices=0 lease=yes")
 	first.waitLine("opened")
 	first.waitLine("nested=0")
+	// npubroker status shows the login's lease as one.
+	for _, d := range b.Board(t).Devices {
+		if d.ID == 0 && (d.State != client.DeviceLogin || d.Lease == nil || d.Lease.Kind != client.KindLogin || d.Lease.User != student.Name) {
+			t.Errorf("status shows npu 0 as %+v, want a login lease of %s", d, student.Name)
+		}
+	}
 
 	// A second restricted login (on_busy = "hide"): in without a device.
 	second := login(t, b, other, "second", `echo "in=[$NPURUN_DEVICES]"; exit 0`)

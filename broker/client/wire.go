@@ -24,7 +24,8 @@ package client
 //	  │ ◀── {"type":"error","code":"bad-request"} and the broker closes the connection
 //
 // A client cancels a wait by closing the connection. After a grant the same
-// connection may ask again.
+// connection may ask again. The task exchange is in tasks.go; status and
+// usage, who holds what and who used how much, in status.go.
 //
 // Sessions: pam_npurun.so (as root, on behalf of the user logging in) and
 // npurun --login (as the user) ask what a login session gets. The broker
@@ -115,6 +116,10 @@ type Request struct {
 	ID     uint64      `json:"id,omitempty"`     // show, cancel, wait, task-done
 	All    bool        `json:"all,omitempty"`    // list: everyone's
 	Status *Status     `json:"status,omitempty"` // task-done
+
+	// status, usage (status.go)
+	Watch bool        `json:"watch,omitempty"` // status: again after every change
+	Usage *UsageQuery `json:"usage,omitempty"`
 }
 
 // Reply is a message from the broker.
@@ -143,7 +148,11 @@ type Reply struct {
 	// tasks
 	ID    uint64     `json:"id,omitempty"`    // submitted
 	Tasks []TaskInfo `json:"tasks,omitempty"` // tasks
-	More  bool       `json:"more,omitempty"`  // tasks: another "tasks" reply follows
+	More  bool       `json:"more,omitempty"`  // tasks, usage: another reply of the same type follows
+
+	// status, usage (status.go)
+	Board *Board       `json:"board,omitempty"`
+	Usage *UsageReport `json:"usage,omitempty"`
 }
 
 // Ordinal writes a place in line as people read it: 1st, 2nd, 3rd, 11th.

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker"
+	"github.com/npurun/npurun/broker/report"
 	"github.com/npurun/npurun/broker/supervisor"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
@@ -27,11 +28,15 @@ var version = "dev"
 const usage = `Usage:
   npubroker serve [--config FILE] [--socket PATH] [--run-dir DIR] [--state-dir DIR]
   npubroker check-config [FILE]
+  ` + report.StatusUsage + `
+  ` + report.UsageUsage + `
   npubroker --version
 
 Commands:
   serve         run the broker (as root in production; unprivileged for tests)
   check-config  validate a configuration file and name every error's line
+  status        who holds which device, the line, unleased use (any user)
+  usage         device-hours per user and kind of lease (any user)
 `
 
 func main() {
@@ -44,6 +49,10 @@ func main() {
 		os.Exit(serve(os.Args[2:]))
 	case "check-config":
 		os.Exit(checkConfig(os.Args[2:]))
+	case "status":
+		os.Exit(report.Status(os.Args[2:], report.OSEnv()))
+	case "usage":
+		os.Exit(report.Usage(os.Args[2:], report.OSEnv()))
 	case "supervise": // started by the broker for each task; not for people
 		os.Exit(supervisor.Main(os.Args[2:]))
 	case "--version", "version":

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -27,13 +28,21 @@ func main() {
 	relock := flag.Bool("relock", false, "play a client that keeps its lease's descriptor: unlock it, then block in flock on it again until standard input closes")
 	ask := flag.String("ask", "", "send one request with this op, naming -user, to the broker at $NPURUN_SOCKET and print the reply")
 	askUser := flag.String("user", "", "the user an -ask request names")
+	pass := flag.String("pass", "", "send the lease's first descriptor over the Unix socket at this path, then exit")
+	receive := flag.String("receive", "", "listen on this Unix socket path, take a descriptor sent there and keep it until standard input closes")
 	flag.Parse()
-	if *ask != "" {
+	switch {
+	case *ask != "":
 		askBroker(*ask, *askUser)
 		return
-	}
-	if *relock {
+	case *relock:
 		relockLease()
+		return
+	case *pass != "":
+		passLease(*pass)
+		return
+	case *receive != "":
+		receiveLease(*receive)
 		return
 	}
 
@@ -122,4 +131,63 @@ func askBroker(op, user string) {
 	default:
 		fmt.Println(r.Type)
 	}
+}
+
+// passLease sends the lease's first descriptor to the process listening at
+// path: the lease goes on in a process that is no descendant of npurun's.
+func passLease(path string) {
+	_, fdText, _ := strings.Cut(strings.Split(os.Getenv("NPURUN_LEASE"), ",")[0], ":")
+	fd, err := strconv.Atoi(fdText)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "workload: no lease descriptor in NPURUN_LEASE")
+		os.Exit(4)
+	}
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "workload:", err)
+		os.Exit(4)
+	}
+	if _, _, err := c.WriteMsgUnix([]byte("lease"), unix.UnixRights(fd), nil); err != nil {
+		fmt.Fprintln(os.Stderr, "workload: send:", err)
+		os.Exit(4)
+	}
+	c.Close()
+	fmt.Println("passed")
+}
+
+// receiveLease says "listening", takes one descriptor sent to path, says
+// "received", and keeps it until its standard input closes.
+func receiveLease(path string) {
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "workload:", err)
+		os.Exit(4)
+	}
+	os.Chmod(path, 0o777) // a sender of another user may connect
+	fmt.Println("listening")
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "workload:", err)
+		os.Exit(4)
+	}
+	buf, oob := make([]byte, 16), make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "workload: receive:", err)
+		os.Exit(4)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		fmt.Fprintln(os.Stderr, "workload: no descriptor came")
+		os.Exit(4)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		fmt.Fprintln(os.Stderr, "workload: no descriptor came")
+		os.Exit(4)
+	}
+	c.Close()
+	ln.Close()
+	fmt.Printf("received %d\n", fds[0])
+	os.Stdin.Read(make([]byte, 1))
 }

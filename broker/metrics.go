@@ -1,0 +1,150 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/procscan"
+)
+
+// The Prometheus endpoint, opt-in ([broker] metrics_listen): the state of
+// the devices, the lines and the tasks, read under the broker's lock at
+// each scrape, and counters and histograms kept as grants happen.
+
+// metrics is the broker's registry and the instruments updated as things
+// happen.
+type metrics struct {
+	reg      *prometheus.Registry
+	grants   *prometheus.CounterVec
+	wait     *prometheus.HistogramVec
+	handoffH prometheus.Histogram
+	scanDur  prometheus.Gauge
+	scanN    prometheus.Gauge
+}
+
+var (
+	devicesDesc  = prometheus.NewDesc("npurun_devices", "Devices by state: free, reserved, leased (npurun), task, login, held (from before the broker's start), out-of-service.", []string{"state"}, nil)
+	waitersDesc  = prometheus.NewDesc("npurun_waiters", "Requests waiting, by pool (\"cpu\": tasks waiting for a CPU slot).", []string{"pool"}, nil)
+	unleasedDesc = prometheus.NewDesc("npurun_unleased_processes", "Processes reported with a device node open without a lease, past the grace window.", nil, nil)
+	tasksDesc    = prometheus.NewDesc("npurun_tasks", "Tasks the broker knows, by state.", []string{"state"}, nil)
+	droppedDesc  = prometheus.NewDesc("npurun_usage_records_dropped_total", "Accounting log records that could not be written since the broker started.", nil, nil)
+)
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		grants: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "npurun_grants_total",
+			Help: "Leases granted, by kind: inline (npurun), task, login."}, []string{"kind"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "npurun_grant_wait_seconds",
+			Help:    "Time from a request's arrival in line to its grant, by kind.",
+			Buckets: []float64{0.001, 0.01, 0.1, 1, 10, 60, 300, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600}}, []string{"kind"}),
+		handoffH: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "npurun_handoff_seconds",
+			Help:    "Time from a lease's end to the grant of its device to a request that was waiting.",
+			Buckets: []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}}),
+		scanDur: prometheus.NewGauge(prometheus.GaugeOpts{Name: "npurun_scan_duration_seconds", Help: "How long the last background /proc scan took."}),
+		scanN:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "npurun_scan_processes", Help: "Processes the last background /proc scan looked at."}),
+	}
+	for _, kind := range []string{client.KindInline, client.KindTask, client.KindLogin} {
+		m.grants.WithLabelValues(kind)
+	}
+	m.reg.MustRegister(m.grants, m.wait, m.handoffH, m.scanDur, m.scanN, stateCollector{s},
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func (m *metrics) granted(kind string, waited time.Duration) {
+	m.grants.WithLabelValues(kind).Inc()
+	m.wait.WithLabelValues(kind).Observe(waited.Seconds())
+}
+
+func (m *metrics) handoff(d time.Duration) { m.handoffH.Observe(d.Seconds()) }
+
+func (m *metrics) scanned(res *procscan.Result) {
+	m.scanDur.Set(res.Took.Seconds())
+	m.scanN.Set(float64(res.Procs))
+}
+
+// stateCollector reads the broker's state at each scrape.
+type stateCollector struct{ s *Server }
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{devicesDesc, waitersDesc, unleasedDesc, tasksDesc, droppedDesc} {
+		ch <- d
+	}
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	s.mu.Lock()
+	states, _ := s.deviceStatesLocked()
+	byState := map[string]int{}
+	for _, st := range states {
+		byState[st]++
+	}
+	waiters := map[string]int{}
+	for _, p := range s.cfg.Pools {
+		waiters[p.Name] = 0
+	}
+	for _, w := range s.q.Waiters() {
+		waiters[w.Pool]++
+	}
+	waiters["cpu"] = s.cpuq.Len()
+	unleased := len(s.led.reported)
+	tasks := s.taskCountsLocked()
+	s.mu.Unlock()
+	for _, st := range []string{client.DeviceFree, client.DeviceReserved, client.DeviceLeased, client.DeviceTask, client.DeviceLogin, client.DeviceHeld, client.DeviceOut} {
+		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(byState[st]), st)
+	}
+	for pool, n := range waiters {
+		ch <- prometheus.MustNewConstMetric(waitersDesc, prometheus.GaugeValue, float64(n), pool)
+	}
+	ch <- prometheus.MustNewConstMetric(unleasedDesc, prometheus.GaugeValue, float64(unleased))
+	for _, st := range []string{client.StatePending, client.StateBlocked, client.StateRunning, client.StateDone, client.StateFailed, client.StateCancelled, client.StateLost} {
+		ch <- prometheus.MustNewConstMetric(tasksDesc, prometheus.GaugeValue, float64(tasks[st]), st)
+	}
+	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(s.led.usage.dropped.Load()))
+}
+
+// listenMetrics opens [broker] metrics_listen, if set. A metrics endpoint
+// that cannot listen is said in the log, and leases go on.
+func (s *Server) listenMetrics() {
+	addr := s.cfg.MetricsListen
+	if addr == "" {
+		return
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		s.log.Printf("metrics: %v; serving leases without metrics", err)
+		return
+	}
+	s.led.metricsLn = ln
+	s.log.Printf("metrics on http://%s/metrics", ln.Addr())
+}
+
+// serveMetrics serves the metrics until ctx is done.
+func (s *Server) serveMetrics(ctx context.Context) {
+	ln := s.led.metricsLn
+	if ln == nil {
+		return
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.led.metrics.reg, promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 10 * time.Second}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Printf("metrics: %v", err)
+		}
+	}()
+}

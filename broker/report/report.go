@@ -1,0 +1,323 @@
+// Package report is npubroker's status and usage commands: it asks the broker and writes its answer as a table or as JSON.
+package report
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/npu"
+)
+
+// Exit statuses.
+const (
+	exitOK       = 0
+	exitFailure  = 1
+	exitUsage    = 2
+	exitNoBroker = 69 // as npurun: no broker at the socket
+)
+
+// StatusUsage is the status command's line of npubroker's usage.
+const StatusUsage = "npubroker status [--json] [--watch] [--socket PATH]"
+
+// UsageUsage is the usage command's line of npubroker's usage.
+const UsageUsage = "npubroker usage --since DUR [--user USER] [--json] [--socket PATH]"
+
+const statusHelp = `Usage:
+  ` + StatusUsage + `
+
+Show every device (free, leased, a task's, a login's, reserved for the
+first request in line), who holds each lease now as /proc shows it (user,
+pid, command, since when), the requests waiting per pool, and processes
+that have a device node open without a lease. Any user may ask. On a
+terminal the table fits its width; --json prints the broker's answer with
+stable field names.
+
+Options:
+`
+
+const usageHelp = `Usage:
+  ` + UsageUsage + `
+
+Sum the device-hours of leases per user, kind of lease (inline: npurun;
+task; login) and pool, from the broker's accounting log, over the last DUR
+(such as 7d, 24h, 90m). Any user may ask.
+
+Options:
+`
+
+// Env is what a command reads of its surroundings; tests give their own.
+type Env struct {
+	Stdout, Stderr io.Writer
+	Getenv         func(string) string
+}
+
+// OSEnv is the process's own standard streams and environment.
+func OSEnv() Env { return Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv} }
+
+// Status runs `npubroker status ARGS` and returns its exit status.
+func Status(args []string, env Env) int {
+	fs := pflag.NewFlagSet("npubroker status", pflag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	fs.Usage = func() {
+		fmt.Fprint(env.Stderr, statusHelp)
+		fs.PrintDefaults()
+	}
+	asJSON := fs.Bool("json", false, "print the broker's answer as JSON (one object per line with --watch)")
+	watch := fs.BoolP("watch", "w", false, "print again whenever something changes, until interrupted")
+	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
+	if code, done := parse(fs, args, env); done {
+		return code
+	}
+	c, code := dial(*socket, env)
+	if c == nil {
+		return code
+	}
+	defer c.Close()
+	width := termWidth(env)
+	if !*watch {
+		b, err := c.Status()
+		if err != nil {
+			return fail(env, err)
+		}
+		if *asJSON {
+			return writeJSON(env, b, true)
+		}
+		io.WriteString(env.Stdout, Table(b, width, time.UnixMilli(b.Time)))
+		return exitOK
+	}
+	if err := c.Watch(); err != nil {
+		return fail(env, err)
+	}
+	clear := isTerminal(env.Stdout)
+	for n := 0; ; n++ {
+		b, err := c.NextBoard()
+		if err != nil {
+			return fail(env, err)
+		}
+		switch {
+		case *asJSON:
+			if code := writeJSON(env, b, false); code != exitOK {
+				return code
+			}
+		case clear:
+			io.WriteString(env.Stdout, "\x1b[H\x1b[2J"+Table(b, width, time.UnixMilli(b.Time)))
+		default:
+			if n > 0 {
+				io.WriteString(env.Stdout, "\n")
+			}
+			io.WriteString(env.Stdout, Table(b, width, time.UnixMilli(b.Time)))
+		}
+	}
+}
+
+// Usage runs `npubroker usage ARGS` and returns its exit status.
+func Usage(args []string, env Env) int {
+	fs := pflag.NewFlagSet("npubroker usage", pflag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	fs.Usage = func() {
+		fmt.Fprint(env.Stderr, usageHelp)
+		fs.PrintDefaults()
+	}
+	sinceText := fs.String("since", "", "how far back to count: a duration such as 7d, 24h or 90m (required)")
+	user := fs.String("user", "", "only this user's leases")
+	asJSON := fs.Bool("json", false, "print the sums as JSON")
+	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
+	if code, done := parse(fs, args, env); done {
+		return code
+	}
+	if *sinceText == "" {
+		fmt.Fprintln(env.Stderr, "npubroker: usage needs --since, such as --since 7d")
+		return exitUsage
+	}
+	since, err := ParseSince(*sinceText)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "npubroker: --since: %v\n", err)
+		return exitUsage
+	}
+	c, code := dial(*socket, env)
+	if c == nil {
+		return code
+	}
+	defer c.Close()
+	rep, err := c.Usage(client.UsageQuery{SinceMS: time.Now().Add(-since).UnixMilli(), User: *user})
+	if err != nil {
+		return fail(env, err)
+	}
+	if rep.Dropped > 0 {
+		fmt.Fprintf(env.Stderr, "npubroker: warning: the broker could not write %d accounting records since it started: totals may be short\n", rep.Dropped)
+	}
+	if rep.Incomplete > 0 {
+		fmt.Fprintf(env.Stderr, "npubroker: warning: %d leases have no recorded end and are not counted\n", rep.Incomplete)
+	}
+	if rep.Oldest > rep.Since {
+		fmt.Fprintf(env.Stderr, "npubroker: note: the accounting log goes back to %s only (older files were rotated away)\n", time.UnixMilli(rep.Oldest).Format("2006-01-02 15:04"))
+	}
+	if *asJSON {
+		return writeJSON(env, rep, true)
+	}
+	io.WriteString(env.Stdout, UsageTable(rep))
+	return exitOK
+}
+
+// parse parses the flags; done says the command ends with code.
+func parse(fs *pflag.FlagSet, args []string, env Env) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return exitOK, true
+		}
+		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
+		return exitUsage, true
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(env.Stderr, "npubroker: %s takes no arguments, got %q\n", strings.TrimPrefix(fs.Name(), "npubroker "), fs.Arg(0))
+		return exitUsage, true
+	}
+	return 0, false
+}
+
+func dial(flag string, env Env) (*client.Conn, int) {
+	path := flag
+	if path == "" {
+		path = env.Getenv("NPURUN_SOCKET")
+	}
+	if path == "" {
+		path = client.DefaultSocket
+	}
+	c, err := client.Dial(path)
+	if err != nil {
+		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
+		if errors.Is(err, client.ErrNoBroker) {
+			fmt.Fprintln(env.Stderr, "npubroker: hint: is npubroker running? (systemctl status npubroker)")
+			return nil, exitNoBroker
+		}
+		return nil, exitFailure
+	}
+	return c, exitOK
+}
+
+func fail(env Env, err error) int {
+	fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
+	var e *client.Error
+	if errors.As(err, &e) && e.Hint != "" {
+		fmt.Fprintf(env.Stderr, "npubroker: hint: %s\n", e.Hint)
+	}
+	if errors.Is(err, client.ErrClosed) {
+		return exitNoBroker
+	}
+	return exitFailure
+}
+
+func writeJSON(env Env, v any, indent bool) int {
+	enc := json.NewEncoder(env.Stdout)
+	enc.SetEscapeHTML(false)
+	if indent {
+		enc.SetIndent("", "  ")
+	}
+	if err := enc.Encode(v); err != nil {
+		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// ParseSince reads a duration as --since takes it: Go's (90m, 36h) with
+// days (7d) and weeks (2w) besides, or a sum of those (1d12h).
+func ParseSince(s string) (time.Duration, error) {
+	bad := fmt.Errorf("bad duration %q (want e.g. 7d, 24h, 90m)", s)
+	const limit = 100 * 365 * 24 * time.Hour
+	rest, total := s, 0.0 // seconds
+	for rest != "" {
+		i := 0
+		for i < len(rest) && (rest[i] >= '0' && rest[i] <= '9' || rest[i] == '.') {
+			i++
+		}
+		j := i
+		for j < len(rest) && (rest[j] < '0' || rest[j] > '9') && rest[j] != '.' {
+			j++
+		}
+		if i == 0 || j == i {
+			return 0, bad
+		}
+		n, err := strconv.ParseFloat(rest[:i], 64)
+		if err != nil {
+			return 0, bad
+		}
+		unit, ok := map[string]float64{"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[rest[i:j]]
+		if !ok {
+			return 0, bad
+		}
+		total += n * unit
+		rest = rest[j:]
+	}
+	switch {
+	case total <= 0:
+		return 0, fmt.Errorf("bad duration %q: must be more than 0", s)
+	case total > limit.Seconds():
+		return 0, fmt.Errorf("bad duration %q: more than a hundred years", s)
+	}
+	return time.Duration(total * float64(time.Second)), nil
+}
+
+// termWidth is the width to fit tables to: $COLUMNS, else the terminal's
+// on standard output, else 0 (no limit).
+func termWidth(env Env) int {
+	if n, err := strconv.Atoi(env.Getenv("COLUMNS")); err == nil && n > 0 {
+		return n
+	}
+	if f, ok := env.Stdout.(*os.File); ok {
+		if ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ); err == nil && ws.Col > 0 {
+			return int(ws.Col)
+		}
+	}
+	return 0
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// Duration writes d as status shows it: 12s, 40m, 2h13m, 3d4h.
+func Duration(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Minute:
+		return strconv.Itoa(int(d/time.Second)) + "s"
+	case d < time.Hour:
+		return strconv.Itoa(int(d/time.Minute)) + "m"
+	case d < 24*time.Hour:
+		return strconv.Itoa(int(d/time.Hour)) + "h" + strconv.Itoa(int(d%time.Hour/time.Minute)) + "m"
+	}
+	return strconv.Itoa(int(d/(24*time.Hour))) + "d" + strconv.Itoa(int(d%(24*time.Hour)/time.Hour)) + "h"
+}
+
+// cut shortens s to at most n characters, ending it with "…" if cut.
+func cut(s string, n int) string {
+	if n <= 0 || utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	if n == 1 {
+		return "…"
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// vendorOf is the board's vendor, for device lists.
+func vendorOf(b *client.Board) npu.Vendor { return npu.Vendor(b.Vendor) }

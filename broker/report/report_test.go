@@ -1,0 +1,176 @@
+package report
+
+import (
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+func TestDuration(t *testing.T) {
+	for _, tt := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{-time.Second, "0s"},
+		{12 * time.Second, "12s"},
+		{40*time.Minute + 59*time.Second, "40m"},
+		{2*time.Hour + 13*time.Minute + 5*time.Second, "2h13m"},
+		{3*24*time.Hour + 4*time.Hour + 59*time.Minute, "3d4h"},
+	} {
+		if got := Duration(tt.d); got != tt.want {
+			t.Errorf("Duration(%s) = %q, want %q", tt.d, got, tt.want)
+		}
+	}
+}
+
+func TestParseSince(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want time.Duration
+		err  string
+	}{
+		{in: "7d", want: 7 * 24 * time.Hour},
+		{in: "2w", want: 14 * 24 * time.Hour},
+		{in: "1d12h", want: 36 * time.Hour},
+		{in: "90m", want: 90 * time.Minute},
+		{in: "1.5d", want: 36 * time.Hour},
+		{in: "", err: "must be more than 0"},
+		{in: "0d", err: "must be more than 0"},
+		{in: "7", err: `bad duration "7"`},
+		{in: "d", err: `bad duration "d"`},
+		{in: "7x", err: `bad duration "7x"`},
+		{in: "-1d", err: `bad duration "-1d"`},
+		{in: "999999d", err: "more than a hundred years"},
+	} {
+		got, err := ParseSince(tt.in)
+		switch {
+		case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
+			t.Errorf("ParseSince(%q) = %v, %v; want error %q", tt.in, got, err, tt.err)
+		case tt.err == "" && (err != nil || got != tt.want):
+			t.Errorf("ParseSince(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func board(now time.Time) *client.Board {
+	ms := func(d time.Duration) int64 { return now.Add(-d).UnixMilli() }
+	long := "python train.py --config " + strings.Repeat("very-long-", 20) + "end"
+	return &client.Board{
+		Time: now.UnixMilli(), Vendor: "ascend",
+		Devices: []client.DeviceState{
+			{ID: 0, Name: "npu0", Pool: "interactive", State: client.DeviceLeased, Since: ms(2*time.Hour + 13*time.Minute),
+				Lease: &client.LeaseInfo{Kind: client.KindInline, User: "alice", Holders: []client.Holder{
+					{PID: 4121, User: "alice", Command: long}, {PID: 4122, User: "alice", Command: "python worker"}}}},
+			{ID: 1, Name: "npu1", Pool: "interactive", State: client.DeviceFree},
+			{ID: 4, Name: "npu4", Pool: "interactive", State: client.DeviceLogin, Since: ms(12 * time.Minute),
+				Lease: &client.LeaseInfo{Kind: client.KindLogin, User: "student", Service: "sshd", TTY: "pts/3", RHost: "10.0.0.5"}},
+			{ID: 12, Name: "npu12", Pool: "queue", State: client.DeviceTask, Since: ms(40 * time.Minute),
+				Lease: &client.LeaseInfo{Kind: client.KindTask, Task: 118, User: "bob", Holders: []client.Holder{{PID: 5120, User: "bob"}}}},
+			{ID: 13, Name: "npu13", Pool: "queue", State: client.DeviceReserved, Since: ms(3 * time.Minute),
+				ReservedFor: &client.WaiterInfo{Kind: client.KindTask, Task: 121, User: "carol", N: 2}},
+		},
+		Waiting: []client.Line{
+			{Pool: "interactive", Count: 0, Waiters: []client.WaiterInfo{}},
+			{Pool: "queue", Count: 2, Waiters: []client.WaiterInfo{
+				{Position: 1, Kind: client.KindTask, Task: 121, User: "carol", N: 2, Since: ms(4 * time.Minute)},
+				{Position: 2, Kind: client.KindInline, User: "dave", N: 1, Devices: []int{13}, Since: ms(time.Minute)},
+			}},
+		},
+		Unleased: []client.Unleased{{Device: 7, Name: "npu7", Node: "/dev/davinci7", PID: 777, User: "erin", Command: "python hack.py", Since: ms(3 * time.Minute), Action: "term"}},
+	}
+}
+
+// TestTable: the board as the issue shows it, the command column cut to
+// the width given, hidden commands and login sessions written for people.
+func TestTable(t *testing.T) {
+	now := time.Now()
+	got := Table(board(now), 100, now)
+	for _, want := range []string{
+		"DEVICE  POOL         STATE     USER     PID   COMMAND",
+		"npu1    interactive  free\n",
+		"npu4    interactive  login     student  -     sshd pts/3 from 10.0.0.5",
+		"npu12   queue        task 118  bob      5120  -",
+		"npu13   queue        reserved  -        -     for task 121 (needs 2)",
+		`WAITING  pool "interactive": 0    pool "queue": 2` + "\n",
+		"  1  task 121  carol  2 devices  4m\n",
+		"  2  npurun    dave   npu 13     1m\n",
+		"UNLEASED USE\n  npu7  erin  777  python hack.py  /dev/davinci7 open without a lease for 3m; sent SIGTERM\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+	for _, line := range strings.Split(got, "\n") {
+		if strings.HasPrefix(line, "npu") && utf8.RuneCountInString(line) > 100 {
+			t.Errorf("line longer than 100: %q", line)
+		}
+	}
+	npu0 := strings.Split(got, "\n")[1]
+	if !strings.Contains(npu0, "python train.py --config very-long-") || !strings.Contains(npu0, "…") || !strings.HasSuffix(npu0, "2h13m") {
+		t.Errorf("npu0's command is not cut to fit with its duration after it: %q", npu0)
+	}
+	if wide := Table(board(now), 0, now); !strings.Contains(wide, "very-long-end (+1)") {
+		t.Errorf("with no width the command is cut:\n%s", wide)
+	}
+}
+
+// TestTableControls: what users control (command lines, a session's tty
+// and host) reaches the reader's terminal with no control character in it.
+func TestTableControls(t *testing.T) {
+	now := time.Now()
+	b := board(now)
+	b.Devices[0].Lease.Holders[0].Command = "evil \x1b]0;owned\x07\x1b[2J\r\x9b31m"
+	b.Devices[2].Lease.TTY = "pts/3\x1b[1A"
+	b.Unleased[0].Command = "hack\nnpu9    interactive  free"
+	got := Table(b, 0, now)
+	for _, r := range got {
+		if r != '\n' && (r < 0x20 || r >= 0x7f && r < 0xa0) {
+			t.Fatalf("table carries control character %U:\n%q", r, got)
+		}
+	}
+	if !strings.Contains(got, "evil ?]0;owned??[2J??31m") || !strings.Contains(got, "hack?npu9") {
+		t.Errorf("controls not shown as '?':\n%s", got)
+	}
+}
+
+func TestUsageTable(t *testing.T) {
+	got := UsageTable(&client.UsageReport{Since: time.Date(2026, 1, 2, 3, 4, 0, 0, time.Local).UnixMilli(), Rows: []client.UsageRow{
+		{User: "alice", Kind: "inline", Pool: "interactive", Leases: 12, DeviceHours: 3.4249},
+		{User: "bob", Kind: "task", Pool: "queue", Leases: 3, DeviceHours: 40.1},
+	}})
+	want := "since 2026-01-02 03:04\n" +
+		"USER   KIND    POOL         LEASES  DEVICE-HOURS\n" +
+		"alice  inline  interactive  12      3.42\n" +
+		"bob    task    queue        3       40.10\n" +
+		"TOTAL                       15      43.52\n"
+	if got != want {
+		t.Errorf("usage table:\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestCommandErrors: usage errors exit 2 naming what is wrong; no broker
+// exits 69 with a hint.
+func TestCommandErrors(t *testing.T) {
+	for _, tt := range []struct {
+		run  func([]string, Env) int
+		args []string
+		code int
+		msg  string
+	}{
+		{Status, []string{"--bogus"}, 2, "npubroker: unknown flag: --bogus"},
+		{Status, []string{"extra"}, 2, `npubroker: status takes no arguments, got "extra"`},
+		{Usage, nil, 2, "npubroker: usage needs --since, such as --since 7d"},
+		{Usage, []string{"--since", "soon"}, 2, `npubroker: --since: bad duration "soon"`},
+		{Status, []string{"--socket", "/nonexistent/broker.sock"}, 69, "npubroker: hint: is npubroker running?"},
+		{Usage, []string{"--since", "1d", "--socket", "/nonexistent/broker.sock"}, 69, "no broker at /nonexistent/broker.sock"},
+	} {
+		var out, errs strings.Builder
+		code := tt.run(tt.args, Env{Stdout: &out, Stderr: &errs, Getenv: func(string) string { return "" }})
+		if code != tt.code || !strings.Contains(errs.String(), tt.msg) || out.Len() != 0 {
+			t.Errorf("%v: exit %d, stderr %q, stdout %q; want exit %d and %q", tt.args, code, errs.String(), out.String(), tt.code, tt.msg)
+		}
+	}
+}

@@ -1,0 +1,263 @@
+package report
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// Table writes the board for people, fitting the command column to width
+// (0: no limit); durations count to now.
+//
+//	DEVICE  POOL         STATE     USER     PID    COMMAND                    SINCE
+//	npu0    interactive  leased    alice    4121   python train.py            2h13m
+//	npu1    interactive  free
+//	npu12   queue        task 118  bob      5120   torchrun train.py          40m
+//	npu13   queue        reserved  -        -      for task 121 (needs 2)     3m
+//	WAITING  pool "queue": 2    pool "interactive": 0
+//	  1  task 121   carol  2 devices   4m
+//	UNLEASED USE
+//	  npu7   erin   777   python hack.py   /dev/davinci7 open without a lease for 3m
+func Table(b *client.Board, width int, now time.Time) string {
+	rows := [][]string{{"DEVICE", "POOL", "STATE", "USER", "PID", "COMMAND", "SINCE"}}
+	for _, d := range b.Devices {
+		rows = append(rows, deviceRow(b, d, now))
+	}
+	var out strings.Builder
+	writeColumns(&out, rows, 5, width)
+
+	out.WriteString("WAITING ")
+	pools := 0
+	for _, ln := range b.Waiting {
+		fmt.Fprintf(&out, " pool %q: %d   ", ln.Pool, ln.Count)
+		if ln.Count > 0 {
+			pools++
+		}
+	}
+	trimLine(&out)
+	var waiters [][]string
+	for _, ln := range b.Waiting {
+		for _, w := range ln.Waiters {
+			row := []string{}
+			if pools > 1 {
+				row = append(row, ln.Pool)
+			}
+			row = append(row, strconv.Itoa(w.Position), what(w), w.User, wanted(b, w), Duration(now.Sub(time.UnixMilli(w.Since))))
+			waiters = append(waiters, row)
+		}
+		if shown := len(ln.Waiters); ln.Count > shown {
+			row := []string{}
+			if pools > 1 {
+				row = append(row, ln.Pool)
+			}
+			waiters = append(waiters, append(row, "…", fmt.Sprintf("and %d more", ln.Count-shown)))
+		}
+	}
+	if len(waiters) > 0 {
+		writeColumns(&out, waiters, -1, width, "  ")
+	}
+
+	if len(b.Unleased) > 0 {
+		out.WriteString("UNLEASED USE\n")
+		var rows [][]string
+		for _, u := range b.Unleased {
+			note := fmt.Sprintf("%s open without a lease for %s", u.Node, Duration(now.Sub(time.UnixMilli(u.Since))))
+			switch u.Action {
+			case "term":
+				note += "; sent SIGTERM"
+			case "kill":
+				note += "; sent SIGKILL"
+			}
+			rows = append(rows, []string{u.Name, u.User, strconv.Itoa(u.PID), orDash(u.Command), note})
+		}
+		writeColumns(&out, rows, 3, width, "  ")
+	}
+	if b.Truncated {
+		out.WriteString("(lists cut to fit one message: see --json for what the broker sent)\n")
+	}
+	return out.String()
+}
+
+// deviceRow is one device's line of the table.
+func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
+	row := []string{d.Name, orDash(d.Pool), d.State}
+	since := ""
+	if d.Since > 0 {
+		since = Duration(now.Sub(time.UnixMilli(d.Since)))
+	}
+	switch l := d.Lease; {
+	case l != nil:
+		if l.Kind == client.KindTask {
+			row[2] = "task " + strconv.FormatUint(l.Task, 10)
+		}
+		user, pid, cmd := l.User, "?", "(no holder found yet)"
+		if l.Kind == client.KindLogin {
+			pid, cmd = "-", origin(l)
+		}
+		if len(l.Holders) > 0 {
+			h := l.Holders[0]
+			user, pid, cmd = h.User, strconv.Itoa(h.PID), orDash(h.Command)
+			if more := len(l.Holders) - 1 + l.MoreHolders; more > 0 {
+				cmd += fmt.Sprintf(" (+%d)", more)
+			}
+		}
+		row = append(row, orDash(user), pid, cmd, since)
+	case d.ReservedFor != nil:
+		w := d.ReservedFor
+		row = append(row, "-", "-", fmt.Sprintf("for %s (needs %d)", forWhom(w), w.N), since)
+	default:
+		row = append(row, "", "", "", "")
+	}
+	return row
+}
+
+func origin(l *client.LeaseInfo) string {
+	s := l.Service
+	if l.TTY != "" {
+		s += " " + l.TTY
+	}
+	if l.RHost != "" {
+		s += " from " + l.RHost
+	}
+	if s == "" {
+		return "login"
+	}
+	return strings.TrimSpace(s)
+}
+
+func forWhom(w *client.WaiterInfo) string {
+	switch w.Kind {
+	case client.KindTask:
+		return "task " + strconv.FormatUint(w.Task, 10)
+	case client.KindLogin:
+		return "the login of " + w.User
+	}
+	return "npurun of " + w.User
+}
+
+func what(w client.WaiterInfo) string {
+	switch w.Kind {
+	case client.KindTask:
+		return "task " + strconv.FormatUint(w.Task, 10)
+	case client.KindLogin:
+		return "login"
+	}
+	return "npurun"
+}
+
+func wanted(b *client.Board, w client.WaiterInfo) string {
+	if len(w.Devices) > 0 {
+		return vendorOf(b).Format(w.Devices)
+	}
+	if w.N == 1 {
+		return "1 device"
+	}
+	return strconv.Itoa(w.N) + " devices"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// writeColumns writes rows as aligned columns two spaces apart, with
+// trailing blanks dropped; column fit (if >= 0) is cut so that each line
+// fits width. indent goes before every line.
+func writeColumns(out *strings.Builder, rows [][]string, fit, width int, indent ...string) {
+	pre := strings.Join(indent, "")
+	n := 0
+	for _, r := range rows {
+		n = max(n, len(r))
+	}
+	widths := make([]int, n)
+	// Cells come from other users (command lines, a session's tty and
+	// host): nothing in them may reach the terminal as a control.
+	for _, r := range rows {
+		for i, c := range r {
+			r[i] = printable(c)
+			widths[i] = max(widths[i], utf8.RuneCountInString(r[i]))
+		}
+	}
+	if fit >= 0 && fit < n && width > 0 {
+		others := len(pre)
+		for i, w := range widths {
+			if i != fit {
+				others += w + 2
+			}
+		}
+		widths[fit] = min(widths[fit], max(width-others, 12))
+	}
+	for _, r := range rows {
+		var line strings.Builder
+		line.WriteString(pre)
+		for i, c := range r {
+			if i == fit {
+				c = cut(c, widths[i])
+			}
+			line.WriteString(c)
+			if i < len(r)-1 {
+				line.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c)+2))
+			}
+		}
+		out.WriteString(strings.TrimRight(line.String(), " "))
+		out.WriteByte('\n')
+	}
+}
+
+// trimLine ends the line being written, without its trailing blanks.
+func trimLine(out *strings.Builder) {
+	s := strings.TrimRight(out.String(), " ")
+	out.Reset()
+	out.WriteString(s)
+	out.WriteByte('\n')
+}
+
+// UsageTable writes a usage report for people.
+//
+//	USER   KIND    POOL         LEASES  DEVICE-HOURS
+//	alice  inline  interactive  12      3.42
+//	TOTAL                       12      3.42
+func UsageTable(rep *client.UsageReport) string {
+	rows := [][]string{{"USER", "KIND", "POOL", "LEASES", "DEVICE-HOURS"}}
+	leases, hours := 0, 0.0
+	for _, r := range rep.Rows {
+		rows = append(rows, []string{r.User, r.Kind, orDash(r.Pool), strconv.Itoa(r.Leases), strconv.FormatFloat(r.DeviceHours, 'f', 2, 64)})
+		leases += r.Leases
+		hours += r.DeviceHours
+	}
+	rows = append(rows, []string{"TOTAL", "", "", strconv.Itoa(leases), strconv.FormatFloat(hours, 'f', 2, 64)})
+	var out strings.Builder
+	fmt.Fprintf(&out, "since %s\n", time.UnixMilli(rep.Since).Format("2006-01-02 15:04"))
+	writeColumns(&out, rows, -1, 0)
+	return out.String()
+}
+
+// printable replaces control characters (C0, DEL, C1) and bytes that are
+// not UTF-8 with '?', so that a user's command line or session origin
+// cannot move the reader's cursor or change their terminal.
+func printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if r < 0x20 || r >= 0x7f && r < 0xa0 || r == utf8.RuneError {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if r < 0x20 || r >= 0x7f && r < 0xa0 || r == utf8.RuneError {
+			r = '?'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

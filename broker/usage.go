@@ -1,0 +1,495 @@
+package broker
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// The accounting log is an append-only file of lease starts and ends, one
+// JSON object a line: usage.log in the state directory unless [usage] log
+// names another file. A start names the lease's user, kind, pool, devices
+// and the inodes of their lock files; an end names one device of a lease
+// and how it ended. A lease that is still held at a broker's start is
+// known by its lock files' inodes (a lock file serves one lease) and goes
+// on; one whose devices are free by then is closed with the time it was
+// found gone. When the file reaches its size it becomes usage.log.1 (the
+// older ones move up, the oldest beyond [usage] keep is dropped), and the
+// fresh file starts with an "open" copy of every lease still held, so the
+// newest file alone tells which leases are open.
+//
+// Writing never holds up a lease: records go through a bounded queue to a
+// writer of their own, without fsync (a broker killed with -9 loses
+// nothing the kernel was given). Records that cannot be written (a full
+// disk, a full queue) are dropped, counted and said so in the broker's
+// log, and npubroker usage reports the count.
+
+// usageName is the log's file name in the state directory.
+const usageName = "usage.log"
+
+// usageQueue bounds the records waiting for the writer.
+const usageQueue = 4096
+
+// maxUsageLine bounds one line read back; longer ones are skipped.
+const maxUsageLine = 64 << 10
+
+// How a device's lease ended.
+const (
+	endReleased = "released"      // its last holder closed the lock or exited
+	endGone     = "gone-at-start" // ended while the broker was down; closed when found
+)
+
+// usageRec is one line of the accounting log.
+type usageRec struct {
+	T     int64  `json:"t"`     // Unix ms: a start's (and open's) start, an end's end
+	Ev    string `json:"ev"`    // "start", "open" (a start carried into a fresh file), "end"
+	Lease uint64 `json:"lease"` // unique in the log
+
+	// start, open
+	Kind     string   `json:"kind,omitempty"`
+	User     string   `json:"user,omitempty"`
+	UID      uint32   `json:"uid"`
+	Pool     string   `json:"pool,omitempty"`
+	Devices  []int    `json:"devices,omitempty"`
+	FSDev    uint64   `json:"fsdev,omitempty"`  // the lock files' file system
+	Inodes   []uint64 `json:"inodes,omitempty"` // the lock files' inodes, in the order of Devices
+	Task     uint64   `json:"task,omitempty"`
+	PID      int      `json:"pid,omitempty"`
+	PIDStart uint64   `json:"pid_start,omitempty"`
+	Service  string   `json:"service,omitempty"`
+	TTY      string   `json:"tty,omitempty"`
+	RHost    string   `json:"rhost,omitempty"`
+	WaitedMS int64    `json:"waited_ms,omitempty"`
+	Found    bool     `json:"found,omitempty"` // found held at a broker's start with no record: T is when found
+
+	// end
+	Device *int   `json:"device,omitempty"`
+	How    string `json:"how,omitempty"`
+	DurMS  int64  `json:"dur_ms,omitempty"`
+}
+
+// usageLog writes the accounting log.
+type usageLog struct {
+	path    string
+	maxSize int64
+	keep    int
+	log     *log.Logger
+	open    func() []usageRec // "open" records of the leases held now, for a fresh file
+
+	ch      chan usageRec
+	flushCh chan chan struct{}
+	dropped atomic.Int64
+
+	// the writer's own
+	f       *os.File
+	size    int64
+	failing bool // the last write failed: said so once
+	torn    bool // a write may have left half a line
+	lost    int64
+}
+
+// newUsageLog prepares the log at path; the writer starts with run.
+func newUsageLog(path string, maxSize int64, keep int, lg *log.Logger, open func() []usageRec) *usageLog {
+	return &usageLog{path: path, maxSize: maxSize, keep: keep, log: lg, open: open,
+		ch: make(chan usageRec, usageQueue), flushCh: make(chan chan struct{})}
+}
+
+// add queues r for writing; it never blocks.
+func (u *usageLog) add(r usageRec) {
+	select {
+	case u.ch <- r:
+	default:
+		if u.dropped.Add(1) == 1 {
+			u.log.Printf("usage log %s: more than %d records waiting to be written; dropping records", u.path, usageQueue)
+		}
+	}
+}
+
+// flush waits up to timeout for the records queued so far to be written.
+func (u *usageLog) flush(timeout time.Duration) {
+	done := make(chan struct{})
+	select {
+	case u.flushCh <- done:
+	case <-time.After(timeout):
+		return
+	}
+	select {
+	case <-done:
+	case <-time.After(timeout):
+	}
+}
+
+// run is the writer, for the broker's life.
+func (u *usageLog) run() {
+	var buf []byte
+	var batch []usageRec
+	for {
+		var flushed chan struct{}
+		select {
+		case r := <-u.ch:
+			batch = append(batch[:0], r)
+		case flushed = <-u.flushCh:
+			batch = batch[:0]
+		}
+	drain:
+		for len(batch) < 512 {
+			select {
+			case r := <-u.ch:
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		buf = buf[:0]
+		n := int64(0)
+		for i := range batch {
+			b, err := json.Marshal(&batch[i])
+			if err != nil {
+				continue
+			}
+			if u.ensureOpen() == nil && u.size+int64(len(buf)+len(b)) >= u.maxSize && u.size+int64(len(buf)) > 0 {
+				u.write(buf, n)
+				buf, n = buf[:0], 0
+				if err := u.rotate(); err != nil {
+					u.log.Printf("usage log %s: rotate: %v; writing on past its size", u.path, err)
+				}
+			}
+			buf = append(append(buf, b...), '\n')
+			n++
+		}
+		if n > 0 {
+			u.write(buf, n)
+		}
+		if flushed != nil {
+			close(flushed)
+		}
+	}
+}
+
+// write appends buf (n records). A failure drops the records and is said
+// once.
+func (u *usageLog) write(buf []byte, n int64) {
+	if len(buf) == 0 {
+		return
+	}
+	err := u.ensureOpen()
+	if err == nil {
+		if u.torn {
+			buf = append([]byte{'\n'}, buf...)
+		}
+		var w int
+		w, err = u.f.Write(buf)
+		u.size += int64(w)
+		u.torn = err != nil && w > 0
+		if err == nil {
+			u.torn = false
+		}
+	}
+	if err != nil {
+		u.lost += n
+		u.dropped.Add(n)
+		if !u.failing {
+			u.log.Printf("usage log %s: %v; dropping records until it can be written again (leases are not affected)", u.path, err)
+			u.failing = true
+		}
+		return
+	}
+	if u.failing {
+		u.log.Printf("usage log %s: writing again; %d records were dropped", u.path, u.lost)
+		u.failing, u.lost = false, 0
+	}
+}
+
+func (u *usageLog) ensureOpen() error {
+	if u.f != nil {
+		return nil
+	}
+	f, err := openAppend(u.path)
+	if err != nil {
+		return err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return err
+	}
+	u.f, u.size = f, st.Size()
+	return nil
+}
+
+// openAppend opens the log for appending, never through a symbolic link.
+func openAppend(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+}
+
+// rotate starts a fresh log: the open leases go to a new file, which is
+// renamed into place after the old files move up one.
+func (u *usageLog) rotate() error {
+	tmp := u.path + ".new"
+	os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	var buf []byte
+	for _, r := range u.open() {
+		b, err := json.Marshal(&r)
+		if err == nil {
+			buf = append(append(buf, b...), '\n')
+		}
+	}
+	if _, err := f.Write(buf); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return err
+	}
+	for i := u.keep; i >= 1; i-- {
+		from := rotated(u.path, i-1)
+		if i == u.keep {
+			os.Remove(rotated(u.path, i))
+		}
+		if err := os.Rename(from, rotated(u.path, i)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			f.Close()
+			os.Remove(tmp)
+			return err
+		}
+	}
+	if err := os.Rename(tmp, u.path); err != nil {
+		f.Close()
+		return err
+	}
+	if u.f != nil {
+		u.f.Close()
+	}
+	u.f, u.size, u.torn = f, int64(len(buf)), false
+	return nil
+}
+
+// rotated is the name of the i-th rotated file: path itself for 0.
+func rotated(path string, i int) string {
+	if i == 0 {
+		return path
+	}
+	return path + "." + strconv.Itoa(i)
+}
+
+// readUsage reads the records of one log file; lines that do not parse (a
+// torn write) are skipped. A missing file has none.
+func readUsage(path string) ([]usageRec, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil, nil // a device such as /dev/full, for tests: nothing to read back
+	}
+	var recs []usageRec
+	r := bufio.NewReaderSize(f, 64<<10)
+	for {
+		line, err := r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			for errors.Is(err, bufio.ErrBufferFull) { // too long: skip it
+				_, err = r.ReadSlice('\n')
+			}
+			continue
+		}
+		if len(bytes.TrimSpace(line)) > 0 && len(line) <= maxUsageLine {
+			var rec usageRec
+			if json.Unmarshal(line, &rec) == nil && rec.Lease != 0 {
+				recs = append(recs, rec)
+			}
+		}
+		if err == io.EOF {
+			return recs, nil
+		}
+		if err != nil {
+			return recs, fmt.Errorf("read %s: %w", path, err)
+		}
+	}
+}
+
+// openLeases returns the leases that recs start (or carry open) and do not
+// end on every device, with the devices they still hold.
+func openLeases(recs []usageRec) map[uint64]*openLease {
+	open := map[uint64]*openLease{}
+	for _, r := range recs {
+		switch r.Ev {
+		case "start", "open":
+			if _, seen := open[r.Lease]; !seen && len(r.Devices) > 0 {
+				ol := &openLease{rec: r, held: map[int]bool{}}
+				for _, d := range r.Devices {
+					ol.held[d] = true
+				}
+				open[r.Lease] = ol
+			}
+		case "end":
+			if ol := open[r.Lease]; ol != nil && r.Device != nil {
+				delete(ol.held, *r.Device)
+				if len(ol.held) == 0 {
+					delete(open, r.Lease)
+				}
+			}
+		}
+	}
+	return open
+}
+
+// openLease is a lease the log shows open.
+type openLease struct {
+	rec  usageRec
+	held map[int]bool // devices not yet ended
+}
+
+// sumUsage adds up device time from since to until per user, kind and
+// pool, from the records of the log's files, oldest first. A device of a
+// lease with no end counts until until if the lease is live, else not at
+// all (its end was lost).
+func sumUsage(files [][]usageRec, since, until time.Time, user string, live func(uint64) bool) *client.UsageReport {
+	type key struct{ user, kind, pool string }
+	starts := map[uint64]usageRec{}
+	var order []uint64
+	ends := map[uint64]map[int]int64{}
+	rep := &client.UsageReport{Since: since.UnixMilli(), Until: until.UnixMilli()}
+	for _, recs := range files {
+		for _, r := range recs {
+			if r.Ev != "open" && (rep.Oldest == 0 || r.T < rep.Oldest) {
+				rep.Oldest = r.T
+			}
+			switch r.Ev {
+			case "start", "open":
+				if _, seen := starts[r.Lease]; !seen {
+					starts[r.Lease] = r
+					order = append(order, r.Lease)
+				}
+			case "end":
+				if r.Device != nil {
+					if ends[r.Lease] == nil {
+						ends[r.Lease] = map[int]int64{}
+					}
+					ends[r.Lease][*r.Device] = r.T
+				}
+			}
+		}
+	}
+	rows := map[key]*client.UsageRow{}
+	var keys []key
+	lo, hi := since.UnixMilli(), until.UnixMilli()
+	for _, id := range order {
+		st := starts[id]
+		if user != "" && st.User != user {
+			continue
+		}
+		var ms int64
+		counted := false
+		for _, d := range st.Devices {
+			end, ok := ends[id][d]
+			if !ok {
+				if !live(id) {
+					rep.Incomplete++
+					continue
+				}
+				end = hi
+			}
+			a, b := max(st.T, lo), min(end, hi)
+			if b > a {
+				ms += b - a
+			}
+			if end >= lo && st.T <= hi {
+				counted = true
+			}
+		}
+		if !counted {
+			continue
+		}
+		k := key{st.User, st.Kind, st.Pool}
+		if k.kind == client.KindHeld {
+			k.kind = "held"
+		}
+		row := rows[k]
+		if row == nil {
+			row = &client.UsageRow{User: k.user, Kind: k.kind, Pool: k.pool}
+			rows[k] = row
+			keys = append(keys, k)
+		}
+		row.Leases++
+		row.DeviceSeconds += float64(ms) / 1000
+	}
+	slices.SortFunc(keys, func(a, b key) int {
+		if c := rows[b].DeviceSeconds - rows[a].DeviceSeconds; c != 0 {
+			if c > 0 {
+				return 1
+			}
+			return -1
+		}
+		if a.user != b.user {
+			return compare(a.user, b.user)
+		}
+		if a.kind != b.kind {
+			return compare(a.kind, b.kind)
+		}
+		return compare(a.pool, b.pool)
+	})
+	rep.Rows = make([]client.UsageRow, 0, len(keys))
+	for _, k := range keys {
+		row := rows[k]
+		row.DeviceHours = row.DeviceSeconds / 3600
+		rep.Rows = append(rep.Rows, *row)
+	}
+	return rep
+}
+
+func compare(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// usagePath is the accounting log's path: the configured one, or
+// usage.log in the state directory.
+func usagePath(configured, stateDir string) string {
+	if configured != "" {
+		return configured
+	}
+	return filepath.Join(stateDir, usageName)
+}
+
+// readAll reads the log's files, oldest first. cut tells whether records
+// older than these were dropped by a rotation: the oldest file kept is
+// there, or (keeping none) the current file starts with "open" records.
+func (u *usageLog) readAll() (files [][]usageRec, cut bool, err error) {
+	for i := u.keep; i >= 0; i-- {
+		recs, err := readUsage(rotated(u.path, i))
+		if err != nil {
+			return nil, false, err
+		}
+		if len(recs) > 0 {
+			if i == u.keep && (i > 0 || recs[0].Ev == "open") {
+				cut = true
+			}
+			files = append(files, recs)
+		}
+	}
+	return files, cut, nil
+}

@@ -1,0 +1,211 @@
+package broker
+
+import (
+	"bytes"
+	"encoding/json"
+	"log"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// syncBuffer is a log destination safe for the writer goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func dev(id int) *int { return &id }
+
+func startRec(id uint64, t int64, user, kind string, devices ...int) usageRec {
+	return usageRec{T: t, Ev: "start", Lease: id, User: user, Kind: kind, Pool: "default", Devices: devices}
+}
+
+func endRec(id uint64, t int64, d int) usageRec {
+	return usageRec{T: t, Ev: "end", Lease: id, Device: dev(d), How: endReleased}
+}
+
+// TestSumUsage: device time is summed per device, clipped to the window,
+// by user, kind and pool; a live lease counts to the end of the window, a
+// lease whose end was lost does not count and is said.
+func TestSumUsage(t *testing.T) {
+	recs := []usageRec{
+		startRec(1, 1000, "alice", client.KindInline, 0, 1),
+		endRec(1, 3000, 1),
+		startRec(2, 2500, "bob", client.KindTask, 2),
+		endRec(1, 5000, 0),
+		startRec(3, 4000, "alice", client.KindInline, 3), // live
+		startRec(4, 4000, "carol", client.KindInline, 4), // end lost
+		startRec(5, 100, "dave", client.KindHeld, 5),
+		endRec(5, 1500, 5), // ended before the window
+		{T: 4000, Ev: "open", Lease: 3, User: "alice", Kind: client.KindInline, Pool: "default", Devices: []int{3}}, // a repeat: counted once
+	}
+	live := func(id uint64) bool { return id == 3 || id == 2 }
+	rep := sumUsage([][]usageRec{recs}, time.UnixMilli(2000), time.UnixMilli(6000), "", live)
+	want := []client.UsageRow{
+		// alice: lease 1 from 2000 to 5000 on npu0 and to 3000 on npu1, lease 3 from 4000 to 6000
+		{User: "alice", Kind: client.KindInline, Pool: "default", Leases: 2, DeviceSeconds: 6},
+		{User: "bob", Kind: client.KindTask, Pool: "default", Leases: 1, DeviceSeconds: 3.5},
+	}
+	for i := range want {
+		want[i].DeviceHours = want[i].DeviceSeconds / 3600
+	}
+	if got, _ := json.Marshal(rep.Rows); string(got) != string(mustJSON(want)) {
+		t.Errorf("rows:\n%s\nwant\n%s", got, mustJSON(want))
+	}
+	if rep.Incomplete != 1 || rep.Since != 2000 || rep.Until != 6000 {
+		t.Errorf("report: %+v", rep)
+	}
+	rep = sumUsage([][]usageRec{recs}, time.UnixMilli(0), time.UnixMilli(6000), "dave", live)
+	if len(rep.Rows) != 1 || rep.Rows[0].Kind != "held" || rep.Rows[0].DeviceSeconds != 1.4 {
+		t.Errorf("dave's rows: %+v", rep.Rows)
+	}
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// TestOpenLeases: the leases a log leaves open, with the devices not yet
+// ended.
+func TestOpenLeases(t *testing.T) {
+	open := openLeases([]usageRec{
+		startRec(1, 1, "a", client.KindInline, 0, 1),
+		startRec(2, 2, "b", client.KindInline, 2),
+		endRec(1, 3, 0),
+		endRec(2, 4, 2),
+		{T: 1, Ev: "open", Lease: 1, Devices: []int{0, 1}}, // a repeat: the first record stands
+	})
+	if len(open) != 1 || open[1] == nil || len(open[1].held) != 1 || !open[1].held[1] {
+		t.Fatalf("open leases: %+v", open)
+	}
+}
+
+// TestReadUsageSkipsDamage: torn, garbled and oversized lines are
+// skipped; the records around them are read.
+func TestReadUsageSkipsDamage(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "usage.log")
+	var b bytes.Buffer
+	b.Write(mustJSON(startRec(1, 1, "a", client.KindInline, 0)))
+	b.WriteString("\n{\"t\":2,\"ev\":\"sta\n")
+	b.WriteString("not json\n")
+	b.WriteString("{\"t\":3,\"ev\":\"start\",\"lease\":9,\"user\":\"" + strings.Repeat("x", 100<<10) + "\"}\n")
+	b.Write(mustJSON(endRec(1, 4, 0)))
+	b.WriteString("\n{\"t\":5,\"ev\":\"end\"") // torn at the end
+	if err := os.WriteFile(path, b.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := readUsage(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 || recs[0].Lease != 1 || recs[1].Ev != "end" {
+		t.Fatalf("records: %+v", recs)
+	}
+	if recs, err := readUsage("/dev/null"); err != nil || recs != nil {
+		t.Errorf("a device read as a log: %v, %v", recs, err)
+	}
+	if recs, err := readUsage(filepath.Join(t.TempDir(), "none")); err != nil || recs != nil {
+		t.Errorf("a missing log: %v, %v", recs, err)
+	}
+}
+
+// TestUsageLogRotates: past its size the log moves to usage.log.1 (and
+// up, keeping keep files), and the fresh file opens with the leases still
+// held, so that their time is counted whole from the newest files alone.
+func TestUsageLogRotates(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "usage.log")
+	var logged syncBuffer
+	held := startRec(1, 1000, "alice", client.KindInline, 0)
+	open := func() []usageRec {
+		r := held
+		r.Ev = "open"
+		return []usageRec{r}
+	}
+	u := newUsageLog(path, 2048, 2, log.New(&logged, "", 0), open)
+	go u.run()
+	u.add(held)
+	for i := range 100 {
+		id := uint64(100 + i)
+		u.add(startRec(id, 2000+int64(i)*10, "bob", client.KindInline, 1))
+		u.add(endRec(id, 2005+int64(i)*10, 1))
+	}
+	u.flush(10 * time.Second)
+	for _, name := range []string{"usage.log", "usage.log.1", "usage.log.2"} {
+		if st, err := os.Stat(filepath.Join(dir, name)); err != nil || st.Size() > 2048+1024 {
+			t.Errorf("%s: %v, %v", name, st, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "usage.log.3")); err == nil {
+		t.Error("usage.log.3 kept, with keep = 2")
+	}
+	cur, err := readUsage(path)
+	if err != nil || len(cur) == 0 || cur[0].Ev != "open" || cur[0].Lease != 1 || cur[0].T != 1000 {
+		t.Fatalf("fresh log of %d records (%v), want it to begin with lease 1 open", len(cur), err)
+	}
+	files, cut, err := u.readAll()
+	if err != nil || len(files) != 3 || !cut {
+		t.Fatalf("readAll: %d files, cut %v, %v", len(files), cut, err)
+	}
+	rep := sumUsage(files, time.UnixMilli(0), time.UnixMilli(10000), "alice", func(id uint64) bool { return id == 1 })
+	if len(rep.Rows) != 1 || rep.Rows[0].DeviceSeconds != 9 || rep.Rows[0].Leases != 1 {
+		t.Errorf("alice's open lease over rotations: %+v, want 9 s", rep.Rows)
+	}
+	if u.dropped.Load() != 0 || logged.String() != "" {
+		t.Errorf("dropped %d; log: %s", u.dropped.Load(), logged.String())
+	}
+}
+
+// TestUsageLogDropsAndRecovers: records that cannot be written are dropped
+// and counted, said once; once the log can be written again the broker
+// says so, with the count.
+func TestUsageLogDropsAndRecovers(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "later")
+	path := filepath.Join(dir, "usage.log")
+	var logged syncBuffer
+	u := newUsageLog(path, 1<<20, 1, log.New(&logged, "", 0), func() []usageRec { return nil })
+	go u.run()
+	for i := range 3 {
+		u.add(startRec(uint64(i+1), 1, "a", client.KindInline, 0))
+		u.flush(10 * time.Second)
+	}
+	if u.dropped.Load() != 3 {
+		t.Errorf("dropped %d, want 3", u.dropped.Load())
+	}
+	if n := strings.Count(logged.String(), "dropping records until it can be written again"); n != 1 {
+		t.Errorf("said %d times:\n%s", n, logged.String())
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	u.add(startRec(9, 1, "a", client.KindInline, 0))
+	u.flush(10 * time.Second)
+	if !strings.Contains(logged.String(), "writing again; 3 records were dropped") {
+		t.Errorf("log:\n%s", logged.String())
+	}
+	if recs, err := readUsage(path); err != nil || len(recs) != 1 || recs[0].Lease != 9 {
+		t.Errorf("log after recovery: %+v, %v", recs, err)
+	}
+}

@@ -1,0 +1,188 @@
+package policy
+
+import (
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Defaults of the [status] and [usage] tables.
+const (
+	DefaultScanInterval  = 10 * time.Second
+	DefaultUnleasedGrace = 30 * time.Second
+	DefaultUsageMaxMB    = 16
+	DefaultUsageKeep     = 4
+)
+
+// DefaultUnleasedExempt are programs that keep device nodes open by design
+// (the NVIDIA persistence daemon and host engine) or for a moment (the
+// vendors' query tools): never reported as unleased use.
+var DefaultUnleasedExempt = []string{"nvidia-persistenced", "nv-hostengine", "nvidia-smi", "npu-smi"}
+
+// What the broker does about unleased use by a restricted account.
+const (
+	UnleasedReport = "report" // list it in npubroker status and the log
+	UnleasedTerm   = "term"   // and send the process SIGTERM
+	UnleasedKill   = "kill"   // and send the process SIGKILL
+)
+
+// Whose command lines npubroker status shows to an ordinary user.
+const (
+	ShowCommandsAll = "all" // everyone's, as ps(1) does
+	ShowCommandsOwn = "own" // the asker's own; others' are left out
+)
+
+// Status configures npubroker status and the background scan behind it
+// ([status]).
+type Status struct {
+	ScanInterval   time.Duration // the background /proc scan runs at most this often
+	UnleasedGrace  time.Duration // how long a device node is open without a lease before it is reported
+	UnleasedUse    string        // UnleasedReport, UnleasedTerm or UnleasedKill (restricted accounts only)
+	UnleasedExempt []string      // programs never reported: a name matches the executable's base name or the command name, a path the executable
+	ShowCommands   string        // ShowCommandsAll or ShowCommandsOwn
+}
+
+// Usage configures the accounting log of lease starts and ends ([usage]).
+type Usage struct {
+	Log     string // the log file; "" for usage.log in the state directory
+	MaxSize int64  // bytes the log may reach before it is rotated
+	Keep    int    // rotated files kept (usage.log.1 … usage.log.KEEP)
+}
+
+func defaultStatus() Status {
+	return Status{
+		ScanInterval:   DefaultScanInterval,
+		UnleasedGrace:  DefaultUnleasedGrace,
+		UnleasedUse:    UnleasedReport,
+		UnleasedExempt: slices.Clone(DefaultUnleasedExempt),
+		ShowCommands:   ShowCommandsAll,
+	}
+}
+
+func defaultUsage() Usage {
+	return Usage{MaxSize: DefaultUsageMaxMB << 20, Keep: DefaultUsageKeep}
+}
+
+// metricsListen reads [broker] metrics_listen: a host:port to serve
+// Prometheus metrics on, "" for none.
+func (p *parser) metricsListen(table []string, t map[string]any, c *Config) {
+	s, ok := p.str(table, t, "metrics_listen")
+	if !ok || s == "" {
+		return
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		p.errorf(table, "metrics_listen", "want host:port such as \"127.0.0.1:9464\", not %q", s)
+		return
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		p.errorf(table, "metrics_listen", "bad port %q in %q", port, s)
+		return
+	}
+	_ = host // "" listens on every address, as net.Listen does
+	c.MetricsListen = s
+}
+
+// status reads the [status] table.
+func (p *parser) status(raw map[string]any, c *Config) {
+	c.Status = defaultStatus()
+	table := []string{"status"}
+	t, ok := p.table(nil, raw, "status")
+	if !ok {
+		return
+	}
+	p.unknown(table, t, "scan_interval", "unleased_grace", "unleased_use", "unleased_exempt", "show_commands")
+	if d, ok := p.duration(table, t, "scan_interval"); ok {
+		if d < time.Second {
+			p.errorf(table, "scan_interval", "must be at least \"1s\"")
+		} else {
+			c.Status.ScanInterval = d
+		}
+	}
+	if d, ok := p.duration(table, t, "unleased_grace"); ok {
+		c.Status.UnleasedGrace = d
+	}
+	if s, ok := p.str(table, t, "unleased_use"); ok {
+		switch s {
+		case UnleasedReport, UnleasedTerm, UnleasedKill:
+			c.Status.UnleasedUse = s
+		default:
+			p.errorf(table, "unleased_use", "want \"report\", \"term\" or \"kill\", not %q", s)
+		}
+	}
+	if list, ok := p.stringList(table, t, "unleased_exempt"); ok {
+		for _, s := range list {
+			if s == "" {
+				p.errorf(table, "unleased_exempt", "empty program name")
+				return
+			}
+		}
+		c.Status.UnleasedExempt = list
+	}
+	if s, ok := p.str(table, t, "show_commands"); ok {
+		switch s {
+		case ShowCommandsAll, ShowCommandsOwn:
+			c.Status.ShowCommands = s
+		default:
+			p.errorf(table, "show_commands", "want \"all\" or \"own\", not %q", s)
+		}
+	}
+}
+
+// usage reads the [usage] table.
+func (p *parser) usage(raw map[string]any, c *Config) {
+	c.Usage = defaultUsage()
+	table := []string{"usage"}
+	t, ok := p.table(nil, raw, "usage")
+	if !ok {
+		return
+	}
+	p.unknown(table, t, "log", "max_size_mb", "keep")
+	if s, ok := p.str(table, t, "log"); ok {
+		switch {
+		case !filepath.IsAbs(s):
+			p.errorf(table, "log", "must be an absolute path, not %q", s)
+		case s != filepath.Clean(s) || filepath.Base(s) == "/":
+			p.errorf(table, "log", "must be a clean path to a file, not %q", s)
+		default:
+			c.Usage.Log = s
+		}
+	}
+	if n, ok := p.integer(table, t, "max_size_mb", 1); ok {
+		c.Usage.MaxSize = int64(n) << 20
+	}
+	if n, ok := p.integer(table, t, "keep", 0); ok {
+		if n > 100 {
+			p.errorf(table, "keep", "must be at most 100, not %d", n)
+		} else {
+			c.Usage.Keep = n
+		}
+	}
+}
+
+// stringList reads an array of strings, dropping repeats.
+func (p *parser) stringList(table []string, t map[string]any, key string) ([]string, bool) {
+	v, ok := t[key]
+	if !ok {
+		return nil, false
+	}
+	list, ok := v.([]any)
+	if !ok {
+		p.errorf(table, key, "must be an array of strings, not %s", typeName(v))
+		return nil, false
+	}
+	out := make([]string, 0, len(list))
+	for _, item := range list {
+		s, ok := item.(string)
+		if !ok {
+			p.errorf(table, key, "must be an array of strings, not one holding %s", typeName(item))
+			return nil, false
+		}
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out, true
+}

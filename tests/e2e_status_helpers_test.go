@@ -1,0 +1,204 @@
+package tests
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// Status runs `npubroker status ARGS` against the broker and returns its
+// output, failing the test unless it exits 0.
+func (b *Broker) Status(t testing.TB, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(b.Bin.Broker, append([]string{"status"}, args...)...)
+	cmd.Env = b.Env()
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("npubroker status %s: %v\n%s", strings.Join(args, " "), err, stderrOf(err))
+	}
+	return string(out)
+}
+
+func stderrOf(err error) string {
+	if ee, ok := err.(*exec.ExitError); ok {
+		return string(ee.Stderr)
+	}
+	return ""
+}
+
+// Board runs `npubroker status --json` and parses what it printed.
+func (b *Broker) Board(t testing.TB) *client.Board {
+	t.Helper()
+	var board client.Board
+	out := b.Status(t, "--json")
+	if err := json.Unmarshal([]byte(out), &board); err != nil {
+		t.Fatalf("status --json printed what does not parse: %v\n%s", err, out)
+	}
+	return &board
+}
+
+// watcher is an `npubroker status --watch --json`: one board a line.
+type watcher struct {
+	*proc
+	seen int // lines read so far
+}
+
+// watchBoards starts a status watch against the broker.
+func watchBoards(t testing.TB, b *Broker, as func(*exec.Cmd) *exec.Cmd) *watcher {
+	t.Helper()
+	cmd := exec.Command(b.Bin.Broker, "status", "--watch", "--json")
+	cmd.Env = b.Env()
+	if as != nil {
+		cmd = as(cmd)
+	}
+	return &watcher{proc: startProc(t, "status --watch", cmd)}
+}
+
+// next waits for the next board of the watch that satisfies ok and
+// returns it, with every board before it (those that did not).
+func (w *watcher) next(what string, ok func(*client.Board) bool) (*client.Board, []*client.Board) {
+	w.t.Helper()
+	return w.nextWithin(eventTimeout, what, ok)
+}
+
+// nextWithin is next with a time limit of its own, for events that come
+// slowly by design (a background scan on a machine with many processes).
+func (w *watcher) nextWithin(limit time.Duration, what string, ok func(*client.Board) bool) (*client.Board, []*client.Board) {
+	w.t.Helper()
+	var before []*client.Board
+	deadline := time.After(limit)
+	for {
+		w.mu.Lock()
+		lines, ch := w.lines, w.notify
+		w.mu.Unlock()
+		for ; w.seen < len(lines); w.seen++ {
+			var b client.Board
+			if err := json.Unmarshal([]byte(lines[w.seen]), &b); err != nil {
+				w.t.Fatalf("status --watch --json printed a line that does not parse: %v\n%s", err, lines[w.seen])
+			}
+			if ok(&b) {
+				w.seen++
+				return &b, before
+			}
+			before = append(before, &b)
+		}
+		select {
+		case <-ch:
+		case <-w.outDone:
+			w.t.Fatalf("status --watch ended before %s:\n%s", what, w.Output())
+		case <-deadline:
+			last := "no board"
+			if n := len(before); n > 0 {
+				j, _ := json.Marshal(before[n-1])
+				last = string(j)
+			}
+			w.t.Fatalf("no board with %s within %s; last one:\n%s", what, limit, last)
+		}
+	}
+}
+
+// device returns the board's device id.
+func device(t testing.TB, b *client.Board, id int) client.DeviceState {
+	t.Helper()
+	for _, d := range b.Devices {
+		if d.ID == id {
+			return d
+		}
+	}
+	t.Fatalf("no device %d on the board", id)
+	return client.DeviceState{}
+}
+
+// holderPIDs are the pids the board shows holding device id.
+func holderPIDs(b *client.Board, id int) []int {
+	for _, d := range b.Devices {
+		if d.ID == id && d.Lease != nil {
+			var pids []int
+			for _, h := range d.Lease.Holders {
+				pids = append(pids, h.PID)
+			}
+			slices.Sort(pids)
+			return pids
+		}
+	}
+	return nil
+}
+
+// holderOf returns the board's holder pid of device id, or fails.
+func holderOf(t testing.TB, b *client.Board, id, pid int) client.Holder {
+	t.Helper()
+	d := device(t, b, id)
+	if d.Lease == nil {
+		t.Fatalf("npu %d has no lease: %+v", id, d)
+	}
+	for _, h := range d.Lease.Holders {
+		if h.PID == pid {
+			return h
+		}
+	}
+	t.Fatalf("npu %d: pid %d is not among the holders %v", id, pid, holderPIDs(b, id))
+	return client.Holder{}
+}
+
+// unleasedPIDs are the pids reported using device id without a lease.
+func unleasedPIDs(b *client.Board, id int) []int {
+	var pids []int
+	for _, u := range b.Unleased {
+		if u.Device == id {
+			pids = append(pids, u.PID)
+		}
+	}
+	return pids
+}
+
+// fakeDev makes a device directory of real character nodes davinci0..n-1
+// (mknod; root only), each a memory device that anyone can open (full,
+// zero, random, urandom, in turn), so that a process may hold "a device"
+// open.
+func fakeDev(t testing.TB, n int) string {
+	t.Helper()
+	needRoot(t)
+	dir := filepath.Join(SharedDir(t), "dev")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	minors := []uint32{7, 5, 8, 9}
+	for i := range n {
+		p := filepath.Join(dir, "davinci"+strconv.Itoa(i))
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, minors[i%len(minors)]))); err != nil {
+			t.Fatalf("mknod %s: %v", p, err)
+		}
+		if err := os.Chmod(p, 0o666); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// ascendConfig is a configuration for the fake device tree dev: vendor
+// ascend, n devices, no npu-smi, and extra appended.
+func ascendConfig(dev string, n int, extra string) string {
+	return fmt.Sprintf("[devices]\nvendor = \"ascend\"\nids = \"0-%d\"\ndev_dir = %q\nnpu_smi = \"/nonexistent/npu-smi\"\n%s", n-1, dev, extra)
+}
+
+// pidOf reads a "WORD PID" line that a shell script printed.
+func pidOf(t testing.TB, line string) int {
+	t.Helper()
+	f := strings.Fields(line)
+	pid, err := strconv.Atoi(f[len(f)-1])
+	if err != nil {
+		t.Fatalf("no pid in %q", line)
+	}
+	return pid
+}
