@@ -185,9 +185,8 @@ func (s *Server) newLeaseID() uint64 {
 // connection c: fds are the locked descriptors sent, in the order of
 // g.Devices. The lease is the waiter's user's (who may not be the
 // connection's: root asks on behalf of a login); its pid is the process
-// that will hold it, c's peer. A login session's lease (kind login, with
-// its PAM service, tty and remote host) is recorded here too, once
-// sessions exist.
+// that will hold it, c's peer. A login session's lease (login: kind login,
+// with its PAM service, tty and remote host) is recorded here too.
 func (s *Server) inlineGrantedLocked(c *conn, g Grant, fds []int, login bool) {
 	l := &lease{kind: client.KindInline, uid: g.W.UID, user: g.W.user, pid: int(c.pid), pool: g.W.Pool}
 	if login {
