@@ -8,17 +8,17 @@ import (
 	"unicode/utf8"
 )
 
-// A hand-written codec for the lease exchange only (acquire, ping; queued,
-// grant, error, pong, ok): npurun runs it once per job, and encoding/json's
-// first use, which builds its reflection caches, costs more than the whole
-// round trip to the broker. Everything else goes through encoding/json;
-// codec_test.go checks the two agree.
+// A hand-written codec for the lease exchange only (acquire, session,
+// ping; queued, grant, ignore, hide, error, pong, ok): npurun runs it once
+// per job, and encoding/json's first use, which builds its reflection
+// caches, costs more than the whole round trip to the broker; npurun does
+// not even link encoding/json. Everything else goes through the registered
+// Codec (encoding/json); codec_test.go checks the two agree.
 
-// appendRequest encodes an acquire or ping request; ok is false for any
-// other request, which the caller encodes with encoding/json.
+// appendRequest encodes an acquire, session or ping request; ok is false
+// for any other request, which the caller encodes with the Codec.
 func appendRequest(b []byte, r *Request) ([]byte, bool) {
-	if (r.Op != OpAcquire && r.Op != OpPing) || r.Task != nil || r.Status != nil || r.ID != 0 || r.All || r.Watch || r.Usage != nil ||
-		r.User != "" || r.Service != "" || r.TTY != "" || r.RHost != "" || r.Login {
+	if (r.Op != OpAcquire && r.Op != OpPing && r.Op != OpSession) || r.Task != nil || r.Status != nil || r.ID != 0 || r.All || r.Watch || r.Usage != nil {
 		return nil, false
 	}
 	b = append(b, `{"v":`...)
@@ -45,6 +45,15 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	}
 	if r.NoWait {
 		b = append(b, `,"no_wait":true`...)
+	}
+	for _, f := range [...]struct{ key, value string }{{"user", r.User}, {"service", r.Service}, {"tty", r.TTY}, {"rhost", r.RHost}} {
+		if f.value != "" {
+			b = append(b, `,"`+f.key+`":`...)
+			b = appendString(b, f.value)
+		}
+	}
+	if r.Login {
+		b = append(b, `,"login":true`...)
 	}
 	return append(b, '}'), true
 }
@@ -139,7 +148,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 		return nil, false, errSyntax
 	}
 	switch r.Type {
-	case TypeQueued, TypeGrant, TypeError, TypePong, TypeOK:
+	case TypeQueued, TypeGrant, TypeError, TypePong, TypeOK, TypeIgnore, TypeHide:
 		return r, true, nil
 	}
 	return nil, false, nil

@@ -16,6 +16,10 @@ var replySamples = []string{
 	`{"type":"error","message":"lone \ud800 surrogate, pair \ud83d\ude00, broken \ud83d\u0041, raw é, bad ` + "\xff" + ` byte"}`,
 	`{"type":"queued","position":1,"type":"grant"}`,
 	`{}`,
+	`{"v":1,"type":"ignore"}`,
+	`{"v":1,"type":"hide","env":["NPURUN_DEVICES=","ASCEND_RT_VISIBLE_DEVICES="],"message":"no device free in pool \"interactive\""}`,
+	`{"v":1,"type":"queued","wait_ms":30000}`,
+	`{"v":1,"type":"grant","devices":[4],"env":["NPURUN_DEVICES=4"],"message":"npu 4 is yours until you log out"}`,
 }
 
 // TestDecodeReplyAgreesWithJSON: the hand codec decodes what
@@ -32,7 +36,8 @@ func TestDecodeReplyAgreesWithJSON(t *testing.T) {
 			continue
 		}
 		if !ok {
-			if want.Type == TypeGrant || want.Type == TypeQueued || want.Type == TypeError || want.Type == TypePong || want.Type == TypeOK {
+			switch want.Type {
+			case TypeGrant, TypeQueued, TypeError, TypePong, TypeOK, TypeIgnore, TypeHide:
 				t.Errorf("decodeReply(%s) declined a lease reply", in)
 			}
 			continue
@@ -63,6 +68,9 @@ func TestAppendRequestAgreesWithJSON(t *testing.T) {
 		{V: 1, Op: OpAcquire, N: 2, Pool: "queue", NoWait: true},
 		{V: 1, Op: OpAcquire, Devices: []int{9, 3}, Pool: "we\"ird\\ \n\x01 é \xff"},
 		{V: 1, Op: OpPing},
+		{V: 1, Op: OpSession, Login: true},
+		{V: 1, Op: OpSession, User: "alice", Service: "sshd", TTY: "pts/3", RHost: "10.0.0.5"},
+		{V: 1, Op: OpAcquire, N: 1, User: "bob", Service: "login", TTY: "tty1\x1b[2J"},
 	} {
 		b, ok := appendRequest(nil, &req)
 		if !ok {

@@ -1,7 +1,6 @@
 package client
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -229,8 +228,12 @@ func (c *Conn) read() (*Reply, []int, error) {
 	}
 	rp, ok, err := decodeReply(b)
 	if err == nil && !ok {
-		rp = new(Reply)
-		err = json.Unmarshal(b, rp)
+		if full == nil {
+			err = ErrNoCodec
+		} else {
+			rp = new(Reply)
+			err = full.Unmarshal(b, rp)
+		}
 	}
 	if err != nil {
 		closeAll(fds)

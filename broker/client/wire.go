@@ -50,7 +50,6 @@ package client
 // broker answers.
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -186,9 +185,33 @@ var (
 	ErrClosed       = errors.New("connection closed by peer")
 )
 
-// Encode marshals a message and checks it against MaxMessage.
+// Codec encodes and decodes the messages that the lease exchange's own
+// codec (codec.go) does not: those of tasks, status, usage and the like.
+// Package jsoncodec registers encoding/json as the Codec; npurun, which
+// speaks the lease exchange only, links neither.
+type Codec interface {
+	Marshal(v any) ([]byte, error)
+	Unmarshal(data []byte, v any) error
+}
+
+// full is the registered Codec, nil in npurun.
+var full Codec
+
+// UseCodec makes c the codec of the messages beyond the lease exchange.
+func UseCodec(c Codec) { full = c }
+
+// ErrNoCodec means a message beyond the lease exchange came or was to go,
+// and no Codec is registered (a program that needs one imports
+// broker/client/jsoncodec).
+var ErrNoCodec = errors.New("a message beyond the lease exchange, and no codec for it")
+
+// Encode marshals a message with the registered Codec and checks it
+// against MaxMessage.
 func Encode(v any) ([]byte, error) {
-	b, err := json.Marshal(v)
+	if full == nil {
+		return nil, ErrNoCodec
+	}
+	b, err := full.Marshal(v)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,77 @@
+package shim
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestParseArgs: npurun's grammar is getopt's, and what it read is what
+// was meant.
+func TestParseArgs(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want Options
+		argv []string
+	}{
+		{[]string{"python", "train.py", "-n", "2"}, Options{}, []string{"python", "train.py", "-n", "2"}},
+		{[]string{"-n", "2", "python"}, Options{N: 2}, []string{"python"}},
+		{[]string{"-n2", "--", "-x"}, Options{N: 2}, []string{"-x"}},
+		{[]string{"--devices=3", "sh"}, Options{N: 3}, []string{"sh"}},
+		{[]string{"-d", "3", "-d0-1,8", "--device=1", "sh"}, Options{Devices: []int{0, 1, 3, 8}}, []string{"sh"}},
+		{[]string{"-vq", "--no-wait", "-p", "queue", "sh"}, Options{Verbose: true, Quiet: true, NoWait: true, Pool: "queue"}, []string{"sh"}},
+		{[]string{"--timeout", "10m", "--socket=/s", "sh"}, Options{Timeout: 10 * time.Minute, Socket: "/s"}, []string{"sh"}},
+		{[]string{"--no-device", "make", "-j8"}, Options{NoDevice: true}, []string{"make", "-j8"}},
+		{[]string{"--login", "-q"}, Options{Login: true, Quiet: true}, []string{}},
+		{[]string{"-", "x"}, Options{}, []string{"-", "x"}},
+	} {
+		cmd, err := parseArgs(tc.args)
+		if err != nil {
+			t.Errorf("parseArgs(%q): %v", tc.args, err)
+			continue
+		}
+		if !reflect.DeepEqual(cmd.o, tc.want) || !reflect.DeepEqual(cmd.argv, tc.argv) {
+			t.Errorf("parseArgs(%q) = %+v %q, want %+v %q", tc.args, cmd.o, cmd.argv, tc.want, tc.argv)
+		}
+	}
+}
+
+// TestParseArgsRefuses: a bad command line is a usage error that says
+// what is wrong.
+func TestParseArgsRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--frobnicate", "sh"}, "unknown option --frobnicate"},
+		{[]string{"-x", "sh"}, "unknown option -x"},
+		{[]string{"-n"}, "option -n needs a value"},
+		{[]string{"--pool"}, "option --pool needs a value"},
+		{[]string{"-n", "two", "sh"}, `bad device count "two" for -n`},
+		{[]string{"-d", "0-3x", "sh"}, `bad device list "0-3x"`},
+		{[]string{"--timeout=soon", "sh"}, `bad duration "soon" for --timeout`},
+		{[]string{"--no-wait=yes", "sh"}, "option --no-wait takes no value"},
+		{[]string{}, "no command given"},
+		{[]string{"-n", "0", "sh"}, "bad device count 0"},
+		{[]string{"-n", "-1", "sh"}, "bad device count -1"},
+		{[]string{"-n", "2", "-d", "1", "sh"}, "-n 2 does not match the 1 devices named"},
+		{[]string{"-d", "1", "-p", "q", "sh"}, "--device and --pool exclude each other"},
+		{[]string{"--no-device", "-n", "1", "sh"}, "--no-device takes no device"},
+		{[]string{"--timeout", "1m", "--no-wait", "sh"}, "--timeout takes a positive duration"},
+		{[]string{"--login", "sh"}, "--login takes no command"},
+	} {
+		cmd, err := parseArgs(tc.args)
+		if err == nil {
+			err = cmd.check()
+		}
+		var ue *usageError
+		if !errors.As(err, &ue) || !strings.Contains(ue.msg, tc.msg) {
+			t.Errorf("npurun %q: %v, want a usage error saying %q", tc.args, err, tc.msg)
+		}
+	}
+	if _, err := parseArgs([]string{"-vh"}); !errors.Is(err, errHelp) {
+		t.Errorf("-vh: %v, want help", err)
+	}
+}
