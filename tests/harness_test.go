@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 )
 
 // Binaries are the commands under test, built once per test run into a

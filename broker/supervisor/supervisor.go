@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 )
 
 // maxSpec is the largest message the broker may send.

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 )
 
 func main() {
