@@ -41,6 +41,7 @@ type Options struct {
 	RunDir    string // lock files go to RunDir/locks
 	StateDir  string // the task spool; "" for the config's
 	Socket    string // the socket path, told to tasks and their supervisors
+	Cgroup    string // where tasks' control groups go; "" for the config's ([tasks] cgroup)
 	Log       *log.Logger
 }
 
@@ -62,6 +63,7 @@ type Server struct {
 	boot         string   // this boot's id, against pids of an earlier boot
 	cpuSlots     []int    // ids of the CPU slots: 0..cpu_slots-1
 	stateClaim   *os.File // held for the broker's life: no other broker replays this spool
+	cg           *cgroups // where tasks' control groups go; nil: none (see cgroup.go)
 
 	mu            sync.Mutex
 	devs          []*device // indexed by physical id; nil where not managed
@@ -180,6 +182,13 @@ func New(o Options) (*Server, error) {
 	s.startAccessLocked(free)
 	s.mu.Unlock()
 	if err := s.writeSessionPolicy(o.RunDir); err != nil {
+		return nil, err
+	}
+	cgMode := o.Cgroup
+	if cgMode == "" {
+		cgMode = o.Config.Tasks.Cgroup
+	}
+	if s.cg, err = setupCgroups(cgMode, s.log); err != nil {
 		return nil, err
 	}
 	stateDir := o.StateDir

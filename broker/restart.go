@@ -67,6 +67,15 @@ func (s *Server) takeUpTasks(dir string) error {
 	if err != nil {
 		return err
 	}
+	// The tasks' control groups left by the broker before this one: a
+	// running task's is adopted with it, a waiting task's is used again
+	// for its start, the others' are removed (below).
+	groups := map[uint64]bool{}
+	if s.cg != nil {
+		for _, id := range s.cg.tasks() {
+			groups[id] = true
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.loading = true
@@ -85,7 +94,7 @@ func (s *Server) takeUpTasks(dir string) error {
 		if t.State != tasklife.Running {
 			continue
 		}
-		j := &task{Task: t}
+		j := &task{Task: t, cgroup: groups[t.ID]}
 		s.jobs[t.ID] = j
 		if s.adoptLocked(j) {
 			continue
@@ -99,9 +108,14 @@ func (s *Server) takeUpTasks(dir string) error {
 	}
 	for _, t := range all {
 		if t.IsWaiting() {
-			j := &task{Task: t}
+			j := &task{Task: t, cgroup: groups[t.ID]}
 			s.jobs[t.ID] = j
 			s.settleLocked(j)
+		}
+	}
+	for id := range groups {
+		if t := life.Get(id); t == nil || t.IsEnded() {
+			go s.reapCgroup(id) // ended, or forgotten: nothing of it may run on
 		}
 	}
 	s.loading = false

@@ -2,7 +2,9 @@ package broker
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,6 +35,7 @@ type task struct {
 	overran   bool        // the broker killed it for overrunning its time limit
 	launching bool        // launch is giving it its go-ahead
 	sup       *supervisor // its supervisor, once started (warm while it waits)
+	cgroup    bool        // its control group may exist (cgroup.go)
 }
 
 // Caps on what one submission and one connection may hold.
@@ -66,6 +69,7 @@ func info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	}
 	if t.Status != nil {
 		ti.Exit, ti.Signal = t.Status.Exit, t.Status.Signal
+		ti.CPUMs, ti.MemPeak = t.Status.CPUMs, t.Status.MemPeak
 		if t.Status.Reason != "" {
 			ti.Reason = t.Status.Reason
 		}
@@ -516,6 +520,14 @@ func (s *Server) taskEndedLocked(t *tasklife.Task) {
 		if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
 			s.cpuFree[t.Slot] = true
 		}
+		if j.cgroup {
+			// Nothing it started outlives it: killed now, the group
+			// removed once empty.
+			if err := s.cg.kill(t.ID); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				s.log.Printf("task %d: kill its control group: %v", t.ID, err)
+			}
+			go s.reapCgroup(t.ID)
+		}
 		for _, c := range j.waits {
 			if i := slices.Index(c.waiting, j); i >= 0 {
 				c.waiting = slices.Delete(c.waiting, i, i+1)
@@ -553,6 +565,12 @@ func (s *Server) taskDone(c *conn, id uint64, st *client.Status) bool {
 	}
 	if len(st.Reason) > maxReasonBytes {
 		st.Reason = st.Reason[:maxReasonBytes] + "…"
+	}
+	// What the task used is the broker's to say, from its control group.
+	st.CPUMs, st.MemPeak = 0, 0
+	if j := s.jobs[id]; j != nil && j.cgroup {
+		cpu, peak := s.cg.usage(id)
+		st.CPUMs, st.MemPeak = cpu.Milliseconds(), peak
 	}
 	state := tasklife.Failed
 	switch {

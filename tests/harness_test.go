@@ -129,6 +129,7 @@ type Broker struct {
 	RunDir   string
 	StateDir string
 	Socket   string
+	Cgroup   string // the parent of its tasks' control groups (--cgroup), "" for none
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -151,6 +152,7 @@ func NewBroker(t testing.TB, conf string) *Broker {
 	t.Helper()
 	dir := SharedDir(t)
 	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(RunTmp(t), "run")}
+	b.Cgroup = testCgroupParent(t) // removed after the broker has stopped
 	b.Socket = filepath.Join(b.RunDir, "broker.sock")
 	b.StateDir = filepath.Join(dir, "spool")
 	if err := os.WriteFile(b.Conf, []byte(conf), 0o644); err != nil {
@@ -171,6 +173,9 @@ func NewBroker(t testing.TB, conf string) *Broker {
 func (b *Broker) Start() {
 	b.t.Helper()
 	cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--socket", b.Socket, "--state-dir", b.StateDir)
+	if b.Cgroup != "" {
+		cmd.Args = append(cmd.Args, "--cgroup", b.Cgroup)
+	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		b.t.Fatal(err)

@@ -105,6 +105,8 @@ type TaskInfo struct {
 	Exit      *int     `json:"exit,omitempty"`   // exit code, when it exited
 	Signal    string   `json:"signal,omitempty"` // or the signal that ended it
 	Reason    string   `json:"reason,omitempty"` // why it failed, was cancelled or lost
+	CPUMs     int64    `json:"cpu_ms,omitempty"`   // CPU time its processes used, where it had a control group
+	MemPeak   int64    `json:"mem_peak,omitempty"` // their peak memory in bytes, where the memory controller measured it
 }
 
 // ExitStatus is the status a shell would give for the task: its exit
@@ -127,6 +129,10 @@ type Status struct {
 	Exit   *int   `json:"exit,omitempty"`
 	Signal string `json:"signal,omitempty"` // e.g. "SIGKILL"
 	Reason string `json:"reason,omitempty"` // "time limit 6h0m0s reached", "cancelled", "start: …"
+	// Set by the broker from the task's control group, never taken from a
+	// supervisor.
+	CPUMs   int64 `json:"cpu_ms,omitempty"`
+	MemPeak int64 `json:"mem_peak,omitempty"`
 }
 
 // Spec is what the broker gives a task's supervisor on its standard input.
