@@ -102,9 +102,9 @@ type TaskInfo struct {
 	Submitted int64    `json:"submitted"`          // Unix milliseconds
 	Started   int64    `json:"started,omitempty"`
 	Ended     int64    `json:"ended,omitempty"`
-	Exit      *int     `json:"exit,omitempty"`   // exit code, when it exited
-	Signal    string   `json:"signal,omitempty"` // or the signal that ended it
-	Reason    string   `json:"reason,omitempty"` // why it failed, was cancelled or lost
+	Exit      *int     `json:"exit,omitempty"`     // exit code, when it exited
+	Signal    string   `json:"signal,omitempty"`   // or the signal that ended it
+	Reason    string   `json:"reason,omitempty"`   // why it failed, was cancelled or lost
 	CPUMs     int64    `json:"cpu_ms,omitempty"`   // CPU time its processes used, where it had a control group
 	MemPeak   int64    `json:"mem_peak,omitempty"` // their peak memory in bytes, where the memory controller measured it
 }
