@@ -35,13 +35,15 @@ func cgroup2Mount() string {
 
 // testCgroupParent makes a parent control group of the test's own for a
 // broker's tasks (npubroker serve --cgroup), when the tests run as root on a
-// machine with cgroup v2 and cgroup.kill; "" otherwise (the broker then
-// falls back on supervisor and session). When the test ends, whatever is
-// left in it is killed and it is removed, after the broker has stopped.
+// machine with cgroup v2 and cgroup.kill; "" otherwise, or when
+// NPURUN_TEST_NO_CGROUP is set (to exercise the fallback as root): the
+// broker then runs with --cgroup off and falls back on supervisor and
+// session. When the test ends, whatever is left in the group is killed and
+// it is removed, after the broker has stopped.
 func testCgroupParent(t testing.TB) string {
 	t.Helper()
 	mnt := cgroup2Mount()
-	if os.Geteuid() != 0 || mnt == "" {
+	if os.Geteuid() != 0 || mnt == "" || os.Getenv("NPURUN_TEST_NO_CGROUP") != "" {
 		return ""
 	}
 	dir, err := os.MkdirTemp(mnt, "npurun-t-")

@@ -175,6 +175,8 @@ func (b *Broker) Start() {
 	cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--socket", b.Socket, "--state-dir", b.StateDir)
 	if b.Cgroup != "" {
 		cmd.Args = append(cmd.Args, "--cgroup", b.Cgroup)
+	} else {
+		cmd.Args = append(cmd.Args, "--cgroup", "off") // never the machine's own groups
 	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
