@@ -72,10 +72,12 @@ type Server struct {
 	q             *Queue         // waiters for devices: leases and tasks
 	conns         int
 	userConns     map[uint32]int
-	leaseWaits    map[uint32]int // waiting npurun requests per uid
-	pending       bool           // a progress report is arranged ...
-	progressAt    time.Time      // ... for then,
-	progressTimer *time.Timer    // by this timer
+	connsOf       map[uint32]map[*conn]struct{} // each user's connections
+	unread        map[uint32]int                // bytes each user's connections left unread, as last seen
+	leaseWaits    map[uint32]int                // waiting npurun requests per uid
+	pending       bool                          // a progress report is arranged ...
+	progressAt    time.Time                     // ... for then,
+	progressTimer *time.Timer                   // by this timer
 
 	// Tasks: the table (nil while the journal cannot be opened, taskErr
 	// says why) and, for each task not ended, what the broker holds.
@@ -109,6 +111,8 @@ func New(o Options) (*Server, error) {
 		held:         map[uint32]int{},
 		q:            NewQueue(),
 		userConns:    map[uint32]int{},
+		connsOf:      map[uint32]map[*conn]struct{}{},
+		unread:       map[uint32]int{},
 		leaseWaits:   map[uint32]int{},
 		jobs:         map[uint64]*task{},
 		running:      map[uint32]int{},

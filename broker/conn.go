@@ -27,6 +27,7 @@ type conn struct {
 	w       *Waiter // the request waiting, nil when none
 	waiting []*task // tasks whose end it waits for
 	closed  bool
+	unread  int // bytes sent that the client had not read when last looked at (SIOCOUTQ)
 
 	origin *Origin // a session's, or a request's on behalf of another user
 	login  *login  // a login session waiting for its lease
@@ -60,6 +61,9 @@ func (s *Server) handle(nc *net.UnixConn) {
 		return
 	}
 	c.uid, c.pid = cred.Uid, cred.Pid
+	// What the client leaves unread stays in the kernel, charged to this
+	// socket: room for two full replies, no more.
+	rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, sendBuf) })
 
 	s.mu.Lock()
 	switch {
@@ -74,12 +78,20 @@ func (s *Server) handle(nc *net.UnixConn) {
 	}
 	s.conns++
 	s.userConns[c.uid]++
+	if s.connsOf[c.uid] == nil {
+		s.connsOf[c.uid] = map[*conn]struct{}{}
+	}
+	s.connsOf[c.uid][c] = struct{}{}
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		s.conns--
 		if s.userConns[c.uid]--; s.userConns[c.uid] <= 0 {
 			delete(s.userConns, c.uid)
+		}
+		c.setUnreadLocked(0)
+		if delete(s.connsOf[c.uid], c); len(s.connsOf[c.uid]) == 0 {
+			delete(s.connsOf, c.uid)
 		}
 		c.closed = true
 		s.forgetWaitsLocked(c)
@@ -201,6 +213,59 @@ func (c *conn) sendRaw(b []byte) error {
 		return err
 	}
 	return serr
+}
+
+// What one user's clients may leave unread: each connection's send buffer
+// holds two full replies at most (the kernel doubles what is asked for),
+// and a listing is not sent while the user's connections together hold
+// more than maxUnreadPerUser unread (the connection is dropped instead).
+const (
+	sendBuf          = client.MaxMessage + 16<<10
+	maxUnreadPerUser = 4 << 20
+)
+
+// errUnread is a reply refused because its user leaves too much unread.
+var errUnread = errors.New("too many replies left unread")
+
+// sendListing sends a page of a listing from the connection's own
+// goroutine, unless the user's connections leave too much unread.
+func (c *conn) sendListing(b []byte) error {
+	s := c.s
+	s.mu.Lock()
+	c.noteUnreadLocked()
+	if c.uid != 0 && s.unread[c.uid]+len(b) > maxUnreadPerUser {
+		for o := range s.connsOf[c.uid] {
+			o.noteUnreadLocked() // some may have been read since
+		}
+		if n := s.unread[c.uid]; n+len(b) > maxUnreadPerUser {
+			c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("uid %d's connections leave %d KiB of replies unread, more than %d KiB: read them, or close them", c.uid, n>>10, maxUnreadPerUser>>10), ""))
+			s.mu.Unlock()
+			return errUnread
+		}
+	}
+	s.mu.Unlock()
+	err := c.sendRaw(b)
+	s.mu.Lock()
+	c.noteUnreadLocked()
+	s.mu.Unlock()
+	return err
+}
+
+// noteUnreadLocked looks at how much the client has left unread.
+func (c *conn) noteUnreadLocked() {
+	n := 0
+	if !c.closed {
+		c.rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+	}
+	c.setUnreadLocked(n)
+}
+
+func (c *conn) setUnreadLocked(n int) {
+	s := c.s
+	if s.unread[c.uid] += n - c.unread; s.unread[c.uid] <= 0 {
+		delete(s.unread, c.uid)
+	}
+	c.unread = n
 }
 
 // serve handles one request; false closes the connection.

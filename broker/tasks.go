@@ -55,14 +55,16 @@ const (
 	specRoom  = 1 << 10
 )
 
-// info is t as asker may see it; full includes its command, directory,
-// environment and log.
+// info is t as asker may see it; full, for its owner and root, includes
+// its command, directory, environment, log and the reason it ended (which
+// names paths and programs). Another user sees that it exists, whose it
+// is, its state and how it ended.
 func info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	ti := client.TaskInfo{
 		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
 		N: t.Sub.N, Pool: t.Sub.Pool, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
 		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
-		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended, Reason: t.Reason,
+		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended,
 	}
 	if len(t.Devices) == 0 && len(t.Sub.Devices) > 0 {
 		ti.Devices = t.Sub.Devices
@@ -70,12 +72,13 @@ func info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	if t.Status != nil {
 		ti.Exit, ti.Signal = t.Status.Exit, t.Status.Signal
 		ti.CPUMs, ti.MemPeak = t.Status.CPUMs, t.Status.MemPeak
-		if t.Status.Reason != "" {
-			ti.Reason = t.Status.Reason
-		}
 	}
 	if full {
 		ti.Command, ti.Cwd, ti.Env, ti.Log = command(t), t.Sub.Cwd, t.Sub.Env, t.Log
+		ti.Reason = t.Reason
+		if t.Status != nil && t.Status.Reason != "" {
+			ti.Reason = t.Status.Reason
+		}
 	}
 	return ti
 }
@@ -120,10 +123,7 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 	case client.OpTaskDone:
 		return s.taskDone(c, req.ID, req.Status)
 	case client.OpList:
-		s.mu.Lock()
-		tasks := s.listLocked(c, req.All)
-		s.mu.Unlock()
-		return c.sendTasks(tasks) == nil
+		return s.list(c, req.All, req.After)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -134,7 +134,11 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 	}
 	switch req.Op {
 	case client.OpShow:
-		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{info(t, true, s.positionLocked(s.jobs[t.ID]))}})
+		ti := info(t, true, s.positionLocked(s.jobs[t.ID]))
+		if j := s.jobs[t.ID]; j != nil && t.IsWaiting() {
+			ti.Reason = s.waitReasonLocked(j)
+		}
+		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{ti}})
 	case client.OpWait:
 		j := s.jobs[t.ID]
 		if t.IsEnded() || j == nil {
@@ -214,7 +218,7 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	}
 	s.jobs[t.ID] = t
 	s.settleLocked(t)
-	rep = &client.Reply{Type: client.TypeSubmitted, ID: t.ID}
+	rep = &client.Reply{Type: client.TypeSubmitted, ID: t.ID, State: t.Shown()}
 	switch t.State {
 	case tasklife.Pending:
 		rep.Position, rep.Pool = s.positionLocked(t), t.w.Pool
@@ -596,6 +600,33 @@ func joinIDs(ids []uint64) string {
 	return strings.Join(parts, ", ")
 }
 
+// waitReasonLocked says why a waiting task waits beyond its turn, if it
+// does: the tasks it waits for, its user's cap on running tasks or on
+// devices, task starts paused.
+func (s *Server) waitReasonLocked(j *task) string {
+	if j.State == tasklife.Blocked {
+		var ids []uint64
+		for _, dep := range j.Sub.After {
+			if d := s.life.Get(dep); d != nil && !d.IsEnded() {
+				ids = append(ids, dep)
+			}
+		}
+		return "waits for task " + joinIDs(ids) + " to succeed"
+	}
+	w := j.w
+	switch {
+	case s.paused != nil:
+		return "task starts are paused: " + s.paused.why.Error()
+	case w == nil:
+		return ""
+	case w.lim.MaxRunning > 0 && s.running[j.UID] >= w.lim.MaxRunning:
+		return fmt.Sprintf("%s runs %d of %d tasks allowed (%s)", w.user, s.running[j.UID], w.lim.MaxRunning, w.lim.Source)
+	case !j.Sub.NoDevice:
+		return s.reasonLocked(w)
+	}
+	return ""
+}
+
 // positionLocked is a waiting task's place in its line, 0 otherwise.
 func (s *Server) positionLocked(t *task) int {
 	if t == nil || !t.inLine {
@@ -617,67 +648,129 @@ func (s *Server) positionLocked(t *task) int {
 	return 0
 }
 
-// listLocked returns the asker's tasks (everyone's with all), oldest
-// first. Another user's command, directory, environment and log are left
-// out unless the asker is root; nobody's environment is listed.
-func (s *Server) listLocked(c *conn, all bool) []client.TaskInfo {
-	pos := s.positionsLocked()
-	var out []client.TaskInfo
-	s.life.Each(func(t *tasklife.Task) bool {
+// Listings are served a page at a time: the client asks for the next page
+// with the "next" of the last reply. Under the broker's lock a page costs a
+// bounded walk (listScan ids at most, from where the last page stopped) and
+// shallow copies of at most listPage tasks; their replies are put together
+// and encoded outside the lock, and sent from the connection's goroutine.
+// So a listing never holds the lock for long nor keeps more than one page in
+// memory, and a client that does not read holds one page in the broker at
+// most, until it is dropped (sendTimeout); what one user's connections
+// leave unread together is capped (maxUnreadPerUser).
+const (
+	listScan = 4096
+	listPage = 256
+)
+
+// listed is a task copied for a page of a listing.
+type listed struct {
+	t   tasklife.Task
+	pos int
+}
+
+// list serves one page of a listing: the asker's tasks (everyone's with
+// all) after id after, oldest first.
+func (s *Server) list(c *conn, all bool, after uint64) bool {
+	s.mu.Lock()
+	page, next, more := s.listPageLocked(c, all, after)
+	s.mu.Unlock()
+	full := func(t *tasklife.Task) bool { return t.UID == c.uid || c.uid == 0 }
+	return c.sendPage(page, full, next, more) == nil
+}
+
+// listPageLocked copies the tasks of a page: the asker's (everyone's with
+// all) with ids above after. more tells that others follow, from next.
+func (s *Server) listPageLocked(c *conn, all bool, after uint64) (page []listed, next uint64, more bool) {
+	scanned, size := 0, 0
+	var inLine []*Waiter
+	s.life.EachAfter(after, func(t *tasklife.Task) bool {
+		if scanned == listScan || len(page) == listPage || size > client.MaxMessage {
+			more = true
+			return false
+		}
+		scanned++
+		next = t.ID
 		if !all && t.UID != c.uid {
 			return true
 		}
-		p := 0
+		page = append(page, listed{t: *t})
 		if j := s.jobs[t.ID]; j != nil && j.inLine {
-			p = pos[j.w]
+			inLine = append(inLine, j.w)
 		}
-		ti := info(t, t.UID == c.uid || c.uid == 0, p)
-		ti.Env = nil
-		out = append(out, ti)
+		// A guess at its size, to stop copying well before a message is
+		// full (the encoding decides).
+		size += 200 + len(t.Sub.Name) + len(t.User)
+		if t.UID == c.uid || c.uid == 0 {
+			size += len(t.Sub.Shell) + byteSize(t.Sub.Argv) + len(t.Sub.Cwd) + len(t.Log) + len(t.Reason)
+		}
 		return true
 	})
-	return out
-}
-
-// sendTasks sends tasks in as many "tasks" replies as their size takes,
-// from the connection's own goroutine, waiting for the client to read.
-// Each task is encoded once, and the replies are put together from the
-// pieces.
-func (c *conn) sendTasks(tasks []client.TaskInfo) error {
-	head := []byte(`{"v":` + strconv.Itoa(client.Version) + `,"type":"` + client.TypeTasks + `","tasks":[`)
-	msg := append([]byte(nil), head...)
-	n := 0
-	for i := range tasks {
-		b, err := json.Marshal(&tasks[i])
-		if err != nil {
-			return err
-		}
-		if n > 0 && len(msg)+len(b)+len(`],"more":true}`) > client.MaxMessage {
-			if err := c.sendRaw(append(msg, `],"more":true}`...)); err != nil {
-				return err
+	if len(inLine) > 0 {
+		pos := s.positionsOfLocked(inLine)
+		for i := range page {
+			if j := s.jobs[page[i].t.ID]; j != nil && j.inLine {
+				page[i].pos = pos[j.w]
 			}
-			msg, n = append(msg[:0], head...), 0
 		}
-		if n > 0 {
-			msg = append(msg, ',')
-		}
-		msg = append(msg, b...)
-		n++
 	}
-	return c.sendRaw(append(msg, `]}`...))
+	return page, next, more
 }
 
-// positionsLocked is every waiter's place in its pool's line.
-func (s *Server) positionsLocked() map[*Waiter]int {
-	pos := map[*Waiter]int{}
+// positionsOfLocked is the place in line of each of ws, walking the lines
+// only as far as the last of them.
+func (s *Server) positionsOfLocked(ws []*Waiter) map[*Waiter]int {
+	want := make(map[*Waiter]int, len(ws))
+	for _, w := range ws {
+		want[w] = 0
+	}
+	left := len(want)
 	for _, q := range []*Queue{s.q, s.cpuq} {
 		n := map[string]int{}
 		for _, w := range q.Waiters() {
+			if left == 0 {
+				return want
+			}
 			n[w.Pool]++
-			pos[w] = n[w.Pool]
+			if _, ok := want[w]; ok {
+				want[w] = n[w.Pool]
+				left--
+			}
 		}
 	}
-	return pos
+	return want
+}
+
+// sendPage encodes a page of a listing and sends it as one "tasks" reply,
+// as many of its tasks as fit; more and next say where the listing goes
+// on. full tells which tasks the asker may see whole. Nobody's environment
+// is listed.
+func (c *conn) sendPage(page []listed, full func(*tasklife.Task) bool, next uint64, more bool) error {
+	msg := []byte(`{"v":` + strconv.Itoa(client.Version) + `,"type":"` + client.TypeTasks + `","tasks":[`)
+	const tail = `],"more":true,"next":18446744073709551615}`
+	for i := range page {
+		t := &page[i].t
+		ti := info(t, full(t), page[i].pos)
+		ti.Env = nil
+		b, err := json.Marshal(&ti)
+		if err != nil {
+			return err
+		}
+		if i > 0 && len(msg)+1+len(b)+len(tail) > client.MaxMessage {
+			next, more = page[i-1].t.ID, true
+			break
+		}
+		if i > 0 {
+			msg = append(msg, ',')
+		}
+		msg = append(msg, b...)
+	}
+	msg = append(msg, ']')
+	if more {
+		msg = append(msg, `,"more":true,"next":`...)
+		msg = strconv.AppendUint(msg, next, 10)
+	}
+	msg = append(msg, '}')
+	return c.sendListing(msg)
 }
 
 // forgetWaitsLocked drops a closed connection from the tasks it waits on.

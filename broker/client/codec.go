@@ -17,7 +17,7 @@ import (
 // appendRequest encodes an acquire or ping request; ok is false for any
 // other request, which the caller encodes with encoding/json.
 func appendRequest(b []byte, r *Request) ([]byte, bool) {
-	if (r.Op != OpAcquire && r.Op != OpPing) || r.Task != nil || r.Status != nil || r.ID != 0 || r.All ||
+	if (r.Op != OpAcquire && r.Op != OpPing) || r.Task != nil || r.Status != nil || r.ID != 0 || r.All || r.After != 0 ||
 		r.User != "" || r.Service != "" || r.TTY != "" || r.RHost != "" || r.Login {
 		return nil, false
 	}
@@ -145,7 +145,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "tasks", "more"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool {

@@ -365,6 +365,21 @@ func (l *Life) Each(fn func(*Task) bool) {
 	}
 }
 
+// EachAfter is Each from the first task whose id is above after: a page of
+// a listing starts where the last one stopped without walking what came
+// before.
+func (l *Life) EachAfter(after uint64, fn func(*Task) bool) {
+	if after == ^uint64(0) {
+		return
+	}
+	i, _ := slices.BinarySearch(l.order, after+1)
+	for _, id := range l.order[i:] {
+		if t := l.tasks[id]; t != nil && !fn(t) {
+			return
+		}
+	}
+}
+
 // Waiting is how many tasks uid has waiting, pending or blocked, with its
 // submissions being recorded.
 func (l *Life) Waiting(uid uint32) int { return l.waiting[uid] + l.submitting[uid] }

@@ -187,15 +187,44 @@ func TestListEmpty(t *testing.T) {
 	}
 }
 
-func TestListMultipart(t *testing.T) {
+// TestListPages: list asks for each next page with the last page's "next",
+// once it has read that page, until a page says no more (an empty page
+// with more is a page of others' tasks skipped).
+func TestListPages(t *testing.T) {
 	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
-		reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Tasks: []client.TaskInfo{{ID: 1, State: client.StateDone}}})
-		reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: 2, State: client.StateRunning}}})
+		switch req.After {
+		case 0:
+			reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Next: 1, Tasks: []client.TaskInfo{{ID: 1, State: client.StateDone}}})
+		case 1:
+			reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Next: 4096})
+		case 4096:
+			reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: 5000, State: client.StateRunning}}})
+		default:
+			reply(t, c, client.Reply{Type: client.TypeError, Code: client.CodeBadRequest, Message: "no such page"})
+		}
 	})
 	code, out := runCmd(t, b, "list", "--json")
 	var ts []client.TaskInfo
-	if err := json.Unmarshal([]byte(out), &ts); code != 0 || err != nil || len(ts) != 2 {
-		t.Errorf("list --json = %d, %q (%v); want both parts", code, out, err)
+	if err := json.Unmarshal([]byte(out), &ts); code != 0 || err != nil || len(ts) != 2 || ts[0].ID != 1 || ts[1].ID != 5000 {
+		t.Errorf("list --json = %d, %q (%v); want tasks 1 and 5000", code, out, err)
+	}
+	var after []uint64
+	for _, r := range b.requests() {
+		after = append(after, r.After)
+	}
+	if !reflect.DeepEqual(after, []uint64{0, 1, 4096}) {
+		t.Errorf("list asked for pages after %v, want [0 1 4096]", after)
+	}
+}
+
+// TestListNoProgress: a broker whose page does not move on is an error,
+// not a loop.
+func TestListNoProgress(t *testing.T) {
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Next: req.After})
+	})
+	if code, _ := runCmd(t, b, "list"); code != 1 {
+		t.Errorf("list from a broker stuck on a page: exit %d, want 1", code)
 	}
 }
 

@@ -148,7 +148,7 @@ func logs(o *options) int {
 			warn("task %d has not started; its log will be %s", t.ID, t.Log)
 			return shim.ExitFailure
 		}
-		f, err := os.Open(t.Log)
+		f, err := openerFor(t.UID).open(t.Log)
 		if err != nil {
 			return logFailure(t, err)
 		}
@@ -166,7 +166,7 @@ func logs(o *options) int {
 	if waiting {
 		warn("task %d has not started; waiting for its log at %s", t.ID, t.Log)
 	}
-	if err := follow(stdout, t.Log, w); err != nil {
+	if err := follow(stdout, t.Log, w, openerFor(t.UID).open); err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
 			return logFailure(t, err)
