@@ -199,12 +199,21 @@ func (s *Server) cancelLocked(j *task, who string) error {
 	return err
 }
 
-// submit validates a submission, makes it durable, then queues it.
+// submit validates a submission, makes it durable, then queues it. What
+// depends on the submission alone is checked before the broker's lock is
+// taken: a flood of oversized or malformed submissions costs the others
+// nothing.
 func (s *Server) submit(c *conn, sub *client.Submission) bool {
+	t, rep := s.resolveTask(c, sub)
+	if rep != nil {
+		s.mu.Lock()
+		c.sendLocked(rep)
+		s.mu.Unlock()
+		return rep.Code != client.CodeBadRequest
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t, rep := s.admitTaskLocked(c, sub)
-	if rep != nil {
+	if rep := s.admitTaskLocked(c, t); rep != nil {
 		c.sendLocked(rep)
 		return rep.Code != client.CodeBadRequest
 	}
@@ -236,9 +245,14 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	return true
 }
 
-// admitTaskLocked checks a submission and resolves it into a task with an
-// id, not yet recorded.
-func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *client.Reply) {
+// unknownID stands for a task's id until it gets one: no id is longer, so
+// sizes counted with it bound those counted with the real one.
+const unknownID = ^uint64(0)
+
+// resolveTask checks a submission on its own, without the broker's lock,
+// and resolves it into a task (no id yet, its default log named with
+// unknownID).
+func (s *Server) resolveTask(c *conn, sub *client.Submission) (*task, *client.Reply) {
 	bad := func(format string, args ...any) (*task, *client.Reply) {
 		return nil, errReply(client.CodeBadRequest, fmt.Sprintf(format, args...), "")
 	}
@@ -270,10 +284,46 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 		return bad("name longer than 200 bytes")
 	case len(sub.After) > maxAfter:
 		return bad("--after names %d tasks, more than %d", len(sub.After), maxAfter)
+	case sub.Log == "" && c.acct.home == "":
+		return nil, errReply(client.CodeBadRequest, fmt.Sprintf("%s has no home directory, and a task's log goes under it unless --log names another", c.acct.name), "give --log FILE")
 	}
 	if s.unprivileged && c.uid != uint32(os.Geteuid()) {
 		return nil, errReply(client.CodeDenied, fmt.Sprintf("this broker runs unprivileged as uid %d and can run tasks for that uid only", os.Geteuid()), "")
 	}
+	t := &task{acct: c.acct, Task: &tasklife.Task{
+		UID: c.uid, User: c.acct.name, Sub: *sub, Submitted: time.Now().UnixMilli(), Slot: -1,
+	}}
+	t.Sub.Env = cleanEnv(sub.Env)
+	after := slices.Clone(sub.After)
+	slices.Sort(after)
+	t.Sub.After = slices.Compact(after)
+	if len(t.Sub.After) == 0 {
+		t.Sub.After = nil
+	}
+	if sub.Shell != "" {
+		t.Argv = []string{c.acct.shell, "-c", sub.Shell}
+	} else {
+		t.Argv = slices.Clone(sub.Argv)
+	}
+	t.Log = sub.Log
+	if t.Log == "" {
+		t.Log = defaultLog(c.acct.home, unknownID)
+	}
+	if rep := s.checkSize(t.Task); rep != nil {
+		return nil, rep
+	}
+	return t, nil
+}
+
+// defaultLog is the log of task id of a user whose home is home.
+func defaultLog(home string, id uint64) string {
+	return filepath.Join(home, ".local/state/npurun/tasks", strconv.FormatUint(id, 10)+".log")
+}
+
+// admitTaskLocked checks a resolved task against the policy and the
+// broker's state, and gives it its id; it is not recorded yet.
+func (s *Server) admitTaskLocked(c *conn, t *task) *client.Reply {
+	sub := &t.Sub
 	lim := s.cfg.LimitFor(c.acct.name, c.acct.groups)
 	limit := time.Duration(sub.TimeSec) * time.Second
 	if limit == 0 {
@@ -283,58 +333,38 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 		limit = s.cfg.Tasks.MaxTime // a cap applies to tasks that name no limit too
 	}
 	if max := s.cfg.Tasks.MaxTime; max > 0 && limit > max {
-		return nil, errReply(client.CodeDenied, fmt.Sprintf("time limit %s is longer than the %s allowed", limit, max), "")
+		return errReply(client.CodeDenied, fmt.Sprintf("time limit %s is longer than the %s allowed", limit, max), "")
 	}
+	t.TimeSec = int64(limit / time.Second)
 	if s.life.Live() >= s.cfg.Tasks.MaxTasks {
-		return nil, errReply(client.CodeTooMany, fmt.Sprintf("the broker holds %d tasks, its most", s.cfg.Tasks.MaxTasks), "")
+		return errReply(client.CodeTooMany, fmt.Sprintf("the broker holds %d tasks, its most", s.cfg.Tasks.MaxTasks), "")
 	}
 	if n := s.life.Waiting(c.uid); lim.MaxQueued > 0 && n >= lim.MaxQueued {
-		return nil, errReply(client.CodeDenied, fmt.Sprintf("%s has %d tasks waiting, the limit (%s)", c.acct.name, n, lim.Source), "")
+		return errReply(client.CodeDenied, fmt.Sprintf("%s has %d tasks waiting, the limit (%s)", c.acct.name, n, lim.Source), "")
 	}
-	after := slices.Clone(sub.After)
-	slices.Sort(after)
-	after = slices.Compact(after)
-	for _, dep := range after {
+	for _, dep := range sub.After {
 		d := s.life.Get(dep)
 		if d == nil || (d.UID != c.uid && c.uid != 0) {
-			return nil, errReply(client.CodeNoSuchTask, fmt.Sprintf("--after %d: no task %d", dep, dep), "")
+			return errReply(client.CodeNoSuchTask, fmt.Sprintf("--after %d: no task %d", dep, dep), "")
 		}
-	}
-	t := &task{acct: c.acct, Task: &tasklife.Task{
-		UID: c.uid, User: c.acct.name, Sub: *sub, TimeSec: int64(limit / time.Second),
-		Submitted: time.Now().UnixMilli(), Slot: -1,
-	}}
-	t.Sub.Env = cleanEnv(sub.Env)
-	t.Sub.After = after
-	if len(after) == 0 {
-		t.Sub.After = nil
 	}
 	// Check the request now, so that a bad one is refused, not queued.
 	if _, rep := s.waiterLocked(t); rep != nil {
-		return nil, rep
-	}
-	if sub.Shell != "" {
-		t.Argv = []string{c.acct.shell, "-c", sub.Shell}
-	} else {
-		t.Argv = slices.Clone(sub.Argv)
+		return rep
 	}
 	t.ID = s.life.NewID()
-	t.Log = sub.Log
-	if t.Log == "" {
-		t.Log = filepath.Join(c.acct.home, ".local/state/npurun/tasks", strconv.FormatUint(t.ID, 10)+".log")
+	if sub.Log == "" {
+		t.Log = defaultLog(c.acct.home, t.ID)
 	}
-	if rep := s.checkSizeLocked(t.Task); rep != nil {
-		return nil, rep
-	}
-	return t, nil
+	return nil
 }
 
-// checkSizeLocked refuses a task whose messages would not fit: its show
-// reply, and the Spec its supervisor reads, as encoded, where JSON writes a
+// checkSize refuses a task whose messages would not fit: its show reply,
+// and the Spec its supervisor reads, as encoded, where JSON writes a
 // control character, <, > or & as 6 bytes. The sizes are counted, not
-// encoded (this runs under the lock for every submission); replyLen and
-// specLen bound the encodings from above (TestEncodedSizeBounds).
-func (s *Server) checkSizeLocked(t *tasklife.Task) *client.Reply {
+// encoded; replyLen and specLen bound the encodings from above
+// (TestEncodedSizeBounds).
+func (s *Server) checkSize(t *tasklife.Task) *client.Reply {
 	const why = "JSON writes each control character, <, > and & as 6 bytes"
 	if n := replyLen(t); n+replyRoom > client.MaxMessage {
 		return errReply(client.CodeBadRequest, fmt.Sprintf("task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, client.MaxMessage-replyRoom, why), "")

@@ -148,6 +148,8 @@ func TestBrokerErrors(t *testing.T) {
 		{client.CodeDenied, []string{"-n", "64", "--run", "x"}, 77},
 		{client.CodeTooMany, []string{"--run", "x"}, 75},
 		{client.CodeBusy, []string{"--run", "x"}, 75},
+		{client.CodeSpool, []string{"--run", "x"}, 75},
+		{client.CodeSpool, []string{"cancel", "118"}, 75},
 		{client.CodeBadRequest, []string{"list"}, 2},
 		{client.CodeNoSuchPool, []string{"-p", "nope", "--run", "x"}, 2},
 	}
@@ -345,5 +347,60 @@ func TestLogsNotStarted(t *testing.T) {
 	})
 	if code, out := runCmd(t, b, "logs", "118"); code != 1 || out != "" {
 		t.Errorf("logs of a pending task = %d, %q; want 1 and nothing", code, out)
+	}
+}
+
+// TestSubmitFailedAtOnce: a task the broker recorded as failed already
+// (--after a task that did not succeed) is not reported as started: its
+// id is printed, and task-submit exits 1.
+func TestSubmitFailedAtOnce(t *testing.T) {
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		reply(t, c, client.Reply{Type: client.TypeSubmitted, ID: 9, State: client.StateFailed, Reason: "failed: dependency 8 failed with exit status 3"})
+	})
+	code, out := runCmd(t, b, "--after", "8", "--", "true")
+	if code != 1 || !strings.Contains(out, "task 9 submitted: failed: dependency 8") {
+		t.Errorf("submit of a task failed at once = %d, %q; want 1 and its line", code, out)
+	}
+	code, out = runCmd(t, b, "--json", "--after", "8", "--", "true")
+	if code != 1 || out != `{"id":9,"state":"failed"}`+"\n" {
+		t.Errorf("submit --json of a task failed at once = %d, %q", code, out)
+	}
+}
+
+// TestCheckLog: what the supervisor could not write as the submitter is
+// refused before anything is submitted.
+func TestCheckLog(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file.log")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.log")
+	if err := os.Symlink(file, link); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, path, want string // want: "" for no error, else a part of it
+	}{
+		{"existing file", file, ""},
+		{"new file", filepath.Join(dir, "new.log"), ""},
+		{"new directories", filepath.Join(dir, "a", "b", "c.log"), ""},
+		{"symbolic link", link, "symbolic link"},
+		{"directory", dir, "is a directory"},
+		{"under a file", filepath.Join(file, "x", "y.log"), "not a directory"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkLog(tt.path)
+			if (err == nil) != (tt.want == "") || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+				t.Errorf("checkLog(%s) = %v, want %q", tt.path, err, tt.want)
+			}
+		})
+	}
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		t.Errorf("a submission with a bad log reached the broker: %+v", req)
+	})
+	if code, _ := runCmd(t, b, "--log", link, "--", "true"); code != 1 {
+		t.Errorf("submit with a symbolic link for its log: exit %d, want 1", code)
 	}
 }

@@ -21,6 +21,7 @@ type submitted struct {
 	ID       uint64 `json:"id"`
 	Position int    `json:"position,omitempty"`
 	Pool     string `json:"pool,omitempty"`
+	State    string `json:"state,omitempty"`
 }
 
 // submittedLine is submit's answer: the id, and the place in line when
