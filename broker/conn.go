@@ -215,39 +215,74 @@ func (c *conn) sendRaw(b []byte) error {
 	return serr
 }
 
-// What one user's clients may leave unread: each connection's send buffer
-// holds two full replies at most (the kernel doubles what is asked for),
-// and a listing is not sent while the user's connections together hold
-// more than maxUnreadPerUser unread (the connection is dropped instead).
+// What one user's clients may leave unread. Each connection's send buffer
+// holds two full replies at most (the kernel doubles what is asked for).
+// A page of a listing is built only once the client has read what it was
+// sent (the socket is writable again, a quarter of its buffer at most
+// unread), waiting sendTimeout at most: a client that asks and does not
+// read costs one page, then is dropped. And while one user's connections
+// together leave more than maxUnreadPerUser unread, that user's further
+// listings are not served: the connection is held, reading nothing, for
+// sendTimeout, then dropped.
 const (
 	sendBuf          = client.MaxMessage + 16<<10
 	maxUnreadPerUser = 4 << 20
 )
 
-// errUnread is a reply refused because its user leaves too much unread.
-var errUnread = errors.New("too many replies left unread")
+// errUnread is a reply refused because its client leaves too much unread.
+var errUnread = errors.New("replies left unread")
 
-// sendListing sends a page of a listing from the connection's own
-// goroutine, unless the user's connections leave too much unread.
-func (c *conn) sendListing(b []byte) error {
+// readyForListing waits until a page of a listing may be sent on c, or
+// says why it may not.
+func (c *conn) readyForListing() error {
+	if err := c.awaitRead(sendTimeout); err != nil {
+		return fmt.Errorf("%w: %w", errUnread, err)
+	}
 	s := c.s
 	s.mu.Lock()
 	c.noteUnreadLocked()
-	if c.uid != 0 && s.unread[c.uid]+len(b) > maxUnreadPerUser {
+	over := c.uid != 0 && s.unread[c.uid]+client.MaxMessage > maxUnreadPerUser
+	if over {
 		for o := range s.connsOf[c.uid] {
 			o.noteUnreadLocked() // some may have been read since
 		}
-		if n := s.unread[c.uid]; n+len(b) > maxUnreadPerUser {
-			c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("uid %d's connections leave %d KiB of replies unread, more than %d KiB: read them, or close them", c.uid, n>>10, maxUnreadPerUser>>10), ""))
-			s.mu.Unlock()
-			return errUnread
-		}
+		over = s.unread[c.uid]+client.MaxMessage > maxUnreadPerUser
 	}
+	n := s.unread[c.uid]
 	s.mu.Unlock()
-	err := c.sendRaw(b)
+	if !over {
+		return nil
+	}
+	// Not served, and not dropped at once either, so that a client that
+	// connects again straight away gains nothing: held, reading nothing,
+	// for sendTimeout (a parked goroutine, woken by the read deadline).
+	c.c.SetReadDeadline(time.Now().Add(sendTimeout))
+	c.rc.Read(func(uintptr) bool { return false })
+	c.c.SetReadDeadline(time.Time{})
 	s.mu.Lock()
-	c.noteUnreadLocked()
+	c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("uid %d's connections leave %d KiB of replies unread, more than %d KiB: read them, or close them", c.uid, n>>10, maxUnreadPerUser>>10), ""))
 	s.mu.Unlock()
+	return errUnread
+}
+
+// awaitRead waits up to d for the client to have read what it was sent,
+// as far as the socket counts it writable again.
+func (c *conn) awaitRead(d time.Duration) error {
+	c.c.SetWriteDeadline(time.Now().Add(d))
+	defer c.c.SetWriteDeadline(time.Time{})
+	return c.rc.Write(func(fd uintptr) bool {
+		n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}, 0)
+		return n > 0 // false: wait for the poller to say writable
+	})
+}
+
+// sendListing sends a page of a listing from the connection's own
+// goroutine.
+func (c *conn) sendListing(b []byte) error {
+	err := c.sendRaw(b)
+	c.s.mu.Lock()
+	c.noteUnreadLocked()
+	c.s.mu.Unlock()
 	return err
 }
 

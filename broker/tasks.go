@@ -684,9 +684,9 @@ func (s *Server) positionLocked(t *task) int {
 // shallow copies of at most listPage tasks; their replies are put together
 // and encoded outside the lock, and sent from the connection's goroutine.
 // So a listing never holds the lock for long nor keeps more than one page in
-// memory, and a client that does not read holds one page in the broker at
-// most, until it is dropped (sendTimeout); what one user's connections
-// leave unread together is capped (maxUnreadPerUser).
+// memory; a page is built only once the client has read the last one, and
+// what one user's connections leave unread together is capped
+// (readyForListing).
 const (
 	listScan = 4096
 	listPage = 256
@@ -701,6 +701,9 @@ type listed struct {
 // list serves one page of a listing: the asker's tasks (everyone's with
 // all) after id after, oldest first.
 func (s *Server) list(c *conn, all bool, after uint64) bool {
+	if err := c.readyForListing(); err != nil {
+		return false
+	}
 	s.mu.Lock()
 	page, next, more := s.listPageLocked(c, all, after)
 	s.mu.Unlock()

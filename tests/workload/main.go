@@ -30,7 +30,14 @@ func main() {
 	askUser := flag.String("user", "", "the user an -ask request names")
 	escape := flag.String("escape", "", "leave the task's reach as a job could: setpgid (a process group of its own), setsid (a session of its own), or daemon (a child in a session of its own, orphaned at once); then write the pid to -pidfile and hold the lease for -hold")
 	pidfile := flag.String("pidfile", "", "with -escape: where to write the escaped process's pid (a FIFO, say)")
+	floodMode := flag.String("flood", "", "attack the broker at $NPURUN_SOCKET until standard input closes: fill, list, churn, oversize or idle (see flood.go)")
+	conns := flag.Int("conns", 1, "with -flood: connections")
+	count := flag.Int("n", 0, "with -flood fill: tasks")
 	flag.Parse()
+	if *floodMode != "" {
+		flood(*floodMode, *conns, *count)
+		return
+	}
 	if *escape != "" {
 		escapeTask(*escape, *pidfile, *hold)
 		return
