@@ -177,21 +177,18 @@ func TestTaskContained(t *testing.T) {
 	}
 }
 
-// findSupervisor is the pid of task id's supervisor, from /proc.
-func findSupervisor(t *testing.T, id uint64) int {
+// findSupervisor is the pid of task id's supervisor, found in the task's
+// control group under b (never another broker's task of the same id).
+func findSupervisor(t *testing.T, b *Broker, id uint64) int {
 	t.Helper()
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if string(cmdline) == "npubroker\x00supervise\x00"+idStr(id)+"\x00" && !gone(pid) {
+	for _, p := range cgroupProcs(filepath.Join(b.Cgroup, "task-"+idStr(id))) {
+		cmdline, _ := os.ReadFile("/proc/" + p + "/cmdline")
+		if string(cmdline) == "npubroker\x00supervise\x00"+idStr(id)+"\x00" {
+			pid, _ := strconv.Atoi(p)
 			return pid
 		}
 	}
-	t.Fatalf("no supervisor of task %d", id)
+	t.Fatalf("no supervisor of task %d in its control group", id)
 	return 0
 }
 
@@ -212,7 +209,7 @@ func TestTaskCgroupSupervisorKilled(t *testing.T) {
 	id := submitTask(t, b, u, dir, "-d", "0", "--log", filepath.Join(userDir(t, u, 0o755), "log"), "--",
 		"sh", "-c", `"$0" -escape daemon -pidfile "$1" -hold 1000s; exec sleep 1000`, b.Bin.Workload, pidFIFO)
 	pid := escaped(t, pidFIFO)
-	sup := findSupervisor(t, id)
+	sup := findSupervisor(t, b, id)
 	if err := unix.Kill(sup, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
