@@ -730,9 +730,10 @@ func (s *Server) listPageLocked(c *conn, all bool, after uint64) (page []listed,
 		if j := s.jobs[t.ID]; j != nil && j.inLine {
 			inLine = append(inLine, j.w)
 		}
-		// A guess at its size, to stop copying well before a message is
-		// full (the encoding decides).
-		size += 200 + len(t.Sub.Name) + len(t.User)
+		// A guess at its size, on the high side, to stop copying before a
+		// message is full (the encoding decides: what does not fit goes
+		// in the next page).
+		size += 400 + len(t.Sub.Name) + len(t.User)
 		if t.UID == c.uid || c.uid == 0 {
 			size += len(t.Sub.Shell) + byteSize(t.Sub.Argv) + len(t.Sub.Cwd) + len(t.Log) + len(t.Reason)
 		}
