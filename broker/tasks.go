@@ -750,24 +750,29 @@ func (s *Server) listPageLocked(c *conn, all bool, after uint64) (page []listed,
 	return page, next, more
 }
 
-// positionsOfLocked is the place in line of each of ws, walking the lines
-// only as far as the last of them.
+// positionsOfLocked is the place in line of each of ws, walking each line
+// only as far as the last of them in it.
 func (s *Server) positionsOfLocked(ws []*Waiter) map[*Waiter]int {
 	want := make(map[*Waiter]int, len(ws))
+	left := map[*Queue]int{}
 	for _, w := range ws {
 		want[w] = 0
+		if w.task != nil && w.task.Sub.NoDevice {
+			left[s.cpuq]++
+		} else {
+			left[s.q]++
+		}
 	}
-	left := len(want)
 	for _, q := range []*Queue{s.q, s.cpuq} {
 		n := map[string]int{}
 		for _, w := range q.Waiters() {
-			if left == 0 {
-				return want
+			if left[q] == 0 {
+				break
 			}
 			n[w.Pool]++
 			if _, ok := want[w]; ok {
 				want[w] = n[w.Pool]
-				left--
+				left[q]--
 			}
 		}
 	}

@@ -108,3 +108,33 @@ func TestTaskLogsAsOwner(t *testing.T) {
 		})
 	}
 }
+
+// TestTaskListPages: a listing longer than a page comes whole, each task
+// once, in id order, with its place in line, however the pages fall.
+func TestTaskListPages(t *testing.T) {
+	b := StartBroker(t, taskConfig(1)+"[limits]\nmax_queued_tasks = 0\n")
+	h := hold(t, b, "holder", "-d", "0") // the tasks wait behind it
+	defer h.release()
+	c := b.Dial()
+	dir := t.TempDir()
+	const n = 700 // pages hold 256 at most
+	for i := 0; i < n; i++ {
+		if _, err := c.Submit(&client.Submission{Argv: []string{"true"}, Cwd: dir, Env: []string{"PATH=/bin"}, Log: filepath.Join(dir, "log"), N: 1}); err != nil {
+			t.Fatalf("submit %d: %v", i, err)
+		}
+	}
+	for _, all := range []bool{false, true} {
+		ts := listTasks(t, b, nil, all)
+		if len(ts) != n {
+			t.Fatalf("list (all %v): %d tasks, want %d", all, len(ts), n)
+		}
+		for i, ti := range ts {
+			if i > 0 && ti.ID <= ts[i-1].ID {
+				t.Fatalf("list (all %v): task %d after task %d", all, ti.ID, ts[i-1].ID)
+			}
+			if ti.State != client.StatePending || ti.Position != i+1 {
+				t.Fatalf("list (all %v): task %d %s at place %d, want pending at %d", all, ti.ID, ti.State, ti.Position, i+1)
+			}
+		}
+	}
+}
