@@ -9,6 +9,7 @@ package tests
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -65,11 +66,20 @@ func benchChurn(b *testing.B, br *Broker, pid, n int, dur time.Duration) crowd {
 	}
 	conns := make([]*net.UnixConn, n)
 	for i := range conns {
-		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: br.Socket, Net: "unixpacket"})
-		if err != nil {
-			b.Fatalf("client %d: %v", i, err)
+		// A full listen queue refuses a connect (EAGAIN) until the broker
+		// has accepted some: the crowd is built at the broker's pace.
+		deadline := time.Now().Add(eventTimeout)
+		for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+			c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: br.Socket, Net: "unixpacket"})
+			if err == nil {
+				conns[i] = c
+				break
+			}
+			if !errors.Is(err, syscall.EAGAIN) || time.Now().After(deadline) {
+				b.Fatalf("client %d: %v", i, err)
+			}
+			time.Sleep(wait)
 		}
-		conns[i] = c
 	}
 	var counting, stop atomic.Bool
 	var grants, queued atomic.Int64
