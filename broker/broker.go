@@ -64,6 +64,8 @@ type Server struct {
 	cpuSlots     []int    // ids of the CPU slots: 0..cpu_slots-1
 	stateClaim   *os.File // held for the broker's life: no other broker replays this spool
 	cg           *cgroups // where tasks' control groups go; nil: none (see cgroup.go)
+	cgMode       string   // what was asked for: auto, off or a directory
+	cgReady      bool     // cg was set up (once the state directory is ours)
 
 	mu            sync.Mutex
 	devs          []*device // indexed by physical id; nil where not managed
@@ -188,12 +190,9 @@ func New(o Options) (*Server, error) {
 	if err := s.writeSessionPolicy(o.RunDir); err != nil {
 		return nil, err
 	}
-	cgMode := o.Cgroup
-	if cgMode == "" {
-		cgMode = o.Config.Tasks.Cgroup
-	}
-	if s.cg, err = setupCgroups(cgMode, s.log); err != nil {
-		return nil, err
+	s.cgMode = o.Cgroup
+	if s.cgMode == "" {
+		s.cgMode = o.Config.Tasks.Cgroup
 	}
 	stateDir := o.StateDir
 	if stateDir == "" {

@@ -57,6 +57,10 @@ type cgroups struct {
 	memory bool   // the memory controller is on for them: memory.peak
 }
 
+// errCgroupSetup is control groups asked for by name that cannot be had:
+// the broker does not start.
+var errCgroupSetup = errors.New("cannot start")
+
 // cgroupPrefix names a task's group: task-ID.
 const cgroupPrefix = "task-"
 

@@ -17,8 +17,8 @@ func (s *Server) openTasks(dir string) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, ErrClaimed) {
-		return err // another broker's spool: this one must not start
+	if errors.Is(err, ErrClaimed) || errors.Is(err, errCgroupSetup) {
+		return err // another broker's spool, or control groups asked for that cannot be had: this one must not start
 	}
 	s.mu.Lock()
 	s.taskErr = err
@@ -59,6 +59,17 @@ func (s *Server) takeUpTasks(dir string) error {
 			return err
 		}
 		s.stateClaim = claim
+	}
+	// The tasks' control groups, once the spool is this broker's (a broker
+	// that must not start touches none).
+	if !s.cgReady {
+		cg, err := setupCgroups(s.cgMode, s.log)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errCgroupSetup, err)
+		}
+		s.mu.Lock()
+		s.cg, s.cgReady = cg, true
+		s.mu.Unlock()
 	}
 	life, err := tasklife.Open(dir, tasklife.Options{
 		Lock: &s.mu, Keep: s.cfg.Tasks.KeepEnded, KeepPerUser: s.cfg.Tasks.KeepEndedPer,

@@ -256,6 +256,17 @@ func TestTaskCgroupRestart(t *testing.T) {
 	exited := make(chan struct{})
 	go func() { sleeper.Wait(); close(exited) }()
 
+	// A broker refused for another's spool touches no control group.
+	other := filepath.Join(b.Cgroup, "other")
+	code, out := exitCode(t, exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", filepath.Join(b.Dir, "run2"),
+		"--socket", filepath.Join(b.Dir, "run2", "s.sock"), "--state-dir", b.StateDir, "--cgroup", other))
+	if code != 1 || !strings.Contains(out, "another broker uses it") {
+		t.Errorf("a second broker on the same spool: exit %d: %s", code, out)
+	}
+	if _, err := os.Stat(other); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a broker refused for another's spool made %s (%v)", other, err)
+	}
+
 	b.Kill()
 	mark := b.LogLen()
 	b.Start()
