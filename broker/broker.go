@@ -42,6 +42,7 @@ type Options struct {
 	RunDir    string // lock files go to RunDir/locks
 	StateDir  string // the task spool; "" for the config's
 	Socket    string // the socket path, told to tasks and their supervisors
+	Cgroup    string // where tasks' control groups go; "" for the config's ([tasks] cgroup)
 	Log       *log.Logger
 }
 
@@ -63,6 +64,9 @@ type Server struct {
 	boot         string   // this boot's id, against pids of an earlier boot
 	cpuSlots     []int    // ids of the CPU slots: 0..cpu_slots-1
 	stateClaim   *os.File // held for the broker's life: no other broker replays this spool
+	cg           *cgroups // where tasks' control groups go; nil: none (see cgroup.go)
+	cgMode       string   // what was asked for: auto, off or a directory
+	cgReady      bool     // cg was set up (once the state directory is ours)
 
 	mu            sync.Mutex
 	devs          []*device // indexed by physical id; nil where not managed
@@ -71,10 +75,12 @@ type Server struct {
 	q             *Queue         // waiters for devices: leases and tasks
 	conns         int
 	userConns     map[uint32]int
-	leaseWaits    map[uint32]int // waiting npurun requests per uid
-	pending       bool           // a progress report is arranged ...
-	progressAt    time.Time      // ... for then,
-	progressTimer *time.Timer    // by this timer
+	connsOf       map[uint32]map[*conn]struct{} // each user's connections
+	unread        map[uint32]int                // bytes each user's connections left unread, as last seen
+	leaseWaits    map[uint32]int                // waiting npurun requests per uid
+	pending       bool                          // a progress report is arranged ...
+	progressAt    time.Time                     // ... for then,
+	progressTimer *time.Timer                   // by this timer
 
 	// Tasks: the table (nil while the journal cannot be opened, taskErr
 	// says why) and, for each task not ended, what the broker holds.
@@ -110,6 +116,8 @@ func New(o Options) (*Server, error) {
 		held:         map[uint32]int{},
 		q:            NewQueue(),
 		userConns:    map[uint32]int{},
+		connsOf:      map[uint32]map[*conn]struct{}{},
+		unread:       map[uint32]int{},
 		leaseWaits:   map[uint32]int{},
 		jobs:         map[uint64]*task{},
 		running:      map[uint32]int{},
@@ -187,6 +195,10 @@ func New(o Options) (*Server, error) {
 	s.mu.Unlock()
 	if err := s.writeSessionPolicy(o.RunDir); err != nil {
 		return nil, err
+	}
+	s.cgMode = o.Cgroup
+	if s.cgMode == "" {
+		s.cgMode = o.Config.Tasks.Cgroup
 	}
 	stateDir := o.StateDir
 	if stateDir == "" {

@@ -27,6 +27,7 @@ type conn struct {
 	w       *Waiter // the request waiting, nil when none
 	waiting []*task // tasks whose end it waits for
 	closed  bool
+	unread  int // bytes sent that the client had not read when last looked at (SIOCOUTQ)
 
 	origin *Origin // a session's, or a request's on behalf of another user
 	login  *login  // a login session waiting for its lease
@@ -60,6 +61,9 @@ func (s *Server) handle(nc *net.UnixConn) {
 		return
 	}
 	c.uid, c.pid = cred.Uid, cred.Pid
+	// What the client leaves unread stays in the kernel, charged to this
+	// socket: room for two full replies, no more.
+	rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, sendBuf) })
 
 	s.mu.Lock()
 	switch {
@@ -74,12 +78,20 @@ func (s *Server) handle(nc *net.UnixConn) {
 	}
 	s.conns++
 	s.userConns[c.uid]++
+	if s.connsOf[c.uid] == nil {
+		s.connsOf[c.uid] = map[*conn]struct{}{}
+	}
+	s.connsOf[c.uid][c] = struct{}{}
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		s.conns--
 		if s.userConns[c.uid]--; s.userConns[c.uid] <= 0 {
 			delete(s.userConns, c.uid)
+		}
+		c.setUnreadLocked(0)
+		if delete(s.connsOf[c.uid], c); len(s.connsOf[c.uid]) == 0 {
+			delete(s.connsOf, c.uid)
 		}
 		c.closed = true
 		s.forgetWaitsLocked(c)
@@ -201,6 +213,94 @@ func (c *conn) sendRaw(b []byte) error {
 		return err
 	}
 	return serr
+}
+
+// What one user's clients may leave unread. Each connection's send buffer
+// holds two full replies at most (the kernel doubles what is asked for).
+// A page of a listing is built only once the client has read what it was
+// sent (the socket is writable again, a quarter of its buffer at most
+// unread), waiting sendTimeout at most: a client that asks and does not
+// read costs one page, then is dropped. And while one user's connections
+// together leave more than maxUnreadPerUser unread, that user's further
+// listings are not served: the connection is held, reading nothing, for
+// sendTimeout, then dropped.
+const (
+	sendBuf          = client.MaxMessage + 16<<10
+	maxUnreadPerUser = 4 << 20
+)
+
+// errUnread is a reply refused because its client leaves too much unread.
+var errUnread = errors.New("replies left unread")
+
+// readyForListing waits until a page of a listing may be sent on c, or
+// says why it may not.
+func (c *conn) readyForListing() error {
+	if err := c.awaitRead(sendTimeout); err != nil {
+		return fmt.Errorf("%w: %w", errUnread, err)
+	}
+	s := c.s
+	s.mu.Lock()
+	c.noteUnreadLocked()
+	over := c.uid != 0 && s.unread[c.uid]+client.MaxMessage > maxUnreadPerUser
+	if over {
+		for o := range s.connsOf[c.uid] {
+			o.noteUnreadLocked() // some may have been read since
+		}
+		over = s.unread[c.uid]+client.MaxMessage > maxUnreadPerUser
+	}
+	n := s.unread[c.uid]
+	s.mu.Unlock()
+	if !over {
+		return nil
+	}
+	// Not served, and not dropped at once either, so that a client that
+	// connects again straight away gains nothing: held, reading nothing,
+	// for sendTimeout (a parked goroutine, woken by the read deadline).
+	c.c.SetReadDeadline(time.Now().Add(sendTimeout))
+	c.rc.Read(func(uintptr) bool { return false })
+	c.c.SetReadDeadline(time.Time{})
+	s.mu.Lock()
+	c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("uid %d's connections leave %d KiB of replies unread, more than %d KiB: read them, or close them", c.uid, n>>10, maxUnreadPerUser>>10), ""))
+	s.mu.Unlock()
+	return errUnread
+}
+
+// awaitRead waits up to d for the client to have read what it was sent,
+// as far as the socket counts it writable again.
+func (c *conn) awaitRead(d time.Duration) error {
+	c.c.SetWriteDeadline(time.Now().Add(d))
+	defer c.c.SetWriteDeadline(time.Time{})
+	return c.rc.Write(func(fd uintptr) bool {
+		n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}, 0)
+		return n > 0 // false: wait for the poller to say writable
+	})
+}
+
+// sendListing sends a page of a listing from the connection's own
+// goroutine.
+func (c *conn) sendListing(b []byte) error {
+	err := c.sendRaw(b)
+	c.s.mu.Lock()
+	c.noteUnreadLocked()
+	c.s.mu.Unlock()
+	return err
+}
+
+// noteUnreadLocked looks at how much the client has left unread.
+func (c *conn) noteUnreadLocked() {
+	n := 0
+	if !c.closed {
+		c.rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) })
+	}
+	c.setUnreadLocked(n)
+}
+
+func (c *conn) setUnreadLocked(n int) {
+	s := c.s
+	if s.unread[c.uid] += n - c.unread; s.unread[c.uid] <= 0 {
+		delete(s.unread, c.uid)
+	}
+	c.unread = n
 }
 
 // serve handles one request; false closes the connection.

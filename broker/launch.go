@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"slices"
@@ -30,8 +31,10 @@ import (
 // start; and a broker that dies before the start record is on disk leaves
 // nothing running that the journal does not know.
 //
-// A task's processes are started in one place, startSupervisor, and ended
-// in one place, endProcesses.
+// A task's processes are started in one place, startSupervisor (directly
+// in the task's control group, where there are control groups: cgroup.go),
+// and ended in one place, endProcesses (and, at the task's end, its
+// group's removal, reapCgroup).
 //
 // When a start cannot be made for a reason that passes (the journal cannot
 // be written, the broker is out of descriptors or processes), the task goes
@@ -90,11 +93,23 @@ func (s *Server) spawnLocked(t *task) *supervisor {
 	sup := &supervisor{ready: make(chan struct{}), exited: make(chan struct{})}
 	spec := s.specLocked(t.Task)
 	acct := t.acct
+	if s.cg != nil {
+		t.cgroup = true // from now on its end removes the group
+	}
 	go func() {
 		defer close(sup.ready)
 		sup.err = s.startSupervisor(t, sup, spec, acct)
 		if sup.err != nil {
 			close(sup.exited)
+		}
+		if s.cg != nil {
+			s.mu.Lock()
+			if s.jobs[t.ID] == nil {
+				// Ended while its supervisor was being started: the
+				// removal may have come before the group was made.
+				go s.reapCgroup(t.ID)
+			}
+			s.mu.Unlock()
 		}
 	}()
 	return sup
@@ -106,6 +121,10 @@ var (
 	errUnknownUser = errors.New("is not in the user database now: its groups are unknown")
 	errLookup      = errors.New("the user database cannot be read now")
 )
+
+// errCgroup is a task's control group that cannot be made now: the task
+// waits rather than run outside it.
+var errCgroup = errors.New("no control group for the task")
 
 // startSupervisor starts `npubroker supervise ID` as the submitter and
 // gives it its Spec.
@@ -136,6 +155,17 @@ func (s *Server) startSupervisor(t *task, sup *supervisor, spec *client.Spec, ac
 		}
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: t.UID, Gid: acct.gid, Groups: acct.gids}
 	}
+	if s.cg != nil {
+		// Born in the task's group (clone3, CLONE_INTO_CGROUP): nothing of
+		// the task runs outside it, not even for a moment.
+		fd, err := s.cg.open(t.ID)
+		if err != nil {
+			sup.sock.Close()
+			return fmt.Errorf("start supervisor: %w: %w", errCgroup, err)
+		}
+		defer unix.Close(fd)
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	}
 	if err := cmd.Start(); err != nil {
 		sup.sock.Close()
 		return fmt.Errorf("start supervisor: %w", err)
@@ -161,7 +191,7 @@ func (s *Server) startSupervisor(t *task, sup *supervisor, spec *client.Spec, ac
 // passing tells whether a supervisor could not be started for a reason
 // that passes: the broker is out of descriptors, processes or memory.
 func passing(err error) bool {
-	for _, e := range []error{errLookup, unix.EMFILE, unix.ENFILE, unix.EAGAIN, unix.ENOMEM, unix.ENOBUFS, unix.EINTR} {
+	for _, e := range []error{errLookup, errCgroup, unix.EMFILE, unix.ENFILE, unix.EAGAIN, unix.ENOMEM, unix.ENOBUFS, unix.EINTR} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -453,12 +483,19 @@ func (s *Server) supervisorGoneLocked(t *task, pid int) {
 	s.life.EndNow(t.Task, tasklife.Lost, reason)
 }
 
-// endProcessesLocked kills what is left of a running task in its
-// supervisor's session, with the lock released during the /proc scan.
+// endProcessesLocked kills what is left of a running task: everything in
+// its control group, or, without one, in its supervisor's session (with
+// the lock released during the /proc scan).
 func (s *Server) endProcessesLocked(t *task) {
 	pid, start, uid := t.PID, t.PIDStart, t.UID
 	if t.Boot != "" && t.Boot != s.boot {
 		return // started in an earlier boot: nothing of it is left
+	}
+	if t.cgroup {
+		if err := s.cg.kill(t.ID); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.log.Printf("task %d: kill its control group: %v", t.ID, err)
+		}
+		return // a group is removed only once empty: gone, nothing is left
 	}
 	s.mu.Unlock()
 	killSession(s.proc, pid, start, uid)
@@ -503,7 +540,7 @@ func (s *Server) enforceLimitLocked(t *task) time.Duration {
 			return
 		}
 		t.overran = true
-		s.log.Printf("task %d overran its time limit; killing its session", t.ID)
+		s.log.Printf("task %d overran its time limit; killing what is left of it", t.ID)
 		s.endProcessesLocked(t)
 	})
 	return max(left, time.Nanosecond)

@@ -17,8 +17,8 @@ func (s *Server) openTasks(dir string) error {
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, ErrClaimed) {
-		return err // another broker's spool: this one must not start
+	if errors.Is(err, ErrClaimed) || errors.Is(err, errCgroupSetup) {
+		return err // another broker's spool, or control groups asked for that cannot be had: this one must not start
 	}
 	s.mu.Lock()
 	s.taskErr = err
@@ -52,12 +52,32 @@ func (s *Server) takeUpTasks(dir string) error {
 	if err := s.claimState(dir); err != nil {
 		return err
 	}
+	// The tasks' control groups, once the spool is this broker's (a broker
+	// that must not start touches none).
+	if !s.cgReady {
+		cg, err := setupCgroups(s.cgMode, s.log)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errCgroupSetup, err)
+		}
+		s.mu.Lock()
+		s.cg, s.cgReady = cg, true
+		s.mu.Unlock()
+	}
 	life, err := tasklife.Open(dir, tasklife.Options{
 		Lock: &s.mu, Keep: s.cfg.Tasks.KeepEnded, KeepPerUser: s.cfg.Tasks.KeepEndedPer,
 		Ended: s.taskEndedLocked, Log: s.log,
 	})
 	if err != nil {
 		return err
+	}
+	// The tasks' control groups left by the broker before this one: a
+	// running task's is adopted with it, a waiting task's is used again
+	// for its start, the others' are removed (below).
+	groups := map[uint64]bool{}
+	if s.cg != nil {
+		for _, id := range s.cg.tasks() {
+			groups[id] = true
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -77,7 +97,7 @@ func (s *Server) takeUpTasks(dir string) error {
 		if t.State != tasklife.Running {
 			continue
 		}
-		j := &task{Task: t}
+		j := &task{Task: t, cgroup: groups[t.ID]}
 		s.jobs[t.ID] = j
 		if s.adoptLocked(j) {
 			continue
@@ -91,9 +111,14 @@ func (s *Server) takeUpTasks(dir string) error {
 	}
 	for _, t := range all {
 		if t.IsWaiting() {
-			j := &task{Task: t}
+			j := &task{Task: t, cgroup: groups[t.ID]}
 			s.jobs[t.ID] = j
 			s.settleLocked(j)
+		}
+	}
+	for id := range groups {
+		if t := life.Get(id); t == nil || t.IsEnded() {
+			go s.reapCgroup(id) // ended, or forgotten: nothing of it may run on
 		}
 	}
 	s.loading = false

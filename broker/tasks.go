@@ -2,7 +2,9 @@ package broker
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,6 +35,7 @@ type task struct {
 	overran   bool        // the broker killed it for overrunning its time limit
 	launching bool        // launch is giving it its go-ahead
 	sup       *supervisor // its supervisor, once started (warm while it waits)
+	cgroup    bool        // its control group may exist (cgroup.go)
 }
 
 // Caps on what one submission and one connection may hold.
@@ -52,26 +55,30 @@ const (
 	specRoom  = 1 << 10
 )
 
-// info is t as asker may see it; full includes its command, directory,
-// environment and log.
+// info is t as asker may see it; full, for its owner and root, includes
+// its command, directory, environment, log and the reason it ended (which
+// names paths and programs). Another user sees that it exists, whose it
+// is, its state and how it ended.
 func info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	ti := client.TaskInfo{
 		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
 		N: t.Sub.N, Pool: t.Sub.Pool, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
 		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
-		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended, Reason: t.Reason,
+		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended,
 	}
 	if len(t.Devices) == 0 && len(t.Sub.Devices) > 0 {
 		ti.Devices = t.Sub.Devices
 	}
 	if t.Status != nil {
 		ti.Exit, ti.Signal = t.Status.Exit, t.Status.Signal
-		if t.Status.Reason != "" {
-			ti.Reason = t.Status.Reason
-		}
+		ti.CPUMs, ti.MemPeak = t.Status.CPUMs, t.Status.MemPeak
 	}
 	if full {
 		ti.Command, ti.Cwd, ti.Env, ti.Log = command(t), t.Sub.Cwd, t.Sub.Env, t.Log
+		ti.Reason = t.Reason
+		if t.Status != nil && t.Status.Reason != "" {
+			ti.Reason = t.Status.Reason
+		}
 	}
 	return ti
 }
@@ -116,10 +123,7 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 	case client.OpTaskDone:
 		return s.taskDone(c, req.ID, req.Status)
 	case client.OpList:
-		s.mu.Lock()
-		tasks := s.listLocked(c, req.All)
-		s.mu.Unlock()
-		return c.sendTasks(tasks) == nil
+		return s.list(c, req.All, req.After)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -130,7 +134,11 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 	}
 	switch req.Op {
 	case client.OpShow:
-		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{info(t, true, s.positionLocked(s.jobs[t.ID]))}})
+		ti := info(t, true, s.positionLocked(s.jobs[t.ID]))
+		if j := s.jobs[t.ID]; j != nil && t.IsWaiting() {
+			ti.Reason = s.waitReasonLocked(j)
+		}
+		c.sendLocked(&client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{ti}})
 	case client.OpWait:
 		j := s.jobs[t.ID]
 		if t.IsEnded() || j == nil {
@@ -191,12 +199,21 @@ func (s *Server) cancelLocked(j *task, who string) error {
 	return err
 }
 
-// submit validates a submission, makes it durable, then queues it.
+// submit validates a submission, makes it durable, then queues it. What
+// depends on the submission alone is checked before the broker's lock is
+// taken: a flood of oversized or malformed submissions costs the others
+// nothing.
 func (s *Server) submit(c *conn, sub *client.Submission) bool {
+	t, rep := s.resolveTask(c, sub)
+	if rep != nil {
+		s.mu.Lock()
+		c.sendLocked(rep)
+		s.mu.Unlock()
+		return rep.Code != client.CodeBadRequest
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t, rep := s.admitTaskLocked(c, sub)
-	if rep != nil {
+	if rep := s.admitTaskLocked(c, t); rep != nil {
 		c.sendLocked(rep)
 		return rep.Code != client.CodeBadRequest
 	}
@@ -210,7 +227,7 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	}
 	s.jobs[t.ID] = t
 	s.settleLocked(t)
-	rep = &client.Reply{Type: client.TypeSubmitted, ID: t.ID}
+	rep = &client.Reply{Type: client.TypeSubmitted, ID: t.ID, State: t.Shown()}
 	switch t.State {
 	case tasklife.Pending:
 		rep.Position, rep.Pool = s.positionLocked(t), t.w.Pool
@@ -228,9 +245,14 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	return true
 }
 
-// admitTaskLocked checks a submission and resolves it into a task with an
-// id, not yet recorded.
-func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *client.Reply) {
+// unknownID stands for a task's id until it gets one: no id is longer, so
+// sizes counted with it bound those counted with the real one.
+const unknownID = ^uint64(0)
+
+// resolveTask checks a submission on its own, without the broker's lock,
+// and resolves it into a task (no id yet, its default log named with
+// unknownID).
+func (s *Server) resolveTask(c *conn, sub *client.Submission) (*task, *client.Reply) {
 	bad := func(format string, args ...any) (*task, *client.Reply) {
 		return nil, errReply(client.CodeBadRequest, fmt.Sprintf(format, args...), "")
 	}
@@ -262,10 +284,46 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 		return bad("name longer than 200 bytes")
 	case len(sub.After) > maxAfter:
 		return bad("--after names %d tasks, more than %d", len(sub.After), maxAfter)
+	case sub.Log == "" && c.acct.home == "":
+		return nil, errReply(client.CodeBadRequest, fmt.Sprintf("%s has no home directory, and a task's log goes under it unless --log names another", c.acct.name), "give --log FILE")
 	}
 	if s.unprivileged && c.uid != uint32(os.Geteuid()) {
 		return nil, errReply(client.CodeDenied, fmt.Sprintf("this broker runs unprivileged as uid %d and can run tasks for that uid only", os.Geteuid()), "")
 	}
+	t := &task{acct: c.acct, Task: &tasklife.Task{
+		UID: c.uid, User: c.acct.name, Sub: *sub, Submitted: time.Now().UnixMilli(), Slot: -1,
+	}}
+	t.Sub.Env = cleanEnv(sub.Env)
+	after := slices.Clone(sub.After)
+	slices.Sort(after)
+	t.Sub.After = slices.Compact(after)
+	if len(t.Sub.After) == 0 {
+		t.Sub.After = nil
+	}
+	if sub.Shell != "" {
+		t.Argv = []string{c.acct.shell, "-c", sub.Shell}
+	} else {
+		t.Argv = slices.Clone(sub.Argv)
+	}
+	t.Log = sub.Log
+	if t.Log == "" {
+		t.Log = defaultLog(c.acct.home, unknownID)
+	}
+	if rep := s.checkSize(t.Task); rep != nil {
+		return nil, rep
+	}
+	return t, nil
+}
+
+// defaultLog is the log of task id of a user whose home is home.
+func defaultLog(home string, id uint64) string {
+	return filepath.Join(home, ".local/state/npurun/tasks", strconv.FormatUint(id, 10)+".log")
+}
+
+// admitTaskLocked checks a resolved task against the policy and the
+// broker's state, and gives it its id; it is not recorded yet.
+func (s *Server) admitTaskLocked(c *conn, t *task) *client.Reply {
+	sub := &t.Sub
 	lim := s.cfg.LimitFor(c.acct.name, c.acct.groups)
 	limit := time.Duration(sub.TimeSec) * time.Second
 	if limit == 0 {
@@ -275,58 +333,38 @@ func (s *Server) admitTaskLocked(c *conn, sub *client.Submission) (*task, *clien
 		limit = s.cfg.Tasks.MaxTime // a cap applies to tasks that name no limit too
 	}
 	if max := s.cfg.Tasks.MaxTime; max > 0 && limit > max {
-		return nil, errReply(client.CodeDenied, fmt.Sprintf("time limit %s is longer than the %s allowed", limit, max), "")
+		return errReply(client.CodeDenied, fmt.Sprintf("time limit %s is longer than the %s allowed", limit, max), "")
 	}
+	t.TimeSec = int64(limit / time.Second)
 	if s.life.Live() >= s.cfg.Tasks.MaxTasks {
-		return nil, errReply(client.CodeTooMany, fmt.Sprintf("the broker holds %d tasks, its most", s.cfg.Tasks.MaxTasks), "")
+		return errReply(client.CodeTooMany, fmt.Sprintf("the broker holds %d tasks, its most", s.cfg.Tasks.MaxTasks), "")
 	}
 	if n := s.life.Waiting(c.uid); lim.MaxQueued > 0 && n >= lim.MaxQueued {
-		return nil, errReply(client.CodeDenied, fmt.Sprintf("%s has %d tasks waiting, the limit (%s)", c.acct.name, n, lim.Source), "")
+		return errReply(client.CodeDenied, fmt.Sprintf("%s has %d tasks waiting, the limit (%s)", c.acct.name, n, lim.Source), "")
 	}
-	after := slices.Clone(sub.After)
-	slices.Sort(after)
-	after = slices.Compact(after)
-	for _, dep := range after {
+	for _, dep := range sub.After {
 		d := s.life.Get(dep)
 		if d == nil || (d.UID != c.uid && c.uid != 0) {
-			return nil, errReply(client.CodeNoSuchTask, fmt.Sprintf("--after %d: no task %d", dep, dep), "")
+			return errReply(client.CodeNoSuchTask, fmt.Sprintf("--after %d: no task %d", dep, dep), "")
 		}
-	}
-	t := &task{acct: c.acct, Task: &tasklife.Task{
-		UID: c.uid, User: c.acct.name, Sub: *sub, TimeSec: int64(limit / time.Second),
-		Submitted: time.Now().UnixMilli(), Slot: -1,
-	}}
-	t.Sub.Env = cleanEnv(sub.Env)
-	t.Sub.After = after
-	if len(after) == 0 {
-		t.Sub.After = nil
 	}
 	// Check the request now, so that a bad one is refused, not queued.
 	if _, rep := s.waiterLocked(t); rep != nil {
-		return nil, rep
-	}
-	if sub.Shell != "" {
-		t.Argv = []string{c.acct.shell, "-c", sub.Shell}
-	} else {
-		t.Argv = slices.Clone(sub.Argv)
+		return rep
 	}
 	t.ID = s.life.NewID()
-	t.Log = sub.Log
-	if t.Log == "" {
-		t.Log = filepath.Join(c.acct.home, ".local/state/npurun/tasks", strconv.FormatUint(t.ID, 10)+".log")
+	if sub.Log == "" {
+		t.Log = defaultLog(c.acct.home, t.ID)
 	}
-	if rep := s.checkSizeLocked(t.Task); rep != nil {
-		return nil, rep
-	}
-	return t, nil
+	return nil
 }
 
-// checkSizeLocked refuses a task whose messages would not fit: its show
-// reply, and the Spec its supervisor reads, as encoded, where JSON writes a
+// checkSize refuses a task whose messages would not fit: its show reply,
+// and the Spec its supervisor reads, as encoded, where JSON writes a
 // control character, <, > or & as 6 bytes. The sizes are counted, not
-// encoded (this runs under the lock for every submission); replyLen and
-// specLen bound the encodings from above (TestEncodedSizeBounds).
-func (s *Server) checkSizeLocked(t *tasklife.Task) *client.Reply {
+// encoded; replyLen and specLen bound the encodings from above
+// (TestEncodedSizeBounds).
+func (s *Server) checkSize(t *tasklife.Task) *client.Reply {
 	const why = "JSON writes each control character, <, > and & as 6 bytes"
 	if n := replyLen(t); n+replyRoom > client.MaxMessage {
 		return errReply(client.CodeBadRequest, fmt.Sprintf("task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, client.MaxMessage-replyRoom, why), "")
@@ -516,6 +554,14 @@ func (s *Server) taskEndedLocked(t *tasklife.Task) {
 		if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
 			s.cpuFree[t.Slot] = true
 		}
+		if j.cgroup {
+			// Nothing it started outlives it: killed now, the group
+			// removed once empty.
+			if err := s.cg.kill(t.ID); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				s.log.Printf("task %d: kill its control group: %v", t.ID, err)
+			}
+			go s.reapCgroup(t.ID)
+		}
 		for _, c := range j.waits {
 			if i := slices.Index(c.waiting, j); i >= 0 {
 				c.waiting = slices.Delete(c.waiting, i, i+1)
@@ -554,6 +600,12 @@ func (s *Server) taskDone(c *conn, id uint64, st *client.Status) bool {
 	if len(st.Reason) > maxReasonBytes {
 		st.Reason = st.Reason[:maxReasonBytes] + "…"
 	}
+	// What the task used is the broker's to say, from its control group.
+	st.CPUMs, st.MemPeak = 0, 0
+	if j := s.jobs[id]; j != nil && j.cgroup {
+		cpu, peak := s.cg.usage(id)
+		st.CPUMs, st.MemPeak = cpu.Milliseconds(), peak
+	}
 	state := tasklife.Failed
 	switch {
 	case st.Exit != nil && *st.Exit == 0 && st.Reason == "":
@@ -578,6 +630,33 @@ func joinIDs(ids []uint64) string {
 	return strings.Join(parts, ", ")
 }
 
+// waitReasonLocked says why a waiting task waits beyond its turn, if it
+// does: the tasks it waits for, its user's cap on running tasks or on
+// devices, task starts paused.
+func (s *Server) waitReasonLocked(j *task) string {
+	if j.State == tasklife.Blocked {
+		var ids []uint64
+		for _, dep := range j.Sub.After {
+			if d := s.life.Get(dep); d != nil && !d.IsEnded() {
+				ids = append(ids, dep)
+			}
+		}
+		return "waits for task " + joinIDs(ids) + " to succeed"
+	}
+	w := j.w
+	switch {
+	case s.paused != nil:
+		return "task starts are paused: " + s.paused.why.Error()
+	case w == nil:
+		return ""
+	case w.lim.MaxRunning > 0 && s.running[j.UID] >= w.lim.MaxRunning:
+		return fmt.Sprintf("%s runs %d of %d tasks allowed (%s)", w.user, s.running[j.UID], w.lim.MaxRunning, w.lim.Source)
+	case !j.Sub.NoDevice:
+		return s.reasonLocked(w)
+	}
+	return ""
+}
+
 // positionLocked is a waiting task's place in its line, 0 otherwise.
 func (s *Server) positionLocked(t *task) int {
 	if t == nil || !t.inLine {
@@ -599,67 +678,138 @@ func (s *Server) positionLocked(t *task) int {
 	return 0
 }
 
-// listLocked returns the asker's tasks (everyone's with all), oldest
-// first. Another user's command, directory, environment and log are left
-// out unless the asker is root; nobody's environment is listed.
-func (s *Server) listLocked(c *conn, all bool) []client.TaskInfo {
-	pos := s.positionsLocked()
-	var out []client.TaskInfo
-	s.life.Each(func(t *tasklife.Task) bool {
+// Listings are served a page at a time: the client asks for the next page
+// with the "next" of the last reply. Under the broker's lock a page costs a
+// bounded walk (listScan ids at most, from where the last page stopped) and
+// shallow copies of at most listPage tasks; their replies are put together
+// and encoded outside the lock, and sent from the connection's goroutine.
+// So a listing never holds the lock for long nor keeps more than one page in
+// memory; a page is built only once the client has read the last one, and
+// what one user's connections leave unread together is capped
+// (readyForListing).
+const (
+	listScan = 4096
+	listPage = 256
+)
+
+// listed is a task copied for a page of a listing.
+type listed struct {
+	t   tasklife.Task
+	pos int
+}
+
+// list serves one page of a listing: the asker's tasks (everyone's with
+// all) after id after, oldest first.
+func (s *Server) list(c *conn, all bool, after uint64) bool {
+	if err := c.readyForListing(); err != nil {
+		return false
+	}
+	s.mu.Lock()
+	page, next, more := s.listPageLocked(c, all, after)
+	s.mu.Unlock()
+	full := func(t *tasklife.Task) bool { return t.UID == c.uid || c.uid == 0 }
+	return c.sendPage(page, full, next, more) == nil
+}
+
+// listPageLocked copies the tasks of a page: the asker's (everyone's with
+// all) with ids above after. more tells that others follow, from next.
+func (s *Server) listPageLocked(c *conn, all bool, after uint64) (page []listed, next uint64, more bool) {
+	scanned, size := 0, 0
+	var inLine []*Waiter
+	s.life.EachAfter(after, func(t *tasklife.Task) bool {
+		if scanned == listScan || len(page) == listPage || size > client.MaxMessage {
+			more = true
+			return false
+		}
+		scanned++
+		next = t.ID
 		if !all && t.UID != c.uid {
 			return true
 		}
-		p := 0
+		page = append(page, listed{t: *t})
 		if j := s.jobs[t.ID]; j != nil && j.inLine {
-			p = pos[j.w]
+			inLine = append(inLine, j.w)
 		}
-		ti := info(t, t.UID == c.uid || c.uid == 0, p)
-		ti.Env = nil
-		out = append(out, ti)
+		// A guess at its size, on the high side, to stop copying before a
+		// message is full (the encoding decides: what does not fit goes
+		// in the next page).
+		size += 400 + len(t.Sub.Name) + len(t.User)
+		if t.UID == c.uid || c.uid == 0 {
+			size += len(t.Sub.Shell) + byteSize(t.Sub.Argv) + len(t.Sub.Cwd) + len(t.Log) + len(t.Reason)
+		}
 		return true
 	})
-	return out
-}
-
-// sendTasks sends tasks in as many "tasks" replies as their size takes,
-// from the connection's own goroutine, waiting for the client to read.
-// Each task is encoded once, and the replies are put together from the
-// pieces.
-func (c *conn) sendTasks(tasks []client.TaskInfo) error {
-	head := []byte(`{"v":` + strconv.Itoa(client.Version) + `,"type":"` + client.TypeTasks + `","tasks":[`)
-	msg := append([]byte(nil), head...)
-	n := 0
-	for i := range tasks {
-		b, err := json.Marshal(&tasks[i])
-		if err != nil {
-			return err
-		}
-		if n > 0 && len(msg)+len(b)+len(`],"more":true}`) > client.MaxMessage {
-			if err := c.sendRaw(append(msg, `],"more":true}`...)); err != nil {
-				return err
+	if len(inLine) > 0 {
+		pos := s.positionsOfLocked(inLine)
+		for i := range page {
+			if j := s.jobs[page[i].t.ID]; j != nil && j.inLine {
+				page[i].pos = pos[j.w]
 			}
-			msg, n = append(msg[:0], head...), 0
 		}
-		if n > 0 {
-			msg = append(msg, ',')
-		}
-		msg = append(msg, b...)
-		n++
 	}
-	return c.sendRaw(append(msg, `]}`...))
+	return page, next, more
 }
 
-// positionsLocked is every waiter's place in its pool's line.
-func (s *Server) positionsLocked() map[*Waiter]int {
-	pos := map[*Waiter]int{}
+// positionsOfLocked is the place in line of each of ws, walking each line
+// only as far as the last of them in it.
+func (s *Server) positionsOfLocked(ws []*Waiter) map[*Waiter]int {
+	want := make(map[*Waiter]int, len(ws))
+	left := map[*Queue]int{}
+	for _, w := range ws {
+		want[w] = 0
+		if w.task != nil && w.task.Sub.NoDevice {
+			left[s.cpuq]++
+		} else {
+			left[s.q]++
+		}
+	}
 	for _, q := range []*Queue{s.q, s.cpuq} {
 		n := map[string]int{}
 		for _, w := range q.Waiters() {
+			if left[q] == 0 {
+				break
+			}
 			n[w.Pool]++
-			pos[w] = n[w.Pool]
+			if _, ok := want[w]; ok {
+				want[w] = n[w.Pool]
+				left[q]--
+			}
 		}
 	}
-	return pos
+	return want
+}
+
+// sendPage encodes a page of a listing and sends it as one "tasks" reply,
+// as many of its tasks as fit; more and next say where the listing goes
+// on. full tells which tasks the asker may see whole. Nobody's environment
+// is listed.
+func (c *conn) sendPage(page []listed, full func(*tasklife.Task) bool, next uint64, more bool) error {
+	msg := []byte(`{"v":` + strconv.Itoa(client.Version) + `,"type":"` + client.TypeTasks + `","tasks":[`)
+	const tail = `],"more":true,"next":18446744073709551615}`
+	for i := range page {
+		t := &page[i].t
+		ti := info(t, full(t), page[i].pos)
+		ti.Env = nil
+		b, err := json.Marshal(&ti)
+		if err != nil {
+			return err
+		}
+		if i > 0 && len(msg)+1+len(b)+len(tail) > client.MaxMessage {
+			next, more = page[i-1].t.ID, true
+			break
+		}
+		if i > 0 {
+			msg = append(msg, ',')
+		}
+		msg = append(msg, b...)
+	}
+	msg = append(msg, ']')
+	if more {
+		msg = append(msg, `,"more":true,"next":`...)
+		msg = strconv.AppendUint(msg, next, 10)
+	}
+	msg = append(msg, '}')
+	return c.sendListing(msg)
 }
 
 // forgetWaitsLocked drops a closed connection from the tasks it waits on.

@@ -75,6 +75,7 @@ type Tasks struct {
 	KillGrace    time.Duration // SIGTERM → SIGKILL
 	TimeLimit    time.Duration // a task's limit when it asks for none; 0: none
 	MaxTime      time.Duration // the longest --time allowed; 0: no cap
+	Cgroup       string        // "auto", "off", or the cgroup v2 directory tasks' control groups are made in
 }
 
 // Restrict is the [restrict] table: the accounts that reach a device only
@@ -370,6 +371,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 			KeepEnded:    DefaultKeepEnded,
 			KeepEndedPer: DefaultKeepEndedPerUser,
 			KillGrace:    DefaultKillGrace,
+			Cgroup:       "auto",
 		},
 	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
@@ -504,7 +506,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	// [tasks]
 	tasks := []string{"tasks"}
 	if t, ok := p.table(nil, raw, "tasks"); ok {
-		p.unknown(tasks, t, "state_dir", "cpu_slots", "cpu_threads", "idle_priority", "max_tasks", "keep_ended", "keep_ended_per_user", "kill_grace", "time_limit", "max_time")
+		p.unknown(tasks, t, "state_dir", "cpu_slots", "cpu_threads", "idle_priority", "max_tasks", "keep_ended", "keep_ended_per_user", "kill_grace", "time_limit", "max_time", "cgroup")
 		if s, ok := p.str(tasks, t, "state_dir"); ok {
 			if !strings.HasPrefix(s, "/") {
 				p.errorf(tasks, "state_dir", "must be an absolute path, not %q", s)
@@ -542,6 +544,13 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 		}
 		if d, ok := p.duration(tasks, t, "max_time"); ok {
 			c.Tasks.MaxTime = d
+		}
+		if s, ok := p.str(tasks, t, "cgroup"); ok {
+			if s != "auto" && s != "off" && !strings.HasPrefix(s, "/") {
+				p.errorf(tasks, "cgroup", "must be \"auto\", \"off\" or an absolute path, not %q", s)
+			} else {
+				c.Tasks.Cgroup = s
+			}
 		}
 		if c.Tasks.MaxTime > 0 && c.Tasks.TimeLimit > c.Tasks.MaxTime {
 			p.errorf(tasks, "time_limit", "%s is longer than max_time %s", c.Tasks.TimeLimit, c.Tasks.MaxTime)

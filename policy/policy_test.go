@@ -417,6 +417,7 @@ func defaultTasks() Tasks {
 		KeepEnded:    DefaultKeepEnded,
 		KeepEndedPer: DefaultKeepEndedPerUser,
 		KillGrace:    DefaultKillGrace,
+		Cgroup:       "auto",
 	}
 }
 
@@ -434,6 +435,7 @@ kill_grace = "5s"
 time_limit = "6h"
 max_time = "72h"
 keep_ended_per_user = 20
+cgroup = "/sys/fs/cgroup/npurun"
 
 [limits]
 max_queued_tasks = 50
@@ -449,7 +451,8 @@ max_queued_tasks = 0
 		t.Fatal(err)
 	}
 	want := Tasks{StateDir: "/srv/spool", CPUSlots: 3, CPUThreads: 4, MaxTasks: DefaultMaxTasks, KeepEnded: DefaultKeepEnded,
-		KeepEndedPer: 20, KillGrace: 5 * time.Second, TimeLimit: 6 * time.Hour, MaxTime: 72 * time.Hour}
+		KeepEndedPer: 20, KillGrace: 5 * time.Second, TimeLimit: 6 * time.Hour, MaxTime: 72 * time.Hour,
+		Cgroup: "/sys/fs/cgroup/npurun"}
 	if c.Tasks != want {
 		t.Errorf("Tasks = %+v, want %+v", c.Tasks, want)
 	}
@@ -459,11 +462,12 @@ max_queued_tasks = 0
 	if l := c.LimitFor("x", []string{"a", "b"}); l.MaxQueued != 0 || l.MaxRunning != 4 {
 		t.Errorf("groups a, b = %+v, want no queued cap (b), 4 running (a)", l)
 	}
-	bad := "[tasks]\nkill_grace = \"soon\"\nstate_dir = \"spool\"\ntime_limit = \"8h\"\nmax_time = \"1h\"\n"
+	bad := "[tasks]\nkill_grace = \"soon\"\nstate_dir = \"spool\"\ntime_limit = \"8h\"\nmax_time = \"1h\"\ncgroup = \"npurun\"\n"
 	_, err = Parse("npurun.conf", []byte(bad))
 	wantErr := "npurun.conf:2: [tasks] kill_grace: bad duration \"soon\" (want e.g. \"10s\", \"90m\", \"6h\")\n" +
 		"npurun.conf:3: [tasks] state_dir: must be an absolute path, not \"spool\"\n" +
-		"npurun.conf:4: [tasks] time_limit: 8h0m0s is longer than max_time 1h0m0s"
+		"npurun.conf:4: [tasks] time_limit: 8h0m0s is longer than max_time 1h0m0s\n" +
+		"npurun.conf:6: [tasks] cgroup: must be \"auto\", \"off\" or an absolute path, not \"npurun\""
 	if err == nil || err.Error() != wantErr {
 		t.Errorf("bad [tasks]: got\n%v\nwant\n%s", err, wantErr)
 	}

@@ -1,15 +1,22 @@
 package tests
 
 // Benchmarks of the broker under crowds and floods: the cost of a grant
-// must not grow with the length of the line.
+// must not grow with the length of the line, and one user must not stall
+// or bloat the broker for the others.
 //
-//	BenchmarkThroughputWaiters  grants/s with 10,000 churning clients vs 64   ≥ 50 %
+//	BenchmarkThroughputWaiters  grants/s with 10,000 churning clients vs 64      ≥ 50 %
+//	BenchmarkFlood              another user's npurun --no-wait under each flood  ≤ 10× idle, RSS ≤ 200 MiB
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -59,11 +66,20 @@ func benchChurn(b *testing.B, br *Broker, pid, n int, dur time.Duration) crowd {
 	}
 	conns := make([]*net.UnixConn, n)
 	for i := range conns {
-		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: br.Socket, Net: "unixpacket"})
-		if err != nil {
-			b.Fatalf("client %d: %v", i, err)
+		// A full listen queue refuses a connect (EAGAIN) until the broker
+		// has accepted some: the crowd is built at the broker's pace.
+		deadline := time.Now().Add(eventTimeout)
+		for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+			c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: br.Socket, Net: "unixpacket"})
+			if err == nil {
+				conns[i] = c
+				break
+			}
+			if !errors.Is(err, syscall.EAGAIN) || time.Now().After(deadline) {
+				b.Fatalf("client %d: %v", i, err)
+			}
+			time.Sleep(wait)
 		}
-		conns[i] = c
 	}
 	var counting, stop atomic.Bool
 	var grants, queued atomic.Int64
@@ -172,4 +188,144 @@ func BenchmarkThroughputWaiters(b *testing.B) {
 		big.row(strconv.Itoa(large) + " clients"),
 		{"ratio", fmt.Sprintf("%.2f", ratio)},
 	})
+}
+
+// The flood: one user attacks the broker while another's `npurun --no-wait
+// true` is timed, whole command, beside its idle figure in the same run.
+const (
+	benchFloodVictimRuns = 30
+	benchFloodSettle     = 500 * time.Millisecond // the attack under way before the victim is timed
+	benchFloodTasks      = 5000                   // ended tasks with 15 KB commands, for the listings
+)
+
+// benchFloodAttacks are the attacks, each with its connections.
+var benchFloodAttacks = []struct {
+	mode, what string
+	conns      int
+}{
+	{"list", "300 connections asking for listings, reading nothing", 300},
+	{"churn", "16 connections submitting and cancelling tasks", 16},
+	{"oversize", "8 connections sending oversized messages and submissions", 8},
+	{"idle", "1,000 idle connections", 1000},
+}
+
+// benchFloodStart starts an attack as u and returns once it is under way;
+// closing the returned process's standard input ends it.
+func benchFloodStart(b *testing.B, br *Broker, u testUser, dir, mode string, conns, n int) *proc {
+	cmd := u.as(exec.Command(br.Bin.Workload, "-flood", mode, "-conns", strconv.Itoa(conns), "-n", strconv.Itoa(n)), dir)
+	cmd.Env = br.Env()
+	p := startProc(b, "flood "+mode, cmd)
+	if mode == "fill" {
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Minute):
+			b.Fatalf("filling %d tasks took more than 5 minutes; output:\n%s", n, p.Output())
+		}
+		if !strings.Contains(p.Output(), "filled") {
+			b.Fatalf("fill: %v; output:\n%s", p.err, p.Output())
+		}
+		return p
+	}
+	p.waitLine("flooding")
+	return p
+}
+
+// benchFloodVictim times runs of `npurun --no-wait true` as u.
+func benchFloodVictim(b *testing.B, br *Broker, u testUser, runs int) []time.Duration {
+	ds := make([]time.Duration, 0, runs)
+	for range runs {
+		ds = append(ds, benchTimeRun(b, u.as(br.Npurun("--no-wait", "true"), "/")))
+	}
+	return ds
+}
+
+// benchRSSWatch samples pid's resident memory every 20 ms until stop is
+// called, which returns the highest sample.
+func benchRSSWatch(b *testing.B, pid int) (stop func() float64) {
+	done := make(chan struct{})
+	peak := make(chan float64, 1)
+	go func() {
+		hi := 0.0
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+				for _, line := range strings.Split(string(data), "\n") {
+					if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+						if kb, err := strconv.ParseFloat(strings.Fields(rest)[0], 64); err == nil {
+							hi = max(hi, kb*1024)
+						}
+					}
+				}
+			}
+			select {
+			case <-done:
+				peak <- hi
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() float64 { close(done); return <-peak }
+}
+
+// BenchmarkFlood: another user's `npurun --no-wait` round trip while one
+// user floods the broker with each attack, against its idle figure in the
+// same run (target ≤ 10×), and the broker's resident memory (target ≤ 200
+// MiB). The attacker and the victim are test users: root only.
+func BenchmarkFlood(b *testing.B) {
+	benchNoNsPerOp(b)
+	if os.Geteuid() != 0 {
+		b.Skip("needs root: the attacker and the victim are users of their own")
+	}
+	benchRaiseNofile(b) // the broker inherits it: 1,000 idle connections and more
+	attacker, victim := newUser(b), newUser(b)
+	br := StartBroker(b, FakeConfig(4)+"[tasks]\ncpu_slots = 1\nkeep_ended_per_user = 10000\n[limits]\nmax_queued_tasks = 0\n")
+	pid := benchBrokerPID(b, br)
+	dir := userDir(b, &attacker, 0o755)
+	t0 := time.Now()
+	stopFill := benchRSSWatch(b, pid)
+	benchFloodStart(b, br, attacker, dir, "fill", 1, benchFloodTasks)
+	fillRSS := stopFill()
+	fill := time.Since(t0)
+	b.Logf("filled in %s: RSS peak %.1f MiB while filling, %.1f MiB now", fill, fillRSS/benchMib, benchProcStatus(b, pid, "VmRSS")/benchMib)
+
+	idle := benchFloodVictim(b, br, victim, benchFloodVictimRuns)
+	rows := [][]string{{"", "victim p50 / p90 / max ms", "× idle p50", "broker RSS peak"}}
+	type result struct {
+		under   []time.Duration
+		rss     float64
+		idleNow []time.Duration
+	}
+	var results []result
+	for _, a := range benchFloodAttacks {
+		stop := benchRSSWatch(b, pid)
+		p := benchFloodStart(b, br, attacker, dir, a.mode, a.conns, 0)
+		time.Sleep(benchFloodSettle)
+		under := benchFloodVictim(b, br, victim, benchFloodVictimRuns)
+		rss := stop()
+		p.stdin.Close()
+		p.wait()
+		// Idle again, side by side with the attack just measured.
+		idleNow := benchFloodVictim(b, br, victim, benchFloodVictimRuns)
+		idle = append(idle, idleNow...)
+		results = append(results, result{under, rss, idleNow})
+	}
+	idleP50 := benchQuantile(idle, .5)
+	rows = append(rows, []string{"idle", fmt.Sprintf("%s / %s / %s", benchF3(idleP50), benchF3(benchQuantile(idle, .9)), benchF3(slices.Max(idle))), "1.00", ""})
+	worst, worstRSS := 0.0, 0.0
+	for i, a := range benchFloodAttacks {
+		r := results[i]
+		ratio := float64(benchQuantile(r.under, .5)) / float64(idleP50)
+		worst, worstRSS = max(worst, ratio), max(worstRSS, r.rss)
+		rows = append(rows, []string{a.what,
+			fmt.Sprintf("%s / %s / %s", benchF3(benchQuantile(r.under, .5)), benchF3(benchQuantile(r.under, .9)), benchF3(slices.Max(r.under))),
+			fmt.Sprintf("%.2f", ratio), fmt.Sprintf("%.1f MiB", r.rss/benchMib)})
+		b.ReportMetric(ratio, "ratio-"+a.mode)
+	}
+	hwm := benchProcStatus(b, pid, "VmHWM")
+	b.ReportMetric(worst, "ratio-worst")
+	b.ReportMetric(hwm/benchMib, "rss-peak-MiB")
+	rows = append(rows, []string{fmt.Sprintf("broker VmHWM over the run (with %d ended 15 KB tasks, filled in %s)", benchFloodTasks, fill.Round(100*time.Millisecond)), "", "", fmt.Sprintf("%.1f MiB", hwm/benchMib)})
+	benchSummary(b, fmt.Sprintf("another user's npurun --no-wait under a flood, %d runs each (target ≤ 10× idle p50, RSS ≤ 200 MiB)", benchFloodVictimRuns), rows)
 }

@@ -402,10 +402,11 @@ func benchTaskListProto(b *testing.B, br *Broker) (d time.Duration, tasks, repli
 	}
 	defer c.Close()
 	t0 := time.Now()
-	if err := c.Send(&client.Request{Op: client.OpList}); err != nil {
-		b.Fatal(err)
-	}
+	req := &client.Request{Op: client.OpList}
 	for {
+		if err := c.Send(req); err != nil {
+			b.Fatal(err)
+		}
 		r, _, err := c.Recv(benchTaskListTimeout)
 		if err == client.ErrTimeout {
 			return time.Since(t0), tasks, replies, false
@@ -418,6 +419,7 @@ func benchTaskListProto(b *testing.B, br *Broker) (d time.Duration, tasks, repli
 		if !r.More {
 			return time.Since(t0), tasks, replies, true
 		}
+		req = &client.Request{Op: client.OpList, After: r.Next}
 	}
 }
 

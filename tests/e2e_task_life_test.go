@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -96,9 +97,18 @@ func TestTaskAfterChain(t *testing.T) {
 		if r := waitTask(t, b, f1); r.code != 3 {
 			t.Errorf("wait %d: %s, want exit 3", f1, r)
 		}
-		// Submitted after the dependency failed: fails at once.
+		// Submitted after the dependency failed: fails at once, recorded,
+		// and task-submit says so with status 1.
 		marker4 := filepath.Join(dir, "f4.ran")
-		f4 := sub("f4", "--after", idStr(f1), "--", "touch", marker4)
+		r4 := runTaskCmd(t, b.TaskSubmit("--json", "--no-device", "--log", filepath.Join(dir, "f4.log"), "--after", idStr(f1), "--", "touch", marker4))
+		var s4 struct {
+			ID    uint64 `json:"id"`
+			State string `json:"state"`
+		}
+		if err := json.Unmarshal([]byte(r4.stdout), &s4); err != nil || r4.code != 1 || s4.State != client.StateFailed || !strings.Contains(r4.stderr, "will not run") {
+			t.Fatalf("submit --after a failed task: %s (%v); want exit 1, its id and state failed", r4, err)
+		}
+		f4 := s4.ID
 		for _, c := range []struct {
 			id, dep uint64
 			marker  string

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
@@ -186,8 +187,10 @@ func TestTaskPrivacy(t *testing.T) {
 
 // TestTaskLogSymlink: a --log path that leads, through a symbolic link the
 // submitter placed, to a file or directory only root may reach is never
-// written: the log is opened with the submitter's privileges (and without
-// following a final link), so the task fails instead.
+// written. task-submit refuses it at submission, as the submitter; a link
+// placed after the submission (while the task waits) is met by the
+// supervisor, which opens the log with the submitter's privileges (and
+// without following a final link), so the task fails instead.
 func TestTaskLogSymlink(t *testing.T) {
 	a := newUser(t)
 	b := StartBroker(t, taskConfig(1))
@@ -209,7 +212,7 @@ func TestTaskLogSymlink(t *testing.T) {
 	if err := os.Mkdir(rootOnly, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	link := func(target, name string) string {
+	link := func(target, name string) {
 		p := filepath.Join(adir, name)
 		// A owns the link, as if A had placed it.
 		if err := os.Symlink(target, p); err != nil {
@@ -218,22 +221,39 @@ func TestTaskLogSymlink(t *testing.T) {
 		if err := os.Lchown(p, int(a.UID), int(a.GID)); err != nil {
 			t.Fatal(err)
 		}
-		return p
 	}
-	fileLink := link(secret, "file.log")
-	dirLink := link(rootOnly, "logs")
+	gate := filepath.Join(adir, "gate")
+	makeFIFO(t, gate)
 
-	for _, c := range []struct{ name, log string }{
-		{"log is a link to root's file", fileLink},
-		{"log dir is a link to root's dir", filepath.Join(dirLink, "task.log")},
-		{"log dir to be made under a link to root's dir", filepath.Join(dirLink, "sub", "task.log")},
+	for i, c := range []struct {
+		name, target, link, log string // the link adir/link → target; the log under adir
+	}{
+		{"log is a link to root's file", secret, "file%d.log", "file%d.log"},
+		{"log dir is a link to root's dir", rootOnly, "logs%d", "logs%d/task.log"},
+		{"log dir to be made under a link to root's dir", rootOnly, "logs%d", "logs%d/sub/task.log"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			id := submitTask(t, b, &a, adir, "--no-device", "--log", c.log, "--", "echo", "written by the task")
-			r := waitTask(t, b, id)
+			name, log := fmt.Sprintf(c.link, i), filepath.Join(adir, fmt.Sprintf(c.log, i))
+			// Placed before: refused at submission, nothing recorded.
+			link(c.target, name)
+			r := runTaskCmd(t, asUser(b.TaskSubmit("--no-device", "--log", log, "--", "echo", "written by the task"), &a, adir))
+			if r.code != 1 || !strings.Contains(r.stderr, "nothing was submitted") {
+				t.Errorf("submit with log %s: %s; want it refused with status 1", log, r)
+			}
+			// Placed after: the task, held back by a gate, meets it.
+			if err := os.Remove(filepath.Join(adir, name)); err != nil {
+				t.Fatal(err)
+			}
+			hold := submitTask(t, b, &a, adir, "--no-device", "--log", filepath.Join(adir, "hold.log"), "--", "sh", "-c", `read x < "$1"`, "sh", gate)
+			w := openFIFO(t, gate, os.O_WRONLY)
+			id := submitTask(t, b, &a, adir, "--no-device", "--log", log, "--after", idStr(hold), "--", "echo", "written by the task")
+			link(c.target, name)
+			w.Write([]byte("go\n"))
+			w.Close()
+			r = waitTask(t, b, id)
 			ti := showTask(t, b, id)
 			if ti.State == client.StateDone || r.code == 0 {
-				t.Errorf("task with log %s ended %s (wait %s); want it failed, having no log", c.log, ti.State, r)
+				t.Errorf("task with log %s ended %s (wait %s); want it failed, having no log", log, ti.State, r)
 			} else {
 				t.Logf("task %d: %s: %s", id, ti.State, ti.Reason)
 			}
@@ -247,6 +267,7 @@ func TestTaskLogSymlink(t *testing.T) {
 			if ents, _ := os.ReadDir(rootOnly); len(ents) > 0 {
 				t.Errorf("something wrote into root's directory: %v", ents)
 			}
+			os.Remove(filepath.Join(adir, name))
 		})
 	}
 }

@@ -19,7 +19,7 @@ type testUser struct {
 }
 
 // newUser creates a system user for the test and removes it afterwards.
-func newUser(t *testing.T) testUser {
+func newUser(t testing.TB) testUser {
 	t.Helper()
 	needRoot(t)
 	buf := make([]byte, 4)

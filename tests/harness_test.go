@@ -130,6 +130,7 @@ type Broker struct {
 	RunDir   string
 	StateDir string
 	Socket   string
+	Cgroup   string // the parent of its tasks' control groups (--cgroup), "" for none
 
 	env []string // added to the broker process's environment
 
@@ -163,6 +164,7 @@ func NewBroker(t testing.TB, conf string, env ...string) *Broker {
 	t.Helper()
 	dir := SharedDir(t)
 	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(RunTmp(t), "run"), env: env}
+	b.Cgroup = testCgroupParent(t) // removed after the broker has stopped
 	b.Socket = filepath.Join(b.RunDir, "broker.sock")
 	b.StateDir = filepath.Join(dir, "spool")
 	if err := os.WriteFile(b.Conf, []byte(conf), 0o644); err != nil {
@@ -183,6 +185,11 @@ func NewBroker(t testing.TB, conf string, env ...string) *Broker {
 func (b *Broker) Start() {
 	b.t.Helper()
 	cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--socket", b.Socket, "--state-dir", b.StateDir)
+	if b.Cgroup != "" {
+		cmd.Args = append(cmd.Args, "--cgroup", b.Cgroup)
+	} else {
+		cmd.Args = append(cmd.Args, "--cgroup", "off") // never the machine's own groups
+	}
 	if len(b.env) > 0 {
 		cmd.Env = append(os.Environ(), b.env...)
 	}

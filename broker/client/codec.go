@@ -18,7 +18,7 @@ import (
 // appendRequest encodes an acquire, session or ping request; ok is false
 // for any other request, which the caller encodes with the Codec.
 func appendRequest(b []byte, r *Request) ([]byte, bool) {
-	if (r.Op != OpAcquire && r.Op != OpPing && r.Op != OpSession) || r.Task != nil || r.Status != nil || r.ID != 0 || r.All || r.Watch || r.Usage != nil {
+	if (r.Op != OpAcquire && r.Op != OpPing && r.Op != OpSession) || r.Task != nil || r.Status != nil || r.ID != 0 || r.All || r.After != 0 || r.Watch || r.Usage != nil {
 		return nil, false
 	}
 	b = append(b, `{"v":`...)
@@ -154,7 +154,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "tasks", "more", "board", "usage"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "board", "usage"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool {

@@ -11,8 +11,10 @@ import (
 //	task-submit                                 npubroker
 //	  │ ── {"op":"submit","task":{…}} ──────────▶ │ identity: SO_PEERCRED
 //	  │ ◀── {"type":"submitted","id":118,…} ───── │ only once the spool holds it (fsync)
-//	  │ ── {"op":"list","all":true} ────────────▶ │
-//	  │ ◀── {"type":"tasks","tasks":[…],"more":true} … {"type":"tasks","tasks":[…]}
+//	  │ ── {"op":"list","all":true} ────────────▶ │ a page: built outside the broker's lock
+//	  │ ◀── {"type":"tasks","tasks":[…],"more":true,"next":512}
+//	  │ ── {"op":"list","all":true,"after":512} ▶ │ the next page, once the last is read
+//	  │ ◀── {"type":"tasks","tasks":[…]} ──────── │ no "more": the end
 //	  │ ── {"op":"show","id":118} ──────────────▶ │ ◀── {"type":"tasks","tasks":[…]}
 //	  │ ── {"op":"cancel","id":118} ────────────▶ │ ◀── {"type":"tasks","tasks":[…]}
 //	  │ ── {"op":"wait","id":118} ──────────────▶ │ … when it ends: {"type":"tasks","tasks":[…]}
@@ -102,9 +104,11 @@ type TaskInfo struct {
 	Submitted int64    `json:"submitted"`          // Unix milliseconds
 	Started   int64    `json:"started,omitempty"`
 	Ended     int64    `json:"ended,omitempty"`
-	Exit      *int     `json:"exit,omitempty"`   // exit code, when it exited
-	Signal    string   `json:"signal,omitempty"` // or the signal that ended it
-	Reason    string   `json:"reason,omitempty"` // why it failed, was cancelled or lost
+	Exit      *int     `json:"exit,omitempty"`     // exit code, when it exited
+	Signal    string   `json:"signal,omitempty"`   // or the signal that ended it
+	Reason    string   `json:"reason,omitempty"`   // why it failed, was cancelled or lost
+	CPUMs     int64    `json:"cpu_ms,omitempty"`   // CPU time its processes used, where it had a control group
+	MemPeak   int64    `json:"mem_peak,omitempty"` // their peak memory in bytes, where the memory controller measured it
 }
 
 // ExitStatus is the status a shell would give for the task: its exit
@@ -127,6 +131,10 @@ type Status struct {
 	Exit   *int   `json:"exit,omitempty"`
 	Signal string `json:"signal,omitempty"` // e.g. "SIGKILL"
 	Reason string `json:"reason,omitempty"` // "time limit 6h0m0s reached", "cancelled", "start: …"
+	// Set by the broker from the task's control group, never taken from a
+	// supervisor.
+	CPUMs   int64 `json:"cpu_ms,omitempty"`
+	MemPeak int64 `json:"mem_peak,omitempty"`
 }
 
 // Spec is what the broker gives a task's supervisor on its standard input.
@@ -179,38 +187,49 @@ func (c *Conn) Submit(s *Submission) (*Reply, error) {
 	return r, nil
 }
 
-// tasks collects a possibly multi-part "tasks" reply.
-func (c *Conn) tasks(req *Request) ([]TaskInfo, error) {
+// tasks is a "tasks" reply to req.
+func (c *Conn) tasks(req *Request) (*Reply, error) {
 	r, err := c.call(req)
-	var all []TaskInfo
-	for {
-		if err != nil {
-			return nil, err
-		}
-		if r.Type != TypeTasks {
-			return nil, fmt.Errorf("unexpected reply %q to %s", r.Type, req.Op)
-		}
-		all = append(all, r.Tasks...)
-		if !r.More {
-			return all, nil
-		}
-		r, _, err = c.Recv(-1)
-	}
-}
-
-func (c *Conn) one(req *Request) (*TaskInfo, error) {
-	ts, err := c.tasks(req)
 	if err != nil {
 		return nil, err
 	}
-	if len(ts) != 1 {
-		return nil, fmt.Errorf("%s: %d tasks in reply, want 1", req.Op, len(ts))
+	if r.Type != TypeTasks {
+		return nil, fmt.Errorf("unexpected reply %q to %s", r.Type, req.Op)
 	}
-	return &ts[0], nil
+	return r, nil
 }
 
-// List returns the asker's tasks, or everyone's with all.
-func (c *Conn) List(all bool) ([]TaskInfo, error) { return c.tasks(&Request{Op: OpList, All: all}) }
+func (c *Conn) one(req *Request) (*TaskInfo, error) {
+	r, err := c.tasks(req)
+	if err != nil {
+		return nil, err
+	}
+	if len(r.Tasks) != 1 || r.More {
+		return nil, fmt.Errorf("%s: %d tasks in reply, want 1", req.Op, len(r.Tasks))
+	}
+	return &r.Tasks[0], nil
+}
+
+// List returns the asker's tasks, or everyone's with all, asking for them
+// a page at a time.
+func (c *Conn) List(all bool) ([]TaskInfo, error) {
+	var out []TaskInfo
+	req := &Request{Op: OpList, All: all}
+	for {
+		r, err := c.tasks(req)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r.Tasks...)
+		if !r.More {
+			return out, nil
+		}
+		if r.Next <= req.After {
+			return nil, fmt.Errorf("list: page after task %d goes on from task %d", req.After, r.Next)
+		}
+		req = &Request{Op: OpList, All: all, After: r.Next}
+	}
+}
 
 // Show returns one task.
 func (c *Conn) Show(id uint64) (*TaskInfo, error) { return c.one(&Request{Op: OpShow, ID: id}) }

@@ -114,6 +114,7 @@ type Request struct {
 	Task   *Submission `json:"task,omitempty"`   // submit
 	ID     uint64      `json:"id,omitempty"`     // show, cancel, wait, task-done
 	All    bool        `json:"all,omitempty"`    // list: everyone's
+	After  uint64      `json:"after,omitempty"`  // list: the page after this task id (a reply's "next")
 	Status *Status     `json:"status,omitempty"` // task-done
 
 	// status, usage (status.go)
@@ -146,8 +147,10 @@ type Reply struct {
 
 	// tasks
 	ID    uint64     `json:"id,omitempty"`    // submitted
+	State string     `json:"state,omitempty"` // submitted: the new task's state (failed at once: its --after did not succeed)
 	Tasks []TaskInfo `json:"tasks,omitempty"` // tasks
-	More  bool       `json:"more,omitempty"`  // tasks, usage: another reply of the same type follows
+	More  bool       `json:"more,omitempty"`  // tasks (list): more follow, ask again with "after": Next; usage: another reply follows
+	Next  uint64     `json:"next,omitempty"`  // tasks (list): where the next page starts
 
 	// status, usage (status.go)
 	Board *Board       `json:"board,omitempty"`

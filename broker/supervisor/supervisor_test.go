@@ -842,3 +842,68 @@ func TestNoGoAhead(t *testing.T) {
 		})
 	}
 }
+
+// TestLeftovers: whatever a task started ends with it, even a process that
+// left the leader's process group or session and was orphaned, and it is
+// gone (its hold on the lease with it) before the end is reported.
+func TestLeftovers(t *testing.T) {
+	tests := []struct {
+		name       string
+		script     string
+		timeSec    int64
+		wantExit   int
+		wantSignal string
+		wantReason string
+		wantLog    string
+	}{
+		{
+			name:     "background job, leader exits 0",
+			script:   `sleep 1000 & echo $! > "$PIDS"; exit 0`,
+			wantExit: 0,
+			wantLog:  "its command exited leaving 1 process running; it was ended",
+		},
+		{
+			name:     "own session, orphaned, ignores SIGTERM",
+			script:   `setsid -f sh -c 'trap "" TERM; echo $$ > "$PIDS"; exec sleep 1000'; exit 0`,
+			wantExit: 0,
+			wantLog:  "its command exited leaving 1 process running; it was ended",
+		},
+		{
+			name:       "own process group, time limit",
+			script:     `setsid -f sh -c 'echo $$ > "$PIDS"; exec sleep 1000'; exec sleep 1000`,
+			timeSec:    1,
+			wantExit:   -1,
+			wantSignal: "SIGTERM",
+			wantReason: "time limit 1s reached",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := newSpec(t, "sh", "-c", tc.script)
+			pids := makeFifo(t, "pids")
+			spec.Env = append(spec.Env, "PIDS="+pids)
+			spec.TimeSec = tc.timeSec
+			spec.Devices = []int{3}
+			dir := t.TempDir()
+			locks := lockFiles(t, dir, spec.Devices)
+			b := listen(t, spec.Socket)
+			s := startSupervisor(t, spec, locks)
+			left := openProcess(t, firstLine(t, pids))
+			st := b.awaitReport(t)
+			// Reported only once nothing of the task is left.
+			if n, err := unix.Poll([]unix.PollFd{{Fd: int32(left), Events: unix.POLLIN}}, 0); err != nil || n != 1 {
+				t.Errorf("the process the task left was still running when its end was reported")
+			}
+			if err := tryLock(dir, 3); err != nil {
+				t.Errorf("npu3 when the end was reported: %v; the lease outlived the task", err)
+			}
+			if code := s.wait(t); code != 0 {
+				t.Fatalf("supervisor exit %d, want 0; stderr:\n%s", code, s.stderr)
+			}
+			checkStatus(t, st, tc.wantExit, tc.wantSignal, tc.wantReason)
+			if log := readLog(t, spec.Log); !strings.Contains(log, tc.wantLog) {
+				t.Errorf("log lacks %q; log:\n%s", tc.wantLog, log)
+			}
+		})
+	}
+}

@@ -64,13 +64,27 @@ func runTask(spec *client.Spec, p *prepared, leases []*os.File, cancel <-chan os
 		logf(log, "npurun: task %d cancelled before it started\n", spec.ID)
 		return &client.Status{Reason: reasonCancelled}
 	}
+	if err := becomeSubreaper(); err != nil {
+		logf(log, "npurun: task %d: become its processes' subreaper: %v; what leaves its process group may outlive it\n", spec.ID, err)
+	}
 	cmd, err := startCommand(spec, p, leases)
 	closeFiles(leases)
 	if err != nil {
 		logf(log, "npurun: task %d did not start: %v\n", spec.ID, err)
 		return startFailure(err)
 	}
-	st := endStatus(supervise(cmd, spec, cancel))
+	end := supervise(cmd, spec, cancel)
+	if end.left > 0 {
+		if end.left == 1 {
+			logf(log, "npurun: task %d: its command exited leaving 1 process running; it was ended\n", spec.ID)
+		} else {
+			logf(log, "npurun: task %d: its command exited leaving %d processes running; they were ended\n", spec.ID, end.left)
+		}
+	}
+	if end.stuck > 0 {
+		logf(log, "npurun: task %d: %d of its processes could not be ended\n", spec.ID, end.stuck)
+	}
+	st := endStatus(end)
 	logf(log, "npurun: task %d ended: %s\n", spec.ID, describe(st))
 	return st
 }
@@ -261,36 +275,90 @@ func startFailure(err error) *client.Status {
 	return &client.Status{Exit: &code, Reason: err.Error()}
 }
 
-// supervise waits for the command. On the time limit or on cancel it sends
-// SIGTERM to the command's process group, SIGKILL after the grace period,
-// and SIGKILL again to whatever of the group outlives the leader. It
-// returns the leader's end and the reason it was ended, if it was.
-func supervise(cmd *exec.Cmd, spec *client.Spec, cancel <-chan os.Signal) (*os.ProcessState, string) {
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait() // the status is in cmd.ProcessState
-		close(exited)
-	}()
+// supervise waits for the task to end: its leader's exit, the time limit,
+// or a cancel. On the limit or a cancel it sends SIGTERM to the leader's
+// process group and to every process below the supervisor, and SIGKILL
+// after the grace period. Once the leader has exited, whatever it left
+// running is ended too (see tree.go): SIGTERM, then SIGKILL after the
+// grace, or SIGKILL at once when the task was being ended already. It
+// returns once nothing of the task is left (or killFor after the kill
+// began), with the leader's end, why the task was ended if it was, and how
+// many processes the leader left running when it exited by itself.
+func supervise(cmd *exec.Cmd, spec *client.Spec, cancel <-chan os.Signal) *ending {
+	r := startReaper(cmd.Process.Pid)
 	limit, stopLimit := timeLimit(spec.TimeSec)
 	defer stopLimit()
-	g := group{pgid: cmd.Process.Pid, grace: time.Duration(spec.GraceSec) * time.Second}
-	var kill <-chan time.Time
+	g := group{pgid: cmd.Process.Pid}
+	grace := time.Duration(spec.GraceSec) * time.Second
+	var kill, giveUp, rekill <-chan time.Time
+	tick := time.NewTicker(rekillEvery)
+	tick.Stop() // started with the kill
+	defer tick.Stop()
+	leaderDone := r.leaderDone
+	end := &ending{}
+	startKilling := func() {
+		if rekill != nil {
+			return
+		}
+		kill = nil
+		g.signal(unix.SIGKILL)
+		tick.Reset(rekillEvery)
+		rekill, giveUp = tick.C, time.After(killFor)
+	}
 	for {
 		select {
-		case <-exited:
-			g.finish()
-			return cmd.ProcessState, g.reason
+		case <-r.allGone:
+			end.status, end.exited = r.status, true
+			end.reason = g.reason
+			return end
+		case <-leaderDone:
+			leaderDone, limit, cancel = nil, nil, nil
+			if g.reason != "" {
+				startKilling() // being ended already: no second grace
+				continue
+			}
+			// Ended by itself: what it left behind goes too.
+			if end.left = len(descendants(os.Getpid())); end.left > 0 {
+				g.signal(unix.SIGTERM)
+			}
+			if kill == nil && rekill == nil {
+				kill = time.After(grace)
+			}
 		case <-limit:
 			limit, cancel = nil, nil
-			kill = g.end(fmt.Sprintf("time limit %s reached", time.Duration(spec.TimeSec)*time.Second))
+			g.end(fmt.Sprintf("time limit %s reached", time.Duration(spec.TimeSec)*time.Second))
+			kill = time.After(grace)
 		case <-cancel:
 			limit, cancel = nil, nil
-			kill = g.end(reasonCancelled)
+			g.end(reasonCancelled)
+			kill = time.After(grace)
 		case <-kill:
-			kill = nil
+			startKilling()
+		case <-r.reaped:
+			if rekill != nil {
+				g.signal(unix.SIGKILL) // orphans come to the supervisor as their parents die
+			}
+		case <-rekill:
 			g.signal(unix.SIGKILL)
+		case <-giveUp:
+			select {
+			case <-r.leaderDone:
+				end.status, end.exited = r.status, true
+			default:
+			}
+			end.reason, end.stuck = g.reason, len(descendants(os.Getpid()))
+			return end
 		}
 	}
+}
+
+// ending is how a task ended, as supervise saw it.
+type ending struct {
+	status unix.WaitStatus // the leader's, when exited
+	exited bool            // the leader exited (and was reaped)
+	reason string          // why the task was ended, if it was: time limit, cancel
+	left   int             // processes the leader left running when it exited by itself
+	stuck  int             // processes still there when the supervisor gave up killing
 }
 
 // timeLimit fires after sec seconds; never when sec is 0.
@@ -302,41 +370,40 @@ func timeLimit(sec int64) (<-chan time.Time, func()) {
 	return t.C, func() { t.Stop() }
 }
 
-// group is the command's process group, and why it is being ended.
+// group is the task's processes: the leader's process group and whatever
+// else is below the supervisor; and why they are being ended.
 type group struct {
 	pgid   int
-	grace  time.Duration
 	reason string
 }
 
-// end asks the group to stop and returns when to kill it.
-func (g *group) end(reason string) <-chan time.Time {
+// end asks the task to stop, for reason.
+func (g *group) end(reason string) {
 	g.reason = reason
 	g.signal(unix.SIGTERM)
-	return time.After(g.grace)
 }
 
-// finish kills what is left of a group that was being ended once its
-// leader has gone: the whole tree must die.
-func (g *group) finish() {
-	if g.reason != "" {
-		g.signal(unix.SIGKILL)
-	}
-}
-
+// signal sends sig to the leader's process group, then to every process
+// below the supervisor (which covers those that left the group or the
+// session).
 func (g *group) signal(sig unix.Signal) {
 	_ = unix.Kill(-g.pgid, sig) // ESRCH: nothing left
+	signalTree(sig)
 }
 
-// endStatus turns the leader's end into the status reported.
-func endStatus(ps *os.ProcessState, reason string) *client.Status {
-	st := &client.Status{Reason: reason}
-	ws, ok := ps.Sys().(syscall.WaitStatus)
+// endStatus turns the task's end into the status reported.
+func endStatus(e *ending) *client.Status {
+	st := &client.Status{Reason: e.reason}
 	switch {
-	case ok && ws.Signaled():
-		st.Signal = signalName(ws.Signal())
+	case !e.exited:
+		if st.Reason != "" {
+			st.Reason += "; "
+		}
+		st.Reason += fmt.Sprintf("its processes could not be killed within %s", killFor)
+	case e.status.Signaled():
+		st.Signal = signalName(e.status.Signal())
 	default:
-		code := ps.ExitCode()
+		code := e.status.ExitStatus()
 		st.Exit = &code
 	}
 	return st
@@ -352,9 +419,12 @@ func signalName(sig syscall.Signal) string {
 
 // describe says how the task ended, for the log's last line.
 func describe(st *client.Status) string {
-	how := "killed by " + st.Signal
-	if st.Exit != nil {
+	how := "status unknown"
+	switch {
+	case st.Exit != nil:
 		how = "exit " + strconv.Itoa(*st.Exit)
+	case st.Signal != "":
+		how = "killed by " + st.Signal
 	}
 	if st.Reason != "" {
 		how += " (" + st.Reason + ")"

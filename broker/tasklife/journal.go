@@ -227,23 +227,48 @@ func (j *journal) endCapture() {
 	j.mu.Unlock()
 }
 
-// rewrite replaces the journal with snapshot (n records) and the records
-// captured since beginCapture. On failure the old journal stays in place.
-func (j *journal) rewrite(snapshot []byte, n int) error {
+// countWriter counts what it writes.
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// rewrite replaces the journal with a snapshot of n records, which
+// snapshot writes (streamed to the file: a journal of many large tasks is
+// never held twice in memory), and the records captured since
+// beginCapture. It returns the snapshot's size. On failure the old journal
+// stays in place.
+func (j *journal) rewrite(snapshot func(io.Writer) error, n int) (int64, error) {
 	defer j.endCapture()
 	tmp := j.path() + ".new"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return fmt.Errorf("rewrite journal: %w", unwrapPath(err))
+		return 0, fmt.Errorf("rewrite journal: %w", unwrapPath(err))
 	}
-	fail := func(err error) error {
+	fail := func(err error) (int64, error) {
 		f.Close()
 		os.Remove(tmp)
-		return fmt.Errorf("rewrite journal: %w", err)
+		return 0, fmt.Errorf("rewrite journal: %w", err)
 	}
-	if err := writeAt(f, 0, snapshot); err != nil {
-		return fail(err)
+	cw := &countWriter{w: f}
+	bw := bufio.NewWriterSize(cw, 256<<10)
+	err = snapshot(bw)
+	if err == nil {
+		err = bw.Flush()
 	}
+	if err != nil {
+		return fail(unwrapPath(err))
+	}
+	if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		return fail(fmt.Errorf("sync journal: %w", err))
+	}
+	size := cw.n
 	if j.beforeSwap != nil {
 		j.beforeSwap()
 	}
@@ -262,7 +287,7 @@ func (j *journal) rewrite(snapshot []byte, n int) error {
 		j.cond.Broadcast()
 		j.mu.Unlock()
 	}
-	if err := writeAt(f, int64(len(snapshot)), tail); err != nil {
+	if err := writeAt(f, size, tail); err != nil {
 		done()
 		return fail(err)
 	}
@@ -274,7 +299,7 @@ func (j *journal) rewrite(snapshot []byte, n int) error {
 	serr := syncDir(j.dir)
 	j.mu.Lock()
 	old := j.f
-	j.f, j.size, j.records = f, int64(len(snapshot)+len(tail)), n+m
+	j.f, j.size, j.records = f, size+int64(len(tail)), n+m
 	j.broken = nil
 	j.capturing, j.capture, j.captured = false, nil, 0
 	if serr != nil {
@@ -286,7 +311,7 @@ func (j *journal) rewrite(snapshot []byte, n int) error {
 	if old != nil {
 		old.Close()
 	}
-	return j.broken
+	return size, j.broken
 }
 
 func syncDir(dir string) error {

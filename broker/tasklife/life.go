@@ -54,6 +54,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"slices"
@@ -333,12 +334,9 @@ func Open(dir string, o Options) (*Life, error) {
 	}
 	if rewrite {
 		recs := l.snapshot()
-		data, err := encode(recs...)
+		size, err := l.j.rewrite(encoder(recs), len(recs))
 		if err == nil {
-			err = l.j.rewrite(data, len(recs))
-		}
-		if err == nil {
-			l.lastSize, l.lastDone, l.secretsOut = int64(len(data)), time.Now(), l.secretEnds
+			l.lastSize, l.lastDone, l.secretsOut = size, time.Now(), l.secretEnds
 			return l, nil
 		}
 		l.log.Printf("%v; carrying on with the journal as it is", err)
@@ -359,6 +357,21 @@ func (l *Life) Get(id uint64) *Task { return l.tasks[id] }
 // Each calls fn for each task in id order until it returns false.
 func (l *Life) Each(fn func(*Task) bool) {
 	for _, id := range l.order {
+		if t := l.tasks[id]; t != nil && !fn(t) {
+			return
+		}
+	}
+}
+
+// EachAfter is Each from the first task whose id is above after: a page of
+// a listing starts where the last one stopped without walking what came
+// before.
+func (l *Life) EachAfter(after uint64, fn func(*Task) bool) {
+	if after == ^uint64(0) {
+		return
+	}
+	i, _ := slices.BinarySearch(l.order, after+1)
+	for _, id := range l.order[i:] {
 		if t := l.tasks[id]; t != nil && !fn(t) {
 			return
 		}
@@ -606,6 +619,19 @@ func encode(recs ...*Record) ([]byte, error) {
 		b.WriteByte('\n')
 	}
 	return b.Bytes(), nil
+}
+
+// encoder writes recs as encode does, one at a time.
+func encoder(recs []*Record) func(io.Writer) error {
+	return func(w io.Writer) error {
+		enc := json.NewEncoder(w) // as json.Marshal, and a newline
+		for _, r := range recs {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 // applied applies a record just made durable, then compacts the journal
@@ -957,12 +983,7 @@ func (l *Life) compact() error {
 	l.j.beginCapture()
 	l.mu.Unlock()
 	start := time.Now()
-	data, err := encode(recs...)
-	if err == nil {
-		err = l.j.rewrite(data, len(recs))
-	} else {
-		l.j.endCapture()
-	}
+	size, err := l.j.rewrite(encoder(recs), len(recs))
 	took := time.Since(start)
 	l.mu.Lock()
 	l.compacting = false
@@ -972,7 +993,7 @@ func (l *Life) compact() error {
 		return err
 	}
 	l.failBackoff = 0
-	l.lastSize = int64(len(data))
+	l.lastSize = size
 	l.secretsOut = max(l.secretsOut, gen)
 	if l.afterCompact != nil {
 		l.afterCompact()

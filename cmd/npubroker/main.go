@@ -26,7 +26,7 @@ import (
 var version = "dev"
 
 const usage = `Usage:
-  npubroker serve [--config FILE] [--socket PATH] [--run-dir DIR] [--state-dir DIR]
+  npubroker serve [--config FILE] [--socket PATH] [--run-dir DIR] [--state-dir DIR] [--cgroup DIR]
   npubroker check-config [FILE]
   ` + report.StatusUsage + `
   ` + report.UsageUsage + `
@@ -140,6 +140,7 @@ func serve(args []string) int {
 	runDir := fs.String("run-dir", broker.DefaultRunDir, "directory of the lock files (RUN-DIR/locks) and, by default, the socket")
 	socket := fs.String("socket", "", "socket to listen on (default RUN-DIR/broker.sock)")
 	stateDir := fs.String("state-dir", "", "task spool (default the config's [tasks] state_dir, /var/spool/npurun; RUN-DIR/spool when not root)")
+	cgroup := fs.String("cgroup", "", "where tasks' control groups go: a cgroup v2 directory, auto or off (default the config's [tasks] cgroup, auto)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
@@ -153,6 +154,10 @@ func serve(args []string) int {
 	}
 	if *socket == "" {
 		*socket = filepath.Join(*runDir, "broker.sock")
+	}
+	if c := *cgroup; c != "" && c != "auto" && c != "off" && !filepath.IsAbs(c) {
+		fmt.Fprintf(os.Stderr, "npubroker: --cgroup takes an absolute directory, auto or off, not %q\n", c)
+		return 2
 	}
 	// Whatever descriptors the broker inherited (from a root shell, say)
 	// must not reach the supervisors it starts as other users.
@@ -193,7 +198,7 @@ func serve(args []string) int {
 	if addr := ln.Addr().String(); filepath.Dir(addr) != filepath.Clean(*runDir) {
 		lg.Printf("warning: socket %s is not in the run directory %s: a nested npurun looks for the lock files beside the socket, so it will not recognise its parent's lease", addr, *runDir)
 	}
-	s, err := broker.New(broker.Options{Config: cfg, Inventory: inv, RunDir: *runDir, StateDir: *stateDir, Socket: ln.Addr().String(), Log: lg})
+	s, err := broker.New(broker.Options{Config: cfg, Inventory: inv, RunDir: *runDir, StateDir: *stateDir, Socket: ln.Addr().String(), Cgroup: *cgroup, Log: lg})
 	if err != nil {
 		ln.Close()
 		lg.Print(err)

@@ -148,6 +148,8 @@ func TestBrokerErrors(t *testing.T) {
 		{client.CodeDenied, []string{"-n", "64", "--run", "x"}, 77},
 		{client.CodeTooMany, []string{"--run", "x"}, 75},
 		{client.CodeBusy, []string{"--run", "x"}, 75},
+		{client.CodeSpool, []string{"--run", "x"}, 75},
+		{client.CodeSpool, []string{"cancel", "118"}, 75},
 		{client.CodeBadRequest, []string{"list"}, 2},
 		{client.CodeNoSuchPool, []string{"-p", "nope", "--run", "x"}, 2},
 	}
@@ -187,15 +189,44 @@ func TestListEmpty(t *testing.T) {
 	}
 }
 
-func TestListMultipart(t *testing.T) {
+// TestListPages: list asks for each next page with the last page's "next",
+// once it has read that page, until a page says no more (an empty page
+// with more is a page of others' tasks skipped).
+func TestListPages(t *testing.T) {
 	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
-		reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Tasks: []client.TaskInfo{{ID: 1, State: client.StateDone}}})
-		reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: 2, State: client.StateRunning}}})
+		switch req.After {
+		case 0:
+			reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Next: 1, Tasks: []client.TaskInfo{{ID: 1, State: client.StateDone}}})
+		case 1:
+			reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Next: 4096})
+		case 4096:
+			reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: 5000, State: client.StateRunning}}})
+		default:
+			reply(t, c, client.Reply{Type: client.TypeError, Code: client.CodeBadRequest, Message: "no such page"})
+		}
 	})
 	code, out := runCmd(t, b, "list", "--json")
 	var ts []client.TaskInfo
-	if err := json.Unmarshal([]byte(out), &ts); code != 0 || err != nil || len(ts) != 2 {
-		t.Errorf("list --json = %d, %q (%v); want both parts", code, out, err)
+	if err := json.Unmarshal([]byte(out), &ts); code != 0 || err != nil || len(ts) != 2 || ts[0].ID != 1 || ts[1].ID != 5000 {
+		t.Errorf("list --json = %d, %q (%v); want tasks 1 and 5000", code, out, err)
+	}
+	var after []uint64
+	for _, r := range b.requests() {
+		after = append(after, r.After)
+	}
+	if !reflect.DeepEqual(after, []uint64{0, 1, 4096}) {
+		t.Errorf("list asked for pages after %v, want [0 1 4096]", after)
+	}
+}
+
+// TestListNoProgress: a broker whose page does not move on is an error,
+// not a loop.
+func TestListNoProgress(t *testing.T) {
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Next: req.After})
+	})
+	if code, _ := runCmd(t, b, "list"); code != 1 {
+		t.Errorf("list from a broker stuck on a page: exit %d, want 1", code)
 	}
 }
 
@@ -316,5 +347,60 @@ func TestLogsNotStarted(t *testing.T) {
 	})
 	if code, out := runCmd(t, b, "logs", "118"); code != 1 || out != "" {
 		t.Errorf("logs of a pending task = %d, %q; want 1 and nothing", code, out)
+	}
+}
+
+// TestSubmitFailedAtOnce: a task the broker recorded as failed already
+// (--after a task that did not succeed) is not reported as started: its
+// id is printed, and task-submit exits 1.
+func TestSubmitFailedAtOnce(t *testing.T) {
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		reply(t, c, client.Reply{Type: client.TypeSubmitted, ID: 9, State: client.StateFailed, Reason: "failed: dependency 8 failed with exit status 3"})
+	})
+	code, out := runCmd(t, b, "--after", "8", "--", "true")
+	if code != 1 || !strings.Contains(out, "task 9 submitted: failed: dependency 8") {
+		t.Errorf("submit of a task failed at once = %d, %q; want 1 and its line", code, out)
+	}
+	code, out = runCmd(t, b, "--json", "--after", "8", "--", "true")
+	if code != 1 || out != `{"id":9,"state":"failed"}`+"\n" {
+		t.Errorf("submit --json of a task failed at once = %d, %q", code, out)
+	}
+}
+
+// TestCheckLog: what the supervisor could not write as the submitter is
+// refused before anything is submitted.
+func TestCheckLog(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file.log")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.log")
+	if err := os.Symlink(file, link); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, path, want string // want: "" for no error, else a part of it
+	}{
+		{"existing file", file, ""},
+		{"new file", filepath.Join(dir, "new.log"), ""},
+		{"new directories", filepath.Join(dir, "a", "b", "c.log"), ""},
+		{"symbolic link", link, "symbolic link"},
+		{"directory", dir, "is a directory"},
+		{"under a file", filepath.Join(file, "x", "y.log"), "not a directory"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkLog(tt.path)
+			if (err == nil) != (tt.want == "") || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+				t.Errorf("checkLog(%s) = %v, want %q", tt.path, err, tt.want)
+			}
+		})
+	}
+	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+		t.Errorf("a submission with a bad log reached the broker: %+v", req)
+	})
+	if code, _ := runCmd(t, b, "--log", link, "--", "true"); code != 1 {
+		t.Errorf("submit with a symbolic link for its log: exit %d, want 1", code)
 	}
 }

@@ -24,13 +24,14 @@ type endSource interface {
 // returns. The log need not exist yet (a task's supervisor creates it when
 // the task starts): until it does, follow watches the directory it will
 // appear in, or the deepest one on the way that exists. It waits in poll(2)
-// on an inotify descriptor beside end's, and never sleeps.
-func follow(out io.Writer, path string, end endSource) error {
+// on an inotify descriptor beside end's, and never sleeps. The log is
+// opened with open (see open.go).
+func follow(out io.Writer, path string, end endSource, open func(string) (*os.File, error)) error {
 	ifd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return fmt.Errorf("inotify: %w", err)
 	}
-	lw := &logWatch{ifd: ifd, path: path, wd: -1}
+	lw := &logWatch{ifd: ifd, path: path, wd: -1, openLog: open}
 	defer lw.close()
 	events := make([]byte, 64<<10) // read and dropped: any event means "look again"
 	for {
@@ -77,6 +78,8 @@ type logWatch struct {
 	path string
 	wd   int      // the current watch; -1 for none
 	f    *os.File // the log, once it exists
+
+	openLog func(string) (*os.File, error)
 }
 
 // arm makes sure the next change that matters wakes poll: once the log
@@ -133,7 +136,7 @@ func (lw *logWatch) open() error {
 	if lw.f != nil {
 		return nil
 	}
-	f, err := os.Open(lw.path)
+	f, err := lw.openLog(lw.path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return nil

@@ -3,10 +3,15 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // pipeEnd stands in for the wait connection: the task ends when the test
@@ -101,7 +106,7 @@ func TestFollow(t *testing.T) {
 			end := newPipeEnd(t)
 			out := make(chanWriter, 100)
 			done := make(chan error, 1)
-			go func() { done <- follow(out, path, end) }()
+			go func() { done <- follow(out, path, end, logOpener{}.open) }()
 
 			expect(t, out, tt.first)
 			if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
@@ -135,7 +140,7 @@ func TestFollowNoLog(t *testing.T) {
 	end := newPipeEnd(t)
 	end.send(t, 'x')
 	out := make(chanWriter, 100)
-	if err := follow(out, filepath.Join(t.TempDir(), "no", "118.log"), end); err != nil {
+	if err := follow(out, filepath.Join(t.TempDir(), "no", "118.log"), end, logOpener{}.open); err != nil {
 		t.Fatalf("follow: %v", err)
 	}
 	if len(out) != 0 {
@@ -147,7 +152,7 @@ func TestFollowNoLog(t *testing.T) {
 func TestFollowEndError(t *testing.T) {
 	end := newPipeEnd(t)
 	end.w.Close()
-	err := follow(make(chanWriter, 100), filepath.Join(t.TempDir(), "118.log"), end)
+	err := follow(make(chanWriter, 100), filepath.Join(t.TempDir(), "118.log"), end, logOpener{}.open)
 	if err == nil {
 		t.Fatal("follow with a broken end: no error")
 	}
@@ -158,23 +163,180 @@ func TestFollowNotADirectory(t *testing.T) {
 	dir := t.TempDir()
 	appendFile(t, filepath.Join(dir, "file"), "")
 	end := newPipeEnd(t)
-	err := follow(make(chanWriter, 100), filepath.Join(dir, "file", "118.log"), end)
+	err := follow(make(chanWriter, 100), filepath.Join(dir, "file", "118.log"), end, logOpener{}.open)
 	if err == nil {
 		t.Fatal("follow under a file: no error")
 	}
 }
 
+// TestFollowUnreadable: a log its reader may not open ends the follow with
+// a permission error. As root, the log is opened with its owner's rights,
+// so the test reads as root a file root alone may read, on behalf of an
+// owner with no rights to it: by its owner bits (0600), and by its group
+// (0640, group root: root's own groups are dropped too).
 func TestFollowUnreadable(t *testing.T) {
-	if os.Getuid() == 0 {
-		t.Skip("root reads every file")
+	tests := []struct {
+		name string
+		mode os.FileMode
+	}{
+		{"owner only", 0o600},
+		{"owner and group root", 0o640},
 	}
-	p := filepath.Join(t.TempDir(), "118.log")
-	appendFile(t, p, "secret\n")
-	if err := os.Chmod(p, 0); err != nil {
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(openDir(t), "118.log")
+			appendFile(t, p, "secret\n")
+			open := logOpener{}.open
+			if os.Geteuid() == 0 {
+				if err := os.Chown(p, 0, 0); err != nil {
+					t.Fatal(err)
+				}
+				open = logOpener{asOwner: true, uid: 65534, gid: 65534}.open
+				if tc.mode&0o040 != 0 {
+					// Root in group root: its supplementary groups must be
+					// dropped for the owner's open, or the group bits let
+					// it through.
+					saved, err := syscall.Getgroups()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := syscall.Setgroups([]int{0}); err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { syscall.Setgroups(saved) })
+				}
+			} else {
+				tc.mode = 0
+			}
+			if err := os.Chmod(p, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			out := make(chanWriter, 100)
+			end := newPipeEnd(t)
+			done := make(chan error, 1)
+			go func() { done <- follow(out, p, end, open) }()
+			var err error
+			select {
+			case err = <-done:
+			case b := <-out:
+				end.send(t, 'x') // let the follow end
+				t.Fatalf("follow read %q from a log its reader may not read", b)
+			case <-time.After(10 * time.Second):
+				t.Fatal("follow of an unreadable log neither failed nor read within 10s")
+			}
+			if !errors.Is(err, os.ErrPermission) {
+				t.Fatalf("follow of an unreadable log = %v, want a permission error", err)
+			}
+			threadsAreRoot(t)
+		})
+	}
+}
+
+// openDir is a temporary directory that everyone may enter, with its
+// parents (a t.TempDir's parent is private): what an owner may not read
+// there is refused for the file's own mode, not for the way to it.
+func openDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "task-submit-test-")
+	if err != nil {
 		t.Fatal(err)
 	}
-	err := follow(make(chanWriter, 100), p, newPipeEnd(t))
-	if !errors.Is(err, os.ErrPermission) {
-		t.Fatalf("follow of an unreadable log = %v, want a permission error", err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// threadsAreRoot checks, as root, that every thread of this process has
+// root's file-system ids and its groups back after an open as another user.
+func threadsAreRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return
+	}
+	self, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := statusField(string(self), "Groups:")
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		data, err := os.ReadFile("/proc/self/task/" + task.Name() + "/status")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		st := string(data)
+		if uid, gid := statusField(st, "Uid:"), statusField(st, "Gid:"); uid != "0 0 0 0" || gid != "0 0 0 0" || statusField(st, "Groups:") != groups {
+			t.Errorf("thread %s: Uid %q Gid %q Groups %q after an open as another user, want root's", task.Name(), uid, gid, statusField(st, "Groups:"))
+		}
+	}
+}
+
+// statusField is a line of /proc/PID/status, its blanks collapsed.
+func statusField(status, key string) string {
+	for _, line := range strings.Split(status, "\n") {
+		if v, ok := strings.CutPrefix(line, key); ok {
+			return strings.Join(strings.Fields(v), " ")
+		}
+	}
+	return ""
+}
+
+// TestOpenLog: a log that is a symbolic link or a FIFO is refused at once,
+// by root and by its owner alike; a regular file opens.
+func TestOpenLog(t *testing.T) {
+	dir := openDir(t)
+	target := filepath.Join(dir, "target")
+	appendFile(t, target, "x\n")
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	openers := map[string]logOpener{"as itself": {}}
+	if os.Geteuid() == 0 {
+		if err := os.Chmod(target, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		openers["as an owner"] = logOpener{asOwner: true, uid: 65534, gid: 65534}
+	}
+	for name, o := range openers {
+		t.Run(name, func(t *testing.T) {
+			if _, err := o.open(link); !errors.Is(err, unix.ELOOP) {
+				t.Errorf("open of a symbolic link = %v, want ELOOP", err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				f, err := o.open(fifo)
+				if f != nil {
+					f.Close()
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, errNotRegular) {
+					t.Errorf("open of a FIFO = %v, want %v", err, errNotRegular)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("open of a FIFO blocked")
+			}
+			f, err := o.open(target)
+			if err != nil {
+				t.Fatalf("open of a regular file: %v", err)
+			}
+			defer f.Close()
+			if b, err := io.ReadAll(f); err != nil || string(b) != "x\n" {
+				t.Errorf("read %q, %v; want %q", b, err, "x\n")
+			}
+			threadsAreRoot(t)
+		})
 	}
 }

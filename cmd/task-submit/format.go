@@ -21,6 +21,7 @@ type submitted struct {
 	ID       uint64 `json:"id"`
 	Position int    `json:"position,omitempty"`
 	Pool     string `json:"pool,omitempty"`
+	State    string `json:"state,omitempty"`
 }
 
 // submittedLine is submit's answer: the id, and the place in line when
@@ -194,6 +195,12 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 		line("signal", t.Signal)
 	}
 	line("reason", quoteIfNeeded(t.Reason))
+	if t.CPUMs > 0 {
+		line("cpu time", (time.Duration(t.CPUMs) * time.Millisecond).String())
+	}
+	if t.MemPeak > 0 {
+		line("memory peak", formatBytes(t.MemPeak))
+	}
 	line("log", quoteIfNeeded(t.Log))
 	if t.Position > 0 {
 		line("position", client.Ordinal(t.Position)+" in line")
@@ -318,4 +325,18 @@ func joinIDs(ids []uint64) string {
 		s[i] = strconv.FormatUint(id, 10)
 	}
 	return strings.Join(s, ",")
+}
+
+// formatBytes writes a size in binary units: "512 B", "3.4 MiB".
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatInt(n, 10) + " B"
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

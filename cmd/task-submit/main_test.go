@@ -196,6 +196,7 @@ func TestExitCode(t *testing.T) {
 		{client.CodeDenied, 77},
 		{client.CodeBusy, 75},
 		{client.CodeTooMany, 75},
+		{client.CodeSpool, 75},
 		{client.CodeBadRequest, 2},
 		{client.CodeNoSuchPool, 2},
 		{client.CodeNoDevice, 2},

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -50,6 +51,15 @@ func submit(o *options) int {
 	if s.Log != "" && !filepath.IsAbs(s.Log) {
 		s.Log = filepath.Join(cwd, s.Log)
 	}
+	check := checkDefaultLog
+	if s.Log != "" {
+		check = func() error { return checkLog(s.Log) }
+	}
+	if err := check(); err != nil {
+		warn("%v", err)
+		hint("the task would fail at its start: give a --log FILE you may write (nothing was submitted)")
+		return shim.ExitFailure
+	}
 	c, err := client.Dial(client.SocketPath(o.socket))
 	if err != nil {
 		return failure(err, 0)
@@ -60,12 +70,18 @@ func submit(o *options) int {
 		return failure(err, 0)
 	}
 	if o.json {
-		err = writeJSON(stdout, submitted{ID: r.ID, Position: r.Position, Pool: r.Pool})
+		err = writeJSON(stdout, submitted{ID: r.ID, Position: r.Position, Pool: r.Pool, State: r.State})
 	} else {
 		_, err = fmt.Fprintln(stdout, submittedLine(r))
 	}
 	if err != nil {
 		warn("%v", err)
+		return shim.ExitFailure
+	}
+	switch r.State {
+	case client.StateFailed, client.StateCancelled, client.StateLost:
+		// Recorded, and already over: --after a task that did not succeed.
+		warn("task %d will not run: %s", r.ID, oneLine(strings.TrimPrefix(r.Reason, r.State+": ")))
 		return shim.ExitFailure
 	}
 	return 0
@@ -148,7 +164,7 @@ func logs(o *options) int {
 			warn("task %d has not started; its log will be %s", t.ID, t.Log)
 			return shim.ExitFailure
 		}
-		f, err := os.Open(t.Log)
+		f, err := openerFor(t.UID).open(t.Log)
 		if err != nil {
 			return logFailure(t, err)
 		}
@@ -166,7 +182,7 @@ func logs(o *options) int {
 	if waiting {
 		warn("task %d has not started; waiting for its log at %s", t.ID, t.Log)
 	}
-	if err := follow(stdout, t.Log, w); err != nil {
+	if err := follow(stdout, t.Log, w, openerFor(t.UID).open); err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) {
 			return logFailure(t, err)
@@ -372,8 +388,8 @@ func exitCode(code string) int {
 	switch code {
 	case client.CodeDenied:
 		return shim.ExitDenied
-	case client.CodeBusy, client.CodeTooMany:
-		return shim.ExitTempFail
+	case client.CodeBusy, client.CodeTooMany, client.CodeSpool:
+		return shim.ExitTempFail // try again later
 	case client.CodeBadRequest, client.CodeNoSuchPool, client.CodeNoDevice:
 		return shim.ExitUsage
 	}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -31,8 +32,19 @@ func main() {
 	askUser := flag.String("user", "", "the user an -ask request names")
 	pass := flag.String("pass", "", "send the lease's first descriptor over the Unix socket at this path, then exit")
 	receive := flag.String("receive", "", "listen on this Unix socket path, take a descriptor sent there and keep it until standard input closes")
+	escape := flag.String("escape", "", "leave the task's reach as a job could: setpgid (a process group of its own), setsid (a session of its own), or daemon (a child in a session of its own, orphaned at once); then write the pid to -pidfile and hold the lease for -hold")
+	pidfile := flag.String("pidfile", "", "with -escape: where to write the escaped process's pid (a FIFO, say)")
+	floodMode := flag.String("flood", "", "attack the broker at $NPURUN_SOCKET until standard input closes: fill, list, churn, oversize or idle (see flood.go)")
+	conns := flag.Int("conns", 1, "with -flood: connections")
+	count := flag.Int("n", 0, "with -flood fill: tasks")
 	flag.Parse()
 	switch {
+	case *floodMode != "":
+		flood(*floodMode, *conns, *count)
+		return
+	case *escape != "":
+		escapeTask(*escape, *pidfile, *hold)
+		return
 	case *ask != "":
 		askBroker(*ask, *askUser)
 		return
@@ -191,4 +203,56 @@ func receiveLease(path string) {
 	ln.Close()
 	fmt.Printf("received %d\n", fds[0])
 	os.Stdin.Read(make([]byte, 1))
+}
+
+// escapeTask plays a job that tries to outlive its task: it leaves the
+// task's process group or session, or forks a child that does and exits at
+// once (a daemon's double fork, its child handed to a subreaper or init).
+// The process that escaped writes its pid to pidfile and holds whatever it
+// inherited (a lease's descriptors) for hold.
+func escapeTask(mode, pidfile string, hold time.Duration) {
+	switch mode {
+	case "setpgid":
+		if err := syscall.Setpgid(0, 0); err != nil {
+			fail("setpgid", err)
+		}
+	case "setsid":
+		if _, err := syscall.Setsid(); err != nil {
+			fail("setsid", err)
+		}
+	case "daemon":
+		// The child gets the same descriptors, the lease's among them.
+		files := []uintptr{0, 1, 2}
+		for _, p := range strings.Split(os.Getenv("NPURUN_LEASE"), ",") {
+			if _, fdText, ok := strings.Cut(p, ":"); ok {
+				if fd, err := strconv.Atoi(fdText); err == nil {
+					for len(files) <= fd {
+						files = append(files, ^uintptr(0)) // closed in the child
+					}
+					files[fd] = uintptr(fd)
+				}
+			}
+		}
+		args := []string{os.Args[0], "-escape", "setsid", "-pidfile", pidfile, "-hold", hold.String()}
+		if _, err := syscall.ForkExec("/proc/self/exe", args, &syscall.ProcAttr{Env: os.Environ(), Files: files}); err != nil {
+			fail("fork", err)
+		}
+		return
+	default:
+		fail("escape", fmt.Errorf("unknown mode %q", mode))
+	}
+	if pidfile != "" {
+		f, err := os.OpenFile(pidfile, os.O_WRONLY, 0)
+		if err != nil {
+			fail("pidfile", err)
+		}
+		fmt.Fprintln(f, os.Getpid())
+		f.Close()
+	}
+	time.Sleep(hold)
+}
+
+func fail(what string, err error) {
+	fmt.Fprintf(os.Stderr, "workload: %s: %v\n", what, err)
+	os.Exit(4)
 }

@@ -1,0 +1,389 @@
+package broker
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Each task runs in a control group of its own where the machine has
+// cgroup v2 and the broker runs as root. Its supervisor is started in it
+// (clone3 with CLONE_INTO_CGROUP), so nothing of the task ever runs
+// outside it; whatever the task starts stays in it, whatever session or
+// process group it makes, and a user cannot move a process out (the
+// groups are root's). When the task ends, however it ends — its report,
+// its supervisor gone, the time-limit backstop, a cancel — the broker
+// kills everything in the group at once (cgroup.kill) and removes the
+// group once it is empty. The group also measures the task: CPU time
+// (cpu.stat) and, where the memory controller is on, peak memory
+// (memory.peak), shown by task-submit show.
+//
+// Where the groups go, [tasks] cgroup (npubroker serve --cgroup overrides
+// it):
+//
+//   - "auto" (the default): the broker's own control group, found from
+//     /proc/self/cgroup under the cgroup2 mount found in
+//     /proc/self/mountinfo. Under systemd the unit has Delegate=yes and
+//     DelegateSubgroup=broker, so the broker runs in npubroker.service/broker
+//     and the tasks' groups are its siblings (task-ID): the service's own
+//     group holds no process, as cgroup v2 wants of a group whose
+//     controllers are handed down. A broker in another group (started by
+//     hand) moves itself into a leaf "broker" of it first; one in the root
+//     group (a container) uses /npurun below the root.
+//   - a directory of the cgroup v2 file system: the parent of the tasks'
+//     groups, made if missing; the broker stays where it is.
+//   - "off": no control groups.
+//
+// Without them (off, not root, no cgroup v2, no cgroup.kill) the broker
+// falls back on the supervisor, a child subreaper that ends everything
+// below it when the task ends, and, when the supervisor itself is gone, on
+// killing what is left in its session, filtered by uid and start time
+// (killSession). What that fallback misses is in the README's limits.
+
+// cgroups is where the tasks' control groups are made.
+type cgroups struct {
+	parent string // the directory they are made in
+	memory bool   // the memory controller is on for them: memory.peak
+}
+
+// errCgroupSetup is control groups asked for by name that cannot be had:
+// the broker does not start.
+var errCgroupSetup = errors.New("cannot start")
+
+// cgroupPrefix names a task's group: task-ID.
+const cgroupPrefix = "task-"
+
+// brokerLeaf is the group the broker moves itself into in "auto" mode.
+const brokerLeaf = "broker"
+
+// setupCgroups decides where tasks' control groups go, from mode ("auto",
+// "off" or a directory). It returns nil, with a log line saying why, when
+// they cannot be used; a directory named explicitly that cannot be used is
+// an error, so that a broker configured for control groups never runs
+// without them.
+func setupCgroups(mode string, lg *log.Logger) (*cgroups, error) {
+	fallback := func(why string) (*cgroups, error) {
+		lg.Printf("tasks have no control group of their own (%s): each is contained by its supervisor and, once that is gone, its session (npubroker(8), TASKS)", why)
+		return nil, nil
+	}
+	explicit := mode != "auto" && mode != "off" && mode != ""
+	fail := func(err error) (*cgroups, error) {
+		if explicit {
+			return nil, fmt.Errorf("tasks' control groups: %w", err)
+		}
+		return fallback(err.Error())
+	}
+	switch {
+	case mode == "off":
+		return fallback("[tasks] cgroup = \"off\"")
+	case os.Geteuid() != 0:
+		if explicit {
+			return nil, fmt.Errorf("tasks' control groups in %s: the broker is not root", mode)
+		}
+		return fallback("the broker is not root")
+	}
+	mnt, mntRoot, err := cgroup2Mount("/proc/self/mountinfo")
+	if err != nil {
+		return fail(err)
+	}
+	var parent string
+	if explicit {
+		parent = filepath.Clean(mode)
+		if parent == mnt {
+			return fail(fmt.Errorf("%s is the root control group: name a directory below it", parent))
+		}
+		if err := os.Mkdir(parent, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fail(fmt.Errorf("make %s: %w", parent, err))
+		}
+		var st unix.Statfs_t
+		if err := unix.Statfs(parent, &st); err != nil {
+			return fail(fmt.Errorf("%s: %w", parent, err))
+		}
+		if st.Type != unix.CGROUP2_SUPER_MAGIC {
+			return fail(fmt.Errorf("%s is not on the cgroup v2 file system (mounted at %s)", parent, mnt))
+		}
+	} else {
+		if parent, err = autoParent(mnt, mntRoot); err != nil {
+			return fail(err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(parent, "cgroup.kill")); err != nil {
+		return fail(fmt.Errorf("%s has no cgroup.kill (Linux 5.14 or later has it): %w", parent, err))
+	}
+	cg := &cgroups{parent: parent, memory: enableMemory(parent)}
+	mem := "memory accounting on"
+	if !cg.memory {
+		mem = "memory accounting off: the memory controller is not available to " + parent
+	}
+	lg.Printf("each task runs in a control group of its own under %s (%s)", parent, mem)
+	return cg, nil
+}
+
+// cgroup2Mount finds where the cgroup v2 file system is mounted, and the
+// group its root shows, from a mountinfo file.
+func cgroup2Mount(mountinfo string) (mnt, root string, err error) {
+	f, err := os.Open(mountinfo)
+	if err != nil {
+		return "", "", err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
+		before, after, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(before)
+		g := strings.Fields(after)
+		if len(f) < 5 || len(g) < 1 || g[0] != "cgroup2" {
+			continue
+		}
+		return unescapeMount(f[4]), unescapeMount(f[3]), nil
+	}
+	if err := sc.Err(); err != nil {
+		return "", "", err
+	}
+	return "", "", errors.New("no cgroup v2 file system is mounted")
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// ownCgroup is this process's cgroup v2 group ("/system.slice/x.service").
+func ownCgroup() (string, error) {
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			return p, nil
+		}
+	}
+	return "", errors.New("this process is in no cgroup v2 group")
+}
+
+// autoParent is the parent of the tasks' groups in "auto" mode; it moves
+// the broker into a leaf of its own group where that is needed.
+func autoParent(mnt, mntRoot string) (string, error) {
+	own, err := ownCgroup()
+	if err != nil {
+		return "", err
+	}
+	rel, ok := strings.CutPrefix(own, strings.TrimSuffix(mntRoot, "/"))
+	if !ok || strings.Contains(own, "(deleted)") {
+		return "", fmt.Errorf("this process's group %s is not below the cgroup2 mount %s", own, mnt)
+	}
+	dir := filepath.Join(mnt, rel)
+	switch {
+	case dir == mnt:
+		// The root group (a container, no systemd): a group of our own
+		// below it.
+		parent := filepath.Join(mnt, "npurun")
+		if err := os.Mkdir(parent, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", fmt.Errorf("make %s: %w", parent, err)
+		}
+		return parent, nil
+	case filepath.Base(dir) == brokerLeaf:
+		return filepath.Dir(dir), nil // DelegateSubgroup=broker, or moved there by an earlier start
+	}
+	leaf := filepath.Join(dir, brokerLeaf)
+	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", fmt.Errorf("make %s: %w", leaf, err)
+	}
+	if err := writeCgroupFile(filepath.Join(leaf, "cgroup.procs"), strconv.Itoa(os.Getpid())); err != nil {
+		return "", fmt.Errorf("move the broker into %s: %w", leaf, err)
+	}
+	return dir, nil
+}
+
+// enableMemory turns the memory controller on for parent's children if
+// parent may have it, and tells whether it is on.
+func enableMemory(parent string) bool {
+	has := func(file string) bool {
+		data, err := os.ReadFile(filepath.Join(parent, file))
+		return err == nil && slices.Contains(strings.Fields(string(data)), "memory")
+	}
+	if !has("cgroup.controllers") {
+		return false
+	}
+	if !has("cgroup.subtree_control") {
+		// Refused while parent holds processes of its own (cgroup v2's
+		// rule for groups that hand controllers down): then no peak.
+		_ = writeCgroupFile(filepath.Join(parent, "cgroup.subtree_control"), "+memory")
+	}
+	return has("cgroup.subtree_control")
+}
+
+// writeCgroupFile writes one value to a control file.
+func writeCgroupFile(path, value string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(value)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// dir is task id's group.
+func (cg *cgroups) dir(id uint64) string {
+	return filepath.Join(cg.parent, cgroupPrefix+strconv.FormatUint(id, 10))
+}
+
+// open makes task id's group if it does not exist yet and opens it, for
+// CLONE_INTO_CGROUP.
+func (cg *cgroups) open(id uint64) (int, error) {
+	d := cg.dir(id)
+	if err := unix.Mkdir(d, 0o755); err != nil && err != unix.EEXIST {
+		return -1, fmt.Errorf("make control group %s: %w", d, err)
+	}
+	fd, err := unix.Open(d, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open control group %s: %w", d, err)
+	}
+	return fd, nil
+}
+
+// kill kills every process in task id's group; fs.ErrNotExist when it has
+// none.
+func (cg *cgroups) kill(id uint64) error {
+	return writeCgroupFile(filepath.Join(cg.dir(id), "cgroup.kill"), "1")
+}
+
+// remove kills what is left in task id's group and removes the group;
+// unix.EBUSY while processes are still dying in it. A group already gone
+// is no error.
+func (cg *cgroups) remove(id uint64) error {
+	err := cg.kill(id)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := unix.Rmdir(cg.dir(id)); err != nil && err != unix.ENOENT {
+		return err
+	}
+	return nil
+}
+
+// waitEmpty waits up to d for task id's group to hold no process, woken by
+// the kernel's notice on cgroup.events.
+func (cg *cgroups) waitEmpty(id uint64, d time.Duration) {
+	f, err := os.Open(filepath.Join(cg.dir(id), "cgroup.events"))
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	deadline := time.Now().Add(d)
+	buf := make([]byte, 256)
+	for {
+		n, err := f.ReadAt(buf, 0)
+		if n == 0 && err != nil {
+			return
+		}
+		if bytes.Contains(buf[:n], []byte("populated 0")) {
+			return
+		}
+		ms := int(time.Until(deadline) / time.Millisecond)
+		if ms <= 0 {
+			return
+		}
+		pfd := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLPRI}}
+		if _, err := unix.Poll(pfd, ms); err != nil && err != unix.EINTR {
+			return
+		}
+	}
+}
+
+// usage is what task id's group has used: CPU time and, where the memory
+// controller is on, peak memory in bytes (0 where unknown).
+func (cg *cgroups) usage(id uint64) (cpu time.Duration, peak int64) {
+	d := cg.dir(id)
+	if data, err := os.ReadFile(filepath.Join(d, "cpu.stat")); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+				if us, err := strconv.ParseInt(v, 10, 64); err == nil {
+					cpu = time.Duration(us) * time.Microsecond
+				}
+			}
+		}
+	}
+	if cg.memory {
+		if data, err := os.ReadFile(filepath.Join(d, "memory.peak")); err == nil {
+			peak, _ = strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+		}
+	}
+	return cpu, peak
+}
+
+// tasks lists the ids of the tasks' groups that exist.
+func (cg *cgroups) tasks() []uint64 {
+	ents, err := os.ReadDir(cg.parent)
+	if err != nil {
+		return nil
+	}
+	var ids []uint64
+	for _, e := range ents {
+		if s, ok := strings.CutPrefix(e.Name(), cgroupPrefix); ok && e.IsDir() {
+			if id, err := strconv.ParseUint(s, 10, 64); err == nil {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
+}
+
+// reapCgroup kills what is left in an ended task's group and removes the
+// group once empty, trying again while processes are still dying in it.
+func (s *Server) reapCgroup(id uint64) {
+	for try, wait := 0, 100*time.Millisecond; ; try, wait = try+1, min(2*wait, time.Minute) {
+		s.mu.Lock()
+		if s.jobs[id] != nil {
+			s.mu.Unlock()
+			return // not ended: its own end removes it
+		}
+		err := s.cg.remove(id)
+		s.mu.Unlock()
+		if err == nil {
+			return
+		}
+		if err != unix.EBUSY {
+			s.log.Printf("task %d: remove its control group: %v", id, err)
+			return
+		}
+		if try == 6 {
+			s.log.Printf("task %d: processes are still dying in its control group %s; the broker goes on trying", id, s.cg.dir(id))
+		}
+		s.cg.waitEmpty(id, wait)
+	}
+}

@@ -1,0 +1,59 @@
+package broker
+
+import (
+	"io"
+	"log"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCgroup2Mount(t *testing.T) {
+	tests := []struct {
+		name, mountinfo string
+		mnt, root       string
+		wantErr         bool
+	}{
+		{"hybrid", `30 22 0:27 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+31 30 0:28 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+40 30 0:37 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+`, "/sys/fs/cgroup/unified", "/", false},
+		{"unified, optional fields", `35 24 0:30 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate
+`, "/sys/fs/cgroup", "/", false},
+		{"escaped, a namespace's root", `35 24 0:30 /system.slice /mnt/my\040groups rw - cgroup2 none rw
+`, "/mnt/my groups", "/system.slice", false},
+		{"none", `31 30 0:28 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+`, "", "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "mountinfo")
+			if err := os.WriteFile(p, []byte(tt.mountinfo), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			mnt, root, err := cgroup2Mount(p)
+			if (err != nil) != tt.wantErr || mnt != tt.mnt || root != tt.root {
+				t.Errorf("cgroup2Mount = %q, %q, %v; want %q, %q, error %v", mnt, root, err, tt.mnt, tt.root, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestSetupCgroupsRefuses: a directory named for the tasks' control groups
+// that cannot hold them stops the broker, naming why; off is off.
+func TestSetupCgroupsRefuses(t *testing.T) {
+	lg := log.New(io.Discard, "", 0)
+	if cg, err := setupCgroups("off", lg); cg != nil || err != nil {
+		t.Errorf("off: %v, %v; want none and no error", cg, err)
+	}
+	dir := t.TempDir()
+	cg, err := setupCgroups(dir, lg)
+	want := "not on the cgroup v2 file system"
+	if os.Geteuid() != 0 {
+		want = "not root"
+	}
+	if cg != nil || err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("a directory of %s: %v, %v; want an error saying %q", dir, cg, err, want)
+	}
+}
