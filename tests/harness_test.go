@@ -21,7 +21,7 @@ import (
 // Binaries are the commands under test, built once per test run into a
 // directory every user can read (tests run commands as other users too).
 type Binaries struct {
-	Dir, Broker, Npurun, TaskSubmit, Workload string
+	Dir, Broker, Npurun, TaskSubmit, Supervisor, Workload string
 }
 
 var buildOnce = sync.OnceValues(func() (*Binaries, error) {
@@ -36,6 +36,7 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 		"github.com/npurun/npurun/cmd/npubroker",
 		"github.com/npurun/npurun/cmd/npurun",
 		"github.com/npurun/npurun/cmd/task-submit",
+		"github.com/npurun/npurun/cmd/npurun-supervise", // found by the broker beside it
 		"github.com/npurun/npurun/tests/workload")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -46,6 +47,7 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 		Broker:     filepath.Join(dir, "npubroker"),
 		Npurun:     filepath.Join(dir, "npurun"),
 		TaskSubmit: filepath.Join(dir, "task-submit"),
+		Supervisor: filepath.Join(dir, "npurun-supervise"),
 		Workload:   filepath.Join(dir, "workload"),
 	}, nil
 })
