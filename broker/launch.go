@@ -108,16 +108,19 @@ func (s *Server) warmLocked() {
 			seen[w.Pool] = true
 			if t := w.task; t.sup == nil && s.warm < maxWarm {
 				s.warm++
-				t.sup = s.spawnLocked(t)
+				var run func()
+				t.sup, run = s.spawnLocked(t)
+				go run()
 			}
 		}
 	}
 }
 
 // spawnLocked gets t a supervisor: the idle one of its user if there is
-// one, else one started now, in the background; its ready channel says
-// when it has t's Spec.
-func (s *Server) spawnLocked(t *task) *supervisor {
+// one, else a new one. The function returned, run without the lock, gives
+// the idle one t's Spec or starts the new one, and closes its ready
+// channel.
+func (s *Server) spawnLocked(t *task) (*supervisor, func()) {
 	spec := s.specLocked(t.Task)
 	acct := t.acct
 	if s.cg != nil {
@@ -128,7 +131,7 @@ func (s *Server) spawnLocked(t *task) *supervisor {
 		sup = &supervisor{exited: make(chan struct{})}
 	}
 	sup.t, sup.ready = t, make(chan struct{})
-	go func() {
+	return sup, func() {
 		defer close(sup.ready)
 		if sup.started != nil {
 			sup.err = s.bindSupervisor(t, sup, spec)
@@ -144,8 +147,7 @@ func (s *Server) spawnLocked(t *task) *supervisor {
 			}
 			s.mu.Unlock()
 		}
-	}()
-	return sup
+	}
 }
 
 // errUnknownUser is a submitter that the user database does not know;
@@ -355,10 +357,14 @@ func (s *Server) launch(t *task, fds []int) {
 		s.warm--
 	}
 	for try := 0; ; try++ {
+		var run func()
 		if sup == nil {
-			sup = s.spawnLocked(t)
+			sup, run = s.spawnLocked(t)
 		}
 		s.mu.Unlock()
+		if run != nil {
+			run() // here: a goroutine more would be a wake-up more
+		}
 		<-sup.ready
 		s.mu.Lock()
 		if sup.err == nil && !sup.gone() {

@@ -76,7 +76,7 @@ func busySupervisors(bin *Binaries) []int {
 // awaitIdle waits for an idle supervisor of uid other than the pids in
 // not, and returns its pid. The broker starts one once a task of uid has
 // started; nothing announces it but /proc, which is polled.
-func awaitIdle(t *testing.T, bin *Binaries, uid uint32, not ...int) int {
+func awaitIdle(t testing.TB, bin *Binaries, uid uint32, not ...int) int {
 	t.Helper()
 	deadline := time.Now().Add(eventTimeout)
 	for {

@@ -94,7 +94,7 @@ func TestAppendRequestAgreesWithJSON(t *testing.T) {
 	}
 	for _, req := range []Request{
 		{V: 1, Op: OpList},
-		{V: 1, Op: OpSubmit},                                     // no task
+		{V: 1, Op: OpSubmit}, // no task
 		{V: 1, Op: OpSubmit, Task: &Submission{}, ID: 3},         // a field submit has not
 		{V: 1, Op: OpSubmit, Task: &Submission{}, Pool: "queue"}, // the pool goes in the task
 		{V: 1, Op: OpAcquire, Task: &Submission{}},

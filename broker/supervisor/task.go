@@ -320,7 +320,7 @@ func supervise(cmd *exec.Cmd, spec *client.Spec, cancel <-chan os.Signal) *endin
 				continue
 			}
 			// Ended by itself: what it left behind goes too.
-			if end.left = len(descendants(os.Getpid())); end.left > 0 {
+			if end.left = leftBehind(); end.left > 0 {
 				g.signal(unix.SIGTERM)
 			}
 			if kill == nil && rekill == nil {
