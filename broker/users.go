@@ -1,7 +1,9 @@
 package broker
 
 import (
+	"context"
 	"errors"
+	"os/exec"
 	"os/user"
 	"strconv"
 	"strings"
@@ -71,12 +73,22 @@ func (a *accounts) lookup(uid uint32) *account {
 	return acc
 }
 
-// loginShell is user's shell from the user database (through NSS, in
-// this process: a lookup costs no process start), or /bin/sh when there is
-// none or it refuses logins (nologin, false).
+// loginShell is user's shell from the user database (through NSS, with
+// getent), or /bin/sh when there is none or it refuses logins (nologin,
+// false).
 func loginShell(name string) string {
-	sh, err := passwdShell(name)
-	if err != nil || !strings.HasPrefix(sh, "/") || strings.HasSuffix(sh, "/nologin") || strings.HasSuffix(sh, "/false") {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "getent", "passwd", name).Output()
+	if err != nil {
+		return "/bin/sh"
+	}
+	f := strings.Split(strings.TrimSpace(string(out)), ":")
+	if len(f) != 7 || f[0] != name {
+		return "/bin/sh"
+	}
+	sh := f[6]
+	if !strings.HasPrefix(sh, "/") || strings.HasSuffix(sh, "/nologin") || strings.HasSuffix(sh, "/false") {
 		return "/bin/sh"
 	}
 	return sh
