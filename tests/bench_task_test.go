@@ -220,7 +220,7 @@ func benchTaskRunOne(b *testing.B, c *client.Conn, s *client.Submission, stamp s
 // process's user and waits until it has been reaped, so that the next
 // task's supervisor is started cold.
 func benchKillIdle(b *testing.B, br *Broker) {
-	pid := awaitIdle(b, br.Bin, uint32(os.Geteuid()))
+	pid := awaitIdle(b, br, uint32(os.Geteuid()))
 	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
 		b.Fatal(err)
 	}

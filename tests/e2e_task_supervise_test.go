@@ -19,6 +19,7 @@ import (
 // supProc is a running npurun-supervise of the tests' binaries.
 type supProc struct {
 	pid  int
+	ppid int // its broker's pid while that broker lives
 	uid  uint32
 	id   string // the task id on its command line; "" for one started idle
 	idle bool   // started idle and given no task yet: its standard input is still the broker's socket
@@ -47,7 +48,7 @@ func supervisors(bin *Binaries) []supProc {
 		if len(args) == 0 || args[0] != "npurun-supervise" {
 			continue
 		}
-		p := supProc{pid: pid}
+		p := supProc{pid: pid, ppid: procPPID(pid)}
 		if len(args) > 1 {
 			p.id = args[1]
 		}
@@ -62,6 +63,21 @@ func supervisors(bin *Binaries) []supProc {
 	return out
 }
 
+// procPPID is pid's parent, 0 when unknown.
+func procPPID(pid int) int {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
 // busySupervisors are the pids of the supervisors of bin that are not idle.
 func busySupervisors(bin *Binaries) []int {
 	var out []int
@@ -73,20 +89,32 @@ func busySupervisors(bin *Binaries) []int {
 	return out
 }
 
-// awaitIdle waits for an idle supervisor of uid other than the pids in
-// not, and returns its pid. The broker starts one once a task of uid has
-// started; nothing announces it but /proc, which is polled.
-func awaitIdle(t testing.TB, bin *Binaries, uid uint32, not ...int) int {
+// idleOf lists b's idle supervisors of uid (its children: other tests'
+// brokers run the same program, and a test user's uid may be used again).
+func idleOf(b *Broker, uid uint32) []int {
+	var out []int
+	for _, p := range supervisors(b.Bin) {
+		if p.idle && p.uid == uid && p.ppid == b.Pid() {
+			out = append(out, p.pid)
+		}
+	}
+	return out
+}
+
+// awaitIdle waits for an idle supervisor of b for uid other than the pids
+// in not, and returns its pid. The broker starts one once a task of uid
+// has started; nothing announces it but /proc, which is polled.
+func awaitIdle(t testing.TB, b *Broker, uid uint32, not ...int) int {
 	t.Helper()
 	deadline := time.Now().Add(eventTimeout)
 	for {
-		for _, p := range supervisors(bin) {
-			if p.idle && p.uid == uid && !slices.Contains(not, p.pid) {
-				return p.pid
+		for _, pid := range idleOf(b, uid) {
+			if !slices.Contains(not, pid) {
+				return pid
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no idle supervisor of uid %d within %s; supervisors: %+v", uid, eventTimeout, supervisors(bin))
+			t.Fatalf("no idle supervisor of uid %d within %s; supervisors: %+v", uid, eventTimeout, supervisors(b.Bin))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -284,8 +312,8 @@ func TestTaskIdleSupervisor(t *testing.T) {
 	if ti := showTask(t, b, first); ti.State != "done" {
 		t.Fatalf("task %d: %s (%s), want done", first, ti.State, ti.Reason)
 	}
-	idle := awaitIdle(t, b.Bin, uid)
-	if n := countIdle(b.Bin, uid); n != 1 {
+	idle := awaitIdle(t, b, uid)
+	if n := len(idleOf(b, uid)); n != 1 {
 		t.Errorf("%d idle supervisors of uid %d, want 1", n, uid)
 	}
 
@@ -312,7 +340,7 @@ func TestTaskIdleSupervisor(t *testing.T) {
 	if cg && !slices.Contains(cgroupProcs(filepath.Join(b.Cgroup, "task-"+idStr(second))), strconv.Itoa(idle)) {
 		t.Errorf("the idle supervisor %d was not moved into task %d's control group", idle, second)
 	}
-	next := awaitIdle(t, b.Bin, uid, idle)
+	next := awaitIdle(t, b, uid, idle)
 
 	// A restart adopts the task, whose supervisor has no id on its command line.
 	b.Kill()
@@ -330,7 +358,7 @@ func TestTaskIdleSupervisor(t *testing.T) {
 	// An idle supervisor killed (its user may) is not used: a start is.
 	third := submitTask(t, b, u, dir, "--no-device", "--log", filepath.Join(dir, "third.log"), "--", "true")
 	waitTask(t, b, third)
-	killed := awaitIdle(t, b.Bin, uid)
+	killed := awaitIdle(t, b, uid)
 	if err := unix.Kill(killed, unix.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -342,20 +370,9 @@ func TestTaskIdleSupervisor(t *testing.T) {
 	}
 
 	// A broker that stops leaves no idle supervisor.
-	last := awaitIdle(t, b.Bin, uid)
+	last := awaitIdle(t, b, uid)
 	b.Stop()
 	if !procGone(t, last, "") {
 		t.Errorf("the idle supervisor %d outlives its broker's stop", last)
 	}
-}
-
-// countIdle counts the idle supervisors of uid.
-func countIdle(bin *Binaries, uid uint32) int {
-	n := 0
-	for _, p := range supervisors(bin) {
-		if p.idle && p.uid == uid {
-			n++
-		}
-	}
-	return n
 }

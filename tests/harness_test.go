@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 )
@@ -242,8 +244,30 @@ func (b *Broker) signal(sig syscall.Signal) {
 	if cmd == nil {
 		return
 	}
+	// Its idle supervisors (npurun-supervise, one per user whose task
+	// started lately) exit once their socket to it closes: wait for them
+	// too, so that a test user they run as can be removed.
+	var idle []int
+	for _, p := range supervisors(b.Bin) {
+		if p.idle && p.ppid == cmd.Process.Pid {
+			idle = append(idle, p.pid)
+		}
+	}
 	cmd.Process.Signal(sig)
 	<-done
+	for _, pid := range idle {
+		awaitGone(pid, eventTimeout)
+	}
+}
+
+// awaitGone waits up to d for process pid to exit.
+func awaitGone(pid int, d time.Duration) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return // gone already
+	}
+	defer unix.Close(fd)
+	unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(d/time.Millisecond))
 }
 
 // Kill kills the broker with SIGKILL and waits for it to be gone.
