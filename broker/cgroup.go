@@ -198,14 +198,7 @@ func claimCgroup(parent, stateDir string) (*os.File, error) {
 	}
 	// A broker just killed may have left a child between clone and exec,
 	// holding the descriptor for a moment.
-	deadline := time.Now().Add(claimWait)
-	for {
-		err = flock(int(f.Fd()), true)
-		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	err = flockPatiently(int(f.Fd()))
 	switch {
 	case errors.Is(err, unix.EWOULDBLOCK):
 		f.Close()
