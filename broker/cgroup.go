@@ -50,12 +50,35 @@ import (
 // below it when the task ends, and, when the supervisor itself is gone, on
 // killing what is left in its session, filtered by uid and start time
 // (killSession). What that fallback misses is in the README's limits.
+//
+// The parent belongs to one state directory. A broker holds a flock on it
+// for its life and marks it with its state directory (an extended
+// attribute, ownerXattr), because at start it kills every task-ID group
+// its journal does not know: a second broker on the same parent (a test
+// or demo broker in a container's root group, beside the real one, or
+// after it was stopped with tasks running) would otherwise kill the first
+// one's tasks. A parent locked by another broker, or whose task groups
+// still hold processes of another state directory's tasks, is refused.
+//
+// The memory controller is turned on for the tasks' groups only where the
+// broker was not started in their parent. systemd older than 254 ignores
+// DelegateSubgroup= and starts the broker in the service's own group, which
+// the broker then leaves for a leaf of it; but at the next restart systemd
+// puts the new broker in that group again, and cgroup v2 refuses a process
+// in a group that hands a controller down (EBUSY: the service fails with
+// 219/CGROUP while a task runs). There, tasks get CPU time but no peak
+// memory.
 
 // cgroups is where the tasks' control groups are made.
 type cgroups struct {
-	parent string // the directory they are made in
-	memory bool   // the memory controller is on for them: memory.peak
+	parent string   // the directory they are made in
+	memory bool     // the memory controller is on for them: memory.peak
+	claim  *os.File // parent, flocked for the broker's life
 }
+
+// ownerXattr marks a parent of tasks' groups with the state directory of
+// the broker that made them.
+const ownerXattr = "user.npurun.state_dir"
 
 // errCgroupSetup is control groups asked for by name that cannot be had:
 // the broker does not start.
@@ -68,11 +91,11 @@ const cgroupPrefix = "task-"
 const brokerLeaf = "broker"
 
 // setupCgroups decides where tasks' control groups go, from mode ("auto",
-// "off" or a directory). It returns nil, with a log line saying why, when
-// they cannot be used; a directory named explicitly that cannot be used is
-// an error, so that a broker configured for control groups never runs
-// without them.
-func setupCgroups(mode string, lg *log.Logger) (*cgroups, error) {
+// "off" or a directory), for the broker of the state directory stateDir.
+// It returns nil, with a log line saying why, when they cannot be used; a
+// directory named explicitly that cannot be used is an error, so that a
+// broker configured for control groups never runs without them.
+func setupCgroups(mode, stateDir string, lg *log.Logger) (*cgroups, error) {
 	fallback := func(why string) (*cgroups, error) {
 		lg.Printf("tasks have no control group of their own (%s): each is contained by its supervisor and, once that is gone, its session (npubroker(8), TASKS)", why)
 		return nil, nil
@@ -97,7 +120,7 @@ func setupCgroups(mode string, lg *log.Logger) (*cgroups, error) {
 	if err != nil {
 		return fail(err)
 	}
-	var parent string
+	var parent, leaf string
 	if explicit {
 		parent = filepath.Clean(mode)
 		if parent == mnt {
@@ -114,20 +137,113 @@ func setupCgroups(mode string, lg *log.Logger) (*cgroups, error) {
 			return fail(fmt.Errorf("%s is not on the cgroup v2 file system (mounted at %s)", parent, mnt))
 		}
 	} else {
-		if parent, err = autoParent(mnt, mntRoot); err != nil {
+		own, err := ownCgroup()
+		if err != nil {
+			return fail(err)
+		}
+		if parent, leaf, err = autoParent(mnt, mntRoot, own); err != nil {
 			return fail(err)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(parent, "cgroup.kill")); err != nil {
 		return fail(fmt.Errorf("%s has no cgroup.kill (Linux 5.14 or later has it): %w", parent, err))
 	}
-	cg := &cgroups{parent: parent, memory: enableMemory(parent)}
+	claim, err := claimCgroup(parent, stateDir)
+	if err != nil {
+		return fail(err)
+	}
+	if leaf != "" {
+		if err := moveInto(leaf); err != nil {
+			claim.Close()
+			return fail(err)
+		}
+	}
+	cg := &cgroups{parent: parent, claim: claim}
 	mem := "memory accounting on"
-	if !cg.memory {
+	switch {
+	case leaf != "":
+		// Started in parent itself: the next broker will be too (see
+		// the top of this file), so parent hands no controller down.
+		mem = "memory accounting off: the broker was started in " + parent + " itself, where the next one will be started too (systemd older than 254 ignores DelegateSubgroup=), so no controller may be handed down from it"
+	case enableMemory(parent):
+		cg.memory = true
+	default:
 		mem = "memory accounting off: the memory controller is not available to " + parent
 	}
 	lg.Printf("each task runs in a control group of its own under %s (%s)", parent, mem)
 	return cg, nil
+}
+
+// errCgroupTaken is a parent of tasks' groups that is another broker's.
+var errCgroupTaken = errors.New("another broker's")
+
+// claimCgroup takes parent for the broker of stateDir for as long as the
+// returned file stays open (a flock on the directory), and marks it as
+// that state directory's. It refuses a parent another broker holds, and
+// one marked for another state directory while any of its tasks' groups
+// holds a process: this broker would kill them, not knowing their tasks.
+// A parent whose marked owner left nothing running is taken over.
+func claimCgroup(parent, stateDir string) (*os.File, error) {
+	f, err := os.Open(parent)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", parent, err)
+	}
+	owner := func() string {
+		buf := make([]byte, 4096)
+		n, err := unix.Getxattr(parent, ownerXattr, buf)
+		if err != nil {
+			return ""
+		}
+		return string(buf[:n])
+	}
+	// A broker just killed may have left a child between clone and exec,
+	// holding the descriptor for a moment.
+	err = flockPatiently(int(f.Fd()))
+	switch {
+	case errors.Is(err, unix.EWOULDBLOCK):
+		f.Close()
+		return nil, fmt.Errorf("%s is %w, which is running (state directory %s): give each broker a directory of its own ([tasks] cgroup, --cgroup)", parent, errCgroupTaken, orUnknown(owner()))
+	case err != nil:
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", parent, err)
+	}
+	if o := owner(); o != "" && o != stateDir {
+		if busy := populatedTasks(parent); len(busy) > 0 {
+			f.Close()
+			return nil, fmt.Errorf("%s is %w: the tasks of state directory %s still run in %s; give each broker a directory of its own ([tasks] cgroup, --cgroup)", parent, errCgroupTaken, o, strings.Join(busy, ", "))
+		}
+	}
+	if err := unix.Setxattr(parent, ownerXattr, []byte(stateDir), 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("mark %s as %s's: %w", parent, stateDir, err)
+	}
+	return f, nil
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// populatedTasks names the tasks' groups in parent that hold a process.
+func populatedTasks(parent string) []string {
+	ents, err := os.ReadDir(parent)
+	if err != nil {
+		return nil
+	}
+	var busy []string
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), cgroupPrefix) {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(parent, e.Name(), "cgroup.events"))
+		if err == nil && bytes.Contains(data, []byte("populated 1")) {
+			busy = append(busy, e.Name())
+		}
+	}
+	return busy
 }
 
 // cgroup2Mount finds where the cgroup v2 file system is mounted, and the
@@ -192,16 +308,13 @@ func ownCgroup() (string, error) {
 	return "", errors.New("this process is in no cgroup v2 group")
 }
 
-// autoParent is the parent of the tasks' groups in "auto" mode; it moves
-// the broker into a leaf of its own group where that is needed.
-func autoParent(mnt, mntRoot string) (string, error) {
-	own, err := ownCgroup()
-	if err != nil {
-		return "", err
-	}
+// autoParent is the parent of the tasks' groups in "auto" mode, for a
+// process in group own, and the leaf of it the broker must move into
+// first ("" when it need not: it was started there, or sits in the root).
+func autoParent(mnt, mntRoot, own string) (parent, leaf string, err error) {
 	rel, ok := strings.CutPrefix(own, strings.TrimSuffix(mntRoot, "/"))
 	if !ok || strings.Contains(own, "(deleted)") {
-		return "", fmt.Errorf("this process's group %s is not below the cgroup2 mount %s", own, mnt)
+		return "", "", fmt.Errorf("this process's group %s is not below the cgroup2 mount %s", own, mnt)
 	}
 	dir := filepath.Join(mnt, rel)
 	switch {
@@ -210,20 +323,24 @@ func autoParent(mnt, mntRoot string) (string, error) {
 		// below it.
 		parent := filepath.Join(mnt, "npurun")
 		if err := os.Mkdir(parent, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-			return "", fmt.Errorf("make %s: %w", parent, err)
+			return "", "", fmt.Errorf("make %s: %w", parent, err)
 		}
-		return parent, nil
+		return parent, "", nil
 	case filepath.Base(dir) == brokerLeaf:
-		return filepath.Dir(dir), nil // DelegateSubgroup=broker, or moved there by an earlier start
+		return filepath.Dir(dir), "", nil // DelegateSubgroup=broker
 	}
-	leaf := filepath.Join(dir, brokerLeaf)
+	return dir, filepath.Join(dir, brokerLeaf), nil
+}
+
+// moveInto moves the broker into the control group leaf, made if missing.
+func moveInto(leaf string) error {
 	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-		return "", fmt.Errorf("make %s: %w", leaf, err)
+		return fmt.Errorf("make %s: %w", leaf, err)
 	}
 	if err := writeCgroupFile(filepath.Join(leaf, "cgroup.procs"), strconv.Itoa(os.Getpid())); err != nil {
-		return "", fmt.Errorf("move the broker into %s: %w", leaf, err)
+		return fmt.Errorf("move the broker into %s: %w", leaf, err)
 	}
-	return dir, nil
+	return nil
 }
 
 // enableMemory turns the memory controller on for parent's children if

@@ -44,16 +44,42 @@ func TestCgroup2Mount(t *testing.T) {
 // that cannot hold them stops the broker, naming why; off is off.
 func TestSetupCgroupsRefuses(t *testing.T) {
 	lg := log.New(io.Discard, "", 0)
-	if cg, err := setupCgroups("off", lg); cg != nil || err != nil {
+	if cg, err := setupCgroups("off", "/var/spool/npurun", lg); cg != nil || err != nil {
 		t.Errorf("off: %v, %v; want none and no error", cg, err)
 	}
 	dir := t.TempDir()
-	cg, err := setupCgroups(dir, lg)
+	cg, err := setupCgroups(dir, "/var/spool/npurun", lg)
 	want := "not on the cgroup v2 file system"
 	if os.Geteuid() != 0 {
 		want = "not root"
 	}
 	if cg != nil || err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("a directory of %s: %v, %v; want an error saying %q", dir, cg, err, want)
+	}
+}
+
+// TestAutoParent: where "auto" puts the tasks' groups, and whether the
+// broker must first move into a leaf of its own group (and so hand no
+// controller down from it: the next broker is started there too).
+func TestAutoParent(t *testing.T) {
+	mnt := t.TempDir()
+	tests := []struct {
+		name, root, own   string
+		parent, leaf, err string
+	}{
+		{"root group: a group of its own", "/", "/", mnt + "/npurun", "", ""},
+		{"DelegateSubgroup=broker", "/", "/system.slice/npubroker.service/broker", mnt + "/system.slice/npubroker.service", "", ""},
+		{"systemd < 254: started in the service's group", "/", "/system.slice/npubroker.service", mnt + "/system.slice/npubroker.service", mnt + "/system.slice/npubroker.service/broker", ""},
+		{"a namespace's root", "/system.slice", "/system.slice/x.service", mnt + "/x.service", mnt + "/x.service/broker", ""},
+		{"outside the mount", "/system.slice", "/user.slice/x", "", "", "not below the cgroup2 mount"},
+		{"deleted", "/", "/x (deleted)", "", "", "not below the cgroup2 mount"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			parent, leaf, err := autoParent(mnt, tt.root, tt.own)
+			if parent != tt.parent || leaf != tt.leaf || (err == nil) != (tt.err == "") || (err != nil && !strings.Contains(err.Error(), tt.err)) {
+				t.Errorf("autoParent(%q, %q) = %q, %q, %v; want %q, %q, error %q", tt.root, tt.own, parent, leaf, err, tt.parent, tt.leaf, tt.err)
+			}
+		})
 	}
 }

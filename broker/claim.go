@@ -36,14 +36,7 @@ func Claim(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", dir, err)
 	}
-	deadline := time.Now().Add(claimWait)
-	for {
-		err = flock(int(f.Fd()), true)
-		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	err = flockPatiently(int(f.Fd()))
 	switch {
 	case errors.Is(err, unix.EWOULDBLOCK):
 		defer f.Close()
@@ -61,6 +54,19 @@ func Claim(dir string) (*os.File, error) {
 		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return f, nil
+}
+
+// flockPatiently takes an exclusive flock without blocking, trying again
+// for claimWait while another holds it; EWOULDBLOCK once that has passed.
+func flockPatiently(fd int) error {
+	deadline := time.Now().Add(claimWait)
+	for {
+		err := flock(fd, true)
+		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func readPID(f *os.File) int {

@@ -13,15 +13,9 @@ import (
 
 // acquire serves an npurun's request for a lease.
 func (s *Server) acquire(c *conn, req *client.Request) bool {
-	uid, acct := c.uid, c.acct
-	if req.User != "" {
-		var rep *client.Reply
-		if uid, acct, rep = s.onBehalf(c, req.User); rep != nil {
-			s.mu.Lock()
-			c.sendLocked(rep)
-			s.mu.Unlock()
-			return true
-		}
+	uid, acct, ok := s.accountFor(c, req.User)
+	if !ok {
+		return true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

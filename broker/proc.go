@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/procscan"
 )
 
 // Every signal the broker sends to a task's processes goes through
@@ -22,17 +23,7 @@ import (
 
 // procStart is a process's start time in clock ticks since boot, which
 // tells a pid from its reuse; 0 if unknown.
-func procStart(fs procfs.FS, pid int) uint64 {
-	p, err := fs.Proc(pid)
-	if err != nil {
-		return 0
-	}
-	st, err := p.Stat()
-	if err != nil {
-		return 0
-	}
-	return st.Starttime
-}
+func procStart(fs procfs.FS, pid int) uint64 { return procscan.StartTime(fs, pid) }
 
 // alive tells whether pid still is the process that started at start.
 func alive(fs procfs.FS, pid int, start uint64) bool {

@@ -3,6 +3,7 @@ package broker
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/npurun/npurun/broker/tasklife"
@@ -55,7 +56,11 @@ func (s *Server) takeUpTasks(dir string) error {
 	// The tasks' control groups, once the spool is this broker's (a broker
 	// that must not start touches none).
 	if !s.cgReady {
-		cg, err := setupCgroups(s.cgMode, s.log)
+		owner, err := filepath.Abs(dir)
+		if err != nil {
+			return err
+		}
+		cg, err := setupCgroups(s.cgMode, owner, s.log)
 		if err != nil {
 			return fmt.Errorf("%w: %w", errCgroupSetup, err)
 		}

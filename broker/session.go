@@ -38,6 +38,22 @@ type login struct {
 	queued time.Time
 }
 
+// accountFor is the account a request is for: the caller's own, or the
+// user that root names. A refusal is sent to c, and ok is false.
+func (s *Server) accountFor(c *conn, user string) (uid uint32, acct *account, ok bool) {
+	if user == "" {
+		return c.uid, c.acct, true
+	}
+	uid, acct, rep := s.onBehalf(c, user)
+	if rep != nil {
+		s.mu.Lock()
+		c.sendLocked(rep)
+		s.mu.Unlock()
+		return 0, nil, false
+	}
+	return uid, acct, true
+}
+
 // onBehalf resolves the account a request names. Only root may name one;
 // anyone else, or a name the user database does not know, gets the reply
 // to send instead.
@@ -70,15 +86,9 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 		s.mu.Unlock()
 		return false
 	}
-	uid, acct := c.uid, c.acct
-	if req.User != "" {
-		var rep *client.Reply
-		if uid, acct, rep = s.onBehalf(c, req.User); rep != nil {
-			s.mu.Lock()
-			c.sendLocked(rep)
-			s.mu.Unlock()
-			return true
-		}
+	uid, acct, ok := s.accountFor(c, req.User)
+	if !ok {
+		return true
 	}
 	d := pam.Decide(s.cfg, pam.Account{Name: acct.name, Groups: acct.groups}, req.Login)
 	s.mu.Lock()

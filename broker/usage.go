@@ -3,6 +3,7 @@ package broker
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -440,12 +441,12 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 			return -1
 		}
 		if a.user != b.user {
-			return compare(a.user, b.user)
+			return cmp.Compare(a.user, b.user)
 		}
 		if a.kind != b.kind {
-			return compare(a.kind, b.kind)
+			return cmp.Compare(a.kind, b.kind)
 		}
-		return compare(a.pool, b.pool)
+		return cmp.Compare(a.pool, b.pool)
 	})
 	rep.Rows = make([]client.UsageRow, 0, len(keys))
 	for _, k := range keys {
@@ -454,16 +455,6 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 		rep.Rows = append(rep.Rows, *row)
 	}
 	return rep
-}
-
-func compare(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // usagePath is the accounting log's path: the configured one, or

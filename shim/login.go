@@ -100,17 +100,7 @@ func askLogin(o Options, path string) (*client.Reply, []int, int) {
 			return nil, nil, ExitFailure
 		case errors.As(err, &be):
 			w.clear()
-			warn("%s", be.Message)
-			if be.Hint != "" {
-				hint("%s", be.Hint)
-			}
-			switch be.Code {
-			case client.CodeBusy:
-				return nil, nil, ExitTempFail
-			case client.CodeDenied:
-				return nil, nil, ExitDenied
-			}
-			return nil, nil, ExitFailure
+			return nil, nil, refused(be)
 		default:
 			w.clear()
 			return brokerDown(path, err)

@@ -159,19 +159,7 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			return nil, nil, ExitFailure
 		case errors.As(err, &be):
 			w.clear()
-			warn("%s", be.Message)
-			if be.Hint != "" {
-				hint("%s", be.Hint)
-			}
-			switch be.Code {
-			case client.CodeBusy, client.CodeTooMany:
-				return nil, nil, ExitTempFail
-			case client.CodeDenied:
-				return nil, nil, ExitDenied
-			case client.CodeBadRequest, client.CodeNoSuchPool, client.CodeNoDevice:
-				return nil, nil, ExitUsage
-			}
-			return nil, nil, ExitFailure
+			return nil, nil, refused(be)
 		case errors.Is(err, client.ErrNoAnswer):
 			w.clear()
 			warn("%v", err)
@@ -197,6 +185,24 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			return nil, nil, ExitFailure
 		}
 	}
+}
+
+// refused tells the user why the broker refused and returns the exit
+// status that says so.
+func refused(be *client.Error) int {
+	warn("%s", be.Message)
+	if be.Hint != "" {
+		hint("%s", be.Hint)
+	}
+	switch be.Code {
+	case client.CodeBusy, client.CodeTooMany:
+		return ExitTempFail
+	case client.CodeDenied:
+		return ExitDenied
+	case client.CodeBadRequest, client.CodeNoSuchPool, client.CodeNoDevice:
+		return ExitUsage
+	}
+	return ExitFailure
 }
 
 // redialEvery is how often a waiting npurun tries to reach a restarting

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# make demo: an unprivileged broker with 4 fake devices in a temp dir, three
-# contending npurun commands queued and served in order, then stop.
+# make demo: a broker of its own with 4 fake devices in a temp dir, three
+# contending npurun commands queued and served in order, tasks, then stop.
+# It runs as whoever runs make demo; as root it is told --cgroup off, so
+# that it touches none of the machine's control groups (nor a real
+# broker's tasks), as the tests' brokers do.
 set -euo pipefail
 bin=$(cd "${1:-bin}" && pwd)
 dir=$(mktemp -d -t npurun-demo.XXXXXX)
@@ -19,9 +22,11 @@ CONF
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-say "start an unprivileged broker with 4 fake devices"
-echo "\$ npubroker serve --config $dir/npurun.conf --run-dir $dir/run --state-dir $dir/spool &"
-"$bin/npubroker" serve --config "$dir/npurun.conf" --run-dir "$dir/run" --state-dir "$dir/spool" 2>"$dir/broker.log" &
+cgroup=()
+[ "$(id -u)" = 0 ] && cgroup=(--cgroup off)
+say "start a broker of its own with 4 fake devices, as $(id -un)"
+echo "\$ npubroker serve --config $dir/npurun.conf --run-dir $dir/run --state-dir $dir/spool ${cgroup[*]} &"
+"$bin/npubroker" serve --config "$dir/npurun.conf" --run-dir "$dir/run" --state-dir "$dir/spool" "${cgroup[@]}" 2>"$dir/broker.log" &
 broker_pid=$!
 export NPURUN_SOCKET=$dir/run/broker.sock
 # Wait for the broker's "serving" line: an event, not a guess.

@@ -37,6 +37,14 @@ max_devices = 1
 `)
 	clean := write("clean.conf", FakeConfig(4)+"[pools]\na = \"0-1\"\nb = \"2-3\"\n[user.root]\nmax_devices = 2\n")
 	bad := write("bad.conf", FakeConfig(4)+"[pools]\na = \"0-1\"\n[user.npurun-tnosuch]\nmax_device = 1\n")
+	// Valid, but for a machine with devices this one lacks: serve would
+	// not start here.
+	devDir := filepath.Join(dir, "dev")
+	if err := os.Mkdir(devDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := write("elsewhere.conf", "[devices]\nvendor = \"ascend\"\ndev_dir = \""+devDir+"\"\n")
+	missing := write("missing.conf", "[devices]\nvendor = \"nvidia\"\nids = \"0-1\"\ndev_dir = \""+devDir+"\"\n")
 
 	for _, tc := range []struct {
 		name    string
@@ -59,6 +67,12 @@ max_devices = 1
 			warned + `:13: [group.npurun-tnosuch]: warning: no group "npurun-tnosuch" on this machine`,
 		}, errNot: []string{"[user.root]", "[group.root]"}},
 		{name: "errors still fail", args: []string{bad}, code: 1, err: []string{bad + ":7: [user.npurun-tnosuch] max_device: unknown key"}, noStdio: true},
+		{name: "no devices here", args: []string{elsewhere}, code: 0, out: []string{elsewhere + ": ok"}, err: []string{
+			elsewhere + ": [devices]: warning: discover ascend devices: no davinciN nodes in " + devDir + ": npubroker serve would not start on this machine"}},
+		{name: "a device missing", args: []string{missing}, code: 0, out: []string{missing + ": ok"}, err: []string{
+			missing + ": [devices]: warning: discover nvidia device 0: " + devDir + "/nvidia0 does not exist: npubroker serve would not start on this machine"}},
+		{name: "no such file", args: []string{filepath.Join(dir, "nosuch.conf")}, code: 1, err: []string{
+			"npubroker: read config: open " + filepath.Join(dir, "nosuch.conf") + ": no such file or directory"}, noStdio: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := runTaskCmd(t, exec.Command(bin.Broker, append([]string{"check-config"}, tc.args...)...))

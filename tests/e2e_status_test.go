@@ -278,3 +278,19 @@ func TestStatusWaiting(t *testing.T) {
 	q1.mustSucceed()
 	q2.mustSucceed()
 }
+
+// TestStatusWatchBrokerStops: a status watch whose broker stops says so in
+// words and exits 69, as when no broker answers at all.
+func TestStatusWatchBrokerStops(t *testing.T) {
+	b := StartBroker(t, FakeConfig(1))
+	w := watchBoards(t, b, nil)
+	w.next("the first board", func(*client.Board) bool { return true })
+	b.Stop()
+	w.waitLine("npubroker: the broker closed the connection: it stopped or is restarting")
+	if code, sig := w.wait(); code != 69 || sig != 0 {
+		t.Errorf("status --watch after the broker stopped: exit %d signal %v, want 69; output:\n%s", code, sig, w.Output())
+	}
+	if out := w.Output(); strings.Contains(out, "closed by peer") {
+		t.Errorf("status --watch says %q", out)
+	}
+}

@@ -135,6 +135,7 @@ type Broker struct {
 	StateDir string
 	Socket   string
 	Cgroup   string // the parent of its tasks' control groups (--cgroup), "" for none
+	StartIn  string // a control group to start the broker in, with --cgroup auto; "" for Cgroup
 
 	env []string // added to the broker process's environment
 
@@ -189,9 +190,20 @@ func NewBroker(t testing.TB, conf string, env ...string) *Broker {
 func (b *Broker) Start() {
 	b.t.Helper()
 	cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--socket", b.Socket, "--state-dir", b.StateDir)
-	if b.Cgroup != "" {
+	switch {
+	case b.StartIn != "":
+		// Born in that group (CLONE_INTO_CGROUP), as systemd starts
+		// the service in its own.
+		cmd.Args = append(cmd.Args, "--cgroup", "auto")
+		cg, err := os.Open(b.StartIn)
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		defer cg.Close()
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+	case b.Cgroup != "":
 		cmd.Args = append(cmd.Args, "--cgroup", b.Cgroup)
-	} else {
+	default:
 		cmd.Args = append(cmd.Args, "--cgroup", "off") // never the machine's own groups
 	}
 	if len(b.env) > 0 {

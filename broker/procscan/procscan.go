@@ -288,8 +288,11 @@ func (s *Scanner) Proc(pid int) (*Proc, error) {
 
 // Start returns the start time of pid in clock ticks after boot, 0 when it
 // is gone: with the pid, it names one process for good.
-func (s *Scanner) Start(pid int) uint64 {
-	p, err := s.fs.Proc(pid)
+func (s *Scanner) Start(pid int) uint64 { return StartTime(s.fs, pid) }
+
+// StartTime is Start for a /proc of one's own.
+func StartTime(fs procfs.FS, pid int) uint64 {
+	p, err := fs.Proc(pid)
 	if err != nil {
 		return 0
 	}

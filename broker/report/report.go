@@ -208,13 +208,15 @@ func dial(flag string, env Env) (*client.Conn, int) {
 }
 
 func fail(env Env, err error) int {
+	if errors.Is(err, client.ErrClosed) {
+		// A watch ends so when the broker stops: say it in words.
+		fmt.Fprintln(env.Stderr, "npubroker: the broker closed the connection: it stopped or is restarting")
+		return exitNoBroker
+	}
 	fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
 	var e *client.Error
 	if errors.As(err, &e) && e.Hint != "" {
 		fmt.Fprintf(env.Stderr, "npubroker: hint: %s\n", e.Hint)
-	}
-	if errors.Is(err, client.ErrClosed) {
-		return exitNoBroker
 	}
 	return exitFailure
 }

@@ -51,6 +51,7 @@ package tasklife
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -407,7 +408,7 @@ func (l *Life) Dependents(id uint64) []*Task {
 			out = append(out, t)
 		}
 	}
-	slices.SortFunc(out, func(a, b *Task) int { return cmpUint(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b *Task) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 
@@ -908,21 +909,11 @@ func (l *Life) snapshot() []*Record {
 		}
 		return true
 	})
-	slices.SortFunc(done, func(a, b *Task) int { return cmpUint(a.endSeq, b.endSeq) })
+	slices.SortFunc(done, func(a, b *Task) int { return cmp.Compare(a.endSeq, b.endSeq) })
 	for _, t := range done {
 		recs = append(recs, &Record{Op: opTask, Task: t.onDisk()})
 	}
 	return recs
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // maybeCompact starts a rewrite in the background when one is due.

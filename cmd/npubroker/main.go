@@ -67,7 +67,8 @@ const checkConfigHelp = `Validate a configuration file (default ` + broker.Defau
 problem by file, line and key. Errors exit 1. Warnings, also on standard
 error, leave the status 0: a [user.NAME] or [group.NAME] for an account
 this machine does not know (yet), devices that [pools] puts in no pool, a
-[restrict]ed account still in a group that may open the device nodes.
+[restrict]ed account still in a group that may open the device nodes, the
+configured devices missing from this machine (serve would not start).
 `
 
 func checkConfig(args []string) int {
@@ -93,7 +94,11 @@ func checkConfig(args []string) int {
 	}
 	cfg, err := policy.Load(path)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		if perrs := (*policy.Errors)(nil); errors.As(err, &perrs) {
+			fmt.Fprintln(os.Stderr, err) // each line names the file and line
+		} else {
+			fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
+		}
 		return 1
 	}
 	devices := cfg.IDs
@@ -104,6 +109,12 @@ func checkConfig(args []string) int {
 		}
 	}
 	warnings := cfg.Warnings(devices, accountExists)
+	// The devices as serve finds them: a file that is fine but for another
+	// machine, or a machine whose devices are missing, still exits 0, with
+	// a warning.
+	if _, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi); err != nil {
+		warnings = append(warnings, policy.Error{File: path, Key: "[devices]", Msg: fmt.Sprintf("warning: %v: npubroker serve would not start on this machine", err)})
+	}
 	if cfg.Restrict.Active() && devices != nil {
 		groups, open := pam.NodeAccess(npu.Vendor(cfg.Vendor), cfg.DevDir, devices)
 		warnings = append(warnings, cfg.RestrictWarnings(groups, open, pam.Member, pam.Members)...)
