@@ -6,6 +6,10 @@
 #               written, never to the paths written into files  (empty)
 #   BINDIR      user commands: npurun, task-submit      ($(PREFIX)/bin)
 #   SBINDIR     the daemon: npubroker                   ($(PREFIX)/sbin)
+#   LIBEXECDIR  programs run by the daemon, not people: npurun/npurun-supervise,
+#               each task's supervisor ($(PREFIX)/libexec). The path is built
+#               into npubroker, which runs a npurun-supervise found beside its
+#               own executable first (a build directory), else this one
 #   MANDIR      man pages                               ($(PREFIX)/share/man)
 #   SYSCONFDIR  configuration: npurun/npurun.conf       (/etc; $(PREFIX)/etc *)
 #   SYSTEMDDIR  systemd units                           (/lib/systemd/system;
@@ -35,6 +39,7 @@ PREFIX     ?= /usr/local
 DESTDIR    ?=
 BINDIR     ?= $(PREFIX)/bin
 SBINDIR    ?= $(PREFIX)/sbin
+LIBEXECDIR ?= $(PREFIX)/libexec
 MANDIR     ?= $(PREFIX)/share/man
 ifneq ($(filter /usr/local /usr,$(PREFIX)),)
 SYSCONFDIR ?= /etc
@@ -53,7 +58,8 @@ CC         ?= cc
 CFLAGS     ?= -O2
 
 GOFLAGS_BUILD = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
-BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/pam_npurun.so
+SUPERVISOR = $(LIBEXECDIR)/npurun/npurun-supervise
+BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise $(BUILDDIR)/pam_npurun.so
 SOURCES = $(shell find . -name '*.go' -not -path './.git/*') go.mod go.sum
 MAN1 = $(wildcard man/*.1)
 MAN5 = $(wildcard man/*.5)
@@ -77,6 +83,13 @@ $(BUILDDIR)/task-submit: $(SOURCES)
 	@mkdir -p $(BUILDDIR)
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/task-submit
 
+# The supervisor of each task, run by npubroker as the submitter: static
+# and small too, as its start is part of a task's (it looks nothing up:
+# the broker resolved the account).
+$(BUILDDIR)/npurun-supervise: $(SOURCES)
+	@mkdir -p $(BUILDDIR)
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npurun-supervise
+
 $(BUILDDIR)/npubroker: $(SOURCES)
 	@mkdir -p $(BUILDDIR)
 	@if [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
@@ -84,7 +97,7 @@ $(BUILDDIR)/npubroker: $(SOURCES)
 		echo "  install a C compiler (gcc, or the one \$$CC names: $$($(GO) env CC)) and do not set CGO_ENABLED=0" >&2; \
 		exit 1; \
 	fi
-	CGO_ENABLED=1 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npubroker
+	CGO_ENABLED=1 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X github.com/npurun/npurun/broker.InstalledSupervisor=$(SUPERVISOR)" -o $@ ./cmd/npubroker
 
 # The PAM module is C on purpose (a Go runtime loaded into sshd can hang:
 # see DESIGN.md), a thin client of the broker, built with warnings as
@@ -148,10 +161,11 @@ man:
 	@ls man/*.[0-9]
 
 install: build units
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(SYSTEMDDIR) $(DESTDIR)$(SYSCONFDIR)/npurun $(DESTDIR)$(PAMDIR)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBEXECDIR)/npurun $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(SYSTEMDDIR) $(DESTDIR)$(SYSCONFDIR)/npurun $(DESTDIR)$(PAMDIR)
 	install -m 0755 $(BUILDDIR)/npurun $(DESTDIR)$(BINDIR)/npurun
 	install -m 0755 $(BUILDDIR)/task-submit $(DESTDIR)$(BINDIR)/task-submit
 	install -m 0755 $(BUILDDIR)/npubroker $(DESTDIR)$(SBINDIR)/npubroker
+	install -m 0755 $(BUILDDIR)/npurun-supervise $(DESTDIR)$(SUPERVISOR)
 	install -m 0644 $(BUILDDIR)/pam_npurun.so $(DESTDIR)$(PAMDIR)/pam_npurun.so
 	install -m 0644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/
 	install -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
@@ -170,6 +184,8 @@ uninstall: build units
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/npurun,$(BUILDDIR)/npurun)
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/task-submit,$(BUILDDIR)/task-submit)
 	@$(call remove_same,$(DESTDIR)$(SBINDIR)/npubroker,$(BUILDDIR)/npubroker)
+	@$(call remove_same,$(DESTDIR)$(SUPERVISOR),$(BUILDDIR)/npurun-supervise)
+	@rmdir '$(DESTDIR)$(LIBEXECDIR)/npurun' 2>/dev/null || true
 	@$(call remove_same,$(DESTDIR)$(PAMDIR)/pam_npurun.so,$(BUILDDIR)/pam_npurun.so)
 	@$(foreach p,$(MAN1),$(call remove_same,$(DESTDIR)$(MANDIR)/man1/$(notdir $(p)),$(p));)
 	@$(foreach p,$(MAN5),$(call remove_same,$(DESTDIR)$(MANDIR)/man5/$(notdir $(p)),$(p));)

@@ -58,8 +58,8 @@ type Server struct {
 	poolOf map[int]string   // device id -> pool name
 
 	socket       string
-	self         string // this executable, run as `npubroker supervise`
-	unprivileged bool   // not root: tasks only for our own uid, no credential change
+	supBin       *supervisorBin // npurun-supervise, open: every task runs under it (supervisorbin.go)
+	unprivileged bool           // not root: tasks only for our own uid, no credential change
 	proc         procfs.FS
 	boot         string   // this boot's id, against pids of an earlier boot
 	cpuSlots     []int    // ids of the CPU slots: 0..cpu_slots-1
@@ -92,6 +92,7 @@ type Server struct {
 	cpuFree   []bool
 	loading   bool          // taking up the journal's tasks
 	warm      int           // supervisors started for tasks still waiting
+	idle      idlePool      // idle supervisors, one per user at most (idle.go)
 	paused    *pause        // task starts are stopped, and why
 	pauseWait time.Duration // how long the current pause waits before trying again
 
@@ -133,8 +134,12 @@ func New(o Options) (*Server, error) {
 	if s.proc, err = procfs.NewFS("/proc"); err != nil {
 		return nil, err
 	}
-	if s.self, err = os.Executable(); err != nil {
+	self, err := os.Executable()
+	if err != nil {
 		return nil, fmt.Errorf("find own executable: %w", err)
+	}
+	if s.supBin, err = findSupervisor(self); err != nil {
+		return nil, err
 	}
 	for _, p := range o.Config.Pools {
 		ids := p.IDs
@@ -369,6 +374,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	defer stop()
 	s.serveMetrics(ctx)
 	defer s.led.usage.flush(2 * time.Second)
+	defer s.letIdleGo(time.Second) // a broker that stops leaves no idle supervisor
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {

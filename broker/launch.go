@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -20,21 +21,34 @@ import (
 	"github.com/npurun/npurun/npu"
 )
 
-// A task runs under a supervisor, `npubroker supervise ID`, started as the
-// submitter in a session of its own. Its standard input is a SOCK_SEQPACKET
-// socket to the broker carrying two messages: the Spec, sent at once, and,
-// once the task is granted and its start is durable in the journal, the
-// go-ahead: the devices, their variables and their lock descriptors
+// A task runs under a supervisor, `npurun-supervise [ID]` (package
+// supervisor; the program is found and checked in supervisorbin.go),
+// started as the submitter in a session of its own. Its standard input is
+// a SOCK_SEQPACKET socket to the broker carrying two messages: the Spec,
+// and, once the task is granted and its start is durable in the journal,
+// the go-ahead: the devices, their variables and their lock descriptors
 // (SCM_RIGHTS). A supervisor that sees the socket close first exits having
-// run nothing. So the first tasks in line get their supervisors started
-// while they wait ("warm"), and a grant costs one message, not a process
-// start; and a broker that dies before the start record is on disk leaves
-// nothing running that the journal does not know.
+// run nothing. So a grant costs one message, not a process start, wherever
+// a supervisor could be started beforehand; and a broker that dies before
+// the start record is on disk leaves nothing running that the journal does
+// not know.
 //
-// A task's processes are started in one place, startSupervisor (directly
-// in the task's control group, where there are control groups: cgroup.go),
-// and ended in one place, endProcesses (and, at the task's end, its
-// group's removal, reapCgroup).
+// Supervisors are started beforehand in two ways:
+//
+//   - warm: for the first task waiting in each pool (at most maxWarm), with
+//     its Spec at once, so that it opens the log and finds the program
+//     while the task waits;
+//   - idle (idle.go): after a user's task has started, one supervisor is
+//     kept ready for that user's next task, in no task yet, for
+//     idleFor; the next task of that user (submitted to an idle queue, or
+//     granted from the line) takes it instead of starting one.
+//
+// A task's processes are started in one place, execSupervisor (directly
+// in the task's control group, where there are control groups: cgroup.go;
+// an idle supervisor is moved into its task's group before it is given its
+// Spec, so nothing of a task ever runs outside the group), and ended in
+// one place, endProcesses (and, at the task's end, its group's removal,
+// reapCgroup).
 //
 // When a start cannot be made for a reason that passes (the journal cannot
 // be written, the broker is out of descriptors or processes), the task goes
@@ -44,14 +58,27 @@ import (
 // maxWarm bounds the supervisors started ahead of their grant.
 const maxWarm = 8
 
-// supervisor is a task's supervisor process.
+// supervisor is a task's supervisor process, or an idle one.
 type supervisor struct {
 	pid    int
 	start  uint64        // its start time, against pid reuse
 	sock   *os.File      // the broker's end of its standard input
 	exited chan struct{} // closed once it has exited and been reaped
-	err    error         // why it could not be started
-	ready  chan struct{} // closed once started (or failed)
+	err    error         // why it could not be started, or given its task
+	ready  chan struct{} // closed once it has its task's Spec (or failed)
+
+	// Its credentials, as started: an idle one is given only a task of
+	// the same account.
+	uid  uint32
+	gid  uint32
+	gids []uint32
+
+	t       *task         // its task; nil while idle (s.mu)
+	started chan struct{} // idle: closed once its process exists (or failed: err)
+	expire  *time.Timer   // idle: lets it go after idleFor
+
+	mu   sync.Mutex // dead, against a move of its pid once it may be reused
+	dead bool       // exited; its pid may be reaped at any moment
 }
 
 // gone tells whether the supervisor has exited.
@@ -81,26 +108,35 @@ func (s *Server) warmLocked() {
 			seen[w.Pool] = true
 			if t := w.task; t.sup == nil && s.warm < maxWarm {
 				s.warm++
-				t.sup = s.spawnLocked(t)
+				var run func()
+				t.sup, run = s.spawnLocked(t)
+				go run()
 			}
 		}
 	}
 }
 
-// spawnLocked starts t's supervisor in the background and returns it; its
-// ready channel says when it exists.
-func (s *Server) spawnLocked(t *task) *supervisor {
-	sup := &supervisor{ready: make(chan struct{}), exited: make(chan struct{})}
+// spawnLocked gets t a supervisor: the idle one of its user if there is
+// one, else a new one. The function returned, run without the lock, gives
+// the idle one t's Spec or starts the new one, and closes its ready
+// channel.
+func (s *Server) spawnLocked(t *task) (*supervisor, func()) {
 	spec := s.specLocked(t.Task)
 	acct := t.acct
 	if s.cg != nil {
 		t.cgroup = true // from now on its end removes the group
 	}
-	go func() {
+	sup := s.takeIdleLocked(t)
+	if sup == nil {
+		sup = &supervisor{exited: make(chan struct{})}
+	}
+	sup.t, sup.ready = t, make(chan struct{})
+	return sup, func() {
 		defer close(sup.ready)
-		sup.err = s.startSupervisor(t, sup, spec, acct)
-		if sup.err != nil {
-			close(sup.exited)
+		if sup.started != nil {
+			sup.err = s.bindSupervisor(t, sup, spec)
+		} else if sup.err = s.startSupervisor(t, sup, spec, acct); sup.err != nil && sup.pid == 0 {
+			close(sup.exited) // never started: nothing else will say it is gone
 		}
 		if s.cg != nil {
 			s.mu.Lock()
@@ -111,8 +147,7 @@ func (s *Server) spawnLocked(t *task) *supervisor {
 			}
 			s.mu.Unlock()
 		}
-	}()
-	return sup
+	}
 }
 
 // errUnknownUser is a submitter that the user database does not know;
@@ -126,57 +161,97 @@ var (
 // waits rather than run outside it.
 var errCgroup = errors.New("no control group for the task")
 
-// startSupervisor starts `npubroker supervise ID` as the submitter and
-// gives it its Spec.
+// startSupervisor starts a supervisor for t as the submitter, in t's
+// control group, and gives it its Spec.
 func (s *Server) startSupervisor(t *task, sup *supervisor, spec *client.Spec, acct *account) error {
+	sup.uid = t.UID
+	if !s.unprivileged {
+		if acct == nil || !acct.known {
+			acct = s.users.lookup(t.UID)
+		}
+		if !acct.known {
+			if acct.err != nil {
+				return fmt.Errorf("look up uid %d: %w: %w", t.UID, errLookup, acct.err)
+			}
+			return fmt.Errorf("uid %d %w", t.UID, errUnknownUser)
+		}
+		sup.gid, sup.gids = acct.gid, acct.gids
+	}
+	cgfd := -1
+	if s.cg != nil {
+		// Born in the task's group (clone3, CLONE_INTO_CGROUP): nothing of
+		// the task runs outside it, not even for a moment.
+		fd, err := s.cg.open(t.ID)
+		if err != nil {
+			return fmt.Errorf("start supervisor: %w: %w", errCgroup, err)
+		}
+		defer unix.Close(fd)
+		cgfd = fd
+	}
+	if err := s.execSupervisor(sup, t.ID, cgfd); err != nil {
+		return err
+	}
+	return s.sendSpec(sup, spec)
+}
+
+// execSupervisor starts the supervisor program with sup's credentials
+// (unless the broker is unprivileged), for task id (0: idle), in the
+// control group open at cgfd (-1: the broker's own). It fills in sup's
+// process and socket, and arranges for its exit to be seen.
+func (s *Server) execSupervisor(sup *supervisor, id uint64, cgfd int) error {
+	attr := &syscall.SysProcAttr{Setsid: true}
+	if !s.unprivileged {
+		attr.Credential = &syscall.Credential{Uid: sup.uid, Gid: sup.gid, Groups: sup.gids}
+	}
+	if cgfd >= 0 {
+		attr.UseCgroupFD, attr.CgroupFD = true, cgfd
+	}
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("start supervisor: %w", err)
 	}
 	child := os.NewFile(uintptr(pair[1]), "supervisor")
 	defer child.Close()
-	sup.sock = os.NewFile(uintptr(pair[0]), "supervisor")
-	cmd := exec.Command(s.self, "supervise", strconv.FormatUint(t.ID, 10))
-	cmd.Args[0] = "npubroker"
-	cmd.Dir = "/"
-	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Stdin = child
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if !s.unprivileged {
-		if acct == nil || !acct.known {
-			acct = s.users.lookup(t.UID)
-		}
-		if !acct.known {
-			sup.sock.Close()
-			if acct.err != nil {
-				return fmt.Errorf("look up uid %d: %w: %w", t.UID, errLookup, acct.err)
-			}
-			return fmt.Errorf("uid %d %w", t.UID, errUnknownUser)
-		}
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: t.UID, Gid: acct.gid, Groups: acct.gids}
+	sock := os.NewFile(uintptr(pair[0]), "supervisor")
+	// Run from the file opened at the broker's start, whatever is at its
+	// path now (supervisorbin.go).
+	cmd := &exec.Cmd{
+		Path:        s.supBin.execPath(),
+		Args:        []string{client.SupervisorName},
+		Dir:         "/",
+		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Stdin:       child,
+		SysProcAttr: attr,
 	}
-	if s.cg != nil {
-		// Born in the task's group (clone3, CLONE_INTO_CGROUP): nothing of
-		// the task runs outside it, not even for a moment.
-		fd, err := s.cg.open(t.ID)
-		if err != nil {
-			sup.sock.Close()
-			return fmt.Errorf("start supervisor: %w: %w", errCgroup, err)
-		}
-		defer unix.Close(fd)
-		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	if id != 0 {
+		cmd.Args = append(cmd.Args, strconv.FormatUint(id, 10))
 	}
 	if err := cmd.Start(); err != nil {
-		sup.sock.Close()
+		sock.Close()
 		return fmt.Errorf("start supervisor: %w", err)
 	}
+	sup.sock = sock
 	sup.pid = cmd.Process.Pid
 	sup.start = procStart(s.proc, sup.pid)
 	go func() {
+		// Seen exited before it is reaped: until then its pid is its own,
+		// and an idle one may still be moved into its task's group.
+		var info unix.Siginfo
+		for unix.Waitid(unix.P_PID, sup.pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+		}
+		sup.mu.Lock()
+		sup.dead = true
+		sup.mu.Unlock()
 		cmd.Wait()
 		close(sup.exited)
-		s.supervisorGone(t, sup.pid)
+		s.supervisorExited(sup)
 	}()
+	return nil
+}
+
+// sendSpec gives a supervisor its task's Spec; on an error its socket is
+// closed, and it exits having run nothing.
+func (s *Server) sendSpec(sup *supervisor, spec *client.Spec) error {
 	b, err := json.Marshal(spec)
 	if err == nil {
 		err = client.SendMsg(int(sup.sock.Fd()), b, nil, 0)
@@ -186,6 +261,18 @@ func (s *Server) startSupervisor(t *task, sup *supervisor, spec *client.Spec, ac
 		return fmt.Errorf("give the supervisor its spec: %w", err)
 	}
 	return nil
+}
+
+// supervisorExited is called once a supervisor has exited and been
+// reaped.
+func (s *Server) supervisorExited(sup *supervisor) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sup.t == nil {
+		s.idleGoneLocked(sup)
+		return
+	}
+	s.supervisorGoneLocked(sup.t, sup.pid)
 }
 
 // passing tells whether a supervisor could not be started for a reason
@@ -270,10 +357,14 @@ func (s *Server) launch(t *task, fds []int) {
 		s.warm--
 	}
 	for try := 0; ; try++ {
+		var run func()
 		if sup == nil {
-			sup = s.spawnLocked(t)
+			sup, run = s.spawnLocked(t)
 		}
 		s.mu.Unlock()
+		if run != nil {
+			run() // here: a goroutine more would be a wake-up more
+		}
 		<-sup.ready
 		s.mu.Lock()
 		if sup.err == nil && !sup.gone() {
@@ -318,7 +409,11 @@ func (s *Server) launch(t *task, fds []int) {
 	if err == nil {
 		err = client.SendMsg(int(sup.sock.Fd()), b, fds, 0)
 	}
-	sup.sock.Close()
+	if err != nil {
+		sup.sock.Close()
+	} else {
+		go s.awaitStarted(sup)
+	}
 	s.mu.Lock()
 	t.launching = false
 	if err != nil {
@@ -334,6 +429,22 @@ func (s *Server) launch(t *task, fds []int) {
 	if t.cancel {
 		s.stopLocked(t) // cancelled while it was being started
 	}
+}
+
+// awaitStarted waits for a supervisor given its go-ahead to say that its
+// command has started (or for it to close its socket: it could not, or
+// exited), then keeps an idle supervisor for its user: started any
+// earlier, it would slow this start.
+func (s *Server) awaitStarted(sup *supervisor) {
+	buf := make([]byte, 512)
+	_, fds, _ := client.RecvMsg(int(sup.sock.Fd()), buf, nil, 0)
+	for _, fd := range fds {
+		closeFD(fd)
+	}
+	sup.sock.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keepIdleLocked(sup)
 }
 
 // ungrantLocked puts a task whose start could not be made back in its
@@ -425,7 +536,7 @@ func (s *Server) specLocked(t *tasklife.Task) *client.Spec {
 	}
 	env = append(env, "NPURUN_TASK_ID="+strconv.FormatUint(t.ID, 10), "NPURUN_SOCKET="+s.socket)
 	return &client.Spec{
-		ID: t.ID, Argv: t.Argv, Cwd: t.Sub.Cwd, Env: env, Log: t.Log,
+		ID: t.ID, UID: t.UID, Argv: t.Argv, Cwd: t.Sub.Cwd, Env: env, Log: t.Log,
 		TimeSec: t.TimeSec, GraceSec: int64(s.cfg.Tasks.KillGrace / time.Second),
 		Idle: t.Sub.NoDevice && s.cfg.Tasks.IdlePriority, Socket: s.socket,
 	}
@@ -458,10 +569,10 @@ func capThreads(env []string, name string, n int, text string) []string {
 
 // supervisorGone is called when a task's supervisor, pid, has exited. It
 // has reported the end before exiting, unless it was killed: then the task
-// is lost, and what is left of it in the supervisor's session is killed,
-// so that its lease, time limit and slot do not outlive the supervisor
-// that kept them. A supervisor that exits while its task is being started
-// is launch's to handle.
+// is lost, and what is left of it in its control group or its session is
+// killed, so that its lease, time limit and slot do not outlive the
+// supervisor that kept them. A supervisor that exits while its task is
+// being started is launch's to handle.
 func (s *Server) supervisorGone(t *task, pid int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
 )
 
@@ -53,14 +54,28 @@ func signalChecked(fs procfs.FS, pid int, start uint64, sig unix.Signal) error {
 	return unix.PidfdSendSignal(fd, sig, nil, 0)
 }
 
-// isSupervisor tells whether pid is `npubroker supervise ID`.
+// isSupervisor tells whether pid is task id's supervisor, by its command
+// line: `npurun-supervise ID`, `npurun-supervise` (an idle one, given the
+// task later: its pid and start time, recorded with the task's start, tell
+// it from the others), or `npubroker supervise ID`, as brokers before
+// npurun-supervise started them (a restart after an upgrade adopts those).
 func isSupervisor(fs procfs.FS, pid int, id uint64) bool {
 	p, err := fs.Proc(pid)
 	if err != nil {
 		return false
 	}
 	args, err := p.CmdLine()
-	return err == nil && len(args) == 3 && args[1] == "supervise" && args[2] == strconv.FormatUint(id, 10)
+	if err != nil {
+		return false
+	}
+	sid := strconv.FormatUint(id, 10)
+	switch {
+	case len(args) == 1 || len(args) == 2:
+		return args[0] == client.SupervisorName && (len(args) == 1 || args[1] == sid)
+	case len(args) == 3:
+		return args[1] == "supervise" && args[2] == sid
+	}
+	return false
 }
 
 // killSession sends SIGKILL to what is left of a task whose supervisor,

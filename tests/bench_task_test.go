@@ -5,8 +5,8 @@ package tests
 // beside their targets; nothing is asserted against the targets.
 //
 //	BenchmarkTaskSubmit   durable submissions/s, 16 protocol clients         ≥ 2,000/s
-//	BenchmarkTaskStart    Submit → the task's command starts, free device    p50 ≤ 5 ms
-//	BenchmarkTaskHandoff  task A's last action → queued task B's command     p50 ≤ 1.2× flock(1)
+//	BenchmarkTaskStart    task-submit -- CMD → CMD starts, empty line         p50 ≤ 1.5× tsp CMD
+//	BenchmarkTaskHandoff  task A's end → queued task B's command, one slot    p50 ≤ 1.0× tsp's
 //	BenchmarkTaskList     `task-submit list` with 10,000 tasks in the spool  ≤ 100 ms
 //
 // No task that might run is left behind: tasks that must not run wait
@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -37,7 +38,7 @@ const (
 	benchTaskSubmitTotal    = 5000
 	benchTaskSeqFor         = 1500 * time.Millisecond
 	benchTaskSeqMax         = 1000
-	benchTaskStartSamples   = 60
+	benchTaskStartSamples   = 40
 	benchTaskHandoffSamples = 60
 	benchTaskListTasks      = 10000
 	benchTaskListRuns       = 10
@@ -192,9 +193,6 @@ func BenchmarkTaskSubmit(b *testing.B) {
 	})
 }
 
-// benchTaskStamp is a command that stamps the time into $1 as it starts.
-var benchTaskStamp = []string{"sh", "-c", benchWaiterScript, "sh"}
-
 // benchTaskRunOne submits s, waits for it to end, and returns the times
 // from just before Submit to its acknowledgement, to its command's stamp
 // and to Wait's return.
@@ -214,90 +212,133 @@ func benchTaskRunOne(b *testing.B, c *client.Conn, s *client.Submission, stamp s
 	if ti.State != client.StateDone {
 		b.Fatalf("task %d: %s %s", ti.ID, ti.State, ti.Reason)
 	}
-	start = time.Duration(benchReadStamp(b, stamp) - t0.UnixNano())
+	start = benchSince(b, t0, stamp)
 	return
 }
 
-// BenchmarkTaskStart: from just before Submit to the task's command
-// starting, on a free device (and on a free CPU slot), one task at a time.
+// benchKillIdle kills the idle supervisor the broker keeps for this
+// process's user and waits until it has been reaped, so that the next
+// task's supervisor is started cold.
+func benchKillIdle(b *testing.B, br *Broker) {
+	pid := awaitIdle(b, br, uint32(os.Geteuid()))
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		b.Fatal(err)
+	}
+	for deadline := time.Now().Add(eventTimeout); ; time.Sleep(100 * time.Microsecond) {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+			return // reaped by the broker, which forgets it
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("the killed idle supervisor %d was not reaped within %s", pid, eventTimeout)
+		}
+	}
+}
+
+// BenchmarkTaskStart: from just before `task-submit -- CMD` starts to CMD
+// starting, the line empty, beside `tsp CMD` (task-spooler, one slot), and
+// the same through the protocol in this process; CMD stamps the time as
+// it starts. task-submit is measured with its user's idle supervisor ready
+// (as a sweep's tasks find it, and any task within 2 minutes of the last)
+// and without (it was killed: the supervisor is started for the task).
 func BenchmarkTaskStart(b *testing.B) {
 	benchNoNsPerOp(b)
 	br := StartBroker(b, benchTaskConfig)
+	p := peers(b)
+	ts := startTsp(b)
 	c := br.Dial()
-	logs := &benchTaskLogs{dir: b.TempDir()}
-	stamp := filepath.Join(b.TempDir(), "stamp")
-	mk := func(noDevice bool) *client.Submission {
-		s := benchTaskSub(b, logs.dir, append(benchTaskStamp, stamp)...)
-		s.Log, s.NoDevice = logs.next(), noDevice
-		return s
-	}
-	// The floor: the same command started straight from this process.
-	direct := func() time.Duration {
+	dir := SharedDir(b)
+	stamp := filepath.Join(dir, "stamp")
+	logs := &benchTaskLogs{dir: dir}
+	taskSubmit := func(args ...string) time.Duration {
 		os.Remove(stamp)
-		cmd := exec.Command("sh", "-c", benchWaiterScript, "sh", stamp)
-		t0 := time.Now()
-		if err := cmd.Run(); err != nil {
-			b.Fatal(err)
+		cmd := br.TaskSubmit(append(append([]string{"--log", logs.next()}, args...), p.stampArgs(stamp)...)...)
+		t0, out := benchSubmit(b, cmd)
+		var id uint64
+		if _, err := fmt.Sscanf(out, "task %d submitted", &id); err != nil {
+			b.Fatalf("task-submit said %q", out)
 		}
-		return time.Duration(benchReadStamp(b, stamp) - t0.UnixNano())
+		if ti, err := c.Wait(id); err != nil || ti.State != client.StateDone {
+			b.Fatalf("task %d: %+v %v", id, ti, err)
+		}
+		return benchSince(b, t0, stamp)
 	}
-	for range 3 {
-		benchTaskRunOne(b, c, mk(false), stamp)
-		direct()
+	warm := &benchSide{name: "task-submit -- CMD", sample: func() time.Duration { return taskSubmit("--") }}
+	cold := &benchSide{name: "  the same, no idle supervisor", sample: func() time.Duration {
+		benchKillIdle(b, br)
+		return taskSubmit("--")
+	}}
+	cpu := &benchSide{name: "task-submit --no-device -- CMD", sample: func() time.Duration { return taskSubmit("--no-device", "--") }}
+	tsp := &benchSide{name: "tsp CMD", sample: func() time.Duration {
+		os.Remove(stamp)
+		t0, out := benchSubmit(b, ts.cmd(p.stampArgs(stamp)...))
+		ts.wait(b, tspJobID(b, out))
+		return benchSince(b, t0, stamp)
+	}}
+	proto := &benchSide{name: "Submit in this process", sample: func() time.Duration {
+		s := benchTaskSub(b, dir, p.stampArgs(stamp)...)
+		s.Log = logs.next()
+		_, start, _ := benchTaskRunOne(b, c, s, stamp)
+		return start
+	}}
+	truth := &benchSide{name: "/bin/true", sample: func() time.Duration { return benchTrue(b) }}
+	sides := []*benchSide{warm, tsp, cold, cpu, proto, truth}
+	benchInterleave(3, sides...)
+	for _, s := range sides {
+		s.got = nil
 	}
-	var ack, start, end, cpuStart, floor []time.Duration
-	for range benchTaskStartSamples {
-		a, s, e := benchTaskRunOne(b, c, mk(false), stamp)
-		ack, start, end = append(ack, a), append(start, s), append(end, e)
-		_, s, _ = benchTaskRunOne(b, c, mk(true), stamp)
-		cpuStart = append(cpuStart, s)
-		floor = append(floor, direct())
-	}
-	p50 := benchQuantile(start, .5)
-	b.ReportMetric(benchMs(p50), "start-p50-ms")
-	b.ReportMetric(benchMs(benchQuantile(start, .9)), "start-p90-ms")
-	b.ReportMetric(benchMs(benchQuantile(floor, .5)), "direct-p50-ms")
-	row := func(name string, ds []time.Duration) []string {
-		return []string{name, benchF3(benchQuantile(ds, .1)), benchF3(benchQuantile(ds, .5)), benchF3(benchQuantile(ds, .9))}
-	}
-	benchSummary(b, fmt.Sprintf("submit → command start, %d tasks one at a time (target p50 ≤ 5 ms)", benchTaskStartSamples), [][]string{
+	benchInterleave(benchTaskStartSamples, sides...)
+	b.ReportMetric(benchMs(warm.p50()), "task-submit-p50-ms")
+	b.ReportMetric(benchMs(cold.p50()), "cold-p50-ms")
+	b.ReportMetric(benchMs(tsp.p50()), "tsp-p50-ms")
+	b.ReportMetric(float64(warm.p50())/float64(tsp.p50()), "ratio")
+	b.ReportMetric(float64(cold.p50())/float64(tsp.p50()), "cold-ratio")
+	benchSummary(b, fmt.Sprintf("submit → command start, whole commands, empty line, %d each, interleaved; CMD: %s (target ≤ 1.5× tsp)", benchTaskStartSamples, p.Stamper), [][]string{
 		{"", "p10 ms", "p50 ms", "p90 ms"},
-		row("submit → acknowledged (durable)", ack),
-		row("submit → command starts (device)", start),
-		row("submit → command starts (--no-device)", cpuStart),
-		row("submit → wait returns (device)", end),
-		row("fork/exec from this process (floor)", floor),
+		warm.row(), cold.row(), cpu.row(), tsp.row(), proto.row(), truth.row(),
+		{"task-submit / tsp, p50", ratio(warm, tsp) + " (no idle supervisor: " + ratio(cold, tsp) + ")"},
 	})
+}
+
+// benchGate waits until a job has the FIFO at path open for reading (it
+// runs, and waits for us) and returns the writing end; what the job is,
+// for a failure.
+func benchGate(b *testing.B, path string, what func() string) int {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err == nil {
+			return fd
+		}
+		if !errors.Is(err, unix.ENXIO) || time.Now().After(deadline) {
+			b.Fatalf("job A never opened the FIFO: %v (%s)", err, what())
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// benchHandoffArgs are job A's command, which waits on the FIFO, then
+// execs the stamper on file a, and job B's, the stamper on file bb.
+func benchHandoffArgs(p *benchPeers, fifo, a, bb string) (argvA, argvB []string) {
+	argvA = append([]string{"sh", "-c", `read x < "$1"; shift; exec "$@"`, "sh", fifo}, p.stampArgs(a)...)
+	return argvA, p.stampArgs(bb)
 }
 
 // benchTaskHandoffOne: task A holds the only device until this process
 // writes to a FIFO A reads, then stamps and exits; task B, queued behind
 // it, stamps as it starts.
-func benchTaskHandoffOne(b *testing.B, c *client.Conn, logs *benchTaskLogs, dir string) time.Duration {
+func benchTaskHandoffOne(b *testing.B, c *client.Conn, p *benchPeers, logs *benchTaskLogs, dir string) time.Duration {
 	a, bb, fifo := filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "fifo")
 	os.Remove(a)
 	os.Remove(bb)
-	sa := benchTaskSub(b, logs.dir, "sh", "-c", `read x < "$2"; exec date +%s%N > "$1"`, "sh", a, fifo)
+	argvA, argvB := benchHandoffArgs(p, fifo, a, bb)
+	sa := benchTaskSub(b, logs.dir, argvA...)
 	sa.Log = logs.next()
 	ra, err := c.Submit(sa)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// A is running once it has the FIFO open for reading.
-	var fd int
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		fd, err = unix.Open(fifo, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, unix.ENXIO) || time.Now().After(deadline) {
-			ti, _ := c.Show(ra.ID)
-			b.Fatalf("task A never opened the FIFO: %v (task: %+v)", err, ti)
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
-	sb := benchTaskSub(b, logs.dir, append(benchTaskStamp, bb)...)
+	fd := benchGate(b, fifo, func() string { ti, _ := c.Show(ra.ID); return fmt.Sprintf("task %+v", ti) })
+	sb := benchTaskSub(b, logs.dir, argvB...)
 	sb.Log = logs.next()
 	rb, err := c.Submit(sb)
 	if err != nil {
@@ -322,44 +363,61 @@ func benchTaskHandoffOne(b *testing.B, c *client.Conn, logs *benchTaskLogs, dir 
 	return time.Duration(benchReadStamp(b, bb) - benchReadStamp(b, a))
 }
 
-// BenchmarkTaskHandoff: from task A's last action to the start of task B,
-// queued behind it for the only device, against the same handoff between
-// two flock(1) commands, interleaved.
+// benchTspHandoffOne is the same handoff between two tsp jobs, one slot.
+func benchTspHandoffOne(b *testing.B, ts *benchTsp, p *benchPeers, dir string) time.Duration {
+	a, bb, fifo := filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "fifo")
+	os.Remove(a)
+	os.Remove(bb)
+	argvA, argvB := benchHandoffArgs(p, fifo, a, bb)
+	ja := tspJobID(b, ts.run(b, argvA...))
+	fd := benchGate(b, fifo, func() string { return "tsp job " + ja + ": " + ts.run(b, "-s", ja) })
+	jb := tspJobID(b, ts.run(b, argvB...))
+	if st := strings.TrimSpace(ts.run(b, "-s", jb)); st != "queued" {
+		b.Fatalf("tsp job B is %s, not queued behind A", st)
+	}
+	if _, err := unix.Write(fd, []byte("go\n")); err != nil {
+		b.Fatal(err)
+	}
+	unix.Close(fd)
+	ts.wait(b, ja)
+	ts.wait(b, jb)
+	return time.Duration(benchReadStamp(b, bb) - benchReadStamp(b, a))
+}
+
+// BenchmarkTaskHandoff: from task A's end to the start of task B, queued
+// behind it for the only device, beside the same between two tsp jobs
+// (one slot), interleaved. A's last action is exec'ing the stamper, whose
+// exit is its end; B's command is the stamper.
 func BenchmarkTaskHandoff(b *testing.B) {
 	benchNoNsPerOp(b)
 	br := StartBroker(b, benchTaskConfig)
+	p := peers(b)
+	ts := startTsp(b)
 	c := br.Dial()
 	logs := &benchTaskLogs{dir: b.TempDir()}
-	tdir := b.TempDir()
-	if err := unix.Mkfifo(filepath.Join(tdir, "fifo"), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	dir, lock, ino := benchFlockFile(b)
-	for range 3 {
-		benchTaskHandoffOne(b, c, logs, tdir)
-		benchHandoffFlock(b, lock, ino, dir)
-	}
-	var ht, hf []time.Duration
-	for i := range benchTaskHandoffSamples {
-		if i%2 == 0 {
-			ht = append(ht, benchTaskHandoffOne(b, c, logs, tdir))
-			hf = append(hf, benchHandoffFlock(b, lock, ino, dir))
-		} else {
-			hf = append(hf, benchHandoffFlock(b, lock, ino, dir))
-			ht = append(ht, benchTaskHandoffOne(b, c, logs, tdir))
+	tdir, sdir := SharedDir(b), SharedDir(b)
+	for _, d := range []string{tdir, sdir} {
+		if err := unix.Mkfifo(filepath.Join(d, "fifo"), 0o600); err != nil {
+			b.Fatal(err)
 		}
 	}
-	t50, f50 := benchQuantile(ht, .5), benchQuantile(hf, .5)
-	ratio := float64(t50) / float64(f50)
-	b.ReportMetric(benchMs(t50), "task-p50-ms")
-	b.ReportMetric(benchMs(benchQuantile(ht, .9)), "task-p90-ms")
-	b.ReportMetric(benchMs(f50), "flock-p50-ms")
-	b.ReportMetric(ratio, "ratio")
-	benchSummary(b, fmt.Sprintf("task handoff, A's last action → queued B's command, %d samples each (target p50 ratio ≤ 1.2)", benchTaskHandoffSamples), [][]string{
-		{"", "p10 ms", "p50 ms", "p90 ms", "max ms"},
-		{"tasks (1 device)", benchF3(benchQuantile(ht, .1)), benchF3(t50), benchF3(benchQuantile(ht, .9)), benchF3(benchQuantile(ht, 1))},
-		{"flock(1)", benchF3(benchQuantile(hf, .1)), benchF3(f50), benchF3(benchQuantile(hf, .9)), benchF3(benchQuantile(hf, 1))},
-		{"ratio p50", fmt.Sprintf("%.2f×", ratio)},
+	tasks := &benchSide{name: "tasks (1 device)", sample: func() time.Duration { return benchTaskHandoffOne(b, c, p, logs, tdir) }}
+	tsp := &benchSide{name: "tsp (1 slot)", sample: func() time.Duration { return benchTspHandoffOne(b, ts, p, sdir) }}
+	truth := &benchSide{name: "/bin/true", sample: func() time.Duration { return benchTrue(b) }}
+	sides := []*benchSide{tasks, tsp, truth}
+	benchInterleave(3, sides...)
+	for _, s := range sides {
+		s.got = nil
+	}
+	benchInterleave(benchTaskHandoffSamples, sides...)
+	b.ReportMetric(benchMs(tasks.p50()), "task-p50-ms")
+	b.ReportMetric(benchMs(benchQuantile(tasks.got, .9)), "task-p90-ms")
+	b.ReportMetric(benchMs(tsp.p50()), "tsp-p50-ms")
+	b.ReportMetric(float64(tasks.p50())/float64(tsp.p50()), "ratio")
+	benchSummary(b, fmt.Sprintf("task handoff, A's end → queued B's command, %d each, interleaved; commands: %s (target ≤ 1.0× tsp)", benchTaskHandoffSamples, p.Stamper), [][]string{
+		{"", "p10 ms", "p50 ms", "p90 ms"},
+		tasks.row(), tsp.row(), truth.row(),
+		{"tasks / tsp, p50", ratio(tasks, tsp)},
 	})
 }
 

@@ -19,6 +19,7 @@ var liveInstallPaths = []string{
 	"/etc/systemd/system/npubroker.service", "/usr/lib/systemd/system/npubroker.service",
 	"/usr/local/lib/systemd/system/npubroker.service",
 	"/usr/local/bin/npurun", "/usr/local/bin/task-submit", "/usr/local/sbin/npubroker",
+	"/usr/local/libexec/npurun", "/usr/local/libexec/npurun/npurun-supervise",
 	"/usr/local/share/man/man1/npurun.1", "/lib/security",
 }
 
@@ -93,7 +94,7 @@ func TestMakeInstallPrefix(t *testing.T) {
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"npubroker", "npurun", "task-submit"} {
+	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise"} {
 		copyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
 	}
 	vars := []string{"PREFIX=" + prefix, "BUILDDIR=" + build}
@@ -117,7 +118,7 @@ func TestMakeInstallPrefix(t *testing.T) {
 		t.Fatalf("make install: %v\n%s", err, out)
 	}
 	checkLive("make install")
-	for _, p := range []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "share/man/man1/npurun.1",
+	for _, p := range []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "libexec/npurun/npurun-supervise", "share/man/man1/npurun.1",
 		"share/man/man1/task-submit.1", "share/man/man5/npurun.conf.5", "share/man/man8/npubroker.8",
 		"lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket", "etc/npurun/npurun.conf"} {
 		if _, err := os.Stat(filepath.Join(prefix, p)); err != nil {
@@ -153,8 +154,8 @@ func TestMakeInstallPrefix(t *testing.T) {
 		t.Fatalf("make uninstall: %v\n%s", err, out)
 	}
 	checkLive("make uninstall")
-	for _, p := range []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "share/man/man1/npurun.1",
-		"lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket"} {
+	for _, p := range []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "libexec/npurun/npurun-supervise", "libexec/npurun",
+		"share/man/man1/npurun.1", "lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket"} {
 		if _, err := os.Lstat(filepath.Join(prefix, p)); err == nil {
 			t.Errorf("make uninstall left %s; output:\n%s", p, out)
 		}
@@ -180,7 +181,7 @@ func TestMakeInstallStaged(t *testing.T) {
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"npubroker", "npurun", "task-submit"} {
+	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise"} {
 		copyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
 	}
 	for _, tc := range []struct {
@@ -223,7 +224,7 @@ func TestMakeUninstallOtherPrefix(t *testing.T) {
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"npubroker", "npurun", "task-submit"} {
+	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise"} {
 		copyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
 	}
 	units := filepath.Join(tmp, "units")

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -181,11 +182,12 @@ func TestTaskContained(t *testing.T) {
 // control group under b (never another broker's task of the same id).
 func findSupervisor(t *testing.T, b *Broker, id uint64) int {
 	t.Helper()
-	for _, p := range cgroupProcs(filepath.Join(b.Cgroup, "task-"+idStr(id))) {
-		cmdline, _ := os.ReadFile("/proc/" + p + "/cmdline")
-		if string(cmdline) == "npubroker\x00supervise\x00"+idStr(id)+"\x00" {
-			pid, _ := strconv.Atoi(p)
-			return pid
+	procs := cgroupProcs(filepath.Join(b.Cgroup, "task-"+idStr(id)))
+	for _, p := range supervisors(b.Bin) {
+		// Started for the task (its id on the command line), or idle and
+		// given it: the only supervisor in the task's group.
+		if slices.Contains(procs, strconv.Itoa(p.pid)) {
+			return p.pid
 		}
 	}
 	t.Fatalf("no supervisor of task %d in its control group", id)

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 )
@@ -21,7 +23,7 @@ import (
 // Binaries are the commands under test, built once per test run into a
 // directory every user can read (tests run commands as other users too).
 type Binaries struct {
-	Dir, Broker, Npurun, TaskSubmit, Workload string
+	Dir, Broker, Npurun, TaskSubmit, Supervisor, Workload string
 }
 
 var buildOnce = sync.OnceValues(func() (*Binaries, error) {
@@ -36,6 +38,7 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 		"github.com/npurun/npurun/cmd/npubroker",
 		"github.com/npurun/npurun/cmd/npurun",
 		"github.com/npurun/npurun/cmd/task-submit",
+		"github.com/npurun/npurun/cmd/npurun-supervise", // found by the broker beside it
 		"github.com/npurun/npurun/tests/workload")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -46,6 +49,7 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 		Broker:     filepath.Join(dir, "npubroker"),
 		Npurun:     filepath.Join(dir, "npurun"),
 		TaskSubmit: filepath.Join(dir, "task-submit"),
+		Supervisor: filepath.Join(dir, "npurun-supervise"),
 		Workload:   filepath.Join(dir, "workload"),
 	}, nil
 })
@@ -252,8 +256,30 @@ func (b *Broker) signal(sig syscall.Signal) {
 	if cmd == nil {
 		return
 	}
+	// Its idle supervisors (npurun-supervise, one per user whose task
+	// started lately) exit once their socket to it closes: wait for them
+	// too, so that a test user they run as can be removed.
+	var idle []int
+	for _, p := range supervisors(b.Bin) {
+		if p.idle && p.ppid == cmd.Process.Pid {
+			idle = append(idle, p.pid)
+		}
+	}
 	cmd.Process.Signal(sig)
 	<-done
+	for _, pid := range idle {
+		awaitGone(pid, eventTimeout)
+	}
+}
+
+// awaitGone waits up to d for process pid to exit.
+func awaitGone(pid int, d time.Duration) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return // gone already
+	}
+	defer unix.Close(fd)
+	unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(d/time.Millisecond))
 }
 
 // Kill kills the broker with SIGKILL and waits for it to be gone.

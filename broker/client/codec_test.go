@@ -20,6 +20,9 @@ var replySamples = []string{
 	`{"v":1,"type":"hide","env":["NPURUN_DEVICES=","ASCEND_RT_VISIBLE_DEVICES="],"message":"no device free in pool \"interactive\""}`,
 	`{"v":1,"type":"queued","wait_ms":30000}`,
 	`{"v":1,"type":"grant","devices":[4],"env":["NPURUN_DEVICES=4"],"message":"npu 4 is yours until you log out"}`,
+	`{"v":1,"type":"submitted","id":118,"state":"pending","pool":"queue","position":3}`,
+	`{"v":1,"type":"submitted","id":18446744073709551615,"state":"running","reason":"starting on npu 0,3"}`,
+	`{"v":1,"type":"submitted","id":7,"state":"failed","reason":"failed: dependency 6 failed"}`,
 }
 
 // TestDecodeReplyAgreesWithJSON: the hand codec decodes what
@@ -37,8 +40,8 @@ func TestDecodeReplyAgreesWithJSON(t *testing.T) {
 		}
 		if !ok {
 			switch want.Type {
-			case TypeGrant, TypeQueued, TypeError, TypePong, TypeOK, TypeIgnore, TypeHide:
-				t.Errorf("decodeReply(%s) declined a lease reply", in)
+			case TypeGrant, TypeQueued, TypeError, TypePong, TypeOK, TypeIgnore, TypeHide, TypeSubmitted:
+				t.Errorf("decodeReply(%s) declined a lease or submitted reply", in)
 			}
 			continue
 		}
@@ -53,6 +56,7 @@ func TestDecodeReplyRejectsMalformed(t *testing.T) {
 		``, `{`, `{"type":"grant"`, `{"type":"grant",}`, `{"type":grant}`, `{"devices":[1,]}`,
 		`{"position":1.5}`, `{"position":"1"}`, `{"type":"a\x01"}`, `{"type":"\q"}`, `{"type":"ok"} x`,
 		`{"env":[1]}`, `{"v":99999999999999999999}`, `[]`, `{"type":"\ud83d\u12"}`,
+		`{"id":-1}`, `{"id":1.5}`, `{"id":1e3}`, `{"id":18446744073709551616}`, `{"id":"7"}`, `{"state":7}`,
 	} {
 		if _, _, err := decodeReply([]byte(in)); err == nil {
 			t.Errorf("decodeReply(%q) = nil error, want malformed", in)
@@ -88,9 +92,81 @@ func TestAppendRequestAgreesWithJSON(t *testing.T) {
 			t.Errorf("round trip of %+v gave %+v (%s)", want, got, b)
 		}
 	}
-	if _, ok := appendRequest(nil, &Request{V: 1, Op: OpList}); ok {
-		t.Error("appendRequest took a list request; only lease requests are hand-encoded")
+	for _, req := range []Request{
+		{V: 1, Op: OpList},
+		{V: 1, Op: OpSubmit}, // no task
+		{V: 1, Op: OpSubmit, Task: &Submission{}, ID: 3},         // a field submit has not
+		{V: 1, Op: OpSubmit, Task: &Submission{}, Pool: "queue"}, // the pool goes in the task
+		{V: 1, Op: OpAcquire, Task: &Submission{}},
+		{V: 1, Op: OpTaskDone, ID: 3, Status: &Status{}},
+	} {
+		if b, ok := appendRequest(nil, &req); ok {
+			t.Errorf("appendRequest took %+v, writing %s; only lease requests and plain submissions are hand-encoded", req, b)
+		}
 	}
+}
+
+var submitSamples = []Submission{
+	{Argv: []string{"python", "train.py", "--lr", "0.1"}, Cwd: "/home/alice/x", Env: []string{"PATH=/usr/bin", "HOME=/home/alice"}},
+	{Shell: "cd /tmp && ./run <in >out 2>&1 & wait", Cwd: "/", Env: []string{}, N: 2, Pool: "queue", TimeSec: 3600, Name: "sweep 1", After: []uint64{5, 18446744073709551615}, Log: "/tmp/l og"},
+	{Argv: []string{"x"}, Cwd: "/", Devices: []int{0, 7}, Log: "/tmp/\"quoted\"\n\x01\x7f é \xff \u2028"},
+	{Argv: []string{""}, Cwd: "", NoDevice: true, Env: []string{"A=<&>"}},
+	{Argv: []string{}, Cwd: "/", Devices: []int{}, After: []uint64{}},
+}
+
+// TestAppendSubmitAgreesWithJSON: a submission the hand codec writes
+// decodes, with encoding/json, to what encoding/json's own encoding
+// decodes to.
+func TestAppendSubmitAgreesWithJSON(t *testing.T) {
+	for _, sub := range submitSamples {
+		req := Request{V: Version, Op: OpSubmit, Task: &sub}
+		b, ok := appendRequest(nil, &req)
+		if !ok {
+			t.Fatalf("appendRequest declined the submission %+v", sub)
+		}
+		var got, want Request
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatalf("appendRequest(%+v) wrote %s: %v", sub, b, err)
+		}
+		j, err := json.Marshal(&req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(j, &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("submission %+v\nhand: %s\n gives %+v\njson: %s\n gives %+v", sub, b, *got.Task, j, *want.Task)
+		}
+	}
+}
+
+// FuzzAppendSubmit: any submission the hand codec writes, encoding/json
+// reads back as it reads its own encoding.
+func FuzzAppendSubmit(f *testing.F) {
+	for _, s := range submitSamples {
+		f.Add(s.Shell, s.Cwd, s.Pool, s.Name, s.Log, s.N, s.TimeSec, s.NoDevice, uint64(len(s.Env)))
+	}
+	f.Fuzz(func(t *testing.T, shell, cwd, pool, name, log string, n int, timeSec int64, noDevice bool, after uint64) {
+		sub := Submission{Argv: []string{shell, name}, Shell: shell, Cwd: cwd, Env: []string{pool, log}, N: n, Pool: pool,
+			NoDevice: noDevice, TimeSec: timeSec, Name: name, After: []uint64{after}, Log: log, Devices: []int{n}}
+		req := Request{V: Version, Op: OpSubmit, Task: &sub}
+		b, ok := appendRequest(nil, &req)
+		if !ok {
+			t.Fatal("declined")
+		}
+		var got, want Request
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatalf("hand encoding %q: %v", b, err)
+		}
+		j, _ := json.Marshal(&req)
+		if err := json.Unmarshal(j, &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("hand %s\njson %s", b, j)
+		}
+	})
 }
 
 // FuzzDecodeReply: whatever the hand codec accepts, encoding/json accepts

@@ -19,11 +19,17 @@ import (
 //	  │ ── {"op":"cancel","id":118} ────────────▶ │ ◀── {"type":"tasks","tasks":[…]}
 //	  │ ── {"op":"wait","id":118} ──────────────▶ │ … when it ends: {"type":"tasks","tasks":[…]}
 //
-//	npubroker ── fork/exec as the submitter ──▶ npubroker supervise
-//	  stdin: one JSON Spec; descriptors 3…: the lease's locks
+//	npubroker ── fork/exec as the submitter ──▶ npurun-supervise [ID]
+//	  stdin, a socket: ▶ the Spec; ▶ the go-ahead with the lease's locks (SCM_RIGHTS);
+//	                   ◀ {"id":118,"started":true} once the command runs
 //	supervisor ── {"op":"task-done","id":118,"status":{…}} ──▶ npubroker
 //	           ◀── {"type":"ok"} ─── (retried across broker restarts until acknowledged,
 //	                                  and while the broker answers "spool")
+
+// SupervisorName is the supervisor's program name and argv[0]: the broker
+// knows its tasks' supervisors by it, followed by the task's id when the
+// supervisor was started for one.
+const SupervisorName = "npurun-supervise"
 
 // Task operations.
 const (
@@ -142,6 +148,7 @@ type Status struct {
 // the lease's lock descriptors at 3, 4, … in the order of Devices.
 type Spec struct {
 	ID       uint64   `json:"id"`
+	UID      uint32   `json:"uid"`  // the submitter: the supervisor refuses a Spec for another uid than its own
 	Argv     []string `json:"argv"` // resolved: --run became [shell, "-c", string]
 	Cwd      string   `json:"cwd"`
 	Env      []string `json:"env"` // complete, device variables included
@@ -151,6 +158,14 @@ type Spec struct {
 	GraceSec int64    `json:"grace_sec"`          // SIGTERM → SIGKILL
 	Idle     bool     `json:"idle,omitempty"`     // nice 19 and the idle I/O class
 	Socket   string   `json:"socket"`             // where to report
+}
+
+// Started is a supervisor's word to the broker, on the socket its Spec
+// came on, once its task's command has started (Started false: it could
+// not be started).
+type Started struct {
+	ID      uint64 `json:"id"`
+	Started bool   `json:"started"`
 }
 
 // signalNumber maps "SIGKILL" to 9; 0 when unknown.

@@ -3,7 +3,6 @@ package supervisor
 import (
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
@@ -32,11 +31,11 @@ func report(spec *client.Spec, st *client.Status) int {
 		if errors.As(err, &refused) && refused.Code != client.CodeSpool {
 			// The broker answered, and its answer will not change. (One
 			// that could not record the end yet is asked again.)
-			fmt.Fprintf(os.Stderr, "npubroker: supervise: %v\n", err)
+			warn("%v", err)
 			return 1
 		}
 		if time.Now().Add(wait).After(giveUp) {
-			fmt.Fprintf(os.Stderr, "npubroker: supervise: %v; gave up after %s\n", err, reportFor)
+			warn("%v; gave up after %s", err, reportFor)
 			return 1
 		}
 		time.Sleep(wait)

@@ -1,18 +1,28 @@
 // Package supervisor runs one detached task as its submitter and reports how it ended to the broker.
 package supervisor
 
-// The broker starts `npubroker supervise ID` already as the submitter, in a
-// session of its own, with cwd "/", PATH alone in its environment and
+// The broker starts the supervisor, `npurun-supervise [ID]` (cmd/npurun-
+// supervise, a small static program of its own), already as the submitter,
+// in a session of its own, with cwd "/", PATH alone in its environment and
 // /dev/null for standard output and error. Its standard input is a
-// SOCK_SEQPACKET socket to the broker carrying two messages: the Spec, at
-// once; then, when the task is granted and its start is in the journal, the
-// go-ahead (a Spec with the devices and their variables) with the lease's
-// flock-held lock descriptors. If the socket closes before the go-ahead, the
-// task was not started (cancelled, or the broker died): the supervisor exits
-// having run nothing. Otherwise it starts the command with the descriptors,
-// closes its own copies at once (the lease lives and dies with the command's
-// process tree), waits, and reports the end with task-done until the broker
-// acknowledges it.
+// SOCK_SEQPACKET socket to the broker carrying two messages: the Spec; then,
+// when the task is granted and its start is in the journal, the go-ahead (a
+// Spec with the devices and their variables) with the lease's flock-held
+// lock descriptors. A supervisor started for task ID gets its Spec at once;
+// one started without an ID is idle, kept ready for the submitter's next
+// task, and gets its Spec (any task of its uid) when the broker gives it one.
+// If the socket closes before the go-ahead, the task was not started
+// (cancelled, or the broker died, or an idle supervisor was let go): the
+// supervisor exits having run nothing. Otherwise it starts the command with
+// the descriptors, closes its own copies at once (the lease lives and dies
+// with the command's process tree), waits, and reports the end with
+// task-done until the broker acknowledges it.
+//
+// Everything the supervisor needs the broker resolved as root: its uid,
+// gid and groups are set when it is started, the command is resolved (a
+// --run string comes as [shell, "-c", string]) and the log named; so it
+// looks nothing up in the user database, and starts as fast as a small Go
+// program does.
 
 import (
 	"encoding/json"
@@ -23,6 +33,7 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -36,32 +47,40 @@ const maxSpec = client.MaxMessage
 // brokerFD is the descriptor of the socket to the broker.
 const brokerFD = 0
 
-// errUsage marks a Spec or command line the supervisor refuses outright.
-var errUsage = errors.New("usage: npubroker supervise ID")
+// Name is the supervisor's program name, its argv[0]: the broker knows
+// its supervisors by it (with the task id after it, when started for one).
+const Name = client.SupervisorName
 
-// Main is the body of `npubroker supervise ID`; args is ["ID"]. It returns
-// 0 once the broker has acknowledged the task's end, 1 when it gave up
+// errUsage marks a Spec or command line the supervisor refuses outright.
+var errUsage = errors.New("usage: " + Name + " [ID]")
+
+// Main is the body of `npurun-supervise [ID]`; args is ["ID"], or empty for
+// an idle supervisor. It returns 0 once the broker has acknowledged the
+// task's end (or when no task was given to it), 1 when it gave up
 // reporting, 2 when the command line or the Spec is unusable.
 func Main(args []string) int {
 	cancel := catchSignals()
 	// Nothing inherited beyond the standard three reaches the command.
 	_ = unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
+	prime()
 	spec, err := readSpec(args)
+	if errors.Is(err, errNoTask) {
+		return 0 // an idle supervisor let go: nothing was to run
+	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "npubroker: supervise: %v\n", err)
+		warn("%v", err)
 		return 2
 	}
 	prep := prepare(spec)
 	leases, err := awaitGoAhead(spec)
 	if err != nil {
 		// Not started: cancelled while waiting, or the broker is gone.
-		fmt.Fprintf(os.Stderr, "npubroker: supervise: task %d not started: %v\n", spec.ID, err)
+		warn("task %d not started: %v", spec.ID, err)
 		return 0
 	}
-	if err := releaseStdin(); err != nil {
-		fmt.Fprintf(os.Stderr, "npubroker: supervise: %v\n", err)
-	}
-	st := runTask(spec, prep, leases, cancel)
+	started := keepBroker(spec.ID)
+	st := runTask(spec, prep, leases, cancel, started)
+	started(false) // if it was not said yet: the command never started
 	return report(spec, st)
 }
 
@@ -76,22 +95,61 @@ func catchSignals() <-chan os.Signal {
 	return cancel
 }
 
-// readSpec reads the broker's Spec and checks it names the task of args.
-func readSpec(args []string) (*client.Spec, error) {
-	if len(args) != 1 {
-		return nil, errUsage
+// specSample has every field of a Spec and of a go-ahead.
+const specSample = `{"id":1,"uid":0,"argv":["a"],"cwd":"/","env":["A=b"],"devices":[0],"log":"/a","time_sec":1,"grace_sec":1,"idle":true,"socket":"/a"}`
+
+// prime does before the broker's Spec comes what the task's start would
+// otherwise do for the first time, so that an idle supervisor, or one
+// started ahead of its grant, does it while it waits: encoding/json's
+// first decode, which builds its caches (a millisecond or more here); the
+// local time zone read, for the log's start line; and package os's check
+// that pidfds work, which forks a child, for the command's start.
+func prime() {
+	var spec client.Spec
+	_ = json.Unmarshal([]byte(specSample), &spec)
+	_ = time.Now().Format(time.RFC3339)
+	if self, err := os.FindProcess(os.Getpid()); err == nil {
+		self.Release()
 	}
-	id, err := strconv.ParseUint(args[0], 10, 64)
-	if err != nil {
-		return nil, fmt.Errorf("task id %q: %w", args[0], errUsage)
+}
+
+// warn writes one line to standard error (/dev/null when the broker
+// starts the supervisor; the tests read it).
+func warn(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, Name+": "+format+"\n", args...)
+}
+
+// errNoTask means the broker closed an idle supervisor's socket without
+// giving it a task.
+var errNoTask = errors.New("no task given")
+
+// readSpec reads the broker's Spec and checks it names the task of args
+// (any task, for an idle supervisor) and this process's uid.
+func readSpec(args []string) (*client.Spec, error) {
+	var id uint64
+	switch len(args) {
+	case 0:
+	case 1:
+		var err error
+		if id, err = strconv.ParseUint(args[0], 10, 64); err != nil || id == 0 {
+			return nil, fmt.Errorf("task id %q: %w", args[0], errUsage)
+		}
+	default:
+		return nil, errUsage
 	}
 	var spec client.Spec
 	fds, err := receive(&spec)
 	closeAll(fds) // the Spec comes alone
+	if id == 0 && errors.Is(err, client.ErrClosed) {
+		return nil, errNoTask
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read spec: %w", err)
 	}
-	return &spec, checkSpec(&spec, id)
+	if id == 0 {
+		id = spec.ID
+	}
+	return &spec, checkSpec(&spec, id, uint32(os.Getuid()))
 }
 
 // awaitGoAhead waits for the broker's word to start and returns the
@@ -140,11 +198,14 @@ func closeAll(fds []int) {
 	}
 }
 
-// checkSpec refuses a Spec the supervisor could not even report on.
-func checkSpec(spec *client.Spec, id uint64) error {
+// checkSpec refuses a Spec the supervisor could not even report on, and
+// one for another user's task: it would run it with the wrong rights.
+func checkSpec(spec *client.Spec, id uint64, uid uint32) error {
 	switch {
-	case spec.ID != id:
+	case spec.ID != id || id == 0:
 		return fmt.Errorf("spec is for task %d, not task %d", spec.ID, id)
+	case spec.UID != uid:
+		return fmt.Errorf("spec of task %d is for uid %d, and this supervisor runs as uid %d", id, spec.UID, uid)
 	case spec.Socket == "":
 		return fmt.Errorf("spec of task %d names no broker socket", id)
 	case len(spec.Devices) > client.MaxDevices:
@@ -153,7 +214,34 @@ func checkSpec(spec *client.Spec, id uint64) error {
 	return nil
 }
 
-// releaseStdin closes the pipe the Spec came on, keeping descriptor 0
+// keepBroker moves the socket to the broker off standard input, where
+// /dev/null takes its place, and returns what tells the broker, once, that
+// the command has started (or could not start) and closes the socket: the
+// broker starts nothing more for this user before that, so as not to slow
+// this start.
+func keepBroker(id uint64) func(ok bool) {
+	fd, err := unix.FcntlInt(brokerFD, unix.F_DUPFD_CLOEXEC, 3)
+	if err != nil {
+		warn("%v", err)
+		fd = -1
+	}
+	if err := releaseStdin(); err != nil {
+		warn("%v", err)
+	}
+	done := false
+	return func(ok bool) {
+		if done || fd < 0 {
+			return
+		}
+		done = true
+		if b, err := json.Marshal(&client.Started{ID: id, Started: ok}); err == nil {
+			_ = client.SendMsg(fd, b, nil, 0) // a broker gone meanwhile does not need it
+		}
+		unix.Close(fd)
+	}
+}
+
+// releaseStdin closes the socket the Spec came on, keeping descriptor 0
 // taken by /dev/null so that no later open lands there.
 func releaseStdin() error {
 	null, err := os.Open(os.DevNull)

@@ -23,7 +23,7 @@ import (
 )
 
 // The test binary doubles as the supervisor: started with roleVar set, it
-// runs Main as `npubroker supervise ID` would.
+// runs Main as `npurun-supervise [ID]` would.
 const (
 	roleVar      = "NPURUN_SUPERVISOR_TEST_ROLE"
 	reportForVar = "NPURUN_SUPERVISOR_TEST_REPORT_FOR"
@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 		if d, err := time.ParseDuration(os.Getenv(reportForVar)); err == nil {
 			reportFor = d
 		}
-		os.Exit(Main(os.Args[2:]))
+		os.Exit(Main(os.Args[1:]))
 	}
 	os.Exit(m.Run())
 }
@@ -339,7 +339,14 @@ func TestBadLog(t *testing.T) {
 }
 
 func TestBadSpec(t *testing.T) {
-	good, err := json.Marshal(newSpec(t, "true"))
+	marker := filepath.Join(t.TempDir(), "ran")
+	spec := newSpec(t, "touch", marker)
+	good, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.UID++
+	otherUser, err := json.Marshal(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,13 +357,16 @@ func TestBadSpec(t *testing.T) {
 	}{
 		{"garbage", []string{"7"}, []byte("not json")},
 		{"another task's spec", []string{"8"}, good},
-		{"no id", nil, good},
+		{"another user's spec", []string{"7"}, otherUser},
+		{"an idle supervisor, another user's spec", nil, otherUser},
+		{"two ids", []string{"7", "7"}, good},
 		{"id not a number", []string{"seven"}, good},
+		{"id 0", []string{"0"}, good},
 		{"too large", []string{"7"}, append(bytes.Repeat([]byte(" "), maxSpec+1), good...)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(testBinary(t), append([]string{"supervise"}, tc.args...)...)
+			cmd := exec.Command(testBinary(t), tc.args...)
 			cmd.Env = []string{roleVar + "=supervisor", "PATH=/usr/bin:/bin"}
 			sock := brokerSocket(t, cmd)
 			if err := client.SendMsg(int(sock.Fd()), tc.stdin, nil, 0); err != nil {
@@ -367,6 +377,9 @@ func TestBadSpec(t *testing.T) {
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
 				t.Fatalf("supervisor: %v, want exit 2; output:\n%s", err, out)
+			}
+			if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the command ran (%s exists: %v)", marker, err)
 			}
 		})
 	}
@@ -391,6 +404,7 @@ func newSpec(t *testing.T, argv ...string) *client.Spec {
 	dir := t.TempDir()
 	return &client.Spec{
 		ID:       7,
+		UID:      uint32(os.Getuid()),
 		Argv:     argv,
 		Cwd:      dir,
 		Env:      []string{"PATH=/usr/bin:/bin"},
@@ -409,11 +423,12 @@ func testBinary(t *testing.T) string {
 	return p
 }
 
-// supervisor is a running `npubroker supervise`.
+// supervisor is a running `npurun-supervise`.
 type supervisor struct {
-	cmd    *exec.Cmd
-	stderr *bytes.Buffer
-	exited chan struct{}
+	cmd     *exec.Cmd
+	stderr  *bytes.Buffer
+	exited  chan struct{}
+	started chan *client.Started // its word that the command started; closed at the socket's end
 }
 
 // startSupervisor starts the supervisor as the broker does: the Spec on
@@ -421,12 +436,19 @@ type supervisor struct {
 // the locks are closed, as the broker closes its own.
 func startSupervisor(t *testing.T, spec *client.Spec, locks []*os.File, env ...string) *supervisor {
 	t.Helper()
+	return startWith(t, []string{strconv.FormatUint(spec.ID, 10)}, spec, locks, env...)
+}
+
+// startWith is startSupervisor with the supervisor's arguments: the task's
+// id, or none for an idle one.
+func startWith(t *testing.T, args []string, spec *client.Spec, locks []*os.File, env ...string) *supervisor {
+	t.Helper()
 	b, err := json.Marshal(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &supervisor{stderr: new(bytes.Buffer), exited: make(chan struct{})}
-	s.cmd = exec.Command(testBinary(t), "supervise", strconv.FormatUint(spec.ID, 10))
+	s := &supervisor{stderr: new(bytes.Buffer), exited: make(chan struct{}), started: make(chan *client.Started, 1)}
+	s.cmd = exec.Command(testBinary(t), args...)
 	s.cmd.Env = append([]string{roleVar + "=supervisor", "PATH=/usr/bin:/bin", "GORACE=atexit_sleep_ms=0"}, env...) // GORACE: no 1 s pause at exit
 	s.cmd.Dir = "/"
 	sock := brokerSocket(t, s.cmd)
@@ -450,10 +472,25 @@ func startSupervisor(t *testing.T, spec *client.Spec, locks []*os.File, env ...s
 	if err := client.SendMsg(int(sock.Fd()), goAhead, fds, 0); err != nil {
 		t.Fatal(err)
 	}
-	sock.Close()
 	for _, f := range locks {
 		f.Close()
 	}
+	// Then its word that the command started, or the socket's end.
+	go func() {
+		defer sock.Close()
+		defer close(s.started)
+		buf := make([]byte, client.MaxMessage)
+		msg, _, err := client.RecvMsg(int(sock.Fd()), buf, nil, 0)
+		if err != nil {
+			return
+		}
+		var st client.Started
+		if err := json.Unmarshal(msg, &st); err != nil {
+			t.Errorf("the supervisor's word %q: %v", msg, err)
+			return
+		}
+		s.started <- &st
+	}()
 	go func() {
 		s.cmd.Wait()
 		close(s.exited)
@@ -817,7 +854,7 @@ func TestNoGoAhead(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cmd := exec.Command(testBinary(t), "supervise", strconv.FormatUint(spec.ID, 10))
+			cmd := exec.Command(testBinary(t), strconv.FormatUint(spec.ID, 10))
 			cmd.Env = []string{roleVar + "=supervisor", "PATH=/usr/bin:/bin", "GORACE=atexit_sleep_ms=0"}
 			sock := brokerSocket(t, cmd)
 			var stderr bytes.Buffer
@@ -906,4 +943,82 @@ func TestLeftovers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestIdle: a supervisor started with no task id is idle: given a Spec
+// (any task of its uid) it runs it as one started for it would; let go
+// (its socket closed with nothing sent) it exits 0 having run nothing.
+func TestIdle(t *testing.T) {
+	t.Run("given a task", func(t *testing.T) {
+		spec := newSpec(t, "sh", "-c", "echo ran as idle")
+		b := listen(t, spec.Socket)
+		s := startWith(t, nil, spec, nil)
+		st := b.awaitReport(t)
+		if code := s.wait(t); code != 0 {
+			t.Fatalf("supervisor exit %d, want 0; stderr:\n%s", code, s.stderr)
+		}
+		checkStatus(t, st, 0, "", "")
+		if log := readLog(t, spec.Log); !strings.Contains(log, "ran as idle\n") {
+			t.Errorf("log lacks the command's output:\n%s", log)
+		}
+	})
+	t.Run("let go", func(t *testing.T) {
+		cmd := exec.Command(testBinary(t))
+		cmd.Env = []string{roleVar + "=supervisor", "PATH=/usr/bin:/bin", "GORACE=atexit_sleep_ms=0"}
+		sock := brokerSocket(t, cmd)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sock.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("idle supervisor let go: %v, want exit 0; stderr:\n%s", err, &stderr)
+		}
+		if stderr.Len() > 0 {
+			t.Errorf("idle supervisor let go said:\n%s", &stderr)
+		}
+	})
+}
+
+// TestStarted: the supervisor tells the broker, on the socket its Spec
+// came on, once the command has started (while it still runs, not at its
+// end), or that it could not start.
+func TestStarted(t *testing.T) {
+	t.Run("started", func(t *testing.T) {
+		spec := newSpec(t, "sh", "-c", `read x < "$GATE"`)
+		gate := makeFifo(t, "gate")
+		spec.Env = append(spec.Env, "GATE="+gate)
+		b := listen(t, spec.Socket)
+		s := startSupervisor(t, spec, nil)
+		release := openGate(t, gate) // the command runs, and waits for us
+		select {
+		case st, ok := <-s.started:
+			if !ok || st.ID != spec.ID || !st.Started {
+				t.Errorf("the supervisor's word: %+v (socket open: %v), want task %d started", st, ok, spec.ID)
+			}
+		case <-time.After(patience):
+			t.Fatalf("no word that the command started within %s, while it runs", patience)
+		}
+		release()
+		b.awaitReport(t)
+		if code := s.wait(t); code != 0 {
+			t.Fatalf("supervisor exit %d, want 0; stderr:\n%s", code, s.stderr)
+		}
+	})
+	t.Run("not found", func(t *testing.T) {
+		spec := newSpec(t, "no-such-command-npurun")
+		b := listen(t, spec.Socket)
+		s := startSupervisor(t, spec, nil)
+		select {
+		case st, ok := <-s.started:
+			if !ok || st.ID != spec.ID || st.Started {
+				t.Errorf("the supervisor's word: %+v (socket open: %v), want task %d not started", st, ok, spec.ID)
+			}
+		case <-time.After(patience):
+			t.Fatalf("no word within %s", patience)
+		}
+		checkStatus(t, b.awaitReport(t), 127, "", "not found")
+		s.wait(t)
+	})
 }

@@ -51,9 +51,10 @@ func prepare(spec *client.Spec) *prepared {
 	return p
 }
 
-// runTask runs the command of spec to its end and says how it ended. The
-// lease's descriptors are closed by the time it returns.
-func runTask(spec *client.Spec, p *prepared, leases []*os.File, cancel <-chan os.Signal) *client.Status {
+// runTask runs the command of spec to its end and says how it ended,
+// calling started once the command has started or failed to. The lease's
+// descriptors are closed by the time it returns.
+func runTask(spec *client.Spec, p *prepared, leases []*os.File, cancel <-chan os.Signal, started func(ok bool)) *client.Status {
 	defer closeFiles(leases)
 	if p.logErr != nil {
 		return &client.Status{Reason: p.logErr.Error()}
@@ -69,6 +70,7 @@ func runTask(spec *client.Spec, p *prepared, leases []*os.File, cancel <-chan os
 	}
 	cmd, err := startCommand(spec, p, leases)
 	closeFiles(leases)
+	started(err == nil)
 	if err != nil {
 		logf(log, "npurun: task %d did not start: %v\n", spec.ID, err)
 		return startFailure(err)
@@ -318,7 +320,7 @@ func supervise(cmd *exec.Cmd, spec *client.Spec, cancel <-chan os.Signal) *endin
 				continue
 			}
 			// Ended by itself: what it left behind goes too.
-			if end.left = len(descendants(os.Getpid())); end.left > 0 {
+			if end.left = leftBehind(); end.left > 0 {
 				g.signal(unix.SIGTERM)
 			}
 			if kill == nil && rekill == nil {

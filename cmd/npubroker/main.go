@@ -17,7 +17,6 @@ import (
 
 	"github.com/npurun/npurun/broker"
 	"github.com/npurun/npurun/broker/report"
-	"github.com/npurun/npurun/broker/supervisor"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
 	"github.com/npurun/npurun/policy"
@@ -53,8 +52,6 @@ func main() {
 		os.Exit(report.Status(os.Args[2:], report.OSEnv()))
 	case "usage":
 		os.Exit(report.Usage(os.Args[2:], report.OSEnv()))
-	case "supervise": // started by the broker for each task; not for people
-		os.Exit(supervisor.Main(os.Args[2:]))
 	case "--version", "version":
 		fmt.Println("npubroker", version)
 	case "-h", "--help", "help":

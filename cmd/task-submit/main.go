@@ -12,8 +12,6 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/spf13/pflag"
-
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/npu"
@@ -92,16 +90,6 @@ func main() {
 	os.Exit(run(o))
 }
 
-func newFlagSet(name string, stderr io.Writer) *pflag.FlagSet {
-	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, usage)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
 const socketHelp = "broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)"
 
 // parse reads the command line; usage goes to stderr when asked for.
@@ -112,31 +100,30 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		after []string
 		run   string
 	)
-	fs := newFlagSet("task-submit", stderr)
-	fs.SetInterspersed(false)
-	fs.IntVarP(&o.sub.N, "devices", "n", 0, "number of devices (default 1)")
+	fs := newFlags("task-submit", false)
+	fs.intVar(&o.sub.N, 'n', "devices", "N", "number of devices (default 1)")
 	var devices []string
-	fs.StringArrayVarP(&devices, "device", "d", nil, "exactly these devices: a `LIST` of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)")
-	fs.BoolVar(&o.sub.NoDevice, "no-device", false, "take no device; run when a CPU slot is free")
-	fs.StringVarP(&o.sub.Pool, "pool", "p", "", "pool to take devices from (default: the policy's default pool)")
-	fs.DurationVar(&limit, "time", 0, "time limit, e.g. 6h or 90m, after which the task is killed (default: the policy's)")
-	fs.StringVar(&o.sub.Name, "name", "", "name to list the task by instead of its command")
-	fs.StringSliceVar(&after, "after", nil, "start only once these tasks have succeeded")
-	fs.StringVar(&o.sub.Log, "log", "", "log file (default ~/.local/state/npurun/tasks/ID.log)")
-	fs.StringVar(&run, "run", "", "command line run by your shell, instead of -- COMMAND [ARG...]")
-	fs.BoolVar(&o.json, "json", false, "print the task's id, position and pool as JSON")
-	fs.StringVar(&o.socket, "socket", "", socketHelp)
-	fs.BoolVar(&o.version, "version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		return nil, flagError(err)
+	fs.listVar(&devices, 'd', "device", "LIST", "exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)", false)
+	fs.switchVar(&o.sub.NoDevice, 0, "no-device", "take no device; run when a CPU slot is free")
+	fs.stringVar(&o.sub.Pool, 'p', "pool", "POOL", "pool to take devices from (default: the policy's default pool)")
+	fs.durationVar(&limit, 0, "time", "DURATION", "time limit, e.g. 6h or 90m, after which the task is killed (default: the policy's)")
+	fs.stringVar(&o.sub.Name, 0, "name", "NAME", "name to list the task by instead of its command")
+	fs.listVar(&after, 0, "after", "ID[,ID...]", "start only once these tasks have succeeded", true)
+	fs.stringVar(&o.sub.Log, 0, "log", "FILE", "log file (default ~/.local/state/npurun/tasks/ID.log)")
+	fs.stringVar(&run, 0, "run", "STRING", "command line run by your shell, instead of -- COMMAND [ARG...]")
+	fs.switchVar(&o.json, 0, "json", "print the task's id, position and pool as JSON")
+	fs.stringVar(&o.socket, 0, "socket", "PATH", socketHelp)
+	fs.switchVar(&o.version, 0, "version", "print the version and exit")
+	if err := fs.parse(args); err != nil {
+		return nil, helpOr(fs, stderr, err)
 	}
 	if o.version {
 		return o, nil
 	}
-	rest := fs.Args()
-	if len(rest) > 0 && fs.ArgsLenAtDash() < 0 {
+	rest := fs.args
+	if len(rest) > 0 && fs.dashAt < 0 {
 		_, ok := commands[rest[0]]
-		if !ok && fs.Changed("run") {
+		if !ok && fs.changed["run"] {
 			return nil, &usageError{
 				msg:  fmt.Sprintf("--run takes one string, and %q follows it", rest[0]),
 				hint: fmt.Sprintf("quote the whole command line: --run %q", strings.Join(append([]string{run}, rest...), " ")),
@@ -148,14 +135,10 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 				hint: fmt.Sprintf("to submit it: task-submit -- %s, or task-submit --run %q", strings.Join(rest, " "), strings.Join(rest, " ")),
 			}
 		}
-		var early string
-		fs.Visit(func(f *pflag.Flag) {
-			if f.Name != "socket" && f.Name != "json" && early == "" {
-				early = f.Name
+		for _, name := range fs.given() {
+			if name != "socket" && name != "json" {
+				return nil, usagef("--%s is for submitting, not for %s", name, rest[0])
 			}
-		})
-		if early != "" {
-			return nil, usagef("--%s is for submitting, not for %s", early, rest[0])
 		}
 		return parseCommand(o, rest[0], rest[1:], stderr)
 	}
@@ -170,27 +153,27 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 	s.Devices = slices.Compact(slices.Sorted(slices.Values(s.Devices)))
 	switch {
-	case fs.Changed("run") && len(rest) > 0:
+	case fs.changed["run"] && len(rest) > 0:
 		return nil, usagef("--run and a command after -- exclude each other")
-	case !fs.Changed("run") && len(rest) == 0:
+	case !fs.changed["run"] && len(rest) == 0:
 		return nil, &usageError{msg: "no command given", hint: `task-submit --run "python train.py", or task-submit -- python train.py`}
-	case fs.Changed("run") && strings.TrimSpace(run) == "":
+	case fs.changed["run"] && strings.TrimSpace(run) == "":
 		return nil, usagef("--run takes a command line")
-	case s.NoDevice && (fs.Changed("devices") || len(s.Devices) > 0 || s.Pool != ""):
+	case s.NoDevice && (fs.changed["devices"] || len(s.Devices) > 0 || s.Pool != ""):
 		return nil, usagef("--no-device takes no device, count or pool")
 	case s.N < 0:
 		return nil, usagef("bad device count %d: -n takes 1 or more", s.N)
-	case s.N == 0 && fs.Changed("devices"):
+	case s.N == 0 && fs.changed["devices"]:
 		return nil, &usageError{msg: "bad device count 0: -n takes 1 or more", hint: "for a task that needs no device, use --no-device"}
 	case len(s.Devices) > 0 && s.Pool != "":
 		return nil, usagef("--device and --pool exclude each other")
 	case len(s.Devices) > 0 && s.N != 0 && s.N != len(s.Devices):
 		return nil, usagef("-n %d does not match the %d devices named", s.N, len(s.Devices))
-	case fs.Changed("pool") && s.Pool == "":
+	case fs.changed["pool"] && s.Pool == "":
 		return nil, usagef("--pool takes a pool name")
-	case fs.Changed("time") && limit <= 0:
+	case fs.changed["time"] && limit <= 0:
 		return nil, usagef("--time takes a positive duration, such as 6h or 90m")
-	case fs.Changed("log") && s.Log == "":
+	case fs.changed["log"] && s.Log == "":
 		return nil, usagef("--log takes a file name")
 	case strings.ContainsFunc(s.Name, unicode.IsControl):
 		return nil, usagef("--name takes one line of printable text")
@@ -203,7 +186,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		s.After = append(s.After, id)
 	}
 	s.TimeSec = int64((limit + time.Second - 1) / time.Second)
-	if fs.Changed("run") {
+	if fs.changed["run"] {
 		s.Shell = run
 	} else {
 		s.Argv = rest
@@ -214,33 +197,33 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 // parseCommand reads the flags and the id of a command other than submit.
 func parseCommand(o *options, cmd string, args []string, stderr io.Writer) (*options, error) {
 	o.cmd = cmd
-	fs := newFlagSet("task-submit "+cmd, stderr)
-	fs.StringVar(&o.socket, "socket", o.socket, socketHelp)
+	fs := newFlags("task-submit "+cmd, true)
 	switch cmd {
 	case "list":
-		fs.BoolVar(&o.all, "all", false, "everyone's tasks (others' commands are shown to root only)")
-		fs.BoolVar(&o.json, "json", o.json, "print the tasks as a JSON array")
+		fs.switchVar(&o.all, 0, "all", "everyone's tasks (others' commands are shown to root only)")
+		fs.switchVar(&o.json, 0, "json", "print the tasks as a JSON array")
 	case "show":
-		fs.BoolVar(&o.json, "json", o.json, "print the task as JSON")
+		fs.switchVar(&o.json, 0, "json", "print the task as JSON")
 	case "logs":
-		fs.BoolVarP(&o.follow, "follow", "f", false, "follow the log until the task ends")
+		fs.switchVar(&o.follow, 'f', "follow", "follow the log until the task ends")
 	}
+	fs.stringVar(&o.socket, 0, "socket", "PATH", socketHelp)
 	if o.json && !commands[cmd] {
 		return nil, usagef("%s takes no --json", cmd)
 	}
-	if err := fs.Parse(args); err != nil {
-		return nil, flagError(err)
+	if err := fs.parse(args); err != nil {
+		return nil, helpOr(fs, stderr, err)
 	}
 	if cmd == "list" {
-		if fs.NArg() > 0 {
+		if len(fs.args) > 0 {
 			return nil, usagef("list takes no arguments")
 		}
 		return o, nil
 	}
-	if fs.NArg() != 1 {
+	if len(fs.args) != 1 {
 		return nil, &usageError{msg: cmd + " takes one task id", hint: "task-submit " + cmd + " 118"}
 	}
-	id, err := parseID(fs.Arg(0))
+	id, err := parseID(fs.args[0])
 	if err != nil {
 		return nil, &usageError{msg: err.Error()}
 	}
@@ -248,11 +231,13 @@ func parseCommand(o *options, cmd string, args []string, stderr io.Writer) (*opt
 	return o, nil
 }
 
-func flagError(err error) error {
-	if errors.Is(err, pflag.ErrHelp) {
-		return errHelp
+// helpOr prints the usage and fs's options for --help, which it returns;
+// any other error it returns as it is.
+func helpOr(fs *flagSet, stderr io.Writer, err error) error {
+	if errors.Is(err, errHelp) {
+		fs.printUsage(stderr)
 	}
-	return &usageError{msg: err.Error()}
+	return err
 }
 
 // parseID reads a task id: a positive decimal number.

@@ -40,6 +40,14 @@ func TestParseSubmit(t *testing.T) {
 			client.Submission{Argv: []string{"ls", "-n", "--json"}}},
 		{"a subcommand's name after --", []string{"--", "list"},
 			client.Submission{Argv: []string{"list"}}},
+		{"values attached", []string{"-n2", "-d0-1", "--time=1m", "--name=a=b", "--after=3,4", "--log=l", "--", "x"},
+			client.Submission{Argv: []string{"x"}, N: 2, Devices: []int{0, 1}, TimeSec: 60, Name: "a=b", After: []uint64{3, 4}, Log: "l"}},
+		{"pool attached", []string{"-pqueue", "--run=x"},
+			client.Submission{Shell: "x", Pool: "queue"}},
+		{"a switch set and unset", []string{"--no-device=true", "--no-device=false", "--run", "x"},
+			client.Submission{Shell: "x"}},
+		{"a value that looks like an option", []string{"--name", "--json", "--log", "-", "--", "x"},
+			client.Submission{Argv: []string{"x"}, Name: "--json", Log: "-"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -97,6 +105,12 @@ func TestParseUsageErrors(t *testing.T) {
 		{"negative id", []string{"logs", "--", "-5"}, `bad task id "-5"`},
 		{"json for wait", []string{"--json", "wait", "1"}, "wait takes no --json"},
 		{"all for show", []string{"show", "--all", "1"}, "unknown flag: --all"},
+		{"unknown short", []string{"-x", "--run", "x"}, "unknown shorthand flag: 'x' in -x"},
+		{"unknown short in a group", []string{"logs", "-fz", "1"}, "unknown shorthand flag: 'z' in -fz"},
+		{"missing value", []string{"--run"}, "flag needs an argument: --run"},
+		{"missing short value", []string{"-n"}, "flag needs an argument: -n"},
+		{"bad count", []string{"-n", "two", "--run", "x"}, `invalid argument "two" for -n`},
+		{"bad switch", []string{"--json=maybe", "--run", "x"}, `invalid argument "maybe" for --json`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -129,6 +143,9 @@ func TestParseCommands(t *testing.T) {
 		{[]string{"wait", "118"}, options{cmd: "wait", id: 118}},
 		{[]string{"cancel", "18446744073709551615"}, options{cmd: "cancel", id: 1<<64 - 1}},
 		{[]string{"--version"}, options{cmd: "submit", version: true}},
+		{[]string{"list", "--json=false", "--all=true"}, options{cmd: "list", all: true}},
+		{[]string{"logs", "118", "-f"}, options{cmd: "logs", id: 118, follow: true}},
+		{[]string{"show", "--", "118"}, options{cmd: "show", id: 118}},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

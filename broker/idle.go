@@ -1,0 +1,184 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// Idle supervisors. Starting a supervisor is starting a process, the
+// largest part of a task's start when the line is empty. So once a user's
+// task has started, the broker starts one more supervisor for that user,
+// in no task yet (`npurun-supervise` with no id), and keeps it idle for
+// idleFor; the user's next task, submitted to an empty line or granted
+// from it, takes it (spawnLocked) instead of starting one: a sweep's tasks
+// find one ready. At most maxIdle are kept, all users together, and one
+// per user.
+//
+// An idle supervisor runs as its user with the groups that user had when
+// it was started; a task is given it only if its own account (looked up
+// when it was submitted) has the same, else it is let go and one is
+// started. It is born in the broker's control group and moved into its
+// task's group (cgroup.procs) before it gets its Spec, so that nothing of
+// the task runs outside the group; it is moved only while it has not
+// exited, so that its pid cannot name another process. Until it has a
+// Spec it runs nothing: when it is let go (expired, or of other groups
+// than its task's), or the broker exits, its socket closes and it exits.
+
+// idleFor is how long an idle supervisor is kept for its user.
+const idleFor = 2 * time.Minute
+
+// maxIdle bounds the idle supervisors, all users together.
+const maxIdle = 8
+
+// idlePool is the idle supervisors, by uid.
+type idlePool struct {
+	m      map[uint32]*supervisor
+	closed bool // the broker stops: no more
+}
+
+// errIdleGone is an idle supervisor that exited before it got its task.
+var errIdleGone = errors.New("the idle supervisor exited")
+
+// keepIdleLocked starts an idle supervisor for the user of sup, a
+// supervisor that has just started its task, with its credentials, unless
+// that user has one or maxIdle are kept already.
+func (s *Server) keepIdleLocked(sup *supervisor) {
+	if s.idle.m[sup.uid] != nil || len(s.idle.m) >= maxIdle || s.paused != nil || s.idle.closed {
+		return
+	}
+	if s.idle.m == nil {
+		s.idle.m = map[uint32]*supervisor{}
+	}
+	idle := &supervisor{uid: sup.uid, gid: sup.gid, gids: sup.gids, exited: make(chan struct{}), started: make(chan struct{})}
+	s.idle.m[idle.uid] = idle
+	idle.expire = time.AfterFunc(idleFor, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.idle.m[idle.uid] == idle {
+			delete(s.idle.m, idle.uid)
+			letGo(idle)
+		}
+	})
+	go func() {
+		defer close(idle.started)
+		if idle.err = s.execSupervisor(idle, 0, -1); idle.err != nil {
+			close(idle.exited)
+			s.mu.Lock()
+			s.idleGoneLocked(idle)
+			s.mu.Unlock()
+		}
+	}()
+}
+
+// takeIdleLocked takes the idle supervisor of t's user for t, if there is
+// one of the same account; one of another is let go.
+func (s *Server) takeIdleLocked(t *task) *supervisor {
+	sup := s.idle.m[t.UID]
+	if sup == nil {
+		return nil
+	}
+	delete(s.idle.m, t.UID)
+	sup.expire.Stop()
+	if !s.unprivileged {
+		a := t.acct
+		if a == nil || !a.known || a.gid != sup.gid || !slices.Equal(a.gids, sup.gids) {
+			letGo(sup) // the account changed: its groups would be wrong
+			return nil
+		}
+	}
+	if sup.gone() {
+		return nil
+	}
+	return sup
+}
+
+// idleGoneLocked forgets an idle supervisor that exited (its user may kill
+// it) or could not be started.
+func (s *Server) idleGoneLocked(sup *supervisor) {
+	if s.idle.m[sup.uid] == sup {
+		delete(s.idle.m, sup.uid)
+		sup.expire.Stop()
+	}
+}
+
+// letGo closes an idle supervisor's socket, once it is started: it exits
+// having run nothing.
+func letGo(sup *supervisor) {
+	go func() {
+		<-sup.started
+		if sup.sock != nil {
+			sup.sock.Close()
+		}
+	}()
+}
+
+// bindSupervisor gives an idle supervisor t: it is moved into t's control
+// group, then given t's Spec. On an error its socket is closed.
+func (s *Server) bindSupervisor(t *task, sup *supervisor, spec *client.Spec) error {
+	<-sup.started
+	if sup.err != nil {
+		return sup.err
+	}
+	if s.cg != nil {
+		sup.mu.Lock()
+		dead := sup.dead
+		var err error
+		if !dead {
+			err = s.cg.enter(t.ID, sup.pid)
+		}
+		sup.mu.Unlock()
+		switch {
+		case dead:
+			sup.sock.Close()
+			return errIdleGone
+		case err != nil:
+			sup.sock.Close()
+			return fmt.Errorf("start supervisor: %w: %w", errCgroup, err)
+		}
+	}
+	return s.sendSpec(sup, spec)
+}
+
+// enter moves process pid into task id's group, making the group if it
+// does not exist yet.
+func (cg *cgroups) enter(id uint64, pid int) error {
+	fd, err := cg.open(id)
+	if err != nil {
+		return err
+	}
+	closeFD(fd)
+	p := filepath.Join(cg.dir(id), "cgroup.procs")
+	if err := writeCgroupFile(p, strconv.Itoa(pid)); err != nil {
+		return fmt.Errorf("move the supervisor into %s: %w", cg.dir(id), err)
+	}
+	return nil
+}
+
+// letIdleGo lets every idle supervisor go and waits up to d for them to
+// exit.
+func (s *Server) letIdleGo(d time.Duration) {
+	s.mu.Lock()
+	s.idle.closed = true
+	var all []*supervisor
+	for uid, sup := range s.idle.m {
+		delete(s.idle.m, uid)
+		sup.expire.Stop()
+		letGo(sup)
+		all = append(all, sup)
+	}
+	s.mu.Unlock()
+	deadline := time.After(d)
+	for _, sup := range all {
+		select {
+		case <-sup.exited:
+		case <-deadline:
+			return
+		}
+	}
+}

@@ -1,0 +1,378 @@
+package tests
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// supProc is a running npurun-supervise of the tests' binaries.
+type supProc struct {
+	pid  int
+	ppid int // its broker's pid while that broker lives
+	uid  uint32
+	id   string // the task id on its command line; "" for one started idle
+	idle bool   // started idle and given no task yet: its standard input is still the broker's socket
+}
+
+// supervisors lists the running supervisors started from b's binaries:
+// processes whose executable is bin.Supervisor (the broker runs it from
+// the file it opened at its start, so /proc/PID/exe names that file).
+func supervisors(bin *Binaries) []supProc {
+	ents, _ := os.ReadDir("/proc")
+	var out []supProc
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		dir := "/proc/" + e.Name()
+		if l, _ := os.Readlink(dir + "/exe"); l != bin.Supervisor {
+			continue
+		}
+		if st, _ := procState(pid); st == 'Z' || st == 0 {
+			continue
+		}
+		data, _ := os.ReadFile(dir + "/cmdline")
+		args := strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00")
+		if len(args) == 0 || args[0] != "npurun-supervise" {
+			continue
+		}
+		p := supProc{pid: pid, ppid: procPPID(pid)}
+		if len(args) > 1 {
+			p.id = args[1]
+		}
+		var st unix.Stat_t
+		if unix.Stat(dir, &st) == nil {
+			p.uid = st.Uid
+		}
+		fd0, _ := os.Readlink(dir + "/fd/0")
+		p.idle = p.id == "" && strings.HasPrefix(fd0, "socket:")
+		out = append(out, p)
+	}
+	return out
+}
+
+// procPPID is pid's parent, 0 when unknown.
+func procPPID(pid int) int {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
+// busySupervisors are the pids of the supervisors of bin that are not idle.
+func busySupervisors(bin *Binaries) []int {
+	var out []int
+	for _, p := range supervisors(bin) {
+		if !p.idle {
+			out = append(out, p.pid)
+		}
+	}
+	return out
+}
+
+// idleOf lists b's idle supervisors of uid (its children: other tests'
+// brokers run the same program, and a test user's uid may be used again).
+func idleOf(b *Broker, uid uint32) []int {
+	var out []int
+	for _, p := range supervisors(b.Bin) {
+		if p.idle && p.uid == uid && p.ppid == b.Pid() {
+			out = append(out, p.pid)
+		}
+	}
+	return out
+}
+
+// awaitIdle waits for an idle supervisor of b for uid other than the pids
+// in not, and returns its pid. The broker starts one once a task of uid
+// has started; nothing announces it but /proc, which is polled.
+func awaitIdle(t testing.TB, b *Broker, uid uint32, not ...int) int {
+	t.Helper()
+	deadline := time.Now().Add(eventTimeout)
+	for {
+		for _, pid := range idleOf(b, uid) {
+			if !slices.Contains(not, pid) {
+				return pid
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no idle supervisor of uid %d within %s; supervisors: %+v", uid, eventTimeout, supervisors(b.Bin))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// privateBinaries copies the broker and the supervisor into a directory of
+// the test's own (the other binaries are shared), so that the test may
+// change them; the directory is mode 0755, as the broker wants.
+func privateBinaries(t *testing.T) *Binaries {
+	t.Helper()
+	b := *bins(t)
+	dir := SharedDir(t)
+	for _, p := range []*string{&b.Broker, &b.Supervisor} {
+		to := filepath.Join(dir, filepath.Base(*p))
+		copyFile(t, *p, to, 0o755)
+		*p = to
+	}
+	b.Dir = dir
+	return &b
+}
+
+// TestTaskSupervisorTrusted: the broker runs the supervisor for every user,
+// so it refuses to start when the program, or a directory above it, could
+// be replaced by another user than root (or the broker's own), naming the
+// file and why; and it starts when only a sticky directory (/tmp) is open
+// to others.
+func TestTaskSupervisorTrusted(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, bin *Binaries)
+		want  string // in the broker's error; "" for a broker that starts
+	}{
+		{"as built", func(*testing.T, *Binaries) {}, ""},
+		{"program writable by others", func(t *testing.T, bin *Binaries) {
+			chmod(t, bin.Supervisor, 0o757)
+		}, bin0 + " is writable by others than its owner (mode 0757)"},
+		{"program writable by its group", func(t *testing.T, bin *Binaries) {
+			chmod(t, bin.Supervisor, 0o775)
+			if err := os.Chown(bin.Supervisor, -1, 4242); err != nil {
+				t.Skipf("chown: %v", err)
+			}
+		}, bin0 + " is writable by others than its owner (mode 0775)"},
+		{"directory writable by others", func(t *testing.T, bin *Binaries) {
+			chmod(t, filepath.Dir(bin.Supervisor), 0o777)
+		}, dir0 + " is writable by others than its owner (mode 0777)"},
+		{"sticky directory writable by others", func(t *testing.T, bin *Binaries) {
+			chmod(t, filepath.Dir(bin.Supervisor), os.ModeSticky|0o777)
+		}, ""},
+		{"program owned by another user", func(t *testing.T, bin *Binaries) {
+			needRoot(t)
+			if err := os.Chown(bin.Supervisor, 4242, 4242); err != nil {
+				t.Fatal(err)
+			}
+		}, bin0 + " is owned by uid 4242, not root"},
+		{"link from a directory open to others", func(t *testing.T, bin *Binaries) {
+			open := filepath.Join(filepath.Dir(bin.Supervisor), "open")
+			if err := os.Mkdir(open, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			chmod(t, open, 0o777)
+			real := filepath.Join(filepath.Dir(bin.Supervisor), "real")
+			if err := os.Rename(bin.Supervisor, real); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(filepath.Join(open, "npurun-supervise"), bin.Supervisor); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(real, filepath.Join(open, "npurun-supervise")); err != nil {
+				t.Fatal(err)
+			}
+		}, "/open is writable by others than its owner (mode 0777)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			bin := privateBinaries(t)
+			tc.setup(t, bin)
+			want := strings.NewReplacer(bin0, bin.Supervisor, dir0, filepath.Dir(bin.Supervisor)).Replace(tc.want)
+			b := NewBroker(t, taskConfig(1))
+			b.Bin = bin
+			if want == "" {
+				b.Start()
+				return
+			}
+			out, err := brokerFails(t, b)
+			if err == nil || !strings.Contains(out, want) {
+				t.Errorf("broker: %v; want a failure saying %q; output:\n%s", err, want, out)
+			}
+		})
+	}
+	t.Run("missing", func(t *testing.T) {
+		if _, err := os.Stat("/usr/local/libexec/npurun/npurun-supervise"); err == nil {
+			t.Skip("a supervisor is installed at /usr/local/libexec/npurun: the broker would use it")
+		}
+		bin := privateBinaries(t)
+		if err := os.Remove(bin.Supervisor); err != nil {
+			t.Fatal(err)
+		}
+		b := NewBroker(t, taskConfig(1))
+		b.Bin = bin
+		out, err := brokerFails(t, b)
+		want := "no supervisor program: neither " + bin.Supervisor + " nor /usr/local/libexec/npurun/npurun-supervise exists"
+		if err == nil || !strings.Contains(out, want) {
+			t.Errorf("broker: %v; want a failure saying %q; output:\n%s", err, want, out)
+		}
+	})
+}
+
+// Stand-ins for the private binaries' paths in the wanted messages.
+const (
+	bin0 = "$SUPERVISOR"
+	dir0 = "$DIR"
+)
+
+func chmod(t *testing.T, path string, mode os.FileMode) {
+	t.Helper()
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// brokerFails runs b's broker, which is to refuse to start, and returns
+// its output and exit error.
+func brokerFails(t *testing.T, b *Broker) (string, error) {
+	t.Helper()
+	cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--state-dir", b.StateDir, "--cgroup", "off")
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() {
+		out, err = cmd.CombinedOutput()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(eventTimeout):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("the broker did not stop within %s; output:\n%s", eventTimeout, out)
+	}
+	return string(out), err
+}
+
+// TestTaskSupervisorReplaced: the broker runs the supervisor it checked and
+// opened at its start, not whatever is at its path later: a program put
+// there afterwards (by whoever could) never runs.
+func TestTaskSupervisorReplaced(t *testing.T) {
+	bin := privateBinaries(t)
+	b := NewBroker(t, taskConfig(1))
+	b.Bin = bin
+	b.Start()
+	dir := SharedDir(t)
+	marker := filepath.Join(dir, "impostor-ran")
+	impostor := filepath.Join(filepath.Dir(bin.Supervisor), "impostor")
+	if err := os.WriteFile(impostor, []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(impostor, bin.Supervisor); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(dir, "log")
+	id := submitTask(t, b, nil, dir, "--no-device", "--log", log, "--", "echo", "ran")
+	waitTask(t, b, id)
+	if ti := showTask(t, b, id); ti.State != "done" {
+		t.Errorf("task %d: %s (%s), want done", id, ti.State, ti.Reason)
+	}
+	if data, err := os.ReadFile(log); err != nil || !strings.Contains(string(data), "ran\n") {
+		t.Errorf("the task's log (%v):\n%s", err, data)
+	}
+	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the program put at the supervisor's path ran (%s: %v)", marker, err)
+	}
+}
+
+// TestTaskIdleSupervisor: once a user's task has started, the broker keeps
+// one supervisor idle for that user (running as them, given no task); the
+// user's next task runs under it (its command is its child; with control
+// groups, it was moved into the task's group first), and another is kept.
+// A task started under an idle one (no task id on its command line) is
+// adopted by a broker restarted while it runs. A broker that stops lets
+// its idle supervisors go. A killed idle supervisor is replaced by a start.
+func TestTaskIdleSupervisor(t *testing.T) {
+	u := containUser(t)
+	b := StartBroker(t, taskConfig(1))
+	cg := containedBy(t, b)
+	uid := uint32(os.Geteuid())
+	if u != nil {
+		uid = u.UID
+	}
+	dir := SharedDir(t)
+	if u != nil {
+		dir = userDir(t, u, 0o755)
+	}
+	first := submitTask(t, b, u, dir, "--no-device", "--log", filepath.Join(dir, "first.log"), "--", "true")
+	waitTask(t, b, first)
+	if ti := showTask(t, b, first); ti.State != "done" {
+		t.Fatalf("task %d: %s (%s), want done", first, ti.State, ti.Reason)
+	}
+	idle := awaitIdle(t, b, uid)
+	if n := len(idleOf(b, uid)); n != 1 {
+		t.Errorf("%d idle supervisors of uid %d, want 1", n, uid)
+	}
+
+	// The next task runs under the idle supervisor: the command's parent.
+	fifo, gate := filepath.Join(dir, "ppid"), filepath.Join(dir, "gate")
+	makeFIFO(t, fifo)
+	makeFIFO(t, gate)
+	second := submitTask(t, b, u, dir, "-d", "0", "--log", filepath.Join(dir, "second.log"), "--",
+		"sh", "-c", `echo $PPID > "$1"; read x < "$2"; exit 0`, "sh", fifo, gate)
+	t.Cleanup(func() {
+		if t.Failed() {
+			ti := showTask(t, b, second)
+			log, _ := os.ReadFile(filepath.Join(dir, "second.log"))
+			t.Logf("task %d: %+v; log:\n%s", second, ti, log)
+		}
+	})
+	line, err := bufio.NewReader(openFIFO(t, fifo, os.O_RDONLY)).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ppid, _ := strconv.Atoi(strings.TrimSpace(line)); ppid != idle {
+		t.Errorf("task %d's command runs under pid %d, not the idle supervisor %d", second, ppid, idle)
+	}
+	if cg && !slices.Contains(cgroupProcs(filepath.Join(b.Cgroup, "task-"+idStr(second))), strconv.Itoa(idle)) {
+		t.Errorf("the idle supervisor %d was not moved into task %d's control group", idle, second)
+	}
+	next := awaitIdle(t, b, uid, idle)
+
+	// A restart adopts the task, whose supervisor has no id on its command line.
+	b.Kill()
+	if !procGone(t, next, "") {
+		t.Errorf("the idle supervisor %d outlives its broker", next)
+	}
+	b.Start()
+	b.WaitLog(0, fmt.Sprintf("task %d is still running (supervisor pid %d)", second, idle))
+	openFIFO(t, gate, os.O_WRONLY).Close()
+	waitTask(t, b, second)
+	if ti := showTask(t, b, second); ti.State != "done" {
+		t.Errorf("task %d: %s (%s), want done", second, ti.State, ti.Reason)
+	}
+
+	// An idle supervisor killed (its user may) is not used: a start is.
+	third := submitTask(t, b, u, dir, "--no-device", "--log", filepath.Join(dir, "third.log"), "--", "true")
+	waitTask(t, b, third)
+	killed := awaitIdle(t, b, uid)
+	if err := unix.Kill(killed, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	procGone(t, killed, "")
+	fourth := submitTask(t, b, u, dir, "--no-device", "--log", filepath.Join(dir, "fourth.log"), "--", "true")
+	waitTask(t, b, fourth)
+	if ti := showTask(t, b, fourth); ti.State != "done" {
+		t.Errorf("task %d after its user's idle supervisor was killed: %s (%s), want done", fourth, ti.State, ti.Reason)
+	}
+
+	// A broker that stops leaves no idle supervisor.
+	last := awaitIdle(t, b, uid)
+	b.Stop()
+	if !procGone(t, last, "") {
+		t.Errorf("the idle supervisor %d outlives its broker's stop", last)
+	}
+}
