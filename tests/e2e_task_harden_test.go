@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/testfs"
 )
 
 // The hardening of the task life (issue 6): a full disk, numbers that
@@ -45,38 +46,6 @@ func mountSmall(t *testing.T, b *Broker, size int) {
 			t.Errorf("umount %s: %v: %s", b.StateDir, err, out)
 		}
 	})
-}
-
-// fillFS takes the space left on the filesystem of dir and returns the
-// function that gives it back.
-func fillFS(t *testing.T, dir string) func() {
-	t.Helper()
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 4096)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, unix.ENOSPC) {
-				t.Fatal(err)
-			}
-			break
-		}
-	}
-	for { // the last page, byte by byte
-		if _, err := f.Write(buf[:1]); err != nil {
-			break
-		}
-	}
-	return func() {
-		t.Helper()
-		if err := os.Remove(path); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // protoSub is a small submission for the protocol.
@@ -144,7 +113,7 @@ func TestTaskFullSpool(t *testing.T) {
 		}
 		pads = append(pads, r.ID)
 	}
-	free := fillFS(t, b.StateDir)
+	free := testfs.Fill(t, b.StateDir)
 	// The journal's last page may have room left: take it with
 	// submissions, then with cancels (smaller records), until they fail.
 	for i := 0; ; i++ {
@@ -253,7 +222,7 @@ func TestTaskSpoolFullAtRestart(t *testing.T) {
 		ids = append(ids, submitTask(t, b, nil, dir, "-d", "0", "--log", filepath.Join(dir, fmt.Sprintf("t%d.log", i)), "--", "true"))
 	}
 	b.Kill()
-	free := fillFS(t, b.StateDir)
+	free := testfs.Fill(t, b.StateDir)
 	for round := range 2 {
 		b.Start()
 		if code, out := exitCode(t, b.Npurun("-d", "1", "true")); code != 0 {

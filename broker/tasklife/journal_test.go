@@ -2,7 +2,6 @@ package tasklife
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,9 +10,8 @@ import (
 	"sync"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/testfs"
 )
 
 // openJournal opens a journal in dir for appending, with what replay
@@ -217,37 +215,6 @@ func smallFS(t *testing.T, size int) string {
 	return dir
 }
 
-// fill takes the space left on the filesystem of dir, and returns a
-// function that gives it back.
-func fill(t *testing.T, dir string) func() {
-	t.Helper()
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 4096)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, unix.ENOSPC) {
-				t.Fatal(err)
-			}
-			break
-		}
-	}
-	for { // the last page, byte by byte
-		if _, err := f.Write(buf[:1]); err != nil {
-			break
-		}
-	}
-	return func() {
-		if err := os.Remove(path); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // TestFullDisk: on a full filesystem a write fails and is cut off, and the
 // next one after space came back does not glue onto it; a rewrite fails
 // and leaves the journal as it was; Recover says when the journal can be
@@ -259,7 +226,7 @@ func TestFullDisk(t *testing.T) {
 	for range 20 {
 		kept = append(kept, tb.submit(1))
 	}
-	free := fill(t, dir)
+	free := testfs.Fill(t, dir)
 	// The journal's last page may have room left: take it with records
 	// that change nothing, until one does not fit.
 	for i := 0; tb.write(&Record{Op: opProbe}) == nil; i++ {
@@ -338,7 +305,7 @@ func TestFullDiskAtOpen(t *testing.T) {
 	}
 	f.WriteString(`{"op":"end","id":1,"sta`) // a torn last line
 	f.Close()
-	free := fill(t, dir)
+	free := testfs.Fill(t, dir)
 	for round := range 2 {
 		re := openTable(t, dir, 1000, 1000)
 		if !strings.Contains(re.logs.String(), "carrying on with the journal as it is") {
