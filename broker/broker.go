@@ -58,7 +58,8 @@ type Server struct {
 	poolOf map[int]string   // device id -> pool name
 
 	socket       string
-	supBin       *supervisorBin // npurun-supervise, open: every task runs under it (supervisorbin.go)
+	self         string         // this program, beside which npurun-supervise is looked for first
+	supBin       *supervisorBin // npurun-supervise, open: every task runs under it (supervisorbin.go); nil until found
 	unprivileged bool           // not root: tasks only for our own uid, no credential change
 	proc         procfs.FS
 	boot         string   // this boot's id, against pids of an earlier boot
@@ -134,12 +135,8 @@ func New(o Options) (*Server, error) {
 	if s.proc, err = procfs.NewFS("/proc"); err != nil {
 		return nil, err
 	}
-	self, err := os.Executable()
-	if err != nil {
+	if s.self, err = os.Executable(); err != nil {
 		return nil, fmt.Errorf("find own executable: %w", err)
-	}
-	if s.supBin, err = findSupervisor(self); err != nil {
-		return nil, err
 	}
 	for _, p := range o.Config.Pools {
 		ids := p.IDs

@@ -53,6 +53,18 @@ func (s *Server) takeUpTasks(dir string) error {
 	if err := s.claimState(dir); err != nil {
 		return err
 	}
+	// Tasks run under the supervisor program; leases do not need it. One
+	// that is missing or that another user could replace leaves tasks
+	// unavailable, and the broker looks again as it tries again.
+	if s.supBin == nil {
+		bin, err := findSupervisor(s.self)
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.supBin = bin
+		s.mu.Unlock()
+	}
 	// The tasks' control groups, once the spool is this broker's (a broker
 	// that must not start touches none).
 	if !s.cgReady {

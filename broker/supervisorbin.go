@@ -180,3 +180,17 @@ func trustedEntry(path string, st *unix.Stat_t, owner uint32) error {
 	}
 	return nil
 }
+
+// CheckSupervisor finds and checks the supervisor program as a broker
+// started from this executable would (for check-config).
+func CheckSupervisor() error {
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	b, err := findSupervisor(self)
+	if err != nil {
+		return err
+	}
+	return b.f.Close()
+}

@@ -101,10 +101,11 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// noTasksLocked is the reply to a task operation while the journal cannot
-// be opened.
+// noTasksLocked is the reply to a task operation while tasks cannot be
+// taken up: the journal cannot be opened, or the supervisor program is
+// missing or untrusted.
 func (s *Server) noTasksLocked() *client.Reply {
-	return errReply(client.CodeSpool, "the broker's task journal is unavailable: "+s.taskErr.Error(),
+	return errReply(client.CodeSpool, "tasks are unavailable: "+s.taskErr.Error(),
 		"leases are served meanwhile; the broker tries again by itself (see npubroker(8))")
 }
 

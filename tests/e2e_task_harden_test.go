@@ -845,7 +845,7 @@ func TestTaskJournalUnavailable(t *testing.T) {
 	}
 	dir := t.TempDir()
 	r := runTaskCmd(t, asUser(b.TaskSubmit("--no-device", "--log", filepath.Join(dir, "log"), "--", "true"), nil, dir))
-	if r.code == 0 || !strings.Contains(r.stderr, "journal is unavailable") || !strings.Contains(r.stderr, "not a directory") {
+	if r.code == 0 || !strings.Contains(r.stderr, "tasks are unavailable") || !strings.Contains(r.stderr, "not a directory") {
 		t.Errorf("task-submit on a broker whose journal cannot be opened: %s; want it refused, saying why", r)
 	}
 	if err := os.Remove(b.StateDir); err != nil {

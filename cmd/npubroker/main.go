@@ -115,6 +115,9 @@ func checkConfig(args []string) int {
 	if _, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi); err != nil {
 		warnings = append(warnings, policy.Error{File: path, Key: "[devices]", Msg: fmt.Sprintf("warning: %v: npubroker serve would not start on this machine", err)})
 	}
+	if err := broker.CheckSupervisor(); err != nil {
+		warnings = append(warnings, policy.Error{File: path, Key: "[tasks]", Msg: fmt.Sprintf("warning: %v: npubroker serve would serve leases but refuse tasks", err)})
+	}
 	if cfg.Restrict.Active() && devices != nil {
 		groups, open := pam.NodeAccess(npu.Vendor(cfg.Vendor), cfg.DevDir, devices)
 		warnings = append(warnings, cfg.RestrictWarnings(groups, open, pam.Member, pam.Members)...)
