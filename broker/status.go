@@ -238,7 +238,7 @@ func (s *Server) leaseInfo(l *lease, id int, show func(uint32) bool) *client.Lea
 }
 
 func (s *Server) waiterInfo(w *Waiter, pos int) client.WaiterInfo {
-	wi := client.WaiterInfo{Position: pos, Kind: client.KindInline, User: w.user, N: w.N, Since: w.queued.UnixMilli()}
+	wi := client.WaiterInfo{Position: pos, Kind: client.KindInline, User: w.user, N: w.N, Since: w.queued.UnixMilli(), Why: s.reasonLocked(w)}
 	switch {
 	case w.task != nil:
 		wi.Kind, wi.Task = client.KindTask, w.task.ID

@@ -250,7 +250,8 @@ func TestStatusRestart(t *testing.T) {
 }
 
 // TestStatusWaiting: the line shows on the board in order, with a device
-// reserved for the head of it, and the table says so.
+// reserved for the head of it, and the table says so; waiting their turn,
+// the requests have no why.
 func TestStatusWaiting(t *testing.T) {
 	b := StartBroker(t, FakeConfig(2))
 	h := hold(t, b, "npu0", "-d", "0")
@@ -261,7 +262,7 @@ func TestStatusWaiting(t *testing.T) {
 		t.Fatalf("waiting: %+v", board.Waiting)
 	}
 	ws := board.Waiting[0].Waiters
-	if len(ws) != 2 || ws[0].Position != 1 || ws[0].N != 2 || ws[0].Kind != client.KindInline || ws[1].Position != 2 || !slices.Equal(ws[1].Devices, []int{0}) {
+	if len(ws) != 2 || ws[0].Position != 1 || ws[0].N != 2 || ws[0].Kind != client.KindInline || ws[1].Position != 2 || !slices.Equal(ws[1].Devices, []int{0}) || ws[0].Why != "" || ws[1].Why != "" {
 		t.Errorf("waiters: %+v", ws)
 	}
 	d := device(t, board, 1)
@@ -277,6 +278,25 @@ func TestStatusWaiting(t *testing.T) {
 	h.release()
 	q1.mustSucceed()
 	q2.mustSucceed()
+}
+
+// TestStatusWaitingWhy: a request that waits although a device is free,
+// because its user holds max_devices already, says so on the board and in
+// the table (TestStatusWaiting: one waiting its turn says nothing).
+func TestStatusWaitingWhy(t *testing.T) {
+	b := StartBroker(t, FakeConfig(2)+"[limits]\nmax_devices = 1\n")
+	h := hold(t, b, "npu0", "-d", "0")
+	q := queue(t, b, "q", "true")
+	ws := b.Board(t).Waiting[0].Waiters
+	want := me(t) + " holds 1 of 1 devices allowed"
+	if len(ws) != 1 || !strings.Contains(ws[0].Why, want) {
+		t.Errorf("waiters: %+v; want one whose why says %q", ws, want)
+	}
+	if table := b.Status(t); !strings.Contains(table, "waits: "+want) {
+		t.Errorf("table lacks %q:\n%s", "waits: "+want, table)
+	}
+	h.release()
+	q.mustSucceed()
 }
 
 // TestStatusWatchBrokerStops: a status watch whose broker stops says so in

@@ -128,6 +128,7 @@ type WaiterInfo struct {
 	N        int    `json:"n"`                 // devices wanted
 	Devices  []int  `json:"devices,omitempty"` // exactly these (npurun -d)
 	Since    int64  `json:"since"`             // Unix ms
+	Why      string `json:"why,omitempty"`     // why it waits beyond its turn: its user is at max_devices
 }
 
 // Unleased is a process with a device node open that holds no lease on

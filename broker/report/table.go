@@ -20,6 +20,7 @@ import (
 //	npu13   queue        reserved  -        -      for task 121 (needs 2)     3m
 //	WAITING  pool "queue": 2    pool "interactive": 0
 //	  1  task 121   carol  2 devices   4m
+//	  2  npurun     dave   1 device    1m  waits: dave holds 2 of 2 devices allowed ([limits])
 //	UNLEASED USE
 //	  npu7   erin   777   python hack.py   /dev/davinci7 open without a lease for 3m
 func Table(b *client.Board, width int, now time.Time) string {
@@ -47,6 +48,9 @@ func Table(b *client.Board, width int, now time.Time) string {
 				row = append(row, ln.Pool)
 			}
 			row = append(row, strconv.Itoa(w.Position), what(w), w.User, wanted(b, w), Duration(now.Sub(time.UnixMilli(w.Since))))
+			if w.Why != "" {
+				row = append(row, "waits: "+w.Why)
+			}
 			waiters = append(waiters, row)
 		}
 		if shown := len(ln.Waiters); ln.Count > shown {
