@@ -292,15 +292,7 @@ func TestTaskSupervisorReplaced(t *testing.T) {
 	if err := os.Rename(impostor, bin.Supervisor); err != nil {
 		t.Fatal(err)
 	}
-	log := filepath.Join(dir, "log")
-	id := submitTask(t, b, nil, dir, "--no-device", "--log", log, "--", "echo", "ran")
-	waitTask(t, b, id)
-	if ti := showTask(t, b, id); ti.State != "done" {
-		t.Errorf("task %d: %s (%s), want done", id, ti.State, ti.Reason)
-	}
-	if data, err := os.ReadFile(log); err != nil || !strings.Contains(string(data), "ran\n") {
-		t.Errorf("the task's log (%v):\n%s", err, data)
-	}
+	runsTask(t, b)
 	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the program put at the supervisor's path ran (%s: %v)", marker, err)
 	}

@@ -43,14 +43,8 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 		b = appendString(b, r.Pool)
 	}
 	if len(r.Devices) > 0 {
-		b = append(b, `,"devices":[`...)
-		for i, id := range r.Devices {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, int64(id), 10)
-		}
-		b = append(b, ']')
+		b = append(b, `,"devices":`...)
+		b = appendNumbers(b, r.Devices)
 	}
 	if r.NoWait {
 		b = append(b, `,"no_wait":true`...)
@@ -119,14 +113,7 @@ func appendSubmit(b []byte, r *Request) []byte {
 	}
 	if len(t.Devices) > 0 {
 		key("devices")
-		b = append(b, '[')
-		for i, id := range t.Devices {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, int64(id), 10)
-		}
-		b = append(b, ']')
+		b = appendNumbers(b, t.Devices)
 	}
 	if t.Pool != "" {
 		key("pool")
@@ -146,14 +133,7 @@ func appendSubmit(b []byte, r *Request) []byte {
 	}
 	if len(t.After) > 0 {
 		key("after")
-		b = append(b, '[')
-		for i, id := range t.After {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendUint(b, id, 10)
-		}
-		b = append(b, ']')
+		b = appendNumbers(b, t.After)
 	}
 	if t.Log != "" {
 		key("log")
@@ -591,4 +571,20 @@ func (s *scanner) skip() error {
 		return err
 	}
 	return errSyntax
+}
+
+// appendNumbers appends xs as a JSON array.
+func appendNumbers[T int | uint64](b []byte, xs []T) []byte {
+	b = append(b, '[')
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if x < 0 {
+			b = strconv.AppendInt(b, int64(x), 10)
+		} else {
+			b = strconv.AppendUint(b, uint64(x), 10)
+		}
+	}
+	return append(b, ']')
 }
