@@ -299,9 +299,23 @@ const maxAhead = 3
 // what changed for it, when it matters: at once when it becomes next in
 // line or the reason it waits changes; otherwise when its place has moved
 // by a tenth or more since it was last told (every move, in the first ten
-// places), and then at most once per progressEvery. Messages per grant so
-// stay about constant however long the line.
-const progressEvery = time.Second
+// places), and then at most once per progressEvery, or, further back than
+// the first thousand places, once per millisecond of its place (5 s at the
+// 5,000th) up to progressMax: a line of thousands that moves at thousands
+// of grants a second would otherwise cost a message per waiter per
+// second. Messages per grant so stay about constant however long the line;
+// and where a line moves at the pace of jobs, minutes a grant, every move
+// is told.
+const (
+	progressEvery = time.Second
+	progressMax   = 10 * time.Second
+)
+
+// progressInterval is how often a waiter at place pos is told of a move at
+// most.
+func progressInterval(pos int) time.Duration {
+	return min(max(progressEvery, time.Duration(pos)*time.Millisecond), progressMax)
+}
 
 // standing is a pool's line as the report walks it.
 type standing struct {
@@ -312,7 +326,7 @@ type standing struct {
 // reportLocked tells waiting clients their new places (1 is next), the
 // users ahead of them, and why they wait if not only for their turn. It
 // returns how soon to report again for waiters whose news was held back by
-// progressEvery, or 0.
+// progressInterval, or 0.
 func (s *Server) reportLocked(now time.Time) time.Duration {
 	st := map[string]*standing{}
 	var again time.Duration
@@ -362,7 +376,7 @@ func tellAfter(w *Waiter, pos int, why string, now time.Time) time.Duration {
 	if moved*10 < w.pos {
 		return -1
 	}
-	if wait := w.told.Add(progressEvery).Sub(now); wait > 0 {
+	if wait := w.told.Add(progressInterval(pos)).Sub(now); wait > 0 {
 		return wait
 	}
 	return 0
