@@ -1,9 +1,12 @@
 package broker
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/npu"
@@ -232,7 +235,11 @@ func (s *Server) grantLocked(g Grant) bool {
 		r.Message = pam.GrantMessage(s.inv.Vendor, g.Devices, g.W.Pool)
 	}
 	if err := c.sendLocked(r, fds...); err != nil {
-		s.log.Printf("grant npu %s to %s (pid %d): %v", npu.FormatIDs(g.Devices), g.W.user, c.pid, err)
+		// A client that has gone (its npurun killed while it waited, the
+		// connection not yet seen closed) is the common case, and no news.
+		if !goneClient(err) {
+			s.log.Printf("grant npu %s to %s (pid %d): %v", npu.FormatIDs(g.Devices), g.W.user, c.pid, err)
+		}
 		s.undoAccessLocked(g.Devices)
 		c.closed = true
 		c.c.Close()
@@ -247,6 +254,11 @@ func (s *Server) grantLocked(g Grant) bool {
 		s.releasedLocked(d, uid)
 	}
 	return true
+}
+
+// goneClient tells whether err, from a send, means the client has gone.
+func goneClient(err error) bool {
+	return errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, client.ErrClosed)
 }
 
 // undoAccessLocked takes back the access a grant that failed gave: its
