@@ -92,6 +92,11 @@ func openTrusted(path string, owner uint32) (*os.File, error) {
 		err = fmt.Errorf("%s is not a regular file", real)
 	case st.Mode&0o111 == 0:
 		err = fmt.Errorf("%s is not executable", real)
+	case st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0:
+		// Run as the submitter, it would run every task with its owner's
+		// or group's rights (root's, installed), and so would anyone who
+		// ran it.
+		err = fmt.Errorf("%s is set-user-ID or set-group-ID (mode %04o): every task would run with its owner's rights", real, st.Mode&0o7777)
 	default:
 		err = trustedEntry(real, &st, owner)
 	}

@@ -44,11 +44,13 @@ func setACL(t *testing.T, path string, uid uint32) {
 	}
 }
 
-// TestOpenTrustedACL: a POSIX ACL that lets another user write the
+// TestOpenTrusted: a POSIX ACL that lets another user write the
 // supervisor program, or a directory above it, makes it untrusted, though
 // its mode then shows only its group (root) as able to write: with an ACL
-// the group bits are the mask, the most any named user or group gets.
-func TestOpenTrustedACL(t *testing.T) {
+// the group bits are the mask, the most any named user or group gets. A
+// set-user-ID or set-group-ID program is refused: it would run every task
+// with its owner's rights.
+func TestOpenTrusted(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the program's group must be root's")
 	}
@@ -68,6 +70,12 @@ func TestOpenTrustedACL(t *testing.T) {
 		{"directory writable through an ACL", func(t *testing.T, dir, _ string) {
 			setACL(t, dir, other)
 		}, "dir has an access ACL"},
+		{"set-user-ID", func(t *testing.T, _, prog string) {
+			chmodT(t, prog, os.ModeSetuid|0o755)
+		}, "prog is set-user-ID or set-group-ID (mode 4755)"},
+		{"set-group-ID", func(t *testing.T, _, prog string) {
+			chmodT(t, prog, os.ModeSetgid|0o755)
+		}, "prog is set-user-ID or set-group-ID (mode 2755)"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
