@@ -269,7 +269,10 @@ func (s *Server) supervisorExited(sup *supervisor) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if sup.t == nil {
+		// Idle, and now out of the pool: nothing else will close its
+		// socket (its user may kill it at will).
 		s.idleGoneLocked(sup)
+		sup.sock.Close()
 		return
 	}
 	s.supervisorGoneLocked(sup.t, sup.pid)

@@ -92,6 +92,11 @@ func openTrusted(path string, owner uint32) (*os.File, error) {
 		err = fmt.Errorf("%s is not a regular file", real)
 	case st.Mode&0o111 == 0:
 		err = fmt.Errorf("%s is not executable", real)
+	case st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0:
+		// Run as the submitter, it would run every task with its owner's
+		// or group's rights (root's, installed), and so would anyone who
+		// ran it.
+		err = fmt.Errorf("%s is set-user-ID or set-group-ID (mode %04o): every task would run with its owner's rights", real, st.Mode&0o7777)
 	default:
 		err = trustedEntry(real, &st, owner)
 	}
@@ -160,7 +165,8 @@ func walkTrusted(path string, owner uint32) (string, *unix.Stat_t, error) {
 
 // trustedEntry checks that only root and owner can change what st
 // describes: owned by one of them, and not writable by group or others
-// (a group-writable one of group root is fine; so is a sticky directory,
+// (a group-writable one of group root is fine, unless an ACL lets others
+// write it; so is a sticky directory,
 // whose entries only their owners may replace; a symbolic link's own mode
 // means nothing).
 func trustedEntry(path string, st *unix.Stat_t, owner uint32) error {
@@ -178,8 +184,22 @@ func trustedEntry(path string, st *unix.Stat_t, owner uint32) error {
 	if st.Mode&0o002 != 0 || (st.Mode&0o020 != 0 && st.Gid != 0) {
 		return fmt.Errorf("%s is writable by others than its owner (mode %04o): another user could replace the program the broker runs for everyone", path, st.Mode&0o7777)
 	}
+	if st.Mode&0o020 != 0 {
+		// With a POSIX ACL, the group bits are its mask: the most that any
+		// user or group it names may do, not what group root may.
+		n, err := unix.Lgetxattr(path, aclAccessXattr, nil)
+		switch {
+		case err == nil && n > 0:
+			return fmt.Errorf("%s has an access ACL, and its mode (%04o) lets the users and groups it names write: another user could replace the program the broker runs for everyone", path, st.Mode&0o7777)
+		case err != nil && !errors.Is(err, unix.ENODATA) && !errors.Is(err, unix.EOPNOTSUPP):
+			return fmt.Errorf("read the ACL of %s: %w", path, err)
+		}
+	}
 	return nil
 }
+
+// aclAccessXattr holds a file's POSIX access ACL.
+const aclAccessXattr = "system.posix_acl_access"
 
 // CheckSupervisor finds and checks the supervisor program as a broker
 // started from this executable would (for check-config).

@@ -386,3 +386,57 @@ func TestTaskIdleSupervisor(t *testing.T) {
 		t.Errorf("the idle supervisor %d outlives its broker's stop", last)
 	}
 }
+
+// TestTaskIdleSupervisorKilledLeaksNothing: an idle supervisor that exits
+// while idle (its user may kill it at will) leaves nothing open in the
+// broker: its socket is closed when the broker sees it exit, not when the
+// garbage collector finalizes it (the broker runs with GOGC=off here, so
+// that when a collection happens does not decide the test).
+func TestTaskIdleSupervisorKilledLeaksNothing(t *testing.T) {
+	b := StartBrokerEnv(t, taskConfig(1), "GOGC=off")
+	uid := uint32(os.Geteuid())
+	dir := SharedDir(t)
+	run := func(name string) {
+		t.Helper()
+		id := submitTask(t, b, nil, dir, "--no-device", "--log", filepath.Join(dir, name+".log"), "--", "true")
+		waitTask(t, b, id)
+	}
+	run("first")
+	idle := awaitIdle(t, b, uid)
+	base := socketFDs(b.Pid())
+	const kills = 20
+	for i := range kills {
+		if err := unix.Kill(idle, unix.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		procGone(t, idle, "")
+		run(strconv.Itoa(i))
+		idle = awaitIdle(t, b, uid, idle)
+	}
+	// One idle supervisor then and now; the connections of task-submit
+	// close as the broker reads their end.
+	deadline := time.Now().Add(eventTimeout)
+	for {
+		n := socketFDs(b.Pid())
+		if n <= base {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker holds %d sockets after %d idle supervisors were killed, %d before", n, kills, base)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// socketFDs counts the sockets open in process pid.
+func socketFDs(pid int) int {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range ents {
+		if l, _ := os.Readlink(filepath.Join(dir, e.Name())); strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	return n
+}

@@ -258,7 +258,9 @@ func (b *Broker) signal(sig syscall.Signal) {
 	}
 	// Its idle supervisors (npurun-supervise, one per user whose task
 	// started lately) exit once their socket to it closes: wait for them
-	// too, so that a test user they run as can be removed.
+	// too, so that a test user they run as can be removed. One that looked
+	// idle may have been given a task meanwhile, and runs it on: it lets
+	// go of the socket on its standard input as its task starts.
 	var idle []int
 	for _, p := range supervisors(b.Bin) {
 		if p.idle && p.ppid == cmd.Process.Pid {
@@ -267,19 +269,29 @@ func (b *Broker) signal(sig syscall.Signal) {
 	}
 	cmd.Process.Signal(sig)
 	<-done
+	deadline := time.Now().Add(eventTimeout)
 	for _, pid := range idle {
-		awaitGone(pid, eventTimeout)
+		awaitIdleGone(pid, deadline)
 	}
 }
 
-// awaitGone waits up to d for process pid to exit.
-func awaitGone(pid int, d time.Duration) {
+// awaitIdleGone waits until deadline for the idle supervisor pid to exit,
+// or to start a task (its standard input is no longer a socket).
+func awaitIdleGone(pid int, deadline time.Time) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return // gone already
 	}
 	defer unix.Close(fd)
-	unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(d/time.Millisecond))
+	for time.Now().Before(deadline) {
+		if fd0, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/0", pid)); !strings.HasPrefix(fd0, "socket:") {
+			return
+		}
+		// Woken by its exit; the standard input is looked at again in a while.
+		if n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 10); n > 0 {
+			return
+		}
+	}
 }
 
 // Kill kills the broker with SIGKILL and waits for it to be gone.

@@ -3,6 +3,8 @@ package client
 import (
 	"encoding/json"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -188,4 +190,95 @@ func FuzzDecodeReply(f *testing.F) {
 			t.Fatalf("decodeReply(%q)\n got %+v\nwant %+v", in, *got, want)
 		}
 	})
+}
+
+// sampleValue is a value that is not zero of v's type, for a test that
+// sets each field in turn; ok is false for a type it has none for.
+func sampleValue(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString("x\n\"é")
+	case reflect.Int, reflect.Int64:
+		v.SetInt(3)
+	case reflect.Uint32, reflect.Uint64:
+		v.SetUint(4)
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Slice:
+		s := reflect.MakeSlice(v.Type(), 1, 1)
+		if !sampleValue(s.Index(0)) {
+			return false
+		}
+		v.Set(s)
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem()))
+	default:
+		return false
+	}
+	return true
+}
+
+// TestHandCodecKnowsEveryField: each field of a submission, set alone,
+// comes through the hand codec as through encoding/json; each field of a
+// request, set on a submission or a lease request, is either encoded as
+// encoding/json would or makes the hand codec decline; and every key of a
+// reply is one the hand decoder decodes or leaves to encoding/json. A field
+// added to these types without its place in codec.go fails here.
+func TestHandCodecKnowsEveryField(t *testing.T) {
+	agree := func(t *testing.T, req *Request) {
+		t.Helper()
+		b, ok := appendRequest(nil, req)
+		if !ok {
+			return
+		}
+		j, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got, want Request
+		if err := json.Unmarshal(b, &got); err != nil {
+			t.Fatalf("hand encoding %s: %v", b, err)
+		}
+		if err := json.Unmarshal(j, &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("hand: %s\njson: %s", b, j)
+		}
+	}
+	st := reflect.TypeFor[Submission]()
+	for i := range st.NumField() {
+		t.Run("Submission."+st.Field(i).Name, func(t *testing.T) {
+			var sub Submission
+			if !sampleValue(reflect.ValueOf(&sub).Elem().Field(i)) {
+				t.Fatalf("no sample value of %s", st.Field(i).Type)
+			}
+			req := &Request{V: Version, Op: OpSubmit, Task: &sub}
+			if _, ok := appendRequest(nil, req); !ok {
+				t.Fatalf("the hand codec declined a submission with %s set", st.Field(i).Name)
+			}
+			agree(t, req)
+		})
+	}
+	rt := reflect.TypeFor[Request]()
+	for i := range rt.NumField() {
+		for _, op := range []string{OpSubmit, OpAcquire, OpSession, OpPing} {
+			t.Run("Request."+rt.Field(i).Name+"/"+op, func(t *testing.T) {
+				req := &Request{V: Version, Op: op}
+				if op == OpSubmit {
+					req.Task = &Submission{Cwd: "/"}
+				}
+				if !sampleValue(reflect.ValueOf(req).Elem().Field(i)) {
+					t.Fatalf("no sample value of %s", rt.Field(i).Type)
+				}
+				agree(t, req)
+			})
+		}
+	}
+	for f := range reflect.TypeFor[Reply]().Fields() {
+		key, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if !slices.Contains(replyKeys, key) {
+			t.Errorf("reply key %q (Reply.%s) is not in replyKeys: the hand decoder would drop it", key, f.Name)
+		}
+	}
 }
