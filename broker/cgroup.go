@@ -87,6 +87,9 @@ var errCgroupSetup = errors.New("cannot start")
 // cgroupPrefix names a task's group: task-ID.
 const cgroupPrefix = "task-"
 
+// idlePrefix names an idle supervisor's group: idle-N (idle.go).
+const idlePrefix = "idle-"
+
 // brokerLeaf is the group the broker moves itself into in "auto" mode.
 const brokerLeaf = "broker"
 
@@ -379,10 +382,17 @@ func (cg *cgroups) dir(id uint64) string {
 	return filepath.Join(cg.parent, cgroupPrefix+strconv.FormatUint(id, 10))
 }
 
+// idleDir is idle supervisor n's group.
+func (cg *cgroups) idleDir(n uint64) string {
+	return filepath.Join(cg.parent, idlePrefix+strconv.FormatUint(n, 10))
+}
+
 // open makes task id's group if it does not exist yet and opens it, for
 // CLONE_INTO_CGROUP.
-func (cg *cgroups) open(id uint64) (int, error) {
-	d := cg.dir(id)
+func (cg *cgroups) open(id uint64) (int, error) { return openGroup(cg.dir(id)) }
+
+// openGroup makes group d if it does not exist yet and opens it.
+func openGroup(d string) (int, error) {
 	if err := unix.Mkdir(d, 0o755); err != nil && err != unix.EEXIST {
 		return -1, fmt.Errorf("make control group %s: %w", d, err)
 	}
@@ -395,19 +405,26 @@ func (cg *cgroups) open(id uint64) (int, error) {
 
 // kill kills every process in task id's group; fs.ErrNotExist when it has
 // none.
-func (cg *cgroups) kill(id uint64) error {
-	return writeCgroupFile(filepath.Join(cg.dir(id), "cgroup.kill"), "1")
+func (cg *cgroups) kill(id uint64) error { return killGroup(cg.dir(id)) }
+
+// killGroup kills every process in group d; fs.ErrNotExist when there is
+// no such group.
+func killGroup(d string) error {
+	return writeCgroupFile(filepath.Join(d, "cgroup.kill"), "1")
 }
 
 // remove kills what is left in task id's group and removes the group;
 // unix.EBUSY while processes are still dying in it. A group already gone
 // is no error.
-func (cg *cgroups) remove(id uint64) error {
-	err := cg.kill(id)
+func (cg *cgroups) remove(id uint64) error { return removeGroup(cg.dir(id)) }
+
+// removeGroup is remove for group d.
+func removeGroup(d string) error {
+	err := killGroup(d)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	if err := unix.Rmdir(cg.dir(id)); err != nil && err != unix.ENOENT {
+	if err := unix.Rmdir(d); err != nil && err != unix.ENOENT {
 		return err
 	}
 	return nil
@@ -415,8 +432,11 @@ func (cg *cgroups) remove(id uint64) error {
 
 // waitEmpty waits up to d for task id's group to hold no process, woken by
 // the kernel's notice on cgroup.events.
-func (cg *cgroups) waitEmpty(id uint64, d time.Duration) {
-	f, err := os.Open(filepath.Join(cg.dir(id), "cgroup.events"))
+func (cg *cgroups) waitEmpty(id uint64, d time.Duration) { waitGroupEmpty(cg.dir(id), d) }
+
+// waitGroupEmpty is waitEmpty for group dir.
+func waitGroupEmpty(dir string, d time.Duration) {
+	f, err := os.Open(filepath.Join(dir, "cgroup.events"))
 	if err != nil {
 		return
 	}
@@ -464,14 +484,20 @@ func (cg *cgroups) usage(id uint64) (cpu time.Duration, peak int64) {
 }
 
 // tasks lists the ids of the tasks' groups that exist.
-func (cg *cgroups) tasks() []uint64 {
+func (cg *cgroups) tasks() []uint64 { return cg.groups(cgroupPrefix) }
+
+// idleGroups lists the idle supervisors' groups that exist.
+func (cg *cgroups) idleGroups() []uint64 { return cg.groups(idlePrefix) }
+
+// groups lists the numbers of the groups named prefix+N.
+func (cg *cgroups) groups(prefix string) []uint64 {
 	ents, err := os.ReadDir(cg.parent)
 	if err != nil {
 		return nil
 	}
 	var ids []uint64
 	for _, e := range ents {
-		if s, ok := strings.CutPrefix(e.Name(), cgroupPrefix); ok && e.IsDir() {
+		if s, ok := strings.CutPrefix(e.Name(), prefix); ok && e.IsDir() {
 			if id, err := strconv.ParseUint(s, 10, 64); err == nil {
 				ids = append(ids, id)
 			}

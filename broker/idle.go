@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/npurun/npurun/broker/client"
 )
 
@@ -23,12 +25,17 @@ import (
 // An idle supervisor runs as its user with the groups that user had when
 // it was started; a task is given it only if its own account (looked up
 // when it was submitted) has the same, else it is let go and one is
-// started. It is born in the broker's control group and moved into its
-// task's group (cgroup.procs) before it gets its Spec, so that nothing of
-// the task runs outside the group; it is moved only while it has not
-// exited, so that its pid cannot name another process. Until it has a
-// Spec it runs nothing: when it is let go (expired, or of other groups
-// than its task's), or the broker exits, its socket closes and it exits.
+// started. Where tasks have control groups, it is born in a group of its
+// own, idle-N (its user may ptrace it, and make it start processes: they
+// stay in that group, out of the broker's), and moved into its task's
+// group (cgroup.procs) before it gets its Spec, so that nothing of the
+// task runs outside the group; then whatever else is in idle-N is killed
+// and the group removed, as when it is let go. It is moved only while it
+// has not exited, so that its pid cannot name another process. Until it
+// has a Spec it runs nothing: when it is let go (expired, or of other
+// groups than its task's), or the broker exits, its socket closes and it
+// exits. Groups idle-N left by a broker killed before it could remove
+// them are removed at the next start.
 
 // idleFor is how long an idle supervisor is kept for its user.
 const idleFor = 2 * time.Minute
@@ -39,7 +46,8 @@ const maxIdle = 8
 // idlePool is the idle supervisors, by uid.
 type idlePool struct {
 	m      map[uint32]*supervisor
-	closed bool // the broker stops: no more
+	closed bool   // the broker stops: no more
+	next   uint64 // the last idle-N group made
 }
 
 // errIdleGone is an idle supervisor that exited before it got its task.
@@ -56,6 +64,15 @@ func (s *Server) keepIdleLocked(sup *supervisor) {
 		s.idle.m = map[uint32]*supervisor{}
 	}
 	idle := &supervisor{uid: sup.uid, gid: sup.gid, gids: sup.gids, exited: make(chan struct{}), started: make(chan struct{})}
+	if s.cg != nil {
+		if s.idle.next == 0 {
+			// Unique across restarts: a group a killed broker left
+			// may still be dying.
+			s.idle.next = uint64(time.Now().UnixNano())
+		}
+		s.idle.next++
+		idle.group = s.idle.next
+	}
 	s.idle.m[idle.uid] = idle
 	idle.expire = time.AfterFunc(idleFor, func() {
 		s.mu.Lock()
@@ -67,13 +84,57 @@ func (s *Server) keepIdleLocked(sup *supervisor) {
 	})
 	go func() {
 		defer close(idle.started)
-		if idle.err = s.execSupervisor(idle, 0, -1); idle.err != nil {
+		cgfd := -1
+		if idle.group != 0 {
+			fd, err := openGroup(s.cg.idleDir(idle.group))
+			if err == nil {
+				defer unix.Close(fd)
+				cgfd = fd
+			}
+			idle.err = err
+		}
+		if idle.err == nil {
+			idle.err = s.execSupervisor(idle, 0, cgfd)
+		}
+		if idle.err != nil {
 			close(idle.exited)
 			s.mu.Lock()
 			s.idleGoneLocked(idle)
+			s.reapIdleLocked(idle)
 			s.mu.Unlock()
 		}
 	}()
+}
+
+// reapIdleLocked kills whatever is left in an idle supervisor's own group
+// and removes the group, in the background while processes are still
+// dying in it.
+func (s *Server) reapIdleLocked(sup *supervisor) {
+	if sup.group == 0 || s.cg == nil {
+		return
+	}
+	d := s.cg.idleDir(sup.group)
+	sup.group = 0
+	killGroup(d) // at once: nothing of it runs on
+	go s.reapGroup(d)
+}
+
+// reapGroup removes group d once its processes are gone, trying again for
+// a while.
+func (s *Server) reapGroup(d string) {
+	wait := 50 * time.Millisecond
+	for try := 0; ; try++ {
+		err := removeGroup(d)
+		if err == nil {
+			return
+		}
+		if err != unix.EBUSY || try == 10 {
+			s.log.Printf("remove control group %s: %v", d, err)
+			return
+		}
+		waitGroupEmpty(d, wait)
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 // takeIdleLocked takes the idle supervisor of t's user for t, if there is
@@ -133,6 +194,11 @@ func (s *Server) bindSupervisor(t *task, sup *supervisor, spec *client.Spec) err
 			err = s.cg.enter(t.ID, sup.pid)
 		}
 		sup.mu.Unlock()
+		// What else is in its own group (started by its user through it)
+		// is not the task's: it ends here.
+		s.mu.Lock()
+		s.reapIdleLocked(sup)
+		s.mu.Unlock()
 		switch {
 		case dead:
 			sup.sock.Close()
@@ -160,8 +226,8 @@ func (cg *cgroups) enter(id uint64, pid int) error {
 	return nil
 }
 
-// letIdleGo lets every idle supervisor go and waits up to d for them to
-// exit.
+// letIdleGo lets every idle supervisor go, waits up to d for them to exit,
+// and kills what is left in their groups.
 func (s *Server) letIdleGo(d time.Duration) {
 	s.mu.Lock()
 	s.idle.closed = true
@@ -174,11 +240,28 @@ func (s *Server) letIdleGo(d time.Duration) {
 	}
 	s.mu.Unlock()
 	deadline := time.After(d)
+wait:
 	for _, sup := range all {
 		select {
 		case <-sup.exited:
 		case <-deadline:
-			return
+			break wait
 		}
+	}
+	// Their groups now, not when each exit is seen: the broker is going.
+	s.mu.Lock()
+	for _, sup := range all {
+		s.reapIdleLocked(sup)
+	}
+	s.mu.Unlock()
+}
+
+// reapLeftIdle removes the idle supervisors' groups a broker before this
+// one left (killed before it could).
+func (s *Server) reapLeftIdle() {
+	for _, n := range s.cg.idleGroups() {
+		d := s.cg.idleDir(n)
+		killGroup(d)
+		go s.reapGroup(d)
 	}
 }

@@ -76,6 +76,7 @@ type supervisor struct {
 	t       *task         // its task; nil while idle (s.mu)
 	started chan struct{} // idle: closed once its process exists (or failed: err)
 	expire  *time.Timer   // idle: lets it go after idleFor
+	group   uint64        // idle: its own control group, idle-N (0: none)
 
 	mu   sync.Mutex // dead, against a move of its pid once it may be reused
 	dead bool       // exited; its pid may be reaped at any moment
@@ -273,6 +274,7 @@ func (s *Server) supervisorExited(sup *supervisor) {
 		// socket (its user may kill it at will).
 		s.idleGoneLocked(sup)
 		sup.sock.Close()
+		s.reapIdleLocked(sup)
 		return
 	}
 	s.supervisorGoneLocked(sup.t, sup.pid)

@@ -79,6 +79,9 @@ func (s *Server) takeUpTasks(dir string) error {
 		s.mu.Lock()
 		s.cg, s.cgReady = cg, true
 		s.mu.Unlock()
+		if cg != nil {
+			s.reapLeftIdle()
+		}
 	}
 	life, err := tasklife.Open(dir, tasklife.Options{
 		Lock: &s.mu, Keep: s.cfg.Tasks.KeepEnded, KeepPerUser: s.cfg.Tasks.KeepEndedPer,

@@ -440,3 +440,108 @@ func socketFDs(pid int) int {
 	}
 	return n
 }
+
+// TestTaskIdleSupervisorOwnGroup: where tasks have control groups, an idle
+// supervisor is born in a group of its own (idle-N), not the broker's, so
+// that what its user makes it start (through ptrace; here, a process the
+// test puts in that group) neither runs in the broker's group nor outlives
+// it: it is killed once the supervisor is given its task, or let go (here,
+// by the broker's stop), and the group is removed; what a broker killed
+// with -9 leaves, the next one removes.
+func TestTaskIdleSupervisorOwnGroup(t *testing.T) {
+	b := StartBroker(t, taskConfig(1))
+	if !containedBy(t, b) {
+		t.Skip("no control groups for tasks here (containedBy fails this under CI=true as root)")
+	}
+	uid := uint32(os.Geteuid())
+	dir := SharedDir(t)
+	run := func(name string) uint64 {
+		t.Helper()
+		id := submitTask(t, b, nil, dir, "--no-device", "--log", filepath.Join(dir, name+".log"), "--", "true")
+		waitTask(t, b, id)
+		if ti := showTask(t, b, id); ti.State != "done" {
+			t.Fatalf("task %d: %s (%s), want done", id, ti.State, ti.Reason)
+		}
+		return id
+	}
+	// stray puts a process of the test's into idle supervisor pid's group,
+	// as one its user made it start would be, and returns that group and
+	// the process's pid.
+	stray := func(pid int) (string, int) {
+		t.Helper()
+		group := idleGroupOf(t, b, pid)
+		p := exec.Command("sleep", "300")
+		if err := p.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go p.Wait()
+		t.Cleanup(func() { p.Process.Kill() })
+		if err := os.WriteFile(filepath.Join(group, "cgroup.procs"), []byte(strconv.Itoa(p.Process.Pid)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return group, p.Process.Pid
+	}
+
+	run("first")
+	idle := awaitIdle(t, b, uid)
+	group, pid := stray(idle)
+	second := run("second") // under the idle supervisor
+	if !procGone(t, pid, "sleep") {
+		t.Errorf("a process in idle supervisor %d's group %s outlived its taking by task %d", idle, group, second)
+	}
+	awaitNoDir(t, group)
+
+	next := awaitIdle(t, b, uid, idle)
+	group, pid = stray(next)
+	b.Stop()
+	if !procGone(t, pid, "sleep") {
+		t.Errorf("a process in idle supervisor %d's group %s outlived the broker's stop", next, group)
+	}
+
+	// A broker killed with -9 removes nothing: the next one does.
+	b.Start()
+	run("third")
+	last := awaitIdle(t, b, uid)
+	group, pid = stray(last)
+	b.Kill()
+	b.Start()
+	if !procGone(t, pid, "sleep") {
+		t.Errorf("a process in group %s, left by a broker killed with -9, outlived the next broker's start", group)
+	}
+	awaitNoDir(t, group)
+}
+
+// idleGroupOf is the idle-N group under b's control group parent that
+// holds pid, or fails.
+func idleGroupOf(t *testing.T, b *Broker, pid int) string {
+	t.Helper()
+	ents, err := os.ReadDir(b.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if d := filepath.Join(b.Cgroup, e.Name()); strings.HasPrefix(e.Name(), "idle-") && slices.Contains(cgroupProcs(d), strconv.Itoa(pid)) {
+			return d
+		}
+	}
+	own, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	t.Fatalf("idle supervisor %d is in no idle-N group under %s: /proc/%d/cgroup says %s", pid, b.Cgroup, pid, own)
+	return ""
+}
+
+// awaitNoDir waits for the broker to remove directory d (a control group
+// whose last process is dying: nothing announces its removal but its
+// absence, which is polled).
+func awaitNoDir(t *testing.T, d string) {
+	t.Helper()
+	deadline := time.Now().Add(eventTimeout)
+	for {
+		if _, err := os.Stat(d); errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is still there after %s", d, eventTimeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
