@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -543,5 +544,36 @@ func awaitNoDir(t *testing.T, d string) {
 			t.Fatalf("%s is still there after %s", d, eventTimeout)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestTaskUmask: a task's command makes its files with its submitter's
+// umask, as it would have run in the submitter's shell, not the broker's.
+func TestTaskUmask(t *testing.T) {
+	b := StartBroker(t, taskConfig(1))
+	dir := SharedDir(t)
+	for _, tc := range []struct {
+		mask string
+		want os.FileMode
+	}{{"077", 0o600}, {"002", 0o664}, {"022", 0o644}} {
+		made := filepath.Join(dir, "made-"+tc.mask)
+		cmd := b.TaskSubmit("--json", "--no-device", "--log", filepath.Join(dir, tc.mask+".log"), "--", "touch", made)
+		cmd.Args = append([]string{"sh", "-c", "umask " + tc.mask + `; exec "$0" "$@"`}, cmd.Args...)
+		cmd.Path = "/bin/sh"
+		out, err := cmd.Output()
+		var s struct {
+			ID uint64 `json:"id"`
+		}
+		if err != nil || json.Unmarshal(out, &s) != nil || s.ID == 0 {
+			t.Fatalf("task-submit under umask %s: %v; printed %q", tc.mask, err, out)
+		}
+		waitTask(t, b, s.ID)
+		st, err := os.Stat(made)
+		if err != nil {
+			t.Fatalf("task %d under umask %s: %v (%+v)", s.ID, tc.mask, err, showTask(t, b, s.ID))
+		}
+		if st.Mode().Perm() != tc.want {
+			t.Errorf("task %d, submitted under umask %s, made %s with mode %04o, want %04o", s.ID, tc.mask, made, st.Mode().Perm(), tc.want)
+		}
 	}
 }

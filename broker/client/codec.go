@@ -139,6 +139,10 @@ func appendSubmit(b []byte, r *Request) []byte {
 		key("log")
 		b = appendString(b, t.Log)
 	}
+	if t.Umask != nil {
+		key("umask")
+		b = strconv.AppendUint(b, uint64(*t.Umask), 10)
+	}
 	return append(b, "}}"...)
 }
 

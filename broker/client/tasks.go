@@ -84,7 +84,8 @@ type Submission struct {
 	TimeSec  int64    `json:"time_sec,omitempty"` // --time, seconds; 0: the policy's
 	Name     string   `json:"name,omitempty"`
 	After    []uint64 `json:"after,omitempty"`
-	Log      string   `json:"log,omitempty"` // absolute path; "" for the default
+	Log      string   `json:"log,omitempty"`   // absolute path; "" for the default
+	Umask    *uint32  `json:"umask,omitempty"` // the submitter's; nil: the supervisor's (an older task-submit)
 }
 
 // TaskInfo is a task as list, show, cancel and wait report it. Command,
@@ -158,6 +159,7 @@ type Spec struct {
 	GraceSec int64    `json:"grace_sec"`          // SIGTERM → SIGKILL
 	Idle     bool     `json:"idle,omitempty"`     // nice 19 and the idle I/O class
 	Socket   string   `json:"socket"`             // where to report
+	Umask    *uint32  `json:"umask,omitempty"`    // the command's, the submitter's; nil: left as it is
 }
 
 // Started is a supervisor's word to the broker, on the socket its Spec

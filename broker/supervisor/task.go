@@ -152,6 +152,11 @@ func startCommand(spec *client.Spec, p *prepared, leases []*os.File) (*exec.Cmd,
 		ExtraFiles:  leases,
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
 	}
+	if spec.Umask != nil {
+		// The submitter's, for the command (the supervisor has made its
+		// own files already: the log, with its own mode).
+		syscall.Umask(int(*spec.Umask & 0o777))
+	}
 	logf(log, "npurun: task %d started %s at %s\n", spec.ID, placement(spec.Devices), time.Now().Format(time.RFC3339))
 	if err := start(cmd, spec.Idle); err != nil {
 		return nil, fmt.Errorf("start: %w", err)

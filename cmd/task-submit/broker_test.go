@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -126,6 +127,12 @@ func TestSubmitRequest(t *testing.T) {
 		t.Errorf("env not the submitter's")
 	}
 	s.Env = nil
+	mask := uint32(syscall.Umask(0o022))
+	syscall.Umask(int(mask))
+	if s.Umask == nil || *s.Umask != mask {
+		t.Errorf("umask %v, want the submitter's, %04o", s.Umask, mask)
+	}
+	s.Umask = nil
 	want := client.Submission{Shell: "python train.py", Cwd: cwd, N: 2, TimeSec: 5400, After: []uint64{7}, Log: filepath.Join(cwd, "out.log")}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("submission %+v, want %+v", s, want)

@@ -28,9 +28,9 @@ const usage = `Usage:
   task-submit wait ID
   task-submit cancel ID
 
-Queue a command with npubroker, which runs it as you, in this directory and
-with this environment, once the devices it needs are free, writing its output
-to a log file. Every form also takes --socket PATH.
+Queue a command with npubroker, which runs it as you, in this directory, with
+this environment and umask, once the devices it needs are free, writing its
+output to a log file. Every form also takes --socket PATH.
 
 Options:
 `

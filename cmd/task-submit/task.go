@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -48,6 +49,11 @@ func submit(o *options) int {
 	s := o.sub
 	s.Cwd = cwd
 	s.Env = os.Environ()
+	// The task's files are made with this umask, as they would be if the
+	// command ran here (Umask sets as it reads: the old one is put back).
+	mask := uint32(syscall.Umask(0o022))
+	syscall.Umask(int(mask))
+	s.Umask = &mask
 	if s.Log != "" && !filepath.IsAbs(s.Log) {
 		s.Log = filepath.Join(cwd, s.Log)
 	}
