@@ -79,12 +79,13 @@ func (fs *flagSet) listVar(p *[]string, short byte, long, value, help string, sp
 	}})
 }
 
-// intVar adds an option whose value is an integer.
+// intVar adds an option whose value is a decimal integer (-n 010 is ten,
+// as a person means it, not eight).
 func (fs *flagSet) intVar(p *int, short byte, long, value, help string) {
 	fs.defs = append(fs.defs, &flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
-		n, err := strconv.ParseInt(v, 0, strconv.IntSize)
+		n, err := strconv.ParseInt(v, 10, strconv.IntSize)
 		if err != nil {
-			return err
+			return errors.New("not a whole number such as 2")
 		}
 		*p = int(n)
 		return nil

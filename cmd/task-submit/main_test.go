@@ -28,6 +28,8 @@ func TestParseSubmit(t *testing.T) {
 			client.Submission{Shell: "x", Devices: []int{0, 1, 2, 3, 8}}},
 		{"repeated and overlapping", []string{"-d", "2-3", "-d", "3,5", "--run", "x"},
 			client.Submission{Shell: "x", Devices: []int{2, 3, 5}}},
+		{"a count with a leading zero is decimal", []string{"-n", "010", "--run", "x"},
+			client.Submission{Shell: "x", N: 10}},
 		{"no device", []string{"--no-device", "--run", "make build"},
 			client.Submission{Shell: "make build", NoDevice: true}},
 		{"after", []string{"--after", "118,7", "--after", "9", "--run", "python eval.py"},
@@ -109,7 +111,8 @@ func TestParseUsageErrors(t *testing.T) {
 		{"unknown short in a group", []string{"logs", "-fz", "1"}, "unknown shorthand flag: 'z' in -fz"},
 		{"missing value", []string{"--run"}, "flag needs an argument: --run"},
 		{"missing short value", []string{"-n"}, "flag needs an argument: -n"},
-		{"bad count", []string{"-n", "two", "--run", "x"}, `invalid argument "two" for -n`},
+		{"bad count", []string{"-n", "two", "--run", "x"}, `invalid argument "two" for -n: not a whole number such as 2`},
+		{"hexadecimal count", []string{"-n", "0x2", "--run", "x"}, `invalid argument "0x2" for -n`},
 		{"bad switch", []string{"--json=maybe", "--run", "x"}, `invalid argument "maybe" for --json`},
 	}
 	for _, tt := range tests {
