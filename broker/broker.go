@@ -70,7 +70,9 @@ type Server struct {
 	cgReady      bool     // cg was set up (once the state directory is ours)
 
 	mu            sync.Mutex
-	devs          []*device // indexed by physical id; nil where not managed
+	here          bool          // tasks granted are launched by the scheduler's caller (scheduleHereLocked)
+	launches      []grantedTask // those tasks, meanwhile
+	devs          []*device     // indexed by physical id; nil where not managed
 	nfree         int
 	held          map[uint32]int // devices held per uid, from this broker's grants
 	q             *Queue         // waiters for devices: leases and tasks
@@ -293,8 +295,9 @@ func (s *Server) renewOnce(d *device, old int, next *freshLock) error {
 	s.mu.Lock()
 	d.fd, d.spare = next.locked, next.spare
 	s.nfree++
-	s.scheduleLocked()
+	starts := s.scheduleHereLocked()
 	s.mu.Unlock()
+	s.launchAll(starts)
 	return nil
 }
 
@@ -372,6 +375,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	s.serveMetrics(ctx)
 	defer s.led.usage.flush(2 * time.Second)
 	defer s.letIdleGo(time.Second) // a broker that stops leaves no idle supervisor
+	defer s.disarmTasks()
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
@@ -388,6 +392,18 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			continue
 		}
 		go s.handle(c)
+	}
+}
+
+// disarmTasks, as the broker stops, disarms the waiting tasks durably
+// (tasklife): a clean stop starts nothing more, and a machine restarted
+// before the next broker must not take them for tasks that may have
+// started.
+func (s *Server) disarmTasks() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.life != nil {
+		s.life.Stop()
 	}
 }
 

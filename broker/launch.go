@@ -111,9 +111,21 @@ func (s *Server) warmLocked() {
 				s.warm++
 				var run func()
 				t.sup, run = s.spawnLocked(t)
-				go run()
+				go s.warmUp(t, run)
 			}
 		}
+	}
+}
+
+// warmUp starts t's warm supervisor with run, then arms t (tasklife):
+// its start, when it is granted, need not wait for the disk. An arm that
+// cannot be recorded leaves t's start to wait for the disk, as any.
+func (s *Server) warmUp(t *task, run func()) {
+	run()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.life != nil && t.IsWaiting() {
+		_ = s.life.Arm(t.Task)
 	}
 }
 
@@ -339,8 +351,43 @@ func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
 	if sl >= 0 {
 		s.cpuFree[sl] = false
 	}
-	go s.launch(t, fds)
+	if s.here {
+		s.launches = append(s.launches, grantedTask{t, fds})
+	} else {
+		go s.launch(t, fds)
+	}
 	return true
+}
+
+// grantedTask is a granted task to launch, with its lock descriptors.
+type grantedTask struct {
+	t   *task
+	fds []int
+}
+
+// scheduleHereLocked is scheduleLocked for a caller that launches the tasks
+// it grants itself, with launchAll once it has let the lock go. Where a
+// lease's end hands its device to the next task (the handoff), a goroutine
+// started for the launch costs a wake-up on the start's path, 0.1–0.3 ms
+// on a busy machine here.
+func (s *Server) scheduleHereLocked() []grantedTask {
+	s.here = true
+	s.scheduleLocked()
+	s.here = false
+	starts := s.launches
+	s.launches = nil
+	return starts
+}
+
+// launchAll launches starts, the last in this goroutine.
+func (s *Server) launchAll(starts []grantedTask) {
+	for i, l := range starts {
+		if i == len(starts)-1 {
+			s.launch(l.t, l.fds)
+		} else {
+			go s.launch(l.t, l.fds)
+		}
+	}
 }
 
 // launch starts a granted task: its supervisor (warm, or started now), the

@@ -85,7 +85,7 @@ func (s *Server) takeUpTasks(dir string) error {
 	}
 	life, err := tasklife.Open(dir, tasklife.Options{
 		Lock: &s.mu, Keep: s.cfg.Tasks.KeepEnded, KeepPerUser: s.cfg.Tasks.KeepEndedPer,
-		Ended: s.taskEndedLocked, Log: s.log,
+		Ended: s.taskEndedLocked, Log: s.log, Boot: s.boot,
 	})
 	if err != nil {
 		return err

@@ -28,6 +28,12 @@ import (
 // Records are queued in the order the transitions were decided (under the
 // broker's lock), so the journal's order is the order of the decisions.
 //
+// A record may also be waited for only until it is written (waitWritten):
+// in the file, as any later reader of it sees it, though not yet on the
+// disk. That is enough against the broker's own death, which loses nothing
+// the kernel has; only the machine's can lose it. The batch's fdatasync
+// then goes on in the background, and later batches wait for it as ever.
+//
 // A write that fails is cut off again (ftruncate to the end of the last
 // good batch), so that later records never glue onto a torn one; its
 // records were never durable and their transitions are not applied. A
@@ -59,6 +65,7 @@ type journal struct {
 	bufRecs  int
 	queued   uint64           // tickets handed out
 	resolved uint64           // tickets whose write has ended
+	written  uint64           // tickets in the file, synced or not (≥ resolved once written)
 	failed   map[uint64]error // resolved tickets whose write failed, until waited for
 	writing  bool
 	broken   error // an fsync failed or a write could not be cut off: nothing is written until a rewrite
@@ -110,16 +117,22 @@ func (j *journal) enqueue(data []byte, n int) (ticket, error) {
 }
 
 // wait returns once tk's records are durable, or their write failed.
-func (j *journal) wait(tk ticket) error {
+func (j *journal) wait(tk ticket) error { return j.await(tk, false) }
+
+// waitWritten returns once tk's records are in the file, synced or not, or
+// their write failed; a batch it leads is synced in the background.
+func (j *journal) waitWritten(tk ticket) error { return j.await(tk, true) }
+
+func (j *journal) await(tk ticket, written bool) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	mine := uint64(tk)
-	for j.resolved < mine {
+	for j.resolved < mine && (!written || j.written < mine) {
 		if j.writing {
 			j.cond.Wait()
 			continue
 		}
-		j.writeBatchLocked()
+		j.writeBatchLocked(written)
 	}
 	if err, bad := j.failed[mine]; bad {
 		delete(j.failed, mine)
@@ -129,8 +142,10 @@ func (j *journal) wait(tk ticket) error {
 }
 
 // writeBatchLocked leads one batch: everything queued so far goes in one
-// write and one fdatasync, with j.mu released meanwhile.
-func (j *journal) writeBatchLocked() {
+// write and one fdatasync, with j.mu released meanwhile. With background
+// set, it returns once the write is made, and the sync and the batch's end
+// follow in another goroutine.
+func (j *journal) writeBatchLocked(background bool) {
 	batch, n, lo, hi := j.buf, j.bufRecs, j.resolved, j.queued
 	j.buf, j.bufRecs = nil, 0
 	j.writing = true
@@ -138,9 +153,30 @@ func (j *journal) writeBatchLocked() {
 	err := j.broken
 	j.mu.Unlock()
 	if err == nil {
-		err = writeAt(f, at, batch)
+		err = write(f, at, batch)
+	}
+	if err == nil && background {
+		j.mu.Lock()
+		j.written = hi
+		j.cond.Broadcast()
+		go func() {
+			err := syncFile(f)
+			j.mu.Lock()
+			j.endBatchLocked(f, at, batch, n, lo, hi, err)
+			j.mu.Unlock()
+		}()
+		return
+	}
+	if err == nil {
+		err = syncFile(f)
 	}
 	j.mu.Lock()
+	j.endBatchLocked(f, at, batch, n, lo, hi, err)
+}
+
+// endBatchLocked ends the batch of tickets lo+1 … hi, written to f at at
+// (and synced) with the result err.
+func (j *journal) endBatchLocked(f *os.File, at int64, batch []byte, n int, lo, hi uint64, err error) {
 	j.writing = false
 	switch {
 	case err == nil:
@@ -163,11 +199,14 @@ func (j *journal) writeBatchLocked() {
 		}
 	}
 	for t := lo + 1; t <= hi; t++ {
-		if err != nil {
+		// A ticket whose owner has let it go (it waited only for the
+		// write, and the sync failed after) is not kept for a wait.
+		if _, owned := j.pend[t]; err != nil && owned {
 			j.failed[t] = err
 		}
 	}
 	j.resolved = hi
+	j.written = max(j.written, hi)
 	j.cond.Broadcast()
 }
 
@@ -176,9 +215,22 @@ var errTorn = errors.New("write journal")
 
 // writeAt writes b at offset at of f (its end) and syncs it.
 func writeAt(f *os.File, at int64, b []byte) error {
+	if err := write(f, at, b); err != nil {
+		return err
+	}
+	return syncFile(f)
+}
+
+// write writes b at offset at of f.
+func write(f *os.File, at int64, b []byte) error {
 	if _, err := f.WriteAt(b, at); err != nil {
 		return fmt.Errorf("%w: %w", errTorn, unwrapPath(err))
 	}
+	return nil
+}
+
+// syncFile makes what was written to f durable.
+func syncFile(f *os.File) error {
 	if err := unix.Fdatasync(int(f.Fd())); err != nil {
 		return fmt.Errorf("sync journal: %w", err)
 	}
@@ -199,6 +251,7 @@ func unwrapPath(err error) error {
 func (j *journal) release(tk ticket) {
 	j.mu.Lock()
 	delete(j.pend, uint64(tk))
+	delete(j.failed, uint64(tk))
 	j.mu.Unlock()
 }
 
@@ -367,7 +420,7 @@ func (j *journal) close() error {
 			j.cond.Wait()
 			continue
 		}
-		j.writeBatchLocked()
+		j.writeBatchLocked(false)
 	}
 	if j.f == nil {
 		return nil

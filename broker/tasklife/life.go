@@ -31,9 +31,20 @@ package tasklife
 //
 // The rules the table keeps:
 //
-//   - Only a durable start record, with its supervisor's pid, makes a task
-//     running on disk. A starting task is pending in the journal and in
-//     every rewrite of it; a broker that dies then runs it again later.
+//   - Only a start record, with its supervisor's pid, makes a task running
+//     on disk. A starting task is pending in the journal and in every
+//     rewrite of it; a broker that dies then runs it again later.
+//   - A start record is durable before the go-ahead, unless its task is
+//     armed: then it need only be written (in the file, as a broker that
+//     restarts reads it; only the machine's crash can lose it), and its
+//     sync follows in the background, off the task's start. A task is
+//     armed by a durable arm record naming this boot, made while it waits
+//     (for the first task in line, whose supervisor is started ahead). A
+//     replay in another boot cannot tell whether an armed task that is
+//     pending on disk started before the crash: it fails, never run
+//     twice. A broker that stops cleanly, and one that starts in the same
+//     boot, disarm every task durably, so that only a crash of the machine
+//     loses a task this way.
 //   - A record is durable before its transition is applied, and a
 //     transition whose record could not be written did not happen (a
 //     refused cancel leaves the task waiting). Only ends that a replay
@@ -125,6 +136,7 @@ type Task struct {
 	PID       int            `json:"pid,omitempty"`        // its supervisor
 	PIDStart  uint64         `json:"pid_start,omitempty"`  // the supervisor's start, clock ticks since boot
 	Boot      string         `json:"boot,omitempty"`       // the boot it started in (/proc/sys/kernel/random/boot_id)
+	ArmBoot   string         `json:"arm_boot,omitempty"`   // waiting: the boot it was armed in (see the rules above)
 	StartMono int64          `json:"start_mono,omitempty"` // CLOCK_MONOTONIC ms at its start, in that boot
 	Status    *client.Status `json:"status,omitempty"`
 	Reason    string         `json:"reason,omitempty"`
@@ -203,11 +215,13 @@ type Record struct {
 
 // The records of the journal.
 const (
-	opTask  = "task"  // a whole task: a submission, or a task as a rewrite carries it
-	opStart = "start" // a task started: its devices and supervisor
-	opEnd   = "end"   // a task ended
-	opIDs   = "ids"   // the highest id given so far (first in a rewrite)
-	opProbe = "probe" // a test that the journal can be written again; no change
+	opTask   = "task"   // a whole task: a submission, or a task as a rewrite carries it
+	opStart  = "start"  // a task started: its devices and supervisor
+	opEnd    = "end"    // a task ended
+	opIDs    = "ids"    // the highest id given so far (first in a rewrite)
+	opProbe  = "probe"  // a test that the journal can be written again; no change
+	opArm    = "arm"    // a waiting task armed in a boot: its start need not be synced before its go-ahead
+	opDisarm = "disarm" // every task disarmed: the broker stopped cleanly, or started in the boot they were armed in
 )
 
 // Options configure a Life.
@@ -227,12 +241,17 @@ type Options struct {
 	// write durably.
 	Ended func(*Task)
 	Log   *log.Logger
+	// Boot is this boot's id ("" if unknown: no task is armed). A replay
+	// fails the tasks armed in another boot, and disarms the others.
+	Boot string
 }
 
 // Life is the table of tasks and its journal.
 type Life struct {
 	mu          sync.Locker
 	j           *journal
+	boot        string
+	closing     bool // Close has begun: no start is made unsynced any more
 	log         *log.Logger
 	keep, keepU int
 	onEnd       func(*Task)
@@ -287,7 +306,7 @@ func newLife(dir string, o Options) *Life {
 		lg = log.New(os.Stderr, "npubroker: ", 0)
 	}
 	return &Life{
-		mu: o.Lock, j: newJournal(dir), log: lg, keep: o.Keep, keepU: o.KeepPerUser, onEnd: o.Ended,
+		mu: o.Lock, j: newJournal(dir), log: lg, boot: o.Boot, keep: o.Keep, keepU: o.KeepPerUser, onEnd: o.Ended,
 		tasks: map[uint64]*Task{}, sorted: true,
 		waiting: map[uint32]int{}, running: map[uint32]int{}, submitting: map[uint32]int{},
 		endedBy: map[uint32][]uint64{}, namedBy: map[uint64]map[uint64]struct{}{}, secretWait: secretDelay,
@@ -307,6 +326,10 @@ func Open(dir string, o Options) (*Life, error) {
 	l := newLife(dir, o)
 	l.replaying = true
 	res, err := replay(l.j.path(), l.apply)
+	var disarm []*Record
+	if err == nil {
+		disarm = l.disarmReplayed()
+	}
 	l.replaying = false
 	if err != nil {
 		return nil, err
@@ -346,11 +369,95 @@ func Open(dir string, o Options) (*Life, error) {
 		return nil, err
 	}
 	l.j.records = res.records
+	if len(disarm) > 0 {
+		// Not rewritten: the arm records are still there.
+		if err := l.writeUnlocked(disarm...); err != nil {
+			l.log.Printf("disarm the tasks armed before the restart: %v; if the machine crashes before they start, they fail", err)
+		}
+	}
 	return l, nil
 }
 
 // Close closes the journal, once the records queued are written.
 func (l *Life) Close() error { return l.j.close() }
+
+// Stop, as the broker stops, disarms the armed tasks durably: no start is
+// made unsynced from now on. The caller holds the lock.
+func (l *Life) Stop() {
+	l.closing = true
+	armed := false
+	for _, t := range l.tasks {
+		if t.ArmBoot != "" {
+			armed = true
+			break
+		}
+	}
+	if armed {
+		if err := l.writeDisarm(); err != nil {
+			l.log.Printf("disarm the waiting tasks: %v; if the machine restarts before the broker does, they fail", err)
+		}
+	}
+}
+
+// reasonArmed is the reason of a task found armed in another boot.
+const reasonArmed = "the machine restarted while it may have been starting; it is not run again, so that it runs at most once"
+
+// disarmReplayed, at the end of a replay, fails the waiting tasks armed in
+// another boot (their start may have been written and lost with the
+// machine) and disarms every task. It returns the records that say so, for
+// a journal that is not rewritten; none if no task was armed.
+func (l *Life) disarmReplayed() []*Record {
+	var ids []uint64
+	for id, t := range l.tasks {
+		if t.ArmBoot != "" {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	slices.Sort(ids)
+	var recs []*Record
+	now := time.Now().UnixMilli()
+	for _, id := range ids {
+		if t := l.tasks[id]; t.IsWaiting() && t.ArmBoot != l.boot {
+			r := &Record{Op: opEnd, ID: id, Time: now, State: Failed, Reason: reasonArmed}
+			l.applyEnd(r)
+			recs = append(recs, r)
+		}
+	}
+	r := &Record{Op: opDisarm}
+	_ = l.apply(r)
+	return append(recs, r)
+}
+
+// writeDisarm makes a disarm record durable and applies it.
+func (l *Life) writeDisarm() error {
+	rec := &Record{Op: opDisarm}
+	if err := l.write(rec); err != nil {
+		return err
+	}
+	return l.apply(rec)
+}
+
+// Arm arms waiting task t in this boot, durably, so that its start need
+// not wait for the disk (see the rules above). It does nothing when t is
+// armed already, no longer waiting, or the boot is unknown.
+func (l *Life) Arm(t *Task) error {
+	if l.boot == "" || l.closing || !t.IsWaiting() || t.ArmBoot == l.boot || t.busy {
+		return nil
+	}
+	rec := &Record{Op: opArm, ID: t.ID, Boot: l.boot}
+	if err := l.write(rec); err != nil {
+		return err
+	}
+	return l.applied(rec)
+}
+
+// Armed tells whether t's start may be made without waiting for the disk.
+func (l *Life) Armed(t *Task) bool {
+	return l.boot != "" && !l.closing && t.ArmBoot == l.boot
+}
 
 // Get is task id, nil if there is none.
 func (l *Life) Get(id uint64) *Task { return l.tasks[id] }
@@ -521,7 +628,13 @@ func (l *Life) Start(t *Task, pid int, pidStart uint64, boot string, mono int64)
 	}
 	rec := &Record{Op: opStart, ID: t.ID, Time: t.Started, Devices: t.Devices, Slot: t.Slot,
 		PID: pid, PIDStart: pidStart, Boot: boot, StartMono: mono}
-	if err := l.write(rec); err != nil {
+	var err error
+	if l.Armed(t) {
+		err = l.writeWritten(rec)
+	} else {
+		err = l.write(rec)
+	}
+	if err != nil {
 		return err
 	}
 	return l.applied(rec)
@@ -593,8 +706,36 @@ func (l *Life) write(recs ...*Record) error {
 	return l.writeEncoded(data, len(recs))
 }
 
+// writeUnlocked is write for Open, which runs without the lock.
+func (l *Life) writeUnlocked(recs ...*Record) error {
+	data, err := encode(recs...)
+	if err != nil {
+		return err
+	}
+	tk, err := l.j.enqueue(data, len(recs))
+	if err != nil {
+		return err
+	}
+	defer l.j.release(tk)
+	return l.j.wait(tk)
+}
+
+// writeWritten is write for a record that need only be in the file: its
+// sync follows in the background.
+func (l *Life) writeWritten(rec *Record) error {
+	data, err := encode(rec)
+	if err != nil {
+		return err
+	}
+	return l.writeTo(data, 1, true)
+}
+
 // writeEncoded is write for n records already encoded.
-func (l *Life) writeEncoded(data []byte, n int) error {
+func (l *Life) writeEncoded(data []byte, n int) error { return l.writeTo(data, n, false) }
+
+// writeTo writes n records already encoded, durably or, with written set,
+// only into the file.
+func (l *Life) writeTo(data []byte, n int, written bool) error {
 	if len(data) > maxRecord {
 		return fmt.Errorf("journal record of %d bytes, more than %d", len(data), maxRecord)
 	}
@@ -603,7 +744,11 @@ func (l *Life) writeEncoded(data []byte, n int) error {
 		return err
 	}
 	l.mu.Unlock()
-	err = l.j.wait(tk)
+	if written {
+		err = l.j.waitWritten(tk)
+	} else {
+		err = l.j.wait(tk)
+	}
 	l.mu.Lock()
 	l.j.release(tk) // applied before the lock is let go again
 	return err
@@ -658,6 +803,14 @@ func (l *Life) apply(r *Record) error {
 		l.applyEnd(r)
 	case opIDs:
 		l.nextID = max(l.nextID, r.ID)
+	case opArm:
+		if t := l.tasks[r.ID]; t != nil && t.IsWaiting() {
+			t.ArmBoot = r.Boot
+		}
+	case opDisarm:
+		for _, t := range l.tasks {
+			t.ArmBoot = ""
+		}
 	case opProbe:
 	default:
 		return fmt.Errorf("unknown record %q", r.Op)
@@ -716,6 +869,7 @@ func (l *Life) applyStart(r *Record) {
 	if t == nil || (t.State != Pending && t.State != Starting) {
 		return
 	}
+	t.ArmBoot = ""
 	l.move(t, Running)
 	t.Started, t.Devices, t.Slot = r.Time, r.Devices, r.Slot
 	t.PID, t.PIDStart, t.Boot, t.StartMono = r.PID, r.PIDStart, r.Boot, r.StartMono
@@ -733,6 +887,7 @@ func (l *Life) applyEnd(r *Record) {
 	if t.IsWaiting() || t.State == Starting {
 		l.unname(t)
 	}
+	t.ArmBoot = ""
 	l.move(t, r.State)
 	t.Ended, t.Reason = r.Time, r.Reason
 	if r.Status != nil {

@@ -25,6 +25,8 @@ type table struct {
 	mu    *sync.Mutex
 	ended []uint64
 	logs  *bytes.Buffer
+
+	killed func() // closes the table without Stop, as a broker killed (openBoot)
 }
 
 func openTable(t *testing.T, dir string, keep, keepUser int) *table {

@@ -1,0 +1,93 @@
+package tests
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// The first task waiting for a device is armed (tasklife): its warm
+// supervisor is ready and a durable arm record names this boot, so that
+// its start record, when the device frees, need only be written, not
+// synced, before the go-ahead. These tests restart the broker with such a
+// task waiting behind a running one and check that it runs at most once:
+// after a crash of the machine (the arm record's boot edited to another)
+// it fails without running; after the broker's own crash, or a clean stop
+// followed by a crash of the machine, it waits and then runs.
+func TestTaskArmedRestart(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		stop   func(b *Broker)
+		reboot bool // the arm records are edited to name another boot
+		runs   bool // B runs after the restart
+	}{
+		{"machine crash", (*Broker).Kill, true, false},
+		{"broker crash", (*Broker).Kill, false, true},
+		{"clean stop, then machine crash", (*Broker).Stop, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := StartBroker(t, taskConfig(1))
+			dir := t.TempDir()
+			gate, mark := filepath.Join(dir, "gate"), filepath.Join(dir, "b-ran")
+			makeFIFO(t, gate)
+			a := submitTask(t, b, nil, dir, "--log", filepath.Join(dir, "a.log"), "--", "sh", "-c", `read x < "$1"`, "sh", gate)
+			w := openFIFO(t, gate, os.O_WRONLY) // A holds the only device
+			bid := submitTask(t, b, nil, dir, "--log", filepath.Join(dir, "b.log"), "--", "sh", "-c", `echo ran >> "$1"`, "sh", mark)
+			awaitArmed(t, b, bid)
+			c.stop(b)
+			if c.reboot {
+				editJournal(t, b, func(rec map[string]any) {
+					if rec["op"] == "arm" {
+						rec["boot"] = "00000000-0000-0000-0000-000000000000"
+					}
+				})
+			}
+			b.Start()
+			if !c.runs {
+				ti := showTask(t, b, bid)
+				if ti.State != client.StateFailed || !strings.Contains(ti.Reason, "may have been starting") {
+					t.Errorf("task B armed before the machine's crash: %s (%q), want failed: it may have started", ti.State, ti.Reason)
+				}
+			}
+			if _, err := w.Write([]byte("go\n")); err != nil {
+				t.Fatalf("task A is gone after the restart: %v", err)
+			}
+			w.Close() // A ends; its device goes to B, if B still waits
+			if r := waitTask(t, b, a); r.code != 0 {
+				t.Errorf("wait A: %s", r)
+			}
+			r := waitTask(t, b, bid)
+			data, err := os.ReadFile(mark)
+			switch {
+			case c.runs && (r.code != 0 || string(data) != "ran\n"):
+				t.Errorf("task B: wait %s; its command wrote %q (%v), want it run once", r, data, err)
+			case !c.runs && !errors.Is(err, fs.ErrNotExist):
+				t.Errorf("task B ran after the machine's crash though it may have started before: %q %v", data, err)
+			}
+		})
+	}
+}
+
+// awaitArmed waits until the journal holds task id's arm record.
+func awaitArmed(t *testing.T, b *Broker, id uint64) {
+	t.Helper()
+	want := []byte(`"op":"arm","id":` + idStr(id) + `,`)
+	deadline := time.Now().Add(eventTimeout)
+	for {
+		data, err := os.ReadFile(filepath.Join(b.StateDir, "journal"))
+		if err == nil && bytes.Contains(data, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %d, first in line with its supervisor started ahead, is not armed within %s; journal:\n%s", id, eventTimeout, data)
+		}
+		time.Sleep(10 * time.Millisecond) // the journal file says nothing when it changes
+	}
+}
