@@ -64,7 +64,17 @@ type Result struct {
 	// Info has every process named in Files and Nodes, and the ancestors
 	// that Ancestors walked through.
 	Info map[int]*Proc
+	// Cut is set when Tree stopped at its limit with processes left to
+	// look at: one it did not look at (see Looked) may hold a target
+	// still, and this result cannot tell.
+	Cut    bool
+	looked map[int]bool // Tree's: the processes it looked at; nil for Scan
 }
+
+// Looked tells whether the look read pid's descriptors or found it gone,
+// so that its absence from Files and Nodes means it holds none of them: a
+// scan looks at every process, Tree at the processes it reached.
+func (r *Result) Looked(pid int) bool { return r.looked == nil || r.looked[pid] }
 
 // Scanner reads one /proc tree. It is safe for concurrent use.
 type Scanner struct {
@@ -152,6 +162,14 @@ func (s *Scanner) Tree(roots []int, t Targets, limit int) *Result {
 		s.openFiles(p, t, r)
 		queue = append(queue, s.Children(pid)...)
 	}
+	for _, pid := range queue {
+		if pid > 0 && !seen[pid] {
+			r.Cut = true
+			break
+		}
+	}
+	delete(seen, s.self)
+	r.looked = seen
 	r.Took = time.Since(r.At)
 	return r
 }

@@ -270,6 +270,12 @@ func TestFakeTree(t *testing.T) {
 	if got := tr.Files[id]; !slices.Equal(sorted(got), []int{10, 11}) || tr.Procs != 3 {
 		t.Errorf("tree of 10: holders %v of %d processes, want 10, 11 of 3", got, tr.Procs)
 	}
+	if tr.Cut || !tr.Looked(12) || tr.Looked(20) || !r.Looked(20) {
+		t.Errorf("tree of 10: cut %v, looked at 12 %v, at 20 %v; the scan looked at 20 %v", tr.Cut, tr.Looked(12), tr.Looked(20), r.Looked(20))
+	}
+	if tr := s.Tree([]int{10}, targets, 2); !tr.Cut || !tr.Looked(11) || tr.Looked(12) {
+		t.Errorf("tree of 10 cut at 2: cut %v, looked at 11 %v, at 12 %v", tr.Cut, tr.Looked(11), tr.Looked(12))
+	}
 }
 
 func sorted(s []int) []int {
