@@ -143,9 +143,11 @@ func (s *Server) setHoldersLocked(l *lease, found map[int][]*procscan.Proc, at t
 		l.said = map[string]bool{}
 	}
 	var all []*procscan.Proc
+	inAll := map[*procscan.Proc]bool{}
 	for _, id := range l.devices {
 		for _, h := range found[id] {
-			if !slices.Contains(all, h) {
+			if !inAll[h] {
+				inAll[h] = true
 				all = append(all, h)
 			}
 		}
@@ -205,12 +207,13 @@ const maxHolders = 16
 // pid order; commands left out where show says so.
 func (s *Server) holdersInfo(l *lease, id int, show func(uid uint32) bool) ([]client.Holder, int) {
 	hs := l.holders[id]
-	isHolder := func(pid int) bool {
-		return slices.ContainsFunc(hs, func(h *procscan.Proc) bool { return h.PID == pid })
+	isHolder := make(map[int]bool, len(hs))
+	for _, h := range hs {
+		isHolder[h.PID] = true
 	}
 	var roots, rest []*procscan.Proc
 	for _, h := range hs {
-		if isHolder(h.PPID) {
+		if isHolder[h.PPID] {
 			rest = append(rest, h)
 		} else {
 			roots = append(roots, h)

@@ -17,6 +17,7 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/policy"
 )
 
 // manyHolders is a lease of device 0 held by n processes: n/2 roots, each
@@ -197,5 +198,30 @@ func TestCutLookKeepsHolders(t *testing.T) {
 	killAwait(t, first)
 	if got := look(); len(got) != n || slices.Contains(got, first) {
 		t.Errorf("after pid %d exited: %d holders (it among them: %v), want %d", first, len(got), slices.Contains(got, first), n)
+	}
+}
+
+// BenchmarkUnleased: judging a scan in which the 20,000 holders of a
+// lease also have its device node open (as they do), under the broker's
+// lock after every scan.
+func BenchmarkUnleased(b *testing.B) {
+	l := manyHolders(20000)
+	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0), cfg: &policy.Config{}}
+	s.led.leases = map[int]*lease{0: l}
+	s.led.nodes = map[uint64]int{7: 0}
+	s.led.seen = map[useKey]*use{}
+	res := &procscan.Result{At: time.Now(), Files: map[procscan.FileID][]int{}, Nodes: map[uint64][]int{}, Info: map[int]*procscan.Proc{}}
+	ancestors := map[int][]int{}
+	for _, h := range l.holders[0] {
+		res.Files[l.files[0]] = append(res.Files[l.files[0]], h.PID)
+		res.Nodes[7] = append(res.Nodes[7], h.PID)
+		res.Info[h.PID] = h
+		ancestors[h.PID] = []int{h.PPID}
+	}
+	targets := procscan.Targets{Files: map[procscan.FileID]bool{l.files[0]: true}, Nodes: map[uint64]bool{7: true}}
+	for b.Loop() {
+		if acts := s.unleasedLocked(res, targets, ancestors, nil, nil); len(acts) != 0 || len(s.led.seen) != 0 {
+			b.Fatalf("holders taken for unleased use: %d", len(s.led.seen))
+		}
 	}
 }
