@@ -8,9 +8,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -223,5 +225,27 @@ func BenchmarkUnleased(b *testing.B) {
 		if acts := s.unleasedLocked(res, targets, ancestors, nil, nil); len(acts) != 0 || len(s.led.seen) != 0 {
 			b.Fatalf("holders taken for unleased use: %d", len(s.led.seen))
 		}
+	}
+}
+
+// TestCommandLineWholeRunes: a command line cut for the board ends with
+// a whole character, then "…".
+func TestCommandLineWholeRunes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"short", []string{"python", "train.py"}, "python train.py"},
+		{"ascii", []string{strings.Repeat("a", maxCommand+10)}, strings.Repeat("a", maxCommand) + "…"},
+		{"euro", []string{"xx" + strings.Repeat("€", maxCommand)}, "xx" + strings.Repeat("€", (maxCommand-2)/3) + "…"},
+		{"kernel", nil, "[kworker]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := commandLine(&procscan.Proc{Comm: "kworker", Cmdline: tc.args})
+			if got != tc.want || !utf8.ValidString(got) {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@
 package procscan
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
@@ -295,13 +297,62 @@ func (s *Scanner) Proc(pid int) (*Proc, error) {
 	} else {
 		return nil, err
 	}
-	if args, err := p.CmdLine(); err == nil && len(args) > 0 {
-		pi.Cmdline = args
-	}
+	pi.Cmdline = s.cmdline(pid)
 	if exe, err := p.Executable(); err == nil {
 		pi.Exe = exe
 	}
 	return pi, nil
+}
+
+// MaxCmdline bounds what a scan reads of a process's command line, in
+// bytes: plenty for the board, which shows 256, where the arguments may
+// run to megabytes (procfs's CmdLine reads up to one).
+const MaxCmdline = 4096
+
+// cmdline reads the arguments of process pid, their first MaxCmdline
+// bytes only, cut at a UTF-8 boundary; nil for a kernel thread, a process
+// that is exiting or gone.
+func (s *Scanner) cmdline(pid int) []string {
+	path := s.root + "/" + strconv.Itoa(pid) + "/cmdline"
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fd)
+	var buf [MaxCmdline]byte
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Read(fd, buf[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || m <= 0 {
+			break
+		}
+		n += m
+	}
+	data := buf[:n]
+	if n == len(buf) {
+		data = cutRune(data)
+	}
+	data = bytes.TrimRight(data, "\x00")
+	if len(data) == 0 {
+		return nil
+	}
+	return strings.Split(string(data), "\x00")
+}
+
+// cutRune leaves out a rune that b, cut short, ends in the middle of.
+func cutRune(b []byte) []byte {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return b[:i]
+			}
+			break
+		}
+	}
+	return b
 }
 
 // Start returns the start time of pid in clock ticks after boot, 0 when it

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,14 +19,14 @@ import (
 // child starts `sh -c SCRIPT` with file open at descriptor 3 (and the
 // standard streams on /dev/null), and returns it once the script has said
 // "ready" on the pipe at descriptor 4.
-func child(t *testing.T, file *os.File, script string) *exec.Cmd {
+func child(t *testing.T, file *os.File, script string, args ...string) *exec.Cmd {
 	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	cmd := exec.Command("sh", "-c", script)
+	cmd := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...)
 	cmd.ExtraFiles = []*os.File{file, w}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -91,7 +92,7 @@ func TestScanFindsHolders(t *testing.T) {
 		t.Errorf("looked at %d processes", r.Procs)
 	}
 	sh := r.Info[cmd.Process.Pid]
-	if sh == nil || sh.UID != uint32(os.Geteuid()) || sh.PPID != os.Getpid() || sh.Comm != "sh" || len(sh.Cmdline) != 3 || sh.Start == 0 {
+	if sh == nil || sh.UID != uint32(os.Geteuid()) || sh.PPID != os.Getpid() || sh.Comm != "sh" || len(sh.Cmdline) != 4 || sh.Start == 0 {
 		t.Fatalf("info of the shell: %+v", sh)
 	}
 	if d := time.Since(sh.Started); d < 0 || d > time.Minute {
@@ -282,4 +283,44 @@ func sorted(s []int) []int {
 	s = slices.Clone(s)
 	slices.Sort(s)
 	return s
+}
+
+// TestCmdlineCapped: a process with a megabyte of arguments costs a scan
+// MaxCmdline bytes of them, cut where a whole character ends.
+func TestCmdlineCapped(t *testing.T) {
+	const script = `echo ready >&4; exec 4>&-; sleep 600`
+	head := []string{"sh", "-c", script, "sh"}
+	// One argument may be 128 KiB at most (MAX_ARG_STRLEN): sixteen of
+	// 64 KiB of "€", three bytes each, after padding that puts the
+	// MaxCmdline'th byte inside a "€".
+	before := len(strings.Join(head, "\x00")) + 1
+	pad := ""
+	if (MaxCmdline-before)%3 == 0 {
+		pad = "x"
+	}
+	args := []string{pad + strings.Repeat("€", 64<<10/3)}
+	for range 15 {
+		args = append(args, strings.Repeat("€", 64<<10/3))
+	}
+	cmd := child(t, nil, script, args...)
+	s, err := New("/proc", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pi, err := s.Proc(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(pi.Cmdline, "\x00")
+	if len(all) > MaxCmdline || len(all) < MaxCmdline-utf8.UTFMax || !utf8.ValidString(all) {
+		t.Errorf("command line of %d bytes (valid UTF-8: %v), want at most %d, whole characters", len(all), utf8.ValidString(all), MaxCmdline)
+	}
+	if len(pi.Cmdline) != len(head)+1 || !slices.Equal(pi.Cmdline[:len(head)], head) || !strings.HasPrefix(pi.Cmdline[len(head)], pad+"€€€") {
+		t.Errorf("command line starts %q, want %q and the first argument", pi.Cmdline[:min(len(pi.Cmdline), len(head))], head)
+	}
+
+	small := child(t, nil, script, "a b", "", "ü")
+	if pi, err := s.Proc(small.Process.Pid); err != nil || !slices.Equal(pi.Cmdline, append(slices.Clone(head), "a b", "", "ü")) {
+		t.Errorf("small command line: %q (%v)", pi.Cmdline, err)
+	}
 }
