@@ -2,6 +2,7 @@ package procscan
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,9 +17,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// child starts `sh -c SCRIPT` with file open at descriptor 3 (and the
-// standard streams on /dev/null), and returns it once the script has said
-// "ready" on the pipe at descriptor 4.
+// child starts `sh -c SCRIPT sh ARGS...` with file open at descriptor 3
+// (and the standard streams on /dev/null), and returns it once the script
+// has said "ready" on the pipe at descriptor 4 and every process that had
+// the pipe open has closed it: a script closes it in each process it
+// starts once that process's descriptors are as the test wants them.
 func child(t *testing.T, file *os.File, script string, args ...string) *exec.Cmd {
 	t.Helper()
 	r, w, err := os.Pipe()
@@ -37,10 +40,9 @@ func child(t *testing.T, file *os.File, script string, args ...string) *exec.Cmd
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	buf := make([]byte, 64)
-	n, _ := r.Read(buf)
-	if !strings.Contains(string(buf[:n]), "ready") {
-		t.Fatalf("child did not say ready: %q", buf[:n])
+	said, err := io.ReadAll(r) // to the end: no process has the pipe open
+	if err != nil || !strings.Contains(string(said), "ready") {
+		t.Fatalf("child did not say ready: %q (%v)", said, err)
 	}
 	return cmd
 }
@@ -65,7 +67,12 @@ func tempFile(t *testing.T) (*os.File, FileID) {
 func TestScanFindsHolders(t *testing.T) {
 	f, id := tempFile(t)
 	// The shell holds fd 3; a child inherits it; a second child closes it.
-	cmd := child(t, f, `sleep 600 & sleep 600 3<&- & echo "ready $! " >&4; exec 4>&-; wait`)
+	// The pipe ends only once the second child has closed fd 3: it used to
+	// be closed by the shell alone, and the scan could come before the
+	// second child had closed fd 3 (1 run in 12 failed so).
+	cmd := child(t, f, `sleep 600 4>&- &
+{ exec 3<&-; exec sleep 600 4>&-; } &
+echo ready >&4; exec 4>&-; wait`)
 	s, err := New("/proc", os.Getpid(), filepath.Dir(f.Name())+"/")
 	if err != nil {
 		t.Fatal(err)
