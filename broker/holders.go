@@ -35,6 +35,7 @@ func (s *Server) refreshHolders() {
 		l       *lease
 		roots   []int
 		targets procscan.Targets
+		uids    map[uint32]bool // of the last look's holders, which may be kept
 	}
 	s.mu.Lock()
 	if time.Since(s.led.refreshed) < refreshFresh {
@@ -46,13 +47,17 @@ func (s *Server) refreshHolders() {
 		if l.kind == client.KindTask && l.pid == 0 {
 			l.pid, l.pidStart = s.taskSupervisorLocked(l.task)
 		}
-		lk := look{l: l, targets: procscan.Targets{Files: map[procscan.FileID]bool{}}}
+		lk := look{l: l, targets: procscan.Targets{Files: map[procscan.FileID]bool{}}, uids: map[uint32]bool{}}
+		in := map[int]bool{}
 		if l.pid > 0 {
 			lk.roots = append(lk.roots, l.pid)
+			in[l.pid] = true
 		}
-		for _, hs := range l.holders {
-			for _, h := range hs {
-				if !slices.Contains(lk.roots, h.PID) {
+		for _, id := range l.devices { // in device order: the same roots first each time
+			for _, h := range l.holders[id] {
+				lk.uids[h.UID] = true
+				if !in[h.PID] {
+					in[h.PID] = true
 					lk.roots = append(lk.roots, h.PID)
 				}
 			}
@@ -72,9 +77,12 @@ func (s *Server) refreshHolders() {
 		results[i] = s.led.scanner.Tree(lk.roots, lk.targets, maxTree)
 		for _, pi := range results[i].Info {
 			if pi != nil {
-				if _, ok := names[pi.UID]; !ok {
-					names[pi.UID] = s.led.names.name(pi.UID)
-				}
+				lk.uids[pi.UID] = true
+			}
+		}
+		for uid := range lk.uids {
+			if _, ok := names[uid]; !ok {
+				names[uid] = s.led.names.name(uid)
 			}
 		}
 	}
@@ -91,6 +99,14 @@ func (s *Server) refreshHolders() {
 			for _, pid := range res.Files[l.files[i]] {
 				if pi := res.Info[pid]; pi != nil {
 					found[id] = append(found[id], pi)
+				}
+			}
+			// A look cut at maxTree did not reach every holder the last
+			// one found: those stay until a look reaches them or the next
+			// full scan, rather than vanish from the board meanwhile.
+			for _, h := range l.holders[id] {
+				if !res.Looked(h.PID) {
+					found[id] = append(found[id], h)
 				}
 			}
 			if len(found[id]) == 0 && s.led.leases[id] == l {
@@ -127,9 +143,11 @@ func (s *Server) setHoldersLocked(l *lease, found map[int][]*procscan.Proc, at t
 		l.said = map[string]bool{}
 	}
 	var all []*procscan.Proc
+	inAll := map[*procscan.Proc]bool{}
 	for _, id := range l.devices {
 		for _, h := range found[id] {
-			if !slices.Contains(all, h) {
+			if !inAll[h] {
+				inAll[h] = true
 				all = append(all, h)
 			}
 		}
@@ -189,12 +207,13 @@ const maxHolders = 16
 // pid order; commands left out where show says so.
 func (s *Server) holdersInfo(l *lease, id int, show func(uid uint32) bool) ([]client.Holder, int) {
 	hs := l.holders[id]
-	isHolder := func(pid int) bool {
-		return slices.ContainsFunc(hs, func(h *procscan.Proc) bool { return h.PID == pid })
+	isHolder := make(map[int]bool, len(hs))
+	for _, h := range hs {
+		isHolder[h.PID] = true
 	}
 	var roots, rest []*procscan.Proc
 	for _, h := range hs {
-		if isHolder(h.PPID) {
+		if isHolder[h.PPID] {
 			rest = append(rest, h)
 		} else {
 			roots = append(roots, h)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -467,7 +468,11 @@ func commandLine(pi *procscan.Proc) string {
 	}
 	cmd := strings.Join(pi.Cmdline, " ")
 	if len(cmd) > maxCommand {
-		cmd = cmd[:maxCommand] + "…"
+		cut := maxCommand
+		for cut > 0 && !utf8.RuneStart(cmd[cut]) {
+			cut-- // not inside a character
+		}
+		cmd = cmd[:cut] + "…"
 	}
 	return cmd
 }

@@ -215,20 +215,23 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 		if !ok {
 			continue
 		}
-		var holders []int
+		var holders map[int]bool
 		if l := s.led.leases[dev]; l != nil {
 			fid, _ := l.fileOf(dev)
 			if !targets.Files[fid] {
 				continue // leased after the scan began: judged next time
 			}
-			holders = res.Files[fid]
+			holders = make(map[int]bool, len(res.Files[fid]))
+			for _, pid := range res.Files[fid] {
+				holders[pid] = true
+			}
 		}
 		for _, pid := range pids {
 			pi := res.Info[pid]
 			if pi == nil || exempt(pi, st.UnleasedExempt) {
 				continue
 			}
-			if slices.Contains(holders, pid) || slices.ContainsFunc(ancestors[pid], func(a int) bool { return slices.Contains(holders, a) }) {
+			if holders[pid] || slices.ContainsFunc(ancestors[pid], func(a int) bool { return holders[a] }) {
 				continue
 			}
 			k := useKey{pid: pid, start: pi.Start, dev: dev}

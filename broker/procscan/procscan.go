@@ -2,6 +2,8 @@
 package procscan
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
+	"unsafe"
 
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
@@ -64,7 +68,17 @@ type Result struct {
 	// Info has every process named in Files and Nodes, and the ancestors
 	// that Ancestors walked through.
 	Info map[int]*Proc
+	// Cut is set when Tree stopped at its limit with processes left to
+	// look at: one it did not look at (see Looked) may hold a target
+	// still, and this result cannot tell.
+	Cut    bool
+	looked map[int]bool // Tree's: the processes it looked at; nil for Scan
 }
+
+// Looked tells whether the look read pid's descriptors or found it gone,
+// so that its absence from Files and Nodes means it holds none of them: a
+// scan looks at every process, Tree at the processes it reached.
+func (r *Result) Looked(pid int) bool { return r.looked == nil || r.looked[pid] }
 
 // Scanner reads one /proc tree. It is safe for concurrent use.
 type Scanner struct {
@@ -120,12 +134,13 @@ func (s *Scanner) Scan(t Targets) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	b := new(buffers)
 	for _, p := range procs {
 		if p.PID == s.self {
 			continue
 		}
 		r.Procs++
-		s.openFiles(p, t, r)
+		s.openFiles(p, t, r, b)
 	}
 	r.Took = time.Since(r.At)
 	return r, nil
@@ -137,6 +152,7 @@ func (s *Scanner) Tree(roots []int, t Targets, limit int) *Result {
 	r := s.result()
 	seen := map[int]bool{s.self: true}
 	queue := slices.Clone(roots)
+	b := new(buffers)
 	for len(queue) > 0 && r.Procs < limit {
 		pid := queue[0]
 		queue = queue[1:]
@@ -149,9 +165,17 @@ func (s *Scanner) Tree(roots []int, t Targets, limit int) *Result {
 			continue
 		}
 		r.Procs++
-		s.openFiles(p, t, r)
+		s.openFiles(p, t, r, b)
 		queue = append(queue, s.Children(pid)...)
 	}
+	for _, pid := range queue {
+		if pid > 0 && !seen[pid] {
+			r.Cut = true
+			break
+		}
+	}
+	delete(seen, s.self)
+	r.looked = seen
 	r.Took = time.Since(r.At)
 	return r
 }
@@ -160,40 +184,55 @@ func (s *Scanner) result() *Result {
 	return &Result{At: time.Now(), Files: map[FileID][]int{}, Nodes: map[uint64][]int{}, Info: map[int]*Proc{}}
 }
 
+// buffers are what a look reuses from one descriptor and process to the
+// next, so that it allocates nothing per descriptor: thousands of them on
+// a busy machine. Each Scan and Tree has its own (the Scanner is shared).
+type buffers struct {
+	path    []byte             // /proc/PID/fd
+	dirents [8192]byte         // a batch of the directory's entries
+	link    [unix.PathMax]byte // a descriptor's link target
+	st      unix.Statx_t
+}
+
 // openFiles records the targets that process p has open, and p itself if
-// it has any.
-func (s *Scanner) openFiles(p procfs.Proc, t Targets, r *Result) {
-	found := false
-	var pathBuf [256]byte
-	var linkBuf [4096]byte
-	dir := strconv.AppendInt(append(append(pathBuf[:0], s.root...), '/'), int64(p.PID), 10)
-	dir = append(dir, "/fd/"...)
-	fds, ok := readFDs(string(dir))
-	if !ok {
+// it has any. It is the scan's most frequent call, so it reads the
+// descriptor directory with plain system calls (os.Open would also fstat
+// it and try to register it with the poller, for each of thousands of
+// processes), and reads each link and stats it by name relative to the
+// directory, the name pointing into the batch of entries just read.
+func (s *Scanner) openFiles(p procfs.Proc, t Targets, r *Result, b *buffers) {
+	b.path = strconv.AppendInt(append(append(b.path[:0], s.root...), '/'), int64(p.PID), 10)
+	b.path = append(b.path, "/fd\x00"...)
+	dir, err := openat(unix.AT_FDCWD, &b.path[0], unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
+	if err != nil {
 		return // gone, or not ours to read
 	}
-	for _, fd := range fds {
-		path := string(append(dir, fd...))
-		n, err := unix.Readlink(path, linkBuf[:])
-		if err != nil || n == 0 || linkBuf[0] != '/' || !s.worthStat(linkBuf[:n]) {
-			continue // a socket, a pipe, or a path of no interest
-		}
-		// Cached attributes only (AT_STATX_DONT_SYNC): a file on a FUSE
-		// or network file system of a user's is not asked, so that it
-		// cannot hold the scan up.
-		var st unix.Statx_t
-		if unix.Statx(unix.AT_FDCWD, path, unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE|unix.STATX_INO, &st) != nil {
+	defer unix.Close(dir)
+	found := false
+	for {
+		n, err := unix.Getdents(dir, b.dirents[:])
+		if err == unix.EINTR {
 			continue
 		}
-		switch uint32(st.Mode) & unix.S_IFMT {
-		case unix.S_IFREG:
-			if id := (FileID{Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}); t.Files[id] {
-				r.Files[id] = appendOnce(r.Files[id], p.PID)
-				found = true
+		if err != nil || n <= 0 {
+			break
+		}
+		for off := 0; off < n; {
+			// struct linux_dirent64: ino, off (8 bytes each), reclen (2),
+			// type (1), then the name, NUL-terminated and padded.
+			if n-off < 19 {
+				break
 			}
-		case unix.S_IFCHR:
-			if rdev := unix.Mkdev(st.Rdev_major, st.Rdev_minor); t.Nodes[rdev] {
-				r.Nodes[rdev] = appendOnce(r.Nodes[rdev], p.PID)
+			reclen := int(binary.NativeEndian.Uint16(b.dirents[off+16:]))
+			if reclen < 19 || off+reclen > n {
+				break
+			}
+			name := b.dirents[off+19 : off+reclen]
+			off += reclen
+			if len(name) == 0 || name[0] == '.' || name[0] == 0 || bytes.IndexByte(name, 0) < 0 {
+				continue
+			}
+			if s.holdsTarget(dir, &name[0], p.PID, t, r, b) {
 				found = true
 			}
 		}
@@ -203,31 +242,67 @@ func (s *Scanner) openFiles(p procfs.Proc, t Targets, r *Result) {
 	}
 }
 
-// readFDs lists the descriptors in a /proc/PID/fd directory. It is the
-// scan's most frequent call, so it reads the directory with plain system
-// calls: os.Open would also fstat the directory and try to register it
-// with the poller, for each of thousands of processes.
-func readFDs(dir string) ([]string, bool) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, false
+// holdsTarget tells whether a descriptor of process pid (fd: its name in
+// the directory dir, NUL-terminated) is a target, and records it in r if
+// so.
+func (s *Scanner) holdsTarget(dir int, fd *byte, pid int, t Targets, r *Result, b *buffers) bool {
+	n, err := readlinkat(dir, fd, b.link[:])
+	if err != nil || n == 0 || b.link[0] != '/' || !s.worthStat(b.link[:n]) {
+		return false // a socket, a pipe, or a path of no interest
 	}
-	defer unix.Close(fd)
-	var buf [8192]byte
-	var names []string
+	// Cached attributes only (AT_STATX_DONT_SYNC): a file on a FUSE or
+	// network file system of a user's is not asked, so that it cannot
+	// hold the scan up.
+	st := &b.st
+	if statx(dir, fd, unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE|unix.STATX_INO, st) != nil {
+		return false
+	}
+	switch uint32(st.Mode) & unix.S_IFMT {
+	case unix.S_IFREG:
+		if id := (FileID{Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}); t.Files[id] {
+			r.Files[id] = appendOnce(r.Files[id], pid)
+			return true
+		}
+	case unix.S_IFCHR:
+		if rdev := unix.Mkdev(st.Rdev_major, st.Rdev_minor); t.Nodes[rdev] {
+			r.Nodes[rdev] = appendOnce(r.Nodes[rdev], pid)
+			return true
+		}
+	}
+	return false
+}
+
+// openat, readlinkat and statx are those of package unix for a path
+// already NUL-terminated in a buffer of the caller's: unix's copy each
+// path to add the NUL, an allocation per descriptor.
+
+func openat(dir int, path *byte, flags int) (int, error) {
 	for {
-		n, err := unix.ReadDirent(fd, buf[:])
-		if err == unix.EINTR {
+		fd, _, errno := unix.Syscall6(unix.SYS_OPENAT, uintptr(dir), uintptr(unsafe.Pointer(path)), uintptr(flags), 0, 0, 0)
+		if errno == unix.EINTR {
 			continue
 		}
-		if err != nil {
-			return names, len(names) > 0
+		if errno != 0 {
+			return -1, errno
 		}
-		if n <= 0 {
-			return names, true
-		}
-		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+		return int(fd), nil
 	}
+}
+
+func readlinkat(dir int, path *byte, buf []byte) (int, error) {
+	n, _, errno := unix.Syscall6(unix.SYS_READLINKAT, uintptr(dir), uintptr(unsafe.Pointer(path)), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}
+
+func statx(dir int, path *byte, flags, mask int, st *unix.Statx_t) error {
+	_, _, errno := unix.Syscall6(unix.SYS_STATX, uintptr(dir), uintptr(unsafe.Pointer(path)), uintptr(flags), uintptr(mask), uintptr(unsafe.Pointer(st)), 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 func (s *Scanner) worthStat(target []byte) bool {
@@ -277,13 +352,62 @@ func (s *Scanner) Proc(pid int) (*Proc, error) {
 	} else {
 		return nil, err
 	}
-	if args, err := p.CmdLine(); err == nil && len(args) > 0 {
-		pi.Cmdline = args
-	}
+	pi.Cmdline = s.cmdline(pid)
 	if exe, err := p.Executable(); err == nil {
 		pi.Exe = exe
 	}
 	return pi, nil
+}
+
+// MaxCmdline bounds what a scan reads of a process's command line, in
+// bytes: plenty for the board, which shows 256, where the arguments may
+// run to megabytes (procfs's CmdLine reads up to one).
+const MaxCmdline = 4096
+
+// cmdline reads the arguments of process pid, their first MaxCmdline
+// bytes only, cut at a UTF-8 boundary; nil for a kernel thread, a process
+// that is exiting or gone.
+func (s *Scanner) cmdline(pid int) []string {
+	path := s.root + "/" + strconv.Itoa(pid) + "/cmdline"
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fd)
+	var buf [MaxCmdline]byte
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Read(fd, buf[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || m <= 0 {
+			break
+		}
+		n += m
+	}
+	data := buf[:n]
+	if n == len(buf) {
+		data = cutRune(data)
+	}
+	data = bytes.TrimRight(data, "\x00")
+	if len(data) == 0 {
+		return nil
+	}
+	return strings.Split(string(data), "\x00")
+}
+
+// cutRune leaves out a rune that b, cut short, ends in the middle of.
+func cutRune(b []byte) []byte {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return b[:i]
+			}
+			break
+		}
+	}
+	return b
 }
 
 // Start returns the start time of pid in clock ticks after boot, 0 when it

@@ -2,6 +2,7 @@ package procscan
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,21 +12,24 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
 
-// child starts `sh -c SCRIPT` with file open at descriptor 3 (and the
-// standard streams on /dev/null), and returns it once the script has said
-// "ready" on the pipe at descriptor 4.
-func child(t *testing.T, file *os.File, script string) *exec.Cmd {
+// child starts `sh -c SCRIPT sh ARGS...` with file open at descriptor 3
+// (and the standard streams on /dev/null), and returns it once the script
+// has said "ready" on the pipe at descriptor 4 and every process that had
+// the pipe open has closed it: a script closes it in each process it
+// starts once that process's descriptors are as the test wants them.
+func child(t *testing.T, file *os.File, script string, args ...string) *exec.Cmd {
 	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	cmd := exec.Command("sh", "-c", script)
+	cmd := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...)
 	cmd.ExtraFiles = []*os.File{file, w}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -36,10 +40,9 @@ func child(t *testing.T, file *os.File, script string) *exec.Cmd {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	buf := make([]byte, 64)
-	n, _ := r.Read(buf)
-	if !strings.Contains(string(buf[:n]), "ready") {
-		t.Fatalf("child did not say ready: %q", buf[:n])
+	said, err := io.ReadAll(r) // to the end: no process has the pipe open
+	if err != nil || !strings.Contains(string(said), "ready") {
+		t.Fatalf("child did not say ready: %q (%v)", said, err)
 	}
 	return cmd
 }
@@ -64,7 +67,12 @@ func tempFile(t *testing.T) (*os.File, FileID) {
 func TestScanFindsHolders(t *testing.T) {
 	f, id := tempFile(t)
 	// The shell holds fd 3; a child inherits it; a second child closes it.
-	cmd := child(t, f, `sleep 600 & sleep 600 3<&- & echo "ready $! " >&4; exec 4>&-; wait`)
+	// The pipe ends only once the second child has closed fd 3: it used to
+	// be closed by the shell alone, and the scan could come before the
+	// second child had closed fd 3 (1 run in 12 failed so).
+	cmd := child(t, f, `sleep 600 4>&- &
+{ exec 3<&-; exec sleep 600 4>&-; } &
+echo ready >&4; exec 4>&-; wait`)
 	s, err := New("/proc", os.Getpid(), filepath.Dir(f.Name())+"/")
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +99,7 @@ func TestScanFindsHolders(t *testing.T) {
 		t.Errorf("looked at %d processes", r.Procs)
 	}
 	sh := r.Info[cmd.Process.Pid]
-	if sh == nil || sh.UID != uint32(os.Geteuid()) || sh.PPID != os.Getpid() || sh.Comm != "sh" || len(sh.Cmdline) != 3 || sh.Start == 0 {
+	if sh == nil || sh.UID != uint32(os.Geteuid()) || sh.PPID != os.Getpid() || sh.Comm != "sh" || len(sh.Cmdline) != 4 || sh.Start == 0 {
 		t.Fatalf("info of the shell: %+v", sh)
 	}
 	if d := time.Since(sh.Started); d < 0 || d > time.Minute {
@@ -270,10 +278,56 @@ func TestFakeTree(t *testing.T) {
 	if got := tr.Files[id]; !slices.Equal(sorted(got), []int{10, 11}) || tr.Procs != 3 {
 		t.Errorf("tree of 10: holders %v of %d processes, want 10, 11 of 3", got, tr.Procs)
 	}
+	if tr.Cut || !tr.Looked(12) || tr.Looked(20) || !r.Looked(20) {
+		t.Errorf("tree of 10: cut %v, looked at 12 %v, at 20 %v; the scan looked at 20 %v", tr.Cut, tr.Looked(12), tr.Looked(20), r.Looked(20))
+	}
+	if tr := s.Tree([]int{10}, targets, 2); !tr.Cut || !tr.Looked(11) || tr.Looked(12) {
+		t.Errorf("tree of 10 cut at 2: cut %v, looked at 11 %v, at 12 %v", tr.Cut, tr.Looked(11), tr.Looked(12))
+	}
 }
 
 func sorted(s []int) []int {
 	s = slices.Clone(s)
 	slices.Sort(s)
 	return s
+}
+
+// TestCmdlineCapped: a process with a megabyte of arguments costs a scan
+// MaxCmdline bytes of them, cut where a whole character ends.
+func TestCmdlineCapped(t *testing.T) {
+	const script = `echo ready >&4; exec 4>&-; sleep 600`
+	head := []string{"sh", "-c", script, "sh"}
+	// One argument may be 128 KiB at most (MAX_ARG_STRLEN): sixteen of
+	// 64 KiB of "€", three bytes each, after padding that puts the
+	// MaxCmdline'th byte inside a "€".
+	before := len(strings.Join(head, "\x00")) + 1
+	pad := ""
+	if (MaxCmdline-before)%3 == 0 {
+		pad = "x"
+	}
+	args := []string{pad + strings.Repeat("€", 64<<10/3)}
+	for range 15 {
+		args = append(args, strings.Repeat("€", 64<<10/3))
+	}
+	cmd := child(t, nil, script, args...)
+	s, err := New("/proc", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pi, err := s.Proc(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(pi.Cmdline, "\x00")
+	if len(all) > MaxCmdline || len(all) < MaxCmdline-utf8.UTFMax || !utf8.ValidString(all) {
+		t.Errorf("command line of %d bytes (valid UTF-8: %v), want at most %d, whole characters", len(all), utf8.ValidString(all), MaxCmdline)
+	}
+	if len(pi.Cmdline) != len(head)+1 || !slices.Equal(pi.Cmdline[:len(head)], head) || !strings.HasPrefix(pi.Cmdline[len(head)], pad+"€€€") {
+		t.Errorf("command line starts %q, want %q and the first argument", pi.Cmdline[:min(len(pi.Cmdline), len(head))], head)
+	}
+
+	small := child(t, nil, script, "a b", "", "ü")
+	if pi, err := s.Proc(small.Process.Pid); err != nil || !slices.Equal(pi.Cmdline, append(slices.Clone(head), "a b", "", "ü")) {
+		t.Errorf("small command line: %q (%v)", pi.Cmdline, err)
+	}
 }

@@ -1,0 +1,251 @@
+package broker
+
+import (
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/policy"
+)
+
+// manyHolders is a lease of device 0 held by n processes: n/2 roots, each
+// with one child that inherited the descriptor.
+func manyHolders(n int) *lease {
+	uid := uint32(os.Getuid())
+	hs := make([]*procscan.Proc, 0, n)
+	for i := range n / 2 {
+		root := 100000 + 2*i
+		hs = append(hs, &procscan.Proc{PID: root, PPID: 1, UID: uid, Start: uint64(root), Started: time.Now(), Comm: "torchrun", Cmdline: []string{"torchrun", "train.py"}},
+			&procscan.Proc{PID: root + 1, PPID: root, UID: uid, Start: uint64(root + 1), Started: time.Now(), Comm: "python", Cmdline: []string{"python", "worker.py"}})
+	}
+	return &lease{uid: uid, user: "bench", devices: []int{0}, files: []procscan.FileID{{Dev: 1, Ino: 1}}, held: map[int]bool{0: true},
+		holders: map[int][]*procscan.Proc{0: hs}}
+}
+
+// BenchmarkHoldersInfo: the board's view of a device with 20,000 holder
+// processes, made under the broker's lock for every status.
+func BenchmarkHoldersInfo(b *testing.B) {
+	s := &Server{}
+	l := manyHolders(20000)
+	show := func(uint32) bool { return true }
+	if hs, more := s.holdersInfo(l, 0, show); len(hs) != maxHolders || more != 20000-maxHolders || hs[0].PPID != 1 {
+		b.Fatalf("%d holders shown, %d more, first %+v", len(hs), more, hs[0])
+	}
+	for b.Loop() {
+		s.holdersInfo(l, 0, show)
+	}
+}
+
+// BenchmarkSetHolders: taking a look's 20,000 holders of one device into
+// its lease, under the broker's lock after every scan.
+func BenchmarkSetHolders(b *testing.B) {
+	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0)}
+	l := manyHolders(20000)
+	found := l.holders
+	for b.Loop() {
+		s.setHoldersLocked(l, map[int][]*procscan.Proc{0: slices.Clone(found[0])}, time.Now(), nil)
+	}
+}
+
+// holdingTree starts a shell with file at descriptor 3 that starts n
+// sleeps, which inherit it, and returns the shell once every one of them
+// has closed its copy of the pipe it reports on (the shell after saying
+// "ready"): by then each holds the file.
+func holdingTree(t *testing.T, file *os.File, n int) *exec.Cmd {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cmd := exec.Command("sh", "-c", `i=0; while [ $i -lt `+strconv.Itoa(n)+` ]; do sleep 600 4>&- & i=$((i+1)); done; echo ready >&4; exec 4>&-; wait`)
+	cmd.ExtraFiles = []*os.File{file, w}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	t.Cleanup(func() {
+		unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+		cmd.Wait()
+	})
+	out, err := io.ReadAll(r) // to EOF: every writer has closed it
+	if err != nil || string(out) != "ready\n" {
+		t.Fatalf("the shell said %q (%v), want ready", out, err)
+	}
+	return cmd
+}
+
+// killAwait kills pid and returns once it has exited (its descriptors
+// closed), told by its pidfd.
+func killAwait(t *testing.T, pid int) {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 20000)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n != 1 {
+			t.Fatalf("pid %d did not exit: %v", pid, err)
+		}
+		return
+	}
+}
+
+func holderPIDs(l *lease, id int) []int {
+	var out []int
+	for _, h := range l.holders[id] {
+		out = append(out, h.PID)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestCutLookKeepsHolders: a look between full scans that stops at its
+// limit (maxTree processes) keeps the holders the last full scan found
+// and it did not reach, where it used to drop them from the board; a
+// holder it did reach and found gone is dropped.
+func TestCutLookKeepsHolders(t *testing.T) {
+	const n = maxTree + 44
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "npu0.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fid, err := procscan.ID(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := holdingTree(t, f, n)
+	scanner, err := procscan.New("/proc", os.Getpid(), dir+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0)}
+	l := &lease{kind: client.KindInline, uid: uint32(os.Getuid()), user: "u", pid: sh.Process.Pid, devices: []int{0},
+		files: []procscan.FileID{fid}, held: map[int]bool{0: true}, since: time.Now()}
+	s.led.leases = map[int]*lease{0: l}
+	s.led.scanner = scanner
+	targets := procscan.Targets{Files: map[procscan.FileID]bool{fid: true}}
+
+	fullScan := func() {
+		t.Helper()
+		res, err := scanner.Scan(targets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.mu.Lock()
+		s.holdersFromScanLocked(res, targets, nil)
+		s.mu.Unlock()
+	}
+	look := func() []int {
+		t.Helper()
+		s.mu.Lock()
+		s.led.refreshed = time.Time{} // not the look of a moment ago
+		s.mu.Unlock()
+		s.refreshHolders()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return holderPIDs(l, 0)
+	}
+
+	fullScan()
+	all := holderPIDs(l, 0)
+	if len(all) != n+1 || !slices.Contains(all, sh.Process.Pid) {
+		t.Fatalf("the full scan found %d holders, want the shell and %d sleeps", len(all), n)
+	}
+	if r := scanner.Tree(append([]int{sh.Process.Pid}, all...), targets, maxTree); !r.Cut {
+		t.Fatalf("a look at %d holders was not cut at %d", len(all), maxTree)
+	}
+	if got := look(); !slices.Equal(got, all) {
+		t.Fatalf("after a cut look: %d holders, want the %d of the full scan", len(got), len(all))
+	}
+	s.mu.Lock()
+	shown, more := s.holdersInfo(l, 0, func(uint32) bool { return false })
+	s.mu.Unlock()
+	if len(shown)+more != n+1 || shown[0].PID != sh.Process.Pid {
+		t.Errorf("board: %d holders and %d more, first %d; want %d, the shell first", len(shown), more, shown[0].PID, n+1)
+	}
+
+	// The first sleep is among the holders a look reaches (the shell,
+	// then the last holders in pid order): gone, it is dropped.
+	first := all[0]
+	if first == sh.Process.Pid {
+		first = all[1]
+	}
+	killAwait(t, first)
+	if got := look(); len(got) != n || slices.Contains(got, first) {
+		t.Errorf("after pid %d exited: %d holders (it among them: %v), want %d", first, len(got), slices.Contains(got, first), n)
+	}
+}
+
+// BenchmarkUnleased: judging a scan in which the 20,000 holders of a
+// lease also have its device node open (as they do), under the broker's
+// lock after every scan.
+func BenchmarkUnleased(b *testing.B) {
+	l := manyHolders(20000)
+	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0), cfg: &policy.Config{}}
+	s.led.leases = map[int]*lease{0: l}
+	s.led.nodes = map[uint64]int{7: 0}
+	s.led.seen = map[useKey]*use{}
+	res := &procscan.Result{At: time.Now(), Files: map[procscan.FileID][]int{}, Nodes: map[uint64][]int{}, Info: map[int]*procscan.Proc{}}
+	ancestors := map[int][]int{}
+	for _, h := range l.holders[0] {
+		res.Files[l.files[0]] = append(res.Files[l.files[0]], h.PID)
+		res.Nodes[7] = append(res.Nodes[7], h.PID)
+		res.Info[h.PID] = h
+		ancestors[h.PID] = []int{h.PPID}
+	}
+	targets := procscan.Targets{Files: map[procscan.FileID]bool{l.files[0]: true}, Nodes: map[uint64]bool{7: true}}
+	for b.Loop() {
+		if acts := s.unleasedLocked(res, targets, ancestors, nil, nil); len(acts) != 0 || len(s.led.seen) != 0 {
+			b.Fatalf("holders taken for unleased use: %d", len(s.led.seen))
+		}
+	}
+}
+
+// TestCommandLineWholeRunes: a command line cut for the board ends with
+// a whole character, then "…".
+func TestCommandLineWholeRunes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"short", []string{"python", "train.py"}, "python train.py"},
+		{"ascii", []string{strings.Repeat("a", maxCommand+10)}, strings.Repeat("a", maxCommand) + "…"},
+		{"euro", []string{"xx" + strings.Repeat("€", maxCommand)}, "xx" + strings.Repeat("€", (maxCommand-2)/3) + "…"},
+		{"kernel", nil, "[kworker]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := commandLine(&procscan.Proc{Comm: "kworker", Cmdline: tc.args})
+			if got != tc.want || !utf8.ValidString(got) {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
