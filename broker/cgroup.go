@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -315,7 +316,7 @@ func ownCgroup() (string, error) {
 // process in group own, and the leaf of it the broker must move into
 // first ("" when it need not: it was started there, or sits in the root).
 func autoParent(mnt, mntRoot, own string) (parent, leaf string, err error) {
-	rel, ok := strings.CutPrefix(own, strings.TrimSuffix(mntRoot, "/"))
+	rel, ok := groupBelow(own, mntRoot)
 	if !ok || strings.Contains(own, "(deleted)") {
 		return "", "", fmt.Errorf("this process's group %s is not below the cgroup2 mount %s", own, mnt)
 	}
@@ -333,6 +334,23 @@ func autoParent(mnt, mntRoot, own string) (parent, leaf string, err error) {
 		return filepath.Dir(dir), "", nil // DelegateSubgroup=broker
 	}
 	return dir, filepath.Join(dir, brokerLeaf), nil
+}
+
+// groupBelow tells whether group p is root or below it, component by
+// component (/system.sliceX is not below /system.slice), and gives p
+// relative to root ("" for root itself).
+func groupBelow(p, root string) (rel string, ok bool) {
+	p, root = path.Clean("/"+p), path.Clean("/"+root)
+	switch {
+	case p == root:
+		return "", true
+	case root == "/":
+		return p[1:], true
+	}
+	if rel, ok := strings.CutPrefix(p, root+"/"); ok {
+		return rel, true
+	}
+	return "", false
 }
 
 // moveInto moves the broker into the control group leaf, made if missing.

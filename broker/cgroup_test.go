@@ -72,6 +72,10 @@ func TestAutoParent(t *testing.T) {
 		{"systemd < 254: started in the service's group", "/", "/system.slice/npubroker.service", mnt + "/system.slice/npubroker.service", mnt + "/system.slice/npubroker.service/broker", ""},
 		{"a namespace's root", "/system.slice", "/system.slice/x.service", mnt + "/x.service", mnt + "/x.service/broker", ""},
 		{"outside the mount", "/system.slice", "/user.slice/x", "", "", "not below the cgroup2 mount"},
+		{"a sibling whose name goes on from the root's", "/system.slice", "/system.sliceX/x.service", "", "", "not below the cgroup2 mount"},
+		{"a sibling named root-something", "/foo", "/foo-bar/x", "", "", "not below the cgroup2 mount"},
+		{"a namespace's root, with a slash", "/system.slice/", "/system.slice/x.service", mnt + "/x.service", mnt + "/x.service/broker", ""},
+		{"in a namespace's root itself", "/system.slice", "/system.slice", mnt + "/npurun", "", ""},
 		{"deleted", "/", "/x (deleted)", "", "", "not below the cgroup2 mount"},
 	}
 	for _, tt := range tests {
@@ -81,5 +85,33 @@ func TestAutoParent(t *testing.T) {
 				t.Errorf("autoParent(%q, %q) = %q, %q, %v; want %q, %q, error %q", tt.root, tt.own, parent, leaf, err, tt.parent, tt.leaf, tt.err)
 			}
 		})
+	}
+}
+
+// TestGroupBelow: a group is below another component by component, never
+// by a string prefix.
+func TestGroupBelow(t *testing.T) {
+	tests := []struct {
+		p, root, rel string
+		ok           bool
+	}{
+		{"/", "/", "", true},
+		{"/a/b", "/", "a/b", true},
+		{"/foo", "/foo", "", true},
+		{"/foo/", "/foo", "", true},
+		{"/foo/bar", "/foo", "bar", true},
+		{"/foo/bar/baz", "/foo/", "bar/baz", true},
+		{"/foo-bar", "/foo", "", false},
+		{"/foo-bar/x", "/foo", "", false},
+		{"/system.sliceX/y", "/system.slice", "", false},
+		{"/fo", "/foo", "", false},
+		{"/", "/foo", "", false},
+		{"/bar/foo", "/foo", "", false},
+	}
+	for _, tt := range tests {
+		rel, ok := groupBelow(tt.p, tt.root)
+		if rel != tt.rel || ok != tt.ok {
+			t.Errorf("groupBelow(%q, %q) = %q, %v; want %q, %v", tt.p, tt.root, rel, ok, tt.rel, tt.ok)
+		}
 	}
 }
