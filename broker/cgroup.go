@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -315,7 +316,7 @@ func ownCgroup() (string, error) {
 // process in group own, and the leaf of it the broker must move into
 // first ("" when it need not: it was started there, or sits in the root).
 func autoParent(mnt, mntRoot, own string) (parent, leaf string, err error) {
-	rel, ok := strings.CutPrefix(own, strings.TrimSuffix(mntRoot, "/"))
+	rel, ok := groupBelow(own, mntRoot)
 	if !ok || strings.Contains(own, "(deleted)") {
 		return "", "", fmt.Errorf("this process's group %s is not below the cgroup2 mount %s", own, mnt)
 	}
@@ -333,6 +334,23 @@ func autoParent(mnt, mntRoot, own string) (parent, leaf string, err error) {
 		return filepath.Dir(dir), "", nil // DelegateSubgroup=broker
 	}
 	return dir, filepath.Join(dir, brokerLeaf), nil
+}
+
+// groupBelow tells whether group p is root or below it, component by
+// component (/system.sliceX is not below /system.slice), and gives p
+// relative to root ("" for root itself).
+func groupBelow(p, root string) (rel string, ok bool) {
+	p, root = path.Clean("/"+p), path.Clean("/"+root)
+	switch {
+	case p == root:
+		return "", true
+	case root == "/":
+		return p[1:], true
+	}
+	if rel, ok := strings.CutPrefix(p, root+"/"); ok {
+		return rel, true
+	}
+	return "", false
 }
 
 // moveInto moves the broker into the control group leaf, made if missing.
@@ -413,12 +431,9 @@ func killGroup(d string) error {
 	return writeCgroupFile(filepath.Join(d, "cgroup.kill"), "1")
 }
 
-// remove kills what is left in task id's group and removes the group;
+// removeGroup kills what is left in group d and removes the group;
 // unix.EBUSY while processes are still dying in it. A group already gone
 // is no error.
-func (cg *cgroups) remove(id uint64) error { return removeGroup(cg.dir(id)) }
-
-// removeGroup is remove for group d.
 func removeGroup(d string) error {
 	err := killGroup(d)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -430,11 +445,8 @@ func removeGroup(d string) error {
 	return nil
 }
 
-// waitEmpty waits up to d for task id's group to hold no process, woken by
+// waitGroupEmpty waits up to d for group dir to hold no process, woken by
 // the kernel's notice on cgroup.events.
-func (cg *cgroups) waitEmpty(id uint64, d time.Duration) { waitGroupEmpty(cg.dir(id), d) }
-
-// waitGroupEmpty is waitEmpty for group dir.
 func waitGroupEmpty(dir string, d time.Duration) {
 	f, err := os.Open(filepath.Join(dir, "cgroup.events"))
 	if err != nil {
@@ -507,26 +519,56 @@ func (cg *cgroups) groups(prefix string) []uint64 {
 }
 
 // reapCgroup kills what is left in an ended task's group and removes the
-// group once empty, trying again while processes are still dying in it.
+// group once empty (reapGroup), unless the task is known again.
 func (s *Server) reapCgroup(id uint64) {
-	for try, wait := 0, 100*time.Millisecond; ; try, wait = try+1, min(2*wait, time.Minute) {
-		s.mu.Lock()
-		if s.jobs[id] != nil {
+	s.reapGroup(s.cg.dir(id), func() bool { return s.jobs[id] == nil })
+}
+
+// How reapGroup tries again while processes are still dying in a group:
+// the first wait, doubled each time up to the last, and how many tries
+// (about ten minutes in all) before the group is left to the next broker
+// start, which removes what this one left.
+const (
+	reapFirstWait = 50 * time.Millisecond
+	reapMaxWait   = time.Minute
+	reapTries     = 20
+)
+
+// reapGroup kills what is left in group d (cgroup.kill) and removes it,
+// and, while processes are still dying in it, waits for the kernel's
+// notice that it is empty and tries again, a bounded number of times. The
+// groups of tasks and of idle supervisors are all removed here. When ours
+// is set it is called with the lock held before each try, and the group is
+// left alone (another owns it now) once it returns false; the removal is
+// then made under the lock too.
+func (s *Server) reapGroup(d string, ours func() bool) {
+	wait := reapFirstWait
+	for try := 1; ; try++ {
+		var err error
+		if ours != nil {
+			s.mu.Lock()
+			if !ours() {
+				s.mu.Unlock()
+				return
+			}
+			err = removeGroup(d)
 			s.mu.Unlock()
-			return // not ended: its own end removes it
+		} else {
+			err = removeGroup(d)
 		}
-		err := s.cg.remove(id)
-		s.mu.Unlock()
-		if err == nil {
+		switch {
+		case err == nil:
 			return
-		}
-		if err != unix.EBUSY {
-			s.log.Printf("task %d: remove its control group: %v", id, err)
+		case err != unix.EBUSY:
+			s.log.Printf("remove control group %s: %v", d, err)
 			return
+		case try == reapTries:
+			s.log.Printf("control group %s still holds dying processes after %d tries: left in place, the next broker start removes it", d, try)
+			return
+		case try == 6:
+			s.log.Printf("processes are still dying in control group %s; the broker goes on trying", d)
 		}
-		if try == 6 {
-			s.log.Printf("task %d: processes are still dying in its control group %s; the broker goes on trying", id, s.cg.dir(id))
-		}
-		s.cg.waitEmpty(id, wait)
+		waitGroupEmpty(d, wait)
+		wait = min(2*wait, reapMaxWait)
 	}
 }

@@ -116,25 +116,7 @@ func (s *Server) reapIdleLocked(sup *supervisor) {
 	d := s.cg.idleDir(sup.group)
 	sup.group = 0
 	killGroup(d) // at once: nothing of it runs on
-	go s.reapGroup(d)
-}
-
-// reapGroup removes group d once its processes are gone, trying again for
-// a while.
-func (s *Server) reapGroup(d string) {
-	wait := 50 * time.Millisecond
-	for try := 0; ; try++ {
-		err := removeGroup(d)
-		if err == nil {
-			return
-		}
-		if err != unix.EBUSY || try == 10 {
-			s.log.Printf("remove control group %s: %v", d, err)
-			return
-		}
-		waitGroupEmpty(d, wait)
-		wait = min(2*wait, 5*time.Second)
-	}
+	go s.reapGroup(d, nil)
 }
 
 // takeIdleLocked takes the idle supervisor of t's user for t, if there is
@@ -262,6 +244,6 @@ func (s *Server) reapLeftIdle() {
 	for _, n := range s.cg.idleGroups() {
 		d := s.cg.idleDir(n)
 		killGroup(d)
-		go s.reapGroup(d)
+		go s.reapGroup(d, nil)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"iter"
 	"os"
 	"os/exec"
 	"slices"
@@ -95,23 +96,46 @@ func (sup *supervisor) gone() bool {
 // warmLocked starts supervisors for the first task waiting in each pool,
 // so that their grants start their commands at once.
 func (s *Server) warmLocked() {
-	// Called on every scheduling pass: with no task waiting (npurun alone)
-	// it must cost nothing.
+	// Called on every scheduling pass, under the lock: with no task waiting
+	// (npurun alone) it must cost nothing, and with a long line no more
+	// than the walk to each pool's first task.
 	if s.warm >= maxWarm || s.life == nil || !s.life.AnyWaiting() || s.paused != nil {
 		return
 	}
 	for _, q := range []*Queue{s.q, s.cpuq} {
-		seen := map[string]bool{}
-		for _, w := range q.Waiters() {
-			if w.task == nil || w.Held || seen[w.Pool] {
+		for t := range firstTasks(q) {
+			if t.sup != nil {
 				continue
 			}
-			seen[w.Pool] = true
-			if t := w.task; t.sup == nil && s.warm < maxWarm {
-				s.warm++
-				var run func()
-				t.sup, run = s.spawnLocked(t)
-				go s.warmUp(t, run)
+			if s.warm >= maxWarm {
+				return
+			}
+			s.warm++
+			var run func()
+			t.sup, run = s.spawnLocked(t)
+			go s.warmUp(t, run)
+		}
+	}
+}
+
+// firstTasks yields the first task waiting unheld in each of q's pools, in
+// line order. It stops once every pool with a task in q has yielded one,
+// so the waiters after those are never looked at.
+func firstTasks(q *Queue) iter.Seq[*task] {
+	return func(yield func(*task) bool) {
+		want := q.TaskPools()
+		if want == 0 {
+			return
+		}
+		var few [8]string
+		seen := few[:0] // one a pool
+		for _, w := range q.Waiters() {
+			if w.task == nil || w.Held || slices.Contains(seen, w.Pool) {
+				continue
+			}
+			seen = append(seen, w.Pool)
+			if !yield(w.task) || len(seen) == want {
+				return
 			}
 		}
 	}

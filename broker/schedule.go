@@ -44,13 +44,14 @@ type Queue struct {
 	next  map[uint32]uint64       // a user's next round
 	count map[uint32]int          // a user's waiters
 	lim   map[uint32]policy.Limit // a waiting user's limit, as their last request found it
+	tasks map[string]int          // waiting tasks (IsTask) per pool
 	round uint64                  // round of the last waiter served
 	seq   uint64
 }
 
 // NewQueue returns an empty queue.
 func NewQueue() *Queue {
-	return &Queue{next: map[uint32]uint64{}, count: map[uint32]int{}, lim: map[uint32]policy.Limit{}}
+	return &Queue{next: map[uint32]uint64{}, count: map[uint32]int{}, lim: map[uint32]policy.Limit{}, tasks: map[string]int{}}
 }
 
 // Limits calls f with each waiting user's limit: the broker works out what
@@ -70,6 +71,19 @@ func (q *Queue) Waiters() []*Waiter { return q.order }
 // UserCount is how many waiters user uid has.
 func (q *Queue) UserCount(uid uint32) int { return q.count[uid] }
 
+// TaskPools is how many pools have a task (IsTask) waiting.
+func (q *Queue) TaskPools() int { return len(q.tasks) }
+
+// countTask notes that a waiter joined (d = 1) or left (-1) the queue.
+func (q *Queue) countTask(w *Waiter, d int) {
+	if !w.IsTask {
+		return
+	}
+	if q.tasks[w.Pool] += d; q.tasks[w.Pool] <= 0 {
+		delete(q.tasks, w.Pool)
+	}
+}
+
 func less(a, b *Waiter) bool {
 	if a.round != b.round {
 		return a.round < b.round
@@ -85,6 +99,7 @@ func (q *Queue) Add(w *Waiter) {
 	q.next[w.UID] = w.round + 1
 	q.count[w.UID]++
 	q.lim[w.UID] = w.lim
+	q.countTask(w, 1)
 	i := sort.Search(len(q.order), func(i int) bool { return less(w, q.order[i]) })
 	q.order = append(q.order, nil)
 	copy(q.order[i+1:], q.order[i:])
@@ -99,6 +114,7 @@ func (q *Queue) Remove(w *Waiter, served bool) bool {
 		return false
 	}
 	q.order = append(q.order[:i], q.order[i+1:]...)
+	q.countTask(w, -1)
 	if served {
 		q.round = max(q.round, w.round)
 	}
@@ -115,6 +131,7 @@ func (q *Queue) Remove(w *Waiter, served bool) bool {
 func (q *Queue) Readd(w *Waiter) {
 	q.count[w.UID]++
 	q.next[w.UID] = max(q.next[w.UID], w.round+1)
+	q.countTask(w, 1)
 	i := sort.Search(len(q.order), func(i int) bool { return less(w, q.order[i]) })
 	q.order = slices.Insert(q.order, i, w)
 }

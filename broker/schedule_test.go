@@ -303,3 +303,38 @@ func TestQueueRemove(t *testing.T) {
 		t.Fatalf("queue %v, want %v", got, want)
 	}
 }
+
+// TestQueueTaskPools: the count of pools with a task waiting follows Add,
+// Remove and Readd, and leaves out waiters that are not tasks.
+func TestQueueTaskPools(t *testing.T) {
+	q := NewQueue()
+	task := func(pool string, uid uint32) *Waiter {
+		return &Waiter{Pool: pool, UID: uid, N: 1, Cand: []int{0}, IsTask: true}
+	}
+	t1, t2, t3 := task("a", 1), task("a", 2), task("b", 1)
+	lease := waiter("c", 3, 1, 0)
+	check := func(step string, want int) {
+		t.Helper()
+		if got := q.TaskPools(); got != want {
+			t.Errorf("%s: TaskPools() = %d, want %d", step, got, want)
+		}
+	}
+	check("empty", 0)
+	q.Add(lease)
+	check("a lease", 0)
+	q.Add(t1)
+	q.Add(t2)
+	check("two tasks in a", 1)
+	q.Add(t3)
+	check("and one in b", 2)
+	q.Remove(t1, true)
+	check("one of a's served", 2)
+	q.Remove(t3, true)
+	check("b's served", 1)
+	q.Readd(t3)
+	check("b's put back", 2)
+	q.Remove(t3, false)
+	q.Remove(t3, false) // not there: counts nothing
+	q.Remove(t2, false)
+	check("only the lease", 0)
+}
