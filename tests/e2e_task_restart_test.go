@@ -1,8 +1,12 @@
 package tests
 
 import (
+	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/npurun/npurun/broker/client"
@@ -57,5 +61,50 @@ func TestTaskRestartInterleaves(t *testing.T) {
 			whose = append(whose, owner[id])
 		}
 		t.Errorf("after the restart tasks %v (of %v) run, want %v: one of each user's (%s, %s)", started, whose, want, a.Name, bu.Name)
+	}
+}
+
+// TestTaskLostAtRestartReapedOnce: a task whose supervisor is gone when
+// the broker restarts is lost, and its control group is reaped once, by
+// its end: the restart's sweep of ended tasks' groups, which comes after,
+// must not reap it again. A group the test makes below the task's (root
+// may) keeps it from being removed, so the reaping says that it goes on
+// trying: once per reaper.
+func TestTaskLostAtRestartReapedOnce(t *testing.T) {
+	u := containUser(t)
+	b := StartBroker(t, taskConfig(1))
+	if !containedBy(t, b) {
+		t.Skip("no control groups for tasks on this machine")
+	}
+	id, pid := sleepingTask(t, b, u)
+	sup := findSupervisor(t, b, id)
+	group := filepath.Join(b.Cgroup, "task-"+idStr(id))
+	b.Kill()
+	// Everything of the task is killed while no broker runs.
+	if err := os.WriteFile(filepath.Join(group, "cgroup.kill"), []byte("1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if !procGone(t, sup, "") || !procGone(t, pid, "") {
+		t.Fatalf("task %d's supervisor %d or command %d outlived its group's kill", id, sup, pid)
+	}
+	hold := filepath.Join(group, "hold")
+	if err := os.Mkdir(hold, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Rmdir(hold) })
+	mark := b.LogLen()
+	b.Start()
+	line := fmt.Sprintf("task %d: processes are still dying in its control group", id)
+	b.WaitLog(mark, line)
+	if ti := showTask(t, b, id); ti.State != client.StateLost {
+		t.Errorf("task %d after the restart: %s (%s), want lost", id, ti.State, ti.Reason)
+	}
+	if err := syscall.Rmdir(hold); err != nil {
+		t.Fatal(err)
+	}
+	awaitRemoved(t, group)
+	b.Stop() // its log is complete
+	if n := strings.Count(b.Log()[mark:], line); n != 1 {
+		t.Errorf("task %d's group was reaped %d times after the restart, want once; log:\n%s", id, n, b.Log()[mark:])
 	}
 }
