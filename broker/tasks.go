@@ -46,9 +46,7 @@ const (
 	maxReasonBytes  = 1024     // a supervisor's reason
 	maxAfter        = 1024     // --after ids
 	maxWaitsPerConn = 64
-	// maxTimeSec is the longest time limit a task may ask for (a century):
-	// with it, seconds times 10^9 stays far inside an int64.
-	maxTimeSec = 100 * 365 * 24 * 3600
+	maxTimeSec      = client.MaxTimeSec
 	// A task's show reply and its supervisor's Spec must fit in one
 	// message, with room for what is added later (a reason, devices).
 	replyRoom = 8 << 10
