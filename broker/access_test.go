@@ -93,6 +93,19 @@ func TestGrantAllowsOnce(t *testing.T) {
 		<-served
 	})
 
+	// Each device's watcher makes the next lease's lock file as the lease
+	// begins: awaited below, so that nothing is written in the run
+	// directory while it is removed.
+	ifd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ifd)
+	locks := filepath.Join(run, "locks")
+	if _, err := unix.InotifyAddWatch(ifd, locks, unix.IN_CREATE); err != nil {
+		t.Fatal(err)
+	}
+
 	c, err := client.Dial(sock)
 	if err != nil {
 		t.Fatal(err)
@@ -105,6 +118,21 @@ func TestGrantAllowsOnce(t *testing.T) {
 	r, fds, err = c.Recv(10 * time.Second)
 	if err != nil || r.Type != client.TypeGrant || len(r.Devices) != 2 {
 		t.Fatalf("acquire 2 on behalf of nobody: %+v, %v; want a grant of 2", r, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, name := range []string{".npu0.lock.new", ".npu1.lock.new"} {
+		for {
+			if _, err := os.Lstat(filepath.Join(locks, name)); err == nil {
+				break
+			}
+			ms := int(time.Until(deadline) / time.Millisecond)
+			if ms <= 0 {
+				t.Fatalf("the watcher did not make %s", name)
+			}
+			if n, _ := unix.Poll([]unix.PollFd{{Fd: int32(ifd), Events: unix.POLLIN}}, ms); n > 0 {
+				unix.Read(ifd, make([]byte, 4096))
+			}
+		}
 	}
 	mu.Lock()
 	got := slices.Clone(calls)
