@@ -91,6 +91,10 @@ func (s *Server) managed(uid uint32) bool {
 	return a != nil && (!a.known || s.cfg.Restricted(a.name, a.groups))
 }
 
+// allowUser adds an ACL entry for uid to one node (npu.AllowUser); a test
+// counts the calls through it.
+var allowUser = npu.AllowUser
+
 // allowLocked opens devices ids, and the shared control nodes, to uid if
 // uid is a restricted account. It is called before the lease's descriptors
 // leave the broker; adding an entry that is there already writes nothing.
@@ -100,13 +104,13 @@ func (s *Server) allowLocked(uid uint32, ids []int) error {
 	}
 	for _, id := range ids {
 		for _, p := range s.inv.Nodes(id) {
-			if err := npu.AllowUser(p, uid); err != nil {
+			if err := allowUser(p, uid); err != nil {
 				return err
 			}
 		}
 	}
 	for _, p := range s.inv.SharedNodes() {
-		if err := npu.AllowUser(p, uid); err != nil {
+		if err := allowUser(p, uid); err != nil {
 			if errors.Is(err, unix.ENOENT) {
 				continue // not every driver makes every control node
 			}

@@ -302,13 +302,10 @@ func (s *Server) renewOnce(d *device, old int, next *freshLock) error {
 }
 
 // releasedLocked hands device d, now leased to uid, to its watcher. The
-// caller has taken d.fd, the locked descriptor, for the lease. A
-// restricted uid's access to the device is added here if the caller has not
-// done so yet (a task's, before its supervisor starts).
+// caller has taken d.fd, the locked descriptor, for the lease, and has
+// opened the lease's devices to a restricted uid (allowLocked, once for
+// all of them: each call reads every node's ACL under the broker's lock).
 func (s *Server) releasedLocked(d *device, uid uint32) {
-	if err := s.allowLocked(uid, []int{d.id}); err != nil {
-		s.log.Printf("npu %d: %v", d.id, err)
-	}
 	d.leased, d.holder, d.since = true, uid, time.Now()
 	s.nfree--
 	s.held[uid]++

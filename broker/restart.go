@@ -110,6 +110,14 @@ func (s *Server) takeUpTasks(dir string) error {
 		}
 		return true
 	})
+	// The groups of tasks that had ended, or that the journal forgot:
+	// nothing of them may run on. (Those of tasks found lost below are
+	// killed and reaped by their end, once: not here as well.)
+	for id := range groups {
+		if t := life.Get(id); t == nil || t.IsEnded() {
+			go s.reapCgroup(id)
+		}
+	}
 	// Running tasks first: they hold their CPU slots and count against
 	// their users' caps before anything waiting is scheduled.
 	var gone []*task
@@ -136,17 +144,15 @@ func (s *Server) takeUpTasks(dir string) error {
 			s.settleLocked(j)
 		}
 	}
-	for id := range groups {
-		if t := life.Get(id); t == nil || t.IsEnded() {
-			go s.reapCgroup(id) // ended, or forgotten: nothing of it may run on
-		}
-	}
 	s.loading = false
 	s.scheduleLocked()
 	// What a gone supervisor left in its session is killed, with the lock
-	// let go during the /proc scans.
+	// let go during the /proc scans. (A task with a control group had it
+	// killed by its end.)
 	for _, j := range gone {
-		s.endProcessesLocked(j)
+		if !j.cgroup {
+			s.endProcessesLocked(j)
+		}
 	}
 	return nil
 }

@@ -127,11 +127,16 @@ func (q *Queue) Remove(w *Waiter, served bool) bool {
 }
 
 // Readd puts back a waiter that Remove took out, in the place it had: a
-// task granted whose start could not be made.
+// task granted whose start could not be made. Its user is counted and
+// limited again as Add does (Remove forgot the limit if this was the
+// user's last waiter); a limit from a later request of theirs stays.
 func (q *Queue) Readd(w *Waiter) {
 	q.count[w.UID]++
 	q.next[w.UID] = max(q.next[w.UID], w.round+1)
 	q.countTask(w, 1)
+	if _, ok := q.lim[w.UID]; !ok {
+		q.lim[w.UID] = w.lim
+	}
 	i := sort.Search(len(q.order), func(i int) bool { return less(w, q.order[i]) })
 	q.order = slices.Insert(q.order, i, w)
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+
+	"github.com/npurun/npurun/policy"
 )
 
 // ids is 0..n-1.
@@ -337,4 +339,65 @@ func TestQueueTaskPools(t *testing.T) {
 	q.Remove(t3, false) // not there: counts nothing
 	q.Remove(t2, false)
 	check("only the lease", 0)
+}
+
+// limits is what q.Limits reports, by uid.
+func limits(q *Queue) map[uint32]policy.Limit {
+	out := map[uint32]policy.Limit{}
+	q.Limits(func(uid uint32, lim policy.Limit) { out[uid] = lim })
+	return out
+}
+
+// TestQueueReadd: a waiter taken out for its grant and put back (a task
+// whose start could not be made) is where it was, and its user's count
+// and limit are as Add left them: the limit still applies to the user.
+func TestQueueReadd(t *testing.T) {
+	one := policy.Limit{MaxDevices: 1, MaxRunning: 1, Source: "user a"}
+	two := policy.Limit{MaxDevices: 2, MaxRunning: 2, Source: "user a, later"}
+	for _, c := range []struct {
+		name    string
+		others  int // a's other waiters, added after a0
+		wantLim policy.Limit
+	}{
+		{"its user's only waiter", 0, one},
+		// The later request's limit is the user's newest: a0's older one
+		// does not replace it.
+		{"its user waits on with another", 1, two},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			q := NewQueue()
+			a0 := waiter("a0", 1, 1, 0, 1)
+			a0.lim = one
+			b0 := waiter("b0", 2, 1, 0, 1)
+			q.Add(a0)
+			q.Add(b0)
+			for i := range c.others {
+				w := waiter(fmt.Sprintf("a%d", i+1), 1, 1, 0, 1)
+				w.lim = two
+				q.Add(w)
+			}
+			before := names(q.Waiters())
+			if !q.Remove(a0, true) {
+				t.Fatal("a0 not in the queue")
+			}
+			q.Readd(a0)
+			if got := names(q.Waiters()); !slices.Equal(got, before) {
+				t.Errorf("queue after readd %v, want %v", got, before)
+			}
+			if n := q.UserCount(1); n != 1+c.others {
+				t.Errorf("UserCount(1) after readd = %d, want %d", n, 1+c.others)
+			}
+			lim, ok := limits(q)[1]
+			if !ok || lim.Source != c.wantLim.Source || lim.MaxDevices != c.wantLim.MaxDevices {
+				t.Errorf("user 1's limit after readd: %+v (reported %v), want %+v", lim, ok, c.wantLim)
+			}
+			// Leaving for good forgets the user as Add's bookkeeping does.
+			for _, w := range slices.Clone(q.Waiters()) {
+				q.Remove(w, false)
+			}
+			if got := limits(q); len(got) != 0 || q.UserCount(1) != 0 {
+				t.Errorf("empty queue still reports limits %v, count %d", got, q.UserCount(1))
+			}
+		})
+	}
 }

@@ -46,9 +46,7 @@ const (
 	maxReasonBytes  = 1024     // a supervisor's reason
 	maxAfter        = 1024     // --after ids
 	maxWaitsPerConn = 64
-	// maxTimeSec is the longest time limit a task may ask for (a century):
-	// with it, seconds times 10^9 stays far inside an int64.
-	maxTimeSec = 100 * 365 * 24 * 3600
+	maxTimeSec      = client.MaxTimeSec
 	// A task's show reply and its supervisor's Spec must fit in one
 	// message, with room for what is added later (a reason, devices).
 	replyRoom = 8 << 10
@@ -483,7 +481,10 @@ func (s *Server) waiterLocked(t *task) (*Waiter, *client.Reply) {
 
 // settleLocked puts a waiting task where it belongs: in line, or blocked
 // behind its --after tasks, or ended (failed) when one of them did not
-// succeed or it cannot be queued.
+// succeed or it cannot be queued. While the journal's tasks are taken up
+// it only puts the task in line: the broker schedules once all of them are
+// back (a pass per task would give the free devices to the first user's
+// tasks before the other users' are in line to interleave with them).
 func (s *Server) settleLocked(t *task) {
 	if !s.life.Settle(t.Task) || t.inLine {
 		return
@@ -500,7 +501,9 @@ func (s *Server) settleLocked(t *task) {
 		t.w = w
 	}
 	s.addLineLocked(t, (*Queue).Add)
-	s.scheduleLocked()
+	if !s.loading {
+		s.scheduleLocked()
+	}
 }
 
 // requeueLocked puts a task that was taken out of line for its start back

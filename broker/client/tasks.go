@@ -69,6 +69,10 @@ const (
 	StateLost      = "lost"      // its supervisor vanished without a word
 )
 
+// MaxTimeSec is the longest time limit a task may ask for, in seconds (a
+// century): with it, seconds times 10^9 stays far inside an int64.
+const MaxTimeSec = 100 * 365 * 24 * 3600
+
 // Submission is what task-submit sends: the command and what it needs.
 // The submitter's identity is never part of it: the broker takes it from
 // SO_PEERCRED.
@@ -81,7 +85,7 @@ type Submission struct {
 	Devices  []int    `json:"devices,omitempty"`
 	Pool     string   `json:"pool,omitempty"`
 	NoDevice bool     `json:"no_device,omitempty"`
-	TimeSec  int64    `json:"time_sec,omitempty"` // --time, seconds; 0: the policy's
+	TimeSec  int64    `json:"time_sec,omitempty"` // --time, seconds, at most MaxTimeSec; 0: the policy's
 	Name     string   `json:"name,omitempty"`
 	After    []uint64 `json:"after,omitempty"`
 	Log      string   `json:"log,omitempty"`   // absolute path; "" for the default

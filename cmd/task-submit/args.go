@@ -92,16 +92,50 @@ func (fs *flagSet) intVar(p *int, short byte, long, value, help string) {
 	}})
 }
 
-// durationVar adds an option whose value is a duration (6h, 90m).
-func (fs *flagSet) durationVar(p *time.Duration, short byte, long, value, help string) {
+// durationVar adds an option whose value is a duration (6h, 90m) of at
+// most max; a longer one is refused as longer than what.
+func (fs *flagSet) durationVar(p *time.Duration, short byte, long, value, help string, max time.Duration, what string) {
 	fs.defs = append(fs.defs, &flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
 		d, err := time.ParseDuration(v)
+		if err == nil && d > max || err != nil && hugeDuration(v) {
+			return fmt.Errorf("longer than %s", what)
+		}
 		if err != nil {
 			return err
 		}
 		*p = d
 		return nil
 	}})
+}
+
+// hugeDuration tells whether s, which time.ParseDuration refused, is a
+// well-formed positive duration: then it was refused for its size alone
+// (beyond 2562047h, where it says only "invalid duration").
+func hugeDuration(s string) bool {
+	s = strings.TrimPrefix(s, "+")
+	if s == "" {
+		return false
+	}
+	number := func(r rune) bool { return r >= '0' && r <= '9' || r == '.' }
+	for s != "" {
+		i := strings.IndexFunc(s, func(r rune) bool { return !number(r) })
+		if i <= 0 {
+			return false // no number, or no unit after it
+		}
+		if _, err := strconv.ParseFloat(s[:i], 64); err != nil {
+			return false
+		}
+		s = s[i:]
+		j := strings.IndexFunc(s, number)
+		if j < 0 {
+			j = len(s)
+		}
+		if !slices.Contains([]string{"ns", "us", "µs", "μs", "ms", "s", "m", "h"}, s[:j]) {
+			return false
+		}
+		s = s[j:]
+	}
+	return true
 }
 
 func (fs *flagSet) long(name string) *flagDef {

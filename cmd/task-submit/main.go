@@ -90,6 +90,11 @@ func main() {
 	os.Exit(run(o))
 }
 
+// maxTime is the longest --time, the broker's: rounded up to seconds
+// below, it stays inside a time.Duration (the largest ones wrapped
+// negative).
+const maxTime = client.MaxTimeSec * time.Second
+
 const socketHelp = "broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)"
 
 // parse reads the command line; usage goes to stderr when asked for.
@@ -106,7 +111,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.listVar(&devices, 'd', "device", "LIST", "exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)", false)
 	fs.switchVar(&o.sub.NoDevice, 0, "no-device", "take no device; run when a CPU slot is free")
 	fs.stringVar(&o.sub.Pool, 'p', "pool", "POOL", "pool to take devices from (default: the policy's default pool)")
-	fs.durationVar(&limit, 0, "time", "DURATION", "time limit, e.g. 6h or 90m, after which the task is killed (default: the policy's)")
+	fs.durationVar(&limit, 0, "time", "DURATION", "time limit, e.g. 6h or 90m, after which the task is killed (default: the policy's)",
+		maxTime, fmt.Sprintf("the longest time limit, %dh (a century)", maxTime/time.Hour))
 	fs.stringVar(&o.sub.Name, 0, "name", "NAME", "name to list the task by instead of its command")
 	fs.listVar(&after, 0, "after", "ID[,ID...]", "start only once these tasks have succeeded", true)
 	fs.stringVar(&o.sub.Log, 0, "log", "FILE", "log file (default ~/.local/state/npurun/tasks/ID.log)")
