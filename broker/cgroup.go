@@ -446,30 +446,31 @@ func removeGroup(d string) error {
 }
 
 // waitGroupEmpty waits up to d for group dir to hold no process, woken by
-// the kernel's notice on cgroup.events.
-func waitGroupEmpty(dir string, d time.Duration) {
+// the kernel's notice on cgroup.events. It tells whether it waited: false
+// when the group held no process already, or could not be read.
+func waitGroupEmpty(dir string, d time.Duration) bool {
 	f, err := os.Open(filepath.Join(dir, "cgroup.events"))
 	if err != nil {
-		return
+		return false
 	}
 	defer f.Close()
 	deadline := time.Now().Add(d)
 	buf := make([]byte, 256)
-	for {
+	for waited := false; ; waited = true {
 		n, err := f.ReadAt(buf, 0)
 		if n == 0 && err != nil {
-			return
+			return waited
 		}
 		if bytes.Contains(buf[:n], []byte("populated 0")) {
-			return
+			return waited
 		}
 		ms := int(time.Until(deadline) / time.Millisecond)
 		if ms <= 0 {
-			return
+			return waited
 		}
 		pfd := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLPRI}}
 		if _, err := unix.Poll(pfd, ms); err != nil && err != unix.EINTR {
-			return
+			return waited
 		}
 	}
 }
@@ -527,8 +528,9 @@ func (s *Server) reapCgroup(id uint64) {
 // How reapGroup tries again while processes are still dying in a group:
 // the first wait, doubled each time up to the last, and how many tries
 // (about ten minutes in all) before the group is left to the next broker
-// start, which removes what this one left.
-const (
+// start, which removes what this one left. (Variables: a test shortens
+// the waits.)
+var (
 	reapFirstWait = 50 * time.Millisecond
 	reapMaxWait   = time.Minute
 	reapTries     = 20
@@ -568,7 +570,12 @@ func (s *Server) reapGroup(d string, ours func() bool) {
 		case try == 6:
 			s.log.Printf("processes are still dying in control group %s; the broker goes on trying", d)
 		}
-		waitGroupEmpty(d, wait)
+		if !waitGroupEmpty(d, wait) {
+			// Empty, yet it cannot be removed (a group below it, which
+			// only root makes): no notice will come, so wait all the same
+			// rather than spend the tries at once.
+			time.Sleep(wait)
+		}
 		wait = min(2*wait, reapMaxWait)
 	}
 }

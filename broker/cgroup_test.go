@@ -232,7 +232,12 @@ func TestReapGroup(t *testing.T) {
 	}
 
 	// A group that cannot be removed while a group is inside it (empty, so
-	// each wait ends at once): given up after reapTries, and said.
+	// no notice ends a wait): given up after reapTries, and said; each try
+	// waits first (shortened here), rather than spending the tries at once.
+	first, most := reapFirstWait, reapMaxWait
+	reapFirstWait, reapMaxWait = 5*time.Millisecond, 40*time.Millisecond
+	defer func() { reapFirstWait, reapMaxWait = first, most }()
+	began := time.Now()
 	child := filepath.Join(d, "child")
 	for _, g := range []string{d, child} {
 		if err := os.Mkdir(g, 0o755); err != nil {
@@ -252,6 +257,10 @@ func TestReapGroup(t *testing.T) {
 	}
 	if want := "after 20 tries: left in place"; !strings.Contains(logged.String(), want) {
 		t.Errorf("logged %q, want it to say %q", logged.String(), want)
+	}
+	// 19 waits between 20 tries: 5+10+20+40×16 ms at the least.
+	if took := time.Since(began); took < 675*time.Millisecond {
+		t.Errorf("reapGroup gave up after %s: its tries did not wait", took)
 	}
 	select {
 	case <-exited: // killed with the group: cgroup.kill kills below it too

@@ -94,7 +94,7 @@ func TestTaskLostAtRestartReapedOnce(t *testing.T) {
 	t.Cleanup(func() { syscall.Rmdir(hold) })
 	mark := b.LogLen()
 	b.Start()
-	line := fmt.Sprintf("task %d: processes are still dying in its control group", id)
+	line := fmt.Sprintf("processes are still dying in control group %s;", group)
 	b.WaitLog(mark, line)
 	if ti := showTask(t, b, id); ti.State != client.StateLost {
 		t.Errorf("task %d after the restart: %s (%s), want lost", id, ti.State, ti.Reason)
