@@ -461,6 +461,7 @@ func TestPAMFullListenQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.mustSucceed()
+	<-p.outDone // its output, read to the end
 	if out := p.Output(); !strings.Contains(out, "open ok") || !strings.Contains(out, "info npurun: served") {
 		t.Errorf("want the session opened by the broker's answer:\n%s", out)
 	}
