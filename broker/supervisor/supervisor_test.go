@@ -102,7 +102,7 @@ func TestEnd(t *testing.T) {
 			argv:       []string{"./plain"},
 			cwd:        bin,
 			wantExit:   126,
-			wantReason: "start: ",
+			wantReason: "plain in " + bin + ": permission denied",
 		},
 		{
 			name:     "idle",
