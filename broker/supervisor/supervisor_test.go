@@ -141,9 +141,27 @@ func TestEnd(t *testing.T) {
 	}
 }
 
+// deviceEnv is the go-ahead's variables for devices, as the broker sends
+// them for the fake vendor.
+func deviceEnv(devices []int) []string {
+	if len(devices) == 0 {
+		return nil
+	}
+	ids := make([]string, len(devices))
+	for i, d := range devices {
+		ids[i] = strconv.Itoa(d)
+	}
+	return []string{"ASCEND_RT_VISIBLE_DEVICES=" + strings.Join(ids, ",")}
+}
+
+// TestLease: the command holds the lease's lock files at 3, 4, … as
+// NPURUN_LEASE says, and sees the go-ahead's device variables alone, not
+// the stale ones its submitter's environment held (a C getenv takes the
+// first of a name set twice).
 func TestLease(t *testing.T) {
 	spec := newSpec(t, "sh", "-c", `
 		echo "lease=$NPURUN_LEASE"
+		echo "visible=$(tr '\0' '\n' < /proc/$$/environ | grep -c '^ASCEND_RT_VISIBLE_DEVICES=') $ASCEND_RT_VISIBLE_DEVICES"
 		for p in $(echo "$NPURUN_LEASE" | tr , ' '); do
 			fd=${p#*:}
 			echo "fd $fd: $(readlink /proc/self/fd/$fd) $(grep -c 'FLOCK.*WRITE' /proc/self/fdinfo/$fd)"
@@ -153,7 +171,7 @@ func TestLease(t *testing.T) {
 		read x < "$GATE2"
 		exit 0`)
 	gate1, gate2 := makeFifo(t, "gate1"), makeFifo(t, "gate2")
-	spec.Env = append(spec.Env, "GATE1="+gate1, "GATE2="+gate2)
+	spec.Env = append(spec.Env, "GATE1="+gate1, "ASCEND_RT_VISIBLE_DEVICES=9", "NPURUN_LEASE=9:3", "GATE2="+gate2)
 	spec.Devices = []int{0, 5}
 	dir := t.TempDir()
 	locks := lockFiles(t, dir, spec.Devices)
@@ -190,6 +208,7 @@ func TestLease(t *testing.T) {
 	for _, want := range []string{
 		"npurun: task 7 started on npu 0,5 at ",
 		"lease=0:3,5:4\n",
+		"visible=1 0,5\n",
 		"fd 3: " + filepath.Join(dir, "npu0.lock") + " 1\n",
 		"fd 4: " + filepath.Join(dir, "npu5.lock") + " 1\n",
 	} {
@@ -462,7 +481,7 @@ func startWith(t *testing.T, args []string, spec *client.Spec, locks []*os.File,
 	for i, f := range locks {
 		fds[i] = int(f.Fd())
 	}
-	goAhead, err := json.Marshal(&client.Spec{ID: spec.ID, Devices: spec.Devices})
+	goAhead, err := json.Marshal(&client.Spec{ID: spec.ID, Devices: spec.Devices, Env: deviceEnv(spec.Devices)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -220,16 +220,29 @@ func lookupEnv(env []string, name string) string {
 }
 
 // taskEnv is the task's environment with NPURUN_LEASE naming the
-// descriptors the command gets; a stale NPURUN_LEASE is dropped.
+// descriptors the command gets; a stale NPURUN_LEASE is dropped. A name
+// set twice keeps its last value (in the place of its first): the
+// go-ahead's device variables come after the submitter's environment,
+// which may hold stale ones, and a C program's getenv takes the first.
 func taskEnv(env []string, devices []int) []string {
 	out := make([]string, 0, len(env)+1)
+	at := make(map[string]int, len(env)+1)
+	set := func(kv string) {
+		name, _, _ := strings.Cut(kv, "=")
+		if i, ok := at[name]; ok {
+			out[i] = kv
+			return
+		}
+		at[name] = len(out)
+		out = append(out, kv)
+	}
 	for _, kv := range env {
 		if !strings.HasPrefix(kv, leaseVar+"=") {
-			out = append(out, kv)
+			set(kv)
 		}
 	}
 	if len(devices) > 0 {
-		out = append(out, leaseVar+"="+leaseValue(devices))
+		set(leaseVar + "=" + leaseValue(devices))
 	}
 	return out
 }
