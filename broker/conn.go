@@ -159,14 +159,17 @@ func (c *conn) read() (*client.Request, error) {
 }
 
 func decode(data []byte) (*client.Request, error) {
-	var req client.Request
-	if err := json.Unmarshal(data, &req); err != nil {
-		return nil, &badRequest{fmt.Sprintf("malformed message: %v", err)}
+	req, ok := client.DecodeRequest(data) // the lease exchange, without encoding/json
+	if !ok {
+		req = new(client.Request)
+		if err := json.Unmarshal(data, req); err != nil {
+			return nil, &badRequest{fmt.Sprintf("malformed message: %v", err)}
+		}
 	}
 	if req.V != client.Version {
 		return nil, &badRequest{fmt.Sprintf("protocol version %d not supported (this broker speaks %d)", req.V, client.Version)}
 	}
-	return &req, nil
+	return req, nil
 }
 
 func errReply(code, msg, hint string) *client.Reply {
@@ -180,9 +183,15 @@ func (c *conn) sendLocked(r *client.Reply, fds ...int) error {
 		return client.ErrClosed
 	}
 	r.V = client.Version
-	b, err := client.Encode(r)
-	if err != nil {
-		return err
+	b, ok := client.AppendReply(make([]byte, 0, 256), r) // the lease exchange, without encoding/json
+	if !ok {
+		var err error
+		if b, err = client.Encode(r); err != nil {
+			return err
+		}
+	}
+	if len(b) > client.MaxMessage {
+		return client.ErrTooLarge
 	}
 	var serr error
 	if err := c.rc.Control(func(fd uintptr) {
