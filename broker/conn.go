@@ -114,8 +114,11 @@ func (s *Server) handle(nc *net.UnixConn) {
 			}
 			return
 		}
-		if c.acct == nil {
-			c.acct = s.users.lookup(c.uid)
+		switch {
+		case req.Op == client.OpSubmit && (c.acct == nil || !c.acct.hasShell):
+			c.acct = s.users.lookup(c.uid) // a --run task's shell
+		case c.acct == nil:
+			c.acct = s.users.lookupLease(c.uid)
 		}
 		if !c.serve(req) {
 			return
