@@ -388,7 +388,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		go s.handle(c)
+		s.handle(c) // on this goroutine as far as it is quick
 	}
 }
 

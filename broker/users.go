@@ -61,6 +61,15 @@ func (a *accounts) get(uid uint32, withShell bool) *account {
 	return acc
 }
 
+// fresh tells whether uid's account is in the cache and fresh: a lookup
+// would not ask the user database.
+func (a *accounts) fresh(uid uint32) bool {
+	a.mu.Lock()
+	acc := a.m[uid]
+	a.mu.Unlock()
+	return acc != nil && time.Since(acc.at) < accountTTL
+}
+
 func (a *accounts) store(uid uint32, acc *account) {
 	a.mu.Lock()
 	if a.m == nil {
