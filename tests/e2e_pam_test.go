@@ -173,6 +173,7 @@ func TestPAMLease(t *testing.T) {
 			default:
 				p.stdin.Close()
 				p.mustSucceed()
+				<-p.outDone // its output, read to the end
 				if end == "close_session" && !strings.Contains(p.Output(), "close ok") {
 					t.Errorf("close_session:\n%s", p.Output())
 				}
