@@ -217,8 +217,13 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 		return rep.Code != client.CodeBadRequest
 	}
 	// Durable before it is acknowledged or run; the lock is let go
-	// meanwhile.
-	if err := s.life.Submit(t.Task); err != nil {
+	// meanwhile. The first task waiting in its pool is armed with it (see
+	// warmUp).
+	submit := s.life.Submit
+	if s.firstTaskLocked(t) {
+		submit = s.life.SubmitArmed
+	}
+	if err := submit(t.Task); err != nil {
 		s.log.Printf("task %d: %v", t.ID, err)
 		c.sendLocked(errReply(client.CodeSpool, "the broker could not record the task: "+err.Error(),
 			"the broker's state directory may be full; leases are not affected"))
@@ -242,6 +247,18 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	}
 	c.sendLocked(rep)
 	return true
+}
+
+// cpuPool is the pool of the --no-device tasks' waiters, for CPU slots.
+const cpuPool = "cpu"
+
+// firstTaskLocked tells whether t, not yet submitted, would be the first
+// task waiting in its pool.
+func (s *Server) firstTaskLocked(t *task) bool {
+	if t.Sub.NoDevice {
+		return s.cpuq.tasks[cpuPool] == 0
+	}
+	return s.q.tasks[s.poolName(t.Sub.Pool)] == 0
 }
 
 // unknownID stands for a task's id until it gets one: no id is longer, so
@@ -467,7 +484,7 @@ func (s *Server) waiterLocked(t *task) (*Waiter, *client.Reply) {
 		if len(s.cpuFree) == 0 {
 			return nil, errReply(client.CodeDenied, "this broker has no CPU slots for --no-device tasks ([tasks] cpu_slots = 0)", "")
 		}
-		w := &Waiter{UID: t.UID, N: 1, Cand: s.cpuSlots, Pool: "cpu", IsTask: true, task: t,
+		w := &Waiter{UID: t.UID, N: 1, Cand: s.cpuSlots, Pool: cpuPool, IsTask: true, task: t,
 			user: acct.name, lim: s.cfg.LimitFor(acct.name, acct.groups), queued: time.Now()}
 		return w, nil
 	}

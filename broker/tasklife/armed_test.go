@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/testfs"
 )
 
@@ -197,5 +198,42 @@ func TestArmedFullDiskAtOpen(t *testing.T) {
 	free()
 	if got := openBoot(t, dir, "boot-3").Get(x.ID); got == nil || got.State != Failed {
 		t.Errorf("once the disk has room: armed task %+v, want failed", got)
+	}
+}
+
+// TestSubmitArmed: a task submitted armed is armed in its own record, and
+// fails after a crash of the machine as one armed later does; one with
+// --after is submitted unarmed.
+func TestSubmitArmed(t *testing.T) {
+	dir := t.TempDir()
+	tb := openBoot(t, dir, "boot-1")
+	dep := tb.submit(1)
+	x := &Task{UID: 1, User: "u1", Slot: -1, Submitted: time.Now().UnixMilli(),
+		Sub: client.Submission{Argv: []string{"true"}, Cwd: "/"}}
+	y := &Task{UID: 1, User: "u1", Slot: -1, Submitted: time.Now().UnixMilli(),
+		Sub: client.Submission{Argv: []string{"true"}, Cwd: "/", After: []uint64{dep.ID}}}
+	for _, task := range []*Task{x, y} {
+		task.ID = tb.NewID()
+		if err := tb.SubmitArmed(task); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !tb.Armed(x) || tb.Armed(y) {
+		t.Fatalf("armed: %v, and with --after %v; want true, false", tb.Armed(x), tb.Armed(y))
+	}
+	data, err := os.ReadFile(filepath.Join(dir, journalName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(data, []byte(`"op":"arm"`)) || !bytes.Contains(data, []byte(`"arm_boot":"boot-1"`)) {
+		t.Errorf("want the arm in the task's record, not a record of its own:\n%s", data)
+	}
+	tb.killed()
+	re := openBoot(t, dir, "boot-2")
+	if got := re.Get(x.ID); got == nil || got.State != Failed {
+		t.Errorf("submitted armed, then a crash: %+v, want failed", got)
+	}
+	if got := re.Get(y.ID); got == nil || got.State != Pending {
+		t.Errorf("submitted with --after, then a crash: %+v, want pending", got)
 	}
 }

@@ -454,6 +454,17 @@ func (l *Life) Arm(t *Task) error {
 	return l.applied(rec)
 }
 
+// SubmitArmed is Submit for a task that will be the first waiting in its
+// pool, the one the broker arms: armed in its submission record, so that
+// a start right after it (an empty line) waits for the disk once, not
+// twice. A task with --after is submitted unarmed: it waits for others.
+func (l *Life) SubmitArmed(t *Task) error {
+	if l.boot != "" && !l.closing && len(t.Sub.After) == 0 {
+		t.ArmBoot = l.boot
+	}
+	return l.Submit(t)
+}
+
 // Armed tells whether t's start may be made without waiting for the disk.
 func (l *Life) Armed(t *Task) bool {
 	return l.boot != "" && !l.closing && t.ArmBoot == l.boot
