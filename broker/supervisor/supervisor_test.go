@@ -914,19 +914,19 @@ func TestLeftovers(t *testing.T) {
 	}{
 		{
 			name:     "background job, leader exits 0",
-			script:   `sleep 1000 & echo $! > "$PIDS"; exit 0`,
+			script:   `sleep 1000 & echo $! > "$PIDS"; read x < "$GATE"; exit 0`,
 			wantExit: 0,
 			wantLog:  "its command exited leaving 1 process running; it was ended",
 		},
 		{
 			name:     "own session, orphaned, ignores SIGTERM",
-			script:   `setsid -f sh -c 'trap "" TERM; echo $$ > "$PIDS"; exec sleep 1000'; exit 0`,
+			script:   `setsid -f sh -c 'trap "" TERM; echo $$ > "$PIDS"; exec sleep 1000'; read x < "$GATE"; exit 0`,
 			wantExit: 0,
 			wantLog:  "its command exited leaving 1 process running; it was ended",
 		},
 		{
 			name:       "own process group, time limit",
-			script:     `setsid -f sh -c 'echo $$ > "$PIDS"; exec sleep 1000'; exec sleep 1000`,
+			script:     `setsid -f sh -c 'echo $$ > "$PIDS"; exec sleep 1000'; read x < "$GATE"; exec sleep 1000`,
 			timeSec:    1,
 			wantExit:   -1,
 			wantSignal: "SIGTERM",
@@ -936,8 +936,11 @@ func TestLeftovers(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := newSpec(t, "sh", "-c", tc.script)
-			pids := makeFifo(t, "pids")
-			spec.Env = append(spec.Env, "PIDS="+pids)
+			// The command ends (by itself, or by its limit) only once the
+			// test holds a pidfd of the process it leaves: the
+			// supervisor ends that one at once.
+			pids, gate := makeFifo(t, "pids"), makeFifo(t, "gate")
+			spec.Env = append(spec.Env, "PIDS="+pids, "GATE="+gate)
 			spec.TimeSec = tc.timeSec
 			spec.Devices = []int{3}
 			dir := t.TempDir()
@@ -945,6 +948,7 @@ func TestLeftovers(t *testing.T) {
 			b := listen(t, spec.Socket)
 			s := startSupervisor(t, spec, locks)
 			left := openProcess(t, firstLine(t, pids))
+			openGate(t, gate)()
 			st := b.awaitReport(t)
 			// Reported only once nothing of the task is left.
 			if n, err := unix.Poll([]unix.PollFd{{Fd: int32(left), Events: unix.POLLIN}}, 0); err != nil || n != 1 {
