@@ -237,3 +237,51 @@ func TestSubmitArmed(t *testing.T) {
 		t.Errorf("submitted with --after, then a crash: %+v, want pending", got)
 	}
 }
+
+// TestStopDuringArm: Stop comes while a task's arm is being written (the
+// lock is let go for the write), so it finds the task not yet armed; the
+// arm lands on disk after it. The clean stop must still leave the task
+// disarmed: a machine restarted then keeps it pending. It was failed.
+func TestStopDuringArm(t *testing.T) {
+	for _, how := range []string{"Arm", "SubmitArmed"} {
+		t.Run(how, func(t *testing.T) {
+			dir := t.TempDir()
+			tb := openBoot(t, dir, "boot-1")
+			var x *Task
+			if how == "Arm" {
+				x = tb.submit(1)
+			} else {
+				x = &Task{UID: 1, User: "u1", Slot: -1, Submitted: time.Now().UnixMilli(),
+					Sub: client.Submission{Argv: []string{"true"}, Cwd: "/"}}
+				x.ID = tb.NewID()
+			}
+			inWrite, goOn := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			tb.j.beforeWrite = func() { once.Do(func() { close(inWrite); <-goOn }) }
+			done := make(chan error, 1)
+			go func() { // holds the table's lock, as this goroutine did, but while it writes
+				if how == "Arm" {
+					done <- tb.Arm(x)
+				} else {
+					done <- tb.SubmitArmed(x)
+				}
+			}()
+			<-inWrite
+			tb.mu.Lock()
+			tb.Stop()
+			tb.mu.Unlock()
+			close(goOn)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			tb.killed()
+			got := openBoot(t, dir, "boot-2").Get(x.ID)
+			if got == nil {
+				t.Fatal("task lost")
+			}
+			if got.State != Pending {
+				t.Errorf("stopped cleanly while it was armed, then a restart of the machine: %s (%s), want pending", got.State, got.Reason)
+			}
+		})
+	}
+}

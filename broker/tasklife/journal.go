@@ -80,6 +80,9 @@ type journal struct {
 	// beforeSwap, when set (by tests), runs in a rewrite after the snapshot
 	// is written and before the records appended meanwhile are copied.
 	beforeSwap func()
+	// beforeWrite, when set (by tests), runs as a batch is written, with
+	// neither j.mu nor the broker's lock held.
+	beforeWrite func()
 }
 
 type entry struct {
@@ -152,6 +155,9 @@ func (j *journal) writeBatchLocked(background bool) {
 	f, at := j.f, j.size
 	err := j.broken
 	j.mu.Unlock()
+	if j.beforeWrite != nil {
+		j.beforeWrite()
+	}
 	if err == nil {
 		err = write(f, at, batch)
 	}

@@ -451,7 +451,9 @@ func (l *Life) Arm(t *Task) error {
 	if err := l.write(rec); err != nil {
 		return err
 	}
-	return l.applied(rec)
+	err := l.applied(rec)
+	l.disarmIfStopped()
+	return err
 }
 
 // SubmitArmed is Submit for a task that will be the first waiting in its
@@ -459,10 +461,31 @@ func (l *Life) Arm(t *Task) error {
 // a start right after it (an empty line) waits for the disk once, not
 // twice. A task with --after is submitted unarmed: it waits for others.
 func (l *Life) SubmitArmed(t *Task) error {
-	if l.boot != "" && !l.closing && len(t.Sub.After) == 0 {
+	armed := l.boot != "" && !l.closing && len(t.Sub.After) == 0
+	if armed {
 		t.ArmBoot = l.boot
 	}
-	return l.Submit(t)
+	if err := l.Submit(t); err != nil {
+		return err
+	}
+	if armed {
+		l.disarmIfStopped()
+	}
+	return nil
+}
+
+// disarmIfStopped follows an arm written while Stop ran: the lock was let
+// go for the write, Stop found the task not (yet) armed, and any disarm it
+// wrote may lie before the arm in the journal. Without one more disarm
+// after it, a clean stop and a restart of the machine would fail a task
+// that never started.
+func (l *Life) disarmIfStopped() {
+	if !l.closing {
+		return
+	}
+	if err := l.writeDisarm(); err != nil {
+		l.log.Printf("disarm the waiting tasks: %v; if the machine restarts before the broker does, they fail", err)
+	}
 }
 
 // Armed tells whether t's start may be made without waiting for the disk.
