@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/testfs"
 )
@@ -283,5 +285,33 @@ func TestStopDuringArm(t *testing.T) {
 				t.Errorf("stopped cleanly while it was armed, then a restart of the machine: %s (%s), want pending", got.State, got.Reason)
 			}
 		})
+	}
+}
+
+// TestRewriteFailsAfterFailedSync: a batch whose sync fails while a rewrite
+// captures is in neither the snapshot nor the capture, though a start in
+// it may have been applied (it waited only for its write): the rewrite
+// fails rather than drop it, and the journal stays broken until the next.
+func TestRewriteFailsAfterFailedSync(t *testing.T) {
+	tb := openBoot(t, t.TempDir(), "boot-1")
+	x := tb.submit(1)
+	tb.arm(x)
+	if err := tb.Grant(x, []int{0}, -1, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	recs := tb.snapshot() // taken before the start is applied
+	tb.j.beginCapture()
+	tb.j.syncFails = func() error { return unix.EIO }
+	if err := tb.Start(x, 4242, 99, "boot-1", 1000); err != nil {
+		t.Fatal(err) // it waited for its write only
+	}
+	tb.mu.Unlock()
+	_, err := tb.j.rewrite(encoder(recs), len(recs))
+	tb.mu.Lock()
+	if err == nil || !strings.Contains(err.Error(), "a write failed meanwhile") {
+		t.Errorf("rewrite after a failed sync during its capture: %v, want it failed", err)
+	}
+	if tb.Writable() == nil {
+		t.Error("the journal counts as writable after a failed sync")
 	}
 }

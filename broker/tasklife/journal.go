@@ -76,6 +76,10 @@ type journal struct {
 	capturing bool
 	capture   []byte // records durable since the rewrite's snapshot
 	captured  int
+	// captureErr is a batch's failure during the capture: its records may
+	// have been applied already (a start that waited only for its write)
+	// after the snapshot was taken, and are in neither; the rewrite fails.
+	captureErr error
 
 	// beforeSwap, when set (by tests), runs in a rewrite after the snapshot
 	// is written and before the records appended meanwhile are copied.
@@ -83,6 +87,18 @@ type journal struct {
 	// beforeWrite, when set (by tests), runs as a batch is written, with
 	// neither j.mu nor the broker's lock held.
 	beforeWrite func()
+	// syncFails, when set (by tests), fails a batch's sync with its error.
+	syncFails func() error
+}
+
+// syncBatch syncs a batch written to f.
+func (j *journal) syncBatch(f *os.File) error {
+	if j.syncFails != nil {
+		if err := j.syncFails(); err != nil {
+			return fmt.Errorf("sync journal: %w", err)
+		}
+	}
+	return syncFile(f)
 }
 
 type entry struct {
@@ -166,7 +182,7 @@ func (j *journal) writeBatchLocked(background bool) {
 		j.written = hi
 		j.cond.Broadcast()
 		go func() {
-			err := syncFile(f)
+			err := j.syncBatch(f)
 			j.mu.Lock()
 			j.endBatchLocked(f, at, batch, n, lo, hi, err)
 			j.mu.Unlock()
@@ -174,7 +190,7 @@ func (j *journal) writeBatchLocked(background bool) {
 		return
 	}
 	if err == nil {
-		err = syncFile(f)
+		err = j.syncBatch(f)
 	}
 	j.mu.Lock()
 	j.endBatchLocked(f, at, batch, n, lo, hi, err)
@@ -193,6 +209,9 @@ func (j *journal) endBatchLocked(f *os.File, at int64, batch []byte, n int, lo, 
 			j.captured += n
 		}
 	case j.broken == nil:
+		if j.capturing {
+			j.captureErr = err
+		}
 		j.broken = err
 		if errors.Is(err, errTorn) {
 			// The data may be on disk in part: cut it off, so that the
@@ -269,7 +288,7 @@ func (j *journal) release(tk ticket) {
 func (j *journal) beginCapture() {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.capturing, j.capture, j.captured = true, nil, 0
+	j.capturing, j.capture, j.captured, j.captureErr = true, nil, 0, nil
 	for _, t := range slices.Sorted(maps.Keys(j.pend)) {
 		if _, bad := j.failed[t]; t <= j.resolved && !bad {
 			e := j.pend[t]
@@ -336,6 +355,10 @@ func (j *journal) rewrite(snapshot func(io.Writer) error, n int) (int64, error) 
 	j.mu.Lock()
 	for j.writing {
 		j.cond.Wait()
+	}
+	if err := j.captureErr; err != nil {
+		j.mu.Unlock()
+		return fail(fmt.Errorf("a write failed meanwhile: %w", err))
 	}
 	j.writing = true
 	tail, m := j.capture, j.captured
