@@ -383,17 +383,30 @@ func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
 		s.cpuFree[sl] = false
 	}
 	if s.here {
-		s.launches = append(s.launches, grantedTask{t, fds})
+		s.launches = append(s.launches, grantedTask{t, fds, t.sup != nil && closed(t.sup.ready)})
 	} else {
 		go s.launch(t, fds)
 	}
 	return true
 }
 
-// grantedTask is a granted task to launch, with its lock descriptors.
+// grantedTask is a granted task to launch, with its lock descriptors;
+// ready tells that its warm supervisor is ready, so that its launch takes
+// no process start and no user lookup.
 type grantedTask struct {
-	t   *task
-	fds []int
+	t     *task
+	fds   []int
+	ready bool
+}
+
+// closed tells whether ch is closed.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // scheduleHereLocked is scheduleLocked for a caller that launches the tasks
@@ -410,14 +423,24 @@ func (s *Server) scheduleHereLocked() []grantedTask {
 	return starts
 }
 
-// launchAll launches starts, the last in this goroutine.
+// launchAll launches starts: one whose supervisor is ready in this
+// goroutine (the caller, a device's release watcher, waits for its next
+// release meanwhile: not for a process start or a lookup), the others in
+// goroutines of their own.
 func (s *Server) launchAll(starts []grantedTask) {
+	here := -1
 	for i, l := range starts {
-		if i == len(starts)-1 {
-			s.launch(l.t, l.fds)
-		} else {
+		if l.ready {
+			here = i
+		}
+	}
+	for i, l := range starts {
+		if i != here {
 			go s.launch(l.t, l.fds)
 		}
+	}
+	if here >= 0 {
+		s.launch(starts[here].t, starts[here].fds)
 	}
 }
 
