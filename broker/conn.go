@@ -58,7 +58,11 @@ func (s *Server) handle(nc *net.UnixConn) {
 		return
 	}
 	var first *client.Request
-	if c.requestWaiting() && s.users.fresh(c.uid) {
+	// The account is taken from the cache here, once: a lookup later, in
+	// serveOne, could find it expired and ask the user database on the
+	// accepting goroutine.
+	if acct := s.users.cached(c.uid); acct != nil && c.requestWaiting() {
+		c.acct = acct
 		req, err := c.read()
 		if err != nil {
 			c.refuse(err)

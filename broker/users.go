@@ -61,13 +61,16 @@ func (a *accounts) get(uid uint32, withShell bool) *account {
 	return acc
 }
 
-// fresh tells whether uid's account is in the cache and fresh: a lookup
-// would not ask the user database.
-func (a *accounts) fresh(uid uint32) bool {
+// cached is uid's account if it is in the cache and fresh (nil if not):
+// what a lookup now would return without asking the user database.
+func (a *accounts) cached(uid uint32) *account {
 	a.mu.Lock()
 	acc := a.m[uid]
 	a.mu.Unlock()
-	return acc != nil && time.Since(acc.at) < accountTTL
+	if acc == nil || time.Since(acc.at) >= accountTTL {
+		return nil
+	}
+	return acc
 }
 
 func (a *accounts) store(uid uint32, acc *account) {
