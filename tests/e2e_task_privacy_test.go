@@ -112,11 +112,13 @@ func TestTaskLogsAsOwner(t *testing.T) {
 // TestTaskListPages: a listing longer than a page comes whole, each task
 // once, in id order, with its place in line, however the pages fall.
 func TestTaskListPages(t *testing.T) {
+	// Made before the broker, so removed after it stops: once the holder
+	// is gone the tasks start, and their supervisors write their log here.
+	dir := t.TempDir()
 	b := StartBroker(t, taskConfig(1)+"[limits]\nmax_queued_tasks = 0\n")
 	h := hold(t, b, "holder", "-d", "0") // the tasks wait behind it
 	defer h.release()
 	c := b.Dial()
-	dir := t.TempDir()
 	const n = 700 // pages hold 256 at most
 	for i := 0; i < n; i++ {
 		if _, err := c.Submit(&client.Submission{Argv: []string{"true"}, Cwd: dir, Env: []string{"PATH=/bin"}, Log: filepath.Join(dir, "log"), N: 1}); err != nil {
