@@ -33,14 +33,14 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	b = append(b, `{"v":`...)
 	b = strconv.AppendInt(b, int64(r.V), 10)
 	b = append(b, `,"op":`...)
-	b = appendString(b, r.Op)
+	b = appendJSONString(b, r.Op)
 	if r.N != 0 {
 		b = append(b, `,"n":`...)
 		b = strconv.AppendInt(b, int64(r.N), 10)
 	}
 	if r.Pool != "" {
 		b = append(b, `,"pool":`...)
-		b = appendString(b, r.Pool)
+		b = appendJSONString(b, r.Pool)
 	}
 	if len(r.Devices) > 0 {
 		b = append(b, `,"devices":`...)
@@ -52,7 +52,7 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	for _, f := range [...]struct{ key, value string }{{"user", r.User}, {"service", r.Service}, {"tty", r.TTY}, {"rhost", r.RHost}} {
 		if f.value != "" {
 			b = append(b, `,"`+f.key+`":`...)
-			b = appendString(b, f.value)
+			b = appendJSONString(b, f.value)
 		}
 	}
 	if r.Login {
@@ -69,7 +69,7 @@ func appendSubmit(b []byte, r *Request) []byte {
 	b = append(b, `{"v":`...)
 	b = strconv.AppendInt(b, int64(r.V), 10)
 	b = append(b, `,"op":`...)
-	b = appendString(b, r.Op)
+	b = appendJSONString(b, r.Op)
 	b = append(b, `,"task":{`...)
 	comma := false
 	key := func(k string) {
@@ -91,7 +91,7 @@ func appendSubmit(b []byte, r *Request) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, s)
+			b = appendJSONString(b, s)
 		}
 		b = append(b, ']')
 	}
@@ -101,10 +101,10 @@ func appendSubmit(b []byte, r *Request) []byte {
 	}
 	if t.Shell != "" {
 		key("shell")
-		b = appendString(b, t.Shell)
+		b = appendJSONString(b, t.Shell)
 	}
 	key("cwd")
-	b = appendString(b, t.Cwd)
+	b = appendJSONString(b, t.Cwd)
 	key("env")
 	strs(t.Env)
 	if t.N != 0 {
@@ -117,7 +117,7 @@ func appendSubmit(b []byte, r *Request) []byte {
 	}
 	if t.Pool != "" {
 		key("pool")
-		b = appendString(b, t.Pool)
+		b = appendJSONString(b, t.Pool)
 	}
 	if t.NoDevice {
 		key("no_device")
@@ -129,7 +129,7 @@ func appendSubmit(b []byte, r *Request) []byte {
 	}
 	if t.Name != "" {
 		key("name")
-		b = appendString(b, t.Name)
+		b = appendJSONString(b, t.Name)
 	}
 	if len(t.After) > 0 {
 		key("after")
@@ -137,42 +137,13 @@ func appendSubmit(b []byte, r *Request) []byte {
 	}
 	if t.Log != "" {
 		key("log")
-		b = appendString(b, t.Log)
+		b = appendJSONString(b, t.Log)
 	}
 	if t.Umask != nil {
 		key("umask")
 		b = strconv.AppendUint(b, uint64(*t.Umask), 10)
 	}
 	return append(b, "}}"...)
-}
-
-// appendString writes s as a JSON string.
-func appendString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= utf8.RuneSelf {
-			r, size := utf8.DecodeRuneInString(s[i:])
-			if r == utf8.RuneError && size == 1 {
-				b = append(b, `\ufffd`...)
-			} else {
-				b = append(b, s[i:i+size]...)
-			}
-			i += size
-			continue
-		}
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			b = append(b, c)
-		}
-		i++
-	}
-	return append(b, '"')
 }
 
 var errSyntax = errors.New("malformed reply")
