@@ -45,10 +45,8 @@ func (a *accounts) lookup(uid uint32) *account { return a.get(uid, true) }
 func (a *accounts) lookupLease(uid uint32) *account { return a.get(uid, false) }
 
 func (a *accounts) get(uid uint32, withShell bool) *account {
-	a.mu.Lock()
-	acc := a.m[uid]
-	a.mu.Unlock()
-	if acc == nil || time.Since(acc.at) >= accountTTL {
+	acc := a.cached(uid)
+	if acc == nil {
 		acc = resolveAccount(uid)
 		a.store(uid, acc)
 	}

@@ -251,7 +251,7 @@ type Life struct {
 	mu          sync.Locker
 	j           *journal
 	boot        string
-	closing     bool // Close has begun: no start is made unsynced any more
+	closing     bool // Stop has run: nothing is armed, no start made unsynced any more
 	log         *log.Logger
 	keep, keepU int
 	onEnd       func(*Task)
@@ -732,12 +732,18 @@ func (l *Life) Recover() error {
 }
 
 // write makes recs durable, with the lock released while the disk works.
-func (l *Life) write(recs ...*Record) error {
+func (l *Life) write(recs ...*Record) error { return l.writeRecs(false, recs...) }
+
+// writeWritten is write for a record that need only be in the file: its
+// sync follows in the background.
+func (l *Life) writeWritten(rec *Record) error { return l.writeRecs(true, rec) }
+
+func (l *Life) writeRecs(written bool, recs ...*Record) error {
 	data, err := encode(recs...)
 	if err != nil {
 		return err
 	}
-	return l.writeEncoded(data, len(recs))
+	return l.writeTo(data, len(recs), written)
 }
 
 // writeUnlocked is write for Open, which runs without the lock.
@@ -752,16 +758,6 @@ func (l *Life) writeUnlocked(recs ...*Record) error {
 	}
 	defer l.j.release(tk)
 	return l.j.wait(tk)
-}
-
-// writeWritten is write for a record that need only be in the file: its
-// sync follows in the background.
-func (l *Life) writeWritten(rec *Record) error {
-	data, err := encode(rec)
-	if err != nil {
-		return err
-	}
-	return l.writeTo(data, 1, true)
 }
 
 // writeEncoded is write for n records already encoded.
