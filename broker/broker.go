@@ -93,11 +93,12 @@ type Server struct {
 	running   map[uint32]int // tasks starting or running per uid: the table's own count
 	cpuq      *Queue         // --no-device tasks waiting for a CPU slot
 	cpuFree   []bool
-	loading   bool          // taking up the journal's tasks
-	warm      int           // supervisors started for tasks still waiting
-	idle      idlePool      // idle supervisors, one per user at most (idle.go)
-	paused    *pause        // task starts are stopped, and why
-	pauseWait time.Duration // how long the current pause waits before trying again
+	loading   bool           // taking up the journal's tasks
+	warm      int            // supervisors started for tasks still waiting
+	arming    map[string]int // per pool: submissions being recorded armed (firstTaskLocked)
+	idle      idlePool       // idle supervisors, one per user at most (idle.go)
+	paused    *pause         // task starts are stopped, and why
+	pauseWait time.Duration  // how long the current pause waits before trying again
 
 	led ledger // leases as granted, their holders in /proc, unleased use, accounting (leases.go)
 }

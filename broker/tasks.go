@@ -220,8 +220,19 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	// meanwhile. The first task waiting in its pool is armed with it (see
 	// warmUp).
 	submit := s.life.Submit
-	if s.firstTaskLocked(t) {
+	if pool := s.taskPool(t); s.firstTaskLocked(t) {
+		// Counted until it is in line: another submission meanwhile
+		// (the lock is let go for the disk) is not first.
 		submit = s.life.SubmitArmed
+		if s.arming == nil {
+			s.arming = map[string]int{}
+		}
+		s.arming[pool]++
+		defer func() {
+			if s.arming[pool]--; s.arming[pool] == 0 {
+				delete(s.arming, pool)
+			}
+		}()
 	}
 	if err := submit(t.Task); err != nil {
 		s.log.Printf("task %d: %v", t.ID, err)
@@ -253,12 +264,24 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 const cpuPool = "cpu"
 
 // firstTaskLocked tells whether t, not yet submitted, would be the first
-// task waiting in its pool.
+// task waiting in its pool: none waits there, nor is being submitted armed.
 func (s *Server) firstTaskLocked(t *task) bool {
-	if t.Sub.NoDevice {
-		return s.cpuq.tasks[cpuPool] == 0
+	pool := s.taskPool(t)
+	if s.arming[pool] > 0 {
+		return false
 	}
-	return s.q.tasks[s.poolName(t.Sub.Pool)] == 0
+	if t.Sub.NoDevice {
+		return s.cpuq.tasks[pool] == 0
+	}
+	return s.q.tasks[pool] == 0
+}
+
+// taskPool is the pool t waits in.
+func (s *Server) taskPool(t *task) string {
+	if t.Sub.NoDevice {
+		return cpuPool
+	}
+	return s.poolName(t.Sub.Pool)
 }
 
 // unknownID stands for a task's id until it gets one: no id is longer, so
