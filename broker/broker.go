@@ -52,7 +52,12 @@ type Server struct {
 	inv   *npu.Inventory
 	locks string
 	log   *log.Logger
+	rlog  *rateLog // log, for lines that a lasting cause repeats (lograte.go)
 	users accounts
+
+	// removeUsers removes the managed ACL entries from a node
+	// (npu.RemoveUsers), under mu: a test makes it fail.
+	removeUsers func(path string, managed func(uid uint32) bool) ([]uint32, error)
 
 	pools  map[string][]int // pool name -> ids
 	poolOf map[int]string   // device id -> pool name
@@ -114,6 +119,8 @@ func New(o Options) (*Server, error) {
 		inv:          o.Inventory,
 		locks:        filepath.Join(o.RunDir, "locks"),
 		log:          o.Log,
+		rlog:         &rateLog{log: o.Log},
+		removeUsers:  npu.RemoveUsers,
 		socket:       o.Socket,
 		unprivileged: os.Geteuid() != 0,
 		pools:        map[string][]int{},
@@ -165,7 +172,8 @@ func New(o Options) (*Server, error) {
 	}
 	s.devs = make([]*device, maxID+1)
 	var free []int
-	held := map[int]int{} // devices held from before this start: their lock files
+	freeFD := map[int]int{} // devices free at start: their old lock files
+	held := map[int]int{}   // devices held from before this start: their lock files
 	for _, id := range s.inv.IDs {
 		d := &device{id: id, path: LockPath(s.locks, id), fd: -1, spare: -1, watch: make(chan int, 1)}
 		fd, isFree, err := tryLock(d.path)
@@ -175,13 +183,8 @@ func New(o Options) (*Server, error) {
 		s.devs[id] = d
 		go s.watch(d)
 		if isFree {
-			// Free, but descriptors of leases from before this start may
-			// still reach the file: the device starts on a fresh one.
 			free = append(free, id)
-			if err := s.renewOnce(d, fd, nil); err != nil {
-				s.log.Printf("npu %d: %v; out of service until a fresh lock file can be made", id, err)
-				go s.renew(d, fd, nil)
-			}
+			freeFD[id] = fd
 		} else {
 			d.since = time.Now()
 			s.log.Printf("npu %d is held by a lease from before this start; waiting for its release", id)
@@ -191,13 +194,30 @@ func New(o Options) (*Server, error) {
 	if s.inv.Note != "" {
 		s.log.Print(s.inv.Note)
 	}
-	// Device access: nothing is granted before Serve, so a free device's
-	// node is cleaned before anyone can lease it. The accounts the ACLs
-	// name are looked up first, without the lock.
+	// Device access: a free device's node is cleaned before the device
+	// is put in service, and one whose node cannot be is not, until it
+	// is. The accounts the ACLs name are looked up first, without the
+	// lock.
 	s.resolveNodeUsers(s.inv.IDs)
 	s.mu.Lock()
-	s.startAccessLocked(free)
+	failed := s.startAccessLocked(free)
 	s.mu.Unlock()
+	for _, id := range free {
+		// Free, but descriptors of leases from before this start may
+		// still reach the file: the device starts on a fresh one.
+		d, fd := s.devs[id], freeFD[id]
+		if err := failed[id]; err != nil {
+			go func() {
+				s.revokeUntilDone(d, err)
+				s.renew(d, fd, nil)
+			}()
+			continue
+		}
+		if err := s.renewOnce(d, fd, nil); err != nil {
+			s.rlog.Printf("npu %d: %v; out of service until a fresh lock file can be made", id, err)
+			go s.renew(d, fd, nil)
+		}
+	}
 	if err := s.writeSessionPolicy(o.RunDir); err != nil {
 		return nil, err
 	}
@@ -257,8 +277,11 @@ func (s *Server) watch(d *device) {
 			}
 		}
 		d.leased, d.origin = false, nil
-		s.revokeLocked(d.id) // before the device can be granted again
+		err = s.revokeLocked(d.id) // before the device can be granted again
 		s.mu.Unlock()
+		if err != nil {
+			s.revokeUntilDone(d, err) // fail closed: granted to nobody meanwhile
+		}
 		s.renew(d, fd, next)
 	}
 }
@@ -275,7 +298,7 @@ func (s *Server) renew(d *device, old int, next *freshLock) {
 			return
 		}
 		next = nil
-		s.log.Printf("npu %d: %v; out of service until a fresh lock file can be made", d.id, err)
+		s.rlog.Printf("npu %d: %v; out of service until a fresh lock file can be made", d.id, err)
 		time.Sleep(wait)
 	}
 }
@@ -385,7 +408,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			}
 			// Out of descriptors, a client gone before it was accepted:
 			// the broker serves on.
-			s.log.Printf("accept: %v", err)
+			s.rlog.Printf("accept: %v", err)
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
