@@ -82,6 +82,7 @@ type Server struct {
 	held          map[uint32]int // devices held per uid, from this broker's grants
 	q             *Queue         // waiters for devices: leases and tasks
 	conns         int
+	fdKeep        int // descriptors kept from connections (fdlimit.go), set once by New
 	userConns     map[uint32]int
 	connsOf       map[uint32]map[*conn]struct{} // each user's connections
 	unread        map[uint32]int                // bytes each user's connections left unread, as last seen
@@ -244,6 +245,7 @@ func New(o Options) (*Server, error) {
 	if err := s.openTasks(stateDir); err != nil {
 		return nil, err
 	}
+	s.fdReserve()
 	return s, nil
 }
 
@@ -254,20 +256,21 @@ func New(o Options) (*Server, error) {
 // is in place.
 func (s *Server) watch(d *device) {
 	for fd := range d.watch {
-		next, err := prepareLock(d.path) // while the lease runs, not after
-		if err != nil {
-			s.log.Printf("npu %d: %v; trying again when its lease ends", d.id, err)
-		}
+		// The next lease's lock file is made while this one runs, not
+		// after: a lease's end, when waiters are many and descriptors
+		// may be short, then needs no new descriptor.
+		ahead := s.prepareAhead(d)
 		if err := flock(fd, false); err != nil {
 			// Nothing else can be done with this device; keep it out of
 			// use rather than risk a double grant.
 			s.log.Printf("npu %d: wait for release: %v; device taken out of service", d.id, err)
 			unix.Close(fd)
-			if next != nil {
+			if next := ahead(); next != nil {
 				next.discard()
 			}
 			continue
 		}
+		next := ahead()
 		s.resolveNodeUsers([]int{d.id}) // for revokeLocked, outside the lock
 		s.mu.Lock()
 		s.leaseEndLocked(d)
@@ -277,12 +280,48 @@ func (s *Server) watch(d *device) {
 			}
 		}
 		d.leased, d.origin = false, nil
-		err = s.revokeLocked(d.id) // before the device can be granted again
+		err := s.revokeLocked(d.id) // before the device can be granted again
 		s.mu.Unlock()
 		if err != nil {
 			s.revokeUntilDone(d, err) // fail closed: granted to nobody meanwhile
 		}
 		s.renew(d, fd, next)
+	}
+}
+
+// prepareAhead makes device d's next lock file while its lease runs,
+// trying again at growing intervals while it cannot (out of descriptors,
+// a full /run). The function it returns, called once the lease has ended,
+// stops the tries and gives the file made, or nil.
+func (s *Server) prepareAhead(d *device) func() *freshLock {
+	next, err := prepareLock(d.path)
+	if err == nil {
+		return func() *freshLock { return next }
+	}
+	s.rlog.Printf("npu %d: %v; trying again while its lease runs", d.id, err)
+	stop, made := make(chan struct{}), make(chan *freshLock, 1)
+	go func() {
+		for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+			select {
+			case <-stop:
+				made <- nil
+				return
+			case <-time.After(wait):
+			}
+			if next, err := prepareLock(d.path); err == nil {
+				made <- next
+				return
+			}
+		}
+	}()
+	return func() *freshLock {
+		select {
+		case next := <-made:
+			return next
+		default:
+		}
+		close(stop)
+		return <-made
 	}
 }
 
@@ -292,7 +331,7 @@ func (s *Server) watch(d *device) {
 // d stays out of service: handing out the old file again would let an
 // earlier lease's descriptor take it.
 func (s *Server) renew(d *device, old int, next *freshLock) {
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		err := s.renewOnce(d, old, next)
 		if err == nil {
 			return
