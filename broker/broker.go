@@ -19,6 +19,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
+	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -256,6 +257,7 @@ func New(o Options) (*Server, error) {
 // is in place.
 func (s *Server) watch(d *device) {
 	for fd := range d.watch {
+		d.ended.Store(nil)
 		// The next lease's lock file is made while this one runs, not
 		// after: a lease's end, when waiters are many and descriptors
 		// may be short, then needs no new descriptor.
@@ -269,6 +271,9 @@ func (s *Server) watch(d *device) {
 				next.discard()
 			}
 			continue
+		}
+		if fid, err := procscan.ID(fd); err == nil {
+			d.ended.Store(&fid)
 		}
 		next := ahead()
 		s.resolveNodeUsers([]int{d.id}) // for revokeLocked, outside the lock
