@@ -83,7 +83,8 @@ type Server struct {
 	held          map[uint32]int // devices held per uid, from this broker's grants
 	q             *Queue         // waiters for devices: leases and tasks
 	conns         int
-	fdKeep        int // descriptors kept from connections (fdlimit.go), set once by New
+	fdKeep        int         // descriptors kept from connections (fdlimit.go), set once by New
+	nofile        nofileCache // RLIMIT_NOFILE, as last read
 	userConns     map[uint32]int
 	connsOf       map[uint32]map[*conn]struct{} // each user's connections
 	unread        map[uint32]int                // bytes each user's connections left unread, as last seen

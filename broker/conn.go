@@ -126,7 +126,7 @@ func (s *Server) open(nc *net.UnixConn) *conn {
 		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("the broker serves at most %d connections at once", maxConns), "try again later"))
 		s.mu.Unlock()
 		if fromLimit {
-			s.rlog.Printf("connections: %d served, as many as RLIMIT_NOFILE (%d) allows above the %d descriptors kept for the devices, tasks and the broker; refusing more (raise the limit: LimitNOFILE= in the service)", maxConns, nofile(), s.fdKeep)
+			s.rlog.Printf("connections: %d served, as many as RLIMIT_NOFILE (%d) allows above the %d descriptors kept for the devices, tasks and the broker; refusing more (raise the limit: LimitNOFILE= in the service)", maxConns, s.nofile.get(), s.fdKeep)
 		}
 		nc.Close()
 		return nil

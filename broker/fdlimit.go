@@ -2,6 +2,8 @@ package broker
 
 import (
 	"os"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,8 +29,10 @@ import (
 //     goes (a node opened for its ACL, /proc, the user database, a
 //     signal's pidfd, the accounting log's rotation).
 //
-// The limit is read at each connection, so that a limit changed while the
-// broker runs (prlimit(1)) counts at once.
+// The limit is read again at a connection a second after the last
+// reading (a getrlimit costs a microsecond here, on every npurun's path),
+// so that a limit changed while the broker runs (prlimit(1)) counts within
+// a second.
 
 // fdMargin is the reserve's margin for descriptors held for a moment.
 const fdMargin = 32
@@ -52,6 +56,23 @@ func (s *Server) fdReserve() {
 	}
 }
 
+// nofileCache is the soft limit on open descriptors, as last read.
+type nofileCache struct {
+	n, at atomic.Int64 // the limit; when it was read (Unix nanoseconds)
+}
+
+// get is the limit, read again if the last reading is a second old.
+func (c *nofileCache) get() int {
+	now := time.Now().UnixNano()
+	if now-c.at.Load() < int64(time.Second) {
+		return int(c.n.Load())
+	}
+	n := nofile()
+	c.n.Store(int64(n))
+	c.at.Store(now)
+	return n
+}
+
 // nofile is the broker's soft limit on open descriptors.
 func nofile() int {
 	var rl unix.Rlimit
@@ -65,7 +86,7 @@ func nofile() int {
 // max_connections, less where RLIMIT_NOFILE leaves less room above the
 // reserve. fromLimit tells that the limit decided.
 func (s *Server) connCap() (n int, fromLimit bool) {
-	room := max(nofile()-s.fdKeep, minConns)
+	room := max(s.nofile.get()-s.fdKeep, minConns)
 	if room < s.cfg.MaxConnections {
 		return room, true
 	}
