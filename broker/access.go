@@ -2,7 +2,9 @@ package broker
 
 import (
 	"errors"
+	"fmt"
 	"slices"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -76,7 +78,7 @@ func (s *Server) restricted(uid uint32) bool {
 		return false
 	}
 	a := s.cachedAccount(uid)
-	return a != nil && a.known && s.cfg.Restricted(a.name, a.groups)
+	return a != nil && a.known && s.restrictedAccountOf(a)
 }
 
 // managed tells whether an ACL entry for uid is the broker's: a restricted
@@ -88,7 +90,20 @@ func (s *Server) managed(uid uint32) bool {
 		return false
 	}
 	a := s.cachedAccount(uid)
-	return a != nil && (!a.known || s.cfg.Restricted(a.name, a.groups))
+	return a != nil && (!a.known || s.restrictedAccountOf(a))
+}
+
+// restrictedAccountOf tells whether account a is restricted for its
+// device access. An account whose groups could not all be read (the user
+// database failed) is, where [restrict] names a group: it may be in that
+// group, and taking it for unrestricted would leave its entry on a device
+// that is then granted to someone else. Fail closed: its entries are
+// removed, and a lease adds one.
+func (s *Server) restrictedAccountOf(a *account) bool {
+	if s.cfg.Restricted(a.name, a.groups) {
+		return true
+	}
+	return a.groupsErr != nil && len(s.cfg.Restrict.Groups) > 0 && a.name != "root"
 }
 
 // allowUser adds an ACL entry for uid to one node (npu.AllowUser); a test
@@ -121,24 +136,61 @@ func (s *Server) allowLocked(uid uint32, ids []int) error {
 }
 
 // revokeLocked closes device id's node to every account whose entry the
-// broker manages (its lease has ended, or it is free at start), and the
-// shared control nodes to those of them left with no device.
-func (s *Server) revokeLocked(id int) {
+// broker manages (its lease has ended), and the shared control nodes to
+// those of them left with no device. An error means that an entry may be
+// left on the device's node: the device must not be granted until a later
+// try succeeds (revokeUntilDone).
+func (s *Server) revokeLocked(id int) error {
 	if !s.aclsManaged() {
-		return
+		return nil
 	}
+	removed, err := s.removeManagedLocked(id)
+	if len(removed) > 0 {
+		s.sweepSharedLocked()
+	}
+	return err
+}
+
+// removeManagedLocked removes the managed entries from device id's nodes
+// and returns the uids whose entries it removed.
+func (s *Server) removeManagedLocked(id int) ([]uint32, error) {
 	var removed []uint32
+	var errs []error
 	for _, p := range s.inv.Nodes(id) {
-		uids, err := npu.RemoveUsers(p, s.managed)
-		if err != nil {
-			s.log.Printf("npu %d: %v", id, err)
+		uids, err := s.removeUsers(p, s.managed)
+		switch {
+		case errors.Is(err, npu.ErrNoACL):
+			continue // no ACLs there, so no entry to remove
+		case err != nil:
+			errs = append(errs, err)
 			continue
 		}
 		removed = append(removed, uids...)
 	}
-	if len(removed) > 0 {
-		s.sweepSharedLocked()
+	if err := errors.Join(errs...); err != nil {
+		return removed, fmt.Errorf("npu %d: %w", id, err)
 	}
+	return removed, nil
+}
+
+// revokeRetryMax bounds the wait between two tries of a revoke that
+// failed.
+const revokeRetryMax = 5 * time.Second
+
+// revokeUntilDone tries device d's revoke again, with a growing wait,
+// until it succeeds: until then an account whose lease of d has ended may
+// still open its node, so d stays out of service (it is neither free nor
+// leased: nobody is granted it). err is why the last try failed.
+func (s *Server) revokeUntilDone(d *device, err error) {
+	for wait := 50 * time.Millisecond; err != nil; wait = min(2*wait, revokeRetryMax) {
+		s.rlog.Printf("%v; npu %d is out of service until the ACL entries of its node can be removed", err, d.id)
+		time.Sleep(wait)
+		s.resolveNodeUsers([]int{d.id})
+		s.mu.Lock()
+		err = s.revokeLocked(d.id)
+		s.mu.Unlock()
+	}
+	s.log.Printf("npu %d: the ACL entries of its node are removed; back in service", d.id)
 }
 
 // sweepSharedLocked removes from the shared control nodes the managed
@@ -169,19 +221,23 @@ func (s *Server) sweepSharedLocked() {
 
 // startAccessLocked is the broker's start: the nodes of free devices lose
 // the managed entries, those of held devices keep them, and the control
-// nodes keep an entry only for users with a device node's entry.
-func (s *Server) startAccessLocked(free []int) {
+// nodes keep an entry only for users with a device node's entry. It
+// returns the free devices whose entries could not all be removed, with
+// why: those are not put in service until they are (revokeUntilDone).
+func (s *Server) startAccessLocked(free []int) map[int]error {
 	if !s.aclsManaged() {
-		return
+		return nil
 	}
+	failed := map[int]error{}
 	for _, id := range free {
-		for _, p := range s.inv.Nodes(id) {
-			if uids, err := npu.RemoveUsers(p, s.managed); err != nil {
-				s.log.Printf("npu %d: %v", id, err)
-			} else if len(uids) > 0 {
-				s.log.Printf("npu %d is free: removed the ACL entries of uid %v left from before this start", id, uids)
-			}
+		uids, err := s.removeManagedLocked(id)
+		if err != nil {
+			failed[id] = err
+		}
+		if len(uids) > 0 {
+			s.log.Printf("npu %d is free: removed the ACL entries of uid %v left from before this start", id, uids)
 		}
 	}
 	s.sweepSharedLocked()
+	return failed
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
+	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -52,7 +53,12 @@ type Server struct {
 	inv   *npu.Inventory
 	locks string
 	log   *log.Logger
+	rlog  *rateLog // log, for lines that a lasting cause repeats (lograte.go)
 	users accounts
+
+	// removeUsers removes the managed ACL entries from a node
+	// (npu.RemoveUsers), under mu: a test makes it fail.
+	removeUsers func(path string, managed func(uid uint32) bool) ([]uint32, error)
 
 	pools  map[string][]int // pool name -> ids
 	poolOf map[int]string   // device id -> pool name
@@ -77,6 +83,8 @@ type Server struct {
 	held          map[uint32]int // devices held per uid, from this broker's grants
 	q             *Queue         // waiters for devices: leases and tasks
 	conns         int
+	fdKeep        int         // descriptors kept from connections (fdlimit.go), set once by New
+	nofile        nofileCache // RLIMIT_NOFILE, as last read
 	userConns     map[uint32]int
 	connsOf       map[uint32]map[*conn]struct{} // each user's connections
 	unread        map[uint32]int                // bytes each user's connections left unread, as last seen
@@ -114,6 +122,8 @@ func New(o Options) (*Server, error) {
 		inv:          o.Inventory,
 		locks:        filepath.Join(o.RunDir, "locks"),
 		log:          o.Log,
+		rlog:         &rateLog{log: o.Log},
+		removeUsers:  npu.RemoveUsers,
 		socket:       o.Socket,
 		unprivileged: os.Geteuid() != 0,
 		pools:        map[string][]int{},
@@ -165,7 +175,8 @@ func New(o Options) (*Server, error) {
 	}
 	s.devs = make([]*device, maxID+1)
 	var free []int
-	held := map[int]int{} // devices held from before this start: their lock files
+	freeFD := map[int]int{} // devices free at start: their old lock files
+	held := map[int]int{}   // devices held from before this start: their lock files
 	for _, id := range s.inv.IDs {
 		d := &device{id: id, path: LockPath(s.locks, id), fd: -1, spare: -1, watch: make(chan int, 1)}
 		fd, isFree, err := tryLock(d.path)
@@ -175,13 +186,8 @@ func New(o Options) (*Server, error) {
 		s.devs[id] = d
 		go s.watch(d)
 		if isFree {
-			// Free, but descriptors of leases from before this start may
-			// still reach the file: the device starts on a fresh one.
 			free = append(free, id)
-			if err := s.renewOnce(d, fd, nil); err != nil {
-				s.log.Printf("npu %d: %v; out of service until a fresh lock file can be made", id, err)
-				go s.renew(d, fd, nil)
-			}
+			freeFD[id] = fd
 		} else {
 			d.since = time.Now()
 			s.log.Printf("npu %d is held by a lease from before this start; waiting for its release", id)
@@ -191,13 +197,30 @@ func New(o Options) (*Server, error) {
 	if s.inv.Note != "" {
 		s.log.Print(s.inv.Note)
 	}
-	// Device access: nothing is granted before Serve, so a free device's
-	// node is cleaned before anyone can lease it. The accounts the ACLs
-	// name are looked up first, without the lock.
+	// Device access: a free device's node is cleaned before the device
+	// is put in service, and one whose node cannot be is not, until it
+	// is. The accounts the ACLs name are looked up first, without the
+	// lock.
 	s.resolveNodeUsers(s.inv.IDs)
 	s.mu.Lock()
-	s.startAccessLocked(free)
+	failed := s.startAccessLocked(free)
 	s.mu.Unlock()
+	for _, id := range free {
+		// Free, but descriptors of leases from before this start may
+		// still reach the file: the device starts on a fresh one.
+		d, fd := s.devs[id], freeFD[id]
+		if err := failed[id]; err != nil {
+			go func() {
+				s.revokeUntilDone(d, err)
+				s.renew(d, fd, nil)
+			}()
+			continue
+		}
+		if err := s.renewOnce(d, fd, nil); err != nil {
+			s.rlog.Printf("npu %d: %v; out of service until a fresh lock file can be made", id, err)
+			go s.renew(d, fd, nil)
+		}
+	}
 	if err := s.writeSessionPolicy(o.RunDir); err != nil {
 		return nil, err
 	}
@@ -224,6 +247,7 @@ func New(o Options) (*Server, error) {
 	if err := s.openTasks(stateDir); err != nil {
 		return nil, err
 	}
+	s.fdReserve()
 	return s, nil
 }
 
@@ -234,20 +258,25 @@ func New(o Options) (*Server, error) {
 // is in place.
 func (s *Server) watch(d *device) {
 	for fd := range d.watch {
-		next, err := prepareLock(d.path) // while the lease runs, not after
-		if err != nil {
-			s.log.Printf("npu %d: %v; trying again when its lease ends", d.id, err)
-		}
+		d.ended.Store(nil)
+		// The next lease's lock file is made while this one runs, not
+		// after: a lease's end, when waiters are many and descriptors
+		// may be short, then needs no new descriptor.
+		ahead := s.prepareAhead(d)
 		if err := flock(fd, false); err != nil {
 			// Nothing else can be done with this device; keep it out of
 			// use rather than risk a double grant.
 			s.log.Printf("npu %d: wait for release: %v; device taken out of service", d.id, err)
 			unix.Close(fd)
-			if next != nil {
+			if next := ahead(); next != nil {
 				next.discard()
 			}
 			continue
 		}
+		if fid, err := procscan.ID(fd); err == nil {
+			d.ended.Store(&fid)
+		}
+		next := ahead()
 		s.resolveNodeUsers([]int{d.id}) // for revokeLocked, outside the lock
 		s.mu.Lock()
 		s.leaseEndLocked(d)
@@ -257,9 +286,48 @@ func (s *Server) watch(d *device) {
 			}
 		}
 		d.leased, d.origin = false, nil
-		s.revokeLocked(d.id) // before the device can be granted again
+		err := s.revokeLocked(d.id) // before the device can be granted again
 		s.mu.Unlock()
+		if err != nil {
+			s.revokeUntilDone(d, err) // fail closed: granted to nobody meanwhile
+		}
 		s.renew(d, fd, next)
+	}
+}
+
+// prepareAhead makes device d's next lock file while its lease runs,
+// trying again at growing intervals while it cannot (out of descriptors,
+// a full /run). The function it returns, called once the lease has ended,
+// stops the tries and gives the file made, or nil.
+func (s *Server) prepareAhead(d *device) func() *freshLock {
+	next, err := prepareLock(d.path)
+	if err == nil {
+		return func() *freshLock { return next }
+	}
+	s.rlog.Printf("npu %d: %v; trying again while its lease runs", d.id, err)
+	stop, made := make(chan struct{}), make(chan *freshLock, 1)
+	go func() {
+		for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+			select {
+			case <-stop:
+				made <- nil
+				return
+			case <-time.After(wait):
+			}
+			if next, err := prepareLock(d.path); err == nil {
+				made <- next
+				return
+			}
+		}
+	}()
+	return func() *freshLock {
+		select {
+		case next := <-made:
+			return next
+		default:
+		}
+		close(stop)
+		return <-made
 	}
 }
 
@@ -269,13 +337,13 @@ func (s *Server) watch(d *device) {
 // d stays out of service: handing out the old file again would let an
 // earlier lease's descriptor take it.
 func (s *Server) renew(d *device, old int, next *freshLock) {
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		err := s.renewOnce(d, old, next)
 		if err == nil {
 			return
 		}
 		next = nil
-		s.log.Printf("npu %d: %v; out of service until a fresh lock file can be made", d.id, err)
+		s.rlog.Printf("npu %d: %v; out of service until a fresh lock file can be made", d.id, err)
 		time.Sleep(wait)
 	}
 }
@@ -385,7 +453,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			}
 			// Out of descriptors, a client gone before it was accepted:
 			// the broker serves on.
-			s.log.Printf("accept: %v", err)
+			s.rlog.Printf("accept: %v", err)
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}

@@ -119,11 +119,15 @@ func (s *Server) open(nc *net.UnixConn) *conn {
 	// socket: room for two full replies, no more.
 	rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, sendBuf) })
 
+	maxConns, fromLimit := s.connCap()
 	s.mu.Lock()
 	switch {
-	case s.conns >= s.cfg.MaxConnections:
-		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("the broker serves at most %d connections at once", s.cfg.MaxConnections), "try again later"))
+	case s.conns >= maxConns:
+		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("the broker serves at most %d connections at once", maxConns), "try again later"))
 		s.mu.Unlock()
+		if fromLimit {
+			s.rlog.Printf("connections: %d served, as many as RLIMIT_NOFILE (%d) allows above the %d descriptors kept for the devices, tasks and the broker; refusing more (raise the limit: LimitNOFILE= in the service)", maxConns, s.nofile.get(), s.fdKeep)
+		}
 		nc.Close()
 		return nil
 	case s.userConns[c.uid] >= s.cfg.MaxWaitingPerUser+spareConns && c.uid != 0:

@@ -262,11 +262,32 @@ func goneClient(err error) bool {
 }
 
 // undoAccessLocked takes back the access a grant that failed gave: its
-// devices stay free, so no managed entry belongs on their nodes.
+// devices stay free, so no managed entry belongs on their nodes. A device
+// whose entries cannot all be removed is out of service until they are.
 func (s *Server) undoAccessLocked(ids []int) {
 	for _, id := range ids {
-		s.revokeLocked(id)
+		if err := s.revokeLocked(id); err != nil {
+			s.holdOutLocked(s.devs[id], err)
+		}
 	}
+}
+
+// holdOutLocked takes free device d out of service while revokeUntilDone
+// removes the entries that a grant that failed gave: its lock file, never
+// handed out, serves again once they are gone.
+func (s *Server) holdOutLocked(d *device, err error) {
+	fd, spare := d.fd, d.spare
+	d.fd, d.spare = -1, -1
+	s.nfree--
+	go func() {
+		s.revokeUntilDone(d, err)
+		s.mu.Lock()
+		d.fd, d.spare = fd, spare
+		s.nfree++
+		starts := s.scheduleHereLocked()
+		s.mu.Unlock()
+		s.launchAll(starts)
+	}()
 }
 
 // progressLocked arranges for waiters to hear their new places soon.

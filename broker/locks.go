@@ -6,9 +6,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/procscan"
 )
 
 // device is one accelerator's lock. While the device is free the broker
@@ -34,6 +37,18 @@ type device struct {
 	origin *Origin // the session the lease was granted to, if it was one
 	since  time.Time
 	watch  chan int // descriptors for the device's watcher to wait on
+
+	// ended is the lock file whose release the watcher has seen, from
+	// the moment flock returns (before it waits for the broker's lock to
+	// record the end); nil while it waits on a lease.
+	ended atomic.Pointer[procscan.FileID]
+}
+
+// released tells whether d's watcher has seen the lease on lock file
+// file end.
+func (d *device) released(file procscan.FileID) bool {
+	e := d.ended.Load()
+	return e != nil && *e == file
 }
 
 // LockPath is the lock file of physical device id in dir.

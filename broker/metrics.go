@@ -3,8 +3,11 @@ package broker
 import (
 	"context"
 	"errors"
+	"log"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -129,6 +132,18 @@ func (s *Server) listenMetrics() {
 	s.log.Printf("metrics on http://%s/metrics", ln.Addr())
 }
 
+// The metrics endpoint has no authentication, so whoever can reach it can
+// hold connections open: it serves maxMetricsConns at once (the others
+// wait in the kernel's backlog, costing the broker no descriptor), and
+// each must send its request within metricsReadTimeout, body included (a
+// POST that announces a body and sends none holds its connection no
+// longer), and is closed after metricsIdle without one.
+const (
+	maxMetricsConns    = 8
+	metricsReadTimeout = 5 * time.Second
+	metricsIdle        = 10 * time.Second
+)
+
 // serveMetrics serves the metrics until ctx is done.
 func (s *Server) serveMetrics(ctx context.Context) {
 	ln := s.led.metricsLn
@@ -136,15 +151,72 @@ func (s *Server) serveMetrics(ctx context.Context) {
 		return
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.led.metrics.reg, promhttp.HandlerOpts{MaxRequestsInFlight: 4, Timeout: 10 * time.Second}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
+	mux.Handle("/metrics", promhttp.HandlerFor(s.led.metrics.reg, promhttp.HandlerOpts{MaxRequestsInFlight: maxMetricsConns, Timeout: 10 * time.Second}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: metricsReadTimeout, ReadTimeout: metricsReadTimeout,
+		WriteTimeout: 15 * time.Second, IdleTimeout: metricsIdle, MaxHeaderBytes: 16 << 10,
+		ErrorLog: log.New(metricsErrors{s.rlog}, "metrics: ", 0)}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
 	}()
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(limitListener(ln, maxMetricsConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Printf("metrics: %v", err)
 		}
 	}()
+}
+
+// metricsErrors takes the HTTP server's error lines to the broker's log,
+// each said once in a while however often it repeats (an accept that
+// fails out of descriptors is tried again every few milliseconds).
+type metricsErrors struct{ r *rateLog }
+
+func (m metricsErrors) Write(p []byte) (int, error) {
+	line, _, _ := strings.Cut(string(p), "; retrying in ") // the same line whatever the delay
+	m.r.Printf("%s", strings.TrimRight(line, "\n"))
+	return len(p), nil
+}
+
+// limitListener accepts at most n connections at once: Accept waits while
+// n are open.
+func limitListener(ln net.Listener, n int) net.Listener {
+	return &limited{Listener: ln, sem: make(chan struct{}, n), done: make(chan struct{})}
+}
+
+type limited struct {
+	net.Listener
+	sem       chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func (l *limited) Accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	return &limitedConn{Conn: c, release: sync.OnceFunc(func() { <-l.sem })}, nil
+}
+
+func (l *limited) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// limitedConn gives its place back once closed.
+type limitedConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
 }

@@ -589,8 +589,10 @@ func (s *Server) removeLineLocked(t *task) {
 // taskEndedLocked is called by the task table when a task has ended,
 // however it ended: its place in line, supervisor and slot are let go, the
 // connections waiting for it are told, and the tasks waiting for it are
-// settled. (Its devices free themselves: their watchers see the locks go.)
+// settled. (Its devices free themselves once their locks go: their
+// watchers see it; endTaskLeaseLocked ends whoever holds them still.)
 func (s *Server) taskEndedLocked(t *tasklife.Task) {
+	s.endTaskLeaseLocked(t.ID) // its lease too, whoever holds its descriptors (taskend.go)
 	if j := s.jobs[t.ID]; j != nil {
 		delete(s.jobs, t.ID)
 		s.removeLineLocked(j)

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"os/user"
 	"strconv"
@@ -26,7 +27,10 @@ type account struct {
 	hasShell bool
 	known    bool  // found in the user database (else: a stand-in, briefly kept)
 	err      error // why the database could not be asked, when it was not "no such user"
-	at       time.Time
+	// groupsErr: some of its groups could not be read (the database
+	// failed), so groups may lack one; kept briefly, as err.
+	groupsErr error
+	at        time.Time
 }
 
 type accounts struct {
@@ -96,18 +100,41 @@ func resolveAccount(uid uint32) *account {
 		if g, err := strconv.ParseUint(u.Gid, 10, 32); err == nil {
 			acc.gid = uint32(g)
 		}
-		if gids, err := u.GroupIds(); err == nil {
-			for _, gid := range gids {
-				if n, err := strconv.ParseUint(gid, 10, 32); err == nil {
-					acc.gids = append(acc.gids, uint32(n))
-				}
-				if g, err := user.LookupGroupId(gid); err == nil {
-					acc.groups = append(acc.groups, g.Name)
-				}
-			}
+		acc.groups, acc.gids, acc.groupsErr = accountGroups(u.GroupIds, user.LookupGroupId)
+		if acc.groupsErr != nil {
+			acc.at = acc.at.Add(time.Second - accountTTL) // try again soon
 		}
 	}
 	return acc
+}
+
+// accountGroups returns the names and ids of an account's groups, from
+// groupIDs (its group ids) and lookupGroup. An error other than "no such
+// group" is the user database's (NSS out of descriptors, LDAP
+// unreachable): the groups are then not known, which is not the same as
+// none (access.go fails closed on it).
+func accountGroups(groupIDs func() ([]string, error), lookupGroup func(gid string) (*user.Group, error)) ([]string, []uint32, error) {
+	ids, err := groupIDs()
+	if err != nil {
+		return nil, nil, fmt.Errorf("groups: %w", err)
+	}
+	var names []string
+	var gids []uint32
+	var errs []error
+	for _, gid := range ids {
+		if n, err := strconv.ParseUint(gid, 10, 32); err == nil {
+			gids = append(gids, uint32(n))
+		}
+		g, err := lookupGroup(gid)
+		var unknown user.UnknownGroupIdError
+		switch {
+		case err == nil:
+			names = append(names, g.Name)
+		case !errors.As(err, &unknown):
+			errs = append(errs, fmt.Errorf("group %s: %w", gid, err))
+		}
+	}
+	return names, gids, errors.Join(errs...)
 }
 
 // loginShell is user's shell from the user database (through NSS, with

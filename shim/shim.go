@@ -135,6 +135,13 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 		}
 	}()
 	if err := c.Send(w.request()); err != nil {
+		// A broker that refuses the connection (at its cap) says why and
+		// closes it, maybe before the request went: its reason is there
+		// to read.
+		var be *client.Error
+		if _, _, rerr := c.Recv(0); errors.As(rerr, &be) {
+			return nil, nil, refused(be)
+		}
 		warn("send request: %v", err)
 		return nil, nil, ExitFailure
 	}

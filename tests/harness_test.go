@@ -174,6 +174,11 @@ func StartBrokerEnv(t testing.TB, conf string, env ...string) *Broker {
 func NewBroker(t testing.TB, conf string, env ...string) *Broker {
 	t.Helper()
 	dir := SharedDir(t)
+	// Each test's brokers claim their devices in a directory of the
+	// test's (never the machine's /run/npurun-devices): the trees of
+	// nodes of parallel tests share device numbers. A variable in env
+	// comes later and wins.
+	env = append([]string{"NPUBROKER_CLAIM_DIR=" + filepath.Join(dir, "claims")}, env...)
 	b := &Broker{t: t, Bin: bins(t), Dir: dir, Conf: filepath.Join(dir, "npurun.conf"), RunDir: filepath.Join(RunTmp(t), "run"), env: env}
 	b.Cgroup = testCgroupParent(t) // removed after the broker has stopped
 	b.Socket = filepath.Join(b.RunDir, "broker.sock")
@@ -212,9 +217,7 @@ func (b *Broker) Start() {
 	default:
 		cmd.Args = append(cmd.Args, "--cgroup", "off") // never the machine's own groups
 	}
-	if len(b.env) > 0 {
-		cmd.Env = append(os.Environ(), b.env...)
-	}
+	cmd.Env = append(os.Environ(), b.env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		b.t.Fatal(err)

@@ -198,6 +198,14 @@ func serve(args []string) int {
 		return 1
 	}
 	defer runClaim.Close()
+	// And one broker per device, whatever its directories: before any
+	// lock file or ACL is touched.
+	devClaims, err := broker.ClaimDevices(inv, broker.ClaimDir())
+	if err != nil {
+		lg.Print(err)
+		return 1
+	}
+	defer devClaims.Close()
 	ln, err := broker.Activated()
 	if err == nil && ln == nil {
 		ln, err = broker.Listen(*socket)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -32,12 +33,16 @@ func main() {
 	askUser := flag.String("user", "", "the user an -ask request names")
 	pass := flag.String("pass", "", "send the lease's first descriptor over the Unix socket at this path, then exit")
 	receive := flag.String("receive", "", "listen on this Unix socket path, take a descriptor sent there and keep it until standard input closes")
+	ignoreTerm := flag.Bool("ignore-term", false, "ignore SIGTERM (with -receive: a holder that only SIGKILL ends)")
 	escape := flag.String("escape", "", "leave the task's reach as a job could: setpgid (a process group of its own), setsid (a session of its own), or daemon (a child in a session of its own, orphaned at once); then write the pid to -pidfile and hold the lease for -hold")
 	pidfile := flag.String("pidfile", "", "with -escape: where to write the escaped process's pid (a FIFO, say)")
 	floodMode := flag.String("flood", "", "attack the broker at $NPURUN_SOCKET until standard input closes: fill, list, churn, oversize or idle (see flood.go)")
 	conns := flag.Int("conns", 1, "with -flood: connections")
 	count := flag.Int("n", 0, "with -flood fill: tasks")
 	flag.Parse()
+	if *ignoreTerm {
+		signal.Ignore(syscall.SIGTERM)
+	}
 	switch {
 	case *floodMode != "":
 		flood(*floodMode, *conns, *count)
