@@ -21,8 +21,18 @@
 #   GO          the Go toolchain                        (go)
 #   CC, CFLAGS  the C compiler for pam_npurun.so, and flags added to
 #               the module's own (-Wall -Wextra -Werror)  (cc, -O2)
+#   CPPFLAGS, LDFLAGS  preprocessor and linker flags for pam_npurun.so (empty)
+#   BROKER_GOFLAGS, BROKER_LDFLAGS  go build and Go linker flags added for
+#               npubroker: make deb builds it as a PIE with the distribution's
+#               hardening flags (-buildmode=pie, -linkmode=external) (empty)
 #   FUZZ_CC     the compiler of make fuzz-pam, with libFuzzer (clang)
 #   FUZZTIME    seconds make fuzz-pam runs the fuzzer        (300)
+#   DEBDIR      where make deb leaves the Debian packages   ($(BUILDDIR)/deb)
+#   DEB_VERSION their version: debian/changelog's, plus +gitDATE.COMMIT in
+#               a git checkout, so that a later commit's packages upgrade
+#   VENDORDIR   the Go modules make deb builds from, vendored once (go mod
+#               vendor, which needs the network or Go's module cache); the
+#               package build itself is offline  ($(BUILDDIR)/vendor)
 #
 # * With the usual prefixes, /usr/local and /usr, the configuration goes to
 #   /etc and the units where systemd finds them: a working install. Any
@@ -65,7 +75,7 @@ MAN1 = $(wildcard man/*.1)
 MAN5 = $(wildcard man/*.5)
 MAN8 = $(wildcard man/*.8)
 
-.PHONY: all build test race demo bench man install uninstall clean units fuzz-pam
+.PHONY: all build test race demo bench man install uninstall clean units fuzz-pam deb deb-vendor deb-test
 
 all: build
 
@@ -97,7 +107,7 @@ $(BUILDDIR)/npubroker: $(SOURCES)
 		echo "  install a C compiler (gcc, or the one \$$CC names: $$($(GO) env CC)) and do not set CGO_ENABLED=0" >&2; \
 		exit 1; \
 	fi
-	CGO_ENABLED=1 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X github.com/npurun/npurun/broker.InstalledSupervisor=$(SUPERVISOR)" -o $@ ./cmd/npubroker
+	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS) -X main.version=$(VERSION) -X github.com/npurun/npurun/broker.InstalledSupervisor=$(SUPERVISOR)" -o $@ ./cmd/npubroker
 
 # The PAM module is C on purpose (a Go runtime loaded into sshd can hang:
 # see DESIGN.md), a thin client of the broker, built with warnings as
@@ -109,7 +119,7 @@ $(BUILDDIR)/pam_npurun.so: pam/module/pam_npurun.c
 		echo "pam_npurun.so needs the PAM headers (security/pam_modules.h): install libpam0g-dev (Debian, Ubuntu) or pam-devel" >&2; \
 		exit 1; \
 	fi
-	$(CC) $(CFLAGS) $(PAM_CFLAGS) -o $@ $< -lpam
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(PAM_CFLAGS) -o $@ $< $(LDFLAGS) -lpam
 
 # Fuzz pam_npurun.c's reply reader, receive path and request builder with
 # libFuzzer under ASan and UBSan (Debian: clang, libclang-rt-14-dev); the
@@ -196,3 +206,45 @@ uninstall: build units
 
 clean:
 	rm -rf $(BUILDDIR)
+
+# Debian packages: npurun and libpam-npurun (debian/), built by plain dh over
+# this Makefile from a copy of the tree (the files git knows, committed or
+# not, else all but .git and $(BUILDDIR)) with the vendored modules, offline.
+# Needs dpkg-dev and debhelper (and this Makefile's Go and C compiler).
+# make deb-test installs, upgrades and purges them on this machine, in a
+# mount namespace of its own (tests/deb_test.go); as root, for CI.
+DEBDIR      ?= $(BUILDDIR)/deb
+VENDORDIR   ?= $(BUILDDIR)/vendor
+DEB_BASE     = $(shell head -n 1 debian/changelog | cut -d ' ' -f 2 | tr -d '()')
+DEB_VERSION ?= $(DEB_BASE)$(shell TZ=UTC git log -1 --date=format-local:%Y%m%d%H%M%S --format=+git%cd.%h 2>/dev/null)
+DEB_STAGE    = $(DEBDIR)/npurun-$(DEB_VERSION)
+
+deb-vendor: $(VENDORDIR)/modules.txt
+
+$(VENDORDIR)/modules.txt: go.mod go.sum
+	rm -rf $(VENDORDIR)
+	$(GO) mod vendor -o $(VENDORDIR)
+
+deb: $(VENDORDIR)/modules.txt
+	@for t in dpkg-buildpackage dh; do command -v $$t >/dev/null || { echo "make deb needs $$t: apt-get install dpkg-dev debhelper" >&2; exit 1; }; done
+	rm -rf '$(DEB_STAGE)'
+	mkdir -p '$(DEB_STAGE)'
+	if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+		git ls-files -d > '$(DEB_STAGE).deleted' && git ls-files -co --exclude-standard | grep -vxFf '$(DEB_STAGE).deleted'; \
+	else find . -path ./.git -prune -o -path './$(BUILDDIR)' -prune -o -path ./vendor -prune -o \( -type f -o -type l \) -print; \
+	fi | tar -cf - -T - | tar -xf - -C '$(DEB_STAGE)'
+	rm -f '$(DEB_STAGE).deleted'
+	cp -R '$(VENDORDIR)' '$(DEB_STAGE)/vendor'
+	if [ '$(DEB_VERSION)' != '$(DEB_BASE)' ]; then \
+		{ printf 'npurun (%s) unstable; urgency=medium\n\n  * Built by make deb from %s.\n\n -- %s  %s\n\n' '$(DEB_VERSION)' \
+			"$$(git describe --always --dirty 2>/dev/null || echo 'a tree without git')" \
+			"$$(sed -n 's/^Maintainer: //p' debian/control)" "$$(git log -1 --format=%cD 2>/dev/null || date -R)"; \
+			cat debian/changelog; } > '$(DEB_STAGE)/debian/changelog'; \
+	fi
+	cd '$(DEB_STAGE)' && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u MAKEOVERRIDES -u DESTDIR \
+		GO="$$(command -v $(GO))" GOCACHE="$$($(GO) env GOCACHE)" dpkg-buildpackage -b -us -uc
+	rm -rf '$(DEB_STAGE)'
+	@ls -l $(DEBDIR)/*_$(DEB_VERSION)_*.deb
+
+deb-test:
+	$(GO) test -tags debtest -count=1 -v -timeout 60m -run '^TestDebPackages$$' ./tests/

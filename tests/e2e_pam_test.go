@@ -199,6 +199,53 @@ func TestPAMLease(t *testing.T) {
 	})
 }
 
+// TestPAMLeaseServices: one line for every service, as pam-auth-update
+// writes into common-session, with lease_services=: a service it names
+// takes the login lease, any other (sshd, su without -l, a service named
+// only as a prefix of a listed one) marks the session without one.
+func TestPAMLeaseServices(t *testing.T) {
+	dev := newDevTree(t, 2)
+	student := newUser(t)
+	b := StartBroker(t, restrictConf(dev, []testUser{student}, ""))
+	dir := t.TempDir()
+	line := fmt.Sprintf("session required %s socket=%s lease_services=npurun-login,,npurun-su-l\nsession required pam_permit.so\n", pamBins(t).Module, b.Socket)
+	for _, service := range []string{"npurun-login", "npurun-su-l", "npurun-su", "npurun-sshd", "npurun-su-l2"} {
+		if err := os.WriteFile(filepath.Join(dir, service), []byte(line), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		service string
+		lease   bool
+	}{
+		{"npurun-login", true},
+		{"npurun-su-l", true},
+		{"npurun-su", false},
+		{"npurun-sshd", false},
+		{"npurun-su-l2", false},
+	} {
+		t.Run(tc.service, func(t *testing.T) {
+			p := startPAM(t, dir, tc.service, student.Name, "-hold")
+			p.waitLine("held")
+			out := p.Output()
+			env := envOf(out)
+			if !strings.Contains(out, "open ok") {
+				t.Fatalf("open_session:\n%s", out)
+			}
+			_, leased := env["NPURUN_LEASE"]
+			switch {
+			case tc.lease && (!leased || env["NPURUN_DEVICES"] != "0"):
+				t.Errorf("%s is listed in lease_services: want the login lease of npu 0:\n%s", tc.service, out)
+			case !tc.lease && (leased || env["NPURUN_DEVICES"] != "" || len(env) != 3):
+				t.Errorf("%s is not listed in lease_services: want the session marked, devices hidden:\n%s", tc.service, out)
+			}
+			p.stdin.Close()
+			p.mustSucceed()
+			waitFree(t, b, 0)
+		})
+	}
+}
+
 // TestPAMMark: without "lease" (sshd, where PAM cannot tell a shell from a
 // command) a restricted session gets the devices hidden and no lease.
 func TestPAMMark(t *testing.T) {

@@ -7,7 +7,8 @@
  *
  *   ignore  not a restricted account: PAM_IGNORE, nothing changed
  *   hide    no lease: pam_putenv the variables that hide every device
- *   grant   a lease (module argument "lease"): the lock descriptors arrive
+ *   grant   a lease (module argument "lease", or a service named by
+ *           "lease_services="): the lock descriptors arrive
  *           as SCM_RIGHTS; they are kept for the PAM handle's life
  *           (pam_set_data, whose cleanup closes them) and inherited by the
  *           session's processes (NPURUN_LEASE names them), as under npurun
@@ -22,7 +23,9 @@
  *
  * Module arguments: socket=PATH, timeout=SECONDS (default 2, fractions
  * allowed; an on_busy wait the broker announces is added to it), lease,
- * debug. See pam_npurun(8).
+ * lease_services=SERVICE[,SERVICE...] (lease for those PAM services only:
+ * one line in common-session serves sshd, login and su -l), debug. See
+ * pam_npurun(8).
  */
 
 #define _GNU_SOURCE
@@ -79,7 +82,8 @@ static const char *const hidden_env[] = {
 struct options {
 	const char *socket;
 	long timeout_ms;
-	int lease;
+	int lease;                  /* take the login lease: "lease", or PAM_SERVICE in lease_services */
+	const char *lease_services; /* comma-separated PAM services that take it; NULL: none */
 	int debug;
 };
 
@@ -990,6 +994,7 @@ static void parse_args(pam_handle_t *pamh, int argc, const char **argv, struct o
 	o->socket = DEFAULT_SOCKET;
 	o->timeout_ms = 2000;
 	o->lease = 0;
+	o->lease_services = NULL;
 	o->debug = 0;
 	for (int i = 0; i < argc; i++) {
 		if (strncmp(argv[i], "socket=", 7) == 0 && argv[i][7] == '/') {
@@ -1003,11 +1008,31 @@ static void parse_args(pam_handle_t *pamh, int argc, const char **argv, struct o
 				o->timeout_ms = (long)(s * 1000 + 0.5);
 		} else if (strcmp(argv[i], "lease") == 0) {
 			o->lease = 1;
+		} else if (strncmp(argv[i], "lease_services=", 15) == 0) {
+			o->lease_services = argv[i] + 15;
 		} else if (strcmp(argv[i], "debug") == 0) {
 			o->debug = 1;
 		} else {
-			pam_syslog(pamh, LOG_ERR, "unknown argument %s (known: socket=PATH, timeout=SECONDS, lease, debug)", argv[i]);
+			pam_syslog(pamh, LOG_ERR, "unknown argument %s (known: socket=PATH, timeout=SECONDS, lease, lease_services=SERVICE[,SERVICE...], debug)", argv[i]);
 		}
+	}
+}
+
+/* listed tells whether service is one of list's comma-separated names
+ * (whole names: "su" is not "su-l"; empty names match nothing). */
+static int listed(const char *list, const char *service)
+{
+	size_t n = strlen(service);
+	if (list == NULL || n == 0)
+		return 0;
+	for (const char *p = list;;) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		if (len == n && strncmp(p, service, n) == 0)
+			return 1;
+		if (end == NULL)
+			return 0;
+		p = end + 1;
 	}
 }
 
@@ -1130,6 +1155,11 @@ PAM_EXTERN int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc, cons
 	(void)flags;
 
 	parse_args(pamh, argc, argv, &o);
+	if (!o.lease && o.lease_services != NULL) {
+		const void *service = NULL;
+		if (pam_get_item(pamh, PAM_SERVICE, &service) == PAM_SUCCESS && service != NULL)
+			o.lease = listed(o.lease_services, service);
+	}
 	if (pam_get_user(pamh, &user, NULL) != PAM_SUCCESS || user == NULL || user[0] == '\0') {
 		pam_syslog(pamh, LOG_ERR, "no user");
 		return PAM_SESSION_ERR;
