@@ -211,8 +211,8 @@ func BenchmarkUnleased(b *testing.B) {
 	l := manyHolders(20000)
 	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0), cfg: &policy.Config{}}
 	s.led.leases = map[int]*lease{0: l}
-	s.led.nodes = map[uint64]int{7: 0}
-	s.led.seen = map[useKey]*use{}
+	s.led.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
+	s.led.seen, s.led.streaks = map[useKey]*use{}, map[streakKey]*streak{}
 	res := &procscan.Result{At: time.Now(), Files: map[procscan.FileID][]int{}, Nodes: map[uint64][]int{}, Info: map[int]*procscan.Proc{}}
 	ancestors := map[int][]int{}
 	for _, h := range l.holders[0] {
@@ -223,7 +223,7 @@ func BenchmarkUnleased(b *testing.B) {
 	}
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{l.files[0]: true}, Nodes: map[uint64]bool{7: true}}
 	for b.Loop() {
-		if acts := s.unleasedLocked(res, targets, ancestors, nil, nil); len(acts) != 0 || len(s.led.seen) != 0 {
+		if acts := s.unleasedLocked(res, targets, &judgement{ancestors: ancestors}); len(acts) != 0 || len(s.led.seen) != 0 {
 			b.Fatalf("holders taken for unleased use: %d", len(s.led.seen))
 		}
 	}

@@ -14,8 +14,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/npu"
@@ -65,17 +63,17 @@ func (l *lease) fileOf(id int) (procscan.FileID, bool) {
 type ledger struct {
 	leases  map[int]*lease // by device id, while held
 	lastID  uint64
-	scanner *procscan.Scanner // safe for concurrent use
-	usage   *usageLog         // the accounting log
-	nodes   map[uint64]int    // device node rdev -> device id
-	paths   map[int]string    // device id -> its node
-	freed   map[int]time.Time // when a device's last lease ended, for the handoff metric
+	scanner *procscan.Scanner   // safe for concurrent use
+	usage   *usageLog           // the accounting log
+	nodes   map[uint64]npu.Node // the device and control nodes watched, by device number
+	freed   map[int]time.Time   // when a device's last lease ended, for the handoff metric
 
 	// the background scan (scan.go)
 	kick     chan struct{}
 	lastScan *scanInfo
-	seen     map[useKey]*use // device nodes open without a lease, by process and device
-	reported []*use          // those past the grace window, as status shows them
+	seen     map[useKey]*use       // device nodes used without a lease, by process and node
+	streaks  map[streakKey]*streak // how long each account's use of a node has gone on
+	reported []*use                // those past the grace window, as status shows them
 
 	// watchers (status.go)
 	gen     uint64
@@ -101,32 +99,18 @@ func (s *Server) initLedger(stateDir string, held map[int]int) error {
 	led.freed = map[int]time.Time{}
 	led.kick = make(chan struct{}, 1)
 	led.seen = map[useKey]*use{}
-	led.nodes, led.paths = map[uint64]int{}, map[int]string{}
+	led.nodes, led.streaks = map[uint64]npu.Node{}, map[streakKey]*streak{}
 	led.metrics = newMetrics(s)
 	s.listenMetrics()
-	for _, id := range s.inv.IDs {
-		for _, p := range s.inv.Nodes(id) {
-			var st unix.Stat_t
-			if err := unix.Stat(p, &st); err != nil {
-				s.log.Printf("npu %d: device node %s: %v; its unleased use is not watched", id, p, err)
-				continue
-			}
-			if st.Mode&unix.S_IFMT != unix.S_IFCHR {
-				s.log.Printf("npu %d: %s is not a character device; its unleased use is not watched", id, p)
-				continue
-			}
-			led.nodes[st.Rdev] = id
-			led.paths[id] = p
-		}
+	nodes, notes := s.inv.WatchNodes()
+	for _, note := range notes {
+		s.log.Print(note)
 	}
-	// Only links that may name a lock file or a device node are looked at
-	// further: not every /dev/null and terminal of every process.
-	prefixes := []string{canonical(s.locks) + "/"}
-	if stem := nodeStem(s.inv); stem != "" {
-		prefixes = append(prefixes, filepath.Join(canonical(s.inv.DevDir), stem), "/dev/"+stem)
+	for _, nd := range nodes {
+		led.nodes[nd.Number] = nd
 	}
 	var err error
-	if led.scanner, err = procscan.New(s.procRoot(), os.Getpid(), prefixes...); err != nil {
+	if led.scanner, err = procscan.New(s.procRoot(), os.Getpid()); err != nil {
 		return fmt.Errorf("read /proc: %w", err)
 	}
 
@@ -148,27 +132,6 @@ func (s *Server) initLedger(stateDir string, held map[int]int) error {
 	go led.usage.run()
 	go s.scanLoop()
 	return nil
-}
-
-// nodeStem is the name of the vendor's device nodes without the number:
-// "davinci", "nvidia"; "" for a vendor without nodes.
-func nodeStem(inv *npu.Inventory) string {
-	if len(inv.IDs) == 0 {
-		return ""
-	}
-	nodes := inv.Nodes(inv.IDs[0])
-	if len(nodes) == 0 {
-		return ""
-	}
-	return strings.TrimRight(filepath.Base(nodes[0]), "0123456789")
-}
-
-// canonical resolves symbolic links in dir, as /proc's links show paths.
-func canonical(dir string) string {
-	if p, err := filepath.EvalSymlinks(dir); err == nil {
-		return p
-	}
-	return filepath.Clean(dir)
 }
 
 // procRoot is where /proc is read.
@@ -374,10 +337,26 @@ func (s *Server) findHolders(ids []int, held map[int]int, now time.Time) {
 			targets.Files[fid] = true
 		}
 	}
-	res, err := s.led.scanner.Scan(targets)
-	if err != nil {
-		s.log.Printf("find the holders of npu %s: %v", npu.FormatIDs(ids), err)
-		return
+	// A scan reads a bounded share of each user's processes: scan on
+	// until every lock file has a holder, or no process was left unread.
+	res := &procscan.Result{Files: map[procscan.FileID][]int{}, Info: map[int]*procscan.Proc{}}
+	for range maxFindScans {
+		r, err := s.led.scanner.Scan(targets)
+		if err != nil {
+			s.log.Printf("find the holders of npu %s: %v", npu.FormatIDs(ids), err)
+			return
+		}
+		for fid, pids := range r.Files {
+			res.Files[fid] = append(res.Files[fid], pids...)
+		}
+		maps.Copy(res.Info, r.Info)
+		all := true
+		for fid := range targets.Files {
+			all = all && len(res.Files[fid]) > 0
+		}
+		if all || !r.AnyDeferred() {
+			break
+		}
 	}
 	for _, id := range ids {
 		fid, ok := files[id]
@@ -400,6 +379,10 @@ func (s *Server) findHolders(ids []int, held map[int]int, now time.Time) {
 		s.adoptDevice(id, l)
 	}
 }
+
+// maxFindScans bounds the scans findHolders does for the holders of the
+// leases found at start.
+const maxFindScans = 64
 
 // adoptDevice makes held device id part of lease l: counted against its
 // user's max_devices, released through the watcher as any other lease.

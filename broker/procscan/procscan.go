@@ -111,6 +111,10 @@ func (r *Result) Looked(pid int) bool {
 // owner of /proc/PID/fd: see Scan) unread or read in part.
 func (r *Result) Deferred(uid uint32) bool { return r.deferred[uid] }
 
+// AnyDeferred tells whether the scan left any user's processes unread or
+// read in part.
+func (r *Result) AnyDeferred() bool { return len(r.deferred) > 0 }
+
 // Scanner reads one /proc tree. It is safe for concurrent use.
 type Scanner struct {
 	fs   procfs.FS
