@@ -38,12 +38,14 @@ type lease struct {
 	service  string // login sessions: PAM service, tty, remote host
 	tty      string
 	rhost    string
+	claimed  bool // service, tty and rhost are the user's own claim, not root's (the PAM module's)
 	pool     string
 	devices  []int
 	files    []procscan.FileID // lock files, in the order of devices
 	since    time.Time
 	adopted  bool         // held since before this broker's start
 	held     map[int]bool // devices not yet released
+	logged   bool         // its start is in the accounting log; else it is summed (usagelimit.go)
 
 	holders map[int][]*procscan.Proc // per device: who /proc shows holding it, from the last look
 	checked time.Time                // when that look was
@@ -78,6 +80,10 @@ type ledger struct {
 	// watchers (status.go)
 	gen     uint64
 	changed chan struct{} // closed at the next change; nil while nobody waits
+
+	// the accounting log's limit on lease records per user (usagelimit.go)
+	logLimit logLimit
+	sums     usageSums
 
 	refreshMu sync.Mutex // one targeted look at a time
 	refreshed time.Time
@@ -128,8 +134,11 @@ func (s *Server) initLedger(stateDir string, held map[int]int) error {
 	for _, r := range recs {
 		led.lastID = max(led.lastID, r.Lease)
 	}
+	led.logLimit = logLimit{}
+	led.sums = usageSums{}
 	s.adoptLeases(openLeases(recs), held)
 	go led.usage.run()
+	go s.sumLoop()
 	go s.scanLoop()
 	return nil
 }
@@ -157,7 +166,7 @@ func (s *Server) inlineGrantedLocked(c *conn, g Grant, fds []int, login bool) {
 		l.kind = client.KindLogin
 	}
 	if o := c.origin; o != nil {
-		l.service, l.tty, l.rhost = o.Service, o.TTY, o.RHost
+		l.service, l.tty, l.rhost, l.claimed = o.Service, o.TTY, o.RHost, !o.ByRoot
 	}
 	s.leaseStartLocked(l, g.Devices, fds, g.W)
 }
@@ -207,9 +216,12 @@ func (s *Server) leaseStartLocked(l *lease, devices []int, fds []int, w *Waiter)
 			delete(s.led.freed, id)
 		}
 	}
-	rec := l.record("start")
-	rec.WaitedMS = waited.Milliseconds()
-	s.led.usage.add(rec)
+	if s.led.logLimit.allow(l.uid, now) {
+		rec := l.record("start")
+		rec.WaitedMS = waited.Milliseconds()
+		s.led.usage.add(rec)
+		l.logged = true
+	}
 	s.led.refreshed = time.Time{} // the next status looks at the new lease's holders
 	s.changedLocked()
 }
@@ -217,7 +229,7 @@ func (s *Server) leaseStartLocked(l *lease, devices []int, fds []int, w *Waiter)
 // record is l as a line of the accounting log.
 func (l *lease) record(ev string) usageRec {
 	r := usageRec{T: l.since.UnixMilli(), Ev: ev, Lease: l.id, Kind: l.kind, User: l.user, UID: l.uid, Pool: l.pool,
-		Devices: l.devices, Task: l.task, PID: l.pid, PIDStart: l.pidStart, Service: l.service, TTY: l.tty, RHost: l.rhost}
+		Devices: l.devices, Task: l.task, PID: l.pid, PIDStart: l.pidStart, Service: l.service, TTY: l.tty, RHost: l.rhost, Claimed: l.claimed}
 	for _, f := range l.files {
 		r.FSDev = f.Dev
 		r.Inodes = append(r.Inodes, f.Ino)
@@ -237,7 +249,11 @@ func (s *Server) leaseEndLocked(d *device) {
 	delete(s.led.leases, d.id)
 	delete(l.held, d.id)
 	id := d.id
-	s.led.usage.add(usageRec{T: now.UnixMilli(), Ev: "end", Lease: l.id, Device: &id, How: endReleased, DurMS: now.Sub(l.since).Milliseconds()})
+	if l.logged {
+		s.led.usage.add(usageRec{T: now.UnixMilli(), Ev: "end", Lease: l.id, Device: &id, How: endReleased, DurMS: now.Sub(l.since).Milliseconds()})
+	} else {
+		s.led.sums.add(l, now)
+	}
 	s.changedLocked()
 }
 
@@ -248,6 +264,7 @@ func (s *Server) openRecords() []usageRec {
 	defer s.mu.Unlock()
 	var out []usageRec
 	for _, l := range s.uniqueLeasesLocked() {
+		l.logged = true // its end goes to the log now, to close this record
 		r := l.record("open")
 		// Only the devices still held: the others have their ends.
 		r.Devices, r.Inodes = nil, nil
@@ -303,8 +320,8 @@ func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]int) {
 		if l == nil {
 			r := ol.rec
 			l = &lease{id: r.Lease, kind: r.Kind, uid: r.UID, user: r.User, pid: r.PID, pidStart: r.PIDStart, task: r.Task,
-				service: r.Service, tty: r.TTY, rhost: r.RHost, pool: r.Pool, since: time.UnixMilli(r.T),
-				adopted: true, held: map[int]bool{}}
+				service: r.Service, tty: r.TTY, rhost: r.RHost, claimed: r.Claimed, pool: r.Pool, since: time.UnixMilli(r.T),
+				adopted: true, held: map[int]bool{}, logged: true}
 			adopted[r.Lease] = l
 		}
 		l.devices = append(l.devices, id)
@@ -376,6 +393,7 @@ func (s *Server) findHolders(ids []int, held map[int]int, now time.Time) {
 		rec := l.record("start")
 		rec.Found = true
 		s.led.usage.add(rec)
+		l.logged = true
 		s.adoptDevice(id, l)
 	}
 }

@@ -94,6 +94,7 @@ type LeaseInfo struct {
 	Service     string   `json:"service,omitempty"`
 	TTY         string   `json:"tty,omitempty"`
 	RHost       string   `json:"rhost,omitempty"`
+	Claimed     bool     `json:"claimed,omitempty"` // service, tty and rhost are the user's own claim (a session request not made by root), not the PAM module's
 	Devices     []int    `json:"devices"`
 	Since       int64    `json:"since"`             // Unix ms
 	Adopted     bool     `json:"adopted,omitempty"` // held since before the broker's start

@@ -138,6 +138,17 @@ func TestTableUnleasedKinds(t *testing.T) {
 	}
 }
 
+// TestTableClaimedOrigin: a login lease's origin that its user claimed
+// (a session request not made by root) says so where the table shows it.
+func TestTableClaimedOrigin(t *testing.T) {
+	now := time.Now()
+	b := board(now)
+	b.Devices[2].Lease.Claimed = true
+	if got := Table(b, 0, now); !strings.Contains(got, "sshd pts/3 from 10.0.0.5 (as claimed by student)") {
+		t.Errorf("table:\n%s", got)
+	}
+}
+
 // TestTableControls: what users control (command lines, a session's tty
 // and host) reaches the reader's terminal with no control character in it.
 func TestTableControls(t *testing.T) {

@@ -137,7 +137,11 @@ func origin(l *client.LeaseInfo) string {
 	if s == "" {
 		return "login"
 	}
-	return strings.TrimSpace(s)
+	s = strings.TrimSpace(s)
+	if l.Claimed {
+		s += " (as claimed by " + l.User + ")"
+	}
+	return s
 }
 
 func forWhom(w *client.WaiterInfo) string {
