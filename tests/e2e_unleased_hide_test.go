@@ -365,3 +365,20 @@ func TestUnleasedManyDescriptors(t *testing.T) {
 	t.Logf("bob's use reported %s after it began (grace 3s); the last scan took %.1f ms over %d processes",
 		time.UnixMilli(board.Time).Sub(opened).Round(time.Millisecond), board.Scan.TookMS, board.Scan.Procs)
 }
+
+// TestUnleasedExemptRetiredWarns: a configuration written for a broker
+// that exempted programs by name still starts, and both check-config and
+// the broker's start say that unleased_exempt is no longer read, where it
+// is: its meaning does not change silently.
+func TestUnleasedExemptRetiredWarns(t *testing.T) {
+	conf := FakeConfig(1) + "[status]\nunleased_exempt = [\"npu-smi\"]\n"
+	b := StartBroker(t, conf)
+	want := "npurun.conf:5: [status] unleased_exempt: warning: no longer read"
+	if !strings.Contains(b.Log(), want) {
+		t.Errorf("the broker's start log lacks %q:\n%s", want, b.Log())
+	}
+	code, out := exitCode(t, exec.Command(b.Bin.Broker, "check-config", b.Conf))
+	if code != 0 || !strings.Contains(out, want) || !strings.Contains(out, "unleased_exempt_users") {
+		t.Errorf("check-config: exit %d\n%s\nwant 0 and %q, naming unleased_exempt_users", code, out, want)
+	}
+}
