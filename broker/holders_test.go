@@ -229,6 +229,31 @@ func BenchmarkUnleased(b *testing.B) {
 	}
 }
 
+// TestUnleasedAcrossSlowScans: an account's use seen by two scans further
+// apart than the grace window (a busy machine's pacing) has gone on from
+// the first: reported at the second. It used to count as a new use at
+// each scan, and was never reported.
+func TestUnleasedAcrossSlowScans(t *testing.T) {
+	s := &Server{inv: &npu.Inventory{Vendor: npu.Ascend, IDs: []int{0}}, log: log.New(io.Discard, "", 0),
+		cfg: &policy.Config{Status: policy.Status{UnleasedGrace: 3 * time.Second, UnleasedUse: policy.UnleasedReport}}}
+	s.led.leases = map[int]*lease{}
+	s.led.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
+	s.led.seen, s.led.streaks = map[useKey]*use{}, map[streakKey]*streak{}
+	targets := procscan.Targets{Files: map[procscan.FileID]bool{}, Nodes: map[uint64]bool{7: true}}
+	p := &procscan.Proc{PID: 100, PPID: 1, UID: 1000, Start: 5, Cmdline: []string{"python", "x.py"}}
+	t0 := time.Now()
+	for i, at := range []time.Time{t0, t0.Add(5 * time.Second)} {
+		res := &procscan.Result{At: at, Files: map[procscan.FileID][]int{}, Nodes: map[uint64][]int{7: {100}}, Info: map[int]*procscan.Proc{100: p}}
+		s.unleasedLocked(res, targets, &judgement{ancestors: map[int][]int{}, names: map[uint32]string{1000: "alice"}})
+		if got, want := len(s.led.reported), i; got != want {
+			t.Fatalf("scan %d, %s after the first: %d reported, want %d", i+1, at.Sub(t0), got, want)
+		}
+	}
+	if u := s.led.reported[0]; u.pid != 100 || u.dev != 0 || !u.since.Equal(t0) {
+		t.Errorf("report: %+v, want pid 100 on npu 0 since the first scan", u)
+	}
+}
+
 // TestCommandLineWholeRunes: a command line cut for the board ends with
 // a whole character, then "…".
 func TestCommandLineWholeRunes(t *testing.T) {

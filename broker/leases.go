@@ -71,11 +71,12 @@ type ledger struct {
 	freed   map[int]time.Time   // when a device's last lease ended, for the handoff metric
 
 	// the background scan (scan.go)
-	kick     chan struct{}
-	lastScan *scanInfo
-	seen     map[useKey]*use       // device nodes used without a lease, by process and node
-	streaks  map[streakKey]*streak // how long each account's use of a node has gone on
-	reported []*use                // those past the grace window, as status shows them
+	kick       chan struct{}
+	lastScan   *scanInfo
+	seen       map[useKey]*use       // device nodes used without a lease, by process and node
+	streaks    map[streakKey]*streak // how long each account's use of a node has gone on
+	lastJudged time.Time             // the start of the last scan judged
+	reported   []*use                // those past the grace window, as status shows them
 
 	// watchers (status.go)
 	gen     uint64

@@ -31,8 +31,9 @@ import (
 //
 // Use is judged per account, not per process: an account's use of a node
 // is reported once it has gone on for the grace window ([status]
-// unleased_grace), through gaps shorter than the window, whichever of the
-// account's processes had it (a use handed from process to process,
+// unleased_grace), through gaps shorter than the window (and from one
+// scan to the next, however far apart the pacing puts them), whichever of
+// the account's processes had it (a use handed from process to process,
 // each younger than the window, is reported all the same); short-lived
 // tools are not. Each of its processes is then listed, and for a
 // restricted account the policy may have each sent SIGTERM or SIGKILL
@@ -265,6 +266,14 @@ func (s *Server) holdersFromScanLocked(res *procscan.Result, targets procscan.Ta
 func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, j *judgement) []use {
 	st := s.cfg.Status
 	seen := map[useKey]bool{}
+	// An account's use goes on through a gap shorter than the grace
+	// window, and always from one scan to the next, however far apart
+	// the pacing puts them.
+	gap := st.UnleasedGrace
+	if !s.led.lastJudged.IsZero() {
+		gap = max(gap, res.At.Sub(s.led.lastJudged))
+	}
+	s.led.lastJudged = res.At
 	// Whoever holds any lease, for the control nodes; and the accounts
 	// granted one since the scan began, whose control nodes wait for the
 	// next scan.
@@ -317,7 +326,7 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 			seen[k] = true
 			sk := streakKey{uid: pi.UID, node: rdev}
 			sr := s.led.streaks[sk]
-			if sr == nil || res.At.Sub(sr.last) > st.UnleasedGrace {
+			if sr == nil || res.At.Sub(sr.last) > gap {
 				if sr == nil && len(s.led.streaks) >= maxUses {
 					continue
 				}
@@ -373,7 +382,7 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 		}
 	}
 	for k, sr := range s.led.streaks {
-		if res.At.Sub(sr.last) > st.UnleasedGrace {
+		if res.At.Sub(sr.last) > gap {
 			delete(s.led.streaks, k)
 		}
 	}

@@ -90,8 +90,8 @@ func BenchmarkMaps(b *testing.B) {
 	lk := &look{s: s, t: Targets{Files: map[FileID]bool{{Dev: 1, Ino: 1}: true}, Nodes: map[uint64]bool{7: true}},
 		r: s.result(), b: new(buffers), maps: true, left: 1 << 30}
 	lk.mappings(cmd.Process.Pid)
-	if read := 1<<30 - lk.left; read < 2000 {
-		b.Fatalf("%d lines of maps read, want 2,000 and more", read)
+	if lk.lines < 2000 {
+		b.Fatalf("%d lines of maps read, want 2,000 and more", lk.lines)
 	}
 	b.ReportAllocs()
 	for b.Loop() {

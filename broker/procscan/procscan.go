@@ -123,8 +123,9 @@ type Scanner struct {
 	self int // a pid left out of every scan (the broker's own)
 
 	// UserBudget bounds the work of one scan for the processes of one
-	// user, and of one Tree: descriptors stat'ed and lines of maps read.
-	// Set it before the first scan.
+	// user, and of one Tree: descriptors stat'ed, and lines of maps read
+	// (two to one: a line costs about half a stat). Set it before the
+	// first scan.
 	UserBudget int
 
 	mu      sync.Mutex         // one Scan at a time: the fields below are its own
@@ -132,12 +133,12 @@ type Scanner struct {
 	kinds   map[FileID]uint64  // mapped files the scan stat'ed: the rdev of a character device, else 0
 }
 
-// DefaultUserBudget is UserBudget unless set: a few milliseconds of a
-// scan for one user's processes on a machine where a stat costs a
-// microsecond, tens where it costs ten (a virtual machine). A large
-// training job, whose processes have hundreds of descriptors and
-// thousands of mappings each, is read over a few scans.
-const DefaultUserBudget = 4096
+// DefaultUserBudget is UserBudget unless set: some milliseconds of a scan
+// for one user's processes on a machine where a stat costs a microsecond,
+// tens where it costs several (a virtual machine). A large training job,
+// whose processes have hundreds of descriptors and thousands of mappings
+// each, is read over a few scans.
+const DefaultUserBudget = 8192
 
 // maxKinds bounds the mapped files one scan keeps the kind of.
 const maxKinds = 1 << 16

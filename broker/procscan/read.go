@@ -41,6 +41,7 @@ type look struct {
 	b     *buffers
 	maps  bool   // read maps too (Scan)
 	left  int    // work left to the process's user (Scan) or to the Tree
+	lines int    // lines of maps read: every other one is charged to left
 	found []find // what was found in the process being read
 }
 
@@ -207,7 +208,9 @@ func (lk *look) mappings(pid int) {
 			if nl < 0 {
 				break
 			}
-			lk.left--
+			if lk.lines++; lk.lines%2 == 0 {
+				lk.left--
+			}
 			lk.mapping(pid, data[:nl])
 			data = data[nl+1:]
 		}
