@@ -440,6 +440,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	defer stop()
 	s.serveMetrics(ctx)
 	defer s.led.usage.flush(2 * time.Second)
+	defer s.writeSums(time.Time{}) // every lease it knows in the log, before the last flush
 	defer s.letIdleGo(time.Second) // a broker that stops leaves no idle supervisor
 	defer s.disarmTasks()
 	for {

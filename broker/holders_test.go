@@ -141,10 +141,11 @@ func TestCutLookKeepsHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	sh := holdingTree(t, f, n)
-	scanner, err := procscan.New("/proc", os.Getpid(), dir+"/")
+	scanner, err := procscan.New("/proc", os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
+	scanner.UserBudget = 1 << 30 // a full scan reads the n holders at once (and other tests' processes, root's too)
 	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0)}
 	l := &lease{kind: client.KindInline, uid: uint32(os.Getuid()), user: "u", pid: sh.Process.Pid, devices: []int{0},
 		files: []procscan.FileID{fid}, held: map[int]bool{0: true}, since: time.Now()}
@@ -210,8 +211,8 @@ func BenchmarkUnleased(b *testing.B) {
 	l := manyHolders(20000)
 	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0), cfg: &policy.Config{}}
 	s.led.leases = map[int]*lease{0: l}
-	s.led.nodes = map[uint64]int{7: 0}
-	s.led.seen = map[useKey]*use{}
+	s.led.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
+	s.led.seen, s.led.streaks = map[useKey]*use{}, map[streakKey]*streak{}
 	res := &procscan.Result{At: time.Now(), Files: map[procscan.FileID][]int{}, Nodes: map[uint64][]int{}, Info: map[int]*procscan.Proc{}}
 	ancestors := map[int][]int{}
 	for _, h := range l.holders[0] {
@@ -222,9 +223,34 @@ func BenchmarkUnleased(b *testing.B) {
 	}
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{l.files[0]: true}, Nodes: map[uint64]bool{7: true}}
 	for b.Loop() {
-		if acts := s.unleasedLocked(res, targets, ancestors, nil, nil); len(acts) != 0 || len(s.led.seen) != 0 {
+		if acts := s.unleasedLocked(res, targets, &judgement{ancestors: ancestors}); len(acts) != 0 || len(s.led.seen) != 0 {
 			b.Fatalf("holders taken for unleased use: %d", len(s.led.seen))
 		}
+	}
+}
+
+// TestUnleasedAcrossSlowScans: an account's use seen by two scans further
+// apart than the grace window (a busy machine's pacing) has gone on from
+// the first: reported at the second. It used to count as a new use at
+// each scan, and was never reported.
+func TestUnleasedAcrossSlowScans(t *testing.T) {
+	s := &Server{inv: &npu.Inventory{Vendor: npu.Ascend, IDs: []int{0}}, log: log.New(io.Discard, "", 0),
+		cfg: &policy.Config{Status: policy.Status{UnleasedGrace: 3 * time.Second, UnleasedUse: policy.UnleasedReport}}}
+	s.led.leases = map[int]*lease{}
+	s.led.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
+	s.led.seen, s.led.streaks = map[useKey]*use{}, map[streakKey]*streak{}
+	targets := procscan.Targets{Files: map[procscan.FileID]bool{}, Nodes: map[uint64]bool{7: true}}
+	p := &procscan.Proc{PID: 100, PPID: 1, UID: 1000, Start: 5, Cmdline: []string{"python", "x.py"}}
+	t0 := time.Now()
+	for i, at := range []time.Time{t0, t0.Add(5 * time.Second)} {
+		res := &procscan.Result{At: at, Files: map[procscan.FileID][]int{}, Nodes: map[uint64][]int{7: {100}}, Info: map[int]*procscan.Proc{100: p}}
+		s.unleasedLocked(res, targets, &judgement{ancestors: map[int][]int{}, names: map[uint32]string{1000: "alice"}})
+		if got, want := len(s.led.reported), i; got != want {
+			t.Fatalf("scan %d, %s after the first: %d reported, want %d", i+1, at.Sub(t0), got, want)
+		}
+	}
+	if u := s.led.reported[0]; u.pid != 100 || u.dev != 0 || !u.since.Equal(t0) {
+		t.Errorf("report: %+v, want pid 100 on npu 0 since the first scan", u)
 	}
 }
 

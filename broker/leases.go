@@ -14,8 +14,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/npu"
@@ -40,12 +38,14 @@ type lease struct {
 	service  string // login sessions: PAM service, tty, remote host
 	tty      string
 	rhost    string
+	claimed  bool // service, tty and rhost are the user's own claim, not root's (the PAM module's)
 	pool     string
 	devices  []int
 	files    []procscan.FileID // lock files, in the order of devices
 	since    time.Time
 	adopted  bool         // held since before this broker's start
 	held     map[int]bool // devices not yet released
+	logged   bool         // its start is in the accounting log; else it is summed (usagelimit.go)
 
 	holders map[int][]*procscan.Proc // per device: who /proc shows holding it, from the last look
 	checked time.Time                // when that look was
@@ -65,21 +65,26 @@ func (l *lease) fileOf(id int) (procscan.FileID, bool) {
 type ledger struct {
 	leases  map[int]*lease // by device id, while held
 	lastID  uint64
-	scanner *procscan.Scanner // safe for concurrent use
-	usage   *usageLog         // the accounting log
-	nodes   map[uint64]int    // device node rdev -> device id
-	paths   map[int]string    // device id -> its node
-	freed   map[int]time.Time // when a device's last lease ended, for the handoff metric
+	scanner *procscan.Scanner   // safe for concurrent use
+	usage   *usageLog           // the accounting log
+	nodes   map[uint64]npu.Node // the device and control nodes watched, by device number
+	freed   map[int]time.Time   // when a device's last lease ended, for the handoff metric
 
 	// the background scan (scan.go)
-	kick     chan struct{}
-	lastScan *scanInfo
-	seen     map[useKey]*use // device nodes open without a lease, by process and device
-	reported []*use          // those past the grace window, as status shows them
+	kick       chan struct{}
+	lastScan   *scanInfo
+	seen       map[useKey]*use       // device nodes used without a lease, by process and node
+	streaks    map[streakKey]*streak // how long each account's use of a node has gone on
+	lastJudged time.Time             // the start of the last scan judged
+	reported   []*use                // those past the grace window, as status shows them
 
 	// watchers (status.go)
 	gen     uint64
 	changed chan struct{} // closed at the next change; nil while nobody waits
+
+	// the accounting log's limit on lease records per user (usagelimit.go)
+	logLimit logLimit
+	sums     usageSums
 
 	refreshMu sync.Mutex // one targeted look at a time
 	refreshed time.Time
@@ -101,32 +106,18 @@ func (s *Server) initLedger(stateDir string, held map[int]int) error {
 	led.freed = map[int]time.Time{}
 	led.kick = make(chan struct{}, 1)
 	led.seen = map[useKey]*use{}
-	led.nodes, led.paths = map[uint64]int{}, map[int]string{}
+	led.nodes, led.streaks = map[uint64]npu.Node{}, map[streakKey]*streak{}
 	led.metrics = newMetrics(s)
 	s.listenMetrics()
-	for _, id := range s.inv.IDs {
-		for _, p := range s.inv.Nodes(id) {
-			var st unix.Stat_t
-			if err := unix.Stat(p, &st); err != nil {
-				s.log.Printf("npu %d: device node %s: %v; its unleased use is not watched", id, p, err)
-				continue
-			}
-			if st.Mode&unix.S_IFMT != unix.S_IFCHR {
-				s.log.Printf("npu %d: %s is not a character device; its unleased use is not watched", id, p)
-				continue
-			}
-			led.nodes[st.Rdev] = id
-			led.paths[id] = p
-		}
+	nodes, notes := s.inv.WatchNodes()
+	for _, note := range notes {
+		s.log.Print(note)
 	}
-	// Only links that may name a lock file or a device node are looked at
-	// further: not every /dev/null and terminal of every process.
-	prefixes := []string{canonical(s.locks) + "/"}
-	if stem := nodeStem(s.inv); stem != "" {
-		prefixes = append(prefixes, filepath.Join(canonical(s.inv.DevDir), stem), "/dev/"+stem)
+	for _, nd := range nodes {
+		led.nodes[nd.Number] = nd
 	}
 	var err error
-	if led.scanner, err = procscan.New(s.procRoot(), os.Getpid(), prefixes...); err != nil {
+	if led.scanner, err = procscan.New(s.procRoot(), os.Getpid()); err != nil {
 		return fmt.Errorf("read /proc: %w", err)
 	}
 
@@ -144,31 +135,13 @@ func (s *Server) initLedger(stateDir string, held map[int]int) error {
 	for _, r := range recs {
 		led.lastID = max(led.lastID, r.Lease)
 	}
+	led.logLimit = logLimit{}
+	led.sums = usageSums{}
 	s.adoptLeases(openLeases(recs), held)
 	go led.usage.run()
+	go s.sumLoop()
 	go s.scanLoop()
 	return nil
-}
-
-// nodeStem is the name of the vendor's device nodes without the number:
-// "davinci", "nvidia"; "" for a vendor without nodes.
-func nodeStem(inv *npu.Inventory) string {
-	if len(inv.IDs) == 0 {
-		return ""
-	}
-	nodes := inv.Nodes(inv.IDs[0])
-	if len(nodes) == 0 {
-		return ""
-	}
-	return strings.TrimRight(filepath.Base(nodes[0]), "0123456789")
-}
-
-// canonical resolves symbolic links in dir, as /proc's links show paths.
-func canonical(dir string) string {
-	if p, err := filepath.EvalSymlinks(dir); err == nil {
-		return p
-	}
-	return filepath.Clean(dir)
 }
 
 // procRoot is where /proc is read.
@@ -194,7 +167,7 @@ func (s *Server) inlineGrantedLocked(c *conn, g Grant, fds []int, login bool) {
 		l.kind = client.KindLogin
 	}
 	if o := c.origin; o != nil {
-		l.service, l.tty, l.rhost = o.Service, o.TTY, o.RHost
+		l.service, l.tty, l.rhost, l.claimed = o.Service, o.TTY, o.RHost, !o.ByRoot
 	}
 	s.leaseStartLocked(l, g.Devices, fds, g.W)
 }
@@ -244,9 +217,12 @@ func (s *Server) leaseStartLocked(l *lease, devices []int, fds []int, w *Waiter)
 			delete(s.led.freed, id)
 		}
 	}
-	rec := l.record("start")
-	rec.WaitedMS = waited.Milliseconds()
-	s.led.usage.add(rec)
+	if s.led.logLimit.allow(l.uid, now) {
+		rec := l.record("start")
+		rec.WaitedMS = waited.Milliseconds()
+		s.led.usage.add(rec)
+		l.logged = true
+	}
 	s.led.refreshed = time.Time{} // the next status looks at the new lease's holders
 	s.changedLocked()
 }
@@ -254,7 +230,7 @@ func (s *Server) leaseStartLocked(l *lease, devices []int, fds []int, w *Waiter)
 // record is l as a line of the accounting log.
 func (l *lease) record(ev string) usageRec {
 	r := usageRec{T: l.since.UnixMilli(), Ev: ev, Lease: l.id, Kind: l.kind, User: l.user, UID: l.uid, Pool: l.pool,
-		Devices: l.devices, Task: l.task, PID: l.pid, PIDStart: l.pidStart, Service: l.service, TTY: l.tty, RHost: l.rhost}
+		Devices: l.devices, Task: l.task, PID: l.pid, PIDStart: l.pidStart, Service: l.service, TTY: l.tty, RHost: l.rhost, Claimed: l.claimed}
 	for _, f := range l.files {
 		r.FSDev = f.Dev
 		r.Inodes = append(r.Inodes, f.Ino)
@@ -274,7 +250,11 @@ func (s *Server) leaseEndLocked(d *device) {
 	delete(s.led.leases, d.id)
 	delete(l.held, d.id)
 	id := d.id
-	s.led.usage.add(usageRec{T: now.UnixMilli(), Ev: "end", Lease: l.id, Device: &id, How: endReleased, DurMS: now.Sub(l.since).Milliseconds()})
+	if l.logged {
+		s.led.usage.add(usageRec{T: now.UnixMilli(), Ev: "end", Lease: l.id, Device: &id, How: endReleased, DurMS: now.Sub(l.since).Milliseconds()})
+	} else {
+		s.led.sums.add(l, now)
+	}
 	s.changedLocked()
 }
 
@@ -285,6 +265,7 @@ func (s *Server) openRecords() []usageRec {
 	defer s.mu.Unlock()
 	var out []usageRec
 	for _, l := range s.uniqueLeasesLocked() {
+		l.logged = true // its end goes to the log now, to close this record
 		r := l.record("open")
 		// Only the devices still held: the others have their ends.
 		r.Devices, r.Inodes = nil, nil
@@ -340,8 +321,8 @@ func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]int) {
 		if l == nil {
 			r := ol.rec
 			l = &lease{id: r.Lease, kind: r.Kind, uid: r.UID, user: r.User, pid: r.PID, pidStart: r.PIDStart, task: r.Task,
-				service: r.Service, tty: r.TTY, rhost: r.RHost, pool: r.Pool, since: time.UnixMilli(r.T),
-				adopted: true, held: map[int]bool{}}
+				service: r.Service, tty: r.TTY, rhost: r.RHost, claimed: r.Claimed, pool: r.Pool, since: time.UnixMilli(r.T),
+				adopted: true, held: map[int]bool{}, logged: true}
 			adopted[r.Lease] = l
 		}
 		l.devices = append(l.devices, id)
@@ -374,10 +355,26 @@ func (s *Server) findHolders(ids []int, held map[int]int, now time.Time) {
 			targets.Files[fid] = true
 		}
 	}
-	res, err := s.led.scanner.Scan(targets)
-	if err != nil {
-		s.log.Printf("find the holders of npu %s: %v", npu.FormatIDs(ids), err)
-		return
+	// A scan reads a bounded share of each user's processes: scan on
+	// until every lock file has a holder, or no process was left unread.
+	res := &procscan.Result{Files: map[procscan.FileID][]int{}, Info: map[int]*procscan.Proc{}}
+	for range maxFindScans {
+		r, err := s.led.scanner.Scan(targets)
+		if err != nil {
+			s.log.Printf("find the holders of npu %s: %v", npu.FormatIDs(ids), err)
+			return
+		}
+		for fid, pids := range r.Files {
+			res.Files[fid] = append(res.Files[fid], pids...)
+		}
+		maps.Copy(res.Info, r.Info)
+		all := true
+		for fid := range targets.Files {
+			all = all && len(res.Files[fid]) > 0
+		}
+		if all || !r.AnyDeferred() {
+			break
+		}
 	}
 	for _, id := range ids {
 		fid, ok := files[id]
@@ -397,9 +394,14 @@ func (s *Server) findHolders(ids []int, held map[int]int, now time.Time) {
 		rec := l.record("start")
 		rec.Found = true
 		s.led.usage.add(rec)
+		l.logged = true
 		s.adoptDevice(id, l)
 	}
 }
+
+// maxFindScans bounds the scans findHolders does for the holders of the
+// leases found at start.
+const maxFindScans = 64
 
 // adoptDevice makes held device id part of lease l: counted against its
 // user's max_devices, released through the watcher as any other lease.

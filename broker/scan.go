@@ -1,37 +1,59 @@
 package broker
 
 import (
+	"errors"
 	"fmt"
-	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
 
-// The background scan reads every process's descriptors in /proc (a few
-// hundred milliseconds on a busy machine: ~10-60 µs a process), so status
-// never waits for one. It finds the holders of every lease, including a
-// process a descriptor was passed to, and the processes that have a
-// device node open without holding a lease on that device, themselves or
-// through an ancestor ("unleased use"). Such a process is reported once it
-// has been seen for the grace window ([status] unleased_grace), so that
-// short-lived tools are not; for a restricted account the policy may then
-// have it sent SIGTERM or SIGKILL ([status] unleased_use). A lease that
-// has not touched its device yet is never idle, and nothing here takes a
-// lease away: allocation is the truth, usage only a signal.
+// The background scan reads every process's descriptors and maps in
+// /proc (a few hundred milliseconds on a busy machine: ~10-60 µs a
+// process), so status never waits for one. It finds the holders of every
+// lease, including a process a descriptor was passed to, and the
+// processes that use a device node without holding a lease on that
+// device, themselves or through an ancestor ("unleased use"). A node is
+// known by its device number, whatever path a process reached it by (a
+// bind mount in a namespace of its own, a container's /dev), and used
+// whether open at a descriptor or mapped with its descriptor closed. A
+// control node (davinci_manager, nvidiactl, …), which every user of any
+// device opens, is unleased use in a process that holds no lease at all,
+// itself or through an ancestor.
+//
+// Use is judged per account, not per process: an account's use of a node
+// is reported once it has gone on for the grace window ([status]
+// unleased_grace), through gaps shorter than the window (and from one
+// scan to the next, however far apart the pacing puts them), whichever of
+// the account's processes had it (a use handed from process to process,
+// each younger than the window, is reported all the same); short-lived
+// tools are not. Each of its processes is then listed, and for a
+// restricted account the policy may have each sent SIGTERM or SIGKILL
+// ([status] unleased_use), as the account itself would send it: its uid
+// is read again just before, and a process that has become another
+// user's (through a set-user-ID program) is left alone. Accounts of
+// unleased_exempt_users and unleased_exempt_groups (root by default) are
+// never reported. A lease that has not touched its device yet is never
+// idle, and nothing here takes a lease away: allocation is the truth,
+// usage only a signal.
 //
 // Its CPU share is bounded: a scan starts at most every scan_interval, and
 // never sooner after the last one than 59 times the CPU time that one
 // took: the scan's own thread stays within 1/60 of one core whatever the
 // number of processes, which leaves the broker's whole share within 2%
 // with what the scan costs elsewhere (its garbage, mostly). On a busy
-// machine its wall time is longer, not its share.
+// machine its wall time is longer, not its share; and one user's work in
+// a scan is bounded (procscan's UserBudget), so that a user with a great
+// many descriptors delays the finding of that user's own use, not
+// everyone's.
 // Status asks for a scan sooner (a kick) when it finds a lease whose known
 // holders are all gone; the bound holds for those too.
 
@@ -46,24 +68,50 @@ type scanInfo struct {
 	procs int
 }
 
-// useKey names one process's unleased use of one device.
+// useKey names one process's unleased use of one node.
 type useKey struct {
 	pid   int
 	start uint64
-	dev   int
+	node  uint64 // the node's device number
 }
 
-// use is a device node open without a lease.
+// use is a device node used without a lease by one process.
 type use struct {
 	useKey
-	uid        uint32
+	dev        int    // the device whose node it is; npu.ControlNode for a control node
+	path       string // the node
+	uid        uint32 // the process's effective uid when last seen
 	user       string
 	command    string
-	since      time.Time // first seen
+	mapped     bool      // mapped, no descriptor open
+	since      time.Time // when its account's use of the node began
 	reported   bool      // past the grace window
 	restricted bool
 	action     string // policy.UnleasedReport, UnleasedTerm, UnleasedKill
-	acted      bool   // the action was logged
+	now        bool   // seen by the last scan (not only kept from an earlier one)
+}
+
+// streakKey names one account's unleased use of one node.
+type streakKey struct {
+	uid  uint32
+	node uint64
+}
+
+// streak is how long an account's unleased use of a node has gone on:
+// seen first and last, through gaps shorter than the grace window.
+type streak struct {
+	first, last time.Time
+	logged      bool // its report is in the log: the account's later processes are not logged again, unless signalled
+}
+
+// judgement is what scanOnce reads, outside the lock, for judging the
+// users of nodes: their ancestors, and which accounts are restricted,
+// exempt, and their names.
+type judgement struct {
+	ancestors  map[int][]int
+	restricted map[uint32]bool
+	exempt     map[uint32]bool
+	names      map[uint32]string
 }
 
 // kickScan asks for a scan as soon as the CPU budget allows.
@@ -115,7 +163,7 @@ func threadCPU() time.Duration {
 }
 
 // scanOnce scans /proc for the holders of every lease and for device
-// nodes open without a lease, then acts on what it found.
+// nodes used without a lease, then acts on what it found.
 func (s *Server) scanOnce() {
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{}, Nodes: map[uint64]bool{}}
 	s.mu.Lock()
@@ -136,35 +184,33 @@ func (s *Server) scanOnce() {
 		return
 	}
 	// What the judgement needs from /proc and the user database, read
-	// outside the lock: the ancestors of each user of a node, and whether
-	// its account is restricted.
-	ancestors := map[int][]int{}
-	restricted := map[uint32]bool{}
+	// outside the lock: the ancestors of each user of a node, and its
+	// account.
+	j := &judgement{ancestors: map[int][]int{}, restricted: map[uint32]bool{}, exempt: map[uint32]bool{}, names: map[uint32]string{}}
 	for _, pids := range res.Nodes {
 		for _, pid := range pids {
-			if _, done := ancestors[pid]; !done {
-				ancestors[pid] = s.led.scanner.Ancestors(res, pid)
+			if _, done := j.ancestors[pid]; !done {
+				j.ancestors[pid] = s.led.scanner.Ancestors(res, pid)
 			}
 			if pi := res.Info[pid]; pi != nil {
-				if _, done := restricted[pi.UID]; !done {
-					restricted[pi.UID] = s.restrictedAccount(pi.UID)
+				if _, done := j.restricted[pi.UID]; !done {
+					j.restricted[pi.UID], j.exempt[pi.UID] = s.unleasedAccount(pi.UID)
 				}
 			}
 		}
 	}
-	names := map[uint32]string{}
 	for _, pi := range res.Info {
 		if pi != nil {
-			if _, done := names[pi.UID]; !done {
-				names[pi.UID] = s.led.names.name(pi.UID)
+			if _, done := j.names[pi.UID]; !done {
+				j.names[pi.UID] = s.led.names.name(pi.UID)
 			}
 		}
 	}
 	s.mu.Lock()
 	s.led.lastScan = &scanInfo{at: res.At, took: res.Took, procs: res.Procs}
 	s.led.metrics.scanned(res)
-	s.holdersFromScanLocked(res, targets, names)
-	acts := s.unleasedLocked(res, targets, ancestors, restricted, names)
+	s.holdersFromScanLocked(res, targets, j.names)
+	acts := s.unleasedLocked(res, targets, j)
 	s.changedLocked() // the board tells when the last scan was, if nothing else
 	s.mu.Unlock()
 	for _, u := range acts {
@@ -172,13 +218,19 @@ func (s *Server) scanOnce() {
 		if u.action == policy.UnleasedKill {
 			sig = unix.SIGKILL
 		}
-		if err := s.led.scanner.Signal(u.pid, u.start, sig); err != nil {
-			s.log.Printf("npu %d: pid %d (%s): %s: %v", u.dev, u.pid, u.user, unix.SignalName(sig), err)
+		err := s.led.scanner.SignalAs(u.pid, u.start, u.uid, sig)
+		switch {
+		case errors.Is(err, procscan.ErrNotTheirs):
+			s.log.Printf("%spid %d, %s's until now, %v: not sent %s", useSubject(&u), u.pid, u.user, err, unix.SignalName(sig))
+		case err != nil:
+			s.log.Printf("%spid %d (%s): %s: %v", useSubject(&u), u.pid, u.user, unix.SignalName(sig), err)
 		}
 	}
 }
 
-// holdersFromScanLocked takes each lease's holders from a full scan.
+// holdersFromScanLocked takes each lease's holders from a full scan. A
+// holder the scan did not read to the end (its user's work was cut
+// short) stays until a scan does.
 func (s *Server) holdersFromScanLocked(res *procscan.Result, targets procscan.Targets, names map[uint32]string) {
 	for _, l := range s.uniqueLeasesLocked() {
 		found := map[int][]*procscan.Proc{}
@@ -196,6 +248,11 @@ func (s *Server) holdersFromScanLocked(res *procscan.Result, targets procscan.Ta
 					found[id] = append(found[id], pi)
 				}
 			}
+			for _, h := range l.holders[id] {
+				if !res.Looked(h.PID) && !slices.ContainsFunc(found[id], func(p *procscan.Proc) bool { return p.PID == h.PID }) {
+					found[id] = append(found[id], h)
+				}
+			}
 		}
 		if scanned {
 			s.setHoldersLocked(l, found, res.At, names)
@@ -203,21 +260,52 @@ func (s *Server) holdersFromScanLocked(res *procscan.Result, targets procscan.Ta
 	}
 }
 
-// unleasedLocked judges the device nodes open in res: it keeps the uses
-// seen, reports those past the grace window, and returns those the policy
-// acts on now.
-func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, ancestors map[int][]int, restricted map[uint32]bool, names map[uint32]string) []use {
+// unleasedLocked judges the device nodes used in res: it keeps the uses
+// seen and their accounts' streaks, reports those past the grace window,
+// and returns those the policy acts on now.
+func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, j *judgement) []use {
 	st := s.cfg.Status
 	seen := map[useKey]bool{}
+	// An account's use goes on through a gap shorter than the grace
+	// window, and always from one scan to the next, however far apart
+	// the pacing puts them.
+	gap := st.UnleasedGrace
+	if !s.led.lastJudged.IsZero() {
+		gap = max(gap, res.At.Sub(s.led.lastJudged))
+	}
+	s.led.lastJudged = res.At
+	// Whoever holds any lease, for the control nodes; and the accounts
+	// granted one since the scan began, whose control nodes wait for the
+	// next scan.
+	var anyLease map[int]bool
+	fresh := map[uint32]bool{}
+	for _, l := range s.uniqueLeasesLocked() {
+		for i, id := range l.devices {
+			if l.held[id] && !targets.Files[l.files[i]] {
+				fresh[l.uid] = true
+			}
+		}
+	}
 	var acts []use
 	for rdev, pids := range res.Nodes {
-		dev, ok := s.led.nodes[rdev]
+		nd, ok := s.led.nodes[rdev]
 		if !ok {
 			continue
 		}
 		var holders map[int]bool
-		if l := s.led.leases[dev]; l != nil {
-			fid, _ := l.fileOf(dev)
+		switch l := s.led.leases[nd.Device]; {
+		case nd.Control:
+			if anyLease == nil {
+				anyLease = map[int]bool{}
+				for fid := range targets.Files {
+					for _, pid := range res.Files[fid] {
+						anyLease[pid] = true
+					}
+				}
+			}
+			holders = anyLease
+		case l != nil:
+			fid, _ := l.fileOf(nd.Device)
 			if !targets.Files[fid] {
 				continue // leased after the scan began: judged next time
 			}
@@ -228,39 +316,74 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 		}
 		for _, pid := range pids {
 			pi := res.Info[pid]
-			if pi == nil || exempt(pi, st.UnleasedExempt) {
+			if pi == nil || j.exempt[pi.UID] || nd.Control && fresh[pi.UID] {
 				continue
 			}
-			if holders[pid] || slices.ContainsFunc(ancestors[pid], func(a int) bool { return holders[a] }) {
+			if holders[pid] || slices.ContainsFunc(j.ancestors[pid], func(a int) bool { return holders[a] }) {
 				continue
 			}
-			k := useKey{pid: pid, start: pi.Start, dev: dev}
+			k := useKey{pid: pid, start: pi.Start, node: rdev}
 			seen[k] = true
-			u := s.led.seen[k]
-			if u == nil {
-				if len(s.led.seen) >= maxUses {
+			sk := streakKey{uid: pi.UID, node: rdev}
+			sr := s.led.streaks[sk]
+			if sr == nil || res.At.Sub(sr.last) > gap {
+				if sr == nil && len(s.led.streaks) >= maxUses {
 					continue
 				}
-				u = &use{useKey: k, uid: pi.UID, user: names[pi.UID], command: commandLine(pi), since: res.At,
-					restricted: restricted[pi.UID], action: policy.UnleasedReport}
+				sr = &streak{first: res.At}
+				s.led.streaks[sk] = sr
+			}
+			sr.last = res.At
+			u := s.led.seen[k]
+			if u == nil || u.uid != pi.UID {
+				// New, or its process became another user's: judged as
+				// that user's from here.
+				if u == nil && len(s.led.seen) >= maxUses {
+					continue
+				}
+				u = &use{useKey: k, dev: nd.Device, path: nd.Path, uid: pi.UID, user: j.names[pi.UID], command: commandLine(pi),
+					restricted: j.restricted[pi.UID], action: policy.UnleasedReport}
 				s.led.seen[k] = u
 			}
-			if !u.reported && res.At.Sub(u.since) >= st.UnleasedGrace {
+			u.since, u.now = sr.first, true
+			u.mapped = slices.Contains(res.Mapped[rdev], pid)
+			if !u.reported && res.At.Sub(sr.first) >= st.UnleasedGrace {
 				u.reported = true
 				if u.restricted {
 					u.action = st.UnleasedUse
 				}
-				s.log.Printf("npu %d: pid %d (%s: %s) has %s open without a lease, seen for %s%s",
-					dev, pid, u.user, u.command, s.led.paths[dev], res.At.Sub(u.since).Round(time.Second), actionNote(u))
+				how := "open"
+				if u.mapped {
+					how = "mapped (its descriptor closed)"
+				}
+				if !sr.logged || u.action != policy.UnleasedReport {
+					sr.logged = true
+					s.log.Printf("%spid %d (%s: %s) has %s %s without a lease%s, %s's use of it seen for %s%s",
+						useSubject(u), pid, u.user, u.command, nd.Path, how, controlNote(nd), u.user, res.At.Sub(sr.first).Round(time.Second), actionNote(u))
+				}
 			}
 			if u.reported && u.action != policy.UnleasedReport {
 				acts = append(acts, *u)
 			}
 		}
 	}
-	for k := range s.led.seen {
-		if !seen[k] {
+	for k, u := range s.led.seen {
+		switch {
+		case seen[k]:
+		case !res.Looked(k.pid):
+			// Not read to the end (its user's work was cut short): kept,
+			// and its account's use goes on, until a scan that reads it.
+			u.now = false
+			if sr := s.led.streaks[streakKey{uid: u.uid, node: k.node}]; sr != nil {
+				sr.last = res.At
+			}
+		default:
 			delete(s.led.seen, k) // gone, or closed
+		}
+	}
+	for k, sr := range s.led.streaks {
+		if res.At.Sub(sr.last) > gap {
+			delete(s.led.streaks, k)
 		}
 	}
 	s.led.reported = s.led.reported[:0]
@@ -273,13 +396,32 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 		if a.dev != b.dev {
 			return a.dev - b.dev
 		}
+		if a.path != b.path {
+			return strings.Compare(a.path, b.path)
+		}
 		return a.pid - b.pid
 	})
 	return acts
 }
 
-// maxUses bounds the unleased uses the broker keeps track of.
+// maxUses bounds the unleased uses, and the accounts' streaks, the broker
+// keeps track of.
 const maxUses = 4096
+
+// useSubject begins a log line about u: the device's.
+func useSubject(u *use) string {
+	if u.dev == npu.ControlNode {
+		return ""
+	}
+	return fmt.Sprintf("npu %d: ", u.dev)
+}
+
+func controlNote(nd npu.Node) string {
+	if nd.Control {
+		return " (a control node, and it holds no lease at all)"
+	}
+	return ""
+}
 
 func actionNote(u *use) string {
 	switch u.action {
@@ -291,40 +433,31 @@ func actionNote(u *use) string {
 	return ""
 }
 
-// exempt tells whether the process is one of the programs never reported:
-// a name matches the executable's base name or the command's name, a path
-// the executable.
-func exempt(pi *procscan.Proc, programs []string) bool {
-	for _, p := range programs {
-		switch {
-		case filepath.IsAbs(p):
-			if pi.Exe == p {
-				return true
-			}
-		case pi.Exe != "" && filepath.Base(pi.Exe) == p:
-			return true
-		case pi.Comm == p || len(p) > 15 && pi.Comm == p[:15]:
-			return true
-		}
-	}
-	return false
-}
-
-// restrictedAccount tells whether uid is a restricted account
-// ([restrict]), looking the account up if need be: unleased_use acts on
-// those only. Root never is.
-func (s *Server) restrictedAccount(uid uint32) bool {
+// unleasedAccount tells whether uid is a restricted account ([restrict]:
+// unleased_use acts on those only; root never is) and whether it is exempt
+// ([status] unleased_exempt_users, unleased_exempt_groups), looking the
+// account up if need be. An account the user database does not know is
+// neither, unless its number is root's.
+func (s *Server) unleasedAccount(uid uint32) (restricted, exempt bool) {
 	if uid == 0 {
-		return false
+		return false, s.cfg.Status.Exempt("root", nil)
 	}
 	acct := s.users.lookup(uid)
-	return acct.known && s.cfg.Restricted(acct.name, acct.groups)
+	if !acct.known {
+		return false, false
+	}
+	return s.cfg.Restricted(acct.name, acct.groups), s.cfg.Status.Exempt(acct.name, acct.groups)
 }
 
 // unleasedInfo is u as the board shows it.
 func (s *Server) unleasedInfo(u *use, showCommand bool) client.Unleased {
-	out := client.Unleased{Device: u.dev, Name: s.deviceName(u.dev), Node: s.led.paths[u.dev], PID: u.pid, User: u.user, UID: u.uid,
-		Since: u.since.UnixMilli(), Restricted: u.restricted, Action: u.action}
+	out := client.Unleased{Device: u.dev, Node: u.path, PID: u.pid, User: u.user, UID: u.uid,
+		Since: u.since.UnixMilli(), Restricted: u.restricted, Action: u.action, Mapped: u.mapped}
+	if u.dev == npu.ControlNode {
+		out.Control = true
+	} else {
+		out.Name = s.deviceName(u.dev)
+	}
 	if showCommand {
 		out.Command = u.command
 	}

@@ -229,7 +229,7 @@ func (s *Server) deviceName(id int) string {
 
 func (s *Server) leaseInfo(l *lease, id int, show func(uint32) bool) *client.LeaseInfo {
 	li := &client.LeaseInfo{ID: l.id, Kind: l.kind, User: l.user, UID: l.uid, PID: l.pid, Task: l.task,
-		Service: l.service, TTY: l.tty, RHost: l.rhost, Devices: l.devices, Since: l.since.UnixMilli(), Adopted: l.adopted}
+		Service: l.service, TTY: l.tty, RHost: l.rhost, Claimed: l.claimed, Devices: l.devices, Since: l.since.UnixMilli(), Adopted: l.adopted}
 	li.Holders, li.MoreHolders = s.holdersInfo(l, id, show)
 	if !l.checked.IsZero() {
 		li.Checked = l.checked.UnixMilli()
@@ -301,7 +301,7 @@ func (s *Server) usageOp(c *conn, q *client.UsageQuery) bool {
 	}
 	usageReads <- struct{}{}
 	s.led.usage.flush(time.Second)
-	files, cut, err := s.led.usage.readAll()
+	files, cut, oldest, err := s.led.usage.readSince(time.UnixMilli(q.SinceMS))
 	<-usageReads
 	if err != nil {
 		s.mu.Lock()
@@ -314,11 +314,15 @@ func (s *Server) usageOp(c *conn, q *client.UsageQuery) bool {
 	for _, l := range s.led.leases {
 		live[l.id] = true
 	}
+	// Leases past their user's rate that ended lately are not in the log
+	// yet: counted all the same.
+	files = append(files, s.led.sums.pending())
 	s.mu.Unlock()
 	rep := sumUsage(files, time.UnixMilli(q.SinceMS), now, q.User, func(id uint64) bool { return live[id] })
 	rep.Dropped = s.led.usage.dropped.Load()
-	if !cut {
-		rep.Oldest = 0
+	rep.Oldest = 0
+	if cut {
+		rep.Oldest = oldest
 	}
 	return c.sendUsage(rep) == nil
 }

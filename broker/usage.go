@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -74,6 +75,7 @@ type usageRec struct {
 	Service  string   `json:"service,omitempty"`
 	TTY      string   `json:"tty,omitempty"`
 	RHost    string   `json:"rhost,omitempty"`
+	Claimed  bool     `json:"claimed,omitempty"` // service, tty and rhost are the user's own claim (a session request not made by root)
 	WaitedMS int64    `json:"waited_ms,omitempty"`
 	Found    bool     `json:"found,omitempty"` // found held at a broker's start with no record: T is when found
 
@@ -81,6 +83,13 @@ type usageRec struct {
 	Device *int   `json:"device,omitempty"`
 	How    string `json:"how,omitempty"`
 	DurMS  int64  `json:"dur_ms,omitempty"`
+
+	// sum (Lease 0; Kind, User, UID, Pool as a start's): leases of one
+	// user, kind and pool past the user's rate, that ended between From
+	// and T, and the device time they took (usagelimit.go)
+	From   int64 `json:"from,omitempty"`
+	Leases int   `json:"leases,omitempty"`
+	DevMS  int64 `json:"dev_ms,omitempty"`
 }
 
 // usageLog writes the accounting log.
@@ -94,6 +103,10 @@ type usageLog struct {
 	ch      chan usageRec
 	flushCh chan chan struct{}
 	dropped atomic.Int64
+
+	// readers': what the first and last lines of each rotated file say
+	spanMu sync.Mutex
+	spans  map[string]spanEntry
 
 	// the writer's own
 	f       *os.File
@@ -314,7 +327,7 @@ func readUsage(path string) ([]usageRec, error) {
 		}
 		if len(bytes.TrimSpace(line)) > 0 && len(line) <= maxUsageLine {
 			var rec usageRec
-			if json.Unmarshal(line, &rec) == nil && rec.Lease != 0 {
+			if json.Unmarshal(line, &rec) == nil && (rec.Lease != 0 || rec.Ev == "sum") {
 				recs = append(recs, rec)
 			}
 		}
@@ -362,12 +375,14 @@ type openLease struct {
 // sumUsage adds up device time from since to until per user, kind and
 // pool, from the records of the log's files, oldest first. A device of a
 // lease with no end counts until until if the lease is live, else not at
-// all (its end was lost).
+// all (its end was lost). Sum records (usagelimit.go) count their leases
+// and the part of their device time within since to until.
 func sumUsage(files [][]usageRec, since, until time.Time, user string, live func(uint64) bool) *client.UsageReport {
 	type key struct{ user, kind, pool string }
 	starts := map[uint64]usageRec{}
 	var order []uint64
 	ends := map[uint64]map[int]int64{}
+	var sums []usageRec
 	rep := &client.UsageReport{Since: since.UnixMilli(), Until: until.UnixMilli()}
 	for _, recs := range files {
 		for _, r := range recs {
@@ -387,11 +402,22 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 					}
 					ends[r.Lease][*r.Device] = r.T
 				}
+			case "sum":
+				sums = append(sums, r)
 			}
 		}
 	}
 	rows := map[key]*client.UsageRow{}
 	var keys []key
+	rowOf := func(k key) *client.UsageRow {
+		row := rows[k]
+		if row == nil {
+			row = &client.UsageRow{User: k.user, Kind: k.kind, Pool: k.pool}
+			rows[k] = row
+			keys = append(keys, k)
+		}
+		return row
+	}
 	lo, hi := since.UnixMilli(), until.UnixMilli()
 	for _, id := range order {
 		st := starts[id]
@@ -420,18 +446,19 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 		if !counted {
 			continue
 		}
-		k := key{st.User, st.Kind, st.Pool}
-		if k.kind == client.KindHeld {
-			k.kind = "held"
-		}
-		row := rows[k]
-		if row == nil {
-			row = &client.UsageRow{User: k.user, Kind: k.kind, Pool: k.pool}
-			rows[k] = row
-			keys = append(keys, k)
-		}
+		row := rowOf(key{st.User, sumKind(st.Kind), st.Pool})
 		row.Leases++
 		row.DeviceSeconds += float64(ms) / 1000
+	}
+	for _, r := range sums {
+		if user != "" && r.User != user {
+			continue
+		}
+		if n, ms := usageSum(r, lo, hi); n > 0 || ms > 0 {
+			row := rowOf(key{r.User, sumKind(r.Kind), r.Pool})
+			row.Leases += n
+			row.DeviceSeconds += ms / 1000
+		}
 	}
 	slices.SortFunc(keys, func(a, b key) int {
 		if c := rows[b].DeviceSeconds - rows[a].DeviceSeconds; c != 0 {
@@ -470,17 +497,151 @@ func usagePath(configured, stateDir string) string {
 // older than these were dropped by a rotation: the oldest file kept is
 // there, or (keeping none) the current file starts with "open" records.
 func (u *usageLog) readAll() (files [][]usageRec, cut bool, err error) {
+	files, cut, _, err = u.readSince(time.Time{})
+	return files, cut, err
+}
+
+// spanSlack is how much older than since a rotated file's newest record
+// must be for readSince to leave the file out: records are written in
+// the order of their times, give or take a clock's step.
+const spanSlack = time.Hour
+
+// readSince is readAll for a sum from since on: a rotated file whose
+// newest record is older than that (by spanSlack) adds nothing to the sum
+// (the leases still open when it was rotated are carried into the next
+// file as "open" records) and is not read, only the first and last lines
+// of it, once. oldest is the time of the oldest record of the files, read
+// or not ("open" records aside).
+func (u *usageLog) readSince(since time.Time) (files [][]usageRec, cut bool, oldest int64, err error) {
 	for i := u.keep; i >= 0; i-- {
-		recs, err := readUsage(rotated(u.path, i))
+		path := rotated(u.path, i)
+		if i > 0 && !since.IsZero() {
+			sp, ok, err := u.spanOf(path)
+			if err != nil {
+				return nil, false, 0, err
+			}
+			if ok && sp.last < since.Add(-spanSlack).UnixMilli() {
+				if sp.size > 0 {
+					if i == u.keep {
+						cut = true
+					}
+					if sp.first != 0 && (oldest == 0 || sp.first < oldest) {
+						oldest = sp.first
+					}
+				}
+				continue
+			}
+		}
+		recs, err := readUsage(path)
 		if err != nil {
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		if len(recs) > 0 {
 			if i == u.keep && (i > 0 || recs[0].Ev == "open") {
 				cut = true
 			}
+			for _, r := range recs {
+				if r.Ev != "open" && (oldest == 0 || r.T < oldest) {
+					oldest = r.T
+				}
+			}
 			files = append(files, recs)
 		}
 	}
-	return files, cut, nil
+	return files, cut, oldest, nil
+}
+
+// span is what the index knows of a rotated file: the times of its oldest
+// record ("open" records aside) and its newest, 0 where none was found.
+type span struct {
+	first, last int64
+	size        int64
+}
+
+// spanKey names one version of a file: a rotated file does not change,
+// and one that does (renamed over) has another inode or size.
+type spanKey struct {
+	ino, size uint64
+	mtime     int64
+}
+
+// spanOf returns the span of the rotated file at path, from the index or
+// from its first and last lines; ok is false where they do not tell (the
+// file must be read). A missing file has an empty span.
+func (u *usageLog) spanOf(path string) (sp span, ok bool, err error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return span{}, true, nil
+	}
+	if err != nil {
+		return span{}, false, err
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return span{}, false, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return span{}, false, nil
+	}
+	k := spanKey{ino: st.Ino, size: uint64(st.Size), mtime: st.Mtim.Nano()}
+	u.spanMu.Lock()
+	cached, hit := u.spans[path]
+	u.spanMu.Unlock()
+	if hit && cached.key == k {
+		return cached.span, cached.ok, nil
+	}
+	sp, ok = readSpan(f, st.Size)
+	u.spanMu.Lock()
+	if u.spans == nil {
+		u.spans = map[string]spanEntry{}
+	}
+	u.spans[path] = spanEntry{key: k, span: sp, ok: ok}
+	u.spanMu.Unlock()
+	return sp, ok, nil
+}
+
+// spanEntry is the index's entry of one file.
+type spanEntry struct {
+	key  spanKey
+	span span
+	ok   bool
+}
+
+// spanRead is how much of each end of a file readSpan reads.
+const spanRead = 64 << 10
+
+// readSpan reads the first records of f (of size bytes) up to one that is
+// not "open", and the last ones, for their times.
+func readSpan(f *os.File, size int64) (span, bool) {
+	sp := span{size: size}
+	if size == 0 {
+		return sp, true
+	}
+	head := make([]byte, min(size, spanRead))
+	if _, err := f.ReadAt(head, 0); err != nil {
+		return sp, false
+	}
+	for _, line := range bytes.Split(head, []byte{'\n'}) {
+		var r usageRec
+		if json.Unmarshal(line, &r) == nil && r.Ev != "" && r.Ev != "open" {
+			sp.first = r.T
+			break
+		}
+	}
+	tail := make([]byte, min(size, spanRead))
+	if _, err := f.ReadAt(tail, size-int64(len(tail))); err != nil {
+		return sp, false
+	}
+	lines := bytes.Split(tail, []byte{'\n'})
+	if int64(len(tail)) < size {
+		lines = lines[1:] // the first may be cut
+	}
+	for _, line := range lines {
+		var r usageRec
+		if json.Unmarshal(line, &r) == nil && r.Ev != "" {
+			sp.last = max(sp.last, r.T)
+		}
+	}
+	return sp, sp.last != 0
 }

@@ -3,6 +3,7 @@ package broker
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"log"
 	"os"
 	"path/filepath"
@@ -207,5 +208,88 @@ func TestUsageLogDropsAndRecovers(t *testing.T) {
 	}
 	if recs, err := readUsage(path); err != nil || len(recs) != 1 || recs[0].Lease != 9 {
 		t.Errorf("log after recovery: %+v, %v", recs, err)
+	}
+}
+
+// TestUsageSums: sum records count their leases, and their device time in
+// proportion to the part of their span within the window; another user's
+// are left out when one user's are asked for.
+func TestUsageSums(t *testing.T) {
+	recs := []usageRec{
+		{T: 2000, Ev: "sum", User: "alice", Kind: client.KindLogin, Pool: "default", From: 1000, Leases: 300, DevMS: 600},
+		{T: 9000, Ev: "sum", User: "bob", Kind: client.KindLogin, Pool: "default", From: 9000, Leases: 2, DevMS: 10},
+		startRec(1, 1000, "alice", client.KindLogin, 0),
+		endRec(1, 3000, 0),
+	}
+	rep := sumUsage([][]usageRec{recs}, time.UnixMilli(1500), time.UnixMilli(10000), "alice", func(uint64) bool { return false })
+	if len(rep.Rows) != 1 || rep.Rows[0].Leases != 301 || rep.Rows[0].DeviceSeconds != 1.5+0.3 {
+		t.Errorf("alice from 1.5 s: %+v, want 301 leases, 1.8 s (1.5 of the lease, half the sum's 0.6)", rep.Rows)
+	}
+	rep = sumUsage([][]usageRec{recs}, time.UnixMilli(0), time.UnixMilli(10000), "", func(uint64) bool { return false })
+	if len(rep.Rows) != 2 || rep.Rows[0].User != "alice" || rep.Rows[0].Leases != 301 || rep.Rows[1].Leases != 2 || rep.Rows[1].DeviceSeconds != 0.01 {
+		t.Errorf("everyone: %+v", rep.Rows)
+	}
+}
+
+// TestLogLimit: a user's leases are logged on their own 60 at once, then
+// one every 6 s; another user's allowance is whole.
+func TestLogLimit(t *testing.T) {
+	ll := logLimit{}
+	now := time.Now()
+	n := 0
+	for range 100 {
+		if ll.allow(1, now) {
+			n++
+		}
+	}
+	if n != logBurst || !ll.allow(2, now) {
+		t.Errorf("%d of 100 at once logged, want %d; another user's refused", n, logBurst)
+	}
+	if ll.allow(1, now.Add(logRefill/2)) || !ll.allow(1, now.Add(logRefill)) || ll.allow(1, now.Add(logRefill)) {
+		t.Error("the allowance does not come back at one every logRefill")
+	}
+	ll.prune(now.Add((logBurst + 1) * logRefill))
+	if len(ll) != 0 {
+		t.Errorf("after a whole refill: %d users kept", len(ll))
+	}
+}
+
+// TestReadSinceSkipsOld: a rotated file whose first and last lines are
+// older than the start asked for (by the slack) is not read (a line in
+// its middle, in the window, which no real log has, would count if it
+// were), and the oldest time is its first line's all the same; asked for
+// everything, it is read.
+func TestReadSinceSkipsOld(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "usage.log")
+	write := func(name string, recs ...usageRec) {
+		var buf []byte
+		for _, r := range recs {
+			b, _ := json.Marshal(r)
+			buf = append(append(buf, b...), '\n')
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), buf, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hour := int64(time.Hour / time.Millisecond)
+	recs := []usageRec{startRec(1, 1000, "old", client.KindInline, 0), startRec(2, 100*hour, "middle", client.KindInline, 0), endRec(2, 100*hour+10, 0)}
+	for i := range 2000 { // old lines after the middle: more than the tail read
+		recs = append(recs, startRec(uint64(10+i), 1500, "old", client.KindInline, 0), endRec(uint64(10+i), 1600, 0))
+	}
+	write("usage.log.1", append(recs, endRec(1, 2000, 0))...)
+	write("usage.log", startRec(3, 100*hour, "now", client.KindInline, 0), endRec(3, 100*hour+20, 0))
+	u := newUsageLog(path, 1<<20, 1, log.New(io.Discard, "", 0), func() []usageRec { return nil })
+	since := time.UnixMilli(99 * hour)
+	files, cut, oldest, err := u.readSince(since)
+	if err != nil || len(files) != 1 || !cut || oldest != 1000 {
+		t.Fatalf("since 99 h: %d files, cut %v, oldest %d, %v; want the current file only, cut, oldest 1000", len(files), cut, oldest, err)
+	}
+	if _, ok := u.spans[rotated(path, 1)]; !ok {
+		t.Error("the rotated file's span is not kept")
+	}
+	files, _, _, err = u.readSince(time.Time{})
+	if err != nil || len(files) != 2 {
+		t.Errorf("everything: %d files, %v", len(files), err)
 	}
 }

@@ -290,3 +290,53 @@ func TestACLKeepsANarrowedMask(t *testing.T) {
 		t.Errorf("mode %o with no entry left, want 600 as the administrator set it", m)
 	}
 }
+
+// TestWatchNodes: the nodes of devices and the control nodes, each with
+// its device number; nodes that share a number are left out and said,
+// as are missing and non-character ones; a missing control node is not.
+func TestWatchNodes(t *testing.T) {
+	needRoot(t)
+	dir, err := os.MkdirTemp("", "npurun-dev-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	mk := func(name string, major, minor uint32) {
+		if err := unix.Mknod(filepath.Join(dir, name), unix.S_IFCHR|0o600, int(unix.Mkdev(major, minor))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("davinci0", 1, 7)
+	mk("davinci1", 1, 5)
+	mk("davinci2", 1, 8) // shares its number with davinci3 and devmm_svm
+	mk("davinci3", 1, 8)
+	if err := os.WriteFile(filepath.Join(dir, "davinci4"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mk("davinci_manager", 1, 9)
+	mk("devmm_svm", 1, 8)
+	// hisi_hdc is missing: a control node a driver may not have
+	inv := &Inventory{Vendor: Ascend, IDs: []int{0, 1, 2, 3, 4, 5}, DevDir: dir}
+	nodes, notes := inv.WatchNodes()
+	want := []Node{
+		{Path: dir + "/davinci0", Device: 0, Number: unix.Mkdev(1, 7)},
+		{Path: dir + "/davinci1", Device: 1, Number: unix.Mkdev(1, 5)},
+		{Path: dir + "/davinci_manager", Device: ControlNode, Number: unix.Mkdev(1, 9), Control: true},
+	}
+	if !slices.Equal(nodes, want) {
+		t.Errorf("nodes:\n%+v\nwant\n%+v", nodes, want)
+	}
+	wantNotes := []string{
+		"npu 4: device node " + dir + "/davinci4: " + dir + "/davinci4 is not a character device",
+		"npu 5: device node " + dir + "/davinci5: no such file or directory",
+		dir + "/davinci2, " + dir + "/davinci3, " + dir + "/devmm_svm share device number 1:8",
+	}
+	if len(notes) != len(wantNotes) {
+		t.Fatalf("notes %q, want %d", notes, len(wantNotes))
+	}
+	for i, w := range wantNotes {
+		if !strings.HasPrefix(notes[i], w) {
+			t.Errorf("note %d: %q, want it to start %q", i, notes[i], w)
+		}
+	}
+}

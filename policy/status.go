@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"net"
 	"path/filepath"
 	"slices"
@@ -16,10 +17,15 @@ const (
 	DefaultUsageKeep     = 4
 )
 
-// DefaultUnleasedExempt are programs that keep device nodes open by design
-// (the NVIDIA persistence daemon and host engine) or for a moment (the
-// vendors' query tools): never reported as unleased use.
-var DefaultUnleasedExempt = []string{"nvidia-persistenced", "nv-hostengine", "nvidia-smi", "npu-smi"}
+// DefaultUnleasedExemptUsers are the accounts whose processes are never
+// reported as unleased use unless [status] says otherwise: root, whose
+// processes are the administrator's and the vendors' daemons (the NVIDIA
+// persistence daemon and host engine, npu-smi run by root, exporters).
+//
+// Exemption is by account, never by program: a name or a path is one any
+// user can take (a copy of a program, or the program run with a library
+// of the user's preloaded), an account is not.
+var DefaultUnleasedExemptUsers = []string{"root"}
 
 // What the broker does about unleased use by a restricted account.
 const (
@@ -37,11 +43,50 @@ const (
 // Status configures npubroker status and the background scan behind it
 // ([status]).
 type Status struct {
-	ScanInterval   time.Duration // the background /proc scan runs at most this often
-	UnleasedGrace  time.Duration // how long a device node is open without a lease before it is reported
-	UnleasedUse    string        // UnleasedReport, UnleasedTerm or UnleasedKill (restricted accounts only)
-	UnleasedExempt []string      // programs never reported: a name matches the executable's base name or the command name, a path the executable
-	ShowCommands   string        // ShowCommandsAll or ShowCommandsOwn
+	ScanInterval         time.Duration // the background /proc scan runs at most this often
+	UnleasedGrace        time.Duration // how long an account uses a device node without a lease before it is reported
+	UnleasedUse          string        // UnleasedReport, UnleasedTerm or UnleasedKill (restricted accounts only)
+	UnleasedExemptUsers  []string      // accounts whose processes are never reported
+	UnleasedExemptGroups []string      // and the members of these groups
+	ShowCommands         string        // ShowCommandsAll or ShowCommandsOwn
+
+	exemptPrograms bool // the retired unleased_exempt was given: a warning says it is not read
+}
+
+// Exempt tells whether the processes of user, a member of groups, are
+// never reported as unleased use.
+func (s Status) Exempt(user string, groups []string) bool {
+	if slices.Contains(s.UnleasedExemptUsers, user) {
+		return true
+	}
+	for _, g := range groups {
+		if slices.Contains(s.UnleasedExemptGroups, g) {
+			return true
+		}
+	}
+	return false
+}
+
+// StatusWarnings returns what in [status] does not do what it may seem
+// to: unleased_exempt, which exempted programs by name and is no longer
+// read (a configuration written for an older broker still starts, and
+// reports those programs' use like any other), and an account both
+// restricted and exempt (exempt wins: its use is never reported nor acted
+// on).
+func (c *Config) StatusWarnings() Errors {
+	var ws Errors
+	if c.Status.exemptPrograms {
+		ws = append(ws, Error{File: c.file, Line: c.idx.line("status", "unleased_exempt"), Key: "[status] unleased_exempt",
+			Msg: "warning: no longer read: programs are not exempted by name, which any user can take; " +
+				"their use without a lease is reported like any other (exempt the accounts that run them with unleased_exempt_users or unleased_exempt_groups)"})
+	}
+	for _, u := range c.Status.UnleasedExemptUsers {
+		if slices.Contains(c.Restrict.Users, u) {
+			ws = append(ws, Error{File: c.file, Line: c.idx.line("status", "unleased_exempt_users"), Key: "[status] unleased_exempt_users",
+				Msg: fmt.Sprintf("warning: %s is restricted ([restrict] users) and exempt: its use without a lease is never reported nor acted on", u)})
+		}
+	}
+	return ws
 }
 
 // Usage configures the accounting log of lease starts and ends ([usage]).
@@ -53,11 +98,11 @@ type Usage struct {
 
 func defaultStatus() Status {
 	return Status{
-		ScanInterval:   DefaultScanInterval,
-		UnleasedGrace:  DefaultUnleasedGrace,
-		UnleasedUse:    UnleasedReport,
-		UnleasedExempt: slices.Clone(DefaultUnleasedExempt),
-		ShowCommands:   ShowCommandsAll,
+		ScanInterval:        DefaultScanInterval,
+		UnleasedGrace:       DefaultUnleasedGrace,
+		UnleasedUse:         UnleasedReport,
+		UnleasedExemptUsers: slices.Clone(DefaultUnleasedExemptUsers),
+		ShowCommands:        ShowCommandsAll,
 	}
 }
 
@@ -93,7 +138,7 @@ func (p *parser) status(raw map[string]any, c *Config) {
 	if !ok {
 		return
 	}
-	p.unknown(table, t, "scan_interval", "unleased_grace", "unleased_use", "unleased_exempt", "show_commands")
+	p.unknown(table, t, "scan_interval", "unleased_grace", "unleased_use", "unleased_exempt_users", "unleased_exempt_groups", "show_commands", "unleased_exempt")
 	if d, ok := p.duration(table, t, "scan_interval"); ok {
 		if d < time.Second {
 			p.errorf(table, "scan_interval", "must be at least \"1s\"")
@@ -112,14 +157,14 @@ func (p *parser) status(raw map[string]any, c *Config) {
 			p.errorf(table, "unleased_use", "want \"report\", \"term\" or \"kill\", not %q", s)
 		}
 	}
-	if list, ok := p.stringList(table, t, "unleased_exempt"); ok {
-		for _, s := range list {
-			if s == "" {
-				p.errorf(table, "unleased_exempt", "empty program name")
-				return
-			}
-		}
-		c.Status.UnleasedExempt = list
+	if _, ok := t["unleased_exempt_users"]; ok {
+		c.Status.UnleasedExemptUsers = p.names(table, t, "unleased_exempt_users", "user")
+	}
+	if _, ok := t["unleased_exempt_groups"]; ok {
+		c.Status.UnleasedExemptGroups = p.names(table, t, "unleased_exempt_groups", "group")
+	}
+	if _, ok := p.stringList(table, t, "unleased_exempt"); ok {
+		c.Status.exemptPrograms = true // retired: StatusWarnings says so
 	}
 	if s, ok := p.str(table, t, "show_commands"); ok {
 		switch s {

@@ -15,7 +15,8 @@ metrics_listen = "127.0.0.1:9464"
 scan_interval = "2s"
 unleased_grace = "5s"
 unleased_use = "term"
-unleased_exempt = ["dcgm-exporter", "/opt/mon/agent", "dcgm-exporter"]
+unleased_exempt_users = ["root", "dcgm", "dcgm"]
+unleased_exempt_groups = ["monitors"]
 show_commands = "own"
 
 [usage]
@@ -35,7 +36,7 @@ groups = ["students"]
 		t.Errorf("MetricsListen = %q", c.MetricsListen)
 	}
 	wantStatus := Status{ScanInterval: 2 * time.Second, UnleasedGrace: 5 * time.Second, UnleasedUse: UnleasedTerm,
-		UnleasedExempt: []string{"dcgm-exporter", "/opt/mon/agent"}, ShowCommands: ShowCommandsOwn}
+		UnleasedExemptUsers: []string{"root", "dcgm"}, UnleasedExemptGroups: []string{"monitors"}, ShowCommands: ShowCommandsOwn}
 	if !reflect.DeepEqual(c.Status, wantStatus) {
 		t.Errorf("Status = %+v, want %+v", c.Status, wantStatus)
 	}
@@ -57,6 +58,24 @@ groups = ["students"]
 		}
 	}
 
+	for _, tt := range []struct {
+		user   string
+		groups []string
+		want   bool
+	}{
+		{"dcgm", nil, true},
+		{"alice", []string{"staff", "monitors"}, true},
+		{"alice", []string{"staff"}, false},
+		{"npu-smi", nil, false},
+	} {
+		if got := c.Status.Exempt(tt.user, tt.groups); got != tt.want {
+			t.Errorf("Exempt(%q, %q) = %v, want %v", tt.user, tt.groups, got, tt.want)
+		}
+	}
+	if ws := c.StatusWarnings(); len(ws) != 0 {
+		t.Errorf("warnings: %v", ws)
+	}
+
 	none, err := Parse("npurun.conf", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +84,7 @@ groups = ["students"]
 		t.Error("with no [restrict] table an account is restricted")
 	}
 	if none.MetricsListen != "" || none.Status.UnleasedUse != UnleasedReport || none.Status.ShowCommands != ShowCommandsAll ||
-		none.Status.UnleasedGrace != 30*time.Second || none.Usage.Log != "" {
+		none.Status.UnleasedGrace != 30*time.Second || none.Usage.Log != "" || !none.Status.Exempt("root", nil) || none.Status.Exempt("alice", nil) {
 		t.Errorf("defaults: metrics %q, status %+v, usage %+v", none.MetricsListen, none.Status, none.Usage)
 	}
 }
@@ -77,7 +96,7 @@ metrics_listen = "9464"
 scan_interval = "0"
 unleased_grace = "soon"
 unleased_use = "shoot"
-unleased_exempt = ["ok", 3]
+unleased_exempt_users = ["ok", 3]
 show_commands = "mine"
 colour = true
 [usage]
@@ -94,14 +113,48 @@ keep = 101
 		`npurun.conf:4: [status] scan_interval: must be at least "1s"`,
 		`npurun.conf:5: [status] unleased_grace: bad duration "soon" (want e.g. "10s", "90m", "6h")`,
 		`npurun.conf:6: [status] unleased_use: want "report", "term" or "kill", not "shoot"`,
-		`npurun.conf:7: [status] unleased_exempt: must be an array of strings, not one holding an integer`,
+		`npurun.conf:7: [status] unleased_exempt_users: must be an array of user names, not one holding an integer`,
 		`npurun.conf:8: [status] show_commands: want "all" or "own", not "mine"`,
-		`npurun.conf:9: [status] colour: unknown key (known: scan_interval, unleased_grace, unleased_use, unleased_exempt, show_commands)`,
+		`npurun.conf:9: [status] colour: unknown key (known: scan_interval, unleased_grace, unleased_use, unleased_exempt_users, unleased_exempt_groups, show_commands, unleased_exempt)`,
 		`npurun.conf:11: [usage] log: must be an absolute path, not "usage.log"`,
 		`npurun.conf:12: [usage] max_size_mb: must be at least 1, not 0`,
 		`npurun.conf:13: [usage] keep: must be at most 100, not 101`,
 	}
 	if got := strings.Split(err.Error(), "\n"); !reflect.DeepEqual(got, want) {
 		t.Errorf("errors:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestUnleasedExemptRetired: a configuration written for a broker that
+// exempted programs by name still parses, and a warning says the key is
+// not read, where it is; so does one for an account both restricted and
+// exempt.
+func TestUnleasedExemptRetired(t *testing.T) {
+	conf := `[status]
+unleased_exempt = ["npu-smi"]
+unleased_exempt_users = ["root", "guest"]
+
+[restrict]
+users = ["guest"]
+`
+	c, err := Parse("npurun.conf", []byte(conf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Status.Exempt("npu-smi", nil) {
+		t.Error("a program name of the retired key exempts an account of that name")
+	}
+	want := []string{
+		"npurun.conf:2: [status] unleased_exempt: warning: no longer read: programs are not exempted by name",
+		"npurun.conf:3: [status] unleased_exempt_users: warning: guest is restricted ([restrict] users) and exempt",
+	}
+	ws := c.Warnings(nil, nil)
+	if len(ws) != len(want) {
+		t.Fatalf("warnings: %v, want %d", ws, len(want))
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(ws[i].Error(), w) {
+			t.Errorf("warning %d: %q, want it to start %q", i, ws[i].Error(), w)
+		}
 	}
 }

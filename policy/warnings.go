@@ -11,8 +11,8 @@ import (
 // Warnings returns what in a valid configuration is probably a mistake,
 // though the broker runs with it: a [user.NAME] or [group.NAME] table for
 // an account that does not exist (yet: it may come from LDAP later, and the
-// table applies from then on), and devices that [pools] leaves out of
-// every pool (nobody may lease them).
+// table applies from then on), devices that [pools] leaves out of every
+// pool (nobody may lease them), and StatusWarnings.
 //
 // devices are the devices the broker manages: the config's ids, or those
 // found on the machine where the config names none; nil skips the pools
@@ -59,6 +59,7 @@ func (c *Config) Warnings(devices []int, exists func(kind, name string) bool) Er
 			warn(c.idx.line("pools"), "[pools]", "devices %s are in no pool, so nobody may lease them", formatIDs(left))
 		}
 	}
+	ws = append(ws, c.StatusWarnings()...)
 	sort.SliceStable(ws, func(i, j int) bool { return ws[i].Line < ws[j].Line })
 	return ws
 }

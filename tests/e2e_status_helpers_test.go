@@ -163,20 +163,47 @@ func unleasedPIDs(b *client.Board, id int) []int {
 }
 
 // fakeDev makes a device directory of real character nodes davinci0..n-1
-// (mknod; root only), each a memory device that anyone can open (full,
-// zero, random, urandom, in turn), so that a process may hold "a device"
-// open.
+// (n at most 4) and Ascend's control nodes (mknod; root only), each with a
+// device number of its own, as real ones have: the broker knows a node by
+// its number, whatever path a process reached it by. davinci0..3 are
+// memory devices that anyone may open and no daemon keeps open (full,
+// zero, random, urandom, in turn: davinci1, /dev/zero's kind, may be
+// mapped); the control nodes take those the devices leave, davinci_manager
+// first, then numbers of major 60 (local use: no driver, so they cannot
+// be opened).
 func fakeDev(t testing.TB, n int) string {
+	t.Helper()
+	openable := []uint64{unix.Mkdev(1, 7), unix.Mkdev(1, 5), unix.Mkdev(1, 8), unix.Mkdev(1, 9)}
+	if n > len(openable) {
+		t.Fatalf("fakeDev: %d devices, at most %d have numbers of their own", n, len(openable))
+	}
+	nodes := map[string]uint64{}
+	for i := range n {
+		nodes["davinci"+strconv.Itoa(i)] = openable[i]
+	}
+	spare := openable[n:]
+	for i, name := range []string{"davinci_manager", "devmm_svm", "hisi_hdc"} {
+		if i < len(spare) {
+			nodes[name] = spare[i]
+		} else {
+			nodes[name] = unix.Mkdev(60, uint32(i))
+		}
+	}
+	return mkNodes(t, nodes)
+}
+
+// mkNodes makes a device directory of character nodes, mode 0666, by name
+// and device number (mknod; root only).
+func mkNodes(t testing.TB, nodes map[string]uint64) string {
 	t.Helper()
 	needRoot(t)
 	dir := filepath.Join(SharedDir(t), "dev")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	minors := []uint32{7, 5, 8, 9}
-	for i := range n {
-		p := filepath.Join(dir, "davinci"+strconv.Itoa(i))
-		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(1, minors[i%len(minors)]))); err != nil {
+	for name, number := range nodes {
+		p := filepath.Join(dir, name)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(number)); err != nil {
 			t.Fatalf("mknod %s: %v", p, err)
 		}
 		if err := os.Chmod(p, 0o666); err != nil {

@@ -45,15 +45,18 @@ func openedPID(t testing.TB, p *proc, node string) int {
 // TestUnleasedUse: a process with a device node open and no lease on it
 // is reported once the grace window has passed, never before; a process
 // whose ancestor holds the device's lease never is (though it closed the
-// lock itself), while its use of another device is; exempt programs are
-// not; status shows the report in its table.
+// lock itself), while its use of another device is; an exempt account's
+// process is not, and a program is not exempt by its name (a copy of
+// sleep named npu-smi, the name of a tool exempted by name before, is
+// reported); status shows the report in its table.
 func TestUnleasedUse(t *testing.T) {
 	dev := fakeDev(t, 4)
 	open := opener(t)
-	exemptTool := filepath.Join(SharedDir(t), "exempt-tool")
-	copyFile(t, "/bin/sleep", exemptTool, 0o755)
+	exemptUser := newUser(t)
+	npuSmi := filepath.Join(SharedDir(t), "npu-smi")
+	copyFile(t, "/bin/sleep", npuSmi, 0o755)
 	const grace = 3 * time.Second
-	b := StartBroker(t, ascendConfig(dev, 4, "[status]\nscan_interval = \"1s\"\nunleased_grace = \"3s\"\nunleased_exempt = [\"exempt-tool\"]\n"))
+	b := StartBroker(t, ascendConfig(dev, 4, "[status]\nscan_interval = \"1s\"\nunleased_grace = \"3s\"\nunleased_exempt_users = [\""+exemptUser.Name+"\"]\n"))
 	w := watchBoards(t, b, nil)
 
 	// A leased tree: its lease is on npu0; a child of the lease's holder
@@ -64,17 +67,21 @@ func TestUnleasedUse(t *testing.T) {
 	leased.waitLine("held")
 	own := openedPID(t, leased, dev+"/davinci0")
 	other := openedPID(t, leased, dev+"/davinci2")
-	exempted := exec.Command(exemptTool, "600")
-	node, err := os.Open(dev + "/davinci3")
-	if err != nil {
-		t.Fatal(err)
+	onNode := func(cmd *exec.Cmd) *exec.Cmd {
+		node, err := os.Open(dev + "/davinci3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer node.Close()
+		cmd.Stdin = node
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
 	}
-	exempted.Stdin = node
-	if err := exempted.Start(); err != nil {
-		t.Fatal(err)
-	}
-	node.Close()
-	t.Cleanup(func() { exempted.Process.Kill(); exempted.Wait() })
+	exempted := onNode(exemptUser.as(exec.Command("sleep", "600"), b.Dir))
+	named := onNode(exec.Command(npuSmi, "600"))
 
 	start := time.Now()
 	ctl := startProc(t, "unleased", exec.Command(open, dev+"/davinci1"))
@@ -96,16 +103,17 @@ func TestUnleasedUse(t *testing.T) {
 		t.Errorf("report: %+v", u)
 	}
 	// One full scan later: the other device of the leased tree is
-	// reported; its own device and the exempt program never were.
-	board, more := w.next("a scan after the report, with npu2's use", func(bd *client.Board) bool {
-		return bd.Scan.Last > board.Scan.Last && slices.Contains(unleasedPIDs(bd, 2), other)
+	// reported, and so is the program named npu-smi; the leased tree's own
+	// device and the exempt account's process never were.
+	board, more := w.next("a scan after the report, with npu2's use and npu-smi's", func(bd *client.Board) bool {
+		return bd.Scan.Last > board.Scan.Last && slices.Contains(unleasedPIDs(bd, 2), other) && slices.Contains(unleasedPIDs(bd, 3), named.Process.Pid)
 	})
 	for _, bd := range append(append(before, more...), board) {
 		if slices.Contains(unleasedPIDs(bd, 0), own) {
 			t.Fatalf("pid %d, whose parent holds npu0's lease, was reported using npu0: %+v", own, bd.Unleased)
 		}
 		if slices.Contains(unleasedPIDs(bd, 3), exempted.Process.Pid) {
-			t.Fatalf("the exempt program was reported: %+v", bd.Unleased)
+			t.Fatalf("the exempt account's process was reported: %+v", bd.Unleased)
 		}
 	}
 	table := b.Status(t)

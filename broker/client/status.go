@@ -94,6 +94,7 @@ type LeaseInfo struct {
 	Service     string   `json:"service,omitempty"`
 	TTY         string   `json:"tty,omitempty"`
 	RHost       string   `json:"rhost,omitempty"`
+	Claimed     bool     `json:"claimed,omitempty"` // service, tty and rhost are the user's own claim (a session request not made by root), not the PAM module's
 	Devices     []int    `json:"devices"`
 	Since       int64    `json:"since"`             // Unix ms
 	Adopted     bool     `json:"adopted,omitempty"` // held since before the broker's start
@@ -131,17 +132,20 @@ type WaiterInfo struct {
 	Why      string `json:"why,omitempty"`     // why it waits beyond its turn: its user is at max_devices
 }
 
-// Unleased is a process with a device node open that holds no lease on
-// that device, itself or through an ancestor.
+// Unleased is a process that uses a device node (open, or mapped) and
+// holds no lease on that device, itself or through an ancestor; or uses a
+// control node (davinci_manager, nvidiactl, …) and holds no lease at all.
 type Unleased struct {
-	Device     int    `json:"device"`
-	Name       string `json:"name"` // "npu7"
-	Node       string `json:"node"` // "/dev/davinci7"
+	Device     int    `json:"device"` // -1 for a control node
+	Name       string `json:"name"`   // "npu7"; "" for a control node
+	Node       string `json:"node"`   // "/dev/davinci7", as the broker knows it (the process may have reached it by another path)
+	Control    bool   `json:"control,omitempty"`
+	Mapped     bool   `json:"mapped,omitempty"` // mapped, with no descriptor of it open
 	PID        int    `json:"pid"`
 	User       string `json:"user"`
 	UID        uint32 `json:"uid"`
 	Command    string `json:"command,omitempty"`
-	Since      int64  `json:"since"` // Unix ms: first seen open
+	Since      int64  `json:"since"` // Unix ms: when its user's use of the node began (through gaps shorter than the grace window)
 	Restricted bool   `json:"restricted"`
 	Action     string `json:"action"` // "report", or the signal sent: "term", "kill"
 }

@@ -3,16 +3,15 @@ package procscan
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
-	"unsafe"
 
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
@@ -23,8 +22,21 @@ import (
 // another process passed it on. /proc/locks cannot tell: it names the
 // process that took the lock (the broker), not those holding it now. So a
 // holder is found the way fuser(1) finds users of a file: through the
-// links in /proc/PID/fd, and a stat of each link that may matter (its
-// device and inode, or for a device node its rdev).
+// links in /proc/PID/fd, a stat of each (which follows the link to the
+// open file itself, whatever path it shows), and the lines of
+// /proc/PID/maps (a file mapped and its descriptor closed is still open).
+//
+// What names a target is what the file is, never its path: a lock file is
+// its device and inode, a device node its device number (rdev), whatever
+// path the process reached it by (a bind mount in a namespace of its own,
+// a container's /dev, a link).
+//
+// A scan costs a stat a descriptor and a line of maps a mapping, a few
+// microseconds each. One user with hundreds of thousands of descriptors
+// would make every scan slow, and the scan's pacing would then delay the
+// finding of everyone's use: so a scan does at most UserBudget of that
+// work for the processes of one user, and the next scan goes on where it
+// stopped (see Scan).
 
 // FileID names a file by the device it is on and its inode.
 type FileID struct{ Dev, Ino uint64 }
@@ -64,7 +76,10 @@ type Result struct {
 	Took  time.Duration // how long it took
 	Procs int           // processes looked at
 	Files map[FileID][]int
-	Nodes map[uint64][]int
+	Nodes map[uint64][]int // at a descriptor or in a mapping
+	// Mapped has, of the processes in Nodes, those that have the node
+	// mapped and no descriptor of it open.
+	Mapped map[uint64][]int
 	// Info has every process named in Files and Nodes, and the ancestors
 	// that Ancestors walked through.
 	Info map[int]*Proc
@@ -73,36 +88,90 @@ type Result struct {
 	// still, and this result cannot tell.
 	Cut    bool
 	looked map[int]bool // Tree's: the processes it looked at; nil for Scan
+	// Scan's: the processes it did not read to the end, their user's work
+	// being spent (a target found in them is in Files and Nodes all the
+	// same), and the users of those.
+	skipped  map[int]bool
+	deferred map[uint32]bool
 }
 
-// Looked tells whether the look read pid's descriptors or found it gone,
-// so that its absence from Files and Nodes means it holds none of them: a
-// scan looks at every process, Tree at the processes it reached.
-func (r *Result) Looked(pid int) bool { return r.looked == nil || r.looked[pid] }
+// Looked tells whether the look read all of pid's descriptors (and, for a
+// scan, its maps) or found it gone, so that its absence from Files and
+// Nodes means it holds none of them: Tree looks at the processes it
+// reached, a scan at every process but those of a user whose work it cut
+// short.
+func (r *Result) Looked(pid int) bool {
+	if r.looked != nil {
+		return r.looked[pid]
+	}
+	return !r.skipped[pid]
+}
+
+// Deferred tells whether the scan left processes of user uid (by the
+// owner of /proc/PID/fd: see Scan) unread or read in part.
+func (r *Result) Deferred(uid uint32) bool { return r.deferred[uid] }
+
+// AnyDeferred tells whether the scan left any user's processes unread or
+// read in part.
+func (r *Result) AnyDeferred() bool { return len(r.deferred) > 0 }
 
 // Scanner reads one /proc tree. It is safe for concurrent use.
 type Scanner struct {
-	fs       procfs.FS
-	root     string
-	boot     time.Time
-	prefixes []string // link targets worth a stat
-	self     int      // a pid left out of every scan (the broker's own)
+	fs   procfs.FS
+	root string
+	boot time.Time
+	self int // a pid left out of every scan (the broker's own)
+
+	// UserBudget bounds the work of one scan for the processes of one
+	// user, and of one Tree: descriptors stat'ed, and lines of maps read
+	// (two to one: a line costs about half a stat). Set it before the
+	// first scan.
+	UserBudget int
+
+	mu      sync.Mutex         // one Scan at a time: the fields below are its own
+	cursors map[uint32]*cursor // per user whose work the last scan cut short: where to go on
+	kinds   map[FileID]uint64  // mapped files the scan stat'ed: the rdev of a character device, else 0
 }
+
+// DefaultUserBudget is UserBudget unless set: some milliseconds of a scan
+// for one user's processes on a machine where a stat costs a microsecond,
+// tens where it costs several (a virtual machine). A large training job,
+// whose processes have hundreds of descriptors and thousands of mappings
+// each, is read over a few scans.
+const DefaultUserBudget = 8192
+
+// maxKinds bounds the mapped files one scan keeps the kind of.
+const maxKinds = 1 << 16
+
+// cursor is where the next scan goes on with one user's processes: the
+// process the last one stopped in (or before), how far it had read that
+// process, and what it had found there.
+type cursor struct {
+	pid   int
+	start uint64 // pid's start time; 0 where pid was not begun
+	pos   int64  // the offset in pid's fd directory to read on from; mapsNext: its maps are left
+	found []find
+}
+
+// mapsNext is a cursor's pos where a process's descriptors are all read
+// and its maps are not.
+const mapsNext = -1
 
 // userHZ is the unit of a process's start time in /proc/PID/stat: clock
 // ticks, 100 a second on every Linux architecture npurun runs on.
 const userHZ = 100
 
-// New returns a scanner of the proc file system mounted at root. Only
-// descriptors whose link names a path under one of prefixes are looked at
-// further (lock files live in one directory, device nodes in another); a
-// prefix should end in "/". The process self is left out of every scan.
-func New(root string, self int, prefixes ...string) (*Scanner, error) {
+// New returns a scanner of the proc file system mounted at root, which
+// leaves the process self out of every scan. Path prefixes, which earlier
+// versions looked at descriptors under only, are taken and not used: a
+// target is found by what it is, whatever its path.
+func New(root string, self int, _ ...string) (*Scanner, error) {
 	fs, err := procfs.NewFS(root)
 	if err != nil {
 		return nil, err
 	}
-	s := &Scanner{fs: fs, root: root, self: self, prefixes: prefixes}
+	s := &Scanner{fs: fs, root: root, self: self, UserBudget: DefaultUserBudget,
+		cursors: map[uint32]*cursor{}, kinds: map[FileID]uint64{}}
 	s.boot = bootTime(root, fs)
 	return s, nil
 }
@@ -123,9 +192,22 @@ func bootTime(root string, fs procfs.FS) time.Time {
 	return time.Time{}
 }
 
-// Scan looks at every process.
+// Scan looks at every process: its descriptors, then its maps.
+//
+// It does at most UserBudget of that work for the processes of one user:
+// the owner of /proc/PID/fd, which is the effective uid, or root for a
+// process that is not dumpable. Where a user's work runs out, the rest of
+// that user's processes wait for the next scan, which begins that user's
+// work where this one stopped (in the middle of a process, if need be)
+// and goes on in pid order, round to the first. A process read over
+// several scans counts as looked at in the one that reads its end, with
+// all that was found in it along the way; each scan before that reports
+// what it found there, and that the process was not looked at (Looked,
+// Deferred). So one user with a great many descriptors delays the finding
+// of that user's own use, not everyone's.
 func (s *Scanner) Scan(t Targets) (*Result, error) {
 	r := s.result()
+	r.skipped, r.deferred = map[int]bool{}, map[uint32]bool{}
 	if t.empty() {
 		r.Took = time.Since(r.At)
 		return r, nil
@@ -134,38 +216,91 @@ func (s *Scanner) Scan(t Targets) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	slices.SortFunc(procs, func(a, b procfs.Proc) int { return a.PID - b.PID })
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.kinds) // one scan's: an inode may be reused
 	b := new(buffers)
-	for _, p := range procs {
-		if p.PID == s.self {
-			continue
+	lk := &look{s: s, t: t, r: r, b: b, maps: true}
+	spent := map[uint32]int{}
+	last := s.cursors
+	s.cursors = map[uint32]*cursor{}
+	var later []int // processes before their user's cursor: after all others
+	one := func(pid int, second bool) {
+		dir, uid, err := s.openFDDir(pid, b)
+		if err != nil {
+			return // gone, or not ours to read
+		}
+		defer unix.Close(dir)
+		c := last[uid]
+		if c != nil && pid < c.pid && !second {
+			later = append(later, pid)
+			return
+		}
+		if spent[uid] >= s.UserBudget {
+			r.skipped[pid], r.deferred[uid] = true, true
+			if s.cursors[uid] == nil {
+				s.cursors[uid] = &cursor{pid: pid}
+			}
+			return
+		}
+		var from int64
+		lk.found = nil
+		if c != nil && pid == c.pid && c.start != 0 && s.Start(pid) == c.start {
+			from, lk.found = c.pos, c.found
 		}
 		r.Procs++
-		s.openFiles(p, t, r, b)
+		lk.left = s.UserBudget - spent[uid]
+		pos, done := lk.process(pid, dir, from)
+		spent[uid] = s.UserBudget - lk.left
+		lk.record(pid)
+		if !done {
+			r.skipped[pid], r.deferred[uid] = true, true
+			s.cursors[uid] = &cursor{pid: pid, start: s.Start(pid), pos: pos, found: lk.found}
+		}
+	}
+	for _, p := range procs {
+		if p.PID != s.self {
+			one(p.PID, false)
+		}
+	}
+	for _, pid := range later {
+		one(pid, true)
 	}
 	r.Took = time.Since(r.At)
 	return r, nil
 }
 
 // Tree looks at the processes roots and their descendants, at most limit
-// of them: the cheap look that follows known holders between scans.
+// of them and at most UserBudget of work (as a scan does for one user):
+// the cheap look that follows known holders between scans. It reads
+// descriptors only, not maps: a holder that has a lock file mapped, its
+// descriptor closed, is found by the next scan.
 func (s *Scanner) Tree(roots []int, t Targets, limit int) *Result {
 	r := s.result()
 	seen := map[int]bool{s.self: true}
+	looked := map[int]bool{}
 	queue := slices.Clone(roots)
 	b := new(buffers)
-	for len(queue) > 0 && r.Procs < limit {
+	lk := &look{s: s, t: t, r: r, b: b, left: s.UserBudget}
+	for len(queue) > 0 && r.Procs < limit && lk.left > 0 {
 		pid := queue[0]
 		queue = queue[1:]
 		if pid <= 0 || seen[pid] {
 			continue
 		}
 		seen[pid] = true
-		p, err := s.fs.Proc(pid)
+		dir, _, err := s.openFDDir(pid, b)
 		if err != nil {
+			looked[pid] = true // gone
 			continue
 		}
 		r.Procs++
-		s.openFiles(p, t, r, b)
+		lk.found = nil
+		_, done := lk.process(pid, dir, 0)
+		unix.Close(dir)
+		lk.record(pid)
+		looked[pid] = done
 		queue = append(queue, s.Children(pid)...)
 	}
 	for _, pid := range queue {
@@ -174,144 +309,13 @@ func (s *Scanner) Tree(roots []int, t Targets, limit int) *Result {
 			break
 		}
 	}
-	delete(seen, s.self)
-	r.looked = seen
+	r.looked = looked
 	r.Took = time.Since(r.At)
 	return r
 }
 
 func (s *Scanner) result() *Result {
-	return &Result{At: time.Now(), Files: map[FileID][]int{}, Nodes: map[uint64][]int{}, Info: map[int]*Proc{}}
-}
-
-// buffers are what a look reuses from one descriptor and process to the
-// next, so that it allocates nothing per descriptor: thousands of them on
-// a busy machine. Each Scan and Tree has its own (the Scanner is shared).
-type buffers struct {
-	path    []byte             // /proc/PID/fd
-	dirents [8192]byte         // a batch of the directory's entries
-	link    [unix.PathMax]byte // a descriptor's link target
-	st      unix.Statx_t
-}
-
-// openFiles records the targets that process p has open, and p itself if
-// it has any. It is the scan's most frequent call, so it reads the
-// descriptor directory with plain system calls (os.Open would also fstat
-// it and try to register it with the poller, for each of thousands of
-// processes), and reads each link and stats it by name relative to the
-// directory, the name pointing into the batch of entries just read.
-func (s *Scanner) openFiles(p procfs.Proc, t Targets, r *Result, b *buffers) {
-	b.path = strconv.AppendInt(append(append(b.path[:0], s.root...), '/'), int64(p.PID), 10)
-	b.path = append(b.path, "/fd\x00"...)
-	dir, err := openat(unix.AT_FDCWD, &b.path[0], unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
-	if err != nil {
-		return // gone, or not ours to read
-	}
-	defer unix.Close(dir)
-	found := false
-	for {
-		n, err := unix.Getdents(dir, b.dirents[:])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil || n <= 0 {
-			break
-		}
-		for off := 0; off < n; {
-			// struct linux_dirent64: ino, off (8 bytes each), reclen (2),
-			// type (1), then the name, NUL-terminated and padded.
-			if n-off < 19 {
-				break
-			}
-			reclen := int(binary.NativeEndian.Uint16(b.dirents[off+16:]))
-			if reclen < 19 || off+reclen > n {
-				break
-			}
-			name := b.dirents[off+19 : off+reclen]
-			off += reclen
-			if len(name) == 0 || name[0] == '.' || name[0] == 0 || bytes.IndexByte(name, 0) < 0 {
-				continue
-			}
-			if s.holdsTarget(dir, &name[0], p.PID, t, r, b) {
-				found = true
-			}
-		}
-	}
-	if found {
-		s.info(r, p.PID)
-	}
-}
-
-// holdsTarget tells whether a descriptor of process pid (fd: its name in
-// the directory dir, NUL-terminated) is a target, and records it in r if
-// so.
-func (s *Scanner) holdsTarget(dir int, fd *byte, pid int, t Targets, r *Result, b *buffers) bool {
-	n, err := readlinkat(dir, fd, b.link[:])
-	if err != nil || n == 0 || b.link[0] != '/' || !s.worthStat(b.link[:n]) {
-		return false // a socket, a pipe, or a path of no interest
-	}
-	// Cached attributes only (AT_STATX_DONT_SYNC): a file on a FUSE or
-	// network file system of a user's is not asked, so that it cannot
-	// hold the scan up.
-	st := &b.st
-	if statx(dir, fd, unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE|unix.STATX_INO, st) != nil {
-		return false
-	}
-	switch uint32(st.Mode) & unix.S_IFMT {
-	case unix.S_IFREG:
-		if id := (FileID{Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}); t.Files[id] {
-			r.Files[id] = appendOnce(r.Files[id], pid)
-			return true
-		}
-	case unix.S_IFCHR:
-		if rdev := unix.Mkdev(st.Rdev_major, st.Rdev_minor); t.Nodes[rdev] {
-			r.Nodes[rdev] = appendOnce(r.Nodes[rdev], pid)
-			return true
-		}
-	}
-	return false
-}
-
-// openat, readlinkat and statx are those of package unix for a path
-// already NUL-terminated in a buffer of the caller's: unix's copy each
-// path to add the NUL, an allocation per descriptor.
-
-func openat(dir int, path *byte, flags int) (int, error) {
-	for {
-		fd, _, errno := unix.Syscall6(unix.SYS_OPENAT, uintptr(dir), uintptr(unsafe.Pointer(path)), uintptr(flags), 0, 0, 0)
-		if errno == unix.EINTR {
-			continue
-		}
-		if errno != 0 {
-			return -1, errno
-		}
-		return int(fd), nil
-	}
-}
-
-func readlinkat(dir int, path *byte, buf []byte) (int, error) {
-	n, _, errno := unix.Syscall6(unix.SYS_READLINKAT, uintptr(dir), uintptr(unsafe.Pointer(path)), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0, 0)
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
-
-func statx(dir int, path *byte, flags, mask int, st *unix.Statx_t) error {
-	_, _, errno := unix.Syscall6(unix.SYS_STATX, uintptr(dir), uintptr(unsafe.Pointer(path)), uintptr(flags), uintptr(mask), uintptr(unsafe.Pointer(st)), 0)
-	if errno != 0 {
-		return errno
-	}
-	return nil
-}
-
-func (s *Scanner) worthStat(target []byte) bool {
-	for _, p := range s.prefixes {
-		if len(target) >= len(p) && string(target[:len(p)]) == p {
-			return true
-		}
-	}
-	return false
+	return &Result{At: time.Now(), Files: map[FileID][]int{}, Nodes: map[uint64][]int{}, Mapped: map[uint64][]int{}, Info: map[int]*Proc{}}
 }
 
 func appendOnce(pids []int, pid int) []int {
@@ -476,18 +480,4 @@ func readNames(dir string) ([]string, error) {
 		return names, err
 	}
 	return names, nil
-}
-
-// Signal sends sig to process pid if it is still the process that started
-// at start, through a pidfd so that a pid reused in between is never hit.
-func (s *Scanner) Signal(pid int, start uint64, sig unix.Signal) error {
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	if s.Start(pid) != start {
-		return unix.ESRCH
-	}
-	return unix.PidfdSendSignal(fd, sig, nil, 0)
 }

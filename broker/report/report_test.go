@@ -117,6 +117,38 @@ func TestTable(t *testing.T) {
 	}
 }
 
+// TestTableUnleasedKinds: a node mapped with no descriptor open, and a
+// control node used with no lease at all, are said so.
+func TestTableUnleasedKinds(t *testing.T) {
+	now := time.Now()
+	b := board(now)
+	ms := func(d time.Duration) int64 { return now.Add(-d).UnixMilli() }
+	b.Unleased = []client.Unleased{
+		{Device: 8, Name: "npu8", Node: "/dev/davinci8", Mapped: true, PID: 778, User: "erin", Command: "python hide.py", Since: ms(2 * time.Minute)},
+		{Device: -1, Node: "/dev/davinci_manager", Control: true, PID: 779, User: "fred", Command: "python probe.py", Since: ms(time.Minute)},
+	}
+	got := Table(b, 0, now)
+	for _, want := range []string{
+		"UNLEASED USE\n  npu8  erin  778  python hide.py   /dev/davinci8 mapped without a lease for 2m\n",
+		"  -     fred  779  python probe.py  /dev/davinci_manager open without a lease for 1m (control node; no lease at all)\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// TestTableClaimedOrigin: a login lease's origin that its user claimed
+// (a session request not made by root) says so where the table shows it.
+func TestTableClaimedOrigin(t *testing.T) {
+	now := time.Now()
+	b := board(now)
+	b.Devices[2].Lease.Claimed = true
+	if got := Table(b, 0, now); !strings.Contains(got, "sshd pts/3 from 10.0.0.5 (as claimed by student)") {
+		t.Errorf("table:\n%s", got)
+	}
+}
+
 // TestTableControls: what users control (command lines, a session's tty
 // and host) reaches the reader's terminal with no control character in it.
 func TestTableControls(t *testing.T) {

@@ -69,14 +69,21 @@ func Table(b *client.Board, width int, now time.Time) string {
 		out.WriteString("UNLEASED USE\n")
 		var rows [][]string
 		for _, u := range b.Unleased {
-			note := fmt.Sprintf("%s open without a lease for %s", u.Node, Duration(now.Sub(time.UnixMilli(u.Since))))
+			how := "open"
+			if u.Mapped {
+				how = "mapped"
+			}
+			note := fmt.Sprintf("%s %s without a lease for %s", u.Node, how, Duration(now.Sub(time.UnixMilli(u.Since))))
+			if u.Control {
+				note += " (control node; no lease at all)"
+			}
 			switch u.Action {
 			case "term":
 				note += "; sent SIGTERM"
 			case "kill":
 				note += "; sent SIGKILL"
 			}
-			rows = append(rows, []string{u.Name, u.User, strconv.Itoa(u.PID), orDash(u.Command), note})
+			rows = append(rows, []string{orDash(u.Name), u.User, strconv.Itoa(u.PID), orDash(u.Command), note})
 		}
 		writeColumns(&out, rows, 3, width, "  ")
 	}
@@ -130,7 +137,11 @@ func origin(l *client.LeaseInfo) string {
 	if s == "" {
 		return "login"
 	}
-	return strings.TrimSpace(s)
+	s = strings.TrimSpace(s)
+	if l.Claimed {
+		s += " (as claimed by " + l.User + ")"
+	}
+	return s
 }
 
 func forWhom(w *client.WaiterInfo) string {

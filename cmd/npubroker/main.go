@@ -245,6 +245,9 @@ func serve(args []string) int {
 			lg.Print(w.Error())
 		}
 	}
+	for _, w := range cfg.StatusWarnings() {
+		lg.Print(w.Error())
+	}
 	lg.Printf("serving %s npu %s on %s", inv.Vendor, npu.FormatIDs(inv.IDs), ln.Addr())
 	if err := broker.Notify("READY=1"); err != nil {
 		lg.Print(err)

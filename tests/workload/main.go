@@ -39,11 +39,31 @@ func main() {
 	floodMode := flag.String("flood", "", "attack the broker at $NPURUN_SOCKET until standard input closes: fill, list, churn, oversize or idle (see flood.go)")
 	conns := flag.Int("conns", 1, "with -flood: connections")
 	count := flag.Int("n", 0, "with -flood fill: tasks")
+	mmapNode := flag.String("mmap", "", "map this device node, close its descriptor and keep the mapping until standard input closes (see hide.go)")
+	dups := flag.Int("dups", 0, "put this many copies of standard input at descriptors 100 and up, then become sleep 600")
+	root := flag.Bool("become-root", false, "as a set-user-ID copy owned by root: make every uid root's, then become sleep 600")
+	nSessions := flag.Int("sessions", -1, "ask for this many login sessions of its own, each ended at once (see sessions.go); with -hold, keep one more")
+	origin := flag.String("origin", "", "with -sessions: the sessions' SERVICE,TTY,RHOST")
 	flag.Parse()
+	if os.Geteuid() != os.Getuid() && !*root {
+		fail("set-user-ID", fmt.Errorf("a set-user-ID copy does -become-root only"))
+	}
 	if *ignoreTerm {
 		signal.Ignore(syscall.SIGTERM)
 	}
 	switch {
+	case *nSessions >= 0:
+		sessions(*nSessions, *origin, *hold > 0)
+		return
+	case *mmapNode != "":
+		mapNode(*mmapNode)
+		return
+	case *dups > 0:
+		dupDescriptors(*dups)
+		return
+	case *root:
+		becomeRoot()
+		return
 	case *floodMode != "":
 		flood(*floodMode, *conns, *count)
 		return
