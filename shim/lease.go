@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -25,7 +26,7 @@ type lease struct {
 // keeps them in "locks" beside its socket), and hold an exclusive flock.
 func inheritedLease(socket string) (*lease, bool) {
 	dir := socket[:strings.LastIndexByte(socket, '/')+1] + "locks"
-	v := os.Getenv(LeaseVar)
+	v := os.Getenv(client.LeaseVar)
 	if v == "" {
 		return nil, false
 	}
@@ -80,4 +81,20 @@ func (l *lease) covers(o Options) error {
 		return fmt.Errorf("inside a lease of %s, %d asked", npu.Unknown.Format(l.devices), o.N)
 	}
 	return nil
+}
+
+// env is what a nested npurun changes in its command's environment, and
+// the descriptors it adds for the command: nothing where the lease's
+// descriptors are at 20 and above; where one lies below (an older
+// npurun's), the lease placed again as npurun places a new one, so that
+// a shell below keeps it.
+func (l *lease) env() ([]string, []int, error) {
+	if slices.Min(l.fds) >= client.FirstLeaseFD {
+		return nil, nil, nil
+	}
+	placed, leaseVar, err := client.PlaceLease(l.devices, l.fds)
+	if err != nil {
+		return nil, nil, err
+	}
+	return []string{leaseVar}, placed, nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -53,7 +52,7 @@ func Login(o Options) int {
 		}
 		return execShell(shell, loginArgv, r.Env, nil)
 	}
-	env, err := leaseEnv(r, fds)
+	env, placed, err := leaseEnv(r, fds)
 	if err != nil {
 		warn("%v", err)
 		return ExitFailure
@@ -61,7 +60,7 @@ func Login(o Options) int {
 	if r.Message != "" && !o.Quiet {
 		warn("%s", r.Message)
 	}
-	return execShell(shell, loginArgv, env, fds)
+	return execShell(shell, loginArgv, env, placed)
 }
 
 // askLogin asks the broker what this login gets. It returns the reply (a
@@ -134,18 +133,16 @@ func brokerDown(path string, why error) (*client.Reply, []int, int) {
 	return nil, nil, 0
 }
 
-// leaseEnv is the environment of a command under the lease of grant r: its
-// variables and NPURUN_LEASE, the descriptors cleared of close-on-exec.
-func leaseEnv(r *client.Reply, fds []int) ([]string, error) {
-	env := append([]string(nil), r.Env...)
-	var parts []string
-	for i, fd := range fds {
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
-			return nil, fmt.Errorf("keep lease descriptor open across exec: %w", err)
-		}
-		parts = append(parts, strconv.Itoa(r.Devices[i])+":"+strconv.Itoa(fd))
+// leaseEnv places the descriptors of grant r for the command
+// (client.PlaceLease: at 20 and above, kept across exec) and returns the
+// command's environment entries, its variables and NPURUN_LEASE, and the
+// placed descriptors.
+func leaseEnv(r *client.Reply, fds []int) ([]string, []int, error) {
+	placed, leaseVar, err := client.PlaceLease(r.Devices, fds)
+	if err != nil {
+		return nil, nil, err
 	}
-	return append(env, LeaseVar+"="+strings.Join(parts, ",")), nil
+	return append(append([]string(nil), r.Env...), leaseVar), placed, nil
 }
 
 // execShell replaces this process with the shell at path, argv as given
@@ -154,9 +151,7 @@ func leaseEnv(r *client.Reply, fds []int) ([]string, error) {
 func execShell(path string, argv, env []string, keep []int) int {
 	err := unix.Exec(path, argv, mergeEnv(os.Environ(), env))
 	warn("%s: %v", path, err)
-	for _, fd := range keep {
-		unix.Close(fd)
-	}
+	closeFDs(keep)
 	return ExitNoExec
 }
 

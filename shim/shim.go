@@ -27,10 +27,6 @@ const (
 	ExitNotFound    = 127 // the command was not found
 )
 
-// LeaseVar names the variable through which a lease's descriptors are
-// found by a nested npurun: "DEVICE:FD,…".
-const LeaseVar = "NPURUN_LEASE"
-
 // Options are npurun's flags.
 type Options struct {
 	Socket   string
@@ -75,22 +71,27 @@ func Run(o Options, argv []string) int {
 			hint("a nested npurun runs inside its parent's lease; ask for the devices in the outer npurun")
 			return ExitFailure
 		}
+		env, keep, err := lease.env()
+		if err != nil {
+			warn("%v", err)
+			return ExitFailure
+		}
 		if o.Verbose {
 			warn("inside a lease of %s; not asking again", npu.Unknown.Format(lease.devices))
 		}
-		return execute(argv, nil, nil)
+		return execute(argv, env, keep)
 	}
 	w := waiter{o: o, tty: isTerminal(2)}
 	g, fds, code := w.acquire()
 	if g == nil {
 		return code
 	}
-	env, err := leaseEnv(g, fds)
+	env, placed, err := leaseEnv(g, fds)
 	if err != nil {
 		warn("%v", err)
 		return ExitFailure
 	}
-	return execute(argv, env, fds)
+	return execute(argv, env, placed)
 }
 
 // waiter is one acquisition in progress, with its progress line.
@@ -318,13 +319,17 @@ func execute(argv []string, env []string, keep []int) int {
 	}
 	err := unix.Exec(path, argv, mergeEnv(os.Environ(), env))
 	warn("%s: %v", argv[0], err)
-	for _, fd := range keep {
-		unix.Close(fd)
-	}
+	closeFDs(keep)
 	if errors.Is(err, unix.ENOENT) {
 		return ExitNotFound
 	}
 	return ExitNoExec
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }
 
 // lookPath finds a command as a shell would, without os/exec.
