@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -139,5 +140,26 @@ exec "$NPURUN" -v bash -l -i -c "\"\$NPURUN\" -v --no-wait sh -c 'echo NESTED=[\
 	// Both npuruns below the first say they run inside its lease.
 	if code != 0 || strings.Count(out, "inside a lease") != 2 || !strings.Contains(out, "NESTED=[0]") {
 		t.Fatalf("exit %d, want the innermost npurun run in the lease, placed again at 20 or above; output:\n%s", code, out)
+	}
+}
+
+// TestPAMLeaseInLoginShell: pam_npurun.so in lease mode (login, su -l)
+// holds the login lease in the PAM process and passes its descriptors to
+// the session's shell; a login bash that runs npurun keeps them, and the
+// npurun runs in the login lease.
+func TestPAMLeaseInLoginShell(t *testing.T) {
+	dev := newDevTree(t, 2)
+	student := newUser(t)
+	b := StartBroker(t, restrictConf(dev, []testUser{student}, ""))
+	conf := pamService(t, "npurun-login", "required", "socket="+b.Socket+" lease")
+	// As login(1) would run the account's shell: a login bash on the
+	// session's environment. -d 0 is the login lease's device, held: asked
+	// of the broker, it is busy.
+	script := `exec bash -l -i -c '` + b.Bin.Npurun + ` -v --no-wait -d 0 sh -c "echo NESTED=[\$NPURUN_DEVICES]"'`
+	cmd := exec.Command(pamBins(t).Helper, "-confdir", conf, "-service", "npurun-login", "-user", student.Name, "-tty", "tty7", "-run", script)
+	cmd.Env = append(pamHostEnv(t), "NPURUN_SOCKET="+b.Socket, "HOME=/")
+	code, out := exitCode(t, cmd)
+	if code != 0 || !strings.Contains(out, "open ok") || !strings.Contains(out, "NESTED=[0]") || !strings.Contains(out, "inside a lease") || !strings.Contains(out, "ran exit 0") {
+		t.Fatalf("pamhelper: exit %d, want the login bash's npurun run in the session's lease; output:\n%s", code, out)
 	}
 }
