@@ -233,17 +233,19 @@ func fdCount(t *testing.T, pid int) int {
 
 // TestSSHD: a real sshd with pam_npurun.so and npurun --login as
 // ForceCommand, bash accounts: an interactive login (ssh -tt) gets the
-// login lease and opens its node; `ssh host CMD` gets none and cannot;
-// sftp works; a second restricted login is refused (on_busy = "deny");
-// logout frees the device; 20 logins in a row leak no lease and no
-// descriptor in sshd.
+// login lease and opens its node; `ssh host CMD` gets none and cannot,
+// and an unrestricted account's command sent through npurun --login runs
+// as it is; sftp works; a second restricted login is refused (on_busy =
+// "deny"); logout frees the device; 20 logins in a row leak no lease and
+// no descriptor in sshd.
 func TestSSHD(t *testing.T) {
 	dev := newDevTree(t, 2)
-	student, other := loginUser(t, "/bin/bash"), loginUser(t, "/bin/bash")
+	student, other, staff := loginUser(t, "/bin/bash"), loginUser(t, "/bin/bash"), loginUser(t, "/bin/bash")
 	b := StartBroker(t, restrictConf(dev, []testUser{student, other}, "on_busy = \"deny\"\n"))
-	s := startSSHD(t, b, student, other)
+	s := startSSHD(t, b, student, other, staff)
 	s.allow(t, student)
 	s.allow(t, other)
+	s.allow(t, staff)
 	node := dev.node("davinci0")
 
 	// A command: no lease, devices hidden, the node closed, the device
@@ -252,6 +254,14 @@ func TestSSHD(t *testing.T) {
 	code, out := exitCode(t, s.ssh(student, nil, `echo "CMD=[$NPURUN_DEVICES] LEASE=[$NPURUN_LEASE]"; (exec 3<>`+node+`) 2>/dev/null && echo OPENED || echo CLOSED`))
 	if code != 0 || !strings.Contains(out, "CMD=[] LEASE=[]") || !strings.Contains(out, "CLOSED") {
 		t.Errorf("ssh host CMD: exit %d: %s", code, out)
+	}
+	// An account the policy does not restrict, sent through npurun
+	// --login all the same: its command runs as it is, nothing hidden
+	// (npurun(1): an account that is not restricted gets its shell as it
+	// is), here with no device variable at all.
+	code, out = exitCode(t, s.ssh(staff, nil, `echo "CMD=[${NPURUN_DEVICES-unset}] ASCEND=[${ASCEND_RT_VISIBLE_DEVICES-unset}] CUDA=[${CUDA_VISIBLE_DEVICES-unset}]"`))
+	if code != 0 || !strings.Contains(out, "CMD=[unset] ASCEND=[unset] CUDA=[unset]") {
+		t.Errorf("ssh host CMD as an unrestricted account: exit %d, want its command as it is: %s", code, out)
 	}
 
 	// sftp (and so scp) goes through the wrapper as a command.
