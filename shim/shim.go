@@ -71,12 +71,14 @@ func Run(o Options, argv []string) int {
 			hint("a nested npurun runs inside its parent's lease; ask for the devices in the outer npurun")
 			return ExitFailure
 		}
-		env, keep, err := lease.env()
+		env, keep, devices, err := lease.env(o)
 		if err != nil {
 			warn("%v", err)
 			return ExitFailure
 		}
-		if o.Verbose {
+		if o.Verbose && len(devices) < len(lease.devices) {
+			warn("inside a lease of %s; running on %s of it, not asking again", npu.Unknown.Format(lease.devices), npu.Unknown.Format(devices))
+		} else if o.Verbose {
 			warn("inside a lease of %s; not asking again", npu.Unknown.Format(lease.devices))
 		}
 		return execute(argv, env, keep)
