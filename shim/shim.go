@@ -137,16 +137,23 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			c.Close()
 		}
 	}()
-	if err := c.Send(w.request()); err != nil {
-		warn("send request: %v", err)
-		return nil, nil, ExitFailure
-	}
+	err = c.Send(w.request())
+	gone := 0 // times in a row the broker went away without answering
 	for {
-		timeout := time.Duration(-1)
-		if !w.deadline.IsZero() {
-			timeout = max(time.Until(w.deadline), 0)
+		var r *client.Reply
+		var fds []int
+		if err != nil {
+			err = fmt.Errorf("send request: %w", err)
+		} else {
+			timeout := time.Duration(-1)
+			if !w.deadline.IsZero() {
+				timeout = max(time.Until(w.deadline), 0)
+			}
+			r, fds, err = c.Recv(timeout)
 		}
-		r, fds, err := c.Recv(timeout)
+		if err == nil || errors.As(err, new(*client.Error)) {
+			gone = 0 // answered
+		}
 		var be *client.Error
 		switch {
 		case err == nil && r.Type == client.TypeQueued:
@@ -172,16 +179,30 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			w.clear()
 			warn("gave up after %s: %s", w.o.Timeout, strings.TrimPrefix(w.last, "waiting for "))
 			return nil, nil, ExitTempFail
-		case errors.Is(err, client.ErrClosed) || errors.Is(err, unix.ECONNRESET):
-			// The broker restarted: our place is gone, the wait is not.
+		case client.Gone(err) && (w.o.NoWait || gone == maxGone):
+			// --no-wait does not wait for a broker to come back either;
+			// nor does anyone for one that never answers.
+			w.clear()
+			if gone == maxGone {
+				warn("the broker went away %d times in a row without answering (%v)", gone+1, err)
+			} else {
+				warn("the broker went away before it answered (%v)", err)
+			}
+			hint("it may be restarting, or failing: try again, or see 'journalctl -u npubroker'")
+			return nil, nil, ExitUnavailable
+		case client.Gone(err):
+			// The broker went away, before or after it took the request
+			// (it restarted, or died): our place is gone, the wait is not.
+			gone++
 			c.Close()
 			c = nil
 			w.say("the broker went away; reconnecting")
-			if c, err = w.redial(path); err != nil {
+			if c, err = w.redial(path, fmt.Errorf("the broker went away (%w)", err)); err != nil {
 				w.clear()
 				warn("%v", err)
 				return nil, nil, ExitTempFail
 			}
+			err = c.Send(w.request()) // a broker gone again is counted above
 		default:
 			w.clear()
 			warn("%v", err)
@@ -212,22 +233,25 @@ func refused(be *client.Error) int {
 // broker.
 const redialEvery = 100 * time.Millisecond
 
-// redial connects again and repeats the request, until both go through:
-// a broker that is restarting may refuse, or reset a connection its
-// predecessor's socket accepted.
-func (w *waiter) redial(path string) (*client.Conn, error) {
+// maxGone is how often in a row a waiting npurun reconnects to a broker
+// that goes away without answering (one that fails at every request, or
+// crashes at every start) before it takes it for no broker at all.
+const maxGone = 10
+
+// redial connects again, every redialEvery, until it reaches a broker: one
+// that is restarting refuses for a while. why is what ended the last
+// connection, said where the deadline comes first.
+func (w *waiter) redial(path string, why error) (*client.Conn, error) {
+	err := why
 	for {
-		c, err := client.Dial(path)
-		if err == nil {
-			if err = c.Send(w.request()); err == nil {
-				return c, nil
-			}
-			c.Close()
-		}
 		if !w.deadline.IsZero() && time.Now().Add(redialEvery).After(w.deadline) {
 			return nil, fmt.Errorf("gave up after %s: %w", w.o.Timeout, err)
 		}
 		time.Sleep(redialEvery)
+		var c *client.Conn
+		if c, err = client.Dial(path); err == nil {
+			return c, nil
+		}
 	}
 }
 
