@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -25,7 +26,7 @@ type lease struct {
 // keeps them in "locks" beside its socket), and hold an exclusive flock.
 func inheritedLease(socket string) (*lease, bool) {
 	dir := socket[:strings.LastIndexByte(socket, '/')+1] + "locks"
-	v := os.Getenv(LeaseVar)
+	v := os.Getenv(client.LeaseVar)
 	if v == "" {
 		return nil, false
 	}
@@ -71,13 +72,62 @@ func holdsLock(fd, id int, dir string) bool {
 
 // covers tells whether a nested request fits in the inherited lease.
 func (l *lease) covers(o Options) error {
+	var missing []int
 	for _, id := range o.Devices {
 		if !slices.Contains(l.devices, id) {
-			return fmt.Errorf("inside a lease of %s, which does not include device %d", npu.Unknown.Format(l.devices), id)
+			missing = append(missing, id)
 		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("inside a lease of %s, which does not hold %s", npu.Unknown.Format(l.devices), npu.Unknown.Format(missing))
 	}
 	if o.N > len(l.devices) {
 		return fmt.Errorf("inside a lease of %s, %d asked", npu.Unknown.Format(l.devices), o.N)
 	}
 	return nil
+}
+
+// env is what a nested npurun that covers(o) changes in its command's
+// environment, and the descriptors it adds for the command. Asking for
+// the whole lease (no -n or -d, or all its devices) changes nothing.
+// Asking for some of its devices (-d) or fewer (-n K: the first K in
+// NPURUN_DEVICES' order, the runtime's devices 0 to K-1) narrows
+// NPURUN_DEVICES, the visible-device variable and NPURUN_LEASE to them;
+// the other devices stay leased to the tree, their descriptors open, as
+// under npurun --no-device. A lease found below descriptor 20 (an older
+// npurun's) is placed again as npurun places a new one, so that a shell
+// below keeps it. It also returns the devices the command runs on.
+func (l *lease) env(o Options) ([]string, []int, []int, error) {
+	var env []string
+	devices, fds := l.devices, l.fds
+	if n := max(len(o.Devices), o.N); n > 0 && n < len(l.devices) {
+		narrowed, chosen, err := npu.Narrow(os.LookupEnv, o.Devices, n)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("inside a lease of %s: %w", npu.Unknown.Format(l.devices), err)
+		}
+		for _, id := range chosen {
+			if !slices.Contains(l.devices, id) {
+				return nil, nil, nil, fmt.Errorf("inside a lease of %s: NPURUN_DEVICES lists device %d, which it does not hold", npu.Unknown.Format(l.devices), id)
+			}
+		}
+		devices, fds = nil, nil
+		for i, id := range l.devices { // in the lease's order
+			if slices.Contains(chosen, id) {
+				devices, fds = append(devices, id), append(fds, l.fds[i])
+			}
+		}
+		env = narrowed
+	}
+	var placed []int
+	leaseVar := client.LeaseEntry(devices, fds)
+	if slices.Min(fds) < client.FirstLeaseFD {
+		var err error
+		if placed, leaseVar, err = client.PlaceLease(devices, fds); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	if env == nil && placed == nil {
+		return nil, nil, devices, nil
+	}
+	return append(env, leaseVar), placed, devices, nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -24,36 +23,40 @@ const loginAnswer = 10 * time.Second
 const LoginService = "npurun --login"
 
 // Login is npurun --login, what sshd's ForceCommand runs for a restricted
-// account (see pam_npurun(8)). A session that asked for a command, scp or
-// sftp (SSH_ORIGINAL_COMMAND set) runs it with no lease and every device
-// hidden, without asking the broker. An interactive login asks the broker
-// for its login lease and becomes the user's login shell under it, or
-// without one where the policy says so (hide), or ends (deny).
+// account (see pam_npurun(8)). It asks the broker what this session gets
+// and carries the answer out. A session that asked for a command, scp or
+// sftp (SSH_ORIGINAL_COMMAND set) asks for no lease: the command runs in
+// the user's shell as it is for an account the policy does not restrict,
+// with every device hidden for one it does. An interactive login asks for
+// its login lease and becomes the user's login shell under it, or without
+// one where the policy says so (hide), or ends (deny); an unrestricted
+// account gets its shell as it is.
 func Login(o Options) int {
 	shell := os.Getenv("SHELL")
 	if !strings.HasPrefix(shell, "/") {
 		shell = "/bin/sh"
 	}
-	if cmd, ok := os.LookupEnv("SSH_ORIGINAL_COMMAND"); ok {
-		return execShell(shell, []string{filepath.Base(shell), "-c", cmd}, npu.HiddenEnv(), nil)
+	argv := []string{"-" + filepath.Base(shell)}
+	cmd, isCmd := os.LookupEnv("SSH_ORIGINAL_COMMAND")
+	if isCmd {
+		argv = []string{filepath.Base(shell), "-c", cmd}
 	}
-	loginArgv := []string{"-" + filepath.Base(shell)}
 	path := client.SocketPath(o.Socket)
-	r, fds, code := askLogin(o, path)
+	r, fds, code := askLogin(o, path, !isCmd)
 	switch {
 	case code != 0:
 		return code
 	case r == nil: // no broker: the session-policy file decided to hide
-		return execShell(shell, loginArgv, npu.HiddenEnv(), nil)
+		return execShell(shell, argv, npu.HiddenEnv(), nil)
 	case r.Type == client.TypeIgnore:
-		return execShell(shell, loginArgv, nil, nil)
+		return execShell(shell, argv, nil, nil)
 	case r.Type == client.TypeHide:
 		if r.Message != "" {
 			warn("%s", r.Message)
 		}
-		return execShell(shell, loginArgv, r.Env, nil)
+		return execShell(shell, argv, r.Env, nil)
 	}
-	env, err := leaseEnv(r, fds)
+	env, placed, err := leaseEnv(r, fds)
 	if err != nil {
 		warn("%v", err)
 		return ExitFailure
@@ -61,21 +64,22 @@ func Login(o Options) int {
 	if r.Message != "" && !o.Quiet {
 		warn("%s", r.Message)
 	}
-	return execShell(shell, loginArgv, env, fds)
+	return execShell(shell, argv, env, placed)
 }
 
-// askLogin asks the broker what this login gets. It returns the reply (a
-// grant with its descriptors, ignore or hide), or nil for a login without
-// a device because no broker answers, or an exit status.
-func askLogin(o Options, path string) (*client.Reply, []int, int) {
+// askLogin asks the broker what this session gets: the login lease for an
+// interactive login (login), no lease for a command. It returns the reply
+// (a grant with its descriptors, ignore or hide), or nil for a session
+// without a device because no broker answers, or an exit status.
+func askLogin(o Options, path string, login bool) (*client.Reply, []int, int) {
 	c, err := client.Dial(path)
 	if err != nil {
-		return brokerDown(path, err)
+		return brokerDown(path, err, login)
 	}
 	defer c.Close()
-	req := &client.Request{Op: client.OpSession, Login: true, Service: LoginService, TTY: ttyName(), RHost: remoteHost()}
+	req := &client.Request{Op: client.OpSession, Login: login, Service: LoginService, TTY: ttyName(), RHost: remoteHost()}
 	if err := c.Send(req); err != nil {
-		return brokerDown(path, err)
+		return brokerDown(path, err, login)
 	}
 	w := waiter{o: o, tty: isTerminal(2)}
 	deadline := time.Now().Add(loginAnswer)
@@ -91,11 +95,12 @@ func askLogin(o Options, path string) (*client.Reply, []int, int) {
 			w.cancelOnSignal()
 			w.loginProgress(r)
 			continue
-		case err == nil && (r.Type == client.TypeGrant || r.Type == client.TypeIgnore || r.Type == client.TypeHide):
+		case err == nil && (r.Type == client.TypeIgnore || r.Type == client.TypeHide || (r.Type == client.TypeGrant && login)):
 			w.clear()
 			return r, fds, 0
 		case err == nil:
 			w.clear()
+			closeFDs(fds)
 			warn("unexpected reply %q from the broker", r.Type)
 			return nil, nil, ExitFailure
 		case errors.As(err, &be):
@@ -103,19 +108,24 @@ func askLogin(o Options, path string) (*client.Reply, []int, int) {
 			return nil, nil, refused(be)
 		default:
 			w.clear()
-			return brokerDown(path, err)
+			return brokerDown(path, err, login)
 		}
 	}
 }
 
-// brokerDown applies the session-policy file's on_broker_down to a login
-// that no broker answers: for a restricted account, a login without a
-// device (nil reply) or none at all; anyone else logs in as usual.
-func brokerDown(path string, why error) (*client.Reply, []int, int) {
+// brokerDown applies the session-policy file's on_broker_down to a
+// session (an interactive login, or a command) that no broker answers:
+// for a restricted account, the session without a device (nil reply) or
+// none at all; anyone else's goes on as usual.
+func brokerDown(path string, why error, login bool) (*client.Reply, []int, int) {
+	without := "logged in without a device"
+	if !login {
+		without = "the command runs without a device"
+	}
 	p, err := client.ReadSessionPolicy(path)
 	if err != nil {
 		// No policy to go by: nothing restricts this login but the ACLs.
-		warn("the broker does not answer (%v); logged in without a device", why)
+		warn("the broker does not answer (%v); %s", why, without)
 		return nil, nil, 0
 	}
 	gids, _ := unix.Getgroups()
@@ -130,22 +140,20 @@ func brokerDown(path string, why error) (*client.Reply, []int, int) {
 		warn("the broker does not answer (%v): no login for restricted accounts until it does (on_broker_down = \"deny\")", why)
 		return nil, nil, ExitUnavailable
 	}
-	warn("the broker does not answer (%v); logged in without a device", why)
+	warn("the broker does not answer (%v); %s", why, without)
 	return nil, nil, 0
 }
 
-// leaseEnv is the environment of a command under the lease of grant r: its
-// variables and NPURUN_LEASE, the descriptors cleared of close-on-exec.
-func leaseEnv(r *client.Reply, fds []int) ([]string, error) {
-	env := append([]string(nil), r.Env...)
-	var parts []string
-	for i, fd := range fds {
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, 0); err != nil {
-			return nil, fmt.Errorf("keep lease descriptor open across exec: %w", err)
-		}
-		parts = append(parts, strconv.Itoa(r.Devices[i])+":"+strconv.Itoa(fd))
+// leaseEnv places the descriptors of grant r for the command
+// (client.PlaceLease: at 20 and above, kept across exec) and returns the
+// command's environment entries, its variables and NPURUN_LEASE, and the
+// placed descriptors.
+func leaseEnv(r *client.Reply, fds []int) ([]string, []int, error) {
+	placed, leaseVar, err := client.PlaceLease(r.Devices, fds)
+	if err != nil {
+		return nil, nil, err
 	}
-	return append(env, LeaseVar+"="+strings.Join(parts, ",")), nil
+	return append(append([]string(nil), r.Env...), leaseVar), placed, nil
 }
 
 // execShell replaces this process with the shell at path, argv as given
@@ -154,9 +162,7 @@ func leaseEnv(r *client.Reply, fds []int) ([]string, error) {
 func execShell(path string, argv, env []string, keep []int) int {
 	err := unix.Exec(path, argv, mergeEnv(os.Environ(), env))
 	warn("%s: %v", path, err)
-	for _, fd := range keep {
-		unix.Close(fd)
-	}
+	closeFDs(keep)
 	return ExitNoExec
 }
 

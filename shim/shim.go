@@ -27,10 +27,6 @@ const (
 	ExitNotFound    = 127 // the command was not found
 )
 
-// LeaseVar names the variable through which a lease's descriptors are
-// found by a nested npurun: "DEVICE:FD,…".
-const LeaseVar = "NPURUN_LEASE"
-
 // Options are npurun's flags.
 type Options struct {
 	Socket   string
@@ -75,22 +71,29 @@ func Run(o Options, argv []string) int {
 			hint("a nested npurun runs inside its parent's lease; ask for the devices in the outer npurun")
 			return ExitFailure
 		}
-		if o.Verbose {
+		env, keep, devices, err := lease.env(o)
+		if err != nil {
+			warn("%v", err)
+			return ExitFailure
+		}
+		if o.Verbose && len(devices) < len(lease.devices) {
+			warn("inside a lease of %s; running on %s of it, not asking again", npu.Unknown.Format(lease.devices), npu.Unknown.Format(devices))
+		} else if o.Verbose {
 			warn("inside a lease of %s; not asking again", npu.Unknown.Format(lease.devices))
 		}
-		return execute(argv, nil, nil)
+		return execute(argv, env, keep)
 	}
 	w := waiter{o: o, tty: isTerminal(2)}
 	g, fds, code := w.acquire()
 	if g == nil {
 		return code
 	}
-	env, err := leaseEnv(g, fds)
+	env, placed, err := leaseEnv(g, fds)
 	if err != nil {
 		warn("%v", err)
 		return ExitFailure
 	}
-	return execute(argv, env, fds)
+	return execute(argv, env, placed)
 }
 
 // waiter is one acquisition in progress, with its progress line.
@@ -134,23 +137,23 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			c.Close()
 		}
 	}()
-	if err := c.Send(w.request()); err != nil {
-		// A broker that refuses the connection (at its cap) says why and
-		// closes it, maybe before the request went: its reason is there
-		// to read.
-		var be *client.Error
-		if _, _, rerr := c.Recv(0); errors.As(rerr, &be) {
-			return nil, nil, refused(be)
-		}
-		warn("send request: %v", err)
-		return nil, nil, ExitFailure
-	}
+	err = w.send(c)
+	gone := 0 // times in a row the broker went away without answering
 	for {
-		timeout := time.Duration(-1)
-		if !w.deadline.IsZero() {
-			timeout = max(time.Until(w.deadline), 0)
+		var r *client.Reply
+		var fds []int
+		if err != nil {
+			err = fmt.Errorf("send request: %w", err)
+		} else {
+			timeout := time.Duration(-1)
+			if !w.deadline.IsZero() {
+				timeout = max(time.Until(w.deadline), 0)
+			}
+			r, fds, err = c.Recv(timeout)
 		}
-		r, fds, err := c.Recv(timeout)
+		if err == nil || errors.As(err, new(*client.Error)) {
+			gone = 0 // answered
+		}
 		var be *client.Error
 		switch {
 		case err == nil && r.Type == client.TypeQueued:
@@ -176,22 +179,50 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			w.clear()
 			warn("gave up after %s: %s", w.o.Timeout, strings.TrimPrefix(w.last, "waiting for "))
 			return nil, nil, ExitTempFail
-		case errors.Is(err, client.ErrClosed) || errors.Is(err, unix.ECONNRESET):
-			// The broker restarted: our place is gone, the wait is not.
+		case client.Gone(err) && (w.o.NoWait || gone == maxGone):
+			// --no-wait does not wait for a broker to come back either;
+			// nor does anyone for one that never answers.
+			w.clear()
+			if gone == maxGone {
+				warn("the broker went away %d times in a row without answering (%v)", gone+1, err)
+			} else {
+				warn("the broker went away before it answered (%v)", err)
+			}
+			hint("it may be restarting, or failing: try again, or see 'journalctl -u npubroker'")
+			return nil, nil, ExitUnavailable
+		case client.Gone(err):
+			// The broker went away, before or after it took the request
+			// (it restarted, or died): our place is gone, the wait is not.
+			gone++
 			c.Close()
 			c = nil
 			w.say("the broker went away; reconnecting")
-			if c, err = w.redial(path); err != nil {
+			if c, err = w.redial(path, fmt.Errorf("the broker went away (%w)", err)); err != nil {
 				w.clear()
 				warn("%v", err)
 				return nil, nil, ExitTempFail
 			}
+			err = w.send(c) // a broker gone again is counted above
 		default:
 			w.clear()
 			warn("%v", err)
 			return nil, nil, ExitFailure
 		}
 	}
+}
+
+// send sends the request on c. A broker that refuses the connection (at
+// its cap) says why and closes it, maybe before the request went: its
+// reason is there to read, and is the error then.
+func (w *waiter) send(c *client.Conn) error {
+	err := c.Send(w.request())
+	if err != nil {
+		var be *client.Error
+		if _, _, rerr := c.Recv(0); errors.As(rerr, &be) {
+			return be
+		}
+	}
+	return err
 }
 
 // refused tells the user why the broker refused and returns the exit
@@ -216,22 +247,25 @@ func refused(be *client.Error) int {
 // broker.
 const redialEvery = 100 * time.Millisecond
 
-// redial connects again and repeats the request, until both go through:
-// a broker that is restarting may refuse, or reset a connection its
-// predecessor's socket accepted.
-func (w *waiter) redial(path string) (*client.Conn, error) {
+// maxGone is how often in a row a waiting npurun reconnects to a broker
+// that goes away without answering (one that fails at every request, or
+// crashes at every start) before it takes it for no broker at all.
+const maxGone = 10
+
+// redial connects again, every redialEvery, until it reaches a broker: one
+// that is restarting refuses for a while. why is what ended the last
+// connection, said where the deadline comes first.
+func (w *waiter) redial(path string, why error) (*client.Conn, error) {
+	err := why
 	for {
-		c, err := client.Dial(path)
-		if err == nil {
-			if err = c.Send(w.request()); err == nil {
-				return c, nil
-			}
-			c.Close()
-		}
 		if !w.deadline.IsZero() && time.Now().Add(redialEvery).After(w.deadline) {
 			return nil, fmt.Errorf("gave up after %s: %w", w.o.Timeout, err)
 		}
 		time.Sleep(redialEvery)
+		var c *client.Conn
+		if c, err = client.Dial(path); err == nil {
+			return c, nil
+		}
 	}
 }
 
@@ -325,13 +359,17 @@ func execute(argv []string, env []string, keep []int) int {
 	}
 	err := unix.Exec(path, argv, mergeEnv(os.Environ(), env))
 	warn("%s: %v", argv[0], err)
-	for _, fd := range keep {
-		unix.Close(fd)
-	}
+	closeFDs(keep)
 	if errors.Is(err, unix.ENOENT) {
 		return ExitNotFound
 	}
 	return ExitNoExec
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }
 
 // lookPath finds a command as a shell would, without os/exec.

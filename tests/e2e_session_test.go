@@ -158,10 +158,14 @@ func TestLoginShell(t *testing.T) {
 		t.Error("a command session opened the login's device")
 	}
 
-	// An unrestricted account: the shell as it is.
+	// An unrestricted account: the shell as it is, and a command as it is
+	// (the broker says so: it is asked for a command too).
 	plain := login(t, b, staff, "staff", `echo "staff devices=${NPURUN_DEVICES-unset}"; exit 0`)
 	plain.waitLine("staff devices=unset")
 	plain.mustSucceed()
+	plainCmd := login(t, b, staff, "staff command", "", `SSH_ORIGINAL_COMMAND=echo "staff cmd devices=${NPURUN_DEVICES-unset} ${ASCEND_RT_VISIBLE_DEVICES-unset}"`)
+	plainCmd.waitLine("staff cmd devices=unset unset")
+	plainCmd.mustSucceed()
 
 	first.stdin.Close()
 	first.mustSucceed()
@@ -262,6 +266,27 @@ func TestLoginBrokerDown(t *testing.T) {
 			<-p.outDone
 			if code != 0 || !strings.Contains(p.Output(), "staff shell") {
 				t.Errorf("unrestricted with no broker: exit %d, output:\n%s", code, p.Output())
+			}
+			// A command (SSH_ORIGINAL_COMMAND) follows the same file.
+			p = login(t, b, student, "student command", "", `SSH_ORIGINAL_COMMAND=echo "cmd devices=[$NPURUN_DEVICES]"`)
+			code, _ = p.wait()
+			<-p.outDone
+			out = p.Output()
+			switch down {
+			case "deny":
+				if code != 69 || strings.Contains(out, "cmd devices") {
+					t.Errorf("deny, a command: exit %d, output:\n%s", code, out)
+				}
+			case "hide":
+				if code != 0 || !strings.Contains(out, "cmd devices=[]") || !strings.Contains(out, "the command runs without a device") {
+					t.Errorf("hide, a command: exit %d, output:\n%s", code, out)
+				}
+			}
+			p = login(t, b, staff, "staff command", "", `SSH_ORIGINAL_COMMAND=echo "staff cmd=${NPURUN_DEVICES-unset}"`)
+			code, _ = p.wait()
+			<-p.outDone
+			if code != 0 || !strings.Contains(p.Output(), "staff cmd=unset") {
+				t.Errorf("unrestricted command with no broker: exit %d, output:\n%s", code, p.Output())
 			}
 		})
 	}

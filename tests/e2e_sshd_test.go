@@ -11,19 +11,24 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/npurun/npurun/broker/client"
 )
 
-// loginUser is a test account one can log in as: a home and a shell.
-func loginUser(t *testing.T) testUser {
+// loginUser is a test account one can log in as: a home, and shell as
+// its login shell.
+func loginUser(t *testing.T, shell string) testUser {
 	t.Helper()
 	needRoot(t)
 	buf := make([]byte, 4)
 	rand.Read(buf)
 	name := "npurun-t" + hex.EncodeToString(buf)
-	if out, err := exec.Command("useradd", "--create-home", "--shell", "/bin/sh", name).CombinedOutput(); err != nil {
+	if out, err := exec.Command("useradd", "--create-home", "--shell", shell, name).CombinedOutput(); err != nil {
 		t.Fatalf("useradd %s: %v: %s", name, err, out)
 	}
 	t.Cleanup(func() {
@@ -37,6 +42,33 @@ func loginUser(t *testing.T) testUser {
 	}
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
+	// An account that has logged in before: without a start-up file of
+	// its own an interactive zsh stops at its new-user menu, and a first
+	// interactive fish starts generating completions from the man pages
+	// in the background, a process of the login that holds its lease
+	// until it is done.
+	var made []string
+	switch filepath.Base(shell) {
+	case "zsh":
+		rc := filepath.Join(u.HomeDir, ".zshrc")
+		if err := os.WriteFile(rc, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, rc)
+	case "fish":
+		for _, d := range []string{".local", ".local/share", ".local/share/fish", ".local/share/fish/generated_completions"} {
+			d = filepath.Join(u.HomeDir, d)
+			if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				t.Fatal(err)
+			}
+			made = append(made, d)
+		}
+	}
+	for _, p := range made {
+		if err := os.Chown(p, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
 	return testUser{Name: name, UID: uint32(uid), GID: uint32(gid)}
 }
 
@@ -52,9 +84,10 @@ type sshServer struct {
 }
 
 // startSSHD starts the server: pam_npurun.so in its session stack (mark
-// mode, as for sshd), and `ForceCommand npurun --login` for the restricted
-// users.
-func startSSHD(t *testing.T, b *Broker, restricted ...testUser) *sshServer {
+// mode, as for sshd), and `ForceCommand npurun --login` for the users
+// forced (the restricted ones, as pam_npurun(8) has it, and any other a
+// test adds).
+func startSSHD(t *testing.T, b *Broker, forced ...testUser) *sshServer {
 	t.Helper()
 	needRoot(t)
 	sshd, err := exec.LookPath("sshd")
@@ -106,7 +139,7 @@ session  required pam_permit.so
 		t.Fatal(err)
 	}
 	var names []string
-	for _, u := range restricted {
+	for _, u := range forced {
 		names = append(names, u.Name)
 	}
 	s.Port = freePort(t)
@@ -199,17 +232,20 @@ func fdCount(t *testing.T, pid int) int {
 }
 
 // TestSSHD: a real sshd with pam_npurun.so and npurun --login as
-// ForceCommand: an interactive login (ssh -tt) gets the login lease and
-// opens its node; `ssh host CMD` gets none and cannot; sftp works; a second restricted
-// login is refused (on_busy = "deny"); logout frees the device; 20 logins
-// in a row leak no lease and no descriptor in sshd.
+// ForceCommand, bash accounts: an interactive login (ssh -tt) gets the
+// login lease and opens its node; `ssh host CMD` gets none and cannot,
+// and an unrestricted account's command sent through npurun --login runs
+// as it is; sftp works; a second restricted login is refused (on_busy =
+// "deny"); logout frees the device; 20 logins in a row leak no lease and
+// no descriptor in sshd.
 func TestSSHD(t *testing.T) {
 	dev := newDevTree(t, 2)
-	student, other := loginUser(t), loginUser(t)
+	student, other, staff := loginUser(t, "/bin/bash"), loginUser(t, "/bin/bash"), loginUser(t, "/bin/bash")
 	b := StartBroker(t, restrictConf(dev, []testUser{student, other}, "on_busy = \"deny\"\n"))
-	s := startSSHD(t, b, student, other)
+	s := startSSHD(t, b, student, other, staff)
 	s.allow(t, student)
 	s.allow(t, other)
+	s.allow(t, staff)
 	node := dev.node("davinci0")
 
 	// A command: no lease, devices hidden, the node closed, the device
@@ -218,6 +254,14 @@ func TestSSHD(t *testing.T) {
 	code, out := exitCode(t, s.ssh(student, nil, `echo "CMD=[$NPURUN_DEVICES] LEASE=[$NPURUN_LEASE]"; (exec 3<>`+node+`) 2>/dev/null && echo OPENED || echo CLOSED`))
 	if code != 0 || !strings.Contains(out, "CMD=[] LEASE=[]") || !strings.Contains(out, "CLOSED") {
 		t.Errorf("ssh host CMD: exit %d: %s", code, out)
+	}
+	// An account the policy does not restrict, sent through npurun
+	// --login all the same: its command runs as it is, nothing hidden
+	// (npurun(1): an account that is not restricted gets its shell as it
+	// is), here with no device variable at all.
+	code, out = exitCode(t, s.ssh(staff, nil, `echo "CMD=[${NPURUN_DEVICES-unset}] ASCEND=[${ASCEND_RT_VISIBLE_DEVICES-unset}] CUDA=[${CUDA_VISIBLE_DEVICES-unset}]"`))
+	if code != 0 || !strings.Contains(out, "CMD=[unset] ASCEND=[unset] CUDA=[unset]") {
+		t.Errorf("ssh host CMD as an unrestricted account: exit %d, want its command as it is: %s", code, out)
 	}
 
 	// sftp (and so scp) goes through the wrapper as a command.
@@ -264,5 +308,92 @@ func TestSSHD(t *testing.T) {
 	}
 	if after := fdCount(t, listener); after != before {
 		t.Errorf("sshd had %d descriptors before 20 logins and %d after", before, after)
+	}
+}
+
+// loginShell is a shell users have as their login shell, and how it
+// writes the last command's exit status.
+type loginShell struct{ name, status string }
+
+// loginShells are the shells the lease must survive: bash marks
+// descriptors 3 to 19 close-on-exec as an interactive login shell; zsh
+// and fish leave inherited ones as they are.
+var loginShells = []loginShell{{"bash", "$?"}, {"zsh", "$?"}, {"fish", "$status"}}
+
+// shellPath finds a shell, or says why not: in CI, where .ci/run installs
+// every shell of loginShells, a missing one fails the test.
+func shellPath(t *testing.T, name string) (string, bool) {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err == nil {
+		return p, true
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("no %s (.ci/run installs it): %v", name, err)
+	}
+	return "", false
+}
+
+// TestSSHDShells: a restricted account whose login shell is bash, zsh or
+// fish logs in through sshd and npurun --login; with max_devices = 1, an
+// npurun in the login runs at once in the login lease (the same device,
+// no second lease), and a process left running at logout (setsid -f)
+// keeps the device, the broker showing it held by that process, until it
+// ends.
+func TestSSHDShells(t *testing.T) {
+	dev := newDevTree(t, 2)
+	var shells []loginShell
+	var users []testUser
+	for _, sh := range loginShells {
+		path, ok := shellPath(t, sh.name)
+		if !ok {
+			t.Logf("no %s here: not tested", sh.name)
+			continue
+		}
+		shells = append(shells, sh)
+		users = append(users, loginUser(t, path))
+	}
+	// A process left at logout is outside the login's tree: the broker
+	// finds it holding the lease in its next full look at /proc.
+	b := StartBroker(t, restrictConf(dev, users, "")+"\n[limits]\nmax_devices = 1\n\n[status]\nscan_interval = \"1s\"\n")
+	s := startSSHD(t, b, users...)
+	for i, sh := range shells {
+		t.Run(sh.name, func(t *testing.T) {
+			u := users[i]
+			s.allow(t, u)
+			p := s.interactive(t, u, "ssh -tt "+sh.name)
+			p.waitLine("is yours until you log out")
+
+			// The marker words are split in what is typed, which the
+			// terminal echoes, so that only the commands' output matches.
+			typeLine(t, p, b.Bin.Npurun+` -v --timeout 5s sh -c 'echo "NEST""ED=[$NPURUN_DEVICES]"'; echo "R""C=[`+sh.status+`]"`)
+			rc := p.waitLine("RC=[")
+			if out := p.Output(); !strings.Contains(rc, "RC=[0]") || !strings.Contains(out, "NESTED=[0]") || !strings.Contains(out, "inside a lease") {
+				t.Errorf("npurun in the login: %q, want RC=[0] and its command run in the login lease; output:\n%s", rc, out)
+			}
+
+			typeLine(t, p, `setsid -f sh -c 'echo "SLEEP""ER=[$$]"; exec sleep 1000 </dev/null >/dev/null 2>&1'`)
+			line := p.waitLine("SLEEPER=[")
+			pid, err := strconv.Atoi(line[strings.Index(line, "SLEEPER=[")+len("SLEEPER=[") : strings.LastIndex(line, "]")])
+			if err != nil {
+				t.Fatalf("sleeper pid in %q: %v", line, err)
+			}
+			t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+			typeLine(t, p, "exit")
+			p.wait()
+
+			// The shell is gone; the process it left holds the lease.
+			if code, out := exitCode(t, b.Npurun("--no-wait", "-d", "0", "true")); code != 75 {
+				t.Fatalf("npu 0 after logout with a process left running: exit %d, want 75 (held); output:\n%s", code, out)
+			}
+			w := watchBoards(t, b, nil)
+			w.next(fmt.Sprintf("npu 0 held by the sleeper %d", pid), func(bd *client.Board) bool {
+				return slices.Contains(holderPIDs(bd, 0), pid)
+			})
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			waitFree(t, b, 0)
+		})
 	}
 }

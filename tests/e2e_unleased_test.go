@@ -17,10 +17,12 @@ import (
 // opener writes a script that closes the lease's lock descriptor if it
 // has one (NPURUN_LEASE=DEV:FD), opens the device node $1 at descriptor 8,
 // says "open NODE PID" and becomes `sleep 600`, keeping the node open.
+// It is a bash script: the lease lies at 20 or above, and a POSIX sh such
+// as dash names only descriptors 0 to 9 in a redirection.
 func opener(t testing.TB) string {
 	t.Helper()
 	p := filepath.Join(SharedDir(t), "opener.sh")
-	script := `#!/bin/sh
+	script := `#!/bin/bash
 if [ -n "$NPURUN_LEASE" ]; then
 	fd=${NPURUN_LEASE#*:}
 	eval "exec ${fd%%,*}<&-"

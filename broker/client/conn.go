@@ -253,3 +253,11 @@ func (c *Conn) read() (*Reply, []int, error) {
 	}
 	return &r, fds, nil
 }
+
+// Gone tells whether err, from a send or a receive on a connection, means
+// that the peer went away: it closed the connection (ErrClosed), or it was
+// reset (a broker that died with the connection still unaccepted, or with
+// a request unread), or a send found it closed (EPIPE).
+func Gone(err error) bool {
+	return errors.Is(err, ErrClosed) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.EPIPE)
+}

@@ -154,12 +154,13 @@ func deviceEnv(devices []int) []string {
 	return []string{"ASCEND_RT_VISIBLE_DEVICES=" + strings.Join(ids, ",")}
 }
 
-// TestLease: the command holds the lease's lock files at 3, 4, … as
-// NPURUN_LEASE says, and sees the go-ahead's device variables alone, not
-// the stale ones its submitter's environment held (a C getenv takes the
-// first of a name set twice).
+// TestLease: the command holds the lease's lock files at 20, 21, … as
+// NPURUN_LEASE says, where a login bash leaves them open for what it
+// starts (it marks 3 to 19 close-on-exec), and sees the go-ahead's device
+// variables alone, not the stale ones its submitter's environment held (a
+// C getenv takes the first of a name set twice).
 func TestLease(t *testing.T) {
-	spec := newSpec(t, "sh", "-c", `
+	spec := newSpec(t, "bash", "--login", "-i", "-c", `
 		echo "lease=$NPURUN_LEASE"
 		echo "visible=$(tr '\0' '\n' < /proc/$$/environ | grep -c '^ASCEND_RT_VISIBLE_DEVICES=') $ASCEND_RT_VISIBLE_DEVICES"
 		for p in $(echo "$NPURUN_LEASE" | tr , ' '); do
@@ -167,11 +168,13 @@ func TestLease(t *testing.T) {
 			echo "fd $fd: $(readlink /proc/self/fd/$fd) $(grep -c 'FLOCK.*WRITE' /proc/self/fdinfo/$fd)"
 		done
 		read x < "$GATE1"
-		exec 3<&- 4<&-
+		for p in $(echo "$NPURUN_LEASE" | tr , ' '); do
+			eval "exec ${p#*:}<&-"
+		done
 		read x < "$GATE2"
 		exit 0`)
 	gate1, gate2 := makeFifo(t, "gate1"), makeFifo(t, "gate2")
-	spec.Env = append(spec.Env, "GATE1="+gate1, "ASCEND_RT_VISIBLE_DEVICES=9", "NPURUN_LEASE=9:3", "GATE2="+gate2)
+	spec.Env = append(spec.Env, "HOME="+t.TempDir(), "GATE1="+gate1, "ASCEND_RT_VISIBLE_DEVICES=9", "NPURUN_LEASE=9:3", "GATE2="+gate2)
 	spec.Devices = []int{0, 5}
 	dir := t.TempDir()
 	locks := lockFiles(t, dir, spec.Devices)
@@ -207,10 +210,10 @@ func TestLease(t *testing.T) {
 	log := readLog(t, spec.Log)
 	for _, want := range []string{
 		"npurun: task 7 started on npu 0,5 at ",
-		"lease=0:3,5:4\n",
+		fmt.Sprintf("lease=0:%d,5:%d\n", client.FirstLeaseFD, client.FirstLeaseFD+1),
 		"visible=1 0,5\n",
-		"fd 3: " + filepath.Join(dir, "npu0.lock") + " 1\n",
-		"fd 4: " + filepath.Join(dir, "npu5.lock") + " 1\n",
+		fmt.Sprintf("fd %d: %s 1\n", client.FirstLeaseFD, filepath.Join(dir, "npu0.lock")),
+		fmt.Sprintf("fd %d: %s 1\n", client.FirstLeaseFD+1, filepath.Join(dir, "npu5.lock")),
 	} {
 		if !strings.Contains(log, want) {
 			t.Errorf("log lacks %q; log:\n%s", want, log)

@@ -18,9 +18,6 @@ import (
 	"github.com/npurun/npurun/broker/client"
 )
 
-// leaseVar names the lease's descriptors for the command, as shim.LeaseVar.
-const leaseVar = "NPURUN_LEASE"
-
 // reasonCancelled is the Status reason of a task the broker cancelled.
 const reasonCancelled = "cancelled"
 
@@ -144,7 +141,8 @@ func cancelled(cancel <-chan os.Signal) bool {
 
 // startCommand logs the start and starts the command in a process group of
 // its own, with /dev/null for its standard input, the log for its outputs
-// and the lease at descriptors 3, 4, …, and returns its pid. It starts it
+// and the lease where npurun places one (client.PlaceLease: at 20 and
+// above, which a login bash leaves open), and returns its pid. It starts it
 // with syscall.ForkExec: os/exec's Start does more (a Process with its
 // pidfd, the environment deduplicated) for nothing the supervisor uses,
 // some 50 µs on a task's start here.
@@ -153,15 +151,25 @@ func startCommand(spec *client.Spec, p *prepared, leases []*os.File) (int, error
 		return 0, fmt.Errorf("start: %w", p.pathErr)
 	}
 	log := p.log
-	files := make([]uintptr, 0, firstLease+len(leases))
-	files = append(files, p.null.Fd(), log.Fd(), log.Fd())
-	for _, f := range leases {
-		files = append(files, f.Fd())
+	lease := ""
+	if len(leases) > 0 {
+		fds := make([]int, len(leases))
+		for i, f := range leases {
+			fds[i] = int(f.Fd())
+		}
+		// Placed without close-on-exec, the copies pass to the command
+		// as they are; this process's go when the command has started.
+		placed, entry, err := client.PlaceLease(spec.Devices, fds)
+		if err != nil {
+			return 0, fmt.Errorf("start: %w", err)
+		}
+		defer closeAll(placed)
+		lease = entry
 	}
 	attr := &syscall.ProcAttr{
 		Dir:   spec.Cwd,
-		Env:   taskEnv(spec.Env, spec.Devices),
-		Files: files,
+		Env:   taskEnv(spec.Env, lease),
+		Files: []uintptr{p.null.Fd(), log.Fd(), log.Fd()},
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
 	if spec.Umask != nil {
@@ -219,12 +227,13 @@ func lookupEnv(env []string, name string) string {
 	return value
 }
 
-// taskEnv is the task's environment with NPURUN_LEASE naming the
-// descriptors the command gets; a stale NPURUN_LEASE is dropped. A name
-// set twice keeps its last value (in the place of its first): the
-// go-ahead's device variables come after the submitter's environment,
-// which may hold stale ones, and a C program's getenv takes the first.
-func taskEnv(env []string, devices []int) []string {
+// taskEnv is the task's environment with lease, the NPURUN_LEASE entry
+// naming the descriptors the command gets ("" for none); a stale
+// NPURUN_LEASE is dropped. A name set twice keeps its last value (in the
+// place of its first): the go-ahead's device variables come after the
+// submitter's environment, which may hold stale ones, and a C program's
+// getenv takes the first.
+func taskEnv(env []string, lease string) []string {
 	out := make([]string, 0, len(env)+1)
 	at := make(map[string]int, len(env)+1)
 	set := func(kv string) {
@@ -237,27 +246,14 @@ func taskEnv(env []string, devices []int) []string {
 		out = append(out, kv)
 	}
 	for _, kv := range env {
-		if !strings.HasPrefix(kv, leaseVar+"=") {
+		if !strings.HasPrefix(kv, client.LeaseVar+"=") {
 			set(kv)
 		}
 	}
-	if len(devices) > 0 {
-		set(leaseVar + "=" + leaseValue(devices))
+	if lease != "" {
+		set(lease)
 	}
 	return out
-}
-
-// firstLease is the command's descriptor of the first lock file: ExtraFiles
-// puts them at 3, 4, ….
-const firstLease = 3
-
-// leaseValue is "dev:fd,…" for the command's descriptors 3, 4, …
-func leaseValue(devices []int) string {
-	parts := make([]string, len(devices))
-	for i, dev := range devices {
-		parts[i] = strconv.Itoa(dev) + ":" + strconv.Itoa(firstLease+i)
-	}
-	return strings.Join(parts, ",")
 }
 
 // placement says where the task runs, for the log.

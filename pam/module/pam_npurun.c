@@ -60,6 +60,7 @@
 #define MAX_POLICY (64 * 1024)
 #define MAX_WAIT_MS (11 * 60 * 1000) /* the longest on_busy wait, and then some */
 #define DATA_NAME "pam_npurun_lease"
+#define FIRST_LEASE_FD 20 /* client.FirstLeaseFD: a login bash marks 3 to 19 close-on-exec */
 
 /* The request's strings, in bytes as the broker decodes them: the user's
  * name whole or not at all; the origin fields (the broker's caps) cut at a
@@ -1082,7 +1083,10 @@ static int hide(pam_handle_t *pamh)
 }
 
 /* keep takes a grant's descriptors for the PAM handle's life and lets the
- * session's processes inherit them, named by NPURUN_LEASE. */
+ * session's processes inherit them, named by NPURUN_LEASE: each moved to
+ * the lowest free descriptor at FIRST_LEASE_FD or above, close-on-exec
+ * clear, as npurun places a lease (client.PlaceLease), so that the
+ * session's login shell keeps them for what it starts. */
 static int keep(pam_handle_t *pamh, struct reply *rp)
 {
 	char var[32 + MAX_DEVICES * 24];
@@ -1093,12 +1097,14 @@ static int keep(pam_handle_t *pamh, struct reply *rp)
 		return PAM_BUF_ERR;
 	n = (size_t)snprintf(var, sizeof var, "NPURUN_LEASE=");
 	for (int i = 0; i < rp->nfds; i++) {
-		int flags = fcntl(rp->fds[i], F_GETFD);
-		if (flags < 0 || fcntl(rp->fds[i], F_SETFD, flags & ~FD_CLOEXEC) != 0) {
+		int fd = fcntl(rp->fds[i], F_DUPFD, FIRST_LEASE_FD); /* close-on-exec clear */
+		if (fd < 0) {
 			pam_syslog(pamh, LOG_ERR, "fcntl: %m");
 			free(l);
-			return PAM_SESSION_ERR;
+			return PAM_SESSION_ERR; /* rp->fds, as far as moved, closed by the caller */
 		}
+		close(rp->fds[i]);
+		rp->fds[i] = fd;
 		n += (size_t)snprintf(var + n, sizeof var - n, "%s%d:%d", i ? "," : "", rp->devices[i], rp->fds[i]);
 		l->fds[i] = rp->fds[i];
 	}

@@ -10,6 +10,7 @@
 //	open ok | open ERROR           pam_open_session's result
 //	env NAME=VALUE                 the PAM environment after it
 //	held                           (-hold) the session is open; close stdin to end it
+//	ran exit N                     (-run) the command's status, after its own output
 //	close ok | close ERROR         pam_close_session (unless -no-close)
 //	time OPEN_NS                   (-repeat) one line per open_session, in ns
 //	leases N                       (-repeat) sessions that got a lease
@@ -22,12 +23,17 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"os/user"
 	"sort"
+	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/msteinert/pam/v2"
@@ -44,6 +50,7 @@ func main() {
 	repeat := flag.Int("repeat", 1, "open and close the session this many times, timing each open")
 	quiet := flag.Bool("quiet", false, "print only time lines and failures")
 	countFDs := flag.Bool("fds", false, "at the end, print the number of open descriptors: fds N")
+	run := flag.String("run", "", "once the session is open, run this sh command as the user with the PAM environment, as login(1) runs the shell")
 	serve := flag.String("serve", "", "be a fake broker listening on this socket instead")
 	reply := flag.String("reply", "", "(-serve) the packet answering every request")
 	flag.Parse()
@@ -107,6 +114,11 @@ func main() {
 		if v := tx.GetEnv("NPURUN_LEASE"); v != "" {
 			leases++
 		}
+		if *run != "" && err == nil {
+			env, _ := tx.GetEnvList()
+			out.Flush()
+			runAs(out, *user, *run, env)
+		}
 		if *hold {
 			fmt.Fprintln(out, "held")
 			out.Flush()
@@ -131,6 +143,36 @@ func main() {
 	if *countFDs {
 		entries, _ := os.ReadDir("/proc/self/fd")
 		fmt.Fprintf(out, "fds %d\n", len(entries))
+	}
+}
+
+// runAs runs command with sh as user, its environment this process's
+// with env over it, and its output on standard output; it inherits what
+// the session's modules left open, as login(1)'s shell does.
+func runAs(out *bufio.Writer, name, command string, env map[string]string) {
+	u, err := user.Lookup(name)
+	if err != nil {
+		fmt.Fprintf(out, "ran %v\n", err)
+		return
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	cmd := exec.Command("/bin/sh", "-c", command)
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stdout
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+	err = cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		fmt.Fprintln(out, "ran exit 0")
+	case errors.As(err, &ee):
+		fmt.Fprintf(out, "ran exit %d\n", ee.ExitCode())
+	default:
+		fmt.Fprintf(out, "ran %v\n", err)
 	}
 }
 
