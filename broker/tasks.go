@@ -346,17 +346,13 @@ func (s *Server) resolveTask(c *conn, sub *client.Submission) (*task, *client.Re
 	}
 	t.Log = sub.Log
 	if t.Log == "" {
-		t.Log = defaultLog(c.acct.home, unknownID)
+		// Its size is all that counts until it has its id and the tag.
+		t.Log = client.DefaultLog(c.acct.home, unknownID, strings.Repeat("f", tasklife.TagLen))
 	}
 	if rep := s.checkSize(t.Task); rep != nil {
 		return nil, rep
 	}
 	return t, nil
-}
-
-// defaultLog is the log of task id of a user whose home is home.
-func defaultLog(home string, id uint64) string {
-	return filepath.Join(home, ".local/state/npurun/tasks", strconv.FormatUint(id, 10)+".log")
 }
 
 // admitTaskLocked checks a resolved task against the policy and the
@@ -393,7 +389,7 @@ func (s *Server) admitTaskLocked(c *conn, t *task) *client.Reply {
 	}
 	t.ID = s.life.NewID()
 	if sub.Log == "" {
-		t.Log = defaultLog(c.acct.home, t.ID)
+		t.Log = client.DefaultLog(c.acct.home, t.ID, s.life.Tag())
 	}
 	return nil
 }

@@ -5,9 +5,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/npurun/npurun/broker/client"
 )
 
 // Faults found by injection (issue 15): relative paths, a clean stop's
@@ -65,5 +68,37 @@ func TestBrokerRelativePaths(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "state", "journal")); err != nil {
 		t.Errorf("the journal is not in the state directory given, relative to where the broker started: %v", err)
+	}
+}
+
+// TestTaskDefaultLogNewJournal: a new journal numbers its tasks from 1
+// again; its task 1 writes its default log beside the older task 1's, not
+// into it, and `logs` shows its own output alone (issue 14.9).
+func TestTaskDefaultLogNewJournal(t *testing.T) {
+	u := newUser(t)
+	home := userDir(t, &u, 0o755)
+	if out, err := exec.Command("usermod", "--home", home, u.Name).CombinedOutput(); err != nil {
+		t.Fatalf("usermod --home: %v: %s", err, out)
+	}
+	run := func(word string) (client.TaskInfo, *Broker) {
+		b := StartBroker(t, taskConfig(1)) // a state directory of its own: a new journal
+		id := submitTask(t, b, &u, home, "--no-device", "--", "echo", word)
+		if r := waitTask(t, b, id); r.code != 0 {
+			t.Fatalf("wait for task %d: %s", id, r)
+		}
+		return showTask(t, b, id), b
+	}
+	first, b := run("first")
+	b.Stop()
+	second, b := run("second")
+	if first.ID != second.ID {
+		t.Fatalf("the new journal's task is %d, the older one's %d: ids should start again", second.ID, first.ID)
+	}
+	if first.Log == second.Log || !strings.HasPrefix(second.Log, filepath.Join(home, ".local/state/npurun/tasks")+"/") {
+		t.Errorf("default logs %s and %s: want two files under %s", first.Log, second.Log, filepath.Join(home, ".local/state/npurun/tasks"))
+	}
+	r := runTaskCmd(t, asUser(b.TaskSubmit("logs", strconv.FormatUint(second.ID, 10)), &u, home))
+	if r.code != 0 || !strings.Contains(r.stdout, "second") || strings.Contains(r.stdout, "first") {
+		t.Errorf("logs %d of the new journal: %s; want its own output alone", second.ID, r)
 	}
 }

@@ -2,6 +2,8 @@ package client
 
 import (
 	"fmt"
+	"path/filepath"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,6 +32,18 @@ import (
 // knows its tasks' supervisors by it, followed by the task's id when the
 // supervisor was started for one.
 const SupervisorName = "npurun-supervise"
+
+// DefaultLogDir is where a task's log goes when it names none: under its
+// submitter's home directory.
+const DefaultLogDir = ".local/state/npurun/tasks"
+
+// DefaultLog is the log of task id, submitted by a user whose home is
+// home, when it names none: DefaultLogDir/ID-TAG.log, TAG being the
+// broker's journal's (ids start again with a new journal, and two
+// machines may share a home: the tag keeps a task out of another's log).
+func DefaultLog(home string, id uint64, tag string) string {
+	return filepath.Join(home, DefaultLogDir, strconv.FormatUint(id, 10)+"-"+tag+".log")
+}
 
 // Task operations.
 const (

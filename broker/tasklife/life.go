@@ -53,7 +53,10 @@ package tasklife
 //   - An ended task keeps no environment: it is dropped when the end is
 //     applied, live or replayed, and the journal is rewritten soon after,
 //     so that the secrets it held leave the disk too.
-//   - Ids never repeat: the highest id given is in every rewrite.
+//   - Ids never repeat: the highest id given is in every rewrite. A new
+//     journal starts again at 1, so it gets a tag of its own (also in every
+//     rewrite), which names its tasks' default logs beside their ids: a
+//     new task never writes to, nor reads, an older task's log.
 //   - Ended tasks are forgotten oldest end first: beyond keep-per-user for
 //     their user, and beyond keep in all (the user who has the most ended
 //     tasks kept loses one first, so one user's churn cannot push out
@@ -63,6 +66,8 @@ package tasklife
 import (
 	"bytes"
 	"cmp"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -211,6 +216,7 @@ type Record struct {
 	Status    *client.Status `json:"status,omitempty"`
 	Reason    string         `json:"reason,omitempty"`
 	Pad       string         `json:"pad,omitempty"` // a probe's size
+	Tag       string         `json:"tag,omitempty"` // ids: the journal's tag
 }
 
 // The records of the journal.
@@ -218,7 +224,7 @@ const (
 	opTask   = "task"   // a whole task: a submission, or a task as a rewrite carries it
 	opStart  = "start"  // a task started: its devices and supervisor
 	opEnd    = "end"    // a task ended
-	opIDs    = "ids"    // the highest id given so far (first in a rewrite)
+	opIDs    = "ids"    // the highest id given so far, and the journal's tag (first in a rewrite)
 	opProbe  = "probe"  // a test that the journal can be written again; no change
 	opArm    = "arm"    // a waiting task armed in a boot: its start need not be synced before its go-ahead
 	opDisarm = "disarm" // every task disarmed: the broker stopped cleanly, or started in the boot they were armed in
@@ -261,6 +267,7 @@ type Life struct {
 	gone       int      // forgotten ids still in order
 	sorted     bool     // order is sorted (a replay appends, then sorts)
 	nextID     uint64   // the highest id given
+	tag        string   // the journal's, made when it is new
 	waiting    map[uint32]int
 	running    map[uint32]int
 	submitting map[uint32]int
@@ -333,6 +340,14 @@ func Open(dir string, o Options) (*Life, error) {
 	l.replaying = false
 	if err != nil {
 		return nil, err
+	}
+	if l.tag == "" {
+		// A new journal (or one older than tags). The rewrite below
+		// keeps the tag; should it fail, the next start makes another,
+		// which is as good: the ids go on from the tasks kept.
+		if l.tag, err = newTag(); err != nil {
+			return nil, err
+		}
 	}
 	if !l.sorted {
 		slices.Sort(l.order)
@@ -492,6 +507,22 @@ func (l *Life) disarmIfStopped() {
 func (l *Life) Armed(t *Task) bool {
 	return l.boot != "" && !l.closing && t.ArmBoot == l.boot
 }
+
+// TagLen is the length of a journal's tag.
+const TagLen = 8
+
+// newTag makes a journal's tag: TagLen random hexadecimal digits.
+func newTag() (string, error) {
+	b := make([]byte, TagLen/2)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("make the journal's tag: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// Tag is the journal's tag, which names its tasks' default logs beside
+// their ids (ids start again with a new journal; its tag does not).
+func (l *Life) Tag() string { return l.tag }
 
 // Get is task id, nil if there is none.
 func (l *Life) Get(id uint64) *Task { return l.tasks[id] }
@@ -833,6 +864,9 @@ func (l *Life) apply(r *Record) error {
 		l.applyEnd(r)
 	case opIDs:
 		l.nextID = max(l.nextID, r.ID)
+		if r.Tag != "" {
+			l.tag = r.Tag
+		}
 	case opArm:
 		if t := l.tasks[r.ID]; t != nil && t.IsWaiting() {
 			t.ArmBoot = r.Boot
@@ -1084,7 +1118,7 @@ func (l *Life) sweep() {
 // tasks not ended in id order, then the ended ones in the order they
 // ended, each as a replay would rebuild it.
 func (l *Life) snapshot() []*Record {
-	recs := []*Record{{Op: opIDs, ID: l.nextID}}
+	recs := []*Record{{Op: opIDs, ID: l.nextID, Tag: l.tag}}
 	var done []*Task
 	l.Each(func(t *Task) bool {
 		if t.IsEnded() {

@@ -471,6 +471,32 @@ func TestIDsNeverRepeat(t *testing.T) {
 	}
 }
 
+// TestJournalTag: a journal keeps its tag across reopenings and
+// rewrites; a new journal, whose ids start again, gets another.
+func TestJournalTag(t *testing.T) {
+	dir := t.TempDir()
+	tb := openTable(t, dir, 10, 10)
+	tag := tb.Tag()
+	if len(tag) != TagLen || strings.Trim(tag, "0123456789abcdef") != "" {
+		t.Fatalf("tag %q, want %d hexadecimal digits", tag, TagLen)
+	}
+	tb.submit(1)
+	if err := tb.compact(); err != nil {
+		t.Fatal(err)
+	}
+	tb.Close()
+	for range 2 {
+		tb := openTable(t, dir, 10, 10)
+		if tb.Tag() != tag {
+			t.Errorf("reopened, the journal's tag is %q, was %q", tb.Tag(), tag)
+		}
+		tb.Close()
+	}
+	if other := openTable(t, t.TempDir(), 10, 10); other.Tag() == tag || other.NewID() != 1 {
+		t.Errorf("a new journal has tag %q (the older one's: %q)", other.Tag(), tag)
+	}
+}
+
 // TestCancelNotRecorded: a cancel that cannot be recorded changes nothing.
 func TestCancelNotRecorded(t *testing.T) {
 	tb := openTable(t, t.TempDir(), 10, 10)

@@ -115,7 +115,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		maxTime, fmt.Sprintf("the longest time limit, %dh (a century)", maxTime/time.Hour))
 	fs.stringVar(&o.sub.Name, 0, "name", "NAME", "name to list the task by instead of its command")
 	fs.listVar(&after, 0, "after", "ID[,ID...]", "start only once these tasks have succeeded", true)
-	fs.stringVar(&o.sub.Log, 0, "log", "FILE", "log file (default ~/.local/state/npurun/tasks/ID.log)")
+	fs.stringVar(&o.sub.Log, 0, "log", "FILE", "log file (default ~/.local/state/npurun/tasks/ID-TAG.log, TAG naming the broker's journal)")
 	fs.stringVar(&run, 0, "run", "STRING", "command line run by your shell, instead of -- COMMAND [ARG...]")
 	fs.switchVar(&o.json, 0, "json", "print the task's id, position and pool as JSON")
 	fs.stringVar(&o.socket, 0, "socket", "PATH", socketHelp)
