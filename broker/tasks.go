@@ -36,6 +36,7 @@ type task struct {
 	launching bool        // launch is giving it its go-ahead
 	sup       *supervisor // its supervisor, once started (warm while it waits)
 	cgroup    bool        // its control group may exist (cgroup.go)
+	lookupErr error       // its account could not be looked up: it waits out of line (lookupLaterLocked)
 }
 
 // Caps on what one submission and one connection may hold.
@@ -323,6 +324,13 @@ func (s *Server) resolveTask(c *conn, sub *client.Submission) (*task, *client.Re
 		return bad("name longer than 200 bytes")
 	case len(sub.After) > maxAfter:
 		return bad("--after names %d tasks, more than %d", len(sub.After), maxAfter)
+	case !c.acct.known && c.acct.err != nil:
+		// Not an answer: the task would be recorded as "uid N", its log
+		// under "/" (issue 15.3). Nothing is recorded; it is for the
+		// submitter to try again, as for any passing shortage.
+		return nil, errReply(client.CodeBusy, fmt.Sprintf("the user database cannot be read now, so the task was not submitted: %v", c.acct.err), "try again in a moment")
+	case sub.Shell != "" && c.acct.shellErr != nil:
+		return nil, errReply(client.CodeBusy, fmt.Sprintf("the user database cannot be read now, so the task was not submitted: %v", c.acct.shellErr), "try again in a moment")
 	case sub.Log == "" && c.acct.home == "":
 		return nil, errReply(client.CodeBadRequest, fmt.Sprintf("%s has no home directory, and a task's log goes under it unless --log names another", c.acct.name), "give --log FILE")
 	}
@@ -526,9 +534,18 @@ func (s *Server) settleLocked(t *task) {
 		return
 	}
 	if t.w == nil {
-		if t.acct == nil {
+		if t.acct == nil || t.lookupErr != nil {
 			t.acct = s.users.lookup(t.UID) // replayed from the journal
 		}
+		if !t.acct.known && t.acct.err != nil {
+			// Its limits and pools depend on its account: it waits out
+			// of line until the user database answers (a name service
+			// not up yet at boot, no descriptors left), rather than be
+			// judged on a stand-in's.
+			s.lookupLaterLocked(t, t.acct.err)
+			return
+		}
+		t.lookupErr = nil
 		w, rep := s.waiterLocked(t)
 		if rep != nil {
 			s.life.EndNow(t.Task, tasklife.Failed, "cannot be queued: "+rep.Message)
@@ -539,6 +556,62 @@ func (s *Server) settleLocked(t *task) {
 	s.addLineLocked(t, (*Queue).Add)
 	if !s.loading {
 		s.scheduleLocked()
+	}
+}
+
+// Waits before the accounts of waiting tasks are looked up again, after a
+// lookup failed for a reason that passes.
+const (
+	firstLookupWait = time.Second
+	maxLookupWait   = 30 * time.Second
+)
+
+// lookupLaterLocked keeps waiting task t out of line until its account can
+// be looked up, and arranges for it to be settled again then.
+func (s *Server) lookupLaterLocked(t *task, why error) {
+	if t.lookupErr == nil {
+		s.log.Printf("task %d: %v; it waits until the user database can be read", t.ID, why)
+	}
+	t.lookupErr = why
+	if s.unresolved == nil {
+		s.unresolved = map[uint64]*task{}
+	}
+	s.unresolved[t.ID] = t
+	if s.lookupTimer {
+		return
+	}
+	s.lookupTimer = true
+	s.lookupWait = min(max(2*s.lookupWait, firstLookupWait), maxLookupWait)
+	time.AfterFunc(s.lookupWait, s.lookupAgain)
+}
+
+// lookupAgain looks up the accounts of the tasks kept out of line for a
+// failed lookup, without the broker's lock, then settles them again.
+func (s *Server) lookupAgain() {
+	s.mu.Lock()
+	s.lookupTimer = false
+	uids := map[uint32]bool{}
+	for _, t := range s.unresolved {
+		uids[t.UID] = true
+	}
+	s.mu.Unlock()
+	ok := true
+	for uid := range uids {
+		if a := s.users.lookup(uid); !a.known && a.err != nil {
+			ok = false
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ok {
+		s.lookupWait = 0
+	}
+	todo := s.unresolved
+	s.unresolved = nil
+	for id, t := range todo {
+		if s.jobs[id] == t && t.IsWaiting() && !t.inLine {
+			s.settleLocked(t)
+		}
 	}
 }
 
@@ -685,6 +758,8 @@ func (s *Server) waitReasonLocked(j *task) string {
 	}
 	w := j.w
 	switch {
+	case j.lookupErr != nil:
+		return "waits until the user database can be read: " + j.lookupErr.Error()
 	case s.paused != nil:
 		return "task starts are paused: " + s.paused.why.Error()
 	case w == nil:

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"os/user"
 	"strconv"
@@ -26,6 +27,7 @@ type account struct {
 	hasShell bool
 	known    bool  // found in the user database (else: a stand-in, briefly kept)
 	err      error // why the database could not be asked, when it was not "no such user"
+	shellErr error // why the login shell could not be looked up now (lookup: such an account is not kept)
 	at       time.Time
 }
 
@@ -52,7 +54,12 @@ func (a *accounts) get(uid uint32, withShell bool) *account {
 	}
 	if withShell && acc.known && !acc.hasShell {
 		c := *acc
-		c.shell, c.hasShell = loginShell(c.name), true
+		sh, err := loginShell(c.name)
+		if err != nil {
+			c.shellErr = err // asked again next time: that passes
+			return &c
+		}
+		c.shell, c.hasShell = sh, true
 		acc = &c
 		a.store(uid, acc)
 	}
@@ -112,21 +119,27 @@ func resolveAccount(uid uint32) *account {
 
 // loginShell is user's shell from the user database (through NSS, with
 // getent), or /bin/sh when there is none or it refuses logins (nologin,
-// false).
-func loginShell(name string) string {
+// false). An error is a lookup that could not be made now (getent not
+// started, for want of descriptors or processes, or not answering): that
+// passes, and is no answer.
+func loginShell(name string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "getent", "passwd", name).Output()
-	if err != nil {
-		return "/bin/sh"
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee) && ee.ExitCode() == 2: // no such entry
+		return "/bin/sh", nil
+	case err != nil:
+		return "", fmt.Errorf("look up the login shell of %s: %w", name, err)
 	}
 	f := strings.Split(strings.TrimSpace(string(out)), ":")
 	if len(f) != 7 || f[0] != name {
-		return "/bin/sh"
+		return "/bin/sh", nil
 	}
 	sh := f[6]
 	if !strings.HasPrefix(sh, "/") || strings.HasSuffix(sh, "/nologin") || strings.HasSuffix(sh, "/false") {
-		return "/bin/sh"
+		return "/bin/sh", nil
 	}
-	return sh
+	return sh, nil
 }

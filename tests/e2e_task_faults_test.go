@@ -2,6 +2,9 @@ package tests
 
 import (
 	"bufio"
+	"encoding/json"
+	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
 )
@@ -100,5 +105,87 @@ func TestTaskDefaultLogNewJournal(t *testing.T) {
 	r := runTaskCmd(t, asUser(b.TaskSubmit("logs", strconv.FormatUint(second.ID, 10)), &u, home))
 	if r.code != 0 || !strings.Contains(r.stdout, "second") || strings.Contains(r.stdout, "first") {
 		t.Errorf("logs %d of the new journal: %s; want its own output alone", second.ID, r)
+	}
+}
+
+// TestTaskSubmitLookupShortage: a submission whose account the broker
+// cannot look up for a passing reason (here: no descriptor left for NSS
+// once the connection is accepted) is refused with status 75 and recorded
+// nowhere, rather than recorded as "uid N" with its log under "/" and
+// failed at its start; once descriptors are back, it goes through and runs
+// (issue 15.3).
+func TestTaskSubmitLookupShortage(t *testing.T) {
+	u := newUser(t)
+	b := StartBroker(t, taskConfig(1))
+	dir := userDir(t, &u, 0o755)
+	args := []string{"--no-device", "--log", filepath.Join(dir, "log"), "--", "true"}
+	restore := starveBroker(t, b)
+	r := runTaskCmd(t, asUser(b.TaskSubmit(args...), &u, dir))
+	restore()
+	if r.code != 75 || !strings.Contains(r.stderr, "the user database cannot be read now, so the task was not submitted") {
+		t.Errorf("task-submit while the broker cannot look its user up: %s; want exit 75 saying it was not submitted", r)
+	}
+	if ts := listTasks(t, b, &u, false); len(ts) != 0 {
+		t.Errorf("a submission refused was recorded: %+v", ts)
+	}
+	// As a script would: the failed lookup is kept for a second, against
+	// hammering a name service that is down.
+	var id uint64
+	for deadline := time.Now().Add(eventTimeout); id == 0; {
+		r := runTaskCmd(t, asUser(b.TaskSubmit(append([]string{"--json"}, args...)...), &u, dir))
+		switch {
+		case r.code == 0:
+			var s struct{ ID uint64 }
+			if err := json.Unmarshal([]byte(r.stdout), &s); err != nil || s.ID == 0 {
+				t.Fatalf("task-submit --json printed %q: %v", r.stdout, err)
+			}
+			id = s.ID
+		case r.code != 75 || time.Now().After(deadline):
+			t.Fatalf("task-submit once descriptors were back: %s", r)
+		default:
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	if r := waitTask(t, b, id); r.code != 0 {
+		t.Errorf("wait for task %d, submitted once descriptors were back: %s", id, r)
+	}
+	if ti := showTask(t, b, id); ti.State != "done" || ti.User != u.Name {
+		t.Errorf("task %d: %s (%s), user %q; want done, %s's", id, ti.State, ti.Reason, ti.User, u.Name)
+	}
+}
+
+// starveBroker leaves b's process one descriptor to open (the next
+// connection it accepts) and returns what gives it its limit back.
+func starveBroker(t *testing.T, b *Broker) func() {
+	t.Helper()
+	pid := b.Pid()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := map[int]bool{}
+	for _, e := range ents {
+		if n, err := strconv.Atoi(e.Name()); err == nil {
+			open[n] = true
+		}
+	}
+	free := 0
+	for open[free] {
+		free++
+	}
+	var old unix.Rlimit
+	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(free + 1), Max: math.MaxUint64}, &old); err != nil {
+		// The hard limit is kept as it was.
+		if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &old); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(free + 1), Max: old.Max}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return func() {
+		if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &old, nil); err != nil {
+			t.Errorf("give the broker its descriptor limit back: %v", err)
+		}
 	}
 }
