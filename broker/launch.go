@@ -508,6 +508,7 @@ func (s *Server) launch(t *task, fds []int) {
 		return
 	}
 	s.pauseWait = 0
+	t.heard = false // not yet, from this supervisor
 	goAhead := s.goAheadLocked(t.Task)
 	t.launching = true
 	s.mu.Unlock()
@@ -540,7 +541,8 @@ func (s *Server) launch(t *task, fds []int) {
 // awaitStarted waits for a supervisor given its go-ahead to say that its
 // command has started (or for it to close its socket: it could not, or
 // exited), then keeps an idle supervisor for its user: started any
-// earlier, it would slow this start.
+// earlier, it would slow this start. A cancel that came meanwhile is sent
+// now (stopLocked).
 func (s *Server) awaitStarted(sup *supervisor) {
 	buf := make([]byte, 512)
 	_, fds, _ := client.RecvMsg(int(sup.sock.Fd()), buf, nil, 0)
@@ -550,6 +552,12 @@ func (s *Server) awaitStarted(sup *supervisor) {
 	sup.sock.Close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if t := sup.t; t != nil && t.PID == sup.pid {
+		t.heard = true
+		if t.cancel {
+			s.stopLocked(t)
+		}
+	}
 	s.keepIdleLocked(sup)
 }
 
@@ -720,11 +728,13 @@ func (s *Server) endProcessesLocked(t *task) {
 }
 
 // stopLocked asks a running task's supervisor to stop it (SIGTERM to the
-// group, SIGKILL after the grace). A supervisor still being started gets
-// the signal as soon as it exists.
+// group, SIGKILL after the grace). A supervisor the broker has not heard
+// from since its go-ahead gets the signal once it has (awaitStarted): one
+// just started may not catch SIGTERM yet, and would die of it, leaving its
+// task lost rather than cancelled.
 func (s *Server) stopLocked(t *task) {
 	t.cancel = true
-	if t.State == tasklife.Running && (t.Boot == "" || t.Boot == s.boot) {
+	if t.State == tasklife.Running && t.heard && (t.Boot == "" || t.Boot == s.boot) {
 		signalChecked(s.proc, t.PID, t.PIDStart, unix.SIGTERM)
 	}
 }

@@ -31,6 +31,7 @@ type task struct {
 	inLine    bool        // w is in a queue
 	waits     []*conn     // connections waiting for its end
 	cancel    bool        // a cancel came while it was starting or running
+	heard     bool        // running: its supervisor spoke since its go-ahead (or was adopted), so it catches SIGTERM
 	cancelBy  string      // who cancelled it
 	overran   bool        // the broker killed it for overrunning its time limit
 	launching bool        // launch is giving it its go-ahead

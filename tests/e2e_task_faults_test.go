@@ -189,3 +189,37 @@ func starveBroker(t *testing.T, b *Broker) func() {
 		}
 	}
 }
+
+// slowSupervisorBinaries are the binaries with a broker whose supervisor
+// is slow to start (the workload's slowSupervisor in front of the real
+// one): for half a second after its start, SIGTERM ends it.
+func slowSupervisorBinaries(t *testing.T) *Binaries {
+	t.Helper()
+	bin := privateBinaries(t)
+	if err := os.Rename(bin.Supervisor, bin.Supervisor+".real"); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, bin.Workload, bin.Supervisor, 0o755)
+	return bin
+}
+
+// TestTaskCancelAsItStarts: a cancel that comes while a task's supervisor
+// is still starting (before it can catch SIGTERM) ends the task cancelled,
+// not lost: the broker signals a supervisor only once it has heard from
+// it (issue 15.5).
+func TestTaskCancelAsItStarts(t *testing.T) {
+	b := NewBroker(t, taskConfig(1))
+	b.Bin = slowSupervisorBinaries(t)
+	b.Start()
+	dir := SharedDir(t)
+	// Submitted to an empty line, it is granted at once, and its
+	// supervisor started then, not ahead.
+	id := submitTask(t, b, nil, dir, "--no-device", "--log", filepath.Join(dir, "log"), "--", "sleep", "30")
+	if r := runTaskCmd(t, b.TaskSubmit("cancel", strconv.FormatUint(id, 10))); r.code != 0 {
+		t.Fatalf("cancel %d: %s", id, r)
+	}
+	r := waitTask(t, b, id)
+	if ti := showTask(t, b, id); ti.State != "cancelled" {
+		t.Errorf("task %d, cancelled as it started: %s (%s); wait: %s; want cancelled", id, ti.State, ti.Reason, r)
+	}
+}
