@@ -208,11 +208,13 @@ func (cg *cgroups) enter(id uint64, pid int) error {
 	return nil
 }
 
-// letIdleGo lets every idle supervisor go, waits up to d for them to exit,
+// letIdleGo drops the warm supervisors (dropWarm) and lets every idle
+// supervisor go, waits up to d for them to exit,
 // then kills what is left in their groups and removes the groups, waiting
 // up to d more for that: the broker is going, and a removal left to a
 // goroutine (reapGroup) would die with it, leaving the groups behind.
 func (s *Server) letIdleGo(d time.Duration) {
+	s.dropWarm(d)
 	s.mu.Lock()
 	s.idle.closed = true
 	var all []*supervisor

@@ -123,6 +123,8 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 		return s.submit(c, req.Task)
 	case client.OpTaskDone:
 		return s.taskDone(c, req.ID, req.Status)
+	case client.OpNotStarted:
+		return s.taskNotStarted(c, req.ID)
 	case client.OpList:
 		return s.list(c, req.All, req.After)
 	}
@@ -730,6 +732,58 @@ func (s *Server) taskDone(c *conn, id uint64, st *client.Status) bool {
 	if err := s.life.End(t, state, st, ""); err != nil {
 		s.log.Printf("task %d: %v", id, err)
 		c.sendLocked(errReply(client.CodeSpool, fmt.Sprintf("the broker could not record the end of task %d: %v", id, err), "report again later"))
+		return true
+	}
+	c.sendLocked(&client.Reply{Type: client.TypeOK})
+	return true
+}
+
+// taskNotStarted takes a supervisor's word that its task never got its
+// go-ahead: the broker that recorded its start died before sending it (or
+// this one could not send it). Only the supervisor of the task's start
+// record may say so (the submitter's uid and the supervisor's pid, from
+// SO_PEERCRED), and it will never run the task after saying it: so the
+// task, which never ran, goes back in line (at most once still holds), or
+// ends cancelled if a cancel came meanwhile. The supervisor is answered
+// once that is recorded; an error answer tells it there is nothing to undo
+// (its task's start was never recorded), busy or spool to ask again.
+func (s *Server) taskNotStarted(c *conn, id uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.life.Get(id)
+	j := s.jobs[id]
+	if t == nil || j == nil || c.uid != t.UID || t.State != tasklife.Running || t.PID == 0 || int(c.pid) != t.PID {
+		c.sendLocked(errReply(client.CodeDenied, fmt.Sprintf("not the supervisor of a running task %d", id), ""))
+		return false
+	}
+	if j.launching {
+		// Its go-ahead is being sent (or failed): launch is not done
+		// with it yet.
+		c.sendLocked(errReply(client.CodeBusy, fmt.Sprintf("task %d is being started", id), "ask again"))
+		return true
+	}
+	slot := t.Slot
+	var err error
+	if j.cancel {
+		err = s.life.End(t, tasklife.Cancelled, nil, "cancelled by "+j.cancelBy+" before it started")
+	} else if err = s.life.Unstart(t, int(c.pid)); err == nil {
+		s.log.Printf("task %d never got its go-ahead (its supervisor %d says so): it waits again", id, c.pid)
+		if slot >= 0 && slot < len(s.cpuFree) {
+			s.cpuFree[slot] = true
+		}
+		j.heard, j.overran = false, false
+		if j.w != nil {
+			// This broker's own grant, whose go-ahead it could not
+			// send: back in the place it had.
+			s.requeueLocked(j)
+			s.scheduleLocked()
+		} else {
+			s.settleLocked(j) // adopted at a restart: it queues anew
+		}
+	}
+	if err != nil {
+		s.log.Printf("task %d: %v", id, err)
+		c.sendLocked(errReply(client.CodeSpool, fmt.Sprintf("the broker could not record that task %d never started: %v", id, err), "ask again later"))
 		return true
 	}
 	c.sendLocked(&client.Reply{Type: client.TypeOK})

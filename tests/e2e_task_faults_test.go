@@ -223,3 +223,62 @@ func TestTaskCancelAsItStarts(t *testing.T) {
 		t.Errorf("task %d, cancelled as it started: %s (%s); wait: %s; want cancelled", id, ti.State, ti.Reason, r)
 	}
 }
+
+// TestTaskKilledBeforeGoAhead: a broker killed with -9 after a task's
+// start record and before its go-ahead (stopped there by a test hook)
+// loses no task: the supervisor, which never got the go-ahead, tells the
+// next broker so, and the task, back in line, runs exactly once. A
+// supervisor killed meanwhile leaves its task lost, as nobody can tell
+// whether it ran (issue 15.1).
+func TestTaskKilledBeforeGoAhead(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		args    []string
+		killSup bool
+	}{
+		{"device", []string{"-n", "1"}, false},
+		{"no device", []string{"--no-device"}, false},
+		{"supervisor killed too", []string{"--no-device"}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := NewBroker(t, taskConfig(1), "NPUBROKER_TEST_HOOK=before-go-ahead")
+			b.Start()
+			dir := SharedDir(t)
+			mark := filepath.Join(dir, "ran")
+			args := append(c.args, "--log", filepath.Join(dir, "log"), "--", "sh", "-c", `echo ran >> "$1"`, "sh", mark)
+			id := submitTask(t, b, nil, dir, args...)
+			b.WaitLog(0, fmt.Sprintf("test hook before-go-ahead: task %d stops here", id))
+			sup := 0
+			for _, p := range supervisors(b.Bin) {
+				if p.id == strconv.FormatUint(id, 10) {
+					sup = p.pid
+				}
+			}
+			if sup == 0 {
+				t.Fatalf("no supervisor of task %d while its go-ahead is held back", id)
+			}
+			if c.killSup {
+				unix.Kill(sup, unix.SIGKILL)
+				if !procGone(t, sup, "") {
+					t.Fatalf("supervisor %d still there after SIGKILL", sup)
+				}
+			}
+			b.Kill()
+			b.env = nil // the next broker stops nowhere
+			at := b.LogLen()
+			b.Start()
+			r := waitTask(t, b, id)
+			ti := showTask(t, b, id)
+			data, _ := os.ReadFile(mark)
+			runs := strings.Count(string(data), "ran\n")
+			switch {
+			case c.killSup && (ti.State != "lost" || runs != 0):
+				t.Errorf("task %d, its supervisor killed before its go-ahead: %s (%s), ran %d times; want lost, never run", id, ti.State, ti.Reason, runs)
+			case !c.killSup && (ti.State != "done" || r.code != 0 || runs != 1):
+				t.Errorf("task %d, its broker killed between its start record and its go-ahead: %s (%s), ran %d times; wait: %s; want done, run once", id, ti.State, ti.Reason, runs, r)
+			case !c.killSup:
+				b.WaitLog(at, fmt.Sprintf("task %d never got its go-ahead (its supervisor %d says so)", id, sup))
+			}
+		})
+	}
+}

@@ -22,11 +22,16 @@ import (
 //	  │ ── {"op":"wait","id":118} ──────────────▶ │ … when it ends: {"type":"tasks","tasks":[…]}
 //
 //	npubroker ── fork/exec as the submitter ──▶ npurun-supervise [ID]
-//	  stdin, a socket: ▶ the Spec; ▶ the go-ahead with the lease's locks (SCM_RIGHTS);
+//	  stdin, a socket: ▶ the Spec; ▶ the go-ahead with the lease's locks (SCM_RIGHTS),
+//	                   or {"id":118,"drop":true}: not started, exit;
 //	                   ◀ {"id":118,"started":true} once the command runs
 //	supervisor ── {"op":"task-done","id":118,"status":{…}} ──▶ npubroker
 //	           ◀── {"type":"ok"} ─── (retried across broker restarts until acknowledged,
 //	                                  and while the broker answers "spool")
+//	supervisor whose socket closed before a go-ahead or a drop (the broker died):
+//	           ── {"op":"task-not-started","id":118} ──▶ the next npubroker
+//	           ◀── {"type":"ok"}: back in line; or an error: nothing to undo
+//	                                 (retried as task-done is, and while "busy")
 
 // SupervisorName is the supervisor's program name and argv[0]: the broker
 // knows its tasks' supervisors by it, followed by the task's id when the
@@ -53,6 +58,10 @@ const (
 	OpCancel   = "cancel"
 	OpWait     = "wait"
 	OpTaskDone = "task-done" // from a task's supervisor only
+	// OpNotStarted is a supervisor's word that its task never got its
+	// go-ahead and will not be run by it: the broker that recorded its
+	// start died first. From the task's supervisor only.
+	OpNotStarted = "task-not-started"
 )
 
 // Task reply types.
@@ -178,6 +187,9 @@ type Spec struct {
 	Idle     bool     `json:"idle,omitempty"`     // nice 19 and the idle I/O class
 	Socket   string   `json:"socket"`             // where to report
 	Umask    *uint32  `json:"umask,omitempty"`    // the command's, the submitter's; nil: left as it is
+	// Drop, in place of a go-ahead, tells a supervisor that its task will
+	// not start under it: it exits having run nothing.
+	Drop bool `json:"drop,omitempty"`
 }
 
 // Started is a supervisor's word to the broker, on the socket its Spec
@@ -285,6 +297,21 @@ func (c *Conn) TaskDone(id uint64, st *Status) error {
 	}
 	if r.Type != TypeOK {
 		return fmt.Errorf("unexpected reply %q to task-done", r.Type)
+	}
+	return nil
+}
+
+// TaskNotStarted is a supervisor's word that its task never got its
+// go-ahead; it returns once the broker has taken it (put the task back in
+// line). An error from the broker means there was nothing to undo, unless
+// it is "spool" or "busy": then ask again later.
+func (c *Conn) TaskNotStarted(id uint64) error {
+	r, err := c.call(&Request{Op: OpNotStarted, ID: id})
+	if err != nil {
+		return err
+	}
+	if r.Type != TypeOK {
+		return fmt.Errorf("unexpected reply %q to %s", r.Type, OpNotStarted)
 	}
 	return nil
 }

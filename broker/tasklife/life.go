@@ -22,7 +22,11 @@ package tasklife
 //	 │             │ pid: only then may it get its go-ahead) │
 //	 │             ▼                                         │
 //	 │          running ── lose ("end") ──▶ lost             │
-//	 │             │                         │ a late report │
+//	 │             │ └─ unstart ──▶ pending  │               │
+//	 │             │    ("unstart": its      │               │
+//	 │             │    supervisor never got │               │
+//	 │             │    its go-ahead, and    │               │
+//	 │             │    will not run it)     │ a late report │
 //	 │             ▼                         ▼               │
 //	 └── end ─▶  done · failed · cancelled ◀──────── end ────┘
 //	 ("end": cancelled, or failed            │
@@ -34,6 +38,10 @@ package tasklife
 //   - Only a start record, with its supervisor's pid, makes a task running
 //     on disk. A starting task is pending in the journal and in every
 //     rewrite of it; a broker that dies then runs it again later.
+//   - A running task goes back to pending only on its supervisor's word
+//     that it never got its go-ahead, and will not run it (Unstart): a
+//     broker killed between a start record and its go-ahead loses no
+//     task, and a task still runs at most once.
 //   - A start record is durable before the go-ahead, unless its task is
 //     armed: then it need only be written (in the file, as a broker that
 //     restarts reads it; only the machine's crash can lose it), and its
@@ -105,8 +113,8 @@ var transitions = map[string][]string{
 	Pending:  {Blocked, Starting, Running, Failed, Cancelled},   // running: replay of a start record
 	Blocked:  {Pending, Failed, Cancelled},
 	Starting: {Pending, Running, Failed},
-	Running:  {Done, Failed, Cancelled, Lost},
-	Lost:     {Done, Failed, Cancelled}, // its supervisor reported after all
+	Running:  {Done, Failed, Cancelled, Lost, Pending}, // pending: Unstart
+	Lost:     {Done, Failed, Cancelled},                // its supervisor reported after all
 }
 
 // allowed tells whether a task may move from one state to another.
@@ -221,13 +229,14 @@ type Record struct {
 
 // The records of the journal.
 const (
-	opTask   = "task"   // a whole task: a submission, or a task as a rewrite carries it
-	opStart  = "start"  // a task started: its devices and supervisor
-	opEnd    = "end"    // a task ended
-	opIDs    = "ids"    // the highest id given so far, and the journal's tag (first in a rewrite)
-	opProbe  = "probe"  // a test that the journal can be written again; no change
-	opArm    = "arm"    // a waiting task armed in a boot: its start need not be synced before its go-ahead
-	opDisarm = "disarm" // every task disarmed: the broker stopped cleanly, or started in the boot they were armed in
+	opTask    = "task"    // a whole task: a submission, or a task as a rewrite carries it
+	opStart   = "start"   // a task started: its devices and supervisor
+	opEnd     = "end"     // a task ended
+	opIDs     = "ids"     // the highest id given so far, and the journal's tag (first in a rewrite)
+	opProbe   = "probe"   // a test that the journal can be written again; no change
+	opArm     = "arm"     // a waiting task armed in a boot: its start need not be synced before its go-ahead
+	opUnstart = "unstart" // a running task's supervisor never got its go-ahead: the task waits again
+	opDisarm  = "disarm"  // every task disarmed: the broker stopped cleanly, or started in the boot they were armed in
 )
 
 // Options configure a Life.
@@ -705,6 +714,22 @@ func (l *Life) Start(t *Task, pid int, pidStart uint64, boot string, mono int64)
 	return l.applied(rec)
 }
 
+// Unstart records that running task t never started: its supervisor, the
+// one of its start record (pid), says it never got its go-ahead (a broker
+// died between the start record and the go-ahead) and will not run it.
+// Then t is pending again, as before its grant. On an error nothing has
+// changed.
+func (l *Life) Unstart(t *Task, pid int) error {
+	if t.State != Running || t.PID != pid || pid == 0 {
+		return fmt.Errorf("unstart task %d: it is %s with supervisor %d, not %d", t.ID, t.State, t.PID, pid)
+	}
+	rec := &Record{Op: opUnstart, ID: t.ID, PID: pid}
+	if err := l.write(rec); err != nil {
+		return err
+	}
+	return l.applied(rec)
+}
+
 // End records that t ended as state, then applies it: a running task's
 // report (or a failure to start it), a waiting task's cancel. While a
 // waiting task's end is being recorded it is busy: Settle and Grant leave
@@ -860,6 +885,8 @@ func (l *Life) apply(r *Record) error {
 		return l.applyTask(r.Task)
 	case opStart:
 		l.applyStart(r)
+	case opUnstart:
+		l.applyUnstart(r)
 	case opEnd:
 		l.applyEnd(r)
 	case opIDs:
@@ -938,6 +965,17 @@ func (l *Life) applyStart(r *Record) {
 	t.Started, t.Devices, t.Slot = r.Time, r.Devices, r.Slot
 	t.PID, t.PIDStart, t.Boot, t.StartMono = r.PID, r.PIDStart, r.Boot, r.StartMono
 	l.unname(t)
+}
+
+func (l *Life) applyUnstart(r *Record) {
+	t := l.tasks[r.ID]
+	if t == nil || t.State != Running || t.PID != r.PID {
+		return
+	}
+	l.move(t, Pending)
+	t.Started, t.Devices, t.Slot = 0, nil, -1
+	t.PID, t.PIDStart, t.Boot, t.StartMono = 0, 0, "", 0
+	l.name(t)
 }
 
 func (l *Life) applyEnd(r *Record) {

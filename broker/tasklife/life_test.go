@@ -321,6 +321,40 @@ func TestStartingIsPendingOnDisk(t *testing.T) {
 	}
 }
 
+// TestUnstart: a running task whose supervisor (the pid of its start
+// record, and no other) says it never got its go-ahead is pending again,
+// counted as waiting, live and after a replay of the journal, and may be
+// granted and started anew.
+func TestUnstart(t *testing.T) {
+	dir := t.TempDir()
+	tb := openTable(t, dir, 10, 10)
+	x := tb.submit(1)
+	tb.run(x) // supervisor 4242
+	if err := tb.Unstart(x, 4243); err == nil {
+		t.Fatal("unstarted on the word of another supervisor than its own")
+	}
+	if err := tb.Unstart(x, 4242); err != nil {
+		t.Fatal(err)
+	}
+	check := func(tb *table, when string) {
+		t.Helper()
+		y := tb.Get(x.ID)
+		if y == nil || y.State != Pending || y.PID != 0 || len(y.Devices) != 0 || y.Started != 0 || tb.Waiting(1) != 1 || tb.RunningByUser()[1] != 0 {
+			t.Fatalf("%s: %+v, waiting %d, running %d; want pending, as before its grant", when, y, tb.Waiting(1), tb.RunningByUser()[1])
+		}
+	}
+	check(tb, "unstarted")
+	tb.Close()
+	re := openTable(t, dir, 10, 10)
+	check(re, "replayed")
+	y := re.Get(x.ID)
+	re.run(y)
+	re.end(y, Done, 0)
+	if y.State != Done {
+		t.Errorf("started again and ended: %s", y.State)
+	}
+}
+
 // TestRunningWithoutPID: a journal written by an older broker, which
 // compacted a task as running before its supervisor's pid was known,
 // replays it as pending: it never got its go-ahead.
