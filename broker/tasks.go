@@ -13,6 +13,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
@@ -75,6 +77,7 @@ func info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	}
 	if full {
 		ti.Command, ti.Cwd, ti.Env, ti.Log = command(t), t.Sub.Cwd, t.Sub.Env, t.Log
+		ti.Token = t.Sub.Token
 		ti.Reason = t.Reason
 		if t.Status != nil && t.Status.Reason != "" {
 			ti.Reason = t.Status.Reason
@@ -113,7 +116,13 @@ func (s *Server) noTasksLocked() *client.Reply {
 func (s *Server) taskOp(c *conn, req *client.Request) bool {
 	s.mu.Lock()
 	if s.life == nil {
-		c.sendLocked(s.noTasksLocked())
+		rep := s.noTasksLocked()
+		if req.Op == client.OpSubmit && req.Task != nil && req.Task.Token != "" {
+			// Not "spool": whether an earlier submission with this
+			// token was recorded cannot be told now. Ask again.
+			rep.Code = client.CodeBusy
+		}
+		c.sendLocked(rep)
 		s.mu.Unlock()
 		return true
 	}
@@ -216,9 +225,35 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// A repeat of a submission (its answer was lost) is answered with the
+	// task it made, before anything that could refuse it: a refusal must
+	// mean that no task was made.
+	if tok := t.Sub.Token; tok != "" {
+		old, recording := s.life.ByToken(c.uid, tok)
+		switch {
+		case recording:
+			c.sendLocked(errReply(client.CodeBusy, "a submission with the same token is being recorded", "ask again"))
+			return true
+		case old != nil && (old.Sub.Shell != t.Sub.Shell || !slices.Equal(old.Sub.Argv, t.Sub.Argv) || old.Sub.Cwd != t.Sub.Cwd):
+			c.sendLocked(errReply(client.CodeBadRequest, fmt.Sprintf("token %q names task %d, another command or directory", tok, old.ID), "a token names one submission: give another"))
+			return false
+		case old != nil:
+			c.sendLocked(s.submittedLocked(s.jobs[old.ID], old, true))
+			return true
+		}
+	}
 	if rep := s.admitTaskLocked(c, t); rep != nil {
 		c.sendLocked(rep)
 		return rep.Code != client.CodeBadRequest
+	}
+	if c.peerGone() {
+		// Its submitter gave up on it (and may be asking again on
+		// another connection, with its token): it is not recorded. The
+		// check and the token's registration (Submit) are one step
+		// under the lock, so a repeat either finds it being recorded or
+		// finds it was not.
+		s.log.Printf("task %d: its submitter left before it was recorded; not recorded", t.ID)
+		return false
 	}
 	// Durable before it is acknowledged or run; the lock is let go
 	// meanwhile. The first task waiting in its pool is armed with it (see
@@ -246,12 +281,26 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	}
 	s.jobs[t.ID] = t
 	s.settleLocked(t)
-	rep = &client.Reply{Type: client.TypeSubmitted, ID: t.ID, State: t.Shown()}
+	s.testHook(hookBeforeSubmitReply, t.ID)
+	c.sendLocked(s.submittedLocked(t, t.Task, false))
+	return true
+}
+
+// submittedLocked is the answer to a submission that made task t (j, what
+// the broker holds for it, nil once it has ended); existing tells that an
+// earlier submission with the same token made it.
+func (s *Server) submittedLocked(j *task, t *tasklife.Task, existing bool) *client.Reply {
+	rep := &client.Reply{Type: client.TypeSubmitted, ID: t.ID, State: t.Shown(), Existing: existing}
 	switch t.State {
 	case tasklife.Pending:
-		rep.Position, rep.Pool = s.positionLocked(t), t.w.Pool
+		if j != nil && j.inLine {
+			rep.Position, rep.Pool = s.positionLocked(j), j.w.Pool
+		}
 	case tasklife.Starting, tasklife.Running:
 		rep.Reason = "starting"
+		if existing {
+			rep.Reason = "running"
+		}
 		if len(t.Devices) > 0 {
 			rep.Reason += " on " + s.inv.Vendor.Format(t.Devices)
 		}
@@ -259,9 +308,11 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 		rep.Reason = "waits for task " + joinIDs(t.Sub.After)
 	default:
 		rep.Reason = t.State + ": " + t.Reason
+		if t.Status != nil && t.Status.Reason != "" && t.Reason == "" {
+			rep.Reason = t.State + ": " + t.Status.Reason
+		}
 	}
-	c.sendLocked(rep)
-	return true
+	return rep
 }
 
 // cpuPool is the pool of the --no-device tasks' waiters, for CPU slots.
@@ -327,6 +378,8 @@ func (s *Server) resolveTask(c *conn, sub *client.Submission) (*task, *client.Re
 		return bad("name longer than 200 bytes")
 	case len(sub.After) > maxAfter:
 		return bad("--after names %d tasks, more than %d", len(sub.After), maxAfter)
+	case len(sub.Token) > client.MaxToken || strings.IndexFunc(sub.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:
+		return bad("token of %d bytes: a token is at most %d bytes of printable ASCII, no space", len(sub.Token), client.MaxToken)
 	case !c.acct.known && c.acct.err != nil:
 		// Not an answer: the task would be recorded as "uid N", its log
 		// under "/" (issue 15.3). Nothing is recorded; it is for the
@@ -990,4 +1043,17 @@ func (s *Server) forgetWaitsLocked(c *conn) {
 		}
 	}
 	c.waiting = nil
+}
+
+// peerGone tells whether c's client has closed its end: what it sent may
+// still be read, but nobody will read the answer.
+func (c *conn) peerGone() bool {
+	gone := false
+	c.rc.Control(func(fd uintptr) {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+		if n, _ := unix.Poll(pfd, 0); n > 0 {
+			gone = pfd[0].Revents&(unix.POLLHUP|unix.POLLRDHUP|unix.POLLERR) != 0
+		}
+	})
+	return gone
 }

@@ -10,6 +10,9 @@ const (
 	// hookBeforeGoAhead: a task's start is recorded and its go-ahead not
 	// yet sent.
 	hookBeforeGoAhead = "before-go-ahead"
+	// hookBeforeSubmitReply: a submission is recorded and its answer not
+	// yet sent (the broker's lock is held: it serves nothing more).
+	hookBeforeSubmitReply = "before-submit-reply"
 )
 
 var testHookPoint = os.Getenv("NPUBROKER_TEST_HOOK")

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -280,5 +281,66 @@ func TestTaskKilledBeforeGoAhead(t *testing.T) {
 				b.WaitLog(at, fmt.Sprintf("task %d never got its go-ahead (its supervisor %d says so)", id, sup))
 			}
 		})
+	}
+}
+
+// TestTaskSubmitAnswerLost: a broker killed with -9 after it recorded a
+// submission and before it answered (stopped there by a test hook) leaves
+// task-submit unsure; it asks the next broker again with the submission's
+// token, hears that the task was recorded, and exits 0 with its id: one
+// task, run once. Without the answer, a script that retried on failure ran
+// the task twice (issue 15.2).
+func TestTaskSubmitAnswerLost(t *testing.T) {
+	b := NewBroker(t, taskConfig(1), "NPUBROKER_TEST_HOOK=before-submit-reply")
+	b.Start()
+	dir := SharedDir(t)
+	mark := filepath.Join(dir, "ran")
+	cmd := b.TaskSubmit("--json", "--no-device", "--log", filepath.Join(dir, "log"), "--", "sh", "-c", `echo ran >> "$1"`, "sh", mark)
+	cmd.Dir = dir
+	done := make(chan taskResult, 1)
+	go func() { done <- runTaskCmd(t, cmd) }()
+	b.WaitLog(0, "test hook before-submit-reply: task 1 stops here")
+	b.Kill()
+	b.env = nil
+	b.Start()
+	r := <-done
+	var s struct {
+		ID       uint64 `json:"id"`
+		Existing bool   `json:"existing"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &s); r.code != 0 || err != nil || s.ID != 1 || !s.Existing ||
+		!strings.Contains(r.stderr, "the broker had recorded it before its answer was lost") {
+		t.Fatalf("task-submit whose answer was lost to a broker's kill: %s; want exit 0, task 1, existing", r)
+	}
+	if ts := listTasks(t, b, nil, false); len(ts) != 1 {
+		t.Errorf("%d tasks recorded, want 1: %+v", len(ts), ts)
+	}
+	if r := waitTask(t, b, 1); r.code != 0 {
+		t.Errorf("wait for task 1: %s", r)
+	}
+	if data, _ := os.ReadFile(mark); string(data) != "ran\n" {
+		t.Errorf("task 1 wrote %q, want it run once", data)
+	}
+}
+
+// TestTaskSubmitterGone: a submission read only after its submitter has
+// closed the connection (here: sent while the broker was stopped) is not
+// recorded: nobody hears its id, and a submitter that gave up may be
+// asking again with its token on another connection.
+func TestTaskSubmitterGone(t *testing.T) {
+	b := StartBroker(t, taskConfig(1))
+	dir := SharedDir(t)
+	syscall.Kill(b.Pid(), syscall.SIGSTOP)
+	c := b.Dial()
+	err := c.Send(&client.Request{Op: client.OpSubmit, Task: &client.Submission{
+		Argv: []string{"true"}, Cwd: dir, Log: filepath.Join(dir, "log"), NoDevice: true, Token: "gone-1"}})
+	c.Close()
+	syscall.Kill(b.Pid(), syscall.SIGCONT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.WaitLog(0, "its submitter left before it was recorded; not recorded")
+	if ts := listTasks(t, b, nil, false); len(ts) != 0 {
+		t.Errorf("a submission whose submitter had left was recorded: %+v", ts)
 	}
 }

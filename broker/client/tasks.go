@@ -1,9 +1,11 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -113,7 +115,15 @@ type Submission struct {
 	After    []uint64 `json:"after,omitempty"`
 	Log      string   `json:"log,omitempty"`   // absolute path; "" for the default
 	Umask    *uint32  `json:"umask,omitempty"` // the submitter's; nil: the supervisor's (an older task-submit)
+	// Token, the client's, names this submission: a repeat of it (same
+	// user, same token) is answered with the task it made, if the broker
+	// keeps it, and makes no other. At most MaxToken bytes of printable
+	// ASCII, no space.
+	Token string `json:"token,omitempty"`
 }
+
+// MaxToken bounds a submission's token.
+const MaxToken = 128
 
 // TaskInfo is a task as list, show, cancel and wait report it. Command,
 // Cwd, Env and Log are left out for another user's task unless the asker
@@ -143,6 +153,7 @@ type TaskInfo struct {
 	Reason    string   `json:"reason,omitempty"`   // why it failed, was cancelled or lost
 	CPUMs     int64    `json:"cpu_ms,omitempty"`   // CPU time its processes used, where it had a control group
 	MemPeak   int64    `json:"mem_peak,omitempty"` // their peak memory in bytes, where the memory controller measured it
+	Token     string   `json:"token,omitempty"`    // its submission's token (the submitter's and root's to see)
 }
 
 // ExitStatus is the status a shell would give for the task: its exit
@@ -210,6 +221,11 @@ func (c *Conn) call(req *Request) (*Reply, error) {
 	if err := c.Send(req); err != nil {
 		return nil, err
 	}
+	return c.answer()
+}
+
+// answer is the first reply that is not progress.
+func (c *Conn) answer() (*Reply, error) {
 	for {
 		r, _, err := c.Recv(-1)
 		if err != nil {
@@ -232,6 +248,73 @@ func (c *Conn) Submit(s *Submission) (*Reply, error) {
 		return nil, fmt.Errorf("unexpected reply %q to submit", r.Type)
 	}
 	return r, nil
+}
+
+// ErrSubmitUnknown means that a submission was sent, its answer was lost,
+// and no broker answered a repeat of it in time: whether it was recorded
+// is not known.
+var ErrSubmitUnknown = errors.New("cannot tell whether the task was submitted")
+
+// SubmitResolved submits s, which carries a token, to the broker at path.
+// When the answer is lost after the submission was sent (the connection
+// reset or closed, or no answer for FirstAnswer: the broker may have
+// recorded it, and died or stalled), it sends it again, with the same
+// token, on a new connection, until a broker answers or within has
+// passed: the broker answers a repeat with the task the first one made, if
+// it was recorded (Reply.Existing), and records it otherwise. So a nil
+// error means submitted; an error means that no task was made, unless it
+// wraps ErrSubmitUnknown. again, if not nil, is told of each repeat and
+// why it is made.
+func SubmitResolved(path string, s *Submission, within time.Duration, again func(error)) (*Reply, error) {
+	if s.Token == "" {
+		return nil, errors.New("submit: a submission to resolve needs a token")
+	}
+	r, sent, err := submitOnce(path, s)
+	var refused *Error
+	if err == nil || !sent || errors.As(err, &refused) {
+		return r, err // answered, or never sent: no task was made
+	}
+	deadline := time.Now().Add(within)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		if again != nil {
+			again(err)
+		}
+		if time.Now().Add(wait).After(deadline) {
+			return nil, fmt.Errorf("%w: %w", ErrSubmitUnknown, err)
+		}
+		time.Sleep(wait)
+		r, _, err = submitOnce(path, s)
+		switch {
+		case err == nil:
+			return r, nil
+		case errors.As(err, &refused) && refused.Code != CodeBusy && refused.Code != CodeTooMany:
+			// Refused after its token was looked up (busy and too-many
+			// may come before: ask again): neither was recorded.
+			return nil, err
+		}
+	}
+}
+
+// submitOnce makes one submission on a connection of its own; sent tells
+// that it was sent (and so may have been recorded, whatever err says).
+func submitOnce(path string, s *Submission) (r *Reply, sent bool, err error) {
+	c, err := Dial(path)
+	if err != nil {
+		return nil, false, err
+	}
+	defer c.Close()
+	if err := c.Send(&Request{Op: OpSubmit, Task: s}); err != nil {
+		// A packet is queued to the broker whole, or not at all.
+		return nil, false, fmt.Errorf("send the submission: %w", err)
+	}
+	r, err = c.answer()
+	if err == nil && r.Type != TypeSubmitted {
+		err = fmt.Errorf("unexpected reply %q to submit", r.Type)
+	}
+	if err != nil {
+		return nil, true, err
+	}
+	return r, true, nil
 }
 
 // tasks is a "tasks" reply to req.

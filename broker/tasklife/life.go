@@ -65,6 +65,10 @@ package tasklife
 //     journal starts again at 1, so it gets a tag of its own (also in every
 //     rewrite), which names its tasks' default logs beside their ids: a
 //     new task never writes to, nor reads, an older task's log.
+//   - A submission's token (Sub.Token, the client's) names one task of its
+//     user while the task is kept: ByToken finds it, live and after a
+//     replay, and a submission being recorded with it is known as such.
+//     Tokens are kept with their tasks only, and forgotten with them.
 //   - Ended tasks are forgotten oldest end first: beyond keep-per-user for
 //     their user, and beyond keep in all (the user who has the most ended
 //     tasks kept loses one first, so one user's churn cannot push out
@@ -285,6 +289,8 @@ type Life struct {
 	nEnded     int
 	endSeq     uint64
 	namedBy    map[uint64]map[uint64]struct{} // id → the waiting tasks that name it in --after
+	tokens     map[tokenKey]uint64            // a submission's token → its task, while the task is kept
+	recording  map[tokenKey]struct{}          // tokens of submissions being recorded
 	replaying  bool
 
 	compacting  bool
@@ -326,6 +332,7 @@ func newLife(dir string, o Options) *Life {
 		tasks: map[uint64]*Task{}, sorted: true,
 		waiting: map[uint32]int{}, running: map[uint32]int{}, submitting: map[uint32]int{},
 		endedBy: map[uint32][]uint64{}, namedBy: map[uint64]map[uint64]struct{}{}, secretWait: secretDelay,
+		tokens: map[tokenKey]uint64{}, recording: map[tokenKey]struct{}{},
 	}
 }
 
@@ -533,6 +540,26 @@ func newTag() (string, error) {
 // their ids (ids start again with a new journal; its tag does not).
 func (l *Life) Tag() string { return l.tag }
 
+// tokenKey is a submission's token, which names a task of one user.
+type tokenKey struct {
+	uid   uint32
+	token string
+}
+
+// ByToken is uid's task submitted with token, if it is kept; recording
+// tells that a submission with that token is being recorded (its fate is
+// not known yet).
+func (l *Life) ByToken(uid uint32, token string) (t *Task, recording bool) {
+	k := tokenKey{uid, token}
+	if _, ok := l.recording[k]; ok {
+		return nil, true
+	}
+	if id, ok := l.tokens[k]; ok {
+		return l.tasks[id], false
+	}
+	return nil, false
+}
+
 // Get is task id, nil if there is none.
 func (l *Life) Get(id uint64) *Task { return l.tasks[id] }
 
@@ -619,6 +646,18 @@ func (l *Life) Submit(t *Task) error {
 		if l.tasks[dep] == nil {
 			return fmt.Errorf("submit task %d: no task %d", t.ID, dep)
 		}
+	}
+	var tok tokenKey
+	if t.Sub.Token != "" {
+		tok = tokenKey{t.UID, t.Sub.Token}
+		if _, ok := l.recording[tok]; ok {
+			return fmt.Errorf("submit task %d: a submission with its token is being recorded", t.ID)
+		}
+		if _, ok := l.tokens[tok]; ok {
+			return fmt.Errorf("submit task %d: its token names task %d", t.ID, l.tokens[tok])
+		}
+		l.recording[tok] = struct{}{}
+		defer delete(l.recording, tok) // applied (indexed) or failed by then
 	}
 	t.State = Pending
 	l.name(t)
@@ -933,6 +972,9 @@ func (l *Life) applyTask(t *Task) error {
 		t.Started, t.Devices, t.Slot, t.PID, t.PIDStart = 0, nil, -1, 0, 0
 	}
 	l.tasks[t.ID] = t
+	if t.Sub.Token != "" {
+		l.tokens[tokenKey{t.UID, t.Sub.Token}] = t.ID
+	}
 	if l.sorted && len(l.order) > 0 && l.order[len(l.order)-1] > t.ID {
 		if l.replaying {
 			l.sorted = false
@@ -1128,6 +1170,12 @@ func (l *Life) forgetOldest(uid uint32) bool {
 			l.endedBy[uid] = by
 		}
 		l.nEnded--
+		if t := l.tasks[id]; t != nil && t.Sub.Token != "" {
+			k := tokenKey{t.UID, t.Sub.Token}
+			if l.tokens[k] == id {
+				delete(l.tokens, k)
+			}
+		}
 		delete(l.tasks, id)
 		l.gone++
 		if l.gone > 64 && l.gone > len(l.order)/2 {

@@ -531,6 +531,57 @@ func TestJournalTag(t *testing.T) {
 	}
 }
 
+// TestTokens: a submission's token finds its task, per user, while the
+// task is kept, live and after a replay; while it is being recorded it is
+// known as such; a second submission with it is refused; the token goes
+// with its task when the task is forgotten.
+func TestTokens(t *testing.T) {
+	dir := t.TempDir()
+	tb := openTable(t, dir, 0, 0)
+	submit := func(tb *table, uid uint32, token string) (*Task, error) {
+		x := &Task{UID: uid, User: fmt.Sprint("u", uid), Slot: -1, Sub: client.Submission{Argv: []string{"true"}, Cwd: "/", Token: token}}
+		x.ID = tb.NewID()
+		return x, tb.Submit(x)
+	}
+	var during struct {
+		found     *Task
+		recording bool
+	}
+	tb.j.beforeWrite = func() {
+		tb.mu.Lock() // as another connection would, while the lock is let go for the disk
+		during.found, during.recording = tb.ByToken(1, "a")
+		tb.mu.Unlock()
+	}
+	x, err := submit(tb, 1, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.j.beforeWrite = nil
+	if during.found != nil || !during.recording {
+		t.Errorf("while its submission was recorded, token a gave %v, recording %v; want recording", during.found, during.recording)
+	}
+	if y, rec := tb.ByToken(1, "a"); y != x || rec {
+		t.Errorf("token a of uid 1: %v, recording %v; want task %d", y, rec, x.ID)
+	}
+	if y, _ := tb.ByToken(2, "a"); y != nil {
+		t.Errorf("uid 2 found uid 1's token: task %d", y.ID)
+	}
+	if _, err := submit(tb, 1, "a"); err == nil {
+		t.Error("a second submission with token a was recorded")
+	}
+	tb.Close()
+	re := openTable(t, dir, 0, 0)
+	y, _ := re.ByToken(1, "a")
+	if y == nil || y.ID != x.ID {
+		t.Fatalf("replayed, token a gives %v; want task %d", y, x.ID)
+	}
+	re.run(y)
+	re.end(y, Done, 0) // nothing kept: forgotten
+	if z, _ := re.ByToken(1, "a"); z != nil {
+		t.Errorf("task %d forgotten, its token still gives task %d", x.ID, z.ID)
+	}
+}
+
 // TestCancelNotRecorded: a cancel that cannot be recorded changes nothing.
 func TestCancelNotRecorded(t *testing.T) {
 	tb := openTable(t, t.TempDir(), 10, 10)
