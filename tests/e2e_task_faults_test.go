@@ -344,3 +344,17 @@ func TestTaskSubmitterGone(t *testing.T) {
 		t.Errorf("a submission whose submitter had left was recorded: %+v", ts)
 	}
 }
+
+// TestKillUnderBurst is a short BenchmarkKillUnderBurst: a handful of
+// kills with -9 under bursts of submissions from several users and npurun
+// clients; every acknowledged task runs, none twice, none refused runs,
+// task-submit can always tell, and no device is granted twice, as the
+// tasks' own O_EXCL marks count it (issue 15).
+func TestKillUnderBurst(t *testing.T) {
+	r := killUnderBurst(t, burst{round: 400 * time.Millisecond, perRound: 8, npurun: 2,
+		killEvery: [2]time.Duration{700 * time.Millisecond, 1500 * time.Millisecond}, kills: 6})
+	t.Log(r)
+	if r.acked == 0 || r.neverRan != 0 || r.ranTwice != 0 || r.refusedRan != 0 || r.unknown != 0 || r.doubleGrants != 0 {
+		t.Errorf("%s; want every acknowledged task run once, nothing run twice or refused and run, nothing unknown, no double grant", r)
+	}
+}

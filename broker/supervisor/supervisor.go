@@ -84,6 +84,9 @@ func Main(args []string) int {
 		// this task never started (the go-ahead, had it been sent, would
 		// have been read before the socket's end).
 		warn("task %d not started: the broker went away; telling the next one", spec.ID)
+		if err := releaseStdin(); err != nil { // a dead socket: nothing more comes on it
+			warn("%v", err)
+		}
 		return notStarted(spec)
 	case err != nil:
 		// Not started: let go (cancelled while waiting), or a go-ahead

@@ -41,6 +41,7 @@ func main() {
 	floodMode := flag.String("flood", "", "attack the broker at $NPURUN_SOCKET until standard input closes: fill, list, churn, oversize or idle (see flood.go)")
 	conns := flag.Int("conns", 1, "with -flood: connections")
 	count := flag.Int("n", 0, "with -flood fill: tasks")
+	once := flag.String("once", "", "mark this run with a file made O_EXCL at this path; if it exists (this is a second run), make PATH.twice.PID and exit 3")
 	flag.Parse()
 	switch {
 	case *floodMode != "":
@@ -63,6 +64,9 @@ func main() {
 		return
 	}
 
+	if *once != "" {
+		markOnce(*once)
+	}
 	devs := os.Getenv("NPURUN_DEVICES")
 	start := time.Now().UnixNano()
 	var made []string
@@ -92,6 +96,26 @@ func main() {
 		fmt.Fprintf(f, "%s %d %d %s %s\n", *tag, start, time.Now().UnixNano(), strconv.Itoa(os.Getuid()), devs)
 		f.Close()
 	}
+}
+
+// markOnce makes the marker of this run at path, O_EXCL: the workload
+// itself counts its runs, not the broker. One that exists means that the
+// command ran before: it leaves path.twice.PID beside it and exits 3.
+func markOnce(path string) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if errors.Is(err, os.ErrExist) {
+		twice := fmt.Sprintf("%s.twice.%d", path, os.Getpid())
+		if err := os.WriteFile(twice, nil, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "workload:", err)
+		}
+		fmt.Fprintln(os.Stderr, "workload: RAN TWICE:", path)
+		os.Exit(3)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "workload:", err)
+		os.Exit(4)
+	}
+	f.Close()
 }
 
 // relockLease unlocks the lease's first descriptor (ending the lease, as
