@@ -54,12 +54,14 @@ type burstResult struct {
 	doubleGrants int // a device's O_EXCL marker found taken (tasks and npurun)
 	npurunRuns   int // npurun commands that ran
 	lost         int // tasks the broker lists as lost at the end
+	unstarted    int // tasks a supervisor said never got their go-ahead (the broker's log)
+	answersLost  int // acknowledged after an answer was lost: the broker had recorded the first
 	duration     time.Duration
 }
 
 func (r burstResult) String() string {
-	return fmt.Sprintf("%d kills in %s; %d submissions: %d acknowledged (%d ran once, %d never ran), %d ran twice, %d refused (%d ran all the same), %d unknown; %d lost; %d npurun runs; %d double grants",
-		r.kills, r.duration.Round(time.Second), r.submitted, r.acked, r.ranOnce, r.neverRan, r.ranTwice, r.refused, r.refusedRan, r.unknown, r.lost, r.npurunRuns, r.doubleGrants)
+	return fmt.Sprintf("%d kills in %s; %d submissions: %d acknowledged (%d ran once, %d never ran; %d after a lost answer), %d ran twice, %d refused (%d ran all the same), %d unknown; %d lost, %d back in line unstarted; %d npurun runs; %d double grants",
+		r.kills, r.duration.Round(time.Second), r.submitted, r.acked, r.ranOnce, r.neverRan, r.answersLost, r.ranTwice, r.refused, r.refusedRan, r.unknown, r.lost, r.unstarted, r.npurunRuns, r.doubleGrants)
 }
 
 // killUnderBurst runs load p against a broker of its own and counts.
@@ -126,6 +128,9 @@ func killUnderBurst(tb testing.TB, p burst) burstResult {
 				return
 			}
 			acked[tok] = s.ID
+			if strings.Contains(errb.String(), "the broker had recorded it before its answer was lost") {
+				res.answersLost++
+			}
 		case errors.As(err, &ee) && ee.ExitCode() == exitUnknownStatus:
 			unknown[tok] = true
 		case errors.As(err, &ee):
@@ -216,6 +221,7 @@ func killUnderBurst(tb testing.TB, p burst) burstResult {
 		}
 	}
 	res.acked, res.refused, res.unknown = len(acked), len(refused), len(unknown)
+	res.unstarted = strings.Count(b.Log(), "never got its go-ahead")
 	marked := func(tok string) bool {
 		_, err := os.Stat(filepath.Join(marks, tok))
 		return err == nil
@@ -267,9 +273,10 @@ func BenchmarkKillUnderBurst(b *testing.B) {
 		b.ReportMetric(float64(r.refusedRan), "refused-ran")
 		b.ReportMetric(float64(r.unknown), "unknown")
 		benchSummary(b, "kill -9 under bursts of submissions (targets: never ran 0, ran twice 0, over ≥ 50 kills)", [][]string{
-			{"kills", "submitted", "acknowledged", "ran once", "never ran", "ran twice", "refused", "refused, ran", "unknown", "lost", "npurun runs", "double grants"},
+			{"kills", "submitted", "acknowledged", "ran once", "never ran", "ran twice", "refused", "refused, ran", "unknown", "lost", "answer lost", "unstarted", "npurun runs", "double grants"},
 			{strconv.Itoa(r.kills), strconv.Itoa(r.submitted), strconv.Itoa(r.acked), strconv.Itoa(r.ranOnce), strconv.Itoa(r.neverRan), strconv.Itoa(r.ranTwice),
-				strconv.Itoa(r.refused), strconv.Itoa(r.refusedRan), strconv.Itoa(r.unknown), strconv.Itoa(r.lost), strconv.Itoa(r.npurunRuns), strconv.Itoa(r.doubleGrants)},
+				strconv.Itoa(r.refused), strconv.Itoa(r.refusedRan), strconv.Itoa(r.unknown), strconv.Itoa(r.lost), strconv.Itoa(r.answersLost), strconv.Itoa(r.unstarted),
+				strconv.Itoa(r.npurunRuns), strconv.Itoa(r.doubleGrants)},
 		})
 	}
 }

@@ -305,7 +305,7 @@ func submitOnce(path string, s *Submission) (r *Reply, sent bool, err error) {
 	defer c.Close()
 	if err := c.Send(&Request{Op: OpSubmit, Task: s}); err != nil {
 		// A packet is queued to the broker whole, or not at all.
-		return nil, false, fmt.Errorf("send the submission: %w", err)
+		return nil, false, fmt.Errorf("send the submission: %w (nothing was submitted)", err)
 	}
 	r, err = c.answer()
 	if err == nil && r.Type != TypeSubmitted {
