@@ -1050,9 +1050,10 @@ func (s *Server) forgetWaitsLocked(c *conn) {
 func (c *conn) peerGone() bool {
 	gone := false
 	c.rc.Control(func(fd uintptr) {
-		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+		// POLLHUP: closed, not only shut down for writing.
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		if n, _ := unix.Poll(pfd, 0); n > 0 {
-			gone = pfd[0].Revents&(unix.POLLHUP|unix.POLLRDHUP|unix.POLLERR) != 0
+			gone = pfd[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0
 		}
 	})
 	return gone
