@@ -94,16 +94,20 @@ func (s *Server) managed(uid uint32) bool {
 }
 
 // restrictedAccountOf tells whether account a is restricted for its
-// device access. An account whose groups could not all be read (the user
-// database failed) is, where [restrict] names a group: it may be in that
-// group, and taking it for unrestricted would leave its entry on a device
-// that is then granted to someone else. Fail closed: its entries are
-// removed, and a lease adds one.
+// device access. An account the user database gave no full answer about
+// (account.unanswered: its groups, or its name, could not be read) is,
+// where [restrict] names a group (or, for an account without a name, a
+// user): it may be in that group, and taking it for unrestricted would
+// leave its entry on a device that is then granted to someone else. Fail
+// closed: its entries are removed, and a lease adds one.
 func (s *Server) restrictedAccountOf(a *account) bool {
 	if s.cfg.Restricted(a.name, a.groups) {
 		return true
 	}
-	return a.groupsErr != nil && len(s.cfg.Restrict.Groups) > 0 && a.name != "root"
+	if a.unanswered() == nil || a.name == "root" {
+		return false
+	}
+	return len(s.cfg.Restrict.Groups) > 0 || (!a.known && len(s.cfg.Restrict.Users) > 0)
 }
 
 // allowUser adds an ACL entry for uid to one node (npu.AllowUser); a test

@@ -108,6 +108,10 @@ type Server struct {
 	paused    *pause         // task starts are stopped, and why
 	pauseWait time.Duration  // how long the current pause waits before trying again
 
+	unresolved  map[uint64]*task // waiting tasks whose account could not be looked up (lookupLaterLocked)
+	lookupTimer bool             // a lookup of theirs is arranged
+	lookupWait  time.Duration    // how long it waits
+
 	led ledger // leases as granted, their holders in /proc, unleased use, accounting (leases.go)
 }
 

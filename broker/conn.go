@@ -405,7 +405,7 @@ func (c *conn) serve(req *client.Request) bool {
 		return s.acquire(c, req)
 	case client.OpSession:
 		return s.session(c, req)
-	case client.OpSubmit, client.OpList, client.OpShow, client.OpCancel, client.OpWait, client.OpTaskDone:
+	case client.OpSubmit, client.OpList, client.OpShow, client.OpCancel, client.OpWait, client.OpTaskDone, client.OpNotStarted:
 		return s.taskOp(c, req)
 	case client.OpStatus, client.OpUsage:
 		return s.statusOp(c, req)

@@ -208,17 +208,25 @@ func (cg *cgroups) enter(id uint64, pid int) error {
 	return nil
 }
 
-// letIdleGo lets every idle supervisor go, waits up to d for them to exit,
-// and kills what is left in their groups.
+// letIdleGo drops the warm supervisors (dropWarm) and lets every idle
+// supervisor go, waits up to d for them to exit,
+// then kills what is left in their groups and removes the groups, waiting
+// up to d more for that: the broker is going, and a removal left to a
+// goroutine (reapGroup) would die with it, leaving the groups behind.
 func (s *Server) letIdleGo(d time.Duration) {
+	s.dropWarm(d)
 	s.mu.Lock()
 	s.idle.closed = true
 	var all []*supervisor
+	var groups []string
 	for uid, sup := range s.idle.m {
 		delete(s.idle.m, uid)
 		sup.expire.Stop()
 		letGo(sup)
 		all = append(all, sup)
+		if sup.group != 0 && s.cg != nil {
+			groups = append(groups, s.cg.idleDir(sup.group))
+		}
 	}
 	s.mu.Unlock()
 	deadline := time.After(d)
@@ -230,12 +238,28 @@ wait:
 			break wait
 		}
 	}
-	// Their groups now, not when each exit is seen: the broker is going.
-	s.mu.Lock()
-	for _, sup := range all {
-		s.reapIdleLocked(sup)
+	for _, g := range groups {
+		killGroup(g)
 	}
-	s.mu.Unlock()
+	until := time.Now().Add(d)
+	for _, g := range groups {
+		// What an exit seen meanwhile started removing is removed here
+		// all the same: a group already gone is no error.
+		for {
+			err := removeGroup(g)
+			if err == nil {
+				break
+			}
+			left := time.Until(until)
+			if err != unix.EBUSY || left <= 0 {
+				s.log.Printf("remove control group %s: %v; the next broker start removes it", g, err)
+				break
+			}
+			if !waitGroupEmpty(g, left) {
+				time.Sleep(min(10*time.Millisecond, left))
+			}
+		}
+	}
 }
 
 // reapLeftIdle removes the idle supervisors' groups a broker before this

@@ -99,7 +99,7 @@ func (s *Server) warmLocked() {
 	// Called on every scheduling pass, under the lock: with no task waiting
 	// (npurun alone) it must cost nothing, and with a long line no more
 	// than the walk to each pool's first task.
-	if s.warm >= maxWarm || s.life == nil || !s.life.AnyWaiting() || s.paused != nil {
+	if s.warm >= maxWarm || s.life == nil || !s.life.AnyWaiting() || s.paused != nil || s.idle.closed {
 		return
 	}
 	for _, q := range []*Queue{s.q, s.cpuq} {
@@ -206,10 +206,10 @@ func (s *Server) startSupervisor(t *task, sup *supervisor, spec *client.Spec, ac
 		if acct == nil || !acct.known {
 			acct = s.users.lookup(t.UID)
 		}
+		if err := acct.unanswered(); err != nil {
+			return fmt.Errorf("look up uid %d: %w: %w", t.UID, errLookup, err)
+		}
 		if !acct.known {
-			if acct.err != nil {
-				return fmt.Errorf("look up uid %d: %w: %w", t.UID, errLookup, acct.err)
-			}
 			return fmt.Errorf("uid %d %w", t.UID, errUnknownUser)
 		}
 		sup.gid, sup.gids = acct.gid, acct.gids
@@ -339,9 +339,54 @@ func (s *Server) dropSupervisorLocked(t *task) {
 	go func() {
 		<-sup.ready
 		if sup.sock != nil {
-			sup.sock.Close()
+			dropSupervisor(sup, t.ID)
 		}
 	}()
+}
+
+// dropSupervisor tells a supervisor waiting for task id's go-ahead that
+// the task will not start under it, and closes its socket: it exits having
+// run nothing. A socket that closes without this word (nor a go-ahead)
+// means that the broker died, maybe after it recorded the start: the
+// supervisor then tells the next broker that the task never started
+// (taskNotStarted).
+func dropSupervisor(sup *supervisor, id uint64) {
+	if b, err := json.Marshal(&client.Spec{ID: id, Drop: true}); err == nil {
+		_ = client.SendMsg(int(sup.sock.Fd()), b, nil, unix.MSG_DONTWAIT) // failing, it asks, and hears there is nothing to undo
+	}
+	sup.sock.Close()
+}
+
+// dropWarm, as the broker stops, drops the warm supervisors (those of
+// tasks still waiting), waiting up to d for those still being started:
+// closed without a word by the broker's exit, they would wait for the next
+// broker to tell it that their tasks never started.
+func (s *Server) dropWarm(d time.Duration) {
+	s.mu.Lock()
+	type warm struct {
+		sup *supervisor
+		id  uint64
+	}
+	var all []warm
+	for _, t := range s.jobs {
+		if t.sup != nil {
+			all = append(all, warm{t.sup, t.ID})
+			t.sup = nil
+			s.warm--
+		}
+	}
+	s.mu.Unlock()
+	deadline := time.After(d)
+	for _, w := range all {
+		select {
+		case <-w.sup.ready:
+			if w.sup.sock != nil {
+				dropSupervisor(w.sup, w.id)
+			}
+		case <-deadline:
+			return
+		}
+	}
 }
 
 // startTaskLocked starts a granted task: the devices (or CPU slot) are
@@ -497,25 +542,29 @@ func (s *Server) launch(t *task, fds []int) {
 	}
 	if t.cancel {
 		// Cancelled while it was being granted: it never starts.
-		sup.sock.Close()
+		dropSupervisor(sup, t.ID)
 		s.ungrantLocked(t, nil, false)
 		s.cancelLocked(t, t.cancelBy)
 		return
 	}
 	if err := s.life.Start(t.Task, sup.pid, sup.start, s.boot, int64(monoNow()/time.Millisecond)); err != nil {
-		sup.sock.Close() // it exits having run nothing
+		dropSupervisor(sup, t.ID) // it exits having run nothing
 		s.ungrantLocked(t, fmt.Errorf("task %d: record its start: %w", t.ID, err), true)
 		return
 	}
 	s.pauseWait = 0
+	t.heard = false // not yet, from this supervisor
 	goAhead := s.goAheadLocked(t.Task)
 	t.launching = true
 	s.mu.Unlock()
+	s.testHook(hookBeforeGoAhead, t.ID)
 	b, err := json.Marshal(goAhead)
 	if err == nil {
 		err = client.SendMsg(int(sup.sock.Fd()), b, fds, 0)
 	}
 	if err != nil {
+		// Closed without a word: the supervisor tells us that its task
+		// never started (taskNotStarted), and it goes back in line.
 		sup.sock.Close()
 	} else {
 		go s.awaitStarted(sup)
@@ -540,7 +589,8 @@ func (s *Server) launch(t *task, fds []int) {
 // awaitStarted waits for a supervisor given its go-ahead to say that its
 // command has started (or for it to close its socket: it could not, or
 // exited), then keeps an idle supervisor for its user: started any
-// earlier, it would slow this start.
+// earlier, it would slow this start. A cancel that came meanwhile is sent
+// now (stopLocked).
 func (s *Server) awaitStarted(sup *supervisor) {
 	buf := make([]byte, 512)
 	_, fds, _ := client.RecvMsg(int(sup.sock.Fd()), buf, nil, 0)
@@ -550,6 +600,12 @@ func (s *Server) awaitStarted(sup *supervisor) {
 	sup.sock.Close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if t := sup.t; t != nil && t.PID == sup.pid {
+		t.heard = true
+		if t.cancel {
+			s.stopLocked(t)
+		}
+	}
 	s.keepIdleLocked(sup)
 }
 
@@ -720,11 +776,13 @@ func (s *Server) endProcessesLocked(t *task) {
 }
 
 // stopLocked asks a running task's supervisor to stop it (SIGTERM to the
-// group, SIGKILL after the grace). A supervisor still being started gets
-// the signal as soon as it exists.
+// group, SIGKILL after the grace). A supervisor the broker has not heard
+// from since its go-ahead gets the signal once it has (awaitStarted): one
+// just started may not catch SIGTERM yet, and would die of it, leaving its
+// task lost rather than cancelled.
 func (s *Server) stopLocked(t *task) {
 	t.cancel = true
-	if t.State == tasklife.Running && (t.Boot == "" || t.Boot == s.boot) {
+	if t.State == tasklife.Running && t.heard && (t.Boot == "" || t.Boot == s.boot) {
 		signalChecked(s.proc, t.PID, t.PIDStart, unix.SIGTERM)
 	}
 }

@@ -172,6 +172,7 @@ func (s *Server) adoptLocked(j *task) bool {
 	if t.Slot >= 0 && t.Slot < len(s.cpuFree) {
 		s.cpuFree[t.Slot] = false
 	}
+	j.heard = true // running long enough to be adopted: it catches SIGTERM
 	msg := fmt.Sprintf("task %d is still running (supervisor pid %d)", t.ID, t.PID)
 	if left := s.enforceLimitLocked(j); left > 0 {
 		msg += fmt.Sprintf("; the broker kills it if it runs %s more", left.Round(time.Second))

@@ -13,6 +13,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
@@ -31,11 +33,13 @@ type task struct {
 	inLine    bool        // w is in a queue
 	waits     []*conn     // connections waiting for its end
 	cancel    bool        // a cancel came while it was starting or running
+	heard     bool        // running: its supervisor spoke since its go-ahead (or was adopted), so it catches SIGTERM
 	cancelBy  string      // who cancelled it
 	overran   bool        // the broker killed it for overrunning its time limit
 	launching bool        // launch is giving it its go-ahead
 	sup       *supervisor // its supervisor, once started (warm while it waits)
 	cgroup    bool        // its control group may exist (cgroup.go)
+	lookupErr error       // its account could not be looked up: it waits out of line (lookupLaterLocked)
 }
 
 // Caps on what one submission and one connection may hold.
@@ -73,6 +77,7 @@ func info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	}
 	if full {
 		ti.Command, ti.Cwd, ti.Env, ti.Log = command(t), t.Sub.Cwd, t.Sub.Env, t.Log
+		ti.Token = t.Sub.Token
 		ti.Reason = t.Reason
 		if t.Status != nil && t.Status.Reason != "" {
 			ti.Reason = t.Status.Reason
@@ -111,7 +116,13 @@ func (s *Server) noTasksLocked() *client.Reply {
 func (s *Server) taskOp(c *conn, req *client.Request) bool {
 	s.mu.Lock()
 	if s.life == nil {
-		c.sendLocked(s.noTasksLocked())
+		rep := s.noTasksLocked()
+		if req.Op == client.OpSubmit && req.Task != nil && req.Task.Token != "" {
+			// Not "spool": whether an earlier submission with this
+			// token was recorded cannot be told now. Ask again.
+			rep.Code = client.CodeBusy
+		}
+		c.sendLocked(rep)
 		s.mu.Unlock()
 		return true
 	}
@@ -121,6 +132,8 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 		return s.submit(c, req.Task)
 	case client.OpTaskDone:
 		return s.taskDone(c, req.ID, req.Status)
+	case client.OpNotStarted:
+		return s.taskNotStarted(c, req.ID)
 	case client.OpList:
 		return s.list(c, req.All, req.After)
 	}
@@ -212,9 +225,35 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// A repeat of a submission (its answer was lost) is answered with the
+	// task it made, before anything that could refuse it: a refusal must
+	// mean that no task was made.
+	if tok := t.Sub.Token; tok != "" {
+		old, recording := s.life.ByToken(c.uid, tok)
+		switch {
+		case recording:
+			c.sendLocked(errReply(client.CodeBusy, "a submission with the same token is being recorded", "ask again"))
+			return true
+		case old != nil && (old.Sub.Shell != t.Sub.Shell || !slices.Equal(old.Sub.Argv, t.Sub.Argv) || old.Sub.Cwd != t.Sub.Cwd):
+			c.sendLocked(errReply(client.CodeBadRequest, fmt.Sprintf("token %q names task %d, another command or directory", tok, old.ID), "a token names one submission: give another"))
+			return false
+		case old != nil:
+			c.sendLocked(s.submittedLocked(s.jobs[old.ID], old, true))
+			return true
+		}
+	}
 	if rep := s.admitTaskLocked(c, t); rep != nil {
 		c.sendLocked(rep)
 		return rep.Code != client.CodeBadRequest
+	}
+	if c.peerGone() {
+		// Its submitter gave up on it (and may be asking again on
+		// another connection, with its token): it is not recorded. The
+		// check and the token's registration (Submit) are one step
+		// under the lock, so a repeat either finds it being recorded or
+		// finds it was not.
+		s.log.Printf("task %d: its submitter left before it was recorded; not recorded", t.ID)
+		return false
 	}
 	// Durable before it is acknowledged or run; the lock is let go
 	// meanwhile. The first task waiting in its pool is armed with it (see
@@ -242,12 +281,26 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 	}
 	s.jobs[t.ID] = t
 	s.settleLocked(t)
-	rep = &client.Reply{Type: client.TypeSubmitted, ID: t.ID, State: t.Shown()}
+	s.testHook(hookBeforeSubmitReply, t.ID)
+	c.sendLocked(s.submittedLocked(t, t.Task, false))
+	return true
+}
+
+// submittedLocked is the answer to a submission that made task t (j, what
+// the broker holds for it, nil once it has ended); existing tells that an
+// earlier submission with the same token made it.
+func (s *Server) submittedLocked(j *task, t *tasklife.Task, existing bool) *client.Reply {
+	rep := &client.Reply{Type: client.TypeSubmitted, ID: t.ID, State: t.Shown(), Existing: existing}
 	switch t.State {
 	case tasklife.Pending:
-		rep.Position, rep.Pool = s.positionLocked(t), t.w.Pool
+		if j != nil && j.inLine {
+			rep.Position, rep.Pool = s.positionLocked(j), j.w.Pool
+		}
 	case tasklife.Starting, tasklife.Running:
 		rep.Reason = "starting"
+		if existing {
+			rep.Reason = "running"
+		}
 		if len(t.Devices) > 0 {
 			rep.Reason += " on " + s.inv.Vendor.Format(t.Devices)
 		}
@@ -255,9 +308,11 @@ func (s *Server) submit(c *conn, sub *client.Submission) bool {
 		rep.Reason = "waits for task " + joinIDs(t.Sub.After)
 	default:
 		rep.Reason = t.State + ": " + t.Reason
+		if t.Status != nil && t.Status.Reason != "" && t.Reason == "" {
+			rep.Reason = t.State + ": " + t.Status.Reason
+		}
 	}
-	c.sendLocked(rep)
-	return true
+	return rep
 }
 
 // cpuPool is the pool of the --no-device tasks' waiters, for CPU slots.
@@ -323,6 +378,16 @@ func (s *Server) resolveTask(c *conn, sub *client.Submission) (*task, *client.Re
 		return bad("name longer than 200 bytes")
 	case len(sub.After) > maxAfter:
 		return bad("--after names %d tasks, more than %d", len(sub.After), maxAfter)
+	case len(sub.Token) > client.MaxToken || strings.IndexFunc(sub.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:
+		return bad("token of %d bytes: a token is at most %d bytes of printable ASCII, no space", len(sub.Token), client.MaxToken)
+	case c.acct.unanswered() != nil:
+		// Not an answer: the task would be recorded as "uid N", its log
+		// under "/" (issue 15.3), or run without some of its groups.
+		// Nothing is recorded; it is for the submitter to try again, as
+		// for any passing shortage.
+		return nil, errReply(client.CodeBusy, fmt.Sprintf("the user database cannot be read now, so the task was not submitted: %v", c.acct.unanswered()), "try again in a moment")
+	case sub.Shell != "" && c.acct.shellErr != nil:
+		return nil, errReply(client.CodeBusy, fmt.Sprintf("the user database cannot be read now, so the task was not submitted: %v", c.acct.shellErr), "try again in a moment")
 	case sub.Log == "" && c.acct.home == "":
 		return nil, errReply(client.CodeBadRequest, fmt.Sprintf("%s has no home directory, and a task's log goes under it unless --log names another", c.acct.name), "give --log FILE")
 	}
@@ -346,17 +411,13 @@ func (s *Server) resolveTask(c *conn, sub *client.Submission) (*task, *client.Re
 	}
 	t.Log = sub.Log
 	if t.Log == "" {
-		t.Log = defaultLog(c.acct.home, unknownID)
+		// Its size is all that counts until it has its id and the tag.
+		t.Log = client.DefaultLog(c.acct.home, unknownID, strings.Repeat("f", tasklife.TagLen))
 	}
 	if rep := s.checkSize(t.Task); rep != nil {
 		return nil, rep
 	}
 	return t, nil
-}
-
-// defaultLog is the log of task id of a user whose home is home.
-func defaultLog(home string, id uint64) string {
-	return filepath.Join(home, ".local/state/npurun/tasks", strconv.FormatUint(id, 10)+".log")
 }
 
 // admitTaskLocked checks a resolved task against the policy and the
@@ -393,7 +454,7 @@ func (s *Server) admitTaskLocked(c *conn, t *task) *client.Reply {
 	}
 	t.ID = s.life.NewID()
 	if sub.Log == "" {
-		t.Log = defaultLog(c.acct.home, t.ID)
+		t.Log = client.DefaultLog(c.acct.home, t.ID, s.life.Tag())
 	}
 	return nil
 }
@@ -530,9 +591,18 @@ func (s *Server) settleLocked(t *task) {
 		return
 	}
 	if t.w == nil {
-		if t.acct == nil {
+		if t.acct == nil || t.lookupErr != nil {
 			t.acct = s.users.lookup(t.UID) // replayed from the journal
 		}
+		if err := t.acct.unanswered(); err != nil {
+			// Its limits and pools depend on its account: it waits out
+			// of line until the user database answers (a name service
+			// not up yet at boot, no descriptors left), rather than be
+			// judged on a stand-in's.
+			s.lookupLaterLocked(t, err)
+			return
+		}
+		t.lookupErr = nil
 		w, rep := s.waiterLocked(t)
 		if rep != nil {
 			s.life.EndNow(t.Task, tasklife.Failed, "cannot be queued: "+rep.Message)
@@ -543,6 +613,62 @@ func (s *Server) settleLocked(t *task) {
 	s.addLineLocked(t, (*Queue).Add)
 	if !s.loading {
 		s.scheduleLocked()
+	}
+}
+
+// Waits before the accounts of waiting tasks are looked up again, after a
+// lookup failed for a reason that passes.
+const (
+	firstLookupWait = time.Second
+	maxLookupWait   = 30 * time.Second
+)
+
+// lookupLaterLocked keeps waiting task t out of line until its account can
+// be looked up, and arranges for it to be settled again then.
+func (s *Server) lookupLaterLocked(t *task, why error) {
+	if t.lookupErr == nil {
+		s.log.Printf("task %d: %v; it waits until the user database can be read", t.ID, why)
+	}
+	t.lookupErr = why
+	if s.unresolved == nil {
+		s.unresolved = map[uint64]*task{}
+	}
+	s.unresolved[t.ID] = t
+	if s.lookupTimer {
+		return
+	}
+	s.lookupTimer = true
+	s.lookupWait = min(max(2*s.lookupWait, firstLookupWait), maxLookupWait)
+	time.AfterFunc(s.lookupWait, s.lookupAgain)
+}
+
+// lookupAgain looks up the accounts of the tasks kept out of line for a
+// failed lookup, without the broker's lock, then settles them again.
+func (s *Server) lookupAgain() {
+	s.mu.Lock()
+	s.lookupTimer = false
+	uids := map[uint32]bool{}
+	for _, t := range s.unresolved {
+		uids[t.UID] = true
+	}
+	s.mu.Unlock()
+	ok := true
+	for uid := range uids {
+		if s.users.lookup(uid).unanswered() != nil {
+			ok = false
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ok {
+		s.lookupWait = 0
+	}
+	todo := s.unresolved
+	s.unresolved = nil
+	for id, t := range todo {
+		if s.jobs[id] == t && t.IsWaiting() && !t.inLine {
+			s.settleLocked(t)
+		}
 	}
 }
 
@@ -668,6 +794,58 @@ func (s *Server) taskDone(c *conn, id uint64, st *client.Status) bool {
 	return true
 }
 
+// taskNotStarted takes a supervisor's word that its task never got its
+// go-ahead: the broker that recorded its start died before sending it (or
+// this one could not send it). Only the supervisor of the task's start
+// record may say so (the submitter's uid and the supervisor's pid, from
+// SO_PEERCRED), and it will never run the task after saying it: so the
+// task, which never ran, goes back in line (at most once still holds), or
+// ends cancelled if a cancel came meanwhile. The supervisor is answered
+// once that is recorded; an error answer tells it there is nothing to undo
+// (its task's start was never recorded), busy or spool to ask again.
+func (s *Server) taskNotStarted(c *conn, id uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.life.Get(id)
+	j := s.jobs[id]
+	if t == nil || j == nil || c.uid != t.UID || t.State != tasklife.Running || t.PID == 0 || int(c.pid) != t.PID {
+		c.sendLocked(errReply(client.CodeDenied, fmt.Sprintf("not the supervisor of a running task %d", id), ""))
+		return false
+	}
+	if j.launching {
+		// Its go-ahead is being sent (or failed): launch is not done
+		// with it yet.
+		c.sendLocked(errReply(client.CodeBusy, fmt.Sprintf("task %d is being started", id), "ask again"))
+		return true
+	}
+	slot := t.Slot
+	var err error
+	if j.cancel {
+		err = s.life.End(t, tasklife.Cancelled, nil, "cancelled by "+j.cancelBy+" before it started")
+	} else if err = s.life.Unstart(t, int(c.pid)); err == nil {
+		s.log.Printf("task %d never got its go-ahead (its supervisor %d says so): it waits again", id, c.pid)
+		if slot >= 0 && slot < len(s.cpuFree) {
+			s.cpuFree[slot] = true
+		}
+		j.heard, j.overran = false, false
+		if j.w != nil {
+			// This broker's own grant, whose go-ahead it could not
+			// send: back in the place it had.
+			s.requeueLocked(j)
+			s.scheduleLocked()
+		} else {
+			s.settleLocked(j) // adopted at a restart: it queues anew
+		}
+	}
+	if err != nil {
+		s.log.Printf("task %d: %v", id, err)
+		c.sendLocked(errReply(client.CodeSpool, fmt.Sprintf("the broker could not record that task %d never started: %v", id, err), "ask again later"))
+		return true
+	}
+	c.sendLocked(&client.Reply{Type: client.TypeOK})
+	return true
+}
+
 func joinIDs(ids []uint64) string {
 	parts := make([]string, len(ids))
 	for i, id := range ids {
@@ -691,6 +869,8 @@ func (s *Server) waitReasonLocked(j *task) string {
 	}
 	w := j.w
 	switch {
+	case j.lookupErr != nil:
+		return "waits until the user database can be read: " + j.lookupErr.Error()
 	case s.paused != nil:
 		return "task starts are paused: " + s.paused.why.Error()
 	case w == nil:
@@ -866,4 +1046,18 @@ func (s *Server) forgetWaitsLocked(c *conn) {
 		}
 	}
 	c.waiting = nil
+}
+
+// peerGone tells whether c's client has closed its end: what it sent may
+// still be read, but nobody will read the answer.
+func (c *conn) peerGone() bool {
+	gone := false
+	c.rc.Control(func(fd uintptr) {
+		// POLLHUP: closed, not only shut down for writing.
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, _ := unix.Poll(pfd, 0); n > 0 {
+			gone = pfd[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0
+		}
+	})
+	return gone
 }

@@ -2,9 +2,13 @@ package broker
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
+	"log"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/tasklife"
@@ -60,5 +64,64 @@ func TestEncodedSizeBounds(t *testing.T) {
 		if got := s.specLen(tk); got < len(spec) || got > len(spec)+specFrame+1024 {
 			t.Errorf("case %d: specLen %d for a Spec of %d bytes", i, got, len(spec))
 		}
+	}
+}
+
+// TestReplayedTaskWaitsForItsAccount: a task taken up from the journal
+// whose account cannot be looked up for a reason that passes (a name
+// service not up yet at boot, no descriptors left) is not judged on a
+// stand-in's account, which no group opens its pool to: it waits out of
+// line, saying why, and is queued once its account can be read (issue
+// 15.3).
+func TestReplayedTaskWaitsForItsAccount(t *testing.T) {
+	cfg, err := policy.Parse("npurun.conf", []byte(`
+[devices]
+vendor = "fake"
+ids = "0-1"
+[pools]
+interactive = "0"
+queue = "1"
+[limits]
+pools = ["interactive"]
+[group.lab]
+pools = ["interactive", "queue"]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{cfg: cfg, q: NewQueue(), cpuq: NewQueue(), jobs: map[uint64]*task{}, devs: make([]*device, 2),
+		pools: map[string][]int{"interactive": {0}, "queue": {1}}, poolOf: map[int]string{0: "interactive", 1: "queue"},
+		log: log.New(io.Discard, "", 0), warm: maxWarm} // no supervisor is started ahead here
+	life, err := tasklife.Open(t.TempDir(), tasklife.Options{Lock: &s.mu, Log: s.log, Keep: 10, KeepPerUser: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { life.Close() })
+	s.life = life
+	const uid = 4242
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tk := &tasklife.Task{ID: life.NewID(), UID: uid, User: "alice", Slot: -1, Sub: client.Submission{Pool: "queue", Cwd: "/", Argv: []string{"true"}}}
+	if err := life.Submit(tk); err != nil {
+		t.Fatal(err)
+	}
+	j := &task{Task: tk} // as takeUpTasks makes it: no account yet
+	s.jobs[tk.ID] = j
+	// The user database does not answer now.
+	s.users.store(uid, &account{name: "uid 4242", home: "/", at: time.Now(), err: errors.New("too many open files")})
+	s.settleLocked(j)
+	if tk.State != tasklife.Pending || j.inLine {
+		t.Fatalf("task of an account that cannot be looked up now: %s (%s), in line %v; want pending, out of line", tk.State, tk.Reason, j.inLine)
+	}
+	if why := s.waitReasonLocked(j); !strings.Contains(why, "user database") {
+		t.Errorf("it waits, saying %q; want it to name the user database", why)
+	}
+	// Now it answers: alice is in group lab, which opens pool "queue".
+	s.users.store(uid, &account{name: "alice", groups: []string{"lab"}, home: "/home/alice", known: true, hasShell: true, at: time.Now()})
+	s.mu.Unlock()
+	s.lookupAgain()
+	s.mu.Lock()
+	if tk.State != tasklife.Pending || !j.inLine || j.w.Pool != "queue" || j.w.user != "alice" {
+		t.Errorf("once its account can be read: %s (%s), in line %v; want pending in line for pool queue as alice", tk.State, tk.Reason, j.inLine)
 	}
 }

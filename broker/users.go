@@ -30,6 +30,7 @@ type account struct {
 	// groupsErr: some of its groups could not be read (the database
 	// failed), so groups may lack one; kept briefly, as err.
 	groupsErr error
+	shellErr  error // why the login shell could not be looked up now (lookup: such an account is not kept)
 	at        time.Time
 }
 
@@ -39,6 +40,22 @@ type accounts struct {
 }
 
 const accountTTL = 30 * time.Second
+
+// unanswered is why the user database gave no answer about the account
+// now (out of descriptors, a name service unreachable), nil when it
+// answered: either part, the account or its groups, missing for such a
+// reason is no answer. What depends on it (a task's submission, its start
+// with the account's groups, a restricted account's ACLs) waits or fails
+// closed, never takes a stand-in for the truth.
+func (a *account) unanswered() error {
+	switch {
+	case !a.known && a.err != nil:
+		return a.err
+	case a.known && a.groupsErr != nil:
+		return a.groupsErr
+	}
+	return nil
+}
 
 // lookup returns what the broker knows of uid, its login shell included.
 func (a *accounts) lookup(uid uint32) *account { return a.get(uid, true) }
@@ -56,7 +73,12 @@ func (a *accounts) get(uid uint32, withShell bool) *account {
 	}
 	if withShell && acc.known && !acc.hasShell {
 		c := *acc
-		c.shell, c.hasShell = loginShell(c.name), true
+		sh, err := loginShell(c.name)
+		if err != nil {
+			c.shellErr = err // asked again next time: that passes
+			return &c
+		}
+		c.shell, c.hasShell = sh, true
 		acc = &c
 		a.store(uid, acc)
 	}
@@ -139,21 +161,27 @@ func accountGroups(groupIDs func() ([]string, error), lookupGroup func(gid strin
 
 // loginShell is user's shell from the user database (through NSS, with
 // getent), or /bin/sh when there is none or it refuses logins (nologin,
-// false).
-func loginShell(name string) string {
+// false). An error is a lookup that could not be made now (getent not
+// started, for want of descriptors or processes, or not answering): that
+// passes, and is no answer.
+func loginShell(name string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "getent", "passwd", name).Output()
-	if err != nil {
-		return "/bin/sh"
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee) && ee.ExitCode() == 2: // no such entry
+		return "/bin/sh", nil
+	case err != nil:
+		return "", fmt.Errorf("look up the login shell of %s: %w", name, err)
 	}
 	f := strings.Split(strings.TrimSpace(string(out)), ":")
 	if len(f) != 7 || f[0] != name {
-		return "/bin/sh"
+		return "/bin/sh", nil
 	}
 	sh := f[6]
 	if !strings.HasPrefix(sh, "/") || strings.HasSuffix(sh, "/nologin") || strings.HasSuffix(sh, "/false") {
-		return "/bin/sh"
+		return "/bin/sh", nil
 	}
-	return sh
+	return sh, nil
 }

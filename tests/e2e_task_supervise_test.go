@@ -498,6 +498,11 @@ func TestTaskIdleSupervisorOwnGroup(t *testing.T) {
 	if !procGone(t, pid, "sleep") {
 		t.Errorf("a process in idle supervisor %d's group %s outlived the broker's stop", next, group)
 	}
+	// A clean stop removes the groups itself: nobody else will until the
+	// next start.
+	if left := idleGroups(t, b); len(left) > 0 {
+		t.Errorf("the broker's clean stop left idle supervisors' groups: %s", strings.Join(left, ", "))
+	}
 
 	// A broker killed with -9 removes nothing: the next one does.
 	b.Start()
@@ -510,6 +515,22 @@ func TestTaskIdleSupervisorOwnGroup(t *testing.T) {
 		t.Errorf("a process in group %s, left by a broker killed with -9, outlived the next broker's start", group)
 	}
 	awaitNoDir(t, group)
+}
+
+// idleGroups lists the idle-N groups under b's control group parent.
+func idleGroups(t *testing.T, b *Broker) []string {
+	t.Helper()
+	ents, err := os.ReadDir(b.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "idle-") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }
 
 // idleGroupOf is the idle-N group under b's control group parent that

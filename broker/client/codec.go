@@ -143,6 +143,10 @@ func appendSubmit(b []byte, r *Request) []byte {
 		key("umask")
 		b = strconv.AppendUint(b, uint64(*t.Umask), 10)
 	}
+	if t.Token != "" {
+		key("token")
+		b = appendJSONString(b, t.Token)
+	}
 	return append(b, "}}"...)
 }
 
@@ -194,6 +198,8 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 			r.ID, err = s.uint()
 		case "state":
 			r.State, err = s.string()
+		case "existing":
+			r.Existing, err = s.bool()
 		default:
 			// encoding/json matches keys case-insensitively (with Unicode
 			// folding): leave anything that might match to it.
@@ -218,7 +224,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "board", "usage"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool {
@@ -641,7 +647,7 @@ func (s *scanner) bool() (bool, error) {
 // encoding/json does; false for a reply with fields beyond it (tasks,
 // status, usage), which the caller encodes with the Codec.
 func AppendReply(b []byte, r *Reply) ([]byte, bool) {
-	if r.ID != 0 || r.State != "" || len(r.Tasks) > 0 || r.More || r.Next != 0 || r.Board != nil || r.Usage != nil {
+	if r.ID != 0 || r.State != "" || len(r.Tasks) > 0 || r.More || r.Next != 0 || r.Existing || r.Board != nil || r.Usage != nil {
 		return nil, false
 	}
 	b = append(b, `{"v":`...)

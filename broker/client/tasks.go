@@ -1,7 +1,11 @@
 package client
 
 import (
+	"errors"
 	"fmt"
+	"path/filepath"
+	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -20,16 +24,33 @@ import (
 //	  │ ── {"op":"wait","id":118} ──────────────▶ │ … when it ends: {"type":"tasks","tasks":[…]}
 //
 //	npubroker ── fork/exec as the submitter ──▶ npurun-supervise [ID]
-//	  stdin, a socket: ▶ the Spec; ▶ the go-ahead with the lease's locks (SCM_RIGHTS);
+//	  stdin, a socket: ▶ the Spec; ▶ the go-ahead with the lease's locks (SCM_RIGHTS),
+//	                   or {"id":118,"drop":true}: not started, exit;
 //	                   ◀ {"id":118,"started":true} once the command runs
 //	supervisor ── {"op":"task-done","id":118,"status":{…}} ──▶ npubroker
 //	           ◀── {"type":"ok"} ─── (retried across broker restarts until acknowledged,
 //	                                  and while the broker answers "spool")
+//	supervisor whose socket closed before a go-ahead or a drop (the broker died):
+//	           ── {"op":"task-not-started","id":118} ──▶ the next npubroker
+//	           ◀── {"type":"ok"}: back in line; or an error: nothing to undo
+//	                                 (retried as task-done is, and while "busy")
 
 // SupervisorName is the supervisor's program name and argv[0]: the broker
 // knows its tasks' supervisors by it, followed by the task's id when the
 // supervisor was started for one.
 const SupervisorName = "npurun-supervise"
+
+// DefaultLogDir is where a task's log goes when it names none: under its
+// submitter's home directory.
+const DefaultLogDir = ".local/state/npurun/tasks"
+
+// DefaultLog is the log of task id, submitted by a user whose home is
+// home, when it names none: DefaultLogDir/ID-TAG.log, TAG being the
+// broker's journal's (ids start again with a new journal, and two
+// machines may share a home: the tag keeps a task out of another's log).
+func DefaultLog(home string, id uint64, tag string) string {
+	return filepath.Join(home, DefaultLogDir, strconv.FormatUint(id, 10)+"-"+tag+".log")
+}
 
 // Task operations.
 const (
@@ -39,6 +60,10 @@ const (
 	OpCancel   = "cancel"
 	OpWait     = "wait"
 	OpTaskDone = "task-done" // from a task's supervisor only
+	// OpNotStarted is a supervisor's word that its task never got its
+	// go-ahead and will not be run by it: the broker that recorded its
+	// start died first. From the task's supervisor only.
+	OpNotStarted = "task-not-started"
 )
 
 // Task reply types.
@@ -90,7 +115,15 @@ type Submission struct {
 	After    []uint64 `json:"after,omitempty"`
 	Log      string   `json:"log,omitempty"`   // absolute path; "" for the default
 	Umask    *uint32  `json:"umask,omitempty"` // the submitter's; nil: the supervisor's (an older task-submit)
+	// Token, the client's, names this submission: a repeat of it (same
+	// user, same token) is answered with the task it made, if the broker
+	// keeps it, and makes no other. At most MaxToken bytes of printable
+	// ASCII, no space.
+	Token string `json:"token,omitempty"`
 }
+
+// MaxToken bounds a submission's token.
+const MaxToken = 128
 
 // TaskInfo is a task as list, show, cancel and wait report it. Command,
 // Cwd, Env and Log are left out for another user's task unless the asker
@@ -120,6 +153,7 @@ type TaskInfo struct {
 	Reason    string   `json:"reason,omitempty"`   // why it failed, was cancelled or lost
 	CPUMs     int64    `json:"cpu_ms,omitempty"`   // CPU time its processes used, where it had a control group
 	MemPeak   int64    `json:"mem_peak,omitempty"` // their peak memory in bytes, where the memory controller measured it
+	Token     string   `json:"token,omitempty"`    // its submission's token (the submitter's and root's to see)
 }
 
 // ExitStatus is the status a shell would give for the task: its exit
@@ -164,6 +198,9 @@ type Spec struct {
 	Idle     bool     `json:"idle,omitempty"`     // nice 19 and the idle I/O class
 	Socket   string   `json:"socket"`             // where to report
 	Umask    *uint32  `json:"umask,omitempty"`    // the command's, the submitter's; nil: left as it is
+	// Drop, in place of a go-ahead, tells a supervisor that its task will
+	// not start under it: it exits having run nothing.
+	Drop bool `json:"drop,omitempty"`
 }
 
 // Started is a supervisor's word to the broker, on the socket its Spec
@@ -184,6 +221,11 @@ func (c *Conn) call(req *Request) (*Reply, error) {
 	if err := c.Send(req); err != nil {
 		return nil, err
 	}
+	return c.answer()
+}
+
+// answer is the first reply that is not progress.
+func (c *Conn) answer() (*Reply, error) {
 	for {
 		r, _, err := c.Recv(-1)
 		if err != nil {
@@ -206,6 +248,73 @@ func (c *Conn) Submit(s *Submission) (*Reply, error) {
 		return nil, fmt.Errorf("unexpected reply %q to submit", r.Type)
 	}
 	return r, nil
+}
+
+// ErrSubmitUnknown means that a submission was sent, its answer was lost,
+// and no broker answered a repeat of it in time: whether it was recorded
+// is not known.
+var ErrSubmitUnknown = errors.New("cannot tell whether the task was submitted")
+
+// SubmitResolved submits s, which carries a token, to the broker at path.
+// When the answer is lost after the submission was sent (the connection
+// reset or closed, or no answer for FirstAnswer: the broker may have
+// recorded it, and died or stalled), it sends it again, with the same
+// token, on a new connection, until a broker answers or within has
+// passed: the broker answers a repeat with the task the first one made, if
+// it was recorded (Reply.Existing), and records it otherwise. So a nil
+// error means submitted; an error means that no task was made, unless it
+// wraps ErrSubmitUnknown. again, if not nil, is told of each repeat and
+// why it is made.
+func SubmitResolved(path string, s *Submission, within time.Duration, again func(error)) (*Reply, error) {
+	if s.Token == "" {
+		return nil, errors.New("submit: a submission to resolve needs a token")
+	}
+	r, sent, err := submitOnce(path, s)
+	var refused *Error
+	if err == nil || !sent || errors.As(err, &refused) {
+		return r, err // answered, or never sent: no task was made
+	}
+	deadline := time.Now().Add(within)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		if again != nil {
+			again(err)
+		}
+		if time.Now().Add(wait).After(deadline) {
+			return nil, fmt.Errorf("%w: %w", ErrSubmitUnknown, err)
+		}
+		time.Sleep(wait)
+		r, _, err = submitOnce(path, s)
+		switch {
+		case err == nil:
+			return r, nil
+		case errors.As(err, &refused) && refused.Code != CodeBusy && refused.Code != CodeTooMany:
+			// Refused after its token was looked up (busy and too-many
+			// may come before: ask again): neither was recorded.
+			return nil, err
+		}
+	}
+}
+
+// submitOnce makes one submission on a connection of its own; sent tells
+// that it was sent (and so may have been recorded, whatever err says).
+func submitOnce(path string, s *Submission) (r *Reply, sent bool, err error) {
+	c, err := Dial(path)
+	if err != nil {
+		return nil, false, err
+	}
+	defer c.Close()
+	if err := c.Send(&Request{Op: OpSubmit, Task: s}); err != nil {
+		// A packet is queued to the broker whole, or not at all.
+		return nil, false, fmt.Errorf("send the submission: %w (nothing was submitted)", err)
+	}
+	r, err = c.answer()
+	if err == nil && r.Type != TypeSubmitted {
+		err = fmt.Errorf("unexpected reply %q to submit", r.Type)
+	}
+	if err != nil {
+		return nil, true, err
+	}
+	return r, true, nil
 }
 
 // tasks is a "tasks" reply to req.
@@ -271,6 +380,21 @@ func (c *Conn) TaskDone(id uint64, st *Status) error {
 	}
 	if r.Type != TypeOK {
 		return fmt.Errorf("unexpected reply %q to task-done", r.Type)
+	}
+	return nil
+}
+
+// TaskNotStarted is a supervisor's word that its task never got its
+// go-ahead; it returns once the broker has taken it (put the task back in
+// line). An error from the broker means there was nothing to undo, unless
+// it is "spool" or "busy": then ask again later.
+func (c *Conn) TaskNotStarted(id uint64) error {
+	r, err := c.call(&Request{Op: OpNotStarted, ID: id})
+	if err != nil {
+		return err
+	}
+	if r.Type != TypeOK {
+		return fmt.Errorf("unexpected reply %q to %s", r.Type, OpNotStarted)
 	}
 	return nil
 }

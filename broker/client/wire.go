@@ -152,6 +152,10 @@ type Reply struct {
 	More  bool       `json:"more,omitempty"`  // tasks (list): more follow, ask again with "after": Next; usage: another reply follows
 	Next  uint64     `json:"next,omitempty"`  // tasks (list): where the next page starts
 
+	// submitted: the submission's token named a task already, and this is
+	// that task; no other was made
+	Existing bool `json:"existing,omitempty"`
+
 	// status, usage (status.go)
 	Board *Board       `json:"board,omitempty"`
 	Usage *UsageReport `json:"usage,omitempty"`

@@ -8,9 +8,10 @@ import (
 	"github.com/npurun/npurun/broker/client"
 )
 
-// How long and how often the supervisor tries to report: the broker may be
-// restarting, and the task's end must survive that. Variables so that
-// tests can shorten them.
+// How long and how often the supervisor tries to reach the broker: it may
+// be restarting, and what the supervisor has to say (its task's end, or
+// that its task never started) must survive that. Variables so that tests
+// can shorten them.
 var (
 	reportFor  = 24 * time.Hour
 	minBackoff = 100 * time.Millisecond
@@ -20,22 +21,56 @@ var (
 // report tells the broker how the task ended, retrying with backoff until
 // it acknowledges (0) or reportFor has passed (1).
 func report(spec *client.Spec, st *client.Status) int {
+	code := tell(spec.Socket, fmt.Sprintf("report task %d", spec.ID), func(c *client.Conn) error {
+		return c.TaskDone(spec.ID, st)
+	})
+	if code == refusedForGood {
+		return 1
+	}
+	return code
+}
+
+// notStarted tells a broker that the task never got its go-ahead: the
+// broker that started this supervisor went away without a word, and may
+// have recorded the task's start; the next one puts the task back in line
+// on this word, given by the pid its start record names (SO_PEERCRED).
+// This supervisor never runs the task after that. It returns 0 once a
+// broker has taken the word or answered that there was nothing to undo
+// (the start was not recorded), 1 when it gave up after reportFor.
+func notStarted(spec *client.Spec) int {
+	code := tell(spec.Socket, fmt.Sprintf("say that task %d never started", spec.ID), func(c *client.Conn) error {
+		return c.TaskNotStarted(spec.ID)
+	})
+	if code == refusedForGood {
+		return 0
+	}
+	return code
+}
+
+// refusedForGood is tell's status for a broker that refused for good.
+const refusedForGood = -1
+
+// tell makes the exchange ask with the broker at socket, retrying with
+// backoff while no broker answers, or one answers that it cannot take it
+// now ("spool", "busy"). It returns 0 once it is taken, refusedForGood (after
+// a warning) when the broker refused it for good, 1 when reportFor has
+// passed; what names the exchange in warnings.
+func tell(socket, what string, ask func(*client.Conn) error) int {
 	giveUp := time.Now().Add(reportFor)
 	wait := minBackoff
 	for {
-		err := tellBroker(spec.Socket, spec.ID, st)
+		err := tellOnce(socket, ask)
 		if err == nil {
 			return 0
 		}
 		var refused *client.Error
-		if errors.As(err, &refused) && refused.Code != client.CodeSpool {
-			// The broker answered, and its answer will not change. (One
-			// that could not record the end yet is asked again.)
-			warn("%v", err)
-			return 1
+		if errors.As(err, &refused) && refused.Code != client.CodeSpool && refused.Code != client.CodeBusy {
+			// The broker answered, and its answer will not change.
+			warn("%s: %v", what, err)
+			return refusedForGood
 		}
 		if time.Now().Add(wait).After(giveUp) {
-			warn("%v; gave up after %s", err, reportFor)
+			warn("%s: %v; gave up after %s", what, err, reportFor)
 			return 1
 		}
 		time.Sleep(wait)
@@ -43,15 +78,12 @@ func report(spec *client.Spec, st *client.Status) int {
 	}
 }
 
-// tellBroker makes one attempt at the task-done exchange.
-func tellBroker(socket string, id uint64, st *client.Status) error {
+// tellOnce makes one attempt at an exchange.
+func tellOnce(socket string, ask func(*client.Conn) error) error {
 	c, err := client.Dial(socket)
 	if err != nil {
-		return fmt.Errorf("report task %d: %w", id, err)
+		return err
 	}
 	defer c.Close()
-	if err := c.TaskDone(id, st); err != nil {
-		return fmt.Errorf("report task %d: %w", id, err)
-	}
-	return nil
+	return ask(c)
 }

@@ -11,9 +11,13 @@ package supervisor
 // lock descriptors. A supervisor started for task ID gets its Spec at once;
 // one started without an ID is idle, kept ready for the submitter's next
 // task, and gets its Spec (any task of its uid) when the broker gives it one.
-// If the socket closes before the go-ahead, the task was not started
-// (cancelled, or the broker died, or an idle supervisor was let go): the
-// supervisor exits having run nothing. Otherwise it starts the command with
+// If the broker drops it instead of a go-ahead (the task was cancelled, or
+// its start could not be recorded), or closes an idle supervisor's socket,
+// the supervisor exits having run nothing. If the socket closes without a
+// word before the go-ahead, the broker died: it may have recorded the
+// task's start, so the supervisor, having run nothing and never to run it,
+// tells the next broker so (task-not-started, retried as reports are),
+// which puts the task back in line. Otherwise it starts the command with
 // the descriptors, closes its own copies at once (the lease lives and dies
 // with the command's process tree), waits, and reports the end with
 // task-done until the broker acknowledges it.
@@ -56,8 +60,9 @@ var errUsage = errors.New("usage: " + Name + " [ID]")
 
 // Main is the body of `npurun-supervise [ID]`; args is ["ID"], or empty for
 // an idle supervisor. It returns 0 once the broker has acknowledged the
-// task's end (or when no task was given to it), 1 when it gave up
-// reporting, 2 when the command line or the Spec is unusable.
+// task's end (or when no task was given to it, or a broker has heard that
+// it never started), 1 when it gave up reporting, 2 when the command line
+// or the Spec is unusable.
 func Main(args []string) int {
 	cancel := catchSignals()
 	// Nothing inherited beyond the standard three reaches the command.
@@ -73,8 +78,19 @@ func Main(args []string) int {
 	}
 	prep := prepare(spec)
 	leases, err := awaitGoAhead(spec)
-	if err != nil {
-		// Not started: cancelled while waiting, or the broker is gone.
+	switch {
+	case errors.Is(err, client.ErrClosed) || errors.Is(err, unix.ECONNRESET):
+		// The broker died without a word: the next one must hear that
+		// this task never started (the go-ahead, had it been sent, would
+		// have been read before the socket's end).
+		warn("task %d not started: the broker went away; telling the next one", spec.ID)
+		if err := releaseStdin(); err != nil { // a dead socket: nothing more comes on it
+			warn("%v", err)
+		}
+		return notStarted(spec)
+	case err != nil:
+		// Not started: let go (cancelled while waiting), or a go-ahead
+		// it cannot use.
 		warn("task %d not started: %v", spec.ID, err)
 		return 0
 	}
@@ -152,6 +168,10 @@ func readSpec(args []string) (*client.Spec, error) {
 	return &spec, checkSpec(&spec, id, uint32(os.Getuid()))
 }
 
+// errDropped is a broker's word that the task will not start under this
+// supervisor.
+var errDropped = errors.New("let go by the broker")
+
 // awaitGoAhead waits for the broker's word to start and returns the
 // lease's lock files, one per device.
 func awaitGoAhead(spec *client.Spec) ([]*os.File, error) {
@@ -161,6 +181,9 @@ func awaitGoAhead(spec *client.Spec) ([]*os.File, error) {
 	case err != nil:
 		closeAll(fds)
 		return nil, err
+	case g.Drop:
+		closeAll(fds)
+		return nil, errDropped
 	case g.ID != spec.ID || len(g.Devices) != len(fds) || len(fds) > client.MaxDevices:
 		closeAll(fds)
 		return nil, fmt.Errorf("go-ahead for task %d with %d devices and %d descriptors", g.ID, len(g.Devices), len(fds))

@@ -839,16 +839,27 @@ func awaitExit(t *testing.T, pidfd int) {
 	}
 }
 
-// TestNoGoAhead: a supervisor whose broker goes away before the go-ahead
-// (the task cancelled while it waited, or the broker dead before the start
-// was journaled) exits having run nothing; so does one given a go-ahead
-// whose descriptors do not match its devices.
+// TestNoGoAhead: a supervisor that gets no go-ahead exits having run
+// nothing: one the broker drops (the task cancelled while it waited), one
+// given a go-ahead whose descriptors do not match its devices, and one
+// whose broker goes away without a word (dead, maybe after it recorded the
+// start), which first tells the next broker that its task never started.
 func TestNoGoAhead(t *testing.T) {
 	tests := []struct {
 		name    string
 		goAhead func(t *testing.T, sock *os.File, spec *client.Spec)
+		tells   bool // it tells a broker that the task never started
 	}{
-		{"socket closed", func(*testing.T, *os.File, *client.Spec) {}},
+		{"socket closed", func(*testing.T, *os.File, *client.Spec) {}, true},
+		{"dropped", func(t *testing.T, sock *os.File, spec *client.Spec) {
+			b, err := json.Marshal(&client.Spec{ID: spec.ID, Drop: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
 		{"descriptors missing", func(t *testing.T, sock *os.File, spec *client.Spec) {
 			b, err := json.Marshal(&client.Spec{ID: spec.ID, Devices: []int{0, 1}})
 			if err != nil {
@@ -857,7 +868,7 @@ func TestNoGoAhead(t *testing.T) {
 			if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, false},
 		{"another task's go-ahead", func(t *testing.T, sock *os.File, spec *client.Spec) {
 			b, err := json.Marshal(&client.Spec{ID: spec.ID + 1})
 			if err != nil {
@@ -866,7 +877,7 @@ func TestNoGoAhead(t *testing.T) {
 			if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
 				t.Fatal(err)
 			}
-		}},
+		}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -887,10 +898,24 @@ func TestNoGoAhead(t *testing.T) {
 			if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
 				t.Fatal(err)
 			}
+			var b2 *broker
+			if tc.tells {
+				b2 = listen(t, spec.Socket)
+			}
 			tc.goAhead(t, sock, spec)
 			sock.Close()
 			if err := cmd.Wait(); err != nil {
 				t.Fatalf("supervisor: %v, want exit 0; stderr:\n%s", err, &stderr)
+			}
+			if b2 != nil {
+				select {
+				case req := <-b2.reports:
+					if req.Op != client.OpNotStarted || req.ID != spec.ID {
+						t.Errorf("request %+v, want %s of task %d", req, client.OpNotStarted, spec.ID)
+					}
+				default:
+					t.Errorf("the supervisor exited without telling a broker that task %d never started", spec.ID)
+				}
 			}
 			if !strings.Contains(stderr.String(), "not started") {
 				t.Errorf("stderr does not say the task was not started:\n%s", &stderr)

@@ -22,7 +22,11 @@ package tasklife
 //	 │             │ pid: only then may it get its go-ahead) │
 //	 │             ▼                                         │
 //	 │          running ── lose ("end") ──▶ lost             │
-//	 │             │                         │ a late report │
+//	 │             │ └─ unstart ──▶ pending  │               │
+//	 │             │    ("unstart": its      │               │
+//	 │             │    supervisor never got │               │
+//	 │             │    its go-ahead, and    │               │
+//	 │             │    will not run it)     │ a late report │
 //	 │             ▼                         ▼               │
 //	 └── end ─▶  done · failed · cancelled ◀──────── end ────┘
 //	 ("end": cancelled, or failed            │
@@ -34,6 +38,10 @@ package tasklife
 //   - Only a start record, with its supervisor's pid, makes a task running
 //     on disk. A starting task is pending in the journal and in every
 //     rewrite of it; a broker that dies then runs it again later.
+//   - A running task goes back to pending only on its supervisor's word
+//     that it never got its go-ahead, and will not run it (Unstart): a
+//     broker killed between a start record and its go-ahead loses no
+//     task, and a task still runs at most once.
 //   - A start record is durable before the go-ahead, unless its task is
 //     armed: then it need only be written (in the file, as a broker that
 //     restarts reads it; only the machine's crash can lose it), and its
@@ -53,7 +61,14 @@ package tasklife
 //   - An ended task keeps no environment: it is dropped when the end is
 //     applied, live or replayed, and the journal is rewritten soon after,
 //     so that the secrets it held leave the disk too.
-//   - Ids never repeat: the highest id given is in every rewrite.
+//   - Ids never repeat: the highest id given is in every rewrite. A new
+//     journal starts again at 1, so it gets a tag of its own (also in every
+//     rewrite), which names its tasks' default logs beside their ids: a
+//     new task never writes to, nor reads, an older task's log.
+//   - A submission's token (Sub.Token, the client's) names one task of its
+//     user while the task is kept: ByToken finds it, live and after a
+//     replay, and a submission being recorded with it is known as such.
+//     Tokens are kept with their tasks only, and forgotten with them.
 //   - Ended tasks are forgotten oldest end first: beyond keep-per-user for
 //     their user, and beyond keep in all (the user who has the most ended
 //     tasks kept loses one first, so one user's churn cannot push out
@@ -63,6 +78,8 @@ package tasklife
 import (
 	"bytes"
 	"cmp"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -100,8 +117,8 @@ var transitions = map[string][]string{
 	Pending:  {Blocked, Starting, Running, Failed, Cancelled},   // running: replay of a start record
 	Blocked:  {Pending, Failed, Cancelled},
 	Starting: {Pending, Running, Failed},
-	Running:  {Done, Failed, Cancelled, Lost},
-	Lost:     {Done, Failed, Cancelled}, // its supervisor reported after all
+	Running:  {Done, Failed, Cancelled, Lost, Pending}, // pending: Unstart
+	Lost:     {Done, Failed, Cancelled},                // its supervisor reported after all
 }
 
 // allowed tells whether a task may move from one state to another.
@@ -211,17 +228,19 @@ type Record struct {
 	Status    *client.Status `json:"status,omitempty"`
 	Reason    string         `json:"reason,omitempty"`
 	Pad       string         `json:"pad,omitempty"` // a probe's size
+	Tag       string         `json:"tag,omitempty"` // ids: the journal's tag
 }
 
 // The records of the journal.
 const (
-	opTask   = "task"   // a whole task: a submission, or a task as a rewrite carries it
-	opStart  = "start"  // a task started: its devices and supervisor
-	opEnd    = "end"    // a task ended
-	opIDs    = "ids"    // the highest id given so far (first in a rewrite)
-	opProbe  = "probe"  // a test that the journal can be written again; no change
-	opArm    = "arm"    // a waiting task armed in a boot: its start need not be synced before its go-ahead
-	opDisarm = "disarm" // every task disarmed: the broker stopped cleanly, or started in the boot they were armed in
+	opTask    = "task"    // a whole task: a submission, or a task as a rewrite carries it
+	opStart   = "start"   // a task started: its devices and supervisor
+	opEnd     = "end"     // a task ended
+	opIDs     = "ids"     // the highest id given so far, and the journal's tag (first in a rewrite)
+	opProbe   = "probe"   // a test that the journal can be written again; no change
+	opArm     = "arm"     // a waiting task armed in a boot: its start need not be synced before its go-ahead
+	opUnstart = "unstart" // a running task's supervisor never got its go-ahead: the task waits again
+	opDisarm  = "disarm"  // every task disarmed: the broker stopped cleanly, or started in the boot they were armed in
 )
 
 // Options configure a Life.
@@ -261,6 +280,7 @@ type Life struct {
 	gone       int      // forgotten ids still in order
 	sorted     bool     // order is sorted (a replay appends, then sorts)
 	nextID     uint64   // the highest id given
+	tag        string   // the journal's, made when it is new
 	waiting    map[uint32]int
 	running    map[uint32]int
 	submitting map[uint32]int
@@ -269,6 +289,8 @@ type Life struct {
 	nEnded     int
 	endSeq     uint64
 	namedBy    map[uint64]map[uint64]struct{} // id → the waiting tasks that name it in --after
+	tokens     map[tokenKey]uint64            // a submission's token → its task, while the task is kept
+	recording  map[tokenKey]struct{}          // tokens of submissions being recorded
 	replaying  bool
 
 	compacting  bool
@@ -310,6 +332,7 @@ func newLife(dir string, o Options) *Life {
 		tasks: map[uint64]*Task{}, sorted: true,
 		waiting: map[uint32]int{}, running: map[uint32]int{}, submitting: map[uint32]int{},
 		endedBy: map[uint32][]uint64{}, namedBy: map[uint64]map[uint64]struct{}{}, secretWait: secretDelay,
+		tokens: map[tokenKey]uint64{}, recording: map[tokenKey]struct{}{},
 	}
 }
 
@@ -333,6 +356,14 @@ func Open(dir string, o Options) (*Life, error) {
 	l.replaying = false
 	if err != nil {
 		return nil, err
+	}
+	if l.tag == "" {
+		// A new journal (or one older than tags). The rewrite below
+		// keeps the tag; should it fail, the next start makes another,
+		// which is as good: the ids go on from the tasks kept.
+		if l.tag, err = newTag(); err != nil {
+			return nil, err
+		}
 	}
 	if !l.sorted {
 		slices.Sort(l.order)
@@ -493,6 +524,42 @@ func (l *Life) Armed(t *Task) bool {
 	return l.boot != "" && !l.closing && t.ArmBoot == l.boot
 }
 
+// TagLen is the length of a journal's tag.
+const TagLen = 8
+
+// newTag makes a journal's tag: TagLen random hexadecimal digits.
+func newTag() (string, error) {
+	b := make([]byte, TagLen/2)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("make the journal's tag: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// Tag is the journal's tag, which names its tasks' default logs beside
+// their ids (ids start again with a new journal; its tag does not).
+func (l *Life) Tag() string { return l.tag }
+
+// tokenKey is a submission's token, which names a task of one user.
+type tokenKey struct {
+	uid   uint32
+	token string
+}
+
+// ByToken is uid's task submitted with token, if it is kept; recording
+// tells that a submission with that token is being recorded (its fate is
+// not known yet).
+func (l *Life) ByToken(uid uint32, token string) (t *Task, recording bool) {
+	k := tokenKey{uid, token}
+	if _, ok := l.recording[k]; ok {
+		return nil, true
+	}
+	if id, ok := l.tokens[k]; ok {
+		return l.tasks[id], false
+	}
+	return nil, false
+}
+
 // Get is task id, nil if there is none.
 func (l *Life) Get(id uint64) *Task { return l.tasks[id] }
 
@@ -579,6 +646,18 @@ func (l *Life) Submit(t *Task) error {
 		if l.tasks[dep] == nil {
 			return fmt.Errorf("submit task %d: no task %d", t.ID, dep)
 		}
+	}
+	var tok tokenKey
+	if t.Sub.Token != "" {
+		tok = tokenKey{t.UID, t.Sub.Token}
+		if _, ok := l.recording[tok]; ok {
+			return fmt.Errorf("submit task %d: a submission with its token is being recorded", t.ID)
+		}
+		if _, ok := l.tokens[tok]; ok {
+			return fmt.Errorf("submit task %d: its token names task %d", t.ID, l.tokens[tok])
+		}
+		l.recording[tok] = struct{}{}
+		defer delete(l.recording, tok) // applied (indexed) or failed by then
 	}
 	t.State = Pending
 	l.name(t)
@@ -669,6 +748,22 @@ func (l *Life) Start(t *Task, pid int, pidStart uint64, boot string, mono int64)
 		err = l.write(rec)
 	}
 	if err != nil {
+		return err
+	}
+	return l.applied(rec)
+}
+
+// Unstart records that running task t never started: its supervisor, the
+// one of its start record (pid), says it never got its go-ahead (a broker
+// died between the start record and the go-ahead) and will not run it.
+// Then t is pending again, as before its grant. On an error nothing has
+// changed.
+func (l *Life) Unstart(t *Task, pid int) error {
+	if t.State != Running || t.PID != pid || pid == 0 {
+		return fmt.Errorf("unstart task %d: it is %s with supervisor %d, not %d", t.ID, t.State, t.PID, pid)
+	}
+	rec := &Record{Op: opUnstart, ID: t.ID, PID: pid}
+	if err := l.write(rec); err != nil {
 		return err
 	}
 	return l.applied(rec)
@@ -829,10 +924,15 @@ func (l *Life) apply(r *Record) error {
 		return l.applyTask(r.Task)
 	case opStart:
 		l.applyStart(r)
+	case opUnstart:
+		l.applyUnstart(r)
 	case opEnd:
 		l.applyEnd(r)
 	case opIDs:
 		l.nextID = max(l.nextID, r.ID)
+		if r.Tag != "" {
+			l.tag = r.Tag
+		}
 	case opArm:
 		if t := l.tasks[r.ID]; t != nil && t.IsWaiting() {
 			t.ArmBoot = r.Boot
@@ -872,6 +972,9 @@ func (l *Life) applyTask(t *Task) error {
 		t.Started, t.Devices, t.Slot, t.PID, t.PIDStart = 0, nil, -1, 0, 0
 	}
 	l.tasks[t.ID] = t
+	if t.Sub.Token != "" {
+		l.tokens[tokenKey{t.UID, t.Sub.Token}] = t.ID
+	}
 	if l.sorted && len(l.order) > 0 && l.order[len(l.order)-1] > t.ID {
 		if l.replaying {
 			l.sorted = false
@@ -904,6 +1007,17 @@ func (l *Life) applyStart(r *Record) {
 	t.Started, t.Devices, t.Slot = r.Time, r.Devices, r.Slot
 	t.PID, t.PIDStart, t.Boot, t.StartMono = r.PID, r.PIDStart, r.Boot, r.StartMono
 	l.unname(t)
+}
+
+func (l *Life) applyUnstart(r *Record) {
+	t := l.tasks[r.ID]
+	if t == nil || t.State != Running || t.PID != r.PID {
+		return
+	}
+	l.move(t, Pending)
+	t.Started, t.Devices, t.Slot = 0, nil, -1
+	t.PID, t.PIDStart, t.Boot, t.StartMono = 0, 0, "", 0
+	l.name(t)
 }
 
 func (l *Life) applyEnd(r *Record) {
@@ -1056,6 +1170,12 @@ func (l *Life) forgetOldest(uid uint32) bool {
 			l.endedBy[uid] = by
 		}
 		l.nEnded--
+		if t := l.tasks[id]; t != nil && t.Sub.Token != "" {
+			k := tokenKey{t.UID, t.Sub.Token}
+			if l.tokens[k] == id {
+				delete(l.tokens, k)
+			}
+		}
 		delete(l.tasks, id)
 		l.gone++
 		if l.gone > 64 && l.gone > len(l.order)/2 {
@@ -1084,7 +1204,7 @@ func (l *Life) sweep() {
 // tasks not ended in id order, then the ended ones in the order they
 // ended, each as a replay would rebuild it.
 func (l *Life) snapshot() []*Record {
-	recs := []*Record{{Op: opIDs, ID: l.nextID}}
+	recs := []*Record{{Op: opIDs, ID: l.nextID, Tag: l.tag}}
 	var done []*Task
 	l.Each(func(t *Task) bool {
 		if t.IsEnded() {

@@ -321,6 +321,40 @@ func TestStartingIsPendingOnDisk(t *testing.T) {
 	}
 }
 
+// TestUnstart: a running task whose supervisor (the pid of its start
+// record, and no other) says it never got its go-ahead is pending again,
+// counted as waiting, live and after a replay of the journal, and may be
+// granted and started anew.
+func TestUnstart(t *testing.T) {
+	dir := t.TempDir()
+	tb := openTable(t, dir, 10, 10)
+	x := tb.submit(1)
+	tb.run(x) // supervisor 4242
+	if err := tb.Unstart(x, 4243); err == nil {
+		t.Fatal("unstarted on the word of another supervisor than its own")
+	}
+	if err := tb.Unstart(x, 4242); err != nil {
+		t.Fatal(err)
+	}
+	check := func(tb *table, when string) {
+		t.Helper()
+		y := tb.Get(x.ID)
+		if y == nil || y.State != Pending || y.PID != 0 || len(y.Devices) != 0 || y.Started != 0 || tb.Waiting(1) != 1 || tb.RunningByUser()[1] != 0 {
+			t.Fatalf("%s: %+v, waiting %d, running %d; want pending, as before its grant", when, y, tb.Waiting(1), tb.RunningByUser()[1])
+		}
+	}
+	check(tb, "unstarted")
+	tb.Close()
+	re := openTable(t, dir, 10, 10)
+	check(re, "replayed")
+	y := re.Get(x.ID)
+	re.run(y)
+	re.end(y, Done, 0)
+	if y.State != Done {
+		t.Errorf("started again and ended: %s", y.State)
+	}
+}
+
 // TestRunningWithoutPID: a journal written by an older broker, which
 // compacted a task as running before its supervisor's pid was known,
 // replays it as pending: it never got its go-ahead.
@@ -468,6 +502,83 @@ func TestIDsNeverRepeat(t *testing.T) {
 		tb.end(x, Done, 0)
 		tb.Close()
 		openTable(t, dir, 0, 0).Close() // a rewrite that keeps no task
+	}
+}
+
+// TestJournalTag: a journal keeps its tag across reopenings and
+// rewrites; a new journal, whose ids start again, gets another.
+func TestJournalTag(t *testing.T) {
+	dir := t.TempDir()
+	tb := openTable(t, dir, 10, 10)
+	tag := tb.Tag()
+	if len(tag) != TagLen || strings.Trim(tag, "0123456789abcdef") != "" {
+		t.Fatalf("tag %q, want %d hexadecimal digits", tag, TagLen)
+	}
+	tb.submit(1)
+	if err := tb.compact(); err != nil {
+		t.Fatal(err)
+	}
+	tb.Close()
+	for range 2 {
+		tb := openTable(t, dir, 10, 10)
+		if tb.Tag() != tag {
+			t.Errorf("reopened, the journal's tag is %q, was %q", tb.Tag(), tag)
+		}
+		tb.Close()
+	}
+	if other := openTable(t, t.TempDir(), 10, 10); other.Tag() == tag || other.NewID() != 1 {
+		t.Errorf("a new journal has tag %q (the older one's: %q)", other.Tag(), tag)
+	}
+}
+
+// TestTokens: a submission's token finds its task, per user, while the
+// task is kept, live and after a replay; while it is being recorded it is
+// known as such; a second submission with it is refused; the token goes
+// with its task when the task is forgotten.
+func TestTokens(t *testing.T) {
+	dir := t.TempDir()
+	tb := openTable(t, dir, 0, 0)
+	submit := func(tb *table, uid uint32, token string) (*Task, error) {
+		x := &Task{UID: uid, User: fmt.Sprint("u", uid), Slot: -1, Sub: client.Submission{Argv: []string{"true"}, Cwd: "/", Token: token}}
+		x.ID = tb.NewID()
+		return x, tb.Submit(x)
+	}
+	var during struct {
+		found     *Task
+		recording bool
+	}
+	tb.j.beforeWrite = func() {
+		tb.mu.Lock() // as another connection would, while the lock is let go for the disk
+		during.found, during.recording = tb.ByToken(1, "a")
+		tb.mu.Unlock()
+	}
+	x, err := submit(tb, 1, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb.j.beforeWrite = nil
+	if during.found != nil || !during.recording {
+		t.Errorf("while its submission was recorded, token a gave %v, recording %v; want recording", during.found, during.recording)
+	}
+	if y, rec := tb.ByToken(1, "a"); y != x || rec {
+		t.Errorf("token a of uid 1: %v, recording %v; want task %d", y, rec, x.ID)
+	}
+	if y, _ := tb.ByToken(2, "a"); y != nil {
+		t.Errorf("uid 2 found uid 1's token: task %d", y.ID)
+	}
+	if _, err := submit(tb, 1, "a"); err == nil {
+		t.Error("a second submission with token a was recorded")
+	}
+	tb.Close()
+	re := openTable(t, dir, 0, 0)
+	y, _ := re.ByToken(1, "a")
+	if y == nil || y.ID != x.ID {
+		t.Fatalf("replayed, token a gives %v; want task %d", y, x.ID)
+	}
+	re.run(y)
+	re.end(y, Done, 0) // nothing kept: forgotten
+	if z, _ := re.ByToken(1, "a"); z != nil {
+		t.Errorf("task %d forgotten, its token still gives task %d", x.ID, z.ID)
 	}
 }
 

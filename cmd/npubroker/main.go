@@ -166,6 +166,19 @@ func serve(args []string) int {
 	if *socket == "" {
 		*socket = filepath.Join(*runDir, "broker.sock")
 	}
+	// Supervisors run in "/" and are told the socket's path: every path is
+	// made absolute here, once, against the directory the broker starts in.
+	for _, p := range []*string{runDir, socket, stateDir} {
+		if *p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "npubroker: %s: %v\n", *p, err)
+			return 1
+		}
+		*p = abs
+	}
 	if c := *cgroup; c != "" && c != "auto" && c != "off" && !filepath.IsAbs(c) {
 		fmt.Fprintf(os.Stderr, "npubroker: --cgroup takes an absolute directory, auto or off, not %q\n", c)
 		return 2

@@ -133,14 +133,21 @@ func TestSubmitRequest(t *testing.T) {
 		t.Errorf("umask %v, want the submitter's, %04o", s.Umask, mask)
 	}
 	s.Umask = nil
+	if len(s.Token) != 32 || strings.Trim(s.Token, "0123456789abcdef") != "" {
+		t.Errorf("token %q, want 32 random hexadecimal digits", s.Token)
+	}
+	s.Token = ""
 	want := client.Submission{Shell: "python train.py", Cwd: cwd, N: 2, TimeSec: 5400, After: []uint64{7}, Log: filepath.Join(cwd, "out.log")}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("submission %+v, want %+v", s, want)
 	}
 
-	code, out = runCmd(t, b, "--json", "--", "true")
-	if code != 0 || out != `{"id":118,"position":4,"pool":"queue"}`+"\n" {
+	code, out = runCmd(t, b, "--json", "--token", "run-7", "--", "true")
+	if code != 0 || out != `{"id":118,"position":4,"pool":"queue","token":"run-7"}`+"\n" {
 		t.Errorf("submit --json = %d, %q", code, out)
+	}
+	if reqs := b.requests(); reqs[len(reqs)-1].Task.Token != "run-7" {
+		t.Errorf("--token run-7 sent token %q", reqs[len(reqs)-1].Task.Token)
 	}
 }
 
@@ -368,9 +375,68 @@ func TestSubmitFailedAtOnce(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "task 9 submitted: failed: dependency 8") {
 		t.Errorf("submit of a task failed at once = %d, %q; want 1 and its line", code, out)
 	}
-	code, out = runCmd(t, b, "--json", "--after", "8", "--", "true")
-	if code != 1 || out != `{"id":9,"state":"failed"}`+"\n" {
+	code, out = runCmd(t, b, "--json", "--token", "t9", "--after", "8", "--", "true")
+	if code != 1 || out != `{"id":9,"state":"failed","token":"t9"}`+"\n" {
 		t.Errorf("submit --json of a task failed at once = %d, %q", code, out)
+	}
+}
+
+// TestSubmitAnswerLost: a submission whose answer is lost after it was
+// sent (the broker closed the connection: it may have recorded it) is sent
+// again with the same token, and what the repeat is told decides: the
+// task the first made (exit 0, its id), or a refusal (not submitted: its
+// exit status); a broker that never answers leaves it unknown (exit 3, and
+// how to find out).
+func TestSubmitAnswerLost(t *testing.T) {
+	defer func(d time.Duration) { resolveFor = d }(resolveFor)
+	resolveFor = time.Second
+	tests := []struct {
+		name     string
+		repeat   *client.Reply // the answer to the repeat; nil: the connection closed again
+		wantCode int
+		wantOut  string
+		wantErr  string
+	}{
+		{"recorded", &client.Reply{Type: client.TypeSubmitted, ID: 12, Existing: true, Position: 1, Pool: "default"}, 0,
+			"task 12 queued (1st in line in pool \"default\")\n", "the broker had recorded it before its answer was lost"},
+		{"refused", &client.Reply{Type: client.TypeError, Code: client.CodeDenied, Message: "pool \"x\" is not open to alice"}, 77,
+			"", "the task was not submitted"},
+		{"no answer", nil, exitUnknown, "", "cannot tell whether the task was submitted"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			n := 0
+			b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+				mu.Lock()
+				n++
+				first := n == 1
+				mu.Unlock()
+				if first || tc.repeat == nil {
+					c.Close() // recorded or not: the client cannot tell
+					return
+				}
+				reply(t, c, *tc.repeat)
+			})
+			errOut := captureStderr(t)
+			code, out := runCmd(t, b, "--", "true")
+			stderr := errOut()
+			if code != tc.wantCode || out != tc.wantOut || !strings.Contains(stderr, tc.wantErr) {
+				t.Errorf("exit %d, stdout %q, stderr:\n%s\nwant exit %d, stdout %q, stderr saying %q", code, out, stderr, tc.wantCode, tc.wantOut, tc.wantErr)
+			}
+			reqs := b.requests()
+			if len(reqs) < 2 {
+				t.Fatalf("%d submissions sent, want the first and a repeat", len(reqs))
+			}
+			for _, r := range reqs[1:] {
+				if r.Task == nil || r.Task.Token == "" || r.Task.Token != reqs[0].Task.Token {
+					t.Errorf("a repeat's token %q, the first's %q: want the same", r.Task.Token, reqs[0].Task.Token)
+				}
+			}
+			if tc.wantCode == exitUnknown && !strings.Contains(stderr, "--token "+reqs[0].Task.Token) {
+				t.Errorf("stderr does not name the token to look for:\n%s", stderr)
+			}
+		})
 	}
 }
 
@@ -410,4 +476,26 @@ func TestCheckLog(t *testing.T) {
 	if code, _ := runCmd(t, b, "--log", link, "--", "true"); code != 1 {
 		t.Errorf("submit with a symbolic link for its log: exit %d, want 1", code)
 	}
+}
+
+// captureStderr sends what task-submit writes to standard error to a file
+// until the function returned is called, which returns it.
+func captureStderr(t *testing.T) func() string {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stderr
+	os.Stderr = f
+	done := false
+	restore := func() string {
+		if !done {
+			os.Stderr, done = old, true
+		}
+		data, _ := os.ReadFile(f.Name())
+		return string(data)
+	}
+	t.Cleanup(func() { restore(); f.Close() })
+	return restore
 }

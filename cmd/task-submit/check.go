@@ -9,16 +9,14 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
 )
 
 // A task bound to fail should not be reported as queued: what can be
 // checked at submit time, task-submit checks, as the submitter it runs as
 // (the broker, root, would see another file system than the task's
 // supervisor, which runs as the submitter too).
-
-// defaultLogDir is where a task's log goes without --log, under the
-// submitter's home directory, as the broker resolves it.
-const defaultLogDir = ".local/state/npurun/tasks"
 
 // checkLog tells whether a task's supervisor, running as this user, will
 // be able to write its log at path: an existing file must be one this
@@ -74,9 +72,9 @@ func checkDefaultLog() error {
 		return nil
 	}
 	if fi, err := os.Stat(home); err != nil || !fi.IsDir() {
-		return fmt.Errorf("your home directory %s does not exist, and a task's log goes under it (~/%s/ID.log) unless --log names another", home, defaultLogDir)
+		return fmt.Errorf("your home directory %s does not exist, and a task's log goes under it (~/%s/ID-TAG.log) unless --log names another", home, client.DefaultLogDir)
 	}
-	return checkLog(filepath.Join(home, defaultLogDir, "task.log"))
+	return checkLog(client.DefaultLog(home, 1, "check"))
 }
 
 // unwrapPath drops the path an error already names.

@@ -22,6 +22,8 @@ type submitted struct {
 	Position int    `json:"position,omitempty"`
 	Pool     string `json:"pool,omitempty"`
 	State    string `json:"state,omitempty"`
+	Token    string `json:"token,omitempty"`    // the submission's
+	Existing bool   `json:"existing,omitempty"` // the token named this task already: no other was made
 }
 
 // submittedLine is submit's answer: the id, and the place in line when
@@ -178,6 +180,7 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 		line("time limit", (time.Duration(t.TimeSec) * time.Second).String())
 	}
 	line("submitted", fullTime(t.Submitted, loc))
+	line("token", t.Token)
 	if t.Started != 0 {
 		line("started", fullTime(t.Started, loc))
 	}

@@ -21,7 +21,7 @@ import (
 var version = "dev"
 
 const usage = `Usage:
-  task-submit [-n N | -d LIST | --no-device] [-p POOL] [--time DURATION] [--name NAME] [--after ID[,ID...]] [--log FILE] [--json] (--run STRING | -- COMMAND [ARG...])
+  task-submit [-n N | -d LIST | --no-device] [-p POOL] [--time DURATION] [--name NAME] [--after ID[,ID...]] [--log FILE] [--token TOKEN] [--json] (--run STRING | -- COMMAND [ARG...])
   task-submit list [--all] [--json]
   task-submit show [--json] ID
   task-submit logs [-f] ID
@@ -115,8 +115,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		maxTime, fmt.Sprintf("the longest time limit, %dh (a century)", maxTime/time.Hour))
 	fs.stringVar(&o.sub.Name, 0, "name", "NAME", "name to list the task by instead of its command")
 	fs.listVar(&after, 0, "after", "ID[,ID...]", "start only once these tasks have succeeded", true)
-	fs.stringVar(&o.sub.Log, 0, "log", "FILE", "log file (default ~/.local/state/npurun/tasks/ID.log)")
+	fs.stringVar(&o.sub.Log, 0, "log", "FILE", "log file (default ~/.local/state/npurun/tasks/ID-TAG.log, TAG naming the broker's journal)")
 	fs.stringVar(&run, 0, "run", "STRING", "command line run by your shell, instead of -- COMMAND [ARG...]")
+	fs.stringVar(&o.sub.Token, 0, "token", "TOKEN", "name this submission (default: a random one): submitted again with the same TOKEN, it makes no second task")
 	fs.switchVar(&o.json, 0, "json", "print the task's id, position and pool as JSON")
 	fs.stringVar(&o.socket, 0, "socket", "PATH", socketHelp)
 	fs.switchVar(&o.version, 0, "version", "print the version and exit")
@@ -183,6 +184,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("--log takes a file name")
 	case strings.ContainsFunc(s.Name, unicode.IsControl):
 		return nil, usagef("--name takes one line of printable text")
+	case fs.changed["token"] && (s.Token == "" || len(s.Token) > client.MaxToken || strings.IndexFunc(s.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0):
+		return nil, usagef("--token takes 1 to %d characters of printable ASCII, no space", client.MaxToken)
 	}
 	for _, a := range after {
 		id, err := parseID(a)

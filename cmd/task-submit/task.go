@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -66,17 +68,43 @@ func submit(o *options) int {
 		hint("the task would fail at its start: give a --log FILE you may write (nothing was submitted)")
 		return shim.ExitFailure
 	}
-	c, err := client.Dial(client.SocketPath(o.socket))
-	if err != nil {
-		return failure(err, 0)
+	if s.Token == "" {
+		if s.Token, err = newToken(); err != nil {
+			warn("%v", err)
+			return shim.ExitFailure
+		}
 	}
-	defer c.Close()
-	r, err := c.Submit(&s)
+	// An answer lost after the submission was sent leaves it unknown
+	// whether the broker recorded it: it is sent again with its token,
+	// which the broker answers with the task it made, if it made one.
+	asked := false
+	r, err := client.SubmitResolved(client.SocketPath(o.socket), &s, resolveFor, func(why error) {
+		if !asked {
+			warn("the broker's answer was lost (%v); asking again whether it recorded the task", why)
+			asked = true
+		}
+	})
+	if errors.Is(err, client.ErrSubmitUnknown) {
+		warn("%v", err)
+		hint("look for it with 'task-submit list' (its token is %s) before submitting it again, or submit it again with --token %s, which makes no second task", s.Token, s.Token)
+		return exitUnknown
+	}
 	if err != nil {
-		return failure(err, 0)
+		code := failure(err, 0)
+		if asked {
+			warn("the task was not submitted")
+		}
+		return code
+	}
+	if r.Existing && (o.sub.Token != "" || asked) {
+		if asked {
+			warn("the broker had recorded it before its answer was lost")
+		} else {
+			warn("token %s names task %d, submitted already: no other task was made", s.Token, r.ID)
+		}
 	}
 	if o.json {
-		err = writeJSON(stdout, submitted{ID: r.ID, Position: r.Position, Pool: r.Pool, State: r.State})
+		err = writeJSON(stdout, submitted{ID: r.ID, Position: r.Position, Pool: r.Pool, State: r.State, Token: s.Token, Existing: r.Existing})
 	} else {
 		_, err = fmt.Fprintln(stdout, submittedLine(r))
 	}
@@ -84,8 +112,10 @@ func submit(o *options) int {
 		warn("%v", err)
 		return shim.ExitFailure
 	}
-	switch r.State {
-	case client.StateFailed, client.StateCancelled, client.StateLost:
+	switch {
+	case r.Existing:
+		// Submitted already; what became of it since is its own story.
+	case r.State == client.StateFailed || r.State == client.StateCancelled || r.State == client.StateLost:
 		// Recorded, and already over: --after a task that did not succeed.
 		warn("task %d will not run: %s", r.ID, oneLine(strings.TrimPrefix(r.Reason, r.State+": ")))
 		return shim.ExitFailure
@@ -358,6 +388,26 @@ func (w *taskWaiter) redial() error {
 func (w *taskWaiter) Ended() (bool, error) { return w.recv(0) }
 
 func (w *taskWaiter) close() { w.c.Close() }
+
+// resolveFor is how long a submission whose answer was lost is sent
+// again (with its token) before task-submit says it cannot tell whether
+// it was submitted: long enough for a broker to restart, or to get
+// descriptors back. (A variable: tests shorten it.)
+var resolveFor = time.Minute
+
+// exitUnknown is the exit status of a submission whose fate is unknown:
+// sent, its answer lost, and no broker answered it again within
+// resolveFor.
+const exitUnknown = 3
+
+// newToken makes a submission's token: 128 random bits.
+func newToken() (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("make the submission's token: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
 
 // failure reports an error from the broker or the connection to it and
 // returns the exit status for it. id is the task asked about, 0 if none.

@@ -24,6 +24,10 @@ import (
 )
 
 func main() {
+	if filepath.Base(os.Args[0]) == client.SupervisorName {
+		slowSupervisor() // see slowsup.go
+		return
+	}
 	markers := flag.String("markers", "", "directory of per-device O_EXCL markers")
 	logFile := flag.String("log", "", "file to append one line per run to")
 	tag := flag.String("tag", "", "name of this run in the log")
@@ -44,6 +48,7 @@ func main() {
 	root := flag.Bool("become-root", false, "as a set-user-ID copy owned by root: make every uid root's, then become sleep 600")
 	nSessions := flag.Int("sessions", -1, "ask for this many login sessions of its own, each ended at once (see sessions.go); with -hold, keep one more")
 	origin := flag.String("origin", "", "with -sessions: the sessions' SERVICE,TTY,RHOST")
+	once := flag.String("once", "", "mark this run with a file made O_EXCL at this path; if it exists (this is a second run), make PATH.twice.PID and exit 3")
 	flag.Parse()
 	if os.Geteuid() != os.Getuid() && !*root {
 		fail("set-user-ID", fmt.Errorf("a set-user-ID copy does -become-root only"))
@@ -84,6 +89,9 @@ func main() {
 		return
 	}
 
+	if *once != "" {
+		markOnce(*once)
+	}
 	devs := os.Getenv("NPURUN_DEVICES")
 	start := time.Now().UnixNano()
 	var made []string
@@ -113,6 +121,26 @@ func main() {
 		fmt.Fprintf(f, "%s %d %d %s %s\n", *tag, start, time.Now().UnixNano(), strconv.Itoa(os.Getuid()), devs)
 		f.Close()
 	}
+}
+
+// markOnce makes the marker of this run at path, O_EXCL: the workload
+// itself counts its runs, not the broker. One that exists means that the
+// command ran before: it leaves path.twice.PID beside it and exits 3.
+func markOnce(path string) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if errors.Is(err, os.ErrExist) {
+		twice := fmt.Sprintf("%s.twice.%d", path, os.Getpid())
+		if err := os.WriteFile(twice, nil, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "workload:", err)
+		}
+		fmt.Fprintln(os.Stderr, "workload: RAN TWICE:", path)
+		os.Exit(3)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "workload:", err)
+		os.Exit(4)
+	}
+	f.Close()
 }
 
 // relockLease unlocks the lease's first descriptor (ending the lease, as
