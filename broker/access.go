@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -179,7 +180,7 @@ func (s *Server) startAccessLocked(free []int) {
 			if uids, err := npu.RemoveUsers(p, s.managed); err != nil {
 				s.log.Printf("npu %d: %v", id, err)
 			} else if len(uids) > 0 {
-				s.log.Printf("npu %d is free: removed the ACL entries of uid %v left from before this start", id, uids)
+				s.log.Printf("npu %d is free: removed the ACL entries of %s left from before this start", id, quantity.List("uid", "uids", uids))
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/policy"
 )
 
@@ -251,7 +252,7 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 					u.action = st.UnleasedUse
 				}
 				s.log.Printf("npu %d: pid %d (%s: %s) has %s open without a lease, seen for %s%s",
-					dev, pid, u.user, u.command, s.led.paths[dev], res.At.Sub(u.since).Round(time.Second), actionNote(u))
+					dev, pid, u.user, u.command, s.led.paths[dev], quantity.Duration(res.At.Sub(u.since)), actionNote(u))
 			}
 			if u.reported && u.action != policy.UnleasedReport {
 				acts = append(acts, *u)

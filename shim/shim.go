@@ -2,6 +2,7 @@
 package shim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -98,7 +100,8 @@ type waiter struct {
 	o        Options
 	tty      bool
 	shown    bool   // a progress line is on the terminal
-	last     string // the last progress text
+	last     string // the last progress text shown
+	place    string // where the request waits, from the last queued reply: 1 device in pool "default": 2nd in line
 	deadline time.Time
 	signals  chan os.Signal
 	waitFor  time.Duration // a login's on_busy wait, as the broker announced it
@@ -167,7 +170,7 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			return nil, nil, ExitUnavailable
 		case errors.Is(err, client.ErrTimeout):
 			w.clear()
-			warn("gave up after %s: %s", w.o.Timeout, strings.TrimPrefix(w.last, "waiting for "))
+			warn("gave up after %s waiting for %s", quantity.Duration(w.o.Timeout), cmp.Or(w.place, w.what()))
 			return nil, nil, ExitTempFail
 		case errors.Is(err, client.ErrClosed) || errors.Is(err, unix.ECONNRESET):
 			// The broker restarted: our place is gone, the wait is not.
@@ -222,7 +225,7 @@ func (w *waiter) redial(path string) (*client.Conn, error) {
 			c.Close()
 		}
 		if !w.deadline.IsZero() && time.Now().Add(redialEvery).After(w.deadline) {
-			return nil, fmt.Errorf("gave up after %s: %w", w.o.Timeout, err)
+			return nil, fmt.Errorf("gave up after %s: %w", quantity.Duration(w.o.Timeout), err)
 		}
 		time.Sleep(redialEvery)
 	}
@@ -260,7 +263,7 @@ func (w *waiter) what() string {
 }
 
 func (w *waiter) progress(r *client.Reply) {
-	msg := fmt.Sprintf("waiting for %s in pool %q: %s in line", w.what(), r.Pool, client.Ordinal(r.Position))
+	msg := fmt.Sprintf("%s in pool %q: %s in line", w.what(), r.Pool, client.Ordinal(r.Position))
 	if len(r.Ahead) > 0 {
 		msg += fmt.Sprintf(" (%d ahead: %s)", r.Position-1, strings.Join(r.Ahead, ", "))
 		if r.Position-1 > len(r.Ahead) {
@@ -270,7 +273,8 @@ func (w *waiter) progress(r *client.Reply) {
 	if r.Reason != "" {
 		msg += "; " + r.Reason
 	}
-	w.say(msg)
+	w.place = msg // for a --timeout's message, even with -q
+	w.say("waiting for " + msg)
 }
 
 // say shows a progress line: rewritten in place on a terminal, a line per
@@ -303,7 +307,7 @@ func (w *waiter) granted(r *client.Reply, waited time.Duration) {
 	}
 	if w.last != "" || w.o.Verbose {
 		if w.tty || w.o.Verbose {
-			warn("granted %s after %s", npu.Vendor(r.Vendor).Format(r.Devices), waited.Round(time.Millisecond))
+			warn("granted %s after %s", npu.Vendor(r.Vendor).Format(r.Devices), quantity.Duration(waited))
 		}
 	}
 }

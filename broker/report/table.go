@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/quantity"
 )
 
 // Table writes the board for people, fitting the command column to width
@@ -47,7 +48,7 @@ func Table(b *client.Board, width int, now time.Time) string {
 			if pools > 1 {
 				row = append(row, ln.Pool)
 			}
-			row = append(row, strconv.Itoa(w.Position), what(w), w.User, wanted(b, w), Duration(now.Sub(time.UnixMilli(w.Since))))
+			row = append(row, strconv.Itoa(w.Position), what(w), w.User, wanted(b, w), quantity.Approx(now.Sub(time.UnixMilli(w.Since))))
 			if w.Why != "" {
 				row = append(row, "waits: "+w.Why)
 			}
@@ -69,7 +70,7 @@ func Table(b *client.Board, width int, now time.Time) string {
 		out.WriteString("UNLEASED USE\n")
 		var rows [][]string
 		for _, u := range b.Unleased {
-			note := fmt.Sprintf("%s open without a lease for %s", u.Node, Duration(now.Sub(time.UnixMilli(u.Since))))
+			note := fmt.Sprintf("%s open without a lease for %s", u.Node, quantity.Approx(now.Sub(time.UnixMilli(u.Since))))
 			switch u.Action {
 			case "term":
 				note += "; sent SIGTERM"
@@ -91,7 +92,7 @@ func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
 	row := []string{d.Name, orDash(d.Pool), d.State}
 	since := ""
 	if d.Since > 0 {
-		since = Duration(now.Sub(time.UnixMilli(d.Since)))
+		since = quantity.Approx(now.Sub(time.UnixMilli(d.Since)))
 	}
 	switch l := d.Lease; {
 	case l != nil:

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/quantity"
 )
 
 // How long and how often the supervisor tries to report: the broker may be
@@ -35,7 +36,7 @@ func report(spec *client.Spec, st *client.Status) int {
 			return 1
 		}
 		if time.Now().Add(wait).After(giveUp) {
-			warn("%v; gave up after %s", err, reportFor)
+			warn("%v; gave up after %s", err, quantity.Duration(reportFor))
 			return 1
 		}
 		time.Sleep(wait)
