@@ -122,12 +122,8 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 	c, err := client.Dial(path)
 	if err != nil {
 		warn("%v", err)
-		switch {
-		case errors.Is(err, client.ErrNoBroker):
-			hint("start the broker with 'systemctl start npubroker', or point NPURUN_SOCKET at a running one")
-			return nil, nil, ExitUnavailable
-		case errors.Is(err, client.ErrNoAnswer):
-			hint("the broker may be overloaded or stuck: see 'journalctl -u npubroker'")
+		if h := client.Hint(err); h != "" {
+			hint("%s", h)
 			return nil, nil, ExitUnavailable
 		}
 		return nil, nil, ExitFailure
@@ -166,7 +162,7 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 		case errors.Is(err, client.ErrNoAnswer):
 			w.clear()
 			warn("%v", err)
-			hint("the broker may be overloaded or stuck: see 'journalctl -u npubroker'")
+			hint("%s", client.Hint(err))
 			return nil, nil, ExitUnavailable
 		case errors.Is(err, client.ErrTimeout):
 			w.clear()

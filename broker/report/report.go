@@ -200,8 +200,8 @@ func dial(flag string, env Env) (*client.Conn, int) {
 	c, err := client.Dial(path)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-		if errors.Is(err, client.ErrNoBroker) {
-			fmt.Fprintln(env.Stderr, "npubroker: hint: is npubroker running? (systemctl status npubroker)")
+		if h := client.Hint(err); h != "" {
+			fmt.Fprintf(env.Stderr, "npubroker: hint: %s\n", h)
 			return nil, exitNoBroker
 		}
 		return nil, exitFailure

@@ -185,7 +185,7 @@ func writeColumns(out *strings.Builder, rows [][]string, fit, width int, indent 
 	// host): nothing in them may reach the terminal as a control.
 	for _, r := range rows {
 		for i, c := range r {
-			r[i] = printable(c)
+			r[i] = Printable(c)
 			widths[i] = max(widths[i], utf8.RuneCountInString(r[i]))
 		}
 	}
@@ -243,10 +243,11 @@ func UsageTable(rep *client.UsageReport) string {
 	return out.String()
 }
 
-// printable replaces control characters (C0, DEL, C1) and bytes that are
+// Printable replaces control characters (C0, DEL, C1) and bytes that are
 // not UTF-8 with '?', so that a user's command line or session origin
-// cannot move the reader's cursor or change their terminal.
-func printable(s string) string {
+// cannot move the reader's cursor or change their terminal. The status
+// table's cells and every line of the broker's log go through it.
+func Printable(s string) string {
 	clean := true
 	for _, r := range s {
 		if r < 0x20 || r >= 0x7f && r < 0xa0 || r == utf8.RuneError {
