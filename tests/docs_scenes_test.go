@@ -367,7 +367,7 @@ func sceneStatus(t *testing.T, exs map[string][]docExample) *docStage {
 
 	// The table once it shows all of it: the unleased use past its grace,
 	// bob's seven more processes.
-	deadline := time.Now().Add(eventTimeout)
+	deadline := time.Now().Add(scanTimeout)
 	var table string
 	for {
 		out, err := s.command("npubroker status").Output()
@@ -376,7 +376,7 @@ func sceneStatus(t *testing.T, exs map[string][]docExample) *docStage {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the status table did not show it all within %s:\n%s", eventTimeout, table)
+			t.Fatalf("the status table did not show it all within %s:\n%s", scanTimeout, table)
 		}
 		time.Sleep(100 * time.Millisecond) // the background scan, at its interval
 	}

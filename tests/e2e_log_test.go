@@ -11,6 +11,11 @@ import (
 	"time"
 )
 
+// scanTimeout bounds a wait for what the background scan finds: two scans
+// (seen, then past its grace), which the scan's pacing by its own CPU time
+// spaces out on a loaded machine with many processes.
+const scanTimeout = 3 * eventTimeout
+
 // TestLogInjection: a process whose name a user chose — a newline, a line
 // that looks like the broker's, an escape sequence — is named in the
 // broker's log as one printable line (issue 14.13): its unleased use of a
@@ -30,7 +35,7 @@ func TestLogInjection(t *testing.T) {
 	node.Close()
 	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
 
-	b.WaitLog(0, "open without a lease")
+	b.WaitLogWithin(0, "open without a lease", scanTimeout)
 	log := b.Log()
 	want := "(" + me(t) + ": innocent?npubroker: npu 3: lease of alice (inline) from before this start goes on?[2J 600) has " + dev + "/davinci1 open without a lease"
 	if !strings.Contains(log, want) {
