@@ -33,6 +33,8 @@
 #   VENDORDIR   the Go modules make deb builds from, vendored once (go mod
 #               vendor, which needs the network or Go's module cache); the
 #               package build itself is offline  ($(BUILDDIR)/vendor)
+#   FORCE       make uninstall FORCE=1: remove pam_npurun.so even while
+#               a PAM configuration loads it (below)          (empty)
 #
 # * With the usual prefixes, /usr/local and /usr, the configuration goes to
 #   /etc and the units where systemd finds them: a working install. Any
@@ -44,6 +46,15 @@
 # same variables, would install (compared byte for byte), so it never
 # removes another prefix's or another version's files; it names those it
 # leaves. The configuration file is never removed: it is the administrator's.
+# It refuses, naming the files and lines, while a PAM configuration under
+# $(DESTDIR) (/etc/pam.d, /usr/lib/pam.d, pam-auth-update's profiles in
+# /usr/share/pam-configs) loads the module it would remove: PAM would fail
+# every session of that service without it ("Module is unknown"), root's
+# included. Take the PAM lines out first (pam_npurun(8)), or FORCE=1.
+#
+# make demo and make test need Go, make, a C compiler and util-linux; not
+# the PAM headers: the demo does not use the module, and the tests that
+# build it skip without them (except in CI, CI=true, where they must run).
 
 PREFIX     ?= /usr/local
 DESTDIR    ?=
@@ -113,9 +124,10 @@ $(BUILDDIR)/npubroker: $(SOURCES)
 # see DESIGN.md), a thin client of the broker, built with warnings as
 # errors against libpam (Debian: libpam0g-dev).
 PAM_CFLAGS = -std=gnu11 -Wall -Wextra -Werror -fPIC -shared
+pam_headers = echo '\#include <security/pam_modules.h>' | $(CC) -E - >/dev/null 2>&1
 $(BUILDDIR)/pam_npurun.so: pam/module/pam_npurun.c
 	@mkdir -p $(BUILDDIR)
-	@if ! echo '#include <security/pam_modules.h>' | $(CC) -E - >/dev/null 2>&1; then \
+	@if ! $(pam_headers); then \
 		echo "pam_npurun.so needs the PAM headers (security/pam_modules.h): install libpam0g-dev (Debian, Ubuntu) or pam-devel" >&2; \
 		exit 1; \
 	fi
@@ -153,15 +165,21 @@ FORCE:
 # tests of the built binaries. As root with CI=true, tests that need root
 # (other users, the PAM stack) must run: a skip is a failure there.
 # The output is each package's verdict ("ok", "FAIL"), every skipped test
-# with its reason and every failed test's whole output.
+# with its reason and every failed test's whole output. Without the PAM
+# headers the tests that build pam_npurun.so or the PAM helper skip, and
+# say so (not in CI); the helper (tests/pamhelper, build tag pamhelper) is
+# vetted where they are.
 test: SHELL := /bin/bash
 test: .SHELLFLAGS := -o pipefail -c
 test:
 	$(GO) vet ./...
+	@if $(pam_headers); then echo "$(GO) vet -tags pamhelper ./tests/pamhelper"; $(GO) vet -tags pamhelper ./tests/pamhelper; \
+	else echo "no PAM headers (libpam0g-dev): the PAM tests skip, and tests/pamhelper is not vetted"; fi
 	$(GO) build -o $(BUILDDIR)/.testsummary ./tests/testsummary
 	$(GO) test -race -count=1 -timeout 20m -json ./... 2>&1 | $(BUILDDIR)/.testsummary
 
-demo: build
+# The demo needs no PAM module (nor its headers).
+demo: $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise
 	@bash tests/demo.sh $(BUILDDIR)
 
 bench: build
@@ -190,7 +208,29 @@ remove_same = if [ -e '$(1)' ] || [ -L '$(1)' ]; then \
 	if cmp -s '$(2)' '$(1)'; then rm -f '$(1)' && echo "removed $(1)"; \
 	else echo "left $(1): it is not what this tree installs there" >&2; fi; fi
 
+# Where PAM configuration is read (pam-auth-update writes /etc/pam.d/common-*
+# from its profiles), and the names a line may load this install's module
+# by: its path, or its bare name where PAMDIR is a system directory.
+PAM_CONFIG_DIRS = /etc/pam.d /usr/lib/pam.d /lib/pam.d /usr/share/pam-configs
+PAM_BARE = $(if $(filter /lib/% /lib64/% /usr/lib/% /usr/lib64/%,$(PAMDIR)),pam_npurun.so)
+
+# pam_users prints each line of a PAM configuration under $(DESTDIR) that
+# loads the module as FILE:LINE: TEXT. Comments do not count, nor a line
+# whose type starts with "-" (PAM skips its module when it is missing).
+pam_users = for d in $(PAM_CONFIG_DIRS); do for f in "$(DESTDIR)$$d/"*; do [ -f "$$f" ] && printf '%s\n' "$$f"; done; done | \
+	while IFS= read -r f; do awk -v "abs=$(PAMDIR)/pam_npurun.so" -v "bare=$(PAM_BARE)" \
+	'substr($$1, 1, 1) == "\#" || substr($$1, 1, 1) == "-" { next } { for (i = 2; i <= NF; i++) if ($$i == abs || (bare != "" && $$i == bare)) { print FILENAME ":" FNR ": " $$0; next } }' "$$f"; done
+
 uninstall: build units
+	@if [ "$(FORCE)" != 1 ]; then \
+		lines=$$($(pam_users)); \
+		if [ -n "$$lines" ]; then \
+			echo "make uninstall: PAM loads pam_npurun.so here; without it every session through these services fails (\"Module is unknown\"), root's included:" >&2; \
+			printf '%s\n' "$$lines" | sed 's|^|  |' >&2; \
+			echo "hint: take those lines out first (pam-auth-update --remove for a profile's; see pam_npurun(8)), then make uninstall again; FORCE=1 removes the module all the same" >&2; \
+			exit 1; \
+		fi; \
+	fi
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/npurun,$(BUILDDIR)/npurun)
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/task-submit,$(BUILDDIR)/task-submit)
 	@$(call remove_same,$(DESTDIR)$(SBINDIR)/npubroker,$(BUILDDIR)/npubroker)

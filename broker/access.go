@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -239,7 +240,7 @@ func (s *Server) startAccessLocked(free []int) map[int]error {
 			failed[id] = err
 		}
 		if len(uids) > 0 {
-			s.log.Printf("npu %d is free: removed the ACL entries of uid %v left from before this start", id, uids)
+			s.log.Printf("npu %d is free: removed the ACL entries of %s left from before this start", id, quantity.List("uid", "uids", uids))
 		}
 	}
 	s.sweepSharedLocked()

@@ -119,7 +119,7 @@ type Server struct {
 // occupancy found in them (a device whose lock is held stays held).
 func New(o Options) (*Server, error) {
 	if o.Log == nil {
-		o.Log = log.New(os.Stderr, "npubroker: ", 0)
+		o.Log = StderrLog(os.Stderr)
 	}
 	s := &Server{
 		cfg:          o.Config,

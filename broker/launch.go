@@ -19,6 +19,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -645,7 +646,7 @@ func (s *Server) pauseStartsLocked(why error, journal bool) {
 	}
 	s.paused = &pause{why: why, journal: journal}
 	s.pauseWait = min(max(2*s.pauseWait, firstPause), maxPause)
-	s.log.Printf("%v; task starts paused (leases go on), trying again in %s", why, s.pauseWait)
+	s.log.Printf("%v; task starts paused (leases go on), trying again in %s", why, quantity.Duration(s.pauseWait))
 	s.holdTasksLocked(true)
 	time.AfterFunc(s.pauseWait, s.retryStarts)
 }
@@ -751,7 +752,7 @@ func (s *Server) supervisorGoneLocked(t *task, pid int) {
 	}
 	reason := "its supervisor ended without reporting; exit status unknown"
 	if t.overran {
-		reason = fmt.Sprintf("killed by the broker: time limit %s overrun", time.Duration(t.TimeSec)*time.Second)
+		reason = fmt.Sprintf("killed by the broker: time limit %s overrun", quantity.Duration(time.Duration(t.TimeSec)*time.Second))
 	}
 	s.life.EndNow(t.Task, tasklife.Lost, reason)
 }

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
 	"github.com/npurun/npurun/policy"
@@ -34,7 +35,7 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		return false
 	}
 	if s.leaseWaits[uid] >= s.cfg.MaxWaitingPerUser {
-		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %d requests waiting, the most the broker queues for one user", acct.name, s.cfg.MaxWaitingPerUser), ""))
+		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.cfg.MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
 	w, rep := s.admitLocked(uid, acct, req.N, req.Devices, req.Pool)
@@ -107,12 +108,12 @@ func (s *Server) admitLocked(uid uint32, acct *account, n int, devices []int, po
 			return nil, errReply(client.CodeDenied, fmt.Sprintf("pool %q is not open to %s (%s)", w.Pool, acct.name, lim.Source), "")
 		}
 		if w.N > len(ids) {
-			return nil, errReply(client.CodeDenied, fmt.Sprintf("%d devices asked, pool %q has only %d", w.N, w.Pool, len(ids)), "")
+			return nil, errReply(client.CodeDenied, fmt.Sprintf("%s asked, pool %q has only %d", quantity.Count(w.N, "device", "devices"), w.Pool, len(ids)), "")
 		}
 		w.Cand = ids
 	}
 	if lim.MaxDevices > 0 && w.N > lim.MaxDevices {
-		return nil, errReply(client.CodeDenied, fmt.Sprintf("%d devices asked, the limit for %s is %d held at once (%s)", w.N, acct.name, lim.MaxDevices, lim.Source), "")
+		return nil, errReply(client.CodeDenied, fmt.Sprintf("%s asked, the limit for %s is %d held at once (%s)", quantity.Count(w.N, "device", "devices"), acct.name, lim.MaxDevices, lim.Source), "")
 	}
 	return w, nil
 }
@@ -418,7 +419,7 @@ func tellAfter(w *Waiter, pos int, why string, now time.Time) time.Duration {
 // reasonLocked says why w waits beyond its turn, if it does.
 func (s *Server) reasonLocked(w *Waiter) string {
 	if w.lim.MaxDevices > 0 && s.held[w.UID]+w.N > w.lim.MaxDevices {
-		return fmt.Sprintf("%s holds %d of %d devices allowed (%s)", w.user, s.held[w.UID], w.lim.MaxDevices, w.lim.Source)
+		return fmt.Sprintf("%s holds %d of %s allowed (%s)", w.user, s.held[w.UID], quantity.Count(w.lim.MaxDevices, "device", "devices"), w.lim.Source)
 	}
 	return ""
 }

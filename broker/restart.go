@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/internal/quantity"
 )
 
 // openTasks opens the task journal in dir and takes up its tasks. A
@@ -175,7 +176,7 @@ func (s *Server) adoptLocked(j *task) bool {
 	j.heard = true // running long enough to be adopted: it catches SIGTERM
 	msg := fmt.Sprintf("task %d is still running (supervisor pid %d)", t.ID, t.PID)
 	if left := s.enforceLimitLocked(j); left > 0 {
-		msg += fmt.Sprintf("; the broker kills it if it runs %s more", left.Round(time.Second))
+		msg += fmt.Sprintf("; the broker kills it if it runs %s more", quantity.Duration(left))
 	}
 	s.log.Print(msg)
 	pid, start := t.PID, t.PIDStart

@@ -12,6 +12,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
@@ -359,7 +360,7 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 				if !sr.logged || u.action != policy.UnleasedReport {
 					sr.logged = true
 					s.log.Printf("%spid %d (%s: %s) has %s %s without a lease%s, %s's use of it seen for %s%s",
-						useSubject(u), pid, u.user, u.command, nd.Path, how, controlNote(nd), u.user, res.At.Sub(sr.first).Round(time.Second), actionNote(u))
+						useSubject(u), pid, u.user, u.command, nd.Path, how, controlNote(nd), u.user, quantity.Duration(res.At.Sub(sr.first)), actionNote(u))
 				}
 			}
 			if u.reported && u.action != policy.UnleasedReport {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
 )
@@ -107,7 +108,7 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 		return true
 	}
 	if s.leaseWaits[uid] >= s.cfg.MaxWaitingPerUser {
-		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %d requests waiting, the most the broker queues for one user", acct.name, s.cfg.MaxWaitingPerUser), ""))
+		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.cfg.MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
 	w, rep := s.admitLocked(uid, acct, d.N, nil, d.Pool)

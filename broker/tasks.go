@@ -17,6 +17,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -433,14 +434,14 @@ func (s *Server) admitTaskLocked(c *conn, t *task) *client.Reply {
 		limit = s.cfg.Tasks.MaxTime // a cap applies to tasks that name no limit too
 	}
 	if max := s.cfg.Tasks.MaxTime; max > 0 && limit > max {
-		return errReply(client.CodeDenied, fmt.Sprintf("time limit %s is longer than the %s allowed", limit, max), "")
+		return errReply(client.CodeDenied, fmt.Sprintf("time limit %s is longer than the %s allowed", quantity.Duration(limit), quantity.Duration(max)), "")
 	}
 	t.TimeSec = int64(limit / time.Second)
 	if s.life.Live() >= s.cfg.Tasks.MaxTasks {
 		return errReply(client.CodeTooMany, fmt.Sprintf("the broker holds %d tasks, its most", s.cfg.Tasks.MaxTasks), "")
 	}
 	if n := s.life.Waiting(c.uid); lim.MaxQueued > 0 && n >= lim.MaxQueued {
-		return errReply(client.CodeDenied, fmt.Sprintf("%s has %d tasks waiting, the limit (%s)", c.acct.name, n, lim.Source), "")
+		return errReply(client.CodeDenied, fmt.Sprintf("%s has %s waiting, the limit (%s)", c.acct.name, quantity.Count(n, "task", "tasks"), lim.Source), "")
 	}
 	for _, dep := range sub.After {
 		d := s.life.Get(dep)
@@ -876,7 +877,7 @@ func (s *Server) waitReasonLocked(j *task) string {
 	case w == nil:
 		return ""
 	case w.lim.MaxRunning > 0 && s.running[j.UID] >= w.lim.MaxRunning:
-		return fmt.Sprintf("%s runs %d of %d tasks allowed (%s)", w.user, s.running[j.UID], w.lim.MaxRunning, w.lim.Source)
+		return fmt.Sprintf("%s runs %d of %s allowed (%s)", w.user, s.running[j.UID], quantity.Count(w.lim.MaxRunning, "task", "tasks"), w.lim.Source)
 	case !j.Sub.NoDevice:
 		return s.reasonLocked(w)
 	}

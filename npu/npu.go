@@ -64,36 +64,36 @@ func Discover(vendor Vendor, ids []int, devDir, npuSmi string) (*Inventory, erro
 	ids = sortedUnique(ids)
 	for _, id := range ids {
 		if id < 0 {
-			return nil, fmt.Errorf("discover %s devices: negative device id %d", vendor, id)
+			return nil, fmt.Errorf("negative device id %d", id)
 		}
 	}
 	inv := &Inventory{Vendor: vendor, DevDir: devDir}
 	switch vendor {
 	case Fake:
 		if len(ids) == 0 {
-			return nil, fmt.Errorf("discover fake devices: ids must be given for vendor fake")
+			return nil, fmt.Errorf("vendor fake needs its device ids ([devices] ids)")
 		}
 		inv.IDs = ids
 		inv.Logical = identity(ids)
 		return inv, nil
 	case Ascend, NVIDIA:
 	default:
-		return nil, fmt.Errorf("discover devices: unknown vendor %q (want ascend, nvidia, fake or auto)", vendor)
+		return nil, fmt.Errorf("unknown vendor %q (want ascend, nvidia, fake or auto)", vendor)
 	}
 	prefix := nodePrefix(vendor)
 	if len(ids) == 0 {
 		ids = scanNodes(devDir, prefix)
 		if len(ids) == 0 {
-			return nil, fmt.Errorf("discover %s devices: no %sN nodes in %s", vendor, prefix, devDir)
+			return nil, fmt.Errorf("no %s devices: no %sN nodes in %s", vendor, prefix, devDir)
 		}
 	}
 	for _, id := range ids {
 		p := filepath.Join(devDir, prefix+strconv.Itoa(id))
 		if _, err := os.Stat(p); err != nil {
 			if errors.Is(err, os.ErrNotExist) {
-				return nil, fmt.Errorf("discover %s device %d: %s does not exist", vendor, id, p)
+				return nil, fmt.Errorf("no %s: %s does not exist", vendor.Format([]int{id}), p)
 			}
-			return nil, fmt.Errorf("discover %s device %d: %w", vendor, id, err)
+			return nil, fmt.Errorf("%s: %w", vendor.Format([]int{id}), err)
 		}
 	}
 	inv.IDs = ids

@@ -154,23 +154,23 @@ func TestDiscover(t *testing.T) {
 		},
 		{
 			name: "missing node", vendor: Ascend, ids: []int{1, 7}, devDir: ascendDev, npuSmi: smi,
-			wantErr: "discover ascend device 7: " + filepath.Join(ascendDev, "davinci7") + " does not exist",
+			wantErr: "no npu 7: " + filepath.Join(ascendDev, "davinci7") + " does not exist",
 		},
 		{
 			name: "missing nvidia node", vendor: NVIDIA, ids: []int{2}, devDir: nvidiaDev,
-			wantErr: "discover nvidia device 2: " + filepath.Join(nvidiaDev, "nvidia2") + " does not exist",
+			wantErr: "no gpu 2: " + filepath.Join(nvidiaDev, "nvidia2") + " does not exist",
 		},
 		{
 			name: "fake without ids", vendor: Fake, devDir: emptyDev,
-			wantErr: "discover fake devices: ids must be given for vendor fake",
+			wantErr: "vendor fake needs its device ids ([devices] ids)",
 		},
 		{
 			name: "unknown vendor", vendor: "amd", devDir: emptyDev,
-			wantErr: `discover devices: unknown vendor "amd" (want ascend, nvidia, fake or auto)`,
+			wantErr: `unknown vendor "amd" (want ascend, nvidia, fake or auto)`,
 		},
 		{
 			name: "negative id", vendor: Fake, ids: []int{-1}, devDir: emptyDev,
-			wantErr: "discover fake devices: negative device id -1",
+			wantErr: "negative device id -1",
 		},
 	}
 	for _, tt := range tests {

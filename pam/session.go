@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
@@ -88,7 +89,7 @@ func BusyMessage(verdict Verdict, n int, pool string, waited time.Duration) stri
 		what = fmt.Sprintf("fewer than %d devices free in pool %q", n, pool)
 	}
 	if waited > 0 {
-		what += fmt.Sprintf(" after %s", waited)
+		what += " after " + quantity.Duration(waited)
 	}
 	if verdict == Deny {
 		return what + `: login refused (on_busy = "deny")`

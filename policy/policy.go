@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/npurun/npurun/internal/quantity"
 )
 
 // Defaults of the [broker] table.
@@ -317,7 +319,8 @@ func (p *parser) integer(table []string, t map[string]any, key string, lowest in
 	return int(n), true
 }
 
-// duration reads a Go duration such as "10s" or "6h"; "" or "0" is none.
+// duration reads a duration such as "10s", "6h" or "1d" (as every
+// command reads one: quantity.ParseDuration); "" or "0" is none.
 func (p *parser) duration(table []string, t map[string]any, key string) (time.Duration, bool) {
 	s, ok := p.str(table, t, key)
 	if !ok {
@@ -326,9 +329,9 @@ func (p *parser) duration(table []string, t map[string]any, key string) (time.Du
 	if s == "" || s == "0" {
 		return 0, true
 	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		p.errorf(table, key, "bad duration %q (want e.g. \"10s\", \"90m\", \"6h\")", s)
+	d, err := quantity.ParseDuration(s)
+	if err != nil {
+		p.errorf(table, key, "%v (want e.g. \"10s\", \"90m\", \"6h\", \"1d\")", err)
 		return 0, false
 	}
 	if d%time.Second != 0 {
@@ -553,7 +556,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 			}
 		}
 		if c.Tasks.MaxTime > 0 && c.Tasks.TimeLimit > c.Tasks.MaxTime {
-			p.errorf(tasks, "time_limit", "%s is longer than max_time %s", c.Tasks.TimeLimit, c.Tasks.MaxTime)
+			p.errorf(tasks, "time_limit", "%s is longer than max_time %s", quantity.Duration(c.Tasks.TimeLimit), quantity.Duration(c.Tasks.MaxTime))
 		}
 	}
 	if c.Tasks.CPUThreads == 0 {
@@ -640,14 +643,16 @@ func (p *parser) restrict(raw map[string]any, c *Config, poolExists func(string)
 		case s == "hide" || s == "deny":
 			r.OnBusy = s
 		case isWait:
-			d, err := time.ParseDuration(strings.TrimSpace(rest))
+			d, err := quantity.ParseDuration(strings.TrimSpace(rest))
 			switch {
-			case err != nil || d <= 0:
-				p.errorf(table, "on_busy", "bad duration in %q (want e.g. \"wait 30s\")", s)
+			case err != nil:
+				p.errorf(table, "on_busy", "%v (want e.g. \"wait 30s\")", err)
+			case d <= 0:
+				p.errorf(table, "on_busy", "%q waits for no time (want e.g. \"wait 30s\")", s)
 			case d%time.Second != 0:
 				p.errorf(table, "on_busy", "%q is not a whole number of seconds", s)
 			case d > MaxBusyWait:
-				p.errorf(table, "on_busy", "%q waits longer than a login may: at most %s", s, MaxBusyWait)
+				p.errorf(table, "on_busy", "%q waits longer than a login may: at most %s", s, quantity.Duration(MaxBusyWait))
 			default:
 				r.OnBusy, r.BusyWait = "wait", d
 			}

@@ -433,7 +433,7 @@ cpu_threads = 4
 idle_priority = false
 kill_grace = "5s"
 time_limit = "6h"
-max_time = "72h"
+max_time = "3d"
 keep_ended_per_user = 20
 cgroup = "/sys/fs/cgroup/npurun"
 
@@ -464,9 +464,9 @@ max_queued_tasks = 0
 	}
 	bad := "[tasks]\nkill_grace = \"soon\"\nstate_dir = \"spool\"\ntime_limit = \"8h\"\nmax_time = \"1h\"\ncgroup = \"npurun\"\n"
 	_, err = Parse("npurun.conf", []byte(bad))
-	wantErr := "npurun.conf:2: [tasks] kill_grace: bad duration \"soon\" (want e.g. \"10s\", \"90m\", \"6h\")\n" +
+	wantErr := "npurun.conf:2: [tasks] kill_grace: bad duration \"soon\": a number must come before \"soon\" (want e.g. \"10s\", \"90m\", \"6h\", \"1d\")\n" +
 		"npurun.conf:3: [tasks] state_dir: must be an absolute path, not \"spool\"\n" +
-		"npurun.conf:4: [tasks] time_limit: 8h0m0s is longer than max_time 1h0m0s\n" +
+		"npurun.conf:4: [tasks] time_limit: 8h is longer than max_time 1h\n" +
 		"npurun.conf:6: [tasks] cgroup: must be \"auto\", \"off\" or an absolute path, not \"npurun\""
 	if err == nil || err.Error() != wantErr {
 		t.Errorf("bad [tasks]: got\n%v\nwant\n%s", err, wantErr)

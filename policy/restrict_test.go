@@ -68,8 +68,8 @@ func TestRestrictParseBad(t *testing.T) {
 		{"default pool too small", "[restrict]\ngroups = [\"s\"]\nlogin_devices = 3\n", `npurun.conf:11: [restrict] login_devices: 3 devices for a login, but pool "interactive" has only 2`},
 		{"negative devices", "[restrict]\ngroups = [\"s\"]\nlogin_devices = -1\n", "npurun.conf:11: [restrict] login_devices: must be at least 0, not -1"},
 		{"on_busy word", "[restrict]\ngroups = [\"s\"]\non_busy = \"queue\"\n", `npurun.conf:11: [restrict] on_busy: unknown value "queue" (want "wait 30s", "hide" or "deny")`},
-		{"on_busy duration", "[restrict]\ngroups = [\"s\"]\non_busy = \"wait soon\"\n", `npurun.conf:11: [restrict] on_busy: bad duration in "wait soon" (want e.g. "wait 30s")`},
-		{"on_busy too long", "[restrict]\ngroups = [\"s\"]\non_busy = \"wait 1h\"\n", `npurun.conf:11: [restrict] on_busy: "wait 1h" waits longer than a login may: at most 10m0s`},
+		{"on_busy duration", "[restrict]\ngroups = [\"s\"]\non_busy = \"wait soon\"\n", `npurun.conf:11: [restrict] on_busy: bad duration "soon": a number must come before "soon" (want e.g. "wait 30s")`},
+		{"on_busy too long", "[restrict]\ngroups = [\"s\"]\non_busy = \"wait 1h\"\n", `npurun.conf:11: [restrict] on_busy: "wait 1h" waits longer than a login may: at most 10m`},
 		{"on_busy fraction", "[restrict]\ngroups = [\"s\"]\non_busy = \"wait 1.5s\"\n", `npurun.conf:11: [restrict] on_busy: "wait 1.5s" is not a whole number of seconds`},
 		{"on_broker_down", "[restrict]\ngroups = [\"s\"]\non_broker_down = \"wait\"\n", `npurun.conf:11: [restrict] on_broker_down: unknown value "wait" (want "hide" or "deny")`},
 	}

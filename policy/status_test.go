@@ -111,7 +111,7 @@ keep = 101
 	want := []string{
 		`npurun.conf:2: [broker] metrics_listen: want host:port such as "127.0.0.1:9464", not "9464"`,
 		`npurun.conf:4: [status] scan_interval: must be at least "1s"`,
-		`npurun.conf:5: [status] unleased_grace: bad duration "soon" (want e.g. "10s", "90m", "6h")`,
+		`npurun.conf:5: [status] unleased_grace: bad duration "soon": a number must come before "soon" (want e.g. "10s", "90m", "6h", "1d")`,
 		`npurun.conf:6: [status] unleased_use: want "report", "term" or "kill", not "shoot"`,
 		`npurun.conf:7: [status] unleased_exempt_users: must be an array of user names, not one holding an integer`,
 		`npurun.conf:8: [status] show_commands: want "all" or "own", not "mine"`,

@@ -6,8 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -180,9 +180,9 @@ func (c *command) set(opt *option, name, value string) error {
 	case "no-wait":
 		o.NoWait = true
 	case "timeout":
-		d, err := time.ParseDuration(value)
-		if err != nil {
-			return badUsage("bad duration "+strconv.Quote(value)+" for "+name, "--timeout takes a duration such as 90s, 10m or 2h")
+		d, err := quantity.ParseDuration(value)
+		if de := (*quantity.DurationError)(nil); errors.As(err, &de) {
+			return badUsage(de.For(name), "--timeout takes "+quantity.DurationHelp)
 		}
 		o.Timeout = d
 	case "no-device":
@@ -227,7 +227,7 @@ func (c *command) check() error {
 	case len(o.Devices) > 0 && o.Pool != "":
 		return badUsage("--device and --pool exclude each other", "")
 	case len(o.Devices) > 0 && o.N != 0 && o.N != len(o.Devices):
-		return badUsage("-n "+strconv.Itoa(o.N)+" does not match the "+strconv.Itoa(len(o.Devices))+" devices named", "")
+		return badUsage("-n "+strconv.Itoa(o.N)+" does not match the "+quantity.Count(len(o.Devices), "device", "devices")+" named", "")
 	case o.Timeout < 0 || (o.Timeout > 0 && o.NoWait):
 		return badUsage("--timeout takes a positive duration and excludes --no-wait", "")
 	}

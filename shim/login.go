@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -194,7 +195,7 @@ func (w *waiter) loginProgress(r *client.Reply) {
 		msg += ": " + client.Ordinal(r.Position) + " in line"
 	}
 	if w.waitFor > 0 {
-		msg += fmt.Sprintf(" (at most %s)", w.waitFor)
+		msg += " (at most " + quantity.Duration(w.waitFor) + ")"
 	}
 	if r.Reason != "" {
 		msg += "; " + r.Reason

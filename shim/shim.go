@@ -2,6 +2,7 @@
 package shim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -101,7 +103,8 @@ type waiter struct {
 	o        Options
 	tty      bool
 	shown    bool   // a progress line is on the terminal
-	last     string // the last progress text
+	last     string // the last progress text shown
+	place    string // where the request waits, from the last queued reply: 1 device in pool "default": 2nd in line
 	deadline time.Time
 	signals  chan os.Signal
 	waitFor  time.Duration // a login's on_busy wait, as the broker announced it
@@ -122,12 +125,8 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 	c, err := client.Dial(path)
 	if err != nil {
 		warn("%v", err)
-		switch {
-		case errors.Is(err, client.ErrNoBroker):
-			hint("start the broker with 'systemctl start npubroker', or point NPURUN_SOCKET at a running one")
-			return nil, nil, ExitUnavailable
-		case errors.Is(err, client.ErrNoAnswer):
-			hint("the broker may be overloaded or stuck: see 'journalctl -u npubroker'")
+		if h := client.Hint(err); h != "" {
+			hint("%s", h)
 			return nil, nil, ExitUnavailable
 		}
 		return nil, nil, ExitFailure
@@ -173,11 +172,11 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 		case errors.Is(err, client.ErrNoAnswer):
 			w.clear()
 			warn("%v", err)
-			hint("the broker may be overloaded or stuck: see 'journalctl -u npubroker'")
+			hint("%s", client.Hint(err))
 			return nil, nil, ExitUnavailable
 		case errors.Is(err, client.ErrTimeout):
 			w.clear()
-			warn("gave up after %s: %s", w.o.Timeout, strings.TrimPrefix(w.last, "waiting for "))
+			warn("gave up after %s waiting for %s", quantity.Duration(w.o.Timeout), cmp.Or(w.place, w.what()))
 			return nil, nil, ExitTempFail
 		case client.Gone(err) && (w.o.NoWait || gone == maxGone):
 			// --no-wait does not wait for a broker to come back either;
@@ -259,7 +258,7 @@ func (w *waiter) redial(path string, why error) (*client.Conn, error) {
 	err := why
 	for {
 		if !w.deadline.IsZero() && time.Now().Add(redialEvery).After(w.deadline) {
-			return nil, fmt.Errorf("gave up after %s: %w", w.o.Timeout, err)
+			return nil, fmt.Errorf("gave up after %s: %w", quantity.Duration(w.o.Timeout), err)
 		}
 		time.Sleep(redialEvery)
 		var c *client.Conn
@@ -301,7 +300,7 @@ func (w *waiter) what() string {
 }
 
 func (w *waiter) progress(r *client.Reply) {
-	msg := fmt.Sprintf("waiting for %s in pool %q: %s in line", w.what(), r.Pool, client.Ordinal(r.Position))
+	msg := fmt.Sprintf("%s in pool %q: %s in line", w.what(), r.Pool, client.Ordinal(r.Position))
 	if len(r.Ahead) > 0 {
 		msg += fmt.Sprintf(" (%d ahead: %s)", r.Position-1, strings.Join(r.Ahead, ", "))
 		if r.Position-1 > len(r.Ahead) {
@@ -311,7 +310,8 @@ func (w *waiter) progress(r *client.Reply) {
 	if r.Reason != "" {
 		msg += "; " + r.Reason
 	}
-	w.say(msg)
+	w.place = msg // for a --timeout's message, even with -q
+	w.say("waiting for " + msg)
 }
 
 // say shows a progress line: rewritten in place on a terminal, a line per
@@ -344,7 +344,7 @@ func (w *waiter) granted(r *client.Reply, waited time.Duration) {
 	}
 	if w.last != "" || w.o.Verbose {
 		if w.tty || w.o.Verbose {
-			warn("granted %s after %s", npu.Vendor(r.Vendor).Format(r.Devices), waited.Round(time.Millisecond))
+			warn("granted %s after %s", npu.Vendor(r.Vendor).Format(r.Devices), quantity.Duration(waited))
 		}
 	}
 }

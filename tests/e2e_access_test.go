@@ -30,6 +30,7 @@ var controlNodes = []string{"davinci_manager", "devmm_svm", "hisi_hdc"}
 func newDevTree(t testing.TB, n int) devTree {
 	t.Helper()
 	needRoot(t)
+	needTool(t, "acl", "getfacl", "setfacl")
 	dir := filepath.Join(SharedDir(t), "dev")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)

@@ -68,9 +68,9 @@ max_devices = 1
 		}, errNot: []string{"[user.root]", "[group.root]"}},
 		{name: "errors still fail", args: []string{bad}, code: 1, err: []string{bad + ":7: [user.npurun-tnosuch] max_device: unknown key"}, noStdio: true},
 		{name: "no devices here", args: []string{elsewhere}, code: 0, out: []string{elsewhere + ": ok"}, err: []string{
-			elsewhere + ": [devices]: warning: discover ascend devices: no davinciN nodes in " + devDir + ": npubroker serve would not start on this machine"}},
+			elsewhere + ": [devices]: warning: no ascend devices: no davinciN nodes in " + devDir + ": npubroker serve would not start on this machine"}},
 		{name: "a device missing", args: []string{missing}, code: 0, out: []string{missing + ": ok"}, err: []string{
-			missing + ": [devices]: warning: discover nvidia device 0: " + devDir + "/nvidia0 does not exist: npubroker serve would not start on this machine"}},
+			missing + ": [devices]: warning: no gpu 0: " + devDir + "/nvidia0 does not exist: npubroker serve would not start on this machine"}},
 		{name: "no such file", args: []string{filepath.Join(dir, "nosuch.conf")}, code: 1, err: []string{
 			"npubroker: read config: open " + filepath.Join(dir, "nosuch.conf") + ": no such file or directory"}, noStdio: true},
 	} {

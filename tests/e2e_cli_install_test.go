@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +53,10 @@ func makeInRepo(t *testing.T, args ...string) *exec.Cmd {
 // absPaths are the absolute paths in make's dry-run output.
 var absPaths = regexp.MustCompile(`(^|[\s'">])(/[^\s'";|&<>)]*)`)
 
+// pamConfigDirs are where make uninstall looks for PAM configuration that
+// loads the module (under DESTDIR): read, never written.
+var pamConfigDirs = []string{"/etc/pam.d", "/usr/lib/pam.d", "/lib/pam.d", "/usr/share/pam-configs"}
+
 // dryRunWritesOnlyUnder runs `make -n ARGS` and fails the test, before
 // anything is run for real, if the commands name an absolute path outside
 // the given roots (the repository's own files are read, never written: the
@@ -68,7 +73,7 @@ func dryRunWritesOnlyUnder(t *testing.T, args []string, roots ...string) {
 	}
 	for _, m := range absPaths.FindAllStringSubmatch(string(out), -1) {
 		p := filepath.Clean(m[2])
-		ok := p == root || strings.HasPrefix(p, root+"/") || p == "/dev/null"
+		ok := p == root || strings.HasPrefix(p, root+"/") || p == "/dev/null" || slices.Contains(pamConfigDirs, p)
 		for _, r := range roots {
 			ok = ok || p == r || strings.HasPrefix(p, r+"/")
 		}
@@ -86,6 +91,7 @@ func TestMakeInstallPrefix(t *testing.T) {
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Skip("make not installed")
 	}
+	needPAMHeaders(t) // make install builds pam_npurun.so
 	b := bins(t)
 	tmp := t.TempDir()
 	build := filepath.Join(tmp, "build")
@@ -174,6 +180,7 @@ func TestMakeInstallStaged(t *testing.T) {
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Skip("make not installed")
 	}
+	needPAMHeaders(t) // make install builds pam_npurun.so
 	b := bins(t)
 	tmp := t.TempDir()
 	build := filepath.Join(tmp, "build")
@@ -218,6 +225,7 @@ func TestMakeUninstallOtherPrefix(t *testing.T) {
 	if _, err := exec.LookPath("make"); err != nil {
 		t.Skip("make not installed")
 	}
+	needPAMHeaders(t) // make install builds pam_npurun.so
 	b := bins(t)
 	tmp := t.TempDir()
 	build := filepath.Join(tmp, "build")
@@ -247,6 +255,106 @@ func TestMakeUninstallOtherPrefix(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(tmp, "a/bin/npurun")); err != nil {
 		t.Errorf("uninstalling another prefix removed a/bin/npurun: %v", err)
+	}
+}
+
+// TestMakeUninstallPAMConfigured: make uninstall refuses, naming the files
+// and lines, while a PAM configuration (a service file, a pam-auth-update
+// profile) loads the module it would remove, and removes nothing; comments,
+// "-session" lines and other modules do not count; FORCE=1 goes ahead, and
+// so does an uninstall once the lines are gone (issue 14.2). All of it in
+// a DESTDIR of the test's: the machine's /etc/pam.d is never touched.
+func TestMakeUninstallPAMConfigured(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make not installed")
+	}
+	needPAMHeaders(t)
+	b := bins(t)
+	tmp := t.TempDir()
+	build := filepath.Join(tmp, "build")
+	if err := os.MkdirAll(build, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise"} {
+		copyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
+	}
+	dest := filepath.Join(tmp, "stage")
+	// PREFIX /usr and PAMDIR a system directory, as a real install: a bare
+	// module name loads this module.
+	vars := []string{"PREFIX=/usr", "DESTDIR=" + dest, "BUILDDIR=" + build}
+	if out, err := makeInRepo(t, append([]string{"install"}, vars...)...).CombinedOutput(); err != nil {
+		t.Fatalf("make install: %v\n%s", err, out)
+	}
+	module := filepath.Join(dest, "lib/security/pam_npurun.so")
+	npurun := filepath.Join(dest, "usr/bin/npurun")
+	write := func(rel, text string) string {
+		t.Helper()
+		p := filepath.Join(dest, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	sshd := write("etc/pam.d/sshd", "@include common-session\nsession required pam_npurun.so\n")
+	login := write("etc/pam.d/login", "session  [success=ok default=bad]  /lib/security/pam_npurun.so lease\n")
+	write("etc/pam.d/su-l", "# session required pam_npurun.so lease\n-session optional pam_npurun.so\nsession required pam_other_npurun.so\n")
+	profile := write("usr/share/pam-configs/npurun", "Name: npurun device leases\nDefault: yes\nPriority: 0\nSession-Type: Additional\nSession:\n\trequired\tpam_npurun.so\n")
+
+	uninstall := append([]string{"uninstall"}, vars...)
+	out, err := makeInRepo(t, uninstall...).CombinedOutput()
+	if err == nil {
+		t.Fatalf("make uninstall went ahead while PAM loads the module; output:\n%s", out)
+	}
+	for _, want := range []string{
+		"PAM loads pam_npurun.so here",
+		sshd + ":2: session required pam_npurun.so",
+		login + ":1: session  [success=ok default=bad]  /lib/security/pam_npurun.so lease",
+		profile + ":6: \trequired\tpam_npurun.so",
+		"FORCE=1",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("make uninstall's refusal lacks %q; output:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "su-l") {
+		t.Errorf("make uninstall named su-l, whose lines do not load the module; output:\n%s", out)
+	}
+	for _, p := range []string{module, npurun} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("the refused uninstall removed %s", p)
+		}
+	}
+
+	// Another prefix's module is not the one these lines load: its
+	// uninstall goes ahead.
+	other := []string{"uninstall", "PREFIX=/opt/npurun", "DESTDIR=" + dest, "BUILDDIR=" + build}
+	if out, err := makeInRepo(t, other...).CombinedOutput(); err != nil {
+		t.Errorf("make %s refused, though the PAM lines load /lib/security's module: %v\n%s", strings.Join(other, " "), err, out)
+	}
+
+	// FORCE=1: removed all the same.
+	if out, err := makeInRepo(t, append(uninstall, "FORCE=1")...).CombinedOutput(); err != nil {
+		t.Fatalf("make uninstall FORCE=1: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(module); err == nil {
+		t.Errorf("make uninstall FORCE=1 left %s", module)
+	}
+
+	// Installed again, the lines taken out: no refusal.
+	if out, err := makeInRepo(t, append([]string{"install"}, vars...)...).CombinedOutput(); err != nil {
+		t.Fatalf("make install: %v\n%s", err, out)
+	}
+	for _, p := range []string{sshd, login, profile} {
+		os.Remove(p)
+	}
+	if out, err := makeInRepo(t, uninstall...).CombinedOutput(); err != nil {
+		t.Fatalf("make uninstall without PAM lines: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(module); err == nil {
+		t.Errorf("make uninstall left %s", module)
 	}
 }
 

@@ -24,6 +24,8 @@ func TestExitStatuses(t *testing.T) {
 		{"no-wait when busy", []string{"--no-wait", "true"}, nil, 75, []string{"npurun: ", "no device free"}},
 		{"no-wait on a held device", []string{"--no-wait", "-d", "1", "true"}, nil, 75, []string{"npurun: ", "npu 1 is in use"}},
 		{"timeout", []string{"--timeout", "300ms", "true"}, nil, 75, []string{"npurun: gave up after 300ms"}},
+		// Quiet, the message still says what it waited for (issue 14.5).
+		{"timeout, quiet", []string{"-q", "--timeout", "1s", "-d", "1", "true"}, nil, 75, []string{"npurun: gave up after 1s waiting for device 1 in pool \"default\": 1st in line\n"}},
 		{"more than the pool", []string{"-n", "3", "true"}, nil, 77, []string{"npurun: ", "3 devices", "only 2"}},
 		{"no such device", []string{"-d", "99", "true"}, nil, 2, []string{"npurun: ", "no npu 99"}},
 		{"no such pool", []string{"-p", "nope", "true"}, nil, 2, []string{"npurun: ", `"nope"`}},

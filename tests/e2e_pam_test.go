@@ -60,7 +60,7 @@ var pamOnce = sync.OnceValues(func() (*pamBuild, error) {
 	if out, err := mk.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("make pam_npurun.so: %v\n%s", err, out)
 	}
-	gb := exec.Command("go", "build", "-o", p.Helper, "github.com/npurun/npurun/tests/pamhelper")
+	gb := exec.Command("go", "build", "-tags", "pamhelper", "-o", p.Helper, "github.com/npurun/npurun/tests/pamhelper")
 	gb.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := gb.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build pamhelper: %v\n%s", err, out)
@@ -70,6 +70,7 @@ var pamOnce = sync.OnceValues(func() (*pamBuild, error) {
 
 func pamBins(t testing.TB) *pamBuild {
 	t.Helper()
+	needPAMHeaders(t)
 	p, err := pamOnce()
 	if err != nil {
 		t.Fatal(err)

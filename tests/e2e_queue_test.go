@@ -254,7 +254,7 @@ func TestLimits(t *testing.T) {
 		h := hold(t, b, "holder")
 		p := queue(t, b, "second", w.args(b, "second", 0)...)
 		line := p.waitLine("npurun: waiting for")
-		if !strings.Contains(line, "1 of 1 devices allowed") {
+		if !strings.Contains(line, "1 of 1 device allowed") {
 			t.Errorf("waiting line does not name the limit: %q", line)
 		}
 		released := time.Now().UnixNano()

@@ -94,9 +94,8 @@ func startSSHD(t *testing.T, b *Broker, forced ...testUser) *sshServer {
 	if err != nil {
 		sshd = "/usr/sbin/sshd"
 	}
-	if _, err := os.Stat(sshd); err != nil {
-		t.Fatalf("no sshd (install openssh-server; .ci/run does): %v", err)
-	}
+	needTool(t, "openssh-server", sshd)
+	needTool(t, "openssh-client", "ssh", "ssh-keygen")
 	dir := SharedDir(t)
 	buf := make([]byte, 4)
 	rand.Read(buf)

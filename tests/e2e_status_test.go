@@ -287,7 +287,7 @@ func TestStatusWaitingWhy(t *testing.T) {
 	h := hold(t, b, "npu0", "-d", "0")
 	q := queue(t, b, "q", "true")
 	ws := b.Board(t).Waiting[0].Waiters
-	want := me(t) + " holds 1 of 1 devices allowed"
+	want := me(t) + " holds 1 of 1 device allowed"
 	if len(ws) != 1 || !strings.Contains(ws[0].Why, want) {
 		t.Errorf("waiters: %+v; want one whose why says %q", ws, want)
 	}

@@ -463,7 +463,7 @@ func TestTaskWaitingCapsApart(t *testing.T) {
 		t.Errorf("a fourth task with max_queued_tasks = 3: %s; want exit 77", r)
 	}
 	inline := queue(t, b, "inline", "true") // waits, beside three waiting tasks
-	if code, out := exitCode(t, b.Npurun("-d", "0", "true")); code != 75 || !strings.Contains(out, "1 requests waiting") {
+	if code, out := exitCode(t, b.Npurun("-d", "0", "true")); code != 75 || !strings.Contains(out, "1 request waiting") {
 		t.Errorf("a second waiting npurun with max_waiting_per_user = 1: exit %d, want 75 (as npurun.conf(5) says); output:\n%s", code, out)
 	}
 	h.release()

@@ -60,7 +60,7 @@ func TestTaskShowWaitReason(t *testing.T) {
 	w := openFIFO(t, gate, os.O_WRONLY) // the first runs
 	second := submitTask(t, b, nil, dir, "--no-device", "--log", filepath.Join(dir, "2.log"), "--", "true")
 	ti := showTask(t, b, second)
-	if ti.State != "pending" || !strings.Contains(ti.Reason, "runs 1 of 1 tasks allowed (the default [limits])") {
+	if ti.State != "pending" || !strings.Contains(ti.Reason, "runs 1 of 1 task allowed (the default [limits])") {
 		t.Errorf("show of a task held by max_running_tasks: %s, reason %q", ti.State, ti.Reason)
 	}
 	if out := runTaskCmd(t, b.TaskSubmit("show", idStr(second))).stdout; !strings.Contains(out, "reason: ") {

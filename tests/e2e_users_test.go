@@ -4,12 +4,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"os/exec"
 	"os/user"
+	"regexp"
 	"strconv"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // testUser is a system account made for one test.
@@ -28,11 +32,7 @@ func newUser(t testing.TB) testUser {
 	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name).CombinedOutput(); err != nil {
 		t.Fatalf("useradd %s: %v: %s", name, err, out)
 	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("userdel", name).CombinedOutput(); err != nil {
-			t.Errorf("userdel %s: %v: %s", name, err, out)
-		}
-	})
+	t.Cleanup(func() { userdel(t, name) })
 	u, err := user.Lookup(name)
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +101,45 @@ func TestUsersInterleave(t *testing.T) {
 		if tag != fmt.Sprintf("a%d", i) {
 			t.Errorf("alice's requests served as %v, want a0..a5", order)
 			break
+		}
+	}
+}
+
+// userdel removes the account name (and, with extra, its home: "--remove").
+// A process of the user that has just exited may not have been reaped yet
+// by whoever it was left to: userdel then names it (status 8), and is
+// tried again once that process is gone.
+func userdel(t testing.TB, name string, extra ...string) {
+	t.Helper()
+	usedBy := regexp.MustCompile(`currently used by process (\d+)`)
+	for try := 0; ; try++ {
+		out, err := exec.Command("userdel", append(extra, name)...).CombinedOutput()
+		if err == nil {
+			return
+		}
+		m := usedBy.FindSubmatch(out)
+		if m == nil || try == 3 {
+			t.Errorf("userdel %s: %v: %s", name, err, out)
+			return
+		}
+		pid, _ := strconv.Atoi(string(m[1]))
+		awaitReaped(pid, time.Now().Add(eventTimeout))
+	}
+}
+
+// awaitReaped waits until deadline for process pid to exit (its pidfd
+// says so) and be reaped (its /proc entry gone: no event tells a process
+// other than its parent, so that is looked at every 10 ms).
+func awaitReaped(pid int, deadline time.Time) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return // gone already
+	}
+	defer unix.Close(fd)
+	for time.Now().Before(deadline) {
+		n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 10)
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); n > 0 && err != nil {
+			return
 		}
 	}
 }

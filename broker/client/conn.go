@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/internal/quantity"
 )
 
 // DefaultSocket is where the broker listens unless told otherwise.
@@ -81,7 +83,7 @@ func Dial(path string) (*Conn, error) {
 			return nil, fmt.Errorf("%w at %s: %s", ErrNoBroker, path, why)
 		}
 		if err == unix.EAGAIN {
-			return nil, fmt.Errorf("%w at %s: it took no connection for %s", ErrNoAnswer, path, FirstAnswer)
+			return nil, fmt.Errorf("%w at %s: it took no connection for %s", ErrNoAnswer, path, quantity.Duration(FirstAnswer))
 		}
 		return nil, fmt.Errorf("connect %s: %w", path, err)
 	}
@@ -154,7 +156,7 @@ func (c *Conn) Send(req *Request) error {
 func (c *Conn) send(b []byte) error {
 	err := SendMsg(c.fd, b, nil, 0)
 	if err == unix.EAGAIN {
-		return fmt.Errorf("%w at %s: it read nothing for %s", ErrNoAnswer, c.path, FirstAnswer)
+		return fmt.Errorf("%w at %s: it read nothing for %s", ErrNoAnswer, c.path, quantity.Duration(FirstAnswer))
 	}
 	return err
 }
@@ -181,7 +183,7 @@ func (c *Conn) Recv(timeout time.Duration) (*Reply, []int, error) {
 			case err != nil:
 				return nil, nil, err
 			case !ready && silent:
-				return nil, nil, fmt.Errorf("%w at %s: no answer for %s", ErrNoAnswer, c.path, FirstAnswer)
+				return nil, nil, fmt.Errorf("%w at %s: no answer for %s", ErrNoAnswer, c.path, quantity.Duration(FirstAnswer))
 			case !ready:
 				return nil, nil, ErrTimeout
 			}

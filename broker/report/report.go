@@ -17,6 +17,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -143,7 +144,8 @@ func Usage(args []string, env Env) int {
 	}
 	since, err := ParseSince(*sinceText)
 	if err != nil {
-		fmt.Fprintf(env.Stderr, "npubroker: --since: %v\n", err)
+		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
+		fmt.Fprintf(env.Stderr, "npubroker: hint: --since takes %s\n", quantity.DurationHelp)
 		return exitUsage
 	}
 	c, code := dial(*socket, env)
@@ -198,8 +200,8 @@ func dial(flag string, env Env) (*client.Conn, int) {
 	c, err := client.Dial(path)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-		if errors.Is(err, client.ErrNoBroker) {
-			fmt.Fprintln(env.Stderr, "npubroker: hint: is npubroker running? (systemctl status npubroker)")
+		if h := client.Hint(err); h != "" {
+			fmt.Fprintf(env.Stderr, "npubroker: hint: %s\n", h)
 			return nil, exitNoBroker
 		}
 		return nil, exitFailure
@@ -234,42 +236,22 @@ func writeJSON(env Env, v any, indent bool) int {
 	return exitOK
 }
 
-// ParseSince reads a duration as --since takes it: Go's (90m, 36h) with
-// days (7d) and weeks (2w) besides, or a sum of those (1d12h).
+// ParseSince reads a duration as --since takes it, as every command
+// reads one (quantity.ParseDuration: 7d, 24h, 90m, 1d12h), more than 0
+// and at most a hundred years.
 func ParseSince(s string) (time.Duration, error) {
-	bad := fmt.Errorf("bad duration %q (want e.g. 7d, 24h, 90m)", s)
-	const limit = 100 * 365 * 24 * time.Hour
-	rest, total := s, 0.0 // seconds
-	for rest != "" {
-		i := 0
-		for i < len(rest) && (rest[i] >= '0' && rest[i] <= '9' || rest[i] == '.') {
-			i++
-		}
-		j := i
-		for j < len(rest) && (rest[j] < '0' || rest[j] > '9') && rest[j] != '.' {
-			j++
-		}
-		if i == 0 || j == i {
-			return 0, bad
-		}
-		n, err := strconv.ParseFloat(rest[:i], 64)
-		if err != nil {
-			return 0, bad
-		}
-		unit, ok := map[string]float64{"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[rest[i:j]]
-		if !ok {
-			return 0, bad
-		}
-		total += n * unit
-		rest = rest[j:]
-	}
+	const limit = 100 * 365 * quantity.Day
+	d, err := quantity.ParseDuration(s)
+	var de *quantity.DurationError
 	switch {
-	case total <= 0:
-		return 0, fmt.Errorf("bad duration %q: must be more than 0", s)
-	case total > limit.Seconds():
-		return 0, fmt.Errorf("bad duration %q: more than a hundred years", s)
+	case errors.As(err, &de):
+		return 0, errors.New(de.For("--since"))
+	case d <= 0:
+		return 0, fmt.Errorf("bad duration %q for --since: must be more than 0", s)
+	case d > limit:
+		return 0, fmt.Errorf("bad duration %q for --since: more than a hundred years", s)
 	}
-	return time.Duration(total * float64(time.Second)), nil
+	return d, nil
 }
 
 // termWidth is the width to fit tables to: $COLUMNS, else the terminal's
@@ -293,21 +275,6 @@ func isTerminal(w io.Writer) bool {
 	}
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
-}
-
-// Duration writes d as status shows it: 12s, 40m, 2h13m, 3d4h.
-func Duration(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "0s"
-	case d < time.Minute:
-		return strconv.Itoa(int(d/time.Second)) + "s"
-	case d < time.Hour:
-		return strconv.Itoa(int(d/time.Minute)) + "m"
-	case d < 24*time.Hour:
-		return strconv.Itoa(int(d/time.Hour)) + "h" + strconv.Itoa(int(d%time.Hour/time.Minute)) + "m"
-	}
-	return strconv.Itoa(int(d/(24*time.Hour))) + "d" + strconv.Itoa(int(d%(24*time.Hour)/time.Hour)) + "h"
 }
 
 // cut shortens s to at most n characters, ending it with "…" if cut.

@@ -9,23 +9,6 @@ import (
 	"github.com/npurun/npurun/broker/client"
 )
 
-func TestDuration(t *testing.T) {
-	for _, tt := range []struct {
-		d    time.Duration
-		want string
-	}{
-		{-time.Second, "0s"},
-		{12 * time.Second, "12s"},
-		{40*time.Minute + 59*time.Second, "40m"},
-		{2*time.Hour + 13*time.Minute + 5*time.Second, "2h13m"},
-		{3*24*time.Hour + 4*time.Hour + 59*time.Minute, "3d4h"},
-	} {
-		if got := Duration(tt.d); got != tt.want {
-			t.Errorf("Duration(%s) = %q, want %q", tt.d, got, tt.want)
-		}
-	}
-}
-
 func TestParseSince(t *testing.T) {
 	for _, tt := range []struct {
 		in   string
@@ -37,13 +20,14 @@ func TestParseSince(t *testing.T) {
 		{in: "1d12h", want: 36 * time.Hour},
 		{in: "90m", want: 90 * time.Minute},
 		{in: "1.5d", want: 36 * time.Hour},
-		{in: "", err: "must be more than 0"},
-		{in: "0d", err: "must be more than 0"},
-		{in: "7", err: `bad duration "7"`},
-		{in: "d", err: `bad duration "d"`},
-		{in: "7x", err: `bad duration "7x"`},
-		{in: "-1d", err: `bad duration "-1d"`},
-		{in: "999999d", err: "more than a hundred years"},
+		{in: "", err: `bad duration "" for --since: empty`},
+		{in: "0d", err: `bad duration "0d" for --since: must be more than 0`},
+		{in: "7", err: `bad duration "7" for --since: no unit after 7`},
+		{in: "d", err: `bad duration "d" for --since: a number must come before "d"`},
+		{in: "7x", err: `bad duration "7x" for --since: unknown unit "x"`},
+		{in: "-1d", err: `bad duration "-1d" for --since: negative`},
+		{in: "999999d", err: "longer than 292 years"},
+		{in: "40000d", err: `bad duration "40000d" for --since: more than a hundred years`},
 	} {
 		got, err := ParseSince(tt.in)
 		switch {
@@ -195,8 +179,8 @@ func TestCommandErrors(t *testing.T) {
 		{Status, []string{"--bogus"}, 2, "npubroker: unknown flag: --bogus"},
 		{Status, []string{"extra"}, 2, `npubroker: status takes no arguments, got "extra"`},
 		{Usage, nil, 2, "npubroker: usage needs --since, such as --since 7d"},
-		{Usage, []string{"--since", "soon"}, 2, `npubroker: --since: bad duration "soon"`},
-		{Status, []string{"--socket", "/nonexistent/broker.sock"}, 69, "npubroker: hint: is npubroker running?"},
+		{Usage, []string{"--since", "soon"}, 2, `npubroker: bad duration "soon" for --since: a number must come before "soon"`},
+		{Status, []string{"--socket", "/nonexistent/broker.sock"}, 69, "npubroker: hint: start the broker "},
 		{Usage, []string{"--since", "1d", "--socket", "/nonexistent/broker.sock"}, 69, "no broker at /nonexistent/broker.sock"},
 	} {
 		var out, errs strings.Builder

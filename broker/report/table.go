@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/quantity"
 )
 
 // Table writes the board for people, fitting the command column to width
@@ -47,7 +48,7 @@ func Table(b *client.Board, width int, now time.Time) string {
 			if pools > 1 {
 				row = append(row, ln.Pool)
 			}
-			row = append(row, strconv.Itoa(w.Position), what(w), w.User, wanted(b, w), Duration(now.Sub(time.UnixMilli(w.Since))))
+			row = append(row, strconv.Itoa(w.Position), what(w), w.User, wanted(b, w), quantity.Approx(now.Sub(time.UnixMilli(w.Since))))
 			if w.Why != "" {
 				row = append(row, "waits: "+w.Why)
 			}
@@ -73,7 +74,7 @@ func Table(b *client.Board, width int, now time.Time) string {
 			if u.Mapped {
 				how = "mapped"
 			}
-			note := fmt.Sprintf("%s %s without a lease for %s", u.Node, how, Duration(now.Sub(time.UnixMilli(u.Since))))
+			note := fmt.Sprintf("%s %s without a lease for %s", u.Node, how, quantity.Approx(now.Sub(time.UnixMilli(u.Since))))
 			if u.Control {
 				note += " (control node; no lease at all)"
 			}
@@ -98,7 +99,7 @@ func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
 	row := []string{d.Name, orDash(d.Pool), d.State}
 	since := ""
 	if d.Since > 0 {
-		since = Duration(now.Sub(time.UnixMilli(d.Since)))
+		since = quantity.Approx(now.Sub(time.UnixMilli(d.Since)))
 	}
 	switch l := d.Lease; {
 	case l != nil:
@@ -195,7 +196,7 @@ func writeColumns(out *strings.Builder, rows [][]string, fit, width int, indent 
 	// host): nothing in them may reach the terminal as a control.
 	for _, r := range rows {
 		for i, c := range r {
-			r[i] = printable(c)
+			r[i] = Printable(c)
 			widths[i] = max(widths[i], utf8.RuneCountInString(r[i]))
 		}
 	}
@@ -253,10 +254,11 @@ func UsageTable(rep *client.UsageReport) string {
 	return out.String()
 }
 
-// printable replaces control characters (C0, DEL, C1) and bytes that are
+// Printable replaces control characters (C0, DEL, C1) and bytes that are
 // not UTF-8 with '?', so that a user's command line or session origin
-// cannot move the reader's cursor or change their terminal.
-func printable(s string) string {
+// cannot move the reader's cursor or change their terminal. The status
+// table's cells and every line of the broker's log go through it.
+func Printable(s string) string {
 	clean := true
 	for _, r := range s {
 		if r < 0x20 || r >= 0x7f && r < 0xa0 || r == utf8.RuneError {

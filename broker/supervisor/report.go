@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/quantity"
 )
 
 // How long and how often the supervisor tries to reach the broker: it may
@@ -70,7 +71,7 @@ func tell(socket, what string, ask func(*client.Conn) error) int {
 			return refusedForGood
 		}
 		if time.Now().Add(wait).After(giveUp) {
-			warn("%s: %v; gave up after %s", what, err, reportFor)
+			warn("%s: %v; gave up after %s", what, err, quantity.Duration(reportFor))
 			return 1
 		}
 		time.Sleep(wait)

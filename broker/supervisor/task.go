@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/quantity"
 )
 
 // reasonCancelled is the Status reason of a task the broker cancelled.
@@ -355,7 +356,7 @@ func supervise(pid int, spec *client.Spec, cancel <-chan os.Signal) *ending {
 			}
 		case <-limit:
 			limit, cancel = nil, nil
-			g.end(fmt.Sprintf("time limit %s reached", time.Duration(spec.TimeSec)*time.Second))
+			g.end(fmt.Sprintf("time limit %s reached", quantity.Duration(time.Duration(spec.TimeSec)*time.Second)))
 			kill = time.After(grace)
 		case <-cancel:
 			limit, cancel = nil, nil

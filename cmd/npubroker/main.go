@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"os"
 	"os/signal"
 	"os/user"
@@ -25,7 +24,7 @@ import (
 var version = "dev"
 
 const usage = `Usage:
-  npubroker serve [--config FILE] [--socket PATH] [--run-dir DIR] [--state-dir DIR] [--cgroup DIR]
+  npubroker serve [--config FILE] [--socket PATH] [--run-dir DIR] [--state-dir DIR] [--cgroup DIR] [--log WHERE]
   npubroker check-config [FILE]
   ` + report.StatusUsage + `
   ` + report.UsageUsage + `
@@ -152,6 +151,7 @@ func serve(args []string) int {
 	socket := fs.String("socket", "", "socket to listen on (default RUN-DIR/broker.sock)")
 	stateDir := fs.String("state-dir", "", "task spool (default the config's [tasks] state_dir, /var/spool/npurun; RUN-DIR/spool when not root)")
 	cgroup := fs.String("cgroup", "", "where tasks' control groups go: a cgroup v2 directory, auto or off (default the config's [tasks] cgroup, auto)")
+	logTo := fs.String("log", broker.LogAuto, "where the log goes: stderr, syslog (/dev/log), or auto: standard error, unless it goes nowhere (closed, /dev/null), then the system log")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
@@ -186,10 +186,24 @@ func serve(args []string) int {
 	// Whatever descriptors the broker inherited (from a root shell, say)
 	// must not reach the supervisors it starts as other users.
 	unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
-	lg := log.New(os.Stderr, "npubroker: ", 0)
+	if l := *logTo; l != broker.LogAuto && l != broker.LogStderr && l != broker.LogSyslog {
+		fmt.Fprintf(os.Stderr, "npubroker: --log takes auto, stderr or syslog, not %q\n", l)
+		return 2
+	}
+	lg, _, err := broker.NewLog(*logTo)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
+		return 1
+	}
 	cfg, err := policy.Load(*config)
 	if err != nil {
-		lg.Print(err)
+		if perrs := (*policy.Errors)(nil); errors.As(err, &perrs) {
+			for _, e := range *perrs { // one line each: the log takes no newline inside a line
+				lg.Print(e.Error())
+			}
+		} else {
+			lg.Print(err)
+		}
 		return 1
 	}
 	inv, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi)

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/npurun/npurun/internal/quantity"
 )
 
 // task-submit's command line is parsed here rather than by a flag library:
@@ -40,6 +42,7 @@ type flagSet struct {
 	changed map[string]bool // long names given
 	args    []string        // the words that are not options
 	dashAt  int             // len(args) when "--" came; -1 without one
+	as      string          // the option being set, as it was written (-n, --time), for messages
 }
 
 func newFlags(name string, interspersed bool) *flagSet {
@@ -79,63 +82,34 @@ func (fs *flagSet) listVar(p *[]string, short byte, long, value, help string, sp
 	}})
 }
 
-// intVar adds an option whose value is a decimal integer (-n 010 is ten,
-// as a person means it, not eight).
-func (fs *flagSet) intVar(p *int, short byte, long, value, help string) {
+// countVar adds an option whose value is a decimal count of what, such
+// as "device count" (-n 010 is ten, as a person means it, not eight); an
+// example of the option goes in the hint of a bad one.
+func (fs *flagSet) countVar(p *int, short byte, long, value, help, what, example string) {
 	fs.defs = append(fs.defs, &flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
 		n, err := strconv.ParseInt(v, 10, strconv.IntSize)
 		if err != nil {
-			return errors.New("not a whole number such as 2")
+			return &usageError{msg: fmt.Sprintf("bad %s %q for %s", what, v, fs.as), hint: example}
 		}
 		*p = int(n)
 		return nil
 	}})
 }
 
-// durationVar adds an option whose value is a duration (6h, 90m) of at
-// most max; a longer one is refused as longer than what.
-func (fs *flagSet) durationVar(p *time.Duration, short byte, long, value, help string, max time.Duration, what string) {
+// durationVar adds an option whose value is a duration (6h, 90m, 1d), as
+// quantity.ParseDuration reads it, of at most max.
+func (fs *flagSet) durationVar(p *time.Duration, short byte, long, value, help string, max time.Duration) {
 	fs.defs = append(fs.defs, &flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
-		d, err := time.ParseDuration(v)
-		if err == nil && d > max || err != nil && hugeDuration(v) {
-			return fmt.Errorf("longer than %s", what)
+		d, err := quantity.ParseDuration(v)
+		if de := (*quantity.DurationError)(nil); errors.As(err, &de) {
+			return &usageError{msg: de.For(fs.as), hint: fs.as + " takes " + quantity.DurationHelp}
 		}
-		if err != nil {
-			return err
+		if d > max {
+			return &usageError{msg: fmt.Sprintf("bad duration %q for %s: longer than %s, the most", v, fs.as, quantity.Duration(max))}
 		}
 		*p = d
 		return nil
 	}})
-}
-
-// hugeDuration tells whether s, which time.ParseDuration refused, is a
-// well-formed positive duration: then it was refused for its size alone
-// (beyond 2562047h, where it says only "invalid duration").
-func hugeDuration(s string) bool {
-	s = strings.TrimPrefix(s, "+")
-	if s == "" {
-		return false
-	}
-	number := func(r rune) bool { return r >= '0' && r <= '9' || r == '.' }
-	for s != "" {
-		i := strings.IndexFunc(s, func(r rune) bool { return !number(r) })
-		if i <= 0 {
-			return false // no number, or no unit after it
-		}
-		if _, err := strconv.ParseFloat(s[:i], 64); err != nil {
-			return false
-		}
-		s = s[i:]
-		j := strings.IndexFunc(s, number)
-		if j < 0 {
-			j = len(s)
-		}
-		if !slices.Contains([]string{"ns", "us", "µs", "μs", "ms", "s", "m", "h"}, s[:j]) {
-			return false
-		}
-		s = s[j:]
-	}
-	return true
 }
 
 func (fs *flagSet) long(name string) *flagDef {
@@ -178,12 +152,12 @@ func (fs *flagSet) parse(args []string) error {
 			case name == "help" && d == nil:
 				return errHelp
 			case d == nil:
-				return usagef("unknown flag: --%s", name)
+				return fs.unknown("--" + name)
 			case d.value == "" && !hasValue:
 				value = "true"
 			case !hasValue:
 				if i+1 == len(args) {
-					return usagef("flag needs an argument: --%s", name)
+					return usagef("option --%s needs a value", name)
 				}
 				i++
 				value = args[i]
@@ -198,7 +172,7 @@ func (fs *flagSet) parse(args []string) error {
 				case a[j] == 'h' && d == nil:
 					return errHelp
 				case d == nil:
-					return usagef("unknown shorthand flag: %q in %s", a[j], a)
+					return fs.unknown("-" + a[j:j+1])
 				case d.value == "":
 					if err := fs.set(d, "-"+string(a[j]), "true"); err != nil {
 						return err
@@ -208,7 +182,7 @@ func (fs *flagSet) parse(args []string) error {
 				value := a[j+1:]
 				if value == "" {
 					if i+1 == len(args) {
-						return usagef("flag needs an argument: -%c", a[j])
+						return usagef("option -%c needs a value", a[j])
 					}
 					i++
 					value = args[i]
@@ -223,16 +197,27 @@ func (fs *flagSet) parse(args []string) error {
 	return nil
 }
 
+// set gives d its value; as is how the option was written. Its messages
+// read as npurun's (shim/args.go) do.
 func (fs *flagSet) set(d *flagDef, as, value string) error {
-	if err := d.set(value); err != nil {
-		var ne *strconv.NumError
-		if errors.As(err, &ne) {
-			err = ne.Err // the value is in the message already
-		}
-		return usagef("invalid argument %q for %s: %v", value, as, err)
+	fs.as = as
+	err := d.set(value)
+	var ue *usageError
+	switch {
+	case err == nil:
+		fs.changed[d.long] = true
+		return nil
+	case errors.As(err, &ue):
+		return err
+	case d.value == "":
+		return usagef("option %s takes no value (or =true, =false), not %q", as, value)
 	}
-	fs.changed[d.long] = true
-	return nil
+	return usagef("bad value %q for %s: %v", value, as, err)
+}
+
+// unknown is the error of an option fs does not know.
+func (fs *flagSet) unknown(as string) error {
+	return &usageError{msg: "unknown option " + as, hint: fs.name + " --help lists the options"}
 }
 
 // given lists the long names of the options given, in lexical order.

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -177,7 +178,7 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 	line("pool", t.Pool)
 	line("after", joinIDs(t.After))
 	if t.TimeSec > 0 {
-		line("time limit", (time.Duration(t.TimeSec) * time.Second).String())
+		line("time limit", quantity.Duration(time.Duration(t.TimeSec)*time.Second))
 	}
 	line("submitted", fullTime(t.Submitted, loc))
 	line("token", t.Token)
@@ -187,7 +188,7 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 	if t.Ended != 0 {
 		end := fullTime(t.Ended, loc)
 		if t.Started != 0 && t.Ended >= t.Started {
-			end += " (after " + (time.Duration(t.Ended-t.Started) * time.Millisecond).Round(time.Second).String() + ")"
+			end += " (after " + quantity.Duration(time.Duration(t.Ended-t.Started)*time.Millisecond) + ")"
 		}
 		line("ended", end)
 	}
@@ -199,7 +200,7 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 	}
 	line("reason", quoteIfNeeded(t.Reason))
 	if t.CPUMs > 0 {
-		line("cpu time", (time.Duration(t.CPUMs) * time.Millisecond).String())
+		line("cpu time", quantity.Duration(time.Duration(t.CPUMs)*time.Millisecond))
 	}
 	if t.MemPeak > 0 {
 		line("memory peak", formatBytes(t.MemPeak))

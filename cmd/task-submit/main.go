@@ -14,6 +14,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/shim"
 )
@@ -106,13 +107,12 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		run   string
 	)
 	fs := newFlags("task-submit", false)
-	fs.intVar(&o.sub.N, 'n', "devices", "N", "number of devices (default 1)")
+	fs.countVar(&o.sub.N, 'n', "devices", "N", "number of devices (default 1)", "device count", "-n takes a number of devices, such as -n 2")
 	var devices []string
 	fs.listVar(&devices, 'd', "device", "LIST", "exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)", false)
 	fs.switchVar(&o.sub.NoDevice, 0, "no-device", "take no device; run when a CPU slot is free")
 	fs.stringVar(&o.sub.Pool, 'p', "pool", "POOL", "pool to take devices from (default: the policy's default pool)")
-	fs.durationVar(&limit, 0, "time", "DURATION", "time limit, e.g. 6h or 90m, after which the task is killed (default: the policy's)",
-		maxTime, fmt.Sprintf("the longest time limit, %dh (a century)", maxTime/time.Hour))
+	fs.durationVar(&limit, 0, "time", "DURATION", "time limit, e.g. 6h, 90m or 1d, after which the task is killed (default: the policy's)", maxTime)
 	fs.stringVar(&o.sub.Name, 0, "name", "NAME", "name to list the task by instead of its command")
 	fs.listVar(&after, 0, "after", "ID[,ID...]", "start only once these tasks have succeeded", true)
 	fs.stringVar(&o.sub.Log, 0, "log", "FILE", "log file (default ~/.local/state/npurun/tasks/ID-TAG.log, TAG naming the broker's journal)")
@@ -175,11 +175,11 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	case len(s.Devices) > 0 && s.Pool != "":
 		return nil, usagef("--device and --pool exclude each other")
 	case len(s.Devices) > 0 && s.N != 0 && s.N != len(s.Devices):
-		return nil, usagef("-n %d does not match the %d devices named", s.N, len(s.Devices))
+		return nil, usagef("-n %d does not match the %s named", s.N, quantity.Count(len(s.Devices), "device", "devices"))
 	case fs.changed["pool"] && s.Pool == "":
 		return nil, usagef("--pool takes a pool name")
 	case fs.changed["time"] && limit <= 0:
-		return nil, usagef("--time takes a positive duration, such as 6h or 90m")
+		return nil, usagef("--time takes a positive duration, such as 6h, 90m or 1d")
 	case fs.changed["log"] && s.Log == "":
 		return nil, usagef("--log takes a file name")
 	case strings.ContainsFunc(s.Name, unicode.IsControl):

@@ -426,13 +426,9 @@ func failure(err error, id uint64) int {
 			hint("%s", be.Hint)
 		}
 		return exitCode(be.Code)
-	case errors.Is(err, client.ErrNoBroker):
+	case errors.Is(err, client.ErrNoBroker) || errors.Is(err, client.ErrNoAnswer):
 		warn("%v", err)
-		hint("start the broker with 'systemctl start npubroker', or point NPURUN_SOCKET at a running one")
-		return shim.ExitUnavailable
-	case errors.Is(err, client.ErrNoAnswer):
-		warn("%v", err)
-		hint("the broker may be overloaded or stuck: see 'journalctl -u npubroker'")
+		hint("%s", client.Hint(err))
 		return shim.ExitUnavailable
 	}
 	warn("%v", err)

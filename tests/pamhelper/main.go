@@ -1,8 +1,14 @@
+//go:build pamhelper
+
 // Command pamhelper drives the real Linux-PAM stack for the PAM tests: it opens a session of a user with a service file from a directory of the test's own, and says what came of it.
 //
 // It is the only cgo of the tests (github.com/msteinert/pam/v2), in a
 // process of its own, so that a module that crashes or hangs its host
-// shows as this process's end, not the test's.
+// shows as this process's end, not the test's. It needs the PAM headers
+// (libpam0g-dev), which make demo and make test do not: the build tag
+// pamhelper keeps it out of go vet ./... and go test ./...; the PAM tests
+// build it with -tags pamhelper, and make test vets it where the headers
+// are.
 //
 // Output, one item a line:
 //

@@ -28,6 +28,10 @@ func main() {
 		slowSupervisor() // see slowsup.go
 		return
 	}
+	if standInName() {
+		standIn()
+		return
+	}
 	markers := flag.String("markers", "", "directory of per-device O_EXCL markers")
 	logFile := flag.String("log", "", "file to append one line per run to")
 	tag := flag.String("tag", "", "name of this run in the log")
