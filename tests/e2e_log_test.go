@@ -22,7 +22,8 @@ const scanTimeout = 3 * eventTimeout
 // device node is logged with the control characters shown as "?".
 func TestLogInjection(t *testing.T) {
 	dev := fakeDev(t, 2)
-	b := StartBroker(t, ascendConfig(dev, 2, "[status]\nscan_interval = \"1s\"\nunleased_grace = \"1s\"\n"))
+	// The test runs as root, whom unleased_exempt_users exempts by default.
+	b := StartBroker(t, ascendConfig(dev, 2, "[status]\nscan_interval = \"1s\"\nunleased_grace = \"1s\"\nunleased_exempt_users = []\n"))
 	forged := "innocent\nnpubroker: npu 3: lease of alice (inline) from before this start goes on\x1b[2J"
 	node, err := os.Open(filepath.Join(dev, "davinci1"))
 	if err != nil {
@@ -35,7 +36,7 @@ func TestLogInjection(t *testing.T) {
 	node.Close()
 	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
 
-	b.WaitLogWithin(0, "open without a lease", scanTimeout)
+	b.WaitLogWithin(0, "innocent", scanTimeout) // its own line: another process may be seen first
 	log := b.Log()
 	want := "(" + me(t) + ": innocent?npubroker: npu 3: lease of alice (inline) from before this start goes on?[2J 600) has " + dev + "/davinci1 open without a lease"
 	if !strings.Contains(log, want) {

@@ -65,7 +65,7 @@ func TestUnleasedUse(t *testing.T) {
 	// closes the lock, then opens npu0's node (covered by its ancestor's
 	// lease) and another opens npu2's (not leased: reported).
 	leased := startProc(t, "leased", b.Npurun("-d", "0", "sh", "-c",
-		open+" "+dev+"/davinci0 & "+open+" "+dev+"/davinci2 & echo held; read x; kill $(jobs -p); exit 0"))
+		open+" "+dev+"/davinci0 & a=$!; "+open+" "+dev+"/davinci2 & b=$!; echo held; read x; kill $a $b; exit 0"))
 	leased.waitLine("held")
 	own := openedPID(t, leased, dev+"/davinci0")
 	other := openedPID(t, leased, dev+"/davinci2")

@@ -31,6 +31,7 @@ func child(t *testing.T, file *os.File, script string, args ...string) *exec.Cmd
 	defer r.Close()
 	cmd := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...)
 	cmd.ExtraFiles = []*os.File{file, w}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its group is killed at the end, with what it started
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
