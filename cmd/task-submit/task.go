@@ -13,8 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/shim"
 )
@@ -311,7 +309,7 @@ func startWait(path string, id uint64) (*taskWaiter, error) {
 	w := &taskWaiter{path: path, id: id, c: c}
 	if err := w.send(); err != nil {
 		c.Close()
-		if !errors.Is(err, unix.EPIPE) && !errors.Is(err, unix.ECONNRESET) {
+		if !client.Gone(err) {
 			return nil, err
 		}
 		// The broker went away between our connect and our request: it
@@ -343,7 +341,7 @@ func (w *taskWaiter) recv(timeout time.Duration) (bool, error) {
 	switch {
 	case errors.Is(err, client.ErrTimeout):
 		return false, nil
-	case (errors.Is(err, client.ErrClosed) || errors.Is(err, unix.ECONNRESET)) && w.redials < maxRedials:
+	case client.Gone(err) && w.redials < maxRedials:
 		w.redials++
 		w.c.Close()
 		return false, w.redial()
