@@ -199,20 +199,20 @@ func (s *Server) revokeUntilDone(d *device, err error) {
 }
 
 // sweepSharedLocked removes from the shared control nodes the managed
-// entries of users who hold an entry on no device node.
+// entries of users who hold an entry on no device node of the machine:
+// the devices of another broker of the machine (one broker per device,
+// not per machine) count, as their leases need the control nodes too.
 func (s *Server) sweepSharedLocked() {
 	var holding []uint32
-	for _, id := range s.inv.IDs {
-		for _, p := range s.inv.Nodes(id) {
-			uids, err := npu.ACLUsers(p)
-			if err != nil {
-				// Unknown: keep every control node entry rather than take
-				// one from a lease.
-				s.log.Printf("npu %d: %v; control nodes left as they are", id, err)
-				return
-			}
-			holding = append(holding, uids...)
+	for _, p := range s.inv.MachineNodes() {
+		uids, err := npu.ACLUsers(p)
+		if err != nil {
+			// Unknown: keep every control node entry rather than take
+			// one from a lease.
+			s.log.Printf("%s: %v; control nodes left as they are", p, err)
+			return
 		}
+		holding = append(holding, uids...)
 	}
 	for _, p := range s.inv.SharedNodes() {
 		_, err := npu.RemoveUsers(p, func(uid uint32) bool {

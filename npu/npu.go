@@ -290,6 +290,21 @@ func (inv *Inventory) Nodes(id int) []string {
 	return []string{filepath.Join(inv.DevDir, prefix+strconv.Itoa(id))}
 }
 
+// MachineNodes returns the device nodes of every device of the vendor in
+// DevDir, managed here or not: another broker may manage the others, and
+// the control nodes are the whole machine's. None for Fake.
+func (inv *Inventory) MachineNodes() []string {
+	prefix := nodePrefix(inv.Vendor)
+	if prefix == "" {
+		return nil
+	}
+	var paths []string
+	for _, id := range scanNodes(inv.DevDir, prefix) {
+		paths = append(paths, filepath.Join(inv.DevDir, prefix+strconv.Itoa(id)))
+	}
+	return paths
+}
+
 // SharedNodes returns the control nodes that every user of the vendor's
 // devices opens; none for Fake.
 func (inv *Inventory) SharedNodes() []string {

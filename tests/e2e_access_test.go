@@ -340,3 +340,58 @@ exec %q "$@"
 		t.Errorf("the ended lease's entry is still there:\n%s", acl)
 	}
 }
+
+// TestControlNodesTwoBrokers: two brokers that manage two devices of one
+// machine share its control nodes. A restricted account's entry on them,
+// added with its lease from one broker, stays while it holds that lease,
+// whatever the other broker does: its start (which clears the control
+// nodes of users who hold no device) and the end of its own leases look
+// at every device node of the machine, not only its own.
+func TestControlNodesTwoBrokers(t *testing.T) {
+	needRoot(t)
+	needTool(t, "acl", "getfacl", "setfacl")
+	student := newUser(t)
+	dir := filepath.Join(SharedDir(t), "dev")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Each device node a number of its own (each broker claims its device
+	// by number), the control nodes /dev/null's.
+	nodes := map[string]uint64{"davinci0": unix.Mkdev(1, 7), "davinci1": unix.Mkdev(1, 5)}
+	for _, name := range controlNodes {
+		nodes[name] = unix.Mkdev(1, 3)
+	}
+	for name, number := range nodes {
+		p := filepath.Join(dir, name)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o660, int(number)); err != nil {
+			t.Fatalf("mknod %s: %v", p, err)
+		}
+		if err := unix.Chmod(p, 0o660); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dev := devTree{Dir: dir}
+	restrict := "[restrict]\nusers = [\"" + student.Name + "\"]\n"
+	one := StartBroker(t, dev.config("1", restrict))
+	zero := StartBroker(t, dev.config("0", restrict))
+
+	h := leaseAs(t, one, student, "student", "-d", "1")
+	if !canOpen(t, student, dev.node("davinci_manager")) {
+		t.Fatalf("the student holds npu 1 and cannot open davinci_manager: %s", aclText(t, dev.node("davinci_manager")))
+	}
+	// The other broker restarts (its start clears the control nodes), and
+	// a lease of its own device begins and ends.
+	zero.Stop()
+	zero.Start()
+	waitFree(t, zero, 0)
+	for _, name := range controlNodes {
+		if !canOpen(t, student, dev.node(name)) {
+			t.Errorf("the student holds npu 1 of the other broker, and lost %s: %s", name, aclText(t, dev.node(name)))
+		}
+	}
+	h.release()
+	waitFree(t, one, 1)
+	if canOpen(t, student, dev.node("davinci_manager")) {
+		t.Errorf("the student's lease ended, and davinci_manager still opens: %s", aclText(t, dev.node("davinci_manager")))
+	}
+}
