@@ -11,6 +11,18 @@
 #               into npubroker, which runs a npurun-supervise found beside its
 #               own executable first (a build directory), else this one
 #   MANDIR      man pages                               ($(PREFIX)/share/man)
+#   BASHCOMPDIR bash completions: npurun, task-submit, npubroker, where
+#               bash-completion loads them ($(PREFIX)/share/bash-completion/completions)
+#   ZSHCOMPDIR  zsh completions: _npurun, _task-submit, _npubroker
+#                                 (/usr/share/zsh/vendor-completions with
+#                                  PREFIX=/usr; else $(PREFIX)/share/zsh/site-functions,
+#                                  which zsh's fpath has for /usr/local)
+#   FISHCOMPDIR fish completions: npurun.fish, task-submit.fish, npubroker.fish
+#               ($(PREFIX)/share/fish/vendor_completions.d; fish reads
+#               /usr/local's where XDG_DATA_DIRS names /usr/local/share)
+#               The scripts are written by the built programs (npurun
+#               --completion bash, ...) from the tables that parse their
+#               options, into $(BUILDDIR)/completion
 #   SYSCONFDIR  configuration: npurun/npurun.conf       (/etc; $(PREFIX)/etc *)
 #   SYSTEMDDIR  systemd units                           (/lib/systemd/system;
 #                                                        $(PREFIX)/lib/systemd/system *)
@@ -62,6 +74,13 @@ BINDIR     ?= $(PREFIX)/bin
 SBINDIR    ?= $(PREFIX)/sbin
 LIBEXECDIR ?= $(PREFIX)/libexec
 MANDIR     ?= $(PREFIX)/share/man
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ifeq ($(PREFIX),/usr)
+ZSHCOMPDIR ?= $(PREFIX)/share/zsh/vendor-completions
+else
+ZSHCOMPDIR ?= $(PREFIX)/share/zsh/site-functions
+endif
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
 ifneq ($(filter /usr/local /usr,$(PREFIX)),)
 SYSCONFDIR ?= /etc
 SYSTEMDDIR ?= /lib/systemd/system
@@ -86,7 +105,7 @@ MAN1 = $(wildcard man/*.1)
 MAN5 = $(wildcard man/*.5)
 MAN8 = $(wildcard man/*.8)
 
-.PHONY: all build test race demo bench man install uninstall clean units fuzz-pam deb deb-vendor deb-test
+.PHONY: all build test race demo bench man install uninstall clean units completions fuzz-pam deb deb-vendor deb-test
 
 all: build
 
@@ -161,6 +180,29 @@ $(BUILDDIR)/npubroker.service $(BUILDDIR)/npubroker.socket: $(BUILDDIR)/%: broke
 
 FORCE:
 
+# Shell completion scripts, written by each program from the tables that
+# parse its options (internal/completion).
+COMPLETION_PROGS = npurun task-submit npubroker
+COMPLETIONS = $(foreach p,$(COMPLETION_PROGS),$(BUILDDIR)/completion/bash/$(p) $(BUILDDIR)/completion/zsh/_$(p) $(BUILDDIR)/completion/fish/$(p).fish)
+
+completions: $(COMPLETIONS)
+
+$(BUILDDIR)/completion/bash/%: $(BUILDDIR)/%
+	@mkdir -p $(@D)
+	$< --completion bash > $@.tmp && mv $@.tmp $@
+
+$(BUILDDIR)/completion/zsh/_%: $(BUILDDIR)/%
+	@mkdir -p $(@D)
+	$< --completion zsh > $@.tmp && mv $@.tmp $@
+
+$(BUILDDIR)/completion/fish/%.fish: $(BUILDDIR)/%
+	@mkdir -p $(@D)
+	$< --completion fish > $@.tmp && mv $@.tmp $@
+
+# npurun --completion has the task-submit beside it write npurun's script
+# (the script writers stay out of npurun, which starts in front of every job).
+$(BUILDDIR)/completion/bash/npurun $(BUILDDIR)/completion/zsh/_npurun $(BUILDDIR)/completion/fish/npurun.fish: $(BUILDDIR)/task-submit
+
 # The whole suite: unit tests under the race detector, then the end-to-end
 # tests of the built binaries. As root with CI=true, tests that need root
 # (other users, the PAM stack) must run: a skip is a failure there.
@@ -188,8 +230,9 @@ bench: build
 man:
 	@ls man/*.[0-9]
 
-install: build units
+install: build units completions
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR) $(DESTDIR)$(LIBEXECDIR)/npurun $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(SYSTEMDDIR) $(DESTDIR)$(SYSCONFDIR)/npurun $(DESTDIR)$(PAMDIR)
+	install -d $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR)
 	install -m 0755 $(BUILDDIR)/npurun $(DESTDIR)$(BINDIR)/npurun
 	install -m 0755 $(BUILDDIR)/task-submit $(DESTDIR)$(BINDIR)/task-submit
 	install -m 0755 $(BUILDDIR)/npubroker $(DESTDIR)$(SBINDIR)/npubroker
@@ -200,6 +243,11 @@ install: build units
 	install -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
 	install -m 0644 $(BUILDDIR)/npubroker.service $(DESTDIR)$(SYSTEMDDIR)/npubroker.service
 	install -m 0644 $(BUILDDIR)/npubroker.socket $(DESTDIR)$(SYSTEMDDIR)/npubroker.socket
+	for p in $(COMPLETION_PROGS); do \
+		install -m 0644 $(BUILDDIR)/completion/bash/$$p $(DESTDIR)$(BASHCOMPDIR)/$$p && \
+		install -m 0644 $(BUILDDIR)/completion/zsh/_$$p $(DESTDIR)$(ZSHCOMPDIR)/_$$p && \
+		install -m 0644 $(BUILDDIR)/completion/fish/$$p.fish $(DESTDIR)$(FISHCOMPDIR)/$$p.fish || exit 1; \
+	done
 	test -e $(DESTDIR)$(SYSCONFDIR)/npurun/npurun.conf || install -m 0644 broker/dist/npurun.conf $(DESTDIR)$(SYSCONFDIR)/npurun/npurun.conf
 
 # remove_same INSTALLED SOURCE: remove INSTALLED if it is SOURCE, byte for
@@ -221,7 +269,7 @@ pam_users = for d in $(PAM_CONFIG_DIRS); do for f in "$(DESTDIR)$$d/"*; do [ -f 
 	while IFS= read -r f; do awk -v "abs=$(PAMDIR)/pam_npurun.so" -v "bare=$(PAM_BARE)" \
 	'substr($$1, 1, 1) == "\#" || substr($$1, 1, 1) == "-" { next } { for (i = 2; i <= NF; i++) if ($$i == abs || (bare != "" && $$i == bare)) { print FILENAME ":" FNR ": " $$0; next } }' "$$f"; done
 
-uninstall: build units
+uninstall: build units completions
 	@if [ "$(FORCE)" != 1 ]; then \
 		lines=$$($(pam_users)); \
 		if [ -n "$$lines" ]; then \
@@ -242,6 +290,9 @@ uninstall: build units
 	@$(foreach p,$(MAN8),$(call remove_same,$(DESTDIR)$(MANDIR)/man8/$(notdir $(p)),$(p));)
 	@$(call remove_same,$(DESTDIR)$(SYSTEMDDIR)/npubroker.service,$(BUILDDIR)/npubroker.service)
 	@$(call remove_same,$(DESTDIR)$(SYSTEMDDIR)/npubroker.socket,$(BUILDDIR)/npubroker.socket)
+	@$(foreach p,$(COMPLETION_PROGS),$(call remove_same,$(DESTDIR)$(BASHCOMPDIR)/$(p),$(BUILDDIR)/completion/bash/$(p)); \
+		$(call remove_same,$(DESTDIR)$(ZSHCOMPDIR)/_$(p),$(BUILDDIR)/completion/zsh/_$(p)); \
+		$(call remove_same,$(DESTDIR)$(FISHCOMPDIR)/$(p).fish,$(BUILDDIR)/completion/fish/$(p).fish);)
 	@if [ -e '$(DESTDIR)$(SYSCONFDIR)/npurun/npurun.conf' ]; then echo "kept $(DESTDIR)$(SYSCONFDIR)/npurun/npurun.conf: the administrator's, to remove by hand"; fi
 
 clean:

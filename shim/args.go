@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/npurun/npurun/internal/completion"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
@@ -19,7 +20,8 @@ import (
 // long ones take it after "=" or as the next word; the first word that is
 // not an option, or "--", ends the options.
 
-const usage = `Usage:
+// usageHead is what --help prints before the options.
+const usageHead = `Usage:
   npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
   npurun --login [-q] [--socket PATH]
@@ -29,21 +31,34 @@ NPURUN_DEVICES and the vendor's visible-device variable, and become COMMAND.
 The lease lasts until COMMAND and every process it started have exited.
 
 Options:
-  -n, --devices N          number of devices (default 1)
-  -d, --device LIST        exactly these devices: a LIST of physical ids and ranges,
-                           such as 3 or 0-3,8; waits for them alone (may be repeated)
-  -p, --pool POOL          pool to take devices from (default: the policy's default pool)
-      --no-wait            fail at once with status 75 if nothing is free
-      --timeout DURATION   give up after this long (e.g. 10m), with status 75
-      --no-device          run without a lease, with every device hidden
-      --login              become the login shell under the login lease (sshd's
-                           ForceCommand for restricted accounts; see pam_npurun(8))
-  -v, --verbose            report queue progress even when standard error is not a terminal
-  -q, --quiet              report nothing while waiting
-      --socket PATH        broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)
-      --version            print the version and exit
-  -h, --help               print this help and exit
 `
+
+// options are npurun's options: the parser below, the --help text and the
+// completion scripts (npurun --completion SHELL) all read this table. It
+// is laid out by the compiler: nothing of it is computed at start-up.
+var options = []completion.Option{
+	{Short: 'n', Long: "devices", Value: "N", Help: "number of devices (default 1)"},
+	{Short: 'd', Long: "device", Value: "LIST", Many: true, Complete: completion.Devices,
+		Help: "exactly these devices: a LIST of physical ids and ranges,\nsuch as 3 or 0-3,8; waits for them alone (may be repeated)"},
+	{Short: 'p', Long: "pool", Value: "POOL", Complete: completion.Pools, Help: "pool to take devices from (default: the policy's default pool)"},
+	{Long: "no-wait", Help: "fail at once with status 75 if nothing is free"},
+	{Long: "timeout", Value: "DURATION", Help: "give up after this long (e.g. 10m), with status 75"},
+	{Long: "no-device", Help: "run without a lease, with every device hidden"},
+	{Long: "login", Help: "become the login shell under the login lease (sshd's\nForceCommand for restricted accounts; see pam_npurun(8))"},
+	{Short: 'v', Long: "verbose", Help: "report queue progress even when standard error is not a terminal"},
+	{Short: 'q', Long: "quiet", Help: "report nothing while waiting"},
+	{Long: "socket", Value: "PATH", Complete: completion.Files, Help: "broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)"},
+	{Long: "version", Help: "print the version and exit"},
+	{Short: 'h', Long: "help", Help: "print this help and exit"},
+	{Long: "completion", Value: "SHELL", Hidden: true, Words: []string{"bash", "zsh", "fish"},
+		Help: "print the completion script for bash, zsh or fish and exit"},
+}
+
+// helpGap is the blanks between the longest option and its help.
+const helpGap = 3
+
+// usage is what --help prints.
+func usage() string { return usageHead + completion.Help(options, helpGap) }
 
 // errHelp means --help was asked for.
 var errHelp = errors.New("help asked for")
@@ -57,39 +72,25 @@ func badUsage(msg, hint string) error { return &usageError{msg, hint} }
 
 // command is a parsed command line.
 type command struct {
-	o       Options
-	nSet    bool // -n was given (even as 0)
-	version bool
-	argv    []string
+	o          Options
+	nSet       bool // -n was given (even as 0)
+	version    bool
+	completion string // --completion SHELL
+	argv       []string
 }
 
-// option is one of npurun's options: its names, and whether it takes a
-// value.
-type option struct {
-	short byte
-	long  string
-	value bool
-}
-
-var options = []option{
-	{'n', "devices", true}, {'d', "device", true}, {'p', "pool", true},
-	{0, "no-wait", false}, {0, "timeout", true}, {0, "no-device", false}, {0, "login", false},
-	{'v', "verbose", false}, {'q', "quiet", false}, {0, "socket", true}, {0, "version", false},
-	{'h', "help", false},
-}
-
-func findLong(name string) *option {
+func findLong(name string) *completion.Option {
 	for i := range options {
-		if options[i].long == name {
+		if options[i].Long == name {
 			return &options[i]
 		}
 	}
 	return nil
 }
 
-func findShort(c byte) *option {
+func findShort(c byte) *completion.Option {
 	for i := range options {
-		if options[i].short == c && c != 0 {
+		if options[i].Short == c && c != 0 {
 			return &options[i]
 		}
 	}
@@ -116,10 +117,10 @@ func parseArgs(args []string) (*command, error) {
 			if opt == nil {
 				return nil, badUsage("unknown option --"+name, "npurun --help lists the options")
 			}
-			if !opt.value && hasValue {
+			if opt.Value == "" && hasValue {
 				return nil, badUsage("option --"+name+" takes no value", "")
 			}
-			if opt.value && !hasValue {
+			if opt.Value != "" && !hasValue {
 				if i == len(args) {
 					return nil, badUsage("option --"+name+" needs a value", "")
 				}
@@ -138,7 +139,7 @@ func parseArgs(args []string) (*command, error) {
 				return nil, badUsage("unknown option -"+a[j:j+1], "npurun --help lists the options")
 			}
 			value := ""
-			if opt.value {
+			if opt.Value != "" {
 				if j+1 < len(a) {
 					value = a[j+1:]
 				} else if i < len(args) {
@@ -149,7 +150,7 @@ func parseArgs(args []string) (*command, error) {
 				}
 				j = len(a)
 			}
-			if err := cmd.set(opt, "-"+string(opt.short), value); err != nil {
+			if err := cmd.set(opt, "-"+string(opt.Short), value); err != nil {
 				return nil, err
 			}
 		}
@@ -160,9 +161,9 @@ func parseArgs(args []string) (*command, error) {
 }
 
 // set applies one option with its value; name is how it was written.
-func (c *command) set(opt *option, name, value string) error {
+func (c *command) set(opt *completion.Option, name, value string) error {
 	o := &c.o
-	switch opt.long {
+	switch opt.Long {
 	case "devices":
 		n, err := strconv.Atoi(value)
 		if err != nil {
@@ -199,6 +200,11 @@ func (c *command) set(opt *option, name, value string) error {
 		c.version = true
 	case "help":
 		return errHelp
+	case "completion":
+		if !slices.Contains(completion.Shells, value) {
+			return badUsage("--completion takes bash, zsh or fish, not "+strconv.Quote(value), "")
+		}
+		c.completion = value
 	}
 	return nil
 }
@@ -243,13 +249,16 @@ func Main(args []string, version string) int {
 		os.Stdout.WriteString("npurun " + version + "\n")
 		return 0
 	}
+	if err == nil && cmd.completion != "" {
+		return printCompletion(cmd.completion)
+	}
 	if err == nil {
 		err = cmd.check()
 	}
 	var ue *usageError
 	switch {
 	case errors.Is(err, errHelp):
-		os.Stderr.WriteString(usage)
+		os.Stderr.WriteString(usage())
 		return 0
 	case errors.As(err, &ue):
 		warn("%s", ue.msg)

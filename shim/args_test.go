@@ -78,3 +78,52 @@ func TestParseArgsRefuses(t *testing.T) {
 		t.Errorf("-vh: %v, want help", err)
 	}
 }
+
+// TestUsage: --help, its list of options written from the table that
+// parses them, reads as it did when it was written out by hand (the man
+// page's SYNOPSIS follows the usage lines; tests/man_test.go).
+func TestUsage(t *testing.T) {
+	want := `Usage:
+  npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
+  npurun --no-device [--] COMMAND [ARG...]
+  npurun --login [-q] [--socket PATH]
+
+Wait for free accelerator devices, lease them from npubroker, set
+NPURUN_DEVICES and the vendor's visible-device variable, and become COMMAND.
+The lease lasts until COMMAND and every process it started have exited.
+
+Options:
+  -n, --devices N          number of devices (default 1)
+  -d, --device LIST        exactly these devices: a LIST of physical ids and ranges,
+                           such as 3 or 0-3,8; waits for them alone (may be repeated)
+  -p, --pool POOL          pool to take devices from (default: the policy's default pool)
+      --no-wait            fail at once with status 75 if nothing is free
+      --timeout DURATION   give up after this long (e.g. 10m), with status 75
+      --no-device          run without a lease, with every device hidden
+      --login              become the login shell under the login lease (sshd's
+                           ForceCommand for restricted accounts; see pam_npurun(8))
+  -v, --verbose            report queue progress even when standard error is not a terminal
+  -q, --quiet              report nothing while waiting
+      --socket PATH        broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)
+      --version            print the version and exit
+  -h, --help               print this help and exit
+`
+	if got := usage(); got != want {
+		t.Errorf("--help:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestParseCompletion: --completion SHELL asks for a script, of a shell
+// there is one for.
+func TestParseCompletion(t *testing.T) {
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		cmd, err := parseArgs([]string{"--completion", shell})
+		if err != nil || cmd.completion != shell {
+			t.Errorf("--completion %s: %+v, %v", shell, cmd, err)
+		}
+	}
+	var ue *usageError
+	if _, err := parseArgs([]string{"--completion=ksh"}); !errors.As(err, &ue) || !strings.Contains(ue.msg, `--completion takes bash, zsh or fish, not "ksh"`) {
+		t.Errorf("--completion=ksh: %v", err)
+	}
+}

@@ -537,7 +537,8 @@ func debInner(t *testing.T, dir string) {
 	for _, p := range []string{"/usr/bin/npurun", "/usr/bin/task-submit", "/usr/sbin/npubroker", "/usr/libexec/npurun/npurun-supervise",
 		"/lib/systemd/system/npubroker.service", "/lib/systemd/system/npubroker.socket", "/etc/npurun/npurun.conf",
 		"/usr/share/pam-configs/npurun", "/usr/share/man/man8/pam_npurun.8.gz", "/usr/share/man/man1/npurun.1.gz",
-		"/etc/systemd/system/sockets.target.wants/npubroker.socket", "/etc/systemd/system/multi-user.target.wants/npubroker.service"} {
+		"/etc/systemd/system/sockets.target.wants/npubroker.socket", "/etc/systemd/system/multi-user.target.wants/npubroker.service",
+		"/usr/share/bash-completion/completions/task-submit", "/usr/share/zsh/vendor-completions/_npurun", "/usr/share/fish/vendor_completions.d/npubroker.fish"} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("after the install: %v", err)
 		}
@@ -582,6 +583,11 @@ func debInner(t *testing.T, dir string) {
 	}
 	if code, out := exitCode(t, debAs(staff, "/usr/sbin/npubroker", "status", "--json")); code != 0 || !json.Valid([]byte(out)) {
 		t.Fatalf("npubroker status --json as %s: exit %d: %s", staff.Name, code, out)
+	}
+	// The package's bash completion offers the installed broker's pools.
+	complete := `source /usr/share/bash-completion/completions/npurun && COMP_WORDS=(npurun -p "") COMP_CWORD=2 && _npurun && printf '%s\n' "${COMPREPLY[@]}"`
+	if code, out := exitCode(t, debAs(staff, "/bin/bash", "-c", complete)); code != 0 || out != "interactive\nqueue\n" {
+		t.Errorf("bash completing npurun -p as %s with the package's script: exit %d: %q, want the pools interactive and queue", staff.Name, code, out)
 	}
 	excl := `set -C; : > "$1/npu$NPURUN_DEVICES" || { echo "DOUBLE GRANT of npu $NPURUN_DEVICES"; exit 3; }; `
 	holder := startProc(t, "lease holder", debAs(staff, "/usr/bin/npurun", "-d", "1", "--", "sh", "-c", excl+`echo held; read x; rm -f "$1/npu$NPURUN_DEVICES"`, "sh", markers))

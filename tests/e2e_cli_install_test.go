@@ -22,6 +22,8 @@ var liveInstallPaths = []string{
 	"/usr/local/bin/npurun", "/usr/local/bin/task-submit", "/usr/local/sbin/npubroker",
 	"/usr/local/libexec/npurun", "/usr/local/libexec/npurun/npurun-supervise",
 	"/usr/local/share/man/man1/npurun.1", "/lib/security",
+	"/usr/local/share/bash-completion/completions/npurun", "/usr/local/share/zsh/site-functions/_npurun",
+	"/usr/local/share/fish/vendor_completions.d/npurun.fish",
 }
 
 // fileState is what a path is before and after: absent, or its mtime.
@@ -131,6 +133,16 @@ func TestMakeInstallPrefix(t *testing.T) {
 			t.Errorf("make install did not install %s: %v", p, err)
 		}
 	}
+	// The completion scripts, as the installed programs write them.
+	for _, c := range completionFiles("share/zsh/site-functions") {
+		want, err := exec.Command(filepath.Join(b.Dir, c.prog), "--completion", c.shell).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := os.ReadFile(filepath.Join(prefix, c.path)); err != nil || string(got) != string(want) {
+			t.Errorf("make install: %s is not %s --completion %s (%v)", c.path, c.prog, c.shell, err)
+		}
+	}
 	unit := mustRead(t, filepath.Join(prefix, "lib/systemd/system/npubroker.service"))
 	if want := "ExecStart=" + prefix + "/sbin/npubroker serve --config " + prefix + "/etc/npurun/npurun.conf\n"; !strings.Contains(unit, want) {
 		t.Errorf("installed unit lacks %q:\n%s", want, unit)
@@ -160,8 +172,12 @@ func TestMakeInstallPrefix(t *testing.T) {
 		t.Fatalf("make uninstall: %v\n%s", err, out)
 	}
 	checkLive("make uninstall")
-	for _, p := range []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "libexec/npurun/npurun-supervise", "libexec/npurun",
-		"share/man/man1/npurun.1", "lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket"} {
+	gone := []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "libexec/npurun/npurun-supervise", "libexec/npurun",
+		"share/man/man1/npurun.1", "lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket"}
+	for _, c := range completionFiles("share/zsh/site-functions") {
+		gone = append(gone, c.path)
+	}
+	for _, p := range gone {
 		if _, err := os.Lstat(filepath.Join(prefix, p)); err == nil {
 			t.Errorf("make uninstall left %s; output:\n%s", p, out)
 		}
@@ -209,7 +225,12 @@ func TestMakeInstallStaged(t *testing.T) {
 			if want := "ExecStart=" + tc.prefix + "/sbin/npubroker serve --config " + tc.conf + "/npurun/npurun.conf\n"; !strings.Contains(unit, want) {
 				t.Errorf("staged unit lacks %q:\n%s", want, unit)
 			}
-			for _, p := range []string{tc.prefix + "/bin/npurun", tc.prefix + "/sbin/npubroker", tc.conf + "/npurun/npurun.conf", tc.unit + "/npubroker.socket"} {
+			zsh := tc.prefix + "/share/zsh/site-functions/_npurun"
+			if tc.prefix == "/usr" {
+				zsh = "/usr/share/zsh/vendor-completions/_npurun"
+			}
+			for _, p := range []string{tc.prefix + "/bin/npurun", tc.prefix + "/sbin/npubroker", tc.conf + "/npurun/npurun.conf", tc.unit + "/npubroker.socket",
+				tc.prefix + "/share/bash-completion/completions/task-submit", zsh, tc.prefix + "/share/fish/vendor_completions.d/npubroker.fish"} {
 				if _, err := os.Stat(filepath.Join(dest, p)); err != nil {
 					t.Errorf("%s not staged: %v", p, err)
 				}
@@ -356,6 +377,23 @@ func TestMakeUninstallPAMConfigured(t *testing.T) {
 	if _, err := os.Stat(module); err == nil {
 		t.Errorf("make uninstall left %s", module)
 	}
+}
+
+// completionFile is a completion script make install installs: where,
+// under the prefix, and what writes it.
+type completionFile struct{ path, prog, shell string }
+
+// completionFiles are the scripts make install installs, the zsh ones in
+// zshDir.
+func completionFiles(zshDir string) []completionFile {
+	var cs []completionFile
+	for _, prog := range []string{"npurun", "task-submit", "npubroker"} {
+		cs = append(cs,
+			completionFile{"share/bash-completion/completions/" + prog, prog, "bash"},
+			completionFile{zshDir + "/_" + prog, prog, "zsh"},
+			completionFile{"share/fish/vendor_completions.d/" + prog + ".fish", prog, "fish"})
+	}
+	return cs
 }
 
 func copyFile(t *testing.T, from, to string, mode os.FileMode) {

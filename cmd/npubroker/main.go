@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"os/user"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -42,6 +43,9 @@ func main() {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
+	if shell, ok := strings.CutPrefix(os.Args[1], "--completion="); ok {
+		os.Exit(printCompletion([]string{shell}))
+	}
 	switch os.Args[1] {
 	case "serve":
 		os.Exit(serve(os.Args[2:]))
@@ -53,6 +57,8 @@ func main() {
 		os.Exit(report.Usage(os.Args[2:], report.OSEnv()))
 	case "--version", "version":
 		fmt.Println("npubroker", version)
+	case "--completion":
+		os.Exit(printCompletion(os.Args[2:]))
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
@@ -140,18 +146,32 @@ func accountExists(kind, name string) bool {
 	return err == nil
 }
 
-func serve(args []string) int {
+// serveOptions are serve's options, as serveFlags parses them.
+type serveOptions struct {
+	config, runDir, socket, stateDir, cgroup, logTo *string
+}
+
+// serveFlags are serve's options: the parser and the completion scripts
+// read them.
+func serveFlags() (*pflag.FlagSet, *serveOptions) {
 	fs := pflag.NewFlagSet("npubroker serve", pflag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprint(os.Stderr, usage, "\nOptions of serve:\n")
 		fs.PrintDefaults()
 	}
-	config := fs.String("config", broker.DefaultConfig, "configuration file")
-	runDir := fs.String("run-dir", broker.DefaultRunDir, "directory of the lock files (RUN-DIR/locks) and, by default, the socket")
-	socket := fs.String("socket", "", "socket to listen on (default RUN-DIR/broker.sock)")
-	stateDir := fs.String("state-dir", "", "task spool (default the config's [tasks] state_dir, /var/spool/npurun; RUN-DIR/spool when not root)")
-	cgroup := fs.String("cgroup", "", "where tasks' control groups go: a cgroup v2 directory, auto or off (default the config's [tasks] cgroup, auto)")
-	logTo := fs.String("log", broker.LogAuto, "where the log goes: stderr, syslog (/dev/log), or auto: standard error, unless it goes nowhere (closed, /dev/null), then the system log")
+	return fs, &serveOptions{
+		config:   fs.String("config", broker.DefaultConfig, "configuration file"),
+		runDir:   fs.String("run-dir", broker.DefaultRunDir, "directory of the lock files (RUN-DIR/locks) and, by default, the socket"),
+		socket:   fs.String("socket", "", "socket to listen on (default RUN-DIR/broker.sock)"),
+		stateDir: fs.String("state-dir", "", "task spool (default the config's [tasks] state_dir, /var/spool/npurun; RUN-DIR/spool when not root)"),
+		cgroup:   fs.String("cgroup", "", "where tasks' control groups go: a cgroup v2 directory, auto or off (default the config's [tasks] cgroup, auto)"),
+		logTo:    fs.String("log", broker.LogAuto, "where the log goes: stderr, syslog (/dev/log), or auto: standard error, unless it goes nowhere (closed, /dev/null), then the system log"),
+	}
+}
+
+func serve(args []string) int {
+	fs, so := serveFlags()
+	config, runDir, socket, stateDir, cgroup, logTo := so.config, so.runDir, so.socket, so.stateDir, so.cgroup, so.logTo
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/npurun/npurun/internal/completion"
 	"github.com/npurun/npurun/internal/quantity"
 )
 
@@ -24,13 +25,18 @@ import (
 // their options anywhere.
 
 // flagDef is one option: its names, the name of its value ("" for a
-// switch), its help, and what sets it.
+// switch), its help, and what sets it; and for the completion scripts,
+// what completes its value and whether it may be given again.
 type flagDef struct {
-	short byte
-	long  string
-	value string
-	help  string
-	set   func(v string) error
+	short    byte
+	long     string
+	value    string
+	help     string
+	set      func(v string) error
+	complete completion.Kind
+	words    []string
+	many     bool
+	hidden   bool
 }
 
 // flagSet is one form's options, and what a parse found.
@@ -50,8 +56,8 @@ func newFlags(name string, interspersed bool) *flagSet {
 }
 
 // switchVar adds a switch (a flag without a value).
-func (fs *flagSet) switchVar(p *bool, short byte, long, help string) {
-	fs.defs = append(fs.defs, &flagDef{short: short, long: long, help: help, set: func(v string) error {
+func (fs *flagSet) switchVar(p *bool, short byte, long, help string) *flagDef {
+	return fs.add(&flagDef{short: short, long: long, help: help, set: func(v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
 			return err
@@ -62,8 +68,8 @@ func (fs *flagSet) switchVar(p *bool, short byte, long, help string) {
 }
 
 // stringVar adds an option whose value is a string.
-func (fs *flagSet) stringVar(p *string, short byte, long, value, help string) {
-	fs.defs = append(fs.defs, &flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
+func (fs *flagSet) stringVar(p *string, short byte, long, value, help string) *flagDef {
+	return fs.add(&flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
 		*p = v
 		return nil
 	}})
@@ -71,8 +77,8 @@ func (fs *flagSet) stringVar(p *string, short byte, long, value, help string) {
 
 // listVar adds an option that may be given again, each value appended;
 // split, when set, cuts each value at commas first.
-func (fs *flagSet) listVar(p *[]string, short byte, long, value, help string, split bool) {
-	fs.defs = append(fs.defs, &flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
+func (fs *flagSet) listVar(p *[]string, short byte, long, value, help string, split bool) *flagDef {
+	return fs.add(&flagDef{short: short, long: long, value: value, help: help, many: true, set: func(v string) error {
 		if split {
 			*p = append(*p, strings.Split(v, ",")...)
 		} else {
@@ -85,8 +91,8 @@ func (fs *flagSet) listVar(p *[]string, short byte, long, value, help string, sp
 // countVar adds an option whose value is a decimal count of what, such
 // as "device count" (-n 010 is ten, as a person means it, not eight); an
 // example of the option goes in the hint of a bad one.
-func (fs *flagSet) countVar(p *int, short byte, long, value, help, what, example string) {
-	fs.defs = append(fs.defs, &flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
+func (fs *flagSet) countVar(p *int, short byte, long, value, help, what, example string) *flagDef {
+	return fs.add(&flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
 		n, err := strconv.ParseInt(v, 10, strconv.IntSize)
 		if err != nil {
 			return &usageError{msg: fmt.Sprintf("bad %s %q for %s", what, v, fs.as), hint: example}
@@ -98,8 +104,8 @@ func (fs *flagSet) countVar(p *int, short byte, long, value, help, what, example
 
 // durationVar adds an option whose value is a duration (6h, 90m, 1d), as
 // quantity.ParseDuration reads it, of at most max.
-func (fs *flagSet) durationVar(p *time.Duration, short byte, long, value, help string, max time.Duration) {
-	fs.defs = append(fs.defs, &flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
+func (fs *flagSet) durationVar(p *time.Duration, short byte, long, value, help string, max time.Duration) *flagDef {
+	return fs.add(&flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
 		d, err := quantity.ParseDuration(v)
 		if de := (*quantity.DurationError)(nil); errors.As(err, &de) {
 			return &usageError{msg: de.For(fs.as), hint: fs.as + " takes " + quantity.DurationHelp}
@@ -110,6 +116,19 @@ func (fs *flagSet) durationVar(p *time.Duration, short byte, long, value, help s
 		*p = d
 		return nil
 	}})
+}
+
+// add adds d to fs and returns it.
+func (fs *flagSet) add(d *flagDef) *flagDef {
+	fs.defs = append(fs.defs, d)
+	return d
+}
+
+// completes sets what completes d's value in the completion scripts, and
+// words offered besides; it returns d.
+func (d *flagDef) completes(k completion.Kind, words ...string) *flagDef {
+	d.complete, d.words = k, words
+	return d
 }
 
 func (fs *flagSet) long(name string) *flagDef {
@@ -233,21 +252,16 @@ func (fs *flagSet) given() []string {
 // printUsage writes usage, then the options of fs, aligned.
 func (fs *flagSet) printUsage(w io.Writer) {
 	fmt.Fprint(w, usage)
-	defs := append(slices.Clone(fs.defs), &flagDef{short: 'h', long: "help", help: "print this help and exit"})
-	col := 0
-	heads := make([]string, len(defs))
-	for i, d := range defs {
-		h := "      --" + d.long
-		if d.short != 0 {
-			h = "  -" + string(d.short) + ", --" + d.long
-		}
-		if d.value != "" {
-			h += " " + d.value
-		}
-		heads[i] = h
-		col = max(col, len(h))
+	fmt.Fprint(w, completion.Help(fs.options(), 2))
+}
+
+// options are fs's options as --help and the completion scripts read
+// them, -h and --help last.
+func (fs *flagSet) options() []completion.Option {
+	var opts []completion.Option
+	for _, d := range fs.defs {
+		opts = append(opts, completion.Option{Short: d.short, Long: d.long, Value: d.value, Help: d.help,
+			Many: d.many, Hidden: d.hidden, Complete: d.complete, Words: d.words})
 	}
-	for i, d := range defs {
-		fmt.Fprintf(w, "%-*s  %s\n", col, heads[i], d.help)
-	}
+	return append(opts, completion.Option{Short: 'h', Long: "help", Help: "print this help and exit"})
 }

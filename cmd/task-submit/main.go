@@ -14,6 +14,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
+	"github.com/npurun/npurun/internal/completion"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/shim"
@@ -36,13 +37,31 @@ output to a log file. Every form also takes --socket PATH.
 Options:
 `
 
-// Commands other than submitting, with whether they take --json.
-var commands = map[string]bool{
-	"list":   true,
-	"show":   true,
-	"logs":   false,
-	"wait":   false,
-	"cancel": false,
+// subcommand is a command other than submitting.
+type subcommand struct {
+	name string
+	json bool            // takes --json
+	id   completion.Kind // what completes its task id; None: it takes none
+	help string          // what it does, for the completion scripts
+}
+
+// commands are the commands other than submitting.
+var commands = []subcommand{
+	{"list", true, completion.None, "list your tasks (--all: everyone's)"},
+	{"show", true, completion.Tasks, "show a task"},
+	{"logs", false, completion.Tasks, "print a task's log (-f: follow it)"},
+	{"wait", false, completion.Tasks, "wait for a task to end and exit with its status"},
+	{"cancel", false, completion.LiveTasks, "cancel a task"},
+}
+
+// lookupCommand is the command named name, or nil.
+func lookupCommand(name string) *subcommand {
+	for i := range commands {
+		if commands[i].name == name {
+			return &commands[i]
+		}
+	}
+	return nil
 }
 
 // options is one invocation, parsed.
@@ -55,6 +74,9 @@ type options struct {
 	id      uint64 // show, logs, wait, cancel
 	sub     client.Submission
 	version bool
+	// completion is the shell whose completion script was asked for
+	// (--completion SHELL).
+	completion string
 }
 
 // usageError is a bad command line: exit status 2.
@@ -70,6 +92,12 @@ func usagef(format string, args ...any) error {
 var errHelp = errors.New("help requested")
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "__complete" {
+		os.Exit(completeValues(os.Args[2:], os.Stdout))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "__script" {
+		os.Exit(printScript(os.Args[2:], os.Stdout))
+	}
 	o, err := parse(os.Args[1:], os.Stderr)
 	var ue *usageError
 	switch {
@@ -87,6 +115,8 @@ func main() {
 	case o.version:
 		fmt.Println("task-submit", version)
 		return
+	case o.completion != "":
+		os.Exit(printCompletion(os.Stdout, o.completion))
 	}
 	os.Exit(run(o))
 }
@@ -98,42 +128,70 @@ const maxTime = client.MaxTimeSec * time.Second
 
 const socketHelp = "broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)"
 
+// submitArgs are the options of submitting that parse checks once all
+// are read, rather than as each is set.
+type submitArgs struct {
+	limit   time.Duration
+	after   []string
+	run     string
+	devices []string
+}
+
+// submitFlags are the options of submitting, set in o and a.
+func submitFlags(o *options, a *submitArgs) *flagSet {
+	fs := newFlags("task-submit", false)
+	fs.countVar(&o.sub.N, 'n', "devices", "N", "number of devices (default 1)", "device count", "-n takes a number of devices, such as -n 2")
+	fs.listVar(&a.devices, 'd', "device", "LIST", "exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)", false).completes(completion.Devices)
+	fs.switchVar(&o.sub.NoDevice, 0, "no-device", "take no device; run when a CPU slot is free")
+	fs.stringVar(&o.sub.Pool, 'p', "pool", "POOL", "pool to take devices from (default: the policy's default pool)").completes(completion.Pools)
+	fs.durationVar(&a.limit, 0, "time", "DURATION", "time limit, e.g. 6h, 90m or 1d, after which the task is killed (default: the policy's)", maxTime)
+	fs.stringVar(&o.sub.Name, 0, "name", "NAME", "name to list the task by instead of its command")
+	fs.listVar(&a.after, 0, "after", "ID[,ID...]", "start only once these tasks have succeeded", true).completes(completion.Tasks)
+	fs.stringVar(&o.sub.Log, 0, "log", "FILE", "log file (default ~/.local/state/npurun/tasks/ID-TAG.log, TAG naming the broker's journal)").completes(completion.Files)
+	fs.stringVar(&a.run, 0, "run", "STRING", "command line run by your shell, instead of -- COMMAND [ARG...]")
+	fs.stringVar(&o.sub.Token, 0, "token", "TOKEN", "name this submission (default: a random one): submitted again with the same TOKEN, it makes no second task")
+	fs.switchVar(&o.json, 0, "json", "print the task's id, position and pool as JSON")
+	fs.stringVar(&o.socket, 0, "socket", "PATH", socketHelp).completes(completion.Files)
+	fs.switchVar(&o.version, 0, "version", "print the version and exit")
+	completionFlag(fs, &o.completion)
+	return fs
+}
+
+// commandFlags are the options of cmd, a command other than submitting,
+// set in o.
+func commandFlags(o *options, cmd string) *flagSet {
+	fs := newFlags("task-submit "+cmd, true)
+	switch cmd {
+	case "list":
+		fs.switchVar(&o.all, 0, "all", "everyone's tasks (others' commands are shown to root only)")
+		fs.switchVar(&o.json, 0, "json", "print the tasks as a JSON array")
+	case "show":
+		fs.switchVar(&o.json, 0, "json", "print the task as JSON")
+	case "logs":
+		fs.switchVar(&o.follow, 'f', "follow", "follow the log until the task ends")
+	}
+	fs.stringVar(&o.socket, 0, "socket", "PATH", socketHelp).completes(completion.Files)
+	return fs
+}
+
 // parse reads the command line; usage goes to stderr when asked for.
 func parse(args []string, stderr io.Writer) (*options, error) {
 	o := &options{cmd: "submit"}
-	var (
-		limit time.Duration
-		after []string
-		run   string
-	)
-	fs := newFlags("task-submit", false)
-	fs.countVar(&o.sub.N, 'n', "devices", "N", "number of devices (default 1)", "device count", "-n takes a number of devices, such as -n 2")
-	var devices []string
-	fs.listVar(&devices, 'd', "device", "LIST", "exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)", false)
-	fs.switchVar(&o.sub.NoDevice, 0, "no-device", "take no device; run when a CPU slot is free")
-	fs.stringVar(&o.sub.Pool, 'p', "pool", "POOL", "pool to take devices from (default: the policy's default pool)")
-	fs.durationVar(&limit, 0, "time", "DURATION", "time limit, e.g. 6h, 90m or 1d, after which the task is killed (default: the policy's)", maxTime)
-	fs.stringVar(&o.sub.Name, 0, "name", "NAME", "name to list the task by instead of its command")
-	fs.listVar(&after, 0, "after", "ID[,ID...]", "start only once these tasks have succeeded", true)
-	fs.stringVar(&o.sub.Log, 0, "log", "FILE", "log file (default ~/.local/state/npurun/tasks/ID-TAG.log, TAG naming the broker's journal)")
-	fs.stringVar(&run, 0, "run", "STRING", "command line run by your shell, instead of -- COMMAND [ARG...]")
-	fs.stringVar(&o.sub.Token, 0, "token", "TOKEN", "name this submission (default: a random one): submitted again with the same TOKEN, it makes no second task")
-	fs.switchVar(&o.json, 0, "json", "print the task's id, position and pool as JSON")
-	fs.stringVar(&o.socket, 0, "socket", "PATH", socketHelp)
-	fs.switchVar(&o.version, 0, "version", "print the version and exit")
+	var a submitArgs
+	fs := submitFlags(o, &a)
 	if err := fs.parse(args); err != nil {
 		return nil, helpOr(fs, stderr, err)
 	}
-	if o.version {
+	if o.version || o.completion != "" {
 		return o, nil
 	}
 	rest := fs.args
 	if len(rest) > 0 && fs.dashAt < 0 {
-		_, ok := commands[rest[0]]
+		ok := lookupCommand(rest[0]) != nil
 		if !ok && fs.changed["run"] {
 			return nil, &usageError{
 				msg:  fmt.Sprintf("--run takes one string, and %q follows it", rest[0]),
-				hint: fmt.Sprintf("quote the whole command line: --run %q", strings.Join(append([]string{run}, rest...), " ")),
+				hint: fmt.Sprintf("quote the whole command line: --run %q", strings.Join(append([]string{a.run}, rest...), " ")),
 			}
 		}
 		if !ok {
@@ -151,7 +209,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	}
 
 	s := &o.sub
-	for _, d := range devices {
+	for _, d := range a.devices {
 		ids, err := npu.ParseIDs(d)
 		if err != nil {
 			return nil, &usageError{msg: fmt.Sprintf("bad device list %q: %v", d, err), hint: "-d takes physical ids and ranges, such as -d 3 or -d 0-3,8"}
@@ -164,7 +222,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("--run and a command after -- exclude each other")
 	case !fs.changed["run"] && len(rest) == 0:
 		return nil, &usageError{msg: "no command given", hint: `task-submit --run "python train.py", or task-submit -- python train.py`}
-	case fs.changed["run"] && strings.TrimSpace(run) == "":
+	case fs.changed["run"] && strings.TrimSpace(a.run) == "":
 		return nil, usagef("--run takes a command line")
 	case s.NoDevice && (fs.changed["devices"] || len(s.Devices) > 0 || s.Pool != ""):
 		return nil, usagef("--no-device takes no device, count or pool")
@@ -178,7 +236,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("-n %d does not match the %s named", s.N, quantity.Count(len(s.Devices), "device", "devices"))
 	case fs.changed["pool"] && s.Pool == "":
 		return nil, usagef("--pool takes a pool name")
-	case fs.changed["time"] && limit <= 0:
+	case fs.changed["time"] && a.limit <= 0:
 		return nil, usagef("--time takes a positive duration, such as 6h, 90m or 1d")
 	case fs.changed["log"] && s.Log == "":
 		return nil, usagef("--log takes a file name")
@@ -187,16 +245,16 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	case fs.changed["token"] && (s.Token == "" || len(s.Token) > client.MaxToken || strings.IndexFunc(s.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0):
 		return nil, usagef("--token takes 1 to %d characters of printable ASCII, no space", client.MaxToken)
 	}
-	for _, a := range after {
-		id, err := parseID(a)
+	for _, v := range a.after {
+		id, err := parseID(v)
 		if err != nil {
 			return nil, usagef("--after: %v", err)
 		}
 		s.After = append(s.After, id)
 	}
-	s.TimeSec = int64((limit + time.Second - 1) / time.Second)
+	s.TimeSec = int64((a.limit + time.Second - 1) / time.Second)
 	if fs.changed["run"] {
-		s.Shell = run
+		s.Shell = a.run
 	} else {
 		s.Argv = rest
 	}
@@ -206,18 +264,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 // parseCommand reads the flags and the id of a command other than submit.
 func parseCommand(o *options, cmd string, args []string, stderr io.Writer) (*options, error) {
 	o.cmd = cmd
-	fs := newFlags("task-submit "+cmd, true)
-	switch cmd {
-	case "list":
-		fs.switchVar(&o.all, 0, "all", "everyone's tasks (others' commands are shown to root only)")
-		fs.switchVar(&o.json, 0, "json", "print the tasks as a JSON array")
-	case "show":
-		fs.switchVar(&o.json, 0, "json", "print the task as JSON")
-	case "logs":
-		fs.switchVar(&o.follow, 'f', "follow", "follow the log until the task ends")
-	}
-	fs.stringVar(&o.socket, 0, "socket", "PATH", socketHelp)
-	if o.json && !commands[cmd] {
+	fs := commandFlags(o, cmd)
+	if o.json && !lookupCommand(cmd).json {
 		return nil, usagef("%s takes no --json", cmd)
 	}
 	if err := fs.parse(args); err != nil {

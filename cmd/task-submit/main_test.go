@@ -260,3 +260,59 @@ func TestManSynopsis(t *testing.T) {
 		t.Errorf("man page synopsis:\n%s\nwant (from --help):\n%s", strings.Join(got, "\n"), strings.Join(synopsis, "\n"))
 	}
 }
+
+// TestHelpOptions: --help lists the options of the table that parses them
+// (completion.Help writes it, as it does npurun's), aligned as it was,
+// without the hidden --completion.
+func TestHelpOptions(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--help"}, `Options:
+  -n, --devices N         number of devices (default 1)
+  -d, --device LIST       exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)
+      --no-device         take no device; run when a CPU slot is free
+  -p, --pool POOL         pool to take devices from (default: the policy's default pool)
+      --time DURATION     time limit, e.g. 6h, 90m or 1d, after which the task is killed (default: the policy's)
+      --name NAME         name to list the task by instead of its command
+      --after ID[,ID...]  start only once these tasks have succeeded
+      --log FILE          log file (default ~/.local/state/npurun/tasks/ID-TAG.log, TAG naming the broker's journal)
+      --run STRING        command line run by your shell, instead of -- COMMAND [ARG...]
+      --token TOKEN       name this submission (default: a random one): submitted again with the same TOKEN, it makes no second task
+      --json              print the task's id, position and pool as JSON
+      --socket PATH       broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)
+      --version           print the version and exit
+  -h, --help              print this help and exit
+`},
+		{[]string{"list", "--help"}, `Options:
+      --all          everyone's tasks (others' commands are shown to root only)
+      --json         print the tasks as a JSON array
+      --socket PATH  broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)
+  -h, --help         print this help and exit
+`},
+	} {
+		var b strings.Builder
+		if _, err := parse(tt.args, &b); !errors.Is(err, errHelp) {
+			t.Fatalf("parse(%q) = %v, want errHelp", tt.args, err)
+		}
+		if _, got, _ := strings.Cut(b.String(), "\nOptions:\n"); "Options:\n"+got != tt.want {
+			t.Errorf("%q printed:\n%s\nwant:\n%s", tt.args, "Options:\n"+got, tt.want)
+		}
+	}
+}
+
+// TestParseCompletion: --completion SHELL asks for a script, of a shell
+// there is one for, and needs no command.
+func TestParseCompletion(t *testing.T) {
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		o, err := parse([]string{"--completion", shell}, io.Discard)
+		if err != nil || o.completion != shell {
+			t.Errorf("--completion %s: %+v, %v", shell, o, err)
+		}
+	}
+	var ue *usageError
+	if _, err := parse([]string{"--completion=ksh"}, io.Discard); !errors.As(err, &ue) || ue.msg != `--completion takes bash, zsh or fish, not "ksh"` {
+		t.Errorf("--completion=ksh: %v", err)
+	}
+}
