@@ -19,6 +19,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
@@ -81,7 +82,7 @@ type Server struct {
 	devs          []*device     // indexed by physical id; nil where not managed
 	nfree         int
 	held          map[uint32]int // devices held per uid, from this broker's grants
-	q             *Queue         // waiters for devices: leases and tasks
+	q             *lease.Queue   // waiters for devices: leases and tasks
 	conns         int
 	fdKeep        int         // descriptors kept from connections (fdlimit.go), set once by New
 	nofile        nofileCache // RLIMIT_NOFILE, as last read
@@ -99,7 +100,7 @@ type Server struct {
 	taskErr   error
 	jobs      map[uint64]*task
 	running   map[uint32]int // tasks starting or running per uid: the table's own count
-	cpuq      *Queue         // --no-device tasks waiting for a CPU slot
+	cpuq      *lease.Queue   // --no-device tasks waiting for a CPU slot
 	cpuFree   []bool
 	loading   bool           // taking up the journal's tasks
 	warm      int            // supervisors started for tasks still waiting
@@ -133,7 +134,7 @@ func New(o Options) (*Server, error) {
 		pools:        map[string][]int{},
 		poolOf:       map[int]string{},
 		held:         map[uint32]int{},
-		q:            NewQueue(),
+		q:            lease.NewQueue(),
 		userConns:    map[uint32]int{},
 		connsOf:      map[uint32]map[*conn]struct{}{},
 		unread:       map[uint32]int{},
@@ -141,7 +142,7 @@ func New(o Options) (*Server, error) {
 		jobs:         map[uint64]*task{},
 		running:      map[uint32]int{},
 		boot:         bootID(),
-		cpuq:         NewQueue(),
+		cpuq:         lease.NewQueue(),
 		cpuFree:      make([]bool, o.Config.Tasks.CPUSlots),
 	}
 	for i := range s.cpuFree {

@@ -32,7 +32,7 @@ func (s *Server) refreshHolders() {
 	s.led.refreshMu.Lock()
 	defer s.led.refreshMu.Unlock()
 	type look struct {
-		l       *lease
+		l       *ledgerEntry
 		roots   []int
 		targets procscan.Targets
 		uids    map[uint32]bool // of the last look's holders, which may be kept
@@ -130,7 +130,7 @@ func (s *Server) refreshHolders() {
 // setHoldersLocked sets what /proc shows holding l's devices, logs where
 // that disagrees with the broker's record, and tells whether the holders
 // changed.
-func (s *Server) setHoldersLocked(l *lease, found map[int][]*procscan.Proc, at time.Time, names map[uint32]string) bool {
+func (s *Server) setHoldersLocked(l *ledgerEntry, found map[int][]*procscan.Proc, at time.Time, names map[uint32]string) bool {
 	changed := len(found) != len(l.holders)
 	for id, hs := range found {
 		slices.SortFunc(hs, func(a, b *procscan.Proc) int { return a.PID - b.PID })
@@ -177,7 +177,7 @@ func (s *Server) setHoldersLocked(l *lease, found map[int][]*procscan.Proc, at t
 	return changed
 }
 
-func heldIDs(l *lease) []int {
+func heldIDs(l *ledgerEntry) []int {
 	var ids []int
 	for _, id := range l.devices {
 		if l.held[id] {
@@ -205,7 +205,7 @@ const maxHolders = 16
 // holdersInfo is what the board shows of device id's holders in l: the
 // root holders (whose parent holds nothing) first, then the others, in
 // pid order; commands left out where show says so.
-func (s *Server) holdersInfo(l *lease, id int, show func(uid uint32) bool) ([]client.Holder, int) {
+func (s *Server) holdersInfo(l *ledgerEntry, id int, show func(uid uint32) bool) ([]client.Holder, int) {
 	hs := l.holders[id]
 	isHolder := make(map[int]bool, len(hs))
 	for _, h := range hs {

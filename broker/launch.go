@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
@@ -103,7 +104,7 @@ func (s *Server) warmLocked() {
 	if s.warm >= maxWarm || s.life == nil || !s.life.AnyWaiting() || s.paused != nil || s.idle.closed {
 		return
 	}
-	for _, q := range []*Queue{s.q, s.cpuq} {
+	for _, q := range []*lease.Queue{s.q, s.cpuq} {
 		for t := range firstTasks(q) {
 			if t.sup != nil {
 				continue
@@ -122,7 +123,7 @@ func (s *Server) warmLocked() {
 // firstTasks yields the first task waiting unheld in each of q's pools, in
 // line order. It stops once every pool with a task in q has yielded one,
 // so the waiters after those are never looked at.
-func firstTasks(q *Queue) iter.Seq[*task] {
+func firstTasks(q *lease.Queue) iter.Seq[*task] {
 	return func(yield func(*task) bool) {
 		want := q.TaskPools()
 		if want == 0 {
@@ -131,11 +132,11 @@ func firstTasks(q *Queue) iter.Seq[*task] {
 		var few [8]string
 		seen := few[:0] // one a pool
 		for _, w := range q.Waiters() {
-			if w.task == nil || w.Held || slices.Contains(seen, w.Pool) {
+			if taskOf(w) == nil || w.Held || slices.Contains(seen, w.Pool) {
 				continue
 			}
 			seen = append(seen, w.Pool)
-			if !yield(w.task) || len(seen) == want {
+			if !yield(taskOf(w)) || len(seen) == want {
 				return
 			}
 		}
@@ -677,10 +678,10 @@ func (s *Server) retryStarts() {
 // holdTasksLocked holds (or releases) every task waiting in line. A task
 // being cancelled stays held.
 func (s *Server) holdTasksLocked(hold bool) {
-	for _, q := range []*Queue{s.q, s.cpuq} {
+	for _, q := range []*lease.Queue{s.q, s.cpuq} {
 		for _, w := range q.Waiters() {
-			if w.task != nil {
-				w.Held = hold || w.task.Busy()
+			if taskOf(w) != nil {
+				w.Held = hold || taskOf(w).Busy()
 			}
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
@@ -38,12 +39,12 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.cfg.MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
-	w, rep := s.admitLocked(uid, acct, req.N, req.Devices, req.Pool)
+	w, rep := s.admitLocked(c.holder(lease.Inline, uid, acct), acct, req.N, req.Devices, req.Pool)
 	if rep != nil {
 		c.sendLocked(rep)
 		return rep.Code != client.CodeBadRequest
 	}
-	w.conn = c
+	w.Ref = c
 	c.w = w
 	s.leaseWaits[uid]++
 	s.q.Add(w)
@@ -65,9 +66,9 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 // admitLocked checks a request for n devices (or exactly devices) from pool
 // against the inventory and the policy. It returns the waiter to queue, or
 // the reply that refuses it.
-func (s *Server) admitLocked(uid uint32, acct *account, n int, devices []int, pool string) (*Waiter, *client.Reply) {
+func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int, pool string) (*lease.Waiter, *client.Reply) {
 	lim := s.cfg.LimitFor(acct.name, acct.groups)
-	w := &Waiter{UID: uid, user: acct.name, lim: lim, queued: time.Now()}
+	w := &lease.Waiter{Holder: h, Limit: lim, Queued: time.Now()}
 	if len(devices) > 0 {
 		if len(devices) > client.MaxDevices {
 			return nil, errReply(client.CodeBadRequest, fmt.Sprintf("at most %d devices in one request", client.MaxDevices), "")
@@ -118,6 +119,16 @@ func (s *Server) admitLocked(uid uint32, acct *account, n int, devices []int, po
 	return w, nil
 }
 
+// holder is the holder of kind of a lease asked for on c for uid, whose
+// account is acct: c's peer, where the request came from.
+func (c *conn) holder(kind lease.Kind, uid uint32, acct *account) lease.Holder {
+	h := lease.Holder{Kind: kind, UID: uid, User: acct.name, PID: int(c.pid)}
+	if o := c.origin; o != nil {
+		h.Service, h.TTY, h.RHost, h.Claimed = o.Service, o.TTY, o.RHost, !o.ByRoot
+	}
+	return h
+}
+
 // unwaitLocked clears c's waiting request (granted, refused or cancelled).
 // Waits count against the user they are for (not root's, for a request on
 // another user's behalf).
@@ -127,13 +138,14 @@ func (s *Server) unwaitLocked(c *conn) {
 	}
 	uid := c.w.UID
 	c.w = nil
+	c.told = told{}
 	c.login = nil
 	if s.leaseWaits[uid]--; s.leaseWaits[uid] <= 0 {
 		delete(s.leaseWaits, uid)
 	}
 }
 
-func busyMessage(w *Waiter, v npu.Vendor) string {
+func busyMessage(w *lease.Waiter, v npu.Vendor) string {
 	if w.Exact {
 		return v.Format(w.Cand) + " is in use"
 	}
@@ -152,7 +164,7 @@ func (s *Server) scheduleLocked() {
 		for id, d := range s.devs {
 			free[id] = d != nil && d.fd >= 0
 		}
-		grants := Plan(s.q.Waiters(), free, s.roomLocked(s.q))
+		grants := lease.Plan(s.q.Waiters(), free, s.roomLocked(s.q))
 		if len(grants) == 0 {
 			break
 		}
@@ -160,8 +172,8 @@ func (s *Server) scheduleLocked() {
 		for _, g := range grants {
 			s.q.Remove(g.W, true)
 			var ok bool
-			if g.W.task != nil {
-				ok = s.startTaskLocked(g.W.task, g.Devices)
+			if taskOf(g.W) != nil {
+				ok = s.startTaskLocked(taskOf(g.W), g.Devices)
 			} else {
 				ok = s.grantLocked(g)
 			}
@@ -175,9 +187,9 @@ func (s *Server) scheduleLocked() {
 		// their devices are still free and the next waiters may take them.
 	}
 	if s.cpuq.Len() > 0 && slices.Contains(s.cpuFree, true) {
-		for _, g := range Plan(s.cpuq.Waiters(), s.cpuFree, s.roomLocked(s.cpuq)) {
+		for _, g := range lease.Plan(s.cpuq.Waiters(), s.cpuFree, s.roomLocked(s.cpuq)) {
 			s.cpuq.Remove(g.W, true)
-			s.startTaskLocked(g.W.task, nil, g.Devices[0])
+			s.startTaskLocked(taskOf(g.W), nil, g.Devices[0])
 		}
 	}
 	if !s.loading {
@@ -187,8 +199,8 @@ func (s *Server) scheduleLocked() {
 
 // roomLocked is what Plan needs of the limits: per user, how many more
 // devices they may hold, or (for a task) how many more tasks they may run.
-func (s *Server) roomLocked(q *Queue) Room {
-	var room Room
+func (s *Server) roomLocked(q *lease.Queue) lease.Room {
+	var room lease.Room
 	q.Limits(func(uid uint32, lim policy.Limit) {
 		if lim.MaxDevices > 0 {
 			if room.Devices == nil {
@@ -210,8 +222,8 @@ func (s *Server) roomLocked(q *Queue) Room {
 // restricted account's access to the devices comes first (before the
 // descriptors leave the broker). On success the broker keeps nothing but
 // a watcher per device.
-func (s *Server) grantLocked(g Grant) bool {
-	c := g.W.conn
+func (s *Server) grantLocked(g lease.Grant) bool {
+	c := connOf(g.W)
 	uid := g.W.UID
 	isLogin := c.login != nil
 	s.unwaitLocked(c)
@@ -220,9 +232,9 @@ func (s *Server) grantLocked(g Grant) bool {
 		fds[i] = s.devs[id].fd
 	}
 	if err := s.allowLocked(uid, g.Devices); err != nil {
-		s.log.Printf("grant npu %s to %s: %v", npu.FormatIDs(g.Devices), g.W.user, err)
+		s.log.Printf("grant npu %s to %s: %v", npu.FormatIDs(g.Devices), g.W.User, err)
 		s.undoAccessLocked(g.Devices)
-		c.sendLocked(errReply(client.CodeNoAccess, fmt.Sprintf("the broker could not open %s to %s: %v", s.inv.Vendor.Format(g.Devices), g.W.user, err), "tell the administrator: the broker's log says more"))
+		c.sendLocked(errReply(client.CodeNoAccess, fmt.Sprintf("the broker could not open %s to %s: %v", s.inv.Vendor.Format(g.Devices), g.W.User, err), "tell the administrator: the broker's log says more"))
 		return false
 	}
 	r := &client.Reply{
@@ -230,7 +242,7 @@ func (s *Server) grantLocked(g Grant) bool {
 		Devices:  g.Devices,
 		Vendor:   string(s.inv.Vendor),
 		Env:      s.inv.Env(g.Devices),
-		WaitedMS: time.Since(g.W.queued).Milliseconds(),
+		WaitedMS: time.Since(g.W.Queued).Milliseconds(),
 	}
 	if isLogin {
 		r.Message = pam.GrantMessage(s.inv.Vendor, g.Devices, g.W.Pool)
@@ -239,7 +251,7 @@ func (s *Server) grantLocked(g Grant) bool {
 		// A client that has gone (its npurun killed while it waited, the
 		// connection not yet seen closed) is the common case, and no news.
 		if !goneClient(err) {
-			s.log.Printf("grant npu %s to %s (pid %d): %v", npu.FormatIDs(g.Devices), g.W.user, c.pid, err)
+			s.log.Printf("grant npu %s to %s (pid %d): %v", npu.FormatIDs(g.Devices), g.W.User, c.pid, err)
 		}
 		s.undoAccessLocked(g.Devices)
 		c.closed = true
@@ -255,6 +267,18 @@ func (s *Server) grantLocked(g Grant) bool {
 		s.releasedLocked(d, uid)
 	}
 	return true
+}
+
+// connOf is the connection a waiter's grant goes to; nil for a task's.
+func connOf(w *lease.Waiter) *conn {
+	c, _ := w.Ref.(*conn)
+	return c
+}
+
+// taskOf is the task a waiter queues; nil for a connection's request.
+func taskOf(w *lease.Waiter) *task {
+	t, _ := w.Ref.(*task)
+	return t
 }
 
 // goneClient tells whether err, from a send, means the client has gone.
@@ -371,55 +395,62 @@ func (s *Server) reportLocked(now time.Time) time.Duration {
 			st[w.Pool] = p
 		}
 		p.pos++
-		if w.conn == nil {
-			w.pos = p.pos
-		} else if w.pos != p.pos || w.lim.MaxDevices > 0 {
+		if c := connOf(w); c != nil && (c.told.pos != p.pos || w.Limit.MaxDevices > 0) {
 			why := s.reasonLocked(w)
-			if wait := tellAfter(w, p.pos, why, now); wait == 0 {
-				w.pos, w.why, w.told = p.pos, why, now
-				r := &client.Reply{Type: client.TypeQueued, Pool: w.Pool, Position: w.pos, Reason: w.why}
-				if w.pos > 1 {
+			if wait := tellAfter(&c.told, p.pos, why, now); wait == 0 {
+				c.told = told{pos: p.pos, why: why, at: now}
+				r := &client.Reply{Type: client.TypeQueued, Pool: w.Pool, Position: p.pos, Reason: why}
+				if p.pos > 1 {
 					r.Ahead = p.ahead
 				}
-				w.conn.sendLocked(r)
+				c.sendLocked(r)
 			} else if wait > 0 && (again == 0 || wait < again) {
 				again = wait
 			}
 		}
-		if len(p.ahead) < maxAhead && !slices.Contains(p.ahead, w.user) {
-			p.ahead = append(p.ahead, w.user)
+		if len(p.ahead) < maxAhead && !slices.Contains(p.ahead, w.User) {
+			p.ahead = append(p.ahead, w.User)
 		}
 	}
 	return again
 }
 
-// tellAfter decides whether waiter w, now at place pos waiting for why, is
-// to be told: 0 means now, a positive duration means later (it was told
-// too recently), a negative one means not for this change.
-func tellAfter(w *Waiter, pos int, why string, now time.Time) time.Duration {
+// told is what a waiting client was last told of its place: the place
+// (0: nothing yet), the reason it waits, and when.
+type told struct {
+	pos int
+	why string
+	at  time.Time
+}
+
+// tellAfter decides whether a waiter last told last, now at place pos
+// waiting for why, is to be told: 0 means now, a positive duration means
+// later (it was told too recently), a negative one means not for this
+// change.
+func tellAfter(last *told, pos int, why string, now time.Time) time.Duration {
 	switch {
-	case w.pos == 0, why != w.why, pos == 1 && w.pos != 1:
+	case last.pos == 0, why != last.why, pos == 1 && last.pos != 1:
 		return 0
-	case pos == w.pos:
+	case pos == last.pos:
 		return -1
 	}
-	moved := pos - w.pos
+	moved := pos - last.pos
 	if moved < 0 {
 		moved = -moved
 	}
-	if moved*10 < w.pos {
+	if moved*10 < last.pos {
 		return -1
 	}
-	if wait := w.told.Add(progressInterval(pos)).Sub(now); wait > 0 {
+	if wait := last.at.Add(progressInterval(pos)).Sub(now); wait > 0 {
 		return wait
 	}
 	return 0
 }
 
 // reasonLocked says why w waits beyond its turn, if it does.
-func (s *Server) reasonLocked(w *Waiter) string {
-	if w.lim.MaxDevices > 0 && s.held[w.UID]+w.N > w.lim.MaxDevices {
-		return fmt.Sprintf("%s holds %d of %s allowed (%s)", w.user, s.held[w.UID], quantity.Count(w.lim.MaxDevices, "device", "devices"), w.lim.Source)
+func (s *Server) reasonLocked(w *lease.Waiter) string {
+	if w.Limit.MaxDevices > 0 && s.held[w.UID]+w.N > w.Limit.MaxDevices {
+		return fmt.Sprintf("%s holds %d of %s allowed (%s)", w.User, s.held[w.UID], quantity.Count(w.Limit.MaxDevices, "device", "devices"), w.Limit.Source)
 	}
 	return ""
 }

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/npu"
 )
@@ -26,8 +27,8 @@ import (
 // /proc wins and the broker says so in its log. Starts and ends go to the
 // accounting log (usage.go).
 
-// lease is one grant while any of its devices is held.
-type lease struct {
+// ledgerEntry is one grant while any of its devices is held.
+type ledgerEntry struct {
 	id       uint64
 	kind     string // client.KindInline, KindTask, KindLogin, KindHeld
 	uid      uint32
@@ -53,7 +54,7 @@ type lease struct {
 }
 
 // fileOf returns the lock file of device id in l.
-func (l *lease) fileOf(id int) (procscan.FileID, bool) {
+func (l *ledgerEntry) fileOf(id int) (procscan.FileID, bool) {
 	if i := slices.Index(l.devices, id); i >= 0 && i < len(l.files) {
 		return l.files[i], true
 	}
@@ -63,7 +64,7 @@ func (l *lease) fileOf(id int) (procscan.FileID, bool) {
 // ledger is the broker's record of leases and what it saw in /proc, under
 // Server.mu unless said otherwise.
 type ledger struct {
-	leases  map[int]*lease // by device id, while held
+	leases  map[int]*ledgerEntry // by device id, while held
 	lastID  uint64
 	scanner *procscan.Scanner   // safe for concurrent use
 	usage   *usageLog           // the accounting log
@@ -102,7 +103,7 @@ type ledger struct {
 // held device has its lease taken up or recorded as found.
 func (s *Server) initLedger(stateDir string, held map[int]int) error {
 	led := &s.led
-	led.leases = map[int]*lease{}
+	led.leases = map[int]*ledgerEntry{}
 	led.freed = map[int]time.Time{}
 	led.kick = make(chan struct{}, 1)
 	led.seen = map[useKey]*use{}
@@ -161,8 +162,8 @@ func (s *Server) newLeaseID() uint64 {
 // connection's: root asks on behalf of a login); its pid is the process
 // that will hold it, c's peer. A login session's lease (login: kind login,
 // with its PAM service, tty and remote host) is recorded here too.
-func (s *Server) inlineGrantedLocked(c *conn, g Grant, fds []int, login bool) {
-	l := &lease{kind: client.KindInline, uid: g.W.UID, user: g.W.user, pid: int(c.pid), pool: g.W.Pool}
+func (s *Server) inlineGrantedLocked(c *conn, g lease.Grant, fds []int, login bool) {
+	l := &ledgerEntry{kind: client.KindInline, uid: g.W.UID, user: g.W.User, pid: int(c.pid), pool: g.W.Pool}
 	if login {
 		l.kind = client.KindLogin
 	}
@@ -178,7 +179,7 @@ func (s *Server) taskGrantedLocked(t *task, devices []int, fds []int) {
 	if len(devices) == 0 {
 		return
 	}
-	l := &lease{kind: client.KindTask, uid: t.UID, user: t.User, task: t.ID}
+	l := &ledgerEntry{kind: client.KindTask, uid: t.UID, user: t.User, task: t.ID}
 	if t.w != nil {
 		l.pool = t.w.Pool
 	}
@@ -187,7 +188,7 @@ func (s *Server) taskGrantedLocked(t *task, devices []int, fds []int) {
 
 // leaseStartLocked records a lease granted on devices through the locked
 // descriptors fds: the ledger, the accounting log, the metrics.
-func (s *Server) leaseStartLocked(l *lease, devices []int, fds []int, w *Waiter) {
+func (s *Server) leaseStartLocked(l *ledgerEntry, devices []int, fds []int, w *lease.Waiter) {
 	now := time.Now()
 	l.id, l.since = s.newLeaseID(), now
 	l.devices = slices.Clone(devices)
@@ -206,12 +207,12 @@ func (s *Server) leaseStartLocked(l *lease, devices []int, fds []int, w *Waiter)
 	}
 	var waited time.Duration
 	if w != nil {
-		waited = now.Sub(w.queued)
+		waited = now.Sub(w.Queued)
 	}
 	s.led.metrics.granted(l.kind, waited)
 	for _, id := range devices {
 		if at, ok := s.led.freed[id]; ok {
-			if w != nil && w.queued.Before(at) {
+			if w != nil && w.Queued.Before(at) {
 				s.led.metrics.handoff(now.Sub(at))
 			}
 			delete(s.led.freed, id)
@@ -228,7 +229,7 @@ func (s *Server) leaseStartLocked(l *lease, devices []int, fds []int, w *Waiter)
 }
 
 // record is l as a line of the accounting log.
-func (l *lease) record(ev string) usageRec {
+func (l *ledgerEntry) record(ev string) usageRec {
 	r := usageRec{T: l.since.UnixMilli(), Ev: ev, Lease: l.id, Kind: l.kind, User: l.user, UID: l.uid, Pool: l.pool,
 		Devices: l.devices, Task: l.task, PID: l.pid, PIDStart: l.pidStart, Service: l.service, TTY: l.tty, RHost: l.rhost, Claimed: l.claimed}
 	for _, f := range l.files {
@@ -281,8 +282,8 @@ func (s *Server) openRecords() []usageRec {
 }
 
 // uniqueLeasesLocked returns each held lease once, by its first device.
-func (s *Server) uniqueLeasesLocked() []*lease {
-	var out []*lease
+func (s *Server) uniqueLeasesLocked() []*ledgerEntry {
+	var out []*ledgerEntry
 	for _, id := range s.inv.IDs {
 		if l := s.led.leases[id]; l != nil && !slices.Contains(out, l) {
 			out = append(out, l)
@@ -308,7 +309,7 @@ func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]int) {
 			}
 		}
 	}
-	adopted := map[uint64]*lease{}
+	adopted := map[uint64]*ledgerEntry{}
 	var unknown []int
 	for _, id := range slices.Sorted(maps.Keys(held)) {
 		fid, err := procscan.ID(held[id])
@@ -320,7 +321,7 @@ func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]int) {
 		l := adopted[ol.rec.Lease]
 		if l == nil {
 			r := ol.rec
-			l = &lease{id: r.Lease, kind: r.Kind, uid: r.UID, user: r.User, pid: r.PID, pidStart: r.PIDStart, task: r.Task,
+			l = &ledgerEntry{id: r.Lease, kind: r.Kind, uid: r.UID, user: r.User, pid: r.PID, pidStart: r.PIDStart, task: r.Task,
 				service: r.Service, tty: r.TTY, rhost: r.RHost, claimed: r.Claimed, pool: r.Pool, since: time.UnixMilli(r.T),
 				adopted: true, held: map[int]bool{}, logged: true}
 			adopted[r.Lease] = l
@@ -381,7 +382,7 @@ func (s *Server) findHolders(ids []int, held map[int]int, now time.Time) {
 		if !ok {
 			continue
 		}
-		l := &lease{id: s.newLeaseID(), kind: client.KindHeld, since: now, adopted: true, pool: s.poolOf[id],
+		l := &ledgerEntry{id: s.newLeaseID(), kind: client.KindHeld, since: now, adopted: true, pool: s.poolOf[id],
 			devices: []int{id}, files: []procscan.FileID{fid}, held: map[int]bool{id: true}}
 		pids := res.Files[fid]
 		if len(pids) == 0 {
@@ -405,7 +406,7 @@ const maxFindScans = 64
 
 // adoptDevice makes held device id part of lease l: counted against its
 // user's max_devices, released through the watcher as any other lease.
-func (s *Server) adoptDevice(id int, l *lease) {
+func (s *Server) adoptDevice(id int, l *ledgerEntry) {
 	d := s.devs[id]
 	s.led.leases[id] = l
 	d.since = l.since
@@ -415,7 +416,7 @@ func (s *Server) adoptDevice(id int, l *lease) {
 	}
 }
 
-func kindName(l *lease) string {
+func kindName(l *ledgerEntry) string {
 	switch l.kind {
 	case client.KindTask:
 		return fmt.Sprintf("task %d", l.task)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
@@ -35,7 +36,7 @@ const (
 // login is a waiting login session's decision, kept on its connection.
 type login struct {
 	d      pam.Decision
-	w      *Waiter
+	w      *lease.Waiter
 	queued time.Time
 }
 
@@ -111,13 +112,13 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.cfg.MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
-	w, rep := s.admitLocked(uid, acct, d.N, nil, d.Pool)
+	w, rep := s.admitLocked(c.holder(lease.Login, uid, acct), acct, d.N, nil, d.Pool)
 	if rep != nil {
 		c.sendLocked(rep)
 		return true
 	}
 	l := &login{d: d, w: w, queued: time.Now()}
-	w.conn, c.w, c.login = c, w, l
+	w.Ref, c.w, c.login = c, w, l
 	s.leaseWaits[uid]++
 	s.q.Add(w)
 	s.scheduleLocked()

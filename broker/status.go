@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/policy"
 )
 
@@ -119,8 +120,8 @@ func (s *Server) boardLocked(asker uint32) *client.Board {
 		if w := reserved[id]; w != nil {
 			wi := s.waiterInfo(w, 0)
 			ds.ReservedFor = &wi
-			ds.Since = w.queued.UnixMilli()
-			if at, ok := s.led.freed[id]; ok && at.After(w.queued) {
+			ds.Since = w.Queued.UnixMilli()
+			if at, ok := s.led.freed[id]; ok && at.After(w.Queued) {
 				ds.Since = at.UnixMilli()
 			}
 		}
@@ -173,7 +174,7 @@ func (s *Server) boardLocked(asker uint32) *client.Board {
 // reserved device is kept for: the first request of its pool in line that
 // waits although some of the devices it may take are free (and that no
 // max_devices limit holds back).
-func (s *Server) deviceStatesLocked() (map[int]string, map[int]*Waiter) {
+func (s *Server) deviceStatesLocked() (map[int]string, map[int]*lease.Waiter) {
 	states := make(map[int]string, len(s.inv.IDs))
 	for _, id := range s.inv.IDs {
 		d := s.devs[id]
@@ -186,10 +187,10 @@ func (s *Server) deviceStatesLocked() (map[int]string, map[int]*Waiter) {
 			states[id] = client.DeviceOut
 		}
 	}
-	reserved := map[int]*Waiter{}
+	reserved := map[int]*lease.Waiter{}
 	done := map[string]bool{}
 	for _, w := range s.q.Waiters() {
-		if done[w.Pool] || w.lim.MaxDevices > 0 && s.held[w.UID]+w.N > w.lim.MaxDevices {
+		if done[w.Pool] || w.Limit.MaxDevices > 0 && s.held[w.UID]+w.N > w.Limit.MaxDevices {
 			continue
 		}
 		var free []int
@@ -227,7 +228,7 @@ func (s *Server) deviceName(id int) string {
 	return s.inv.Vendor.Noun() + strconv.Itoa(id)
 }
 
-func (s *Server) leaseInfo(l *lease, id int, show func(uint32) bool) *client.LeaseInfo {
+func (s *Server) leaseInfo(l *ledgerEntry, id int, show func(uint32) bool) *client.LeaseInfo {
 	li := &client.LeaseInfo{ID: l.id, Kind: l.kind, User: l.user, UID: l.uid, PID: l.pid, Task: l.task,
 		Service: l.service, TTY: l.tty, RHost: l.rhost, Claimed: l.claimed, Devices: l.devices, Since: l.since.UnixMilli(), Adopted: l.adopted}
 	li.Holders, li.MoreHolders = s.holdersInfo(l, id, show)
@@ -237,12 +238,12 @@ func (s *Server) leaseInfo(l *lease, id int, show func(uint32) bool) *client.Lea
 	return li
 }
 
-func (s *Server) waiterInfo(w *Waiter, pos int) client.WaiterInfo {
-	wi := client.WaiterInfo{Position: pos, Kind: client.KindInline, User: w.user, N: w.N, Since: w.queued.UnixMilli(), Why: s.reasonLocked(w)}
+func (s *Server) waiterInfo(w *lease.Waiter, pos int) client.WaiterInfo {
+	wi := client.WaiterInfo{Position: pos, Kind: client.KindInline, User: w.User, N: w.N, Since: w.Queued.UnixMilli(), Why: s.reasonLocked(w)}
 	switch {
-	case w.task != nil:
-		wi.Kind, wi.Task = client.KindTask, w.task.ID
-	case w.conn != nil && w.conn.login != nil:
+	case taskOf(w) != nil:
+		wi.Kind, wi.Task = client.KindTask, taskOf(w).ID
+	case connOf(w) != nil && connOf(w).login != nil:
 		wi.Kind = client.KindLogin
 	}
 	if w.Exact {

@@ -26,7 +26,7 @@ import (
 // taskLease is what endTaskLeaseLocked found of an ended task's lease.
 type taskLease struct {
 	task    uint64
-	l       *lease
+	l       *ledgerEntry
 	devices []int
 	files   []procscan.FileID // the lease's lock files
 }

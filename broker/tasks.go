@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
@@ -29,18 +30,18 @@ import (
 // task is a task that has not ended, and what the broker holds for it.
 type task struct {
 	*tasklife.Task
-	acct      *account    // the submitter, as looked up at submission
-	w         *Waiter     // its place in line (kept while it starts, to put it back)
-	inLine    bool        // w is in a queue
-	waits     []*conn     // connections waiting for its end
-	cancel    bool        // a cancel came while it was starting or running
-	heard     bool        // running: its supervisor spoke since its go-ahead (or was adopted), so it catches SIGTERM
-	cancelBy  string      // who cancelled it
-	overran   bool        // the broker killed it for overrunning its time limit
-	launching bool        // launch is giving it its go-ahead
-	sup       *supervisor // its supervisor, once started (warm while it waits)
-	cgroup    bool        // its control group may exist (cgroup.go)
-	lookupErr error       // its account could not be looked up: it waits out of line (lookupLaterLocked)
+	acct      *account      // the submitter, as looked up at submission
+	w         *lease.Waiter // its place in line (kept while it starts, to put it back)
+	inLine    bool          // w is in a queue
+	waits     []*conn       // connections waiting for its end
+	cancel    bool          // a cancel came while it was starting or running
+	heard     bool          // running: its supervisor spoke since its go-ahead (or was adopted), so it catches SIGTERM
+	cancelBy  string        // who cancelled it
+	overran   bool          // the broker killed it for overrunning its time limit
+	launching bool          // launch is giving it its go-ahead
+	sup       *supervisor   // its supervisor, once started (warm while it waits)
+	cgroup    bool          // its control group may exist (cgroup.go)
+	lookupErr error         // its account could not be looked up: it waits out of line (lookupLaterLocked)
 }
 
 // Caps on what one submission and one connection may hold.
@@ -327,9 +328,9 @@ func (s *Server) firstTaskLocked(t *task) bool {
 		return false
 	}
 	if t.Sub.NoDevice {
-		return s.cpuq.tasks[pool] == 0
+		return s.cpuq.Tasks(pool) == 0
 	}
-	return s.q.tasks[pool] == 0
+	return s.q.Tasks(pool) == 0
 }
 
 // taskPool is the pool t waits in.
@@ -563,22 +564,27 @@ func cleanEnv(env []string) []string {
 }
 
 // waiterLocked makes the waiter that queues t.
-func (s *Server) waiterLocked(t *task) (*Waiter, *client.Reply) {
+func (s *Server) waiterLocked(t *task) (*lease.Waiter, *client.Reply) {
 	acct := t.acct
 	if t.Sub.NoDevice {
 		if len(s.cpuFree) == 0 {
 			return nil, errReply(client.CodeDenied, "this broker has no CPU slots for --no-device tasks ([tasks] cpu_slots = 0)", "")
 		}
-		w := &Waiter{UID: t.UID, N: 1, Cand: s.cpuSlots, Pool: cpuPool, IsTask: true, task: t,
-			user: acct.name, lim: s.cfg.LimitFor(acct.name, acct.groups), queued: time.Now()}
+		w := &lease.Waiter{Holder: taskHolder(t), N: 1, Cand: s.cpuSlots, Pool: cpuPool, Ref: t,
+			Limit: s.cfg.LimitFor(acct.name, acct.groups), Queued: time.Now()}
 		return w, nil
 	}
-	w, rep := s.admitLocked(t.UID, acct, t.Sub.N, t.Sub.Devices, t.Sub.Pool)
+	w, rep := s.admitLocked(taskHolder(t), acct, t.Sub.N, t.Sub.Devices, t.Sub.Pool)
 	if rep != nil {
 		return nil, rep
 	}
-	w.task, w.IsTask = t, true
+	w.Ref = t
 	return w, nil
+}
+
+// taskHolder is the holder of t's lease: its submitter, as recorded.
+func taskHolder(t *task) lease.Holder {
+	return lease.Holder{Kind: lease.Task, UID: t.UID, User: t.User, Task: t.ID}
 }
 
 // settleLocked puts a waiting task where it belongs: in line, or blocked
@@ -611,7 +617,7 @@ func (s *Server) settleLocked(t *task) {
 		}
 		t.w = w
 	}
-	s.addLineLocked(t, (*Queue).Add)
+	s.addLineLocked(t, (*lease.Queue).Add)
 	if !s.loading {
 		s.scheduleLocked()
 	}
@@ -679,14 +685,14 @@ func (s *Server) requeueLocked(t *task) {
 	if t.inLine || t.w == nil || !t.IsWaiting() {
 		return
 	}
-	s.addLineLocked(t, (*Queue).Readd)
+	s.addLineLocked(t, (*lease.Queue).Readd)
 }
 
 // addLineLocked puts t's waiter in its queue with add. (Waiting tasks are
 // capped by max_queued_tasks, not by max_waiting_per_user, which is for
 // npurun's requests: a user's queued tasks never lock them out of an
 // interactive npurun.)
-func (s *Server) addLineLocked(t *task, add func(*Queue, *Waiter)) {
+func (s *Server) addLineLocked(t *task, add func(*lease.Queue, *lease.Waiter)) {
 	t.w.Held = s.paused != nil || t.Busy()
 	t.inLine = true
 	if t.Sub.NoDevice {
@@ -876,8 +882,8 @@ func (s *Server) waitReasonLocked(j *task) string {
 		return "task starts are paused: " + s.paused.why.Error()
 	case w == nil:
 		return ""
-	case w.lim.MaxRunning > 0 && s.running[j.UID] >= w.lim.MaxRunning:
-		return fmt.Sprintf("%s runs %d of %s allowed (%s)", w.user, s.running[j.UID], quantity.Count(w.lim.MaxRunning, "task", "tasks"), w.lim.Source)
+	case w.Limit.MaxRunning > 0 && s.running[j.UID] >= w.Limit.MaxRunning:
+		return fmt.Sprintf("%s runs %d of %s allowed (%s)", w.User, s.running[j.UID], quantity.Count(w.Limit.MaxRunning, "task", "tasks"), w.Limit.Source)
 	case !j.Sub.NoDevice:
 		return s.reasonLocked(w)
 	}
@@ -942,7 +948,7 @@ func (s *Server) list(c *conn, all bool, after uint64) bool {
 // all) with ids above after. more tells that others follow, from next.
 func (s *Server) listPageLocked(c *conn, all bool, after uint64) (page []listed, next uint64, more bool) {
 	scanned, size := 0, 0
-	var inLine []*Waiter
+	var inLine []*lease.Waiter
 	s.life.EachAfter(after, func(t *tasklife.Task) bool {
 		if scanned == listScan || len(page) == listPage || size > client.MaxMessage {
 			more = true
@@ -979,18 +985,18 @@ func (s *Server) listPageLocked(c *conn, all bool, after uint64) (page []listed,
 
 // positionsOfLocked is the place in line of each of ws, walking each line
 // only as far as the last of them in it.
-func (s *Server) positionsOfLocked(ws []*Waiter) map[*Waiter]int {
-	want := make(map[*Waiter]int, len(ws))
-	left := map[*Queue]int{}
+func (s *Server) positionsOfLocked(ws []*lease.Waiter) map[*lease.Waiter]int {
+	want := make(map[*lease.Waiter]int, len(ws))
+	left := map[*lease.Queue]int{}
 	for _, w := range ws {
 		want[w] = 0
-		if w.task != nil && w.task.Sub.NoDevice {
+		if taskOf(w) != nil && taskOf(w).Sub.NoDevice {
 			left[s.cpuq]++
 		} else {
 			left[s.q]++
 		}
 	}
-	for _, q := range []*Queue{s.q, s.cpuq} {
+	for _, q := range []*lease.Queue{s.q, s.cpuq} {
 		n := map[string]int{}
 		for _, w := range q.Waiters() {
 			if left[q] == 0 {

@@ -74,7 +74,7 @@ type usageSums map[sumKey]*usageRec
 
 // add counts device time of l, not logged on its own, that ended now (one
 // device's end), and l itself once its last device has ended.
-func (us usageSums) add(l *lease, now time.Time) {
+func (us usageSums) add(l *ledgerEntry, now time.Time) {
 	k := sumKey{uid: l.uid, user: l.user, kind: l.kind, pool: l.pool}
 	r := us[k]
 	if r == nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/policy"
 )
@@ -24,7 +25,7 @@ import (
 // s.cpuq's.
 func warmLine(tb testing.TB, n int) (*Server, []*task) {
 	tb.Helper()
-	s := &Server{q: NewQueue(), cpuq: NewQueue(), jobs: map[uint64]*task{}}
+	s := &Server{q: lease.NewQueue(), cpuq: lease.NewQueue(), jobs: map[uint64]*task{}}
 	life, err := tasklife.Open(tb.TempDir(), tasklife.Options{Lock: &s.mu, Log: log.New(io.Discard, "", 0), Keep: 10, KeepPerUser: 10})
 	if err != nil {
 		tb.Fatal(err)
@@ -34,15 +35,15 @@ func warmLine(tb testing.TB, n int) (*Server, []*task) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var tasks []*task
-	add := func(q *Queue, uid uint32, pool string, isTask bool) {
-		w := &Waiter{UID: uid, N: 1, Cand: []int{0}, Pool: pool}
+	add := func(q *lease.Queue, uid uint32, pool string, isTask bool) {
+		w := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid}, N: 1, Cand: []int{0}, Pool: pool}
 		if isTask {
 			tk := &tasklife.Task{ID: life.NewID(), UID: uid, User: fmt.Sprint("u", uid), Slot: -1}
 			if err := life.Submit(tk); err != nil {
 				tb.Fatal(err)
 			}
 			t := &task{Task: tk, w: w, inLine: true}
-			w.task, w.IsTask = t, true
+			w.Ref, w.Kind = t, lease.Task
 			s.jobs[tk.ID] = t
 			tasks = append(tasks, t)
 		}
@@ -70,12 +71,12 @@ func BenchmarkWarmLine(b *testing.B) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Each pool's first task is warm already.
-	for _, q := range []*Queue{s.q, s.cpuq} {
+	for _, q := range []*lease.Queue{s.q, s.cpuq} {
 		seen := map[string]bool{}
 		for _, w := range q.Waiters() {
-			if w.task != nil && !seen[w.Pool] {
+			if taskOf(w) != nil && !seen[w.Pool] {
 				seen[w.Pool] = true
-				w.task.sup = &supervisor{}
+				taskOf(w).sup = &supervisor{}
 				s.warm++
 			}
 		}
@@ -109,8 +110,8 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 
 	s.mu.Lock()
 	tasks := map[string]*task{}
-	add := func(name string, q *Queue, uid uint32, pool string, isTask, held bool) {
-		w := &Waiter{UID: uid, N: 1, Cand: []int{0}, Pool: pool, Held: held}
+	add := func(name string, q *lease.Queue, uid uint32, pool string, isTask, held bool) {
+		w := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid}, N: 1, Cand: []int{0}, Pool: pool, Held: held}
 		if isTask {
 			tk := &tasklife.Task{ID: s.life.NewID(), UID: uid, User: name, Slot: -1,
 				Argv: []string{"/bin/true"}, Log: filepath.Join(dir, name+".log"), Sub: client.Submission{Cwd: "/"}}
@@ -118,7 +119,7 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 				t.Fatal(err)
 			}
 			tasks[name] = &task{Task: tk, w: w, inLine: true}
-			w.task, w.IsTask = tasks[name], true
+			w.Ref, w.Kind = tasks[name], lease.Task
 			s.jobs[tk.ID] = tasks[name]
 		}
 		q.Add(w) // each waiter a user of its own: line order is arrival order
@@ -170,13 +171,13 @@ func TestFirstTasksLongLine(t *testing.T) {
 			tk.w.Held = true
 		}
 	}
-	for _, q := range []*Queue{s.q, s.cpuq} {
+	for _, q := range []*lease.Queue{s.q, s.cpuq} {
 		var want []*task
 		var seen []string
 		for _, w := range q.Waiters() {
-			if w.task != nil && !w.Held && !slices.Contains(seen, w.Pool) {
+			if taskOf(w) != nil && !w.Held && !slices.Contains(seen, w.Pool) {
 				seen = append(seen, w.Pool)
-				want = append(want, w.task)
+				want = append(want, taskOf(w))
 			}
 		}
 		got := slices.Collect(firstTasks(q))
