@@ -57,9 +57,7 @@ type Server struct {
 	rlog  *rateLog // log, for lines that a lasting cause repeats (lograte.go)
 	users accounts
 
-	// removeUsers removes the managed ACL entries from a node
-	// (npu.RemoveUsers), under mu: a test makes it fail.
-	removeUsers func(path string, managed func(uid uint32) bool) ([]uint32, error)
+	acc *access // device access of restricted accounts (access.go): its own lock
 
 	pools  map[string][]int // pool name -> ids
 	poolOf map[int]string   // device id -> pool name
@@ -128,7 +126,6 @@ func New(o Options) (*Server, error) {
 		locks:        filepath.Join(o.RunDir, "locks"),
 		log:          o.Log,
 		rlog:         &rateLog{log: o.Log},
-		removeUsers:  npu.RemoveUsers,
 		socket:       o.Socket,
 		unprivileged: os.Geteuid() != 0,
 		pools:        map[string][]int{},
@@ -145,6 +142,7 @@ func New(o Options) (*Server, error) {
 		cpuq:         lease.NewQueue(),
 		cpuFree:      make([]bool, o.Config.Tasks.CPUSlots),
 	}
+	s.acc = newAccess(s)
 	for i := range s.cpuFree {
 		s.cpuFree[i] = true
 		s.cpuSlots = append(s.cpuSlots, i)
@@ -204,19 +202,15 @@ func New(o Options) (*Server, error) {
 	}
 	// Device access: a free device's node is cleaned before the device
 	// is put in service, and one whose node cannot be is not, until it
-	// is. The accounts the ACLs name are looked up first, without the
-	// lock.
-	s.resolveNodeUsers(s.inv.IDs)
-	s.mu.Lock()
-	failed := s.startAccessLocked(free)
-	s.mu.Unlock()
+	// is.
+	failed := s.acc.start(free)
 	for _, id := range free {
 		// Free, but descriptors of leases from before this start may
 		// still reach the file: the device starts on a fresh one.
 		d, fd := s.devs[id], freeFD[id]
 		if err := failed[id]; err != nil {
 			go func() {
-				s.revokeUntilDone(d, err)
+				s.acc.revokeUntilDone(d.id, err)
 				s.renew(d, fd, nil)
 			}()
 			continue
@@ -282,7 +276,6 @@ func (s *Server) watch(d *device) {
 			d.ended.Store(&fid)
 		}
 		next := ahead()
-		s.resolveNodeUsers([]int{d.id}) // for revokeLocked, outside the lock
 		s.mu.Lock()
 		s.leaseEndLocked(d)
 		if d.leased {
@@ -291,11 +284,8 @@ func (s *Server) watch(d *device) {
 			}
 		}
 		d.leased, d.origin = false, nil
-		err := s.revokeLocked(d.id) // before the device can be granted again
 		s.mu.Unlock()
-		if err != nil {
-			s.revokeUntilDone(d, err) // fail closed: granted to nobody meanwhile
-		}
+		s.acc.Close(d.id) // before the device can be granted again; fail closed: granted to nobody meanwhile
 		s.renew(d, fd, next)
 	}
 }
@@ -377,8 +367,8 @@ func (s *Server) renewOnce(d *device, old int, next *freshLock) error {
 
 // releasedLocked hands device d, now leased to uid, to its watcher. The
 // caller has taken d.fd, the locked descriptor, for the lease, and has
-// opened the lease's devices to a restricted uid (allowLocked, once for
-// all of them: each call reads every node's ACL under the broker's lock).
+// opened the lease's devices to a restricted uid (access.Allow, once for
+// all of them: each call reads every node's ACL).
 func (s *Server) releasedLocked(d *device, uid uint32) {
 	d.leased, d.holder, d.since = true, uid, time.Now()
 	s.nfree--

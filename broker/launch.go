@@ -414,7 +414,7 @@ func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
 	// A restricted account's access, before its supervisor starts (a
 	// --no-device task gets none, the control nodes' included).
 	if len(devices) > 0 {
-		if err := s.allowLocked(t.UID, devices); err != nil {
+		if err := s.acc.Allow(t.UID, devices); err != nil {
 			s.log.Printf("task %d: open npu %s to uid %d: %v", t.ID, npu.FormatIDs(devices), t.UID, err)
 		}
 	}

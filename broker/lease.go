@@ -231,7 +231,7 @@ func (s *Server) grantLocked(g lease.Grant) bool {
 	for i, id := range g.Devices {
 		fds[i] = s.devs[id].fd
 	}
-	if err := s.allowLocked(uid, g.Devices); err != nil {
+	if err := s.acc.Allow(uid, g.Devices); err != nil {
 		s.log.Printf("grant npu %s to %s: %v", npu.FormatIDs(g.Devices), g.W.User, err)
 		s.undoAccessLocked(g.Devices)
 		c.sendLocked(errReply(client.CodeNoAccess, fmt.Sprintf("the broker could not open %s to %s: %v", s.inv.Vendor.Format(g.Devices), g.W.User, err), "tell the administrator: the broker's log says more"))
@@ -291,7 +291,7 @@ func goneClient(err error) bool {
 // whose entries cannot all be removed is out of service until they are.
 func (s *Server) undoAccessLocked(ids []int) {
 	for _, id := range ids {
-		if err := s.revokeLocked(id); err != nil {
+		if err := s.acc.Revoke(id); err != nil {
 			s.holdOutLocked(s.devs[id], err)
 		}
 	}
@@ -305,7 +305,7 @@ func (s *Server) holdOutLocked(d *device, err error) {
 	d.fd, d.spare = -1, -1
 	s.nfree--
 	go func() {
-		s.revokeUntilDone(d, err)
+		s.acc.revokeUntilDone(d.id, err)
 		s.mu.Lock()
 		d.fd, d.spare = fd, spare
 		s.nfree++

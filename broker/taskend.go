@@ -52,7 +52,7 @@ func (s *Server) endTaskLeaseLocked(id uint64) {
 		return
 	}
 	for _, dev := range tl.devices {
-		if err := s.revokeLocked(dev); err != nil {
+		if err := s.acc.Revoke(dev); err != nil {
 			s.log.Printf("task %d has ended: %v; they go when the lease's last holder is gone", id, err)
 		}
 	}
