@@ -78,7 +78,7 @@ func (a *access) cachedAccount(uid uint32) *account {
 // resolveNodeUsers looks up the accounts of the uids named in the ACLs of
 // devices ids' nodes and of the control nodes that the cache does not know
 // (a known account is taken whatever its age, as a lease's holder was
-// looked up when it asked), so that revokeLocked and sweepSharedLocked
+// looked up when it asked), so that Revoke and sweepSharedLocked
 // find them cached. It is called holding no lock, before them.
 func (a *access) resolveNodeUsers(ids []int) {
 	if !a.aclsManaged() {
@@ -215,16 +215,20 @@ func (a *access) removeManagedLocked(id int) ([]uint32, error) {
 // failed.
 const revokeRetryMax = 5 * time.Second
 
-// Close closes device id after its lease has ended: the accounts its
-// node's ACL names are looked up, then Revoke is tried, and tried again
-// with a growing wait until it succeeds. Until then an account whose lease
-// of id has ended may still open its node, so the device stays out of
-// service (the lease table grants it to nobody meanwhile). It is called
-// holding no lock.
-func (a *access) Close(id int) {
-	a.resolveNodeUsers([]int{id})
-	if err := a.Revoke(id); err != nil {
-		a.revokeUntilDone(id, err)
+// Close closes device id after its lease has ended, or a grant that was
+// not delivered opened it: the accounts its node's ACL names are looked
+// up, then Revoke is tried, and tried again with a growing wait until it
+// succeeds (failed: why a try made already failed, nil if none was).
+// Until then an account whose lease of id has ended may still open its
+// node, so the device stays out of service (the lease table grants it to
+// nobody meanwhile). It is called holding no lock.
+func (a *access) Close(id int, failed error) {
+	if failed == nil {
+		a.resolveNodeUsers([]int{id})
+		failed = a.Revoke(id)
+	}
+	if failed != nil {
+		a.revokeUntilDone(id, failed)
 	}
 }
 

@@ -162,7 +162,7 @@ func (c *conn) finish() {
 	}
 	c.closed = true
 	s.forgetWaitsLocked(c)
-	if c.w != nil && s.q.Remove(c.w, false) {
+	if c.w != nil && s.table.Remove(c.w) {
 		s.unwaitLocked(c)
 		s.scheduleLocked() // its reservations are gone
 		s.progressLocked()

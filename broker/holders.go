@@ -44,8 +44,8 @@ func (s *Server) refreshHolders() {
 	}
 	var looks []look
 	for _, l := range s.uniqueLeasesLocked() {
-		if l.kind == client.KindTask && l.pid == 0 {
-			l.pid, l.pidStart = s.taskSupervisorLocked(l.task)
+		if l.kind() == client.KindTask && l.pid == 0 {
+			l.pid, l.pidStart = s.taskSupervisorLocked(l.Task)
 		}
 		lk := look{l: l, targets: procscan.Targets{Files: map[procscan.FileID]bool{}}, uids: map[uint32]bool{}}
 		in := map[int]bool{}
@@ -53,7 +53,7 @@ func (s *Server) refreshHolders() {
 			lk.roots = append(lk.roots, l.pid)
 			in[l.pid] = true
 		}
-		for _, id := range l.devices { // in device order: the same roots first each time
+		for _, id := range l.Devices { // in device order: the same roots first each time
 			for _, h := range l.holders[id] {
 				lk.uids[h.UID] = true
 				if !in[h.PID] {
@@ -62,7 +62,7 @@ func (s *Server) refreshHolders() {
 				}
 			}
 		}
-		for i, id := range l.devices {
+		for i, id := range l.Devices {
 			if l.held[id] {
 				lk.targets.Files[l.files[i]] = true
 			}
@@ -92,7 +92,7 @@ func (s *Server) refreshHolders() {
 	for i, lk := range looks {
 		l, res := lk.l, results[i]
 		found := map[int][]*procscan.Proc{}
-		for i, id := range l.devices {
+		for i, id := range l.Devices {
 			if !l.held[id] {
 				continue
 			}
@@ -144,7 +144,7 @@ func (s *Server) setHoldersLocked(l *ledgerEntry, found map[int][]*procscan.Proc
 	}
 	var all []*procscan.Proc
 	inAll := map[*procscan.Proc]bool{}
-	for _, id := range l.devices {
+	for _, id := range l.Devices {
 		for _, h := range found[id] {
 			if !inAll[h] {
 				inAll[h] = true
@@ -162,16 +162,16 @@ func (s *Server) setHoldersLocked(l *ledgerEntry, found map[int][]*procscan.Proc
 		}
 	}
 	devs := s.inv.Vendor.Format(heldIDs(l))
-	if l.pid > 0 && l.kind != client.KindTask && len(all) > 0 && !l.said["pid"] &&
+	if l.pid > 0 && l.kind() != client.KindTask && len(all) > 0 && !l.said["pid"] &&
 		!slices.ContainsFunc(all, func(h *procscan.Proc) bool { return h.PID == l.pid && (l.pidStart == 0 || h.Start == l.pidStart) }) {
 		l.said["pid"] = true
-		s.log.Printf("%s: pid %d, granted the lease of %s, holds it no more; /proc shows it held by %s", devs, l.pid, l.user, pidList(all, names))
+		s.log.Printf("%s: pid %d, granted the lease of %s, holds it no more; /proc shows it held by %s", devs, l.pid, l.User, pidList(all, names))
 	}
 	for _, h := range all {
 		key := "uid " + strconv.Itoa(h.PID)
-		if h.UID != l.uid && l.user != "" && !l.said[key] {
+		if h.UID != l.UID && l.User != "" && !l.said[key] {
 			l.said[key] = true
-			s.log.Printf("%s: the lease of %s is held by pid %d of %s: its descriptor was passed on", devs, l.user, h.PID, names[h.UID])
+			s.log.Printf("%s: the lease of %s is held by pid %d of %s: its descriptor was passed on", devs, l.User, h.PID, names[h.UID])
 		}
 	}
 	return changed
@@ -179,7 +179,7 @@ func (s *Server) setHoldersLocked(l *ledgerEntry, found map[int][]*procscan.Proc
 
 func heldIDs(l *ledgerEntry) []int {
 	var ids []int
-	for _, id := range l.devices {
+	for _, id := range l.Devices {
 		if l.held[id] {
 			ids = append(ids, id)
 		}

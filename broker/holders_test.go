@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -32,8 +32,9 @@ func manyHolders(n int) *ledgerEntry {
 		hs = append(hs, &procscan.Proc{PID: root, PPID: 1, UID: uid, Start: uint64(root), Started: time.Now(), Comm: "torchrun", Cmdline: []string{"torchrun", "train.py"}},
 			&procscan.Proc{PID: root + 1, PPID: root, UID: uid, Start: uint64(root + 1), Started: time.Now(), Comm: "python", Cmdline: []string{"python", "worker.py"}})
 	}
-	return &ledgerEntry{uid: uid, user: "bench", devices: []int{0}, files: []procscan.FileID{{Dev: 1, Ino: 1}}, held: map[int]bool{0: true},
-		holders: map[int][]*procscan.Proc{0: hs}}
+	l := newEntry(&lease.Lease{Holder: lease.Holder{UID: uid, User: "bench"}, Devices: []int{0}, Files: []lease.FileID{{Dev: 1, Ino: 1}}})
+	l.holders = map[int][]*procscan.Proc{0: hs}
+	return l
 }
 
 // BenchmarkHoldersInfo: the board's view of a device with 20,000 holder
@@ -147,8 +148,8 @@ func TestCutLookKeepsHolders(t *testing.T) {
 	}
 	scanner.UserBudget = 1 << 30 // a full scan reads the n holders at once (and other tests' processes, root's too)
 	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0)}
-	l := &ledgerEntry{kind: client.KindInline, uid: uint32(os.Getuid()), user: "u", pid: sh.Process.Pid, devices: []int{0},
-		files: []procscan.FileID{fid}, held: map[int]bool{0: true}, since: time.Now()}
+	l := newEntry(&lease.Lease{Holder: lease.Holder{Kind: lease.Inline, UID: uint32(os.Getuid()), User: "u", PID: sh.Process.Pid},
+		Devices: []int{0}, Files: []lease.FileID{lease.FileID(fid)}, Since: time.Now()})
 	s.led.leases = map[int]*ledgerEntry{0: l}
 	s.led.scanner = scanner
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{fid: true}}

@@ -120,7 +120,7 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 	l := &login{d: d, w: w, queued: time.Now()}
 	w.Ref, c.w, c.login = c, w, l
 	s.leaseWaits[uid]++
-	s.q.Add(w)
+	s.table.Add(w)
 	s.scheduleLocked()
 	if c.w != w {
 		return true // granted at once, or the grant failed and said so
@@ -144,7 +144,7 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 // busyLocked ends a login's wait for a lease that found nothing free: it
 // logs in without one (hide) or is refused (deny), as on_busy says.
 func (s *Server) busyLocked(c *conn, l *login) {
-	s.q.Remove(l.w, false)
+	s.table.Remove(l.w)
 	s.unwaitLocked(c)
 	s.scheduleLocked()
 	s.progressLocked()

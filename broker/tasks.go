@@ -198,7 +198,7 @@ func (s *Server) cancel(c *conn, t *tasklife.Task) bool {
 // the record cannot be made, it waits on as before.
 func (s *Server) cancelLocked(j *task, who string) error {
 	if j.w != nil {
-		j.w.Held = true
+		s.holdLocked(j, true)
 	}
 	err := s.life.End(j.Task, tasklife.Cancelled, nil, "cancelled by "+who)
 	if err == nil {
@@ -206,7 +206,7 @@ func (s *Server) cancelLocked(j *task, who string) error {
 	}
 	s.log.Printf("task %d: cancel: %v", j.ID, err)
 	if j.w != nil {
-		j.w.Held = s.paused != nil
+		s.holdLocked(j, s.paused != nil)
 	}
 	s.settleLocked(j) // its --after tasks may have ended meanwhile
 	s.scheduleLocked()
@@ -330,7 +330,7 @@ func (s *Server) firstTaskLocked(t *task) bool {
 	if t.Sub.NoDevice {
 		return s.cpuq.Tasks(pool) == 0
 	}
-	return s.q.Tasks(pool) == 0
+	return s.table.Tasks(pool) == 0
 }
 
 // taskPool is the pool t waits in.
@@ -338,7 +338,7 @@ func (s *Server) taskPool(t *task) string {
 	if t.Sub.NoDevice {
 		return cpuPool
 	}
-	return s.poolName(t.Sub.Pool)
+	return s.table.PoolName(t.Sub.Pool)
 }
 
 // unknownID stands for a task's id until it gets one: no id is longer, so
@@ -617,7 +617,7 @@ func (s *Server) settleLocked(t *task) {
 		}
 		t.w = w
 	}
-	s.addLineLocked(t, (*lease.Queue).Add)
+	s.addLineLocked(t, false)
 	if !s.loading {
 		s.scheduleLocked()
 	}
@@ -685,20 +685,38 @@ func (s *Server) requeueLocked(t *task) {
 	if t.inLine || t.w == nil || !t.IsWaiting() {
 		return
 	}
-	s.addLineLocked(t, (*lease.Queue).Readd)
+	s.addLineLocked(t, true)
 }
 
-// addLineLocked puts t's waiter in its queue with add. (Waiting tasks are
-// capped by max_queued_tasks, not by max_waiting_per_user, which is for
-// npurun's requests: a user's queued tasks never lock them out of an
-// interactive npurun.)
-func (s *Server) addLineLocked(t *task, add func(*lease.Queue, *lease.Waiter)) {
-	t.w.Held = s.paused != nil || t.Busy()
+// addLineLocked puts t's waiter in its line: the lease table's, or the CPU
+// slots' queue for a task that needs no device; readd puts it back in the
+// place it had. (Waiting tasks are capped by max_queued_tasks, not by
+// max_waiting_per_user, which is for npurun's requests: a user's queued
+// tasks never lock them out of an interactive npurun.)
+func (s *Server) addLineLocked(t *task, readd bool) {
+	t.w.Held = s.paused != nil || t.Busy() // not in line yet: nobody else reads it
 	t.inLine = true
-	if t.Sub.NoDevice {
-		add(s.cpuq, t.w)
-	} else {
-		add(s.q, t.w)
+	switch {
+	case t.Sub.NoDevice && readd:
+		s.cpuq.Readd(t.w)
+	case t.Sub.NoDevice:
+		s.cpuq.Add(t.w)
+	case readd:
+		s.table.Readd(t.w)
+	default:
+		s.table.Add(t.w)
+	}
+}
+
+// holdLocked holds t's waiter in its place in line (skipped, reserving
+// nothing), or lets it be served again.
+func (s *Server) holdLocked(t *task, held bool) {
+	switch {
+	case t.w == nil:
+	case t.inLine && !t.Sub.NoDevice:
+		s.table.Hold(t.w, held)
+	default:
+		t.w.Held = held
 	}
 }
 
@@ -711,11 +729,11 @@ func (s *Server) removeLineLocked(t *task) {
 	if !t.inLine {
 		return
 	}
-	q := s.q
 	if t.Sub.NoDevice {
-		q = s.cpuq
+		s.cpuq.Remove(t.w, false)
+	} else {
+		s.table.Remove(t.w)
 	}
-	q.Remove(t.w, false)
 	s.leftLineLocked(t)
 }
 
@@ -885,7 +903,7 @@ func (s *Server) waitReasonLocked(j *task) string {
 	case w.Limit.MaxRunning > 0 && s.running[j.UID] >= w.Limit.MaxRunning:
 		return fmt.Sprintf("%s runs %d of %s allowed (%s)", w.User, s.running[j.UID], quantity.Count(w.Limit.MaxRunning, "task", "tasks"), w.Limit.Source)
 	case !j.Sub.NoDevice:
-		return s.reasonLocked(w)
+		return s.table.Reason(w)
 	}
 	return ""
 }
@@ -895,12 +913,11 @@ func (s *Server) positionLocked(t *task) int {
 	if t == nil || !t.inLine {
 		return 0
 	}
-	q := s.q
-	if t.Sub.NoDevice {
-		q = s.cpuq
+	if !t.Sub.NoDevice {
+		return s.table.Position(t.w)
 	}
 	pos := 0
-	for _, w := range q.Waiters() {
+	for _, w := range s.cpuq.Waiters() {
 		if w.Pool == t.w.Pool {
 			pos++
 		}
@@ -987,27 +1004,32 @@ func (s *Server) listPageLocked(c *conn, all bool, after uint64) (page []listed,
 // only as far as the last of them in it.
 func (s *Server) positionsOfLocked(ws []*lease.Waiter) map[*lease.Waiter]int {
 	want := make(map[*lease.Waiter]int, len(ws))
-	left := map[*lease.Queue]int{}
+	inTable := make(map[*lease.Waiter]int, len(ws))
+	left := 0 // in the CPU slots' queue
 	for _, w := range ws {
-		want[w] = 0
-		if taskOf(w) != nil && taskOf(w).Sub.NoDevice {
-			left[s.cpuq]++
+		if t := taskOf(w); t != nil && t.Sub.NoDevice {
+			want[w] = 0
+			left++
 		} else {
-			left[s.q]++
+			inTable[w] = 0
 		}
 	}
-	for _, q := range []*lease.Queue{s.q, s.cpuq} {
-		n := map[string]int{}
-		for _, w := range q.Waiters() {
-			if left[q] == 0 {
-				break
-			}
-			n[w.Pool]++
-			if _, ok := want[w]; ok {
-				want[w] = n[w.Pool]
-				left[q]--
-			}
+	if len(inTable) > 0 {
+		s.table.Positions(inTable)
+	}
+	n := map[string]int{}
+	for _, w := range s.cpuq.Waiters() {
+		if left == 0 {
+			break
 		}
+		n[w.Pool]++
+		if _, ok := want[w]; ok {
+			want[w] = n[w.Pool]
+			left--
+		}
+	}
+	for w, pos := range inTable {
+		want[w] = pos
 	}
 	return want
 }

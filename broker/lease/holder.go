@@ -48,8 +48,8 @@ type FileID struct{ Dev, Ino uint64 }
 // of its devices are still held is the table's to say (Snapshot, and the
 // owner's Released).
 type Lease struct {
+	Holder
 	ID      uint64
-	Holder  Holder
 	Pool    string
 	Devices []int
 	Files   []FileID // the lock files, in the order of Devices

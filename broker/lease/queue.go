@@ -73,6 +73,29 @@ func (q *Queue) TaskPools() int { return len(q.tasks) }
 // Tasks is how many tasks wait in pool.
 func (q *Queue) Tasks(pool string) int { return q.tasks[pool] }
 
+// FirstTasks appends to out the first task waiting unheld in each pool,
+// in line order. It stops once every pool with a task waiting has given
+// one, so the waiters after those are never looked at.
+func (q *Queue) FirstTasks(out []*Waiter) []*Waiter {
+	want := len(q.tasks)
+	if want == 0 {
+		return out
+	}
+	var few [8]string
+	seen := few[:0] // one a pool
+	for _, w := range q.order {
+		if !w.isTask() || w.Held || slices.Contains(seen, w.Pool) {
+			continue
+		}
+		seen = append(seen, w.Pool)
+		out = append(out, w)
+		if len(seen) == want {
+			break
+		}
+	}
+	return out
+}
+
 // countTask notes that a waiter joined (d = 1) or left (-1) the queue.
 func (q *Queue) countTask(w *Waiter, d int) {
 	if !w.isTask() {

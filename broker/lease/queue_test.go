@@ -407,3 +407,37 @@ func TestQueueReadd(t *testing.T) {
 		})
 	}
 }
+
+// TestFirstTasksLongLine: on a long line, FirstTasks gives what a walk of
+// the whole line finds: the first unheld task of each pool, in order.
+func TestFirstTasksLongLine(t *testing.T) {
+	q := NewQueue()
+	for i := range 10000 {
+		uid := uint32(1000 + i%50)
+		var w *Waiter
+		switch {
+		case i%10 == 9:
+			w = taskWaiter("cpu", uid, 1, 0)
+		case i%3 == 0:
+			w = taskWaiter("queue", uid, 1, 0)
+		default:
+			w = waiter("interactive", uid, 1, 0)
+		}
+		if w.isTask() && i%7 < 3 {
+			w.Held = true
+		}
+		q.Add(w)
+	}
+	var want []*Waiter
+	var seen []string
+	for _, w := range q.Waiters() {
+		if w.isTask() && !w.Held && !slices.Contains(seen, w.Pool) {
+			seen = append(seen, w.Pool)
+			want = append(want, w)
+		}
+	}
+	got := q.FirstTasks(nil)
+	if len(want) != 2 || !slices.Equal(got, want) {
+		t.Errorf("FirstTasks gives %d tasks, want %d (of %d waiters)", len(got), len(want), q.Len())
+	}
+}
