@@ -48,10 +48,13 @@ type Options struct {
 // Server is a running broker: the wiring of its rooms and the protocol
 // handlers.
 //
-// Lock order: Server.mu, then the lease table's (package lease), and
-// Server.mu, then access.mu, then accounts.mu. The lease table calls the
-// broker (tableOwner) and its gate (access) holding no lock of its own;
-// tasklife's table runs under Server.mu.
+// Lock order, where two locks are held together: ledger.refreshMu, then
+// Server.mu; Server.mu, then the lease table's (package lease: the broker
+// serves the line and delivers grants under Server.mu); Server.mu, then
+// access.mu (a grant opens its devices); either of those, then
+// accounts.mu. The lease table calls the broker (tableOwner) and its gate
+// (access) holding no lock of its own, so its lock is never held under
+// theirs; tasklife's table runs under Server.mu itself.
 type Server struct {
 	cfg   *policy.Config
 	inv   *npu.Inventory
@@ -203,11 +206,11 @@ func New(o Options) (*Server, error) {
 type tableOwner Server
 
 // Released records the end of lease l on device id (the ledger, the
-// accounting log).
-func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, last bool) {
+// accounting log). The ledger knows itself which devices of l are held.
+func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, _ bool) {
 	s := (*Server)(o)
 	s.mu.Lock()
-	s.leaseEndLocked(l, id, at, last)
+	s.leaseEndLocked(l, id, at)
 	s.mu.Unlock()
 }
 

@@ -187,9 +187,8 @@ func (l *ledgerEntry) record(ev string) usageRec {
 }
 
 // leaseEndLocked records that device id of lease ll was released at now:
-// the lease table's watcher saw the lock go. last tells that ll holds no
-// other device.
-func (s *Server) leaseEndLocked(ll *lease.Lease, id int, now time.Time, last bool) {
+// the lease table's watcher saw the lock go.
+func (s *Server) leaseEndLocked(ll *lease.Lease, id int, now time.Time) {
 	l := s.led.leases[id]
 	if l == nil || l.Lease != ll {
 		return

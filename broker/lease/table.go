@@ -82,7 +82,6 @@ type Config struct {
 // order (TestLockOrder).
 type Table struct {
 	// Set by Open, never changed.
-	dir         string
 	vendor      npu.Vendor
 	gate        Gate
 	owner       Owner
@@ -136,8 +135,8 @@ func (d *device) free() bool { return d.fd >= 0 && d.granting == nil }
 // lease from before this start: Found names those, for the owner to Adopt
 // what it knows of them. Nothing is in service until Start.
 func Open(c Config) (*Table, error) {
-	t := &Table{dir: c.Dir, vendor: c.Vendor, gate: c.Gate, owner: c.Owner, log: c.Log, repeat: c.Repeat,
-		ids: slices.Clone(c.IDs), pools: c.Pools, poolIDs: map[string][]int{}, poolOf: map[int]string{},
+	t := &Table{vendor: c.Vendor, gate: c.Gate, owner: c.Owner, log: c.Log, repeat: c.Repeat,
+		ids: slices.Clone(c.IDs), pools: slices.Clone(c.Pools), poolIDs: map[string][]int{}, poolOf: map[int]string{},
 		defaultPool: c.DefaultPool, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}}
 	if t.log == nil {
 		t.log = log.New(discard{}, "", 0)
@@ -285,6 +284,12 @@ func (t *Table) Start(closed map[int]error) {
 	t.mu.Lock()
 	found := t.found
 	t.found = nil
+	old := make(map[int]int, len(t.ids)) // the free devices' lock files from before this start
+	for _, id := range t.ids {
+		if d := t.devs[id]; d.fd >= 0 {
+			old[id], d.fd = d.fd, -1 // not free until it is on a fresh file
+		}
+	}
 	t.mu.Unlock()
 	for _, id := range t.ids {
 		d := t.devs[id]
@@ -292,8 +297,7 @@ func (t *Table) Start(closed map[int]error) {
 			d.watch <- fd
 			continue
 		}
-		old := d.fd
-		d.fd = -1 // nobody can ask yet: the owner starts serving after Start
+		old := old[id]
 		if err := closed[id]; err != nil && t.gate != nil {
 			go func() {
 				t.gate.Close(id, err)
