@@ -581,7 +581,14 @@ func (t *Table) lineLocked(out []Place) []Place {
 		pos   int
 		ahead []string
 	}
+	type capKey struct {
+		uid    uint32
+		user   string
+		max    int
+		source string
+	}
 	st := map[string]*standing{}
+	var why map[capKey]string // a user's reason, said once however many of their requests wait
 	for _, w := range t.q.Waiters() {
 		p := st[w.Pool]
 		if p == nil {
@@ -589,7 +596,19 @@ func (t *Table) lineLocked(out []Place) []Place {
 			st[w.Pool] = p
 		}
 		p.pos++
-		pl := Place{W: w, Pos: p.pos, Why: t.reasonLocked(w)}
+		pl := Place{W: w, Pos: p.pos}
+		if t.capped(w) {
+			k := capKey{w.UID, w.User, w.Limit.MaxDevices, w.Limit.Source}
+			r, ok := why[k]
+			if !ok {
+				if why == nil {
+					why = map[capKey]string{}
+				}
+				r = t.reasonLocked(w)
+				why[k] = r
+			}
+			pl.Why = r
+		}
 		if p.pos > 1 {
 			pl.Ahead = p.ahead
 		}
