@@ -3,13 +3,16 @@ package broker
 import (
 	"errors"
 	"fmt"
+	"log"
 	"slices"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/policy"
 )
 
 // Device access of restricted accounts. They are in no group that may open
@@ -27,46 +30,72 @@ import (
 // At start, a free device's node loses the managed entries (a broker
 // killed during a lease leaves none behind), a held device's node keeps
 // them until that lease ends.
+//
+// access is the lease table's gate (lease.Gate): the table opens a
+// device before a lease's descriptors leave the broker and closes it
+// after the lease, before the device can be granted again.
+
+// access changes the ACLs of the device nodes. Its lock serialises the
+// changes: a sweep of the control nodes reads every device node's ACL,
+// and an entry added meanwhile would be swept. It is taken under
+// Server.mu (a grant opens its devices in the scheduling pass), never the
+// other way round, and never under the lease table's lock.
+type access struct {
+	cfg   *policy.Config
+	inv   *npu.Inventory
+	users *accounts
+	log   *log.Logger
+	rlog  *rateLog
+
+	mu sync.Mutex
+	// removeUsers removes the managed ACL entries from a node
+	// (npu.RemoveUsers): a test makes it fail.
+	removeUsers func(path string, managed func(uid uint32) bool) ([]uint32, error)
+}
+
+func newAccess(s *Server) *access {
+	return &access{cfg: s.cfg, inv: s.inv, users: &s.users, log: s.log, rlog: s.rlog, removeUsers: npu.RemoveUsers}
+}
 
 // aclsManaged tells whether the broker manages device ACLs at all: only
 // for a policy that restricts someone, and a vendor with device nodes.
-func (s *Server) aclsManaged() bool {
-	return s.cfg.Restrict.Active() && s.inv.Vendor != npu.Fake
+func (a *access) aclsManaged() bool {
+	return a.cfg.Restrict.Active() && a.inv.Vendor != npu.Fake
 }
 
 // cachedAccount is what the broker knows of uid from its cache, whatever
-// the entry's age; nil where uid was never looked up. Code under s.mu asks
-// no user database: NSS (LDAP, sssd) and the getent it runs can take
-// seconds, and every client waits on s.mu meanwhile. The accounts it needs
-// are looked up before: a client's when it asks, a task's when it is
-// loaded, and those that an ACL names by resolveNodeUsers.
-func (s *Server) cachedAccount(uid uint32) *account {
-	s.users.mu.Lock()
-	defer s.users.mu.Unlock()
-	return s.users.m[uid]
+// the entry's age; nil where uid was never looked up. Code under a lock
+// (Server.mu, a.mu) asks no user database: NSS (LDAP, sssd) and the getent
+// it runs can take seconds, and every client waits meanwhile. The accounts
+// it needs are looked up before: a client's when it asks, a task's when
+// it is loaded, and those that an ACL names by resolveNodeUsers.
+func (a *access) cachedAccount(uid uint32) *account {
+	a.users.mu.Lock()
+	defer a.users.mu.Unlock()
+	return a.users.m[uid]
 }
 
 // resolveNodeUsers looks up the accounts of the uids named in the ACLs of
 // devices ids' nodes and of the control nodes that the cache does not know
 // (a known account is taken whatever its age, as a lease's holder was
-// looked up when it asked), so that revokeLocked and sweepSharedLocked
-// find them cached. It is called without s.mu, before them.
-func (s *Server) resolveNodeUsers(ids []int) {
-	if !s.aclsManaged() {
+// looked up when it asked), so that Revoke and sweepSharedLocked
+// find them cached. It is called holding no lock, before them.
+func (a *access) resolveNodeUsers(ids []int) {
+	if !a.aclsManaged() {
 		return
 	}
 	var paths []string
 	for _, id := range ids {
-		paths = append(paths, s.inv.Nodes(id)...)
+		paths = append(paths, a.inv.Nodes(id)...)
 	}
-	for _, p := range append(paths, s.inv.SharedNodes()...) {
+	for _, p := range append(paths, a.inv.SharedNodes()...) {
 		uids, err := npu.ACLUsers(p)
 		if err != nil {
-			continue // revokeLocked says so
+			continue // Revoke says so
 		}
 		for _, uid := range uids {
-			if a := s.cachedAccount(uid); uid != 0 && (a == nil || !a.known) {
-				s.users.lookup(uid)
+			if acct := a.cachedAccount(uid); uid != 0 && (acct == nil || !acct.known) {
+				a.users.lookup(uid)
 			}
 		}
 	}
@@ -74,24 +103,24 @@ func (s *Server) resolveNodeUsers(ids []int) {
 
 // restricted tells whether uid is a restricted account. An account the
 // broker has not looked up is not (it gets no entry).
-func (s *Server) restricted(uid uint32) bool {
-	if uid == 0 || !s.aclsManaged() {
+func (a *access) restricted(uid uint32) bool {
+	if uid == 0 || !a.aclsManaged() {
 		return false
 	}
-	a := s.cachedAccount(uid)
-	return a != nil && a.known && s.restrictedAccountOf(a)
+	acct := a.cachedAccount(uid)
+	return acct != nil && acct.known && a.restrictedAccountOf(acct)
 }
 
 // managed tells whether an ACL entry for uid is the broker's: a restricted
 // account's, or a uid that no account has. An entry of a uid the broker
 // has not looked up (added after resolveNodeUsers ran, so not by the
 // broker) is left.
-func (s *Server) managed(uid uint32) bool {
+func (a *access) managed(uid uint32) bool {
 	if uid == 0 {
 		return false
 	}
-	a := s.cachedAccount(uid)
-	return a != nil && (!a.known || s.restrictedAccountOf(a))
+	acct := a.cachedAccount(uid)
+	return acct != nil && (!acct.known || a.restrictedAccountOf(acct))
 }
 
 // restrictedAccountOf tells whether account a is restricted for its
@@ -101,35 +130,37 @@ func (s *Server) managed(uid uint32) bool {
 // user): it may be in that group, and taking it for unrestricted would
 // leave its entry on a device that is then granted to someone else. Fail
 // closed: its entries are removed, and a lease adds one.
-func (s *Server) restrictedAccountOf(a *account) bool {
-	if s.cfg.Restricted(a.name, a.groups) {
+func (a *access) restrictedAccountOf(acct *account) bool {
+	if a.cfg.Restricted(acct.name, acct.groups) {
 		return true
 	}
-	if a.unanswered() == nil || a.name == "root" {
+	if acct.unanswered() == nil || acct.name == "root" {
 		return false
 	}
-	return len(s.cfg.Restrict.Groups) > 0 || (!a.known && len(s.cfg.Restrict.Users) > 0)
+	return len(a.cfg.Restrict.Groups) > 0 || (!acct.known && len(a.cfg.Restrict.Users) > 0)
 }
 
 // allowUser adds an ACL entry for uid to one node (npu.AllowUser); a test
 // counts the calls through it.
 var allowUser = npu.AllowUser
 
-// allowLocked opens devices ids, and the shared control nodes, to uid if
-// uid is a restricted account. It is called before the lease's descriptors
-// leave the broker; adding an entry that is there already writes nothing.
-func (s *Server) allowLocked(uid uint32, ids []int) error {
-	if !s.restricted(uid) {
+// Allow opens devices ids, and the shared control nodes, to uid if uid is
+// a restricted account. It is called before the lease's descriptors leave
+// the broker; adding an entry that is there already writes nothing.
+func (a *access) Allow(uid uint32, ids []int) error {
+	if !a.restricted(uid) {
 		return nil
 	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	for _, id := range ids {
-		for _, p := range s.inv.Nodes(id) {
+		for _, p := range a.inv.Nodes(id) {
 			if err := allowUser(p, uid); err != nil {
 				return err
 			}
 		}
 	}
-	for _, p := range s.inv.SharedNodes() {
+	for _, p := range a.inv.SharedNodes() {
 		if err := allowUser(p, uid); err != nil {
 			if errors.Is(err, unix.ENOENT) {
 				continue // not every driver makes every control node
@@ -140,29 +171,31 @@ func (s *Server) allowLocked(uid uint32, ids []int) error {
 	return nil
 }
 
-// revokeLocked closes device id's node to every account whose entry the
-// broker manages (its lease has ended), and the shared control nodes to
-// those of them left with no device. An error means that an entry may be
-// left on the device's node: the device must not be granted until a later
-// try succeeds (revokeUntilDone).
-func (s *Server) revokeLocked(id int) error {
-	if !s.aclsManaged() {
+// Revoke closes device id's node to every account whose entry the broker
+// manages (its lease has ended), and the shared control nodes to those of
+// them left with no device: one try, with the accounts cached. An error
+// means that an entry may be left on the device's node: the device must
+// not be granted until a later try succeeds (Close).
+func (a *access) Revoke(id int) error {
+	if !a.aclsManaged() {
 		return nil
 	}
-	removed, err := s.removeManagedLocked(id)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	removed, err := a.removeManagedLocked(id)
 	if len(removed) > 0 {
-		s.sweepSharedLocked()
+		a.sweepSharedLocked()
 	}
 	return err
 }
 
 // removeManagedLocked removes the managed entries from device id's nodes
 // and returns the uids whose entries it removed.
-func (s *Server) removeManagedLocked(id int) ([]uint32, error) {
+func (a *access) removeManagedLocked(id int) ([]uint32, error) {
 	var removed []uint32
 	var errs []error
-	for _, p := range s.inv.Nodes(id) {
-		uids, err := s.removeUsers(p, s.managed)
+	for _, p := range a.inv.Nodes(id) {
+		uids, err := a.removeUsers(p, a.managed)
 		switch {
 		case errors.Is(err, npu.ErrNoACL):
 			continue // no ACLs there, so no entry to remove
@@ -182,67 +215,84 @@ func (s *Server) removeManagedLocked(id int) ([]uint32, error) {
 // failed.
 const revokeRetryMax = 5 * time.Second
 
-// revokeUntilDone tries device d's revoke again, with a growing wait,
-// until it succeeds: until then an account whose lease of d has ended may
-// still open its node, so d stays out of service (it is neither free nor
-// leased: nobody is granted it). err is why the last try failed.
-func (s *Server) revokeUntilDone(d *device, err error) {
-	for wait := 50 * time.Millisecond; err != nil; wait = min(2*wait, revokeRetryMax) {
-		s.rlog.Printf("%v; npu %d is out of service until the ACL entries of its node can be removed", err, d.id)
-		time.Sleep(wait)
-		s.resolveNodeUsers([]int{d.id})
-		s.mu.Lock()
-		err = s.revokeLocked(d.id)
-		s.mu.Unlock()
+// Close closes device id after its lease has ended, or a grant that was
+// not delivered opened it: the accounts its node's ACL names are looked
+// up, then Revoke is tried, and tried again with a growing wait until it
+// succeeds (failed: why a try made already failed, nil if none was).
+// Until then an account whose lease of id has ended may still open its
+// node, so the device stays out of service (the lease table grants it to
+// nobody meanwhile). It is called holding no lock.
+func (a *access) Close(id int, failed error) {
+	if failed == nil {
+		a.resolveNodeUsers([]int{id})
+		failed = a.Revoke(id)
 	}
-	s.log.Printf("npu %d: the ACL entries of its node are removed; back in service", d.id)
+	if failed != nil {
+		a.revokeUntilDone(id, failed)
+	}
+}
+
+// revokeUntilDone tries device id's revoke again, with a growing wait,
+// until it succeeds. err is why the last try failed.
+func (a *access) revokeUntilDone(id int, err error) {
+	for wait := 50 * time.Millisecond; err != nil; wait = min(2*wait, revokeRetryMax) {
+		a.rlog.Printf("%v; npu %d is out of service until the ACL entries of its node can be removed", err, id)
+		time.Sleep(wait)
+		a.resolveNodeUsers([]int{id})
+		err = a.Revoke(id)
+	}
+	a.log.Printf("npu %d: the ACL entries of its node are removed; back in service", id)
 }
 
 // sweepSharedLocked removes from the shared control nodes the managed
 // entries of users who hold an entry on no device node of the machine:
 // the devices of another broker of the machine (one broker per device,
 // not per machine) count, as their leases need the control nodes too.
-func (s *Server) sweepSharedLocked() {
+func (a *access) sweepSharedLocked() {
 	var holding []uint32
-	for _, p := range s.inv.MachineNodes() {
+	for _, p := range a.inv.MachineNodes() {
 		uids, err := npu.ACLUsers(p)
 		if err != nil {
 			// Unknown: keep every control node entry rather than take
 			// one from a lease.
-			s.log.Printf("%s: %v; control nodes left as they are", p, err)
+			a.log.Printf("%s: %v; control nodes left as they are", p, err)
 			return
 		}
 		holding = append(holding, uids...)
 	}
-	for _, p := range s.inv.SharedNodes() {
+	for _, p := range a.inv.SharedNodes() {
 		_, err := npu.RemoveUsers(p, func(uid uint32) bool {
-			return !slices.Contains(holding, uid) && s.managed(uid)
+			return !slices.Contains(holding, uid) && a.managed(uid)
 		})
 		if err != nil && !errors.Is(err, unix.ENOENT) {
-			s.log.Printf("%v", err)
+			a.log.Printf("%v", err)
 		}
 	}
 }
 
-// startAccessLocked is the broker's start: the nodes of free devices lose
-// the managed entries, those of held devices keep them, and the control
-// nodes keep an entry only for users with a device node's entry. It
-// returns the free devices whose entries could not all be removed, with
-// why: those are not put in service until they are (revokeUntilDone).
-func (s *Server) startAccessLocked(free []int) map[int]error {
-	if !s.aclsManaged() {
+// start is the broker's start: the accounts the ACLs name are looked up,
+// the nodes of free devices lose the managed entries, those of held
+// devices keep them, and the control nodes keep an entry only for users
+// with a device node's entry. It returns the free devices whose entries
+// could not all be removed, with why: those are not put in service until
+// they are (Close). It is called holding no lock.
+func (a *access) start(free []int) map[int]error {
+	if !a.aclsManaged() {
 		return nil
 	}
+	a.resolveNodeUsers(a.inv.IDs)
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	failed := map[int]error{}
 	for _, id := range free {
-		uids, err := s.removeManagedLocked(id)
+		uids, err := a.removeManagedLocked(id)
 		if err != nil {
 			failed[id] = err
 		}
 		if len(uids) > 0 {
-			s.log.Printf("npu %d is free: removed the ACL entries of %s left from before this start", id, quantity.List("uid", "uids", uids))
+			a.log.Printf("npu %d is free: removed the ACL entries of %s left from before this start", id, quantity.List("uid", "uids", uids))
 		}
 	}
-	s.sweepSharedLocked()
+	a.sweepSharedLocked()
 	return failed
 }

@@ -214,8 +214,8 @@ func TestRevokeFailsClosed(t *testing.T) {
 	s, sock, dev, uid := aclBroker(t, 1)
 	var failing atomic.Bool
 	tries := make(chan string, 64) // each failed removal
-	s.mu.Lock()
-	s.removeUsers = func(path string, managed func(uint32) bool) ([]uint32, error) {
+	s.acc.mu.Lock()
+	s.acc.removeUsers = func(path string, managed func(uint32) bool) ([]uint32, error) {
 		if failing.Load() {
 			select {
 			case tries <- path:
@@ -225,7 +225,7 @@ func TestRevokeFailsClosed(t *testing.T) {
 		}
 		return npu.RemoveUsers(path, managed)
 	}
-	s.mu.Unlock()
+	s.acc.mu.Unlock()
 	node := filepath.Join(dev, "davinci0")
 	named := func() bool {
 		uids, err := npu.ACLUsers(node)
@@ -357,7 +357,7 @@ func TestGroupLookupFailsClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{cfg: cfg, inv: &npu.Inventory{Vendor: npu.Ascend}}
+	s := &access{cfg: cfg, inv: &npu.Inventory{Vendor: npu.Ascend}, users: &accounts{}}
 	_, _, lookupErr := accountGroups(ids, func(string) (*user.Group, error) { return nil, nssDown })
 	s.users.store(2001, &account{name: "stu1", known: true, groupsErr: lookupErr, at: time.Now()})
 	s.users.store(2002, &account{name: "staff1", known: true, groups: []string{"staff"}, at: time.Now()})

@@ -9,8 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,7 +17,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
-	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -47,21 +45,25 @@ type Options struct {
 	Log       *log.Logger
 }
 
-// Server is a running broker.
+// Server is a running broker: the wiring of its rooms and the protocol
+// handlers.
+//
+// Lock order, where two locks are held together: ledger.refreshMu, then
+// Server.mu; Server.mu, then the lease table's (package lease: the broker
+// serves the line and delivers grants under Server.mu); Server.mu, then
+// access.mu (a grant opens its devices); either of those, then
+// accounts.mu. The lease table calls the broker (tableOwner) and its gate
+// (access) holding no lock of its own, so its lock is never held under
+// theirs; tasklife's table runs under Server.mu itself.
 type Server struct {
 	cfg   *policy.Config
 	inv   *npu.Inventory
-	locks string
 	log   *log.Logger
 	rlog  *rateLog // log, for lines that a lasting cause repeats (lograte.go)
 	users accounts
 
-	// removeUsers removes the managed ACL entries from a node
-	// (npu.RemoveUsers), under mu: a test makes it fail.
-	removeUsers func(path string, managed func(uid uint32) bool) ([]uint32, error)
-
-	pools  map[string][]int // pool name -> ids
-	poolOf map[int]string   // device id -> pool name
+	table *lease.Table // the devices, their lock files, the line, caps and grants: its own lock
+	acc   *access      // device access of restricted accounts (access.go), the table's gate: its own lock
 
 	socket       string
 	self         string         // this program, beside which npurun-supervise is looked for first
@@ -78,10 +80,7 @@ type Server struct {
 	mu            sync.Mutex
 	here          bool          // tasks granted are launched by the scheduler's caller (scheduleHereLocked)
 	launches      []grantedTask // those tasks, meanwhile
-	devs          []*device     // indexed by physical id; nil where not managed
-	nfree         int
-	held          map[uint32]int // devices held per uid, from this broker's grants
-	q             *Queue         // waiters for devices: leases and tasks
+	places        []lease.Place // the line, as the last progress report read it (reused)
 	conns         int
 	fdKeep        int         // descriptors kept from connections (fdlimit.go), set once by New
 	nofile        nofileCache // RLIMIT_NOFILE, as last read
@@ -99,7 +98,7 @@ type Server struct {
 	taskErr   error
 	jobs      map[uint64]*task
 	running   map[uint32]int // tasks starting or running per uid: the table's own count
-	cpuq      *Queue         // --no-device tasks waiting for a CPU slot
+	cpuq      *lease.Queue   // --no-device tasks waiting for a CPU slot
 	cpuFree   []bool
 	loading   bool           // taking up the journal's tasks
 	warm      int            // supervisors started for tasks still waiting
@@ -124,16 +123,10 @@ func New(o Options) (*Server, error) {
 	s := &Server{
 		cfg:          o.Config,
 		inv:          o.Inventory,
-		locks:        filepath.Join(o.RunDir, "locks"),
 		log:          o.Log,
 		rlog:         &rateLog{log: o.Log},
-		removeUsers:  npu.RemoveUsers,
 		socket:       o.Socket,
 		unprivileged: os.Geteuid() != 0,
-		pools:        map[string][]int{},
-		poolOf:       map[int]string{},
-		held:         map[uint32]int{},
-		q:            NewQueue(),
 		userConns:    map[uint32]int{},
 		connsOf:      map[uint32]map[*conn]struct{}{},
 		unread:       map[uint32]int{},
@@ -141,9 +134,10 @@ func New(o Options) (*Server, error) {
 		jobs:         map[uint64]*task{},
 		running:      map[uint32]int{},
 		boot:         bootID(),
-		cpuq:         NewQueue(),
+		cpuq:         lease.NewQueue(),
 		cpuFree:      make([]bool, o.Config.Tasks.CPUSlots),
 	}
+	s.acc = newAccess(s)
 	for i := range s.cpuFree {
 		s.cpuFree[i] = true
 		s.cpuSlots = append(s.cpuSlots, i)
@@ -155,76 +149,30 @@ func New(o Options) (*Server, error) {
 	if s.self, err = os.Executable(); err != nil {
 		return nil, fmt.Errorf("find own executable: %w", err)
 	}
-	for _, p := range o.Config.Pools {
-		ids := p.IDs
-		if ids == nil {
-			ids = o.Inventory.IDs
-		}
-		for _, id := range ids {
-			if !slices.Contains(o.Inventory.IDs, id) {
-				return nil, fmt.Errorf("pool %q names npu %d, which is not among the devices managed (%s)", p.Name, id, npu.FormatIDs(o.Inventory.IDs))
-			}
-		}
-		s.pools[p.Name] = ids
-		for _, id := range ids {
-			s.poolOf[id] = p.Name
-		}
+	pools := make([]lease.Pool, len(o.Config.Pools))
+	for i, p := range o.Config.Pools {
+		pools[i] = lease.Pool{Name: p.Name, IDs: p.IDs}
 	}
-	if err := prepareDir(s.locks, lockDirMode); err != nil {
+	if s.table, err = lease.Open(lease.Config{
+		Dir: filepath.Join(o.RunDir, "locks"), IDs: s.inv.IDs, Pools: pools, DefaultPool: s.cfg.DefaultPool,
+		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf,
+	}); err != nil {
 		return nil, err
-	}
-	maxID := 0
-	for _, id := range s.inv.IDs {
-		maxID = max(maxID, id)
-	}
-	s.devs = make([]*device, maxID+1)
-	var free []int
-	freeFD := map[int]int{} // devices free at start: their old lock files
-	held := map[int]int{}   // devices held from before this start: their lock files
-	for _, id := range s.inv.IDs {
-		d := &device{id: id, path: LockPath(s.locks, id), fd: -1, spare: -1, watch: make(chan int, 1)}
-		fd, isFree, err := tryLock(d.path)
-		if err != nil {
-			return nil, err
-		}
-		s.devs[id] = d
-		go s.watch(d)
-		if isFree {
-			free = append(free, id)
-			freeFD[id] = fd
-		} else {
-			d.since = time.Now()
-			s.log.Printf("npu %d is held by a lease from before this start; waiting for its release", id)
-			held[id] = fd // to its watcher once its lease is taken up
-		}
 	}
 	if s.inv.Note != "" {
 		s.log.Print(s.inv.Note)
 	}
 	// Device access: a free device's node is cleaned before the device
 	// is put in service, and one whose node cannot be is not, until it
-	// is. The accounts the ACLs name are looked up first, without the
-	// lock.
-	s.resolveNodeUsers(s.inv.IDs)
-	s.mu.Lock()
-	failed := s.startAccessLocked(free)
-	s.mu.Unlock()
-	for _, id := range free {
-		// Free, but descriptors of leases from before this start may
-		// still reach the file: the device starts on a fresh one.
-		d, fd := s.devs[id], freeFD[id]
-		if err := failed[id]; err != nil {
-			go func() {
-				s.revokeUntilDone(d, err)
-				s.renew(d, fd, nil)
-			}()
-			continue
-		}
-		if err := s.renewOnce(d, fd, nil); err != nil {
-			s.rlog.Printf("npu %d: %v; out of service until a fresh lock file can be made", id, err)
-			go s.renew(d, fd, nil)
+	// is.
+	found := s.table.Found()
+	var free []int
+	for _, id := range s.inv.IDs {
+		if _, held := found[id]; !held {
+			free = append(free, id)
 		}
 	}
+	failed := s.acc.start(free)
 	if err := s.writeSessionPolicy(o.RunDir); err != nil {
 		return nil, err
 	}
@@ -242,12 +190,10 @@ func New(o Options) (*Server, error) {
 	if err := s.claimState(stateDir); errors.Is(err, ErrClaimed) {
 		return nil, err
 	}
-	if err := s.initLedger(stateDir, held); err != nil {
+	if err := s.initLedger(stateDir, found); err != nil {
 		return nil, err
 	}
-	for id, fd := range held {
-		s.devs[id].watch <- fd
-	}
+	s.table.Start(failed)
 	if err := s.openTasks(stateDir); err != nil {
 		return nil, err
 	}
@@ -255,135 +201,29 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
-// watch is device d's watcher, for the broker's lifetime: given a second
-// open of d's lock file while a lease holds it, it makes the fresh lock
-// file for the next lease, then waits in flock until the lease's process
-// tree is gone; then the lease is over, and d is free once the fresh file
-// is in place.
-func (s *Server) watch(d *device) {
-	for fd := range d.watch {
-		d.ended.Store(nil)
-		// The next lease's lock file is made while this one runs, not
-		// after: a lease's end, when waiters are many and descriptors
-		// may be short, then needs no new descriptor.
-		ahead := s.prepareAhead(d)
-		if err := flock(fd, false); err != nil {
-			// Nothing else can be done with this device; keep it out of
-			// use rather than risk a double grant.
-			s.log.Printf("npu %d: wait for release: %v; device taken out of service", d.id, err)
-			unix.Close(fd)
-			if next := ahead(); next != nil {
-				next.discard()
-			}
-			continue
-		}
-		if fid, err := procscan.ID(fd); err == nil {
-			d.ended.Store(&fid)
-		}
-		next := ahead()
-		s.resolveNodeUsers([]int{d.id}) // for revokeLocked, outside the lock
-		s.mu.Lock()
-		s.leaseEndLocked(d)
-		if d.leased {
-			if s.held[d.holder]--; s.held[d.holder] <= 0 {
-				delete(s.held, d.holder)
-			}
-		}
-		d.leased, d.origin = false, nil
-		err := s.revokeLocked(d.id) // before the device can be granted again
-		s.mu.Unlock()
-		if err != nil {
-			s.revokeUntilDone(d, err) // fail closed: granted to nobody meanwhile
-		}
-		s.renew(d, fd, next)
-	}
-}
+// tableOwner is the broker as the lease table's owner: what the table
+// tells it, it hears holding no lock of the table's.
+type tableOwner Server
 
-// prepareAhead makes device d's next lock file while its lease runs,
-// trying again at growing intervals while it cannot (out of descriptors,
-// a full /run). The function it returns, called once the lease has ended,
-// stops the tries and gives the file made, or nil.
-func (s *Server) prepareAhead(d *device) func() *freshLock {
-	next, err := prepareLock(d.path)
-	if err == nil {
-		return func() *freshLock { return next }
-	}
-	s.rlog.Printf("npu %d: %v; trying again while its lease runs", d.id, err)
-	stop, made := make(chan struct{}), make(chan *freshLock, 1)
-	go func() {
-		for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-			select {
-			case <-stop:
-				made <- nil
-				return
-			case <-time.After(wait):
-			}
-			if next, err := prepareLock(d.path); err == nil {
-				made <- next
-				return
-			}
-		}
-	}()
-	return func() *freshLock {
-		select {
-		case next := <-made:
-			return next
-		default:
-		}
-		close(stop)
-		return <-made
-	}
-}
-
-// renew makes d free on a fresh lock file, next if it was made already;
-// old is the lock of the lease that ended, closed once the new file is in
-// place. While no fresh file can be made (out of descriptors, a full /run)
-// d stays out of service: handing out the old file again would let an
-// earlier lease's descriptor take it.
-func (s *Server) renew(d *device, old int, next *freshLock) {
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		err := s.renewOnce(d, old, next)
-		if err == nil {
-			return
-		}
-		next = nil
-		s.rlog.Printf("npu %d: %v; out of service until a fresh lock file can be made", d.id, err)
-		time.Sleep(wait)
-	}
-}
-
-// renewOnce tries once to make d free on a fresh lock file.
-func (s *Server) renewOnce(d *device, old int, next *freshLock) error {
-	if next == nil {
-		var err error
-		if next, err = prepareLock(d.path); err != nil {
-			return err
-		}
-	}
-	if err := next.place(d.path); err != nil {
-		next.discard()
-		return err
-	}
-	unix.Close(old)
+// Released records the end of lease l on device id (the ledger, the
+// accounting log). The ledger knows itself which devices of l are held.
+func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, _ bool) {
+	s := (*Server)(o)
 	s.mu.Lock()
-	d.fd, d.spare = next.locked, next.spare
-	s.nfree++
+	s.leaseEndLocked(l, id, at)
+	s.mu.Unlock()
+}
+
+// Freed serves the line: a device came into service. The tasks it grants
+// are launched here, on the table's goroutine that freed the device: a
+// goroutine started for the launch would cost a wake-up on the path from
+// a lease's end to the next task's start (scheduleHereLocked).
+func (o *tableOwner) Freed() {
+	s := (*Server)(o)
+	s.mu.Lock()
 	starts := s.scheduleHereLocked()
 	s.mu.Unlock()
 	s.launchAll(starts)
-	return nil
-}
-
-// releasedLocked hands device d, now leased to uid, to its watcher. The
-// caller has taken d.fd, the locked descriptor, for the lease, and has
-// opened the lease's devices to a restricted uid (allowLocked, once for
-// all of them: each call reads every node's ACL under the broker's lock).
-func (s *Server) releasedLocked(d *device, uid uint32) {
-	d.leased, d.holder, d.since = true, uid, time.Now()
-	s.nfree--
-	s.held[uid]++
-	d.watch <- d.spare
-	d.spare = -1
 }
 
 // Listen opens the broker's socket at path. A socket file left by a broker
@@ -476,20 +316,4 @@ func (s *Server) disarmTasks() {
 	if s.life != nil {
 		s.life.Stop()
 	}
-}
-
-// poolName resolves the pool a request names; "" is the default pool.
-func (s *Server) poolName(name string) string {
-	if name == "" {
-		return s.cfg.DefaultPool
-	}
-	return name
-}
-
-func poolList(s *Server) string {
-	var names []string
-	for _, p := range s.cfg.Pools {
-		names = append(names, p.Name)
-	}
-	return strings.Join(names, ", ")
 }

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/internal/owndir"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -63,7 +64,10 @@ func Claim(dir string) (*os.File, error) {
 func flockPatiently(fd int) error {
 	deadline := time.Now().Add(claimWait)
 	for {
-		err := flock(fd, true)
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == unix.EINTR {
+			continue
+		}
 		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
 			return err
 		}
@@ -87,7 +91,7 @@ func (s *Server) claimState(dir string) error {
 	if s.stateClaim != nil {
 		return nil
 	}
-	if err := prepareLockDir(dir); err != nil {
+	if err := owndir.Make(dir, 0o700); err != nil {
 		return err
 	}
 	claim, err := Claim(dir)
@@ -207,7 +211,7 @@ func ClaimDevices(inv *npu.Inventory, dir string) (*DeviceClaims, error) {
 // openClaimDir makes dir if need be and opens it, refusing a symbolic link
 // and a directory that is not the broker's user's alone.
 func openClaimDir(dir string) (int, error) {
-	if err := prepareDir(dir, 0o700); err != nil {
+	if err := owndir.Make(dir, 0o700); err != nil {
 		return -1, fmt.Errorf("device claims: %w", err)
 	}
 	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 )
 
 // conn is one client connection. Its goroutine reads requests; the
@@ -24,8 +25,9 @@ type conn struct {
 	pid  int32
 	acct *account
 
-	w       *Waiter // the request waiting, nil when none
-	waiting []*task // tasks whose end it waits for
+	w       *lease.Waiter // the request waiting, nil when none
+	told    told          // what it was last told of its place (reportLocked)
+	waiting []*task       // tasks whose end it waits for
 	closed  bool
 	unread  int // bytes sent that the client had not read when last looked at (SIOCOUTQ)
 
@@ -160,7 +162,7 @@ func (c *conn) finish() {
 	}
 	c.closed = true
 	s.forgetWaitsLocked(c)
-	if c.w != nil && s.q.Remove(c.w, false) {
+	if c.w != nil && s.table.Remove(c.w) {
 		s.unwaitLocked(c)
 		s.scheduleLocked() // its reservations are gone
 		s.progressLocked()

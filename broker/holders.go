@@ -32,7 +32,7 @@ func (s *Server) refreshHolders() {
 	s.led.refreshMu.Lock()
 	defer s.led.refreshMu.Unlock()
 	type look struct {
-		l       *lease
+		l       *ledgerEntry
 		roots   []int
 		targets procscan.Targets
 		uids    map[uint32]bool // of the last look's holders, which may be kept
@@ -44,8 +44,8 @@ func (s *Server) refreshHolders() {
 	}
 	var looks []look
 	for _, l := range s.uniqueLeasesLocked() {
-		if l.kind == client.KindTask && l.pid == 0 {
-			l.pid, l.pidStart = s.taskSupervisorLocked(l.task)
+		if l.kind() == client.KindTask && l.pid == 0 {
+			l.pid, l.pidStart = s.taskSupervisorLocked(l.Task)
 		}
 		lk := look{l: l, targets: procscan.Targets{Files: map[procscan.FileID]bool{}}, uids: map[uint32]bool{}}
 		in := map[int]bool{}
@@ -53,7 +53,7 @@ func (s *Server) refreshHolders() {
 			lk.roots = append(lk.roots, l.pid)
 			in[l.pid] = true
 		}
-		for _, id := range l.devices { // in device order: the same roots first each time
+		for _, id := range l.Devices { // in device order: the same roots first each time
 			for _, h := range l.holders[id] {
 				lk.uids[h.UID] = true
 				if !in[h.PID] {
@@ -62,7 +62,7 @@ func (s *Server) refreshHolders() {
 				}
 			}
 		}
-		for i, id := range l.devices {
+		for i, id := range l.Devices {
 			if l.held[id] {
 				lk.targets.Files[l.files[i]] = true
 			}
@@ -92,7 +92,7 @@ func (s *Server) refreshHolders() {
 	for i, lk := range looks {
 		l, res := lk.l, results[i]
 		found := map[int][]*procscan.Proc{}
-		for i, id := range l.devices {
+		for i, id := range l.Devices {
 			if !l.held[id] {
 				continue
 			}
@@ -130,7 +130,7 @@ func (s *Server) refreshHolders() {
 // setHoldersLocked sets what /proc shows holding l's devices, logs where
 // that disagrees with the broker's record, and tells whether the holders
 // changed.
-func (s *Server) setHoldersLocked(l *lease, found map[int][]*procscan.Proc, at time.Time, names map[uint32]string) bool {
+func (s *Server) setHoldersLocked(l *ledgerEntry, found map[int][]*procscan.Proc, at time.Time, names map[uint32]string) bool {
 	changed := len(found) != len(l.holders)
 	for id, hs := range found {
 		slices.SortFunc(hs, func(a, b *procscan.Proc) int { return a.PID - b.PID })
@@ -144,7 +144,7 @@ func (s *Server) setHoldersLocked(l *lease, found map[int][]*procscan.Proc, at t
 	}
 	var all []*procscan.Proc
 	inAll := map[*procscan.Proc]bool{}
-	for _, id := range l.devices {
+	for _, id := range l.Devices {
 		for _, h := range found[id] {
 			if !inAll[h] {
 				inAll[h] = true
@@ -162,24 +162,24 @@ func (s *Server) setHoldersLocked(l *lease, found map[int][]*procscan.Proc, at t
 		}
 	}
 	devs := s.inv.Vendor.Format(heldIDs(l))
-	if l.pid > 0 && l.kind != client.KindTask && len(all) > 0 && !l.said["pid"] &&
+	if l.pid > 0 && l.kind() != client.KindTask && len(all) > 0 && !l.said["pid"] &&
 		!slices.ContainsFunc(all, func(h *procscan.Proc) bool { return h.PID == l.pid && (l.pidStart == 0 || h.Start == l.pidStart) }) {
 		l.said["pid"] = true
-		s.log.Printf("%s: pid %d, granted the lease of %s, holds it no more; /proc shows it held by %s", devs, l.pid, l.user, pidList(all, names))
+		s.log.Printf("%s: pid %d, granted the lease of %s, holds it no more; /proc shows it held by %s", devs, l.pid, l.User, pidList(all, names))
 	}
 	for _, h := range all {
 		key := "uid " + strconv.Itoa(h.PID)
-		if h.UID != l.uid && l.user != "" && !l.said[key] {
+		if h.UID != l.UID && l.User != "" && !l.said[key] {
 			l.said[key] = true
-			s.log.Printf("%s: the lease of %s is held by pid %d of %s: its descriptor was passed on", devs, l.user, h.PID, names[h.UID])
+			s.log.Printf("%s: the lease of %s is held by pid %d of %s: its descriptor was passed on", devs, l.User, h.PID, names[h.UID])
 		}
 	}
 	return changed
 }
 
-func heldIDs(l *lease) []int {
+func heldIDs(l *ledgerEntry) []int {
 	var ids []int
-	for _, id := range l.devices {
+	for _, id := range l.Devices {
 		if l.held[id] {
 			ids = append(ids, id)
 		}
@@ -205,7 +205,7 @@ const maxHolders = 16
 // holdersInfo is what the board shows of device id's holders in l: the
 // root holders (whose parent holds nothing) first, then the others, in
 // pid order; commands left out where show says so.
-func (s *Server) holdersInfo(l *lease, id int, show func(uid uint32) bool) ([]client.Holder, int) {
+func (s *Server) holdersInfo(l *ledgerEntry, id int, show func(uid uint32) bool) ([]client.Holder, int) {
 	hs := l.holders[id]
 	isHolder := make(map[int]bool, len(hs))
 	for _, h := range hs {

@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -24,7 +24,7 @@ import (
 
 // manyHolders is a lease of device 0 held by n processes: n/2 roots, each
 // with one child that inherited the descriptor.
-func manyHolders(n int) *lease {
+func manyHolders(n int) *ledgerEntry {
 	uid := uint32(os.Getuid())
 	hs := make([]*procscan.Proc, 0, n)
 	for i := range n / 2 {
@@ -32,8 +32,9 @@ func manyHolders(n int) *lease {
 		hs = append(hs, &procscan.Proc{PID: root, PPID: 1, UID: uid, Start: uint64(root), Started: time.Now(), Comm: "torchrun", Cmdline: []string{"torchrun", "train.py"}},
 			&procscan.Proc{PID: root + 1, PPID: root, UID: uid, Start: uint64(root + 1), Started: time.Now(), Comm: "python", Cmdline: []string{"python", "worker.py"}})
 	}
-	return &lease{uid: uid, user: "bench", devices: []int{0}, files: []procscan.FileID{{Dev: 1, Ino: 1}}, held: map[int]bool{0: true},
-		holders: map[int][]*procscan.Proc{0: hs}}
+	l := newEntry(&lease.Lease{Holder: lease.Holder{UID: uid, User: "bench"}, Devices: []int{0}, Files: []lease.FileID{{Dev: 1, Ino: 1}}})
+	l.holders = map[int][]*procscan.Proc{0: hs}
+	return l
 }
 
 // BenchmarkHoldersInfo: the board's view of a device with 20,000 holder
@@ -115,7 +116,7 @@ func killAwait(t *testing.T, pid int) {
 	}
 }
 
-func holderPIDs(l *lease, id int) []int {
+func holderPIDs(l *ledgerEntry, id int) []int {
 	var out []int
 	for _, h := range l.holders[id] {
 		out = append(out, h.PID)
@@ -147,9 +148,9 @@ func TestCutLookKeepsHolders(t *testing.T) {
 	}
 	scanner.UserBudget = 1 << 30 // a full scan reads the n holders at once (and other tests' processes, root's too)
 	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0)}
-	l := &lease{kind: client.KindInline, uid: uint32(os.Getuid()), user: "u", pid: sh.Process.Pid, devices: []int{0},
-		files: []procscan.FileID{fid}, held: map[int]bool{0: true}, since: time.Now()}
-	s.led.leases = map[int]*lease{0: l}
+	l := newEntry(&lease.Lease{Holder: lease.Holder{Kind: lease.Inline, UID: uint32(os.Getuid()), User: "u", PID: sh.Process.Pid},
+		Devices: []int{0}, Files: []lease.FileID{lease.FileID(fid)}, Since: time.Now()})
+	s.led.leases = map[int]*ledgerEntry{0: l}
 	s.led.scanner = scanner
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{fid: true}}
 
@@ -210,7 +211,7 @@ func TestCutLookKeepsHolders(t *testing.T) {
 func BenchmarkUnleased(b *testing.B) {
 	l := manyHolders(20000)
 	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0), cfg: &policy.Config{}}
-	s.led.leases = map[int]*lease{0: l}
+	s.led.leases = map[int]*ledgerEntry{0: l}
 	s.led.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
 	s.led.seen, s.led.streaks = map[useKey]*use{}, map[streakKey]*streak{}
 	res := &procscan.Result{At: time.Now(), Files: map[procscan.FileID][]int{}, Nodes: map[uint64][]int{}, Info: map[int]*procscan.Proc{}}
@@ -236,7 +237,7 @@ func BenchmarkUnleased(b *testing.B) {
 func TestUnleasedAcrossSlowScans(t *testing.T) {
 	s := &Server{inv: &npu.Inventory{Vendor: npu.Ascend, IDs: []int{0}}, log: log.New(io.Discard, "", 0),
 		cfg: &policy.Config{Status: policy.Status{UnleasedGrace: 3 * time.Second, UnleasedUse: policy.UnleasedReport}}}
-	s.led.leases = map[int]*lease{}
+	s.led.leases = map[int]*ledgerEntry{}
 	s.led.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
 	s.led.seen, s.led.streaks = map[useKey]*use{}, map[streakKey]*streak{}
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{}, Nodes: map[uint64]bool{7: true}}

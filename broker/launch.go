@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"iter"
 	"os"
 	"os/exec"
 	"slices"
@@ -18,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
@@ -103,42 +103,19 @@ func (s *Server) warmLocked() {
 	if s.warm >= maxWarm || s.life == nil || !s.life.AnyWaiting() || s.paused != nil || s.idle.closed {
 		return
 	}
-	for _, q := range []*Queue{s.q, s.cpuq} {
-		for t := range firstTasks(q) {
-			if t.sup != nil {
-				continue
-			}
-			if s.warm >= maxWarm {
-				return
-			}
-			s.warm++
-			var run func()
-			t.sup, run = s.spawnLocked(t)
-			go s.warmUp(t, run)
+	var few [16]*lease.Waiter
+	for _, w := range s.cpuq.FirstTasks(s.table.FirstTasks(few[:0])) {
+		t := taskOf(w)
+		if t.sup != nil {
+			continue
 		}
-	}
-}
-
-// firstTasks yields the first task waiting unheld in each of q's pools, in
-// line order. It stops once every pool with a task in q has yielded one,
-// so the waiters after those are never looked at.
-func firstTasks(q *Queue) iter.Seq[*task] {
-	return func(yield func(*task) bool) {
-		want := q.TaskPools()
-		if want == 0 {
+		if s.warm >= maxWarm {
 			return
 		}
-		var few [8]string
-		seen := few[:0] // one a pool
-		for _, w := range q.Waiters() {
-			if w.task == nil || w.Held || slices.Contains(seen, w.Pool) {
-				continue
-			}
-			seen = append(seen, w.Pool)
-			if !yield(w.task) || len(seen) == want {
-				return
-			}
-		}
+		s.warm++
+		var run func()
+		t.sup, run = s.spawnLocked(t)
+		go s.warmUp(t, run)
 	}
 }
 
@@ -392,41 +369,42 @@ func (s *Server) dropWarm(d time.Duration) {
 
 // startTaskLocked starts a granted task: the devices (or CPU slot) are
 // its from now on, and it is starting; its supervisor, its start record
-// and the go-ahead follow in launch. The broker keeps its copies of the
-// lock descriptors only until the supervisor has inherited them.
-func (s *Server) startTaskLocked(t *task, devices []int, slot ...int) bool {
-	sl := -1
-	if len(slot) > 0 {
-		sl = slot[0]
+// and the go-ahead follow in launch. h is the lease table's handover of
+// its devices (nil for a --no-device task, granted CPU slot slot instead,
+// -1 otherwise): its lease begins here, and the broker keeps its copies of
+// the lock descriptors only until the supervisor has inherited them.
+func (s *Server) startTaskLocked(t *task, h *lease.Handover, slot int) bool {
+	var devices []int
+	if h != nil {
+		devices = h.Devices
 	}
-	if err := s.life.Grant(t.Task, devices, sl, time.Now()); err != nil {
+	if err := s.life.Grant(t.Task, devices, slot, time.Now()); err != nil {
 		// Only pending tasks that are not being cancelled are in line
 		// unheld: this is a bug. Keep the devices free and the task in
 		// its place, held so that the next pass does not grant it again.
 		s.log.Printf("%v", err)
+		if h != nil {
+			s.table.Return(h)
+		}
 		t.inLine = false // Plan's caller took it out
 		s.requeueLocked(t)
-		t.w.Held = true
+		s.holdLocked(t, true)
 		return false
 	}
 	s.leftLineLocked(t)
-	// A restricted account's access, before its supervisor starts (a
-	// --no-device task gets none, the control nodes' included).
-	if len(devices) > 0 {
-		if err := s.allowLocked(t.UID, devices); err != nil {
+	var fds []int
+	if h != nil {
+		// A restricted account's access, before its supervisor starts (a
+		// --no-device task gets none, the control nodes' included).
+		if err := s.table.Allow(h); err != nil {
 			s.log.Printf("task %d: open npu %s to uid %d: %v", t.ID, npu.FormatIDs(devices), t.UID, err)
 		}
+		l := s.table.Commit(h)
+		fds = h.FDs()
+		s.leaseStartLocked(l, h)
 	}
-	fds := make([]int, len(devices))
-	for i, id := range devices {
-		d := s.devs[id]
-		fds[i] = d.fd
-		d.fd = -1
-		s.releasedLocked(d, t.UID)
-	}
-	s.taskGrantedLocked(t, devices, fds)
-	if sl >= 0 {
-		s.cpuFree[sl] = false
+	if slot >= 0 {
+		s.cpuFree[slot] = false
 	}
 	if s.here {
 		s.launches = append(s.launches, grantedTask{t, fds, t.sup != nil && closed(t.sup.ready)})
@@ -677,11 +655,14 @@ func (s *Server) retryStarts() {
 // holdTasksLocked holds (or releases) every task waiting in line. A task
 // being cancelled stays held.
 func (s *Server) holdTasksLocked(hold bool) {
-	for _, q := range []*Queue{s.q, s.cpuq} {
-		for _, w := range q.Waiters() {
-			if w.task != nil {
-				w.Held = hold || w.task.Busy()
-			}
+	for _, w := range s.cpuq.Waiters() {
+		if t := taskOf(w); t != nil {
+			w.Held = hold || t.Busy()
+		}
+	}
+	for _, t := range s.jobs {
+		if t.inLine && !t.Sub.NoDevice {
+			s.table.Hold(t.w, hold || t.Busy())
 		}
 	}
 }

@@ -6,13 +6,11 @@ import (
 	"slices"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
-	"github.com/npurun/npurun/policy"
 )
 
 // acquire serves an npurun's request for a lease.
@@ -38,21 +36,21 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.cfg.MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
-	w, rep := s.admitLocked(uid, acct, req.N, req.Devices, req.Pool)
+	w, rep := s.admitLocked(c.holder(lease.Inline, uid, acct), acct, req.N, req.Devices, req.Pool)
 	if rep != nil {
 		c.sendLocked(rep)
 		return rep.Code != client.CodeBadRequest
 	}
-	w.conn = c
+	w.Ref = c
 	c.w = w
 	s.leaseWaits[uid]++
-	s.q.Add(w)
+	s.table.Add(w)
 	s.scheduleLocked()
 	if c.w == nil {
 		return true // granted at once
 	}
 	if req.NoWait {
-		s.q.Remove(w, false)
+		s.table.Remove(w)
 		s.unwaitLocked(c)
 		s.scheduleLocked()
 		c.sendLocked(errReply(client.CodeBusy, busyMessage(w, s.inv.Vendor), ""))
@@ -63,59 +61,57 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 }
 
 // admitLocked checks a request for n devices (or exactly devices) from pool
-// against the inventory and the policy. It returns the waiter to queue, or
-// the reply that refuses it.
-func (s *Server) admitLocked(uid uint32, acct *account, n int, devices []int, pool string) (*Waiter, *client.Reply) {
-	lim := s.cfg.LimitFor(acct.name, acct.groups)
-	w := &Waiter{UID: uid, user: acct.name, lim: lim, queued: time.Now()}
-	if len(devices) > 0 {
-		if len(devices) > client.MaxDevices {
-			return nil, errReply(client.CodeBadRequest, fmt.Sprintf("at most %d devices in one request", client.MaxDevices), "")
-		}
-		ids := slices.Clone(devices)
-		slices.Sort(ids)
-		if len(slices.Compact(slices.Clone(ids))) != len(ids) {
-			return nil, errReply(client.CodeBadRequest, fmt.Sprintf("device named twice in %v", devices), "")
-		}
-		for _, id := range ids {
-			if id < 0 || id >= len(s.devs) || s.devs[id] == nil {
-				return nil, errReply(client.CodeNoDevice, "no "+s.inv.Vendor.Format([]int{id})+" here", "this broker manages "+s.inv.Vendor.Format(s.inv.IDs))
-			}
-			p, inPool := s.poolOf[id]
-			switch {
-			case !inPool:
-				return nil, errReply(client.CodeDenied, fmt.Sprintf("%s is in no pool, so nobody may lease it", s.inv.Vendor.Format([]int{id})), "")
-			case !lim.AllowsPool(p):
-				return nil, errReply(client.CodeDenied, fmt.Sprintf("%s is in pool %q, which %s does not open to %s", s.inv.Vendor.Format([]int{id}), p, lim.Source, acct.name), "")
-			}
-			w.Pool = p
-		}
-		w.Cand, w.N, w.Exact = ids, len(ids), true
-	} else {
-		w.N = n
-		if w.N == 0 {
-			w.N = 1
-		}
-		if w.N < 0 {
-			return nil, errReply(client.CodeBadRequest, fmt.Sprintf("bad device count %d", n), "")
-		}
-		w.Pool = s.poolName(pool)
-		ids, ok := s.pools[w.Pool]
-		if !ok {
-			return nil, errReply(client.CodeNoSuchPool, fmt.Sprintf("no pool %q here", pool), "pools: "+poolList(s))
-		}
-		if !lim.AllowsPool(w.Pool) {
-			return nil, errReply(client.CodeDenied, fmt.Sprintf("pool %q is not open to %s (%s)", w.Pool, acct.name, lim.Source), "")
-		}
-		if w.N > len(ids) {
-			return nil, errReply(client.CodeDenied, fmt.Sprintf("%s asked, pool %q has only %d", quantity.Count(w.N, "device", "devices"), w.Pool, len(ids)), "")
-		}
-		w.Cand = ids
-	}
-	if lim.MaxDevices > 0 && w.N > lim.MaxDevices {
-		return nil, errReply(client.CodeDenied, fmt.Sprintf("%s asked, the limit for %s is %d held at once (%s)", quantity.Count(w.N, "device", "devices"), acct.name, lim.MaxDevices, lim.Source), "")
+// against the inventory and the policy (lease.Table.Admit). It returns the
+// waiter to queue, or the reply that refuses it.
+func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int, pool string) (*lease.Waiter, *client.Reply) {
+	w, err := s.table.Admit(lease.Request{Holder: h, N: n, Devices: devices, Pool: pool, Limit: s.cfg.LimitFor(acct.name, acct.groups)})
+	if err != nil {
+		return nil, refusalReply(err)
 	}
 	return w, nil
+}
+
+// refusalReply is the answer to a request the lease table refused.
+func refusalReply(err error) *client.Reply {
+	var r *lease.Refusal
+	if !errors.As(err, &r) {
+		return errReply(client.CodeBadRequest, err.Error(), "")
+	}
+	code := client.CodeDenied
+	switch {
+	case errors.Is(r, lease.ErrBadRequest):
+		code = client.CodeBadRequest
+	case errors.Is(r, lease.ErrNoDevice):
+		code = client.CodeNoDevice
+	case errors.Is(r, lease.ErrNoPool):
+		code = client.CodeNoSuchPool
+	}
+	return errReply(code, r.Msg, r.Hint)
+}
+
+// The lease table's cap on the devices a request names is the wire's.
+var _ = [1]struct{}{}[lease.MaxDevices-client.MaxDevices]
+
+// holder is the holder of kind of a lease asked for on c for uid, whose
+// account is acct: c's peer, where the request came from.
+func (c *conn) holder(kind lease.Kind, uid uint32, acct *account) lease.Holder {
+	h := lease.Holder{Kind: kind, UID: uid, User: acct.name, PID: int(c.pid)}
+	if o := c.origin; o != nil {
+		h.Service, h.TTY, h.RHost, h.Claimed = o.Service, o.TTY, o.RHost, !o.ByRoot
+	}
+	return h
+}
+
+// connOf is the connection a waiter's grant goes to; nil for a task's.
+func connOf(w *lease.Waiter) *conn {
+	c, _ := w.Ref.(*conn)
+	return c
+}
+
+// taskOf is the task a waiter queues; nil for a connection's request.
+func taskOf(w *lease.Waiter) *task {
+	t, _ := w.Ref.(*task)
+	return t
 }
 
 // unwaitLocked clears c's waiting request (granted, refused or cancelled).
@@ -127,13 +123,14 @@ func (s *Server) unwaitLocked(c *conn) {
 	}
 	uid := c.w.UID
 	c.w = nil
+	c.told = told{}
 	c.login = nil
 	if s.leaseWaits[uid]--; s.leaseWaits[uid] <= 0 {
 		delete(s.leaseWaits, uid)
 	}
 }
 
-func busyMessage(w *Waiter, v npu.Vendor) string {
+func busyMessage(w *lease.Waiter, v npu.Vendor) string {
 	if w.Exact {
 		return v.Format(w.Cand) + " is in use"
 	}
@@ -144,26 +141,22 @@ func busyMessage(w *Waiter, v npu.Vendor) string {
 }
 
 // scheduleLocked grants what can be granted now: devices to leases and
-// tasks, CPU slots to tasks that need no device.
+// tasks (the lease table plans, the broker delivers each grant and commits
+// or returns it), CPU slots to tasks that need no device.
 func (s *Server) scheduleLocked() {
 	s.changedLocked() // for status watchers: the line or the devices changed
-	for s.nfree > 0 && s.q.Len() > 0 {
-		free := make([]bool, len(s.devs))
-		for id, d := range s.devs {
-			free[id] = d != nil && d.fd >= 0
-		}
-		grants := Plan(s.q.Waiters(), free, s.roomLocked(s.q))
-		if len(grants) == 0 {
+	for {
+		hs := s.table.Schedule(s.running)
+		if len(hs) == 0 {
 			break
 		}
 		failed := false
-		for _, g := range grants {
-			s.q.Remove(g.W, true)
+		for _, h := range hs {
 			var ok bool
-			if g.W.task != nil {
-				ok = s.startTaskLocked(g.W.task, g.Devices)
+			if t := taskOf(h.W); t != nil {
+				ok = s.startTaskLocked(t, h, -1)
 			} else {
-				ok = s.grantLocked(g)
+				ok = s.grantLocked(connOf(h.W), h)
 			}
 			failed = failed || !ok
 		}
@@ -172,12 +165,12 @@ func (s *Server) scheduleLocked() {
 			break
 		}
 		// A client vanished before its grant, or a task could not start:
-		// their devices are still free and the next waiters may take them.
+		// their devices are free again and the next waiters may take them.
 	}
 	if s.cpuq.Len() > 0 && slices.Contains(s.cpuFree, true) {
-		for _, g := range Plan(s.cpuq.Waiters(), s.cpuFree, s.roomLocked(s.cpuq)) {
+		for _, g := range lease.Plan(s.cpuq.Waiters(), s.cpuFree, s.table.RoomFor(s.cpuq, s.running)) {
 			s.cpuq.Remove(g.W, true)
-			s.startTaskLocked(g.W.task, nil, g.Devices[0])
+			s.startTaskLocked(taskOf(g.W), nil, g.Devices[0])
 		}
 	}
 	if !s.loading {
@@ -185,110 +178,47 @@ func (s *Server) scheduleLocked() {
 	}
 }
 
-// roomLocked is what Plan needs of the limits: per user, how many more
-// devices they may hold, or (for a task) how many more tasks they may run.
-func (s *Server) roomLocked(q *Queue) Room {
-	var room Room
-	q.Limits(func(uid uint32, lim policy.Limit) {
-		if lim.MaxDevices > 0 {
-			if room.Devices == nil {
-				room.Devices = map[uint32]int{}
-			}
-			room.Devices[uid] = lim.MaxDevices - s.held[uid]
-		}
-		if lim.MaxRunning > 0 {
-			if room.Tasks == nil {
-				room.Tasks = map[uint32]int{}
-			}
-			room.Tasks[uid] = lim.MaxRunning - s.running[uid]
-		}
-	})
-	return room
-}
-
-// grantLocked sends the locked descriptors to the waiter's client. A
-// restricted account's access to the devices comes first (before the
-// descriptors leave the broker). On success the broker keeps nothing but
-// a watcher per device.
-func (s *Server) grantLocked(g Grant) bool {
-	c := g.W.conn
-	uid := g.W.UID
+// grantLocked delivers handover h to the client waiting on c: the locked
+// descriptors go out on its socket. A restricted account's access to the
+// devices comes first (before the descriptors leave the broker). On
+// success the lease begins and the broker keeps nothing but the lease
+// table's watcher per device; on failure the devices are free again.
+func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 	isLogin := c.login != nil
 	s.unwaitLocked(c)
-	fds := make([]int, len(g.Devices))
-	for i, id := range g.Devices {
-		fds[i] = s.devs[id].fd
-	}
-	if err := s.allowLocked(uid, g.Devices); err != nil {
-		s.log.Printf("grant npu %s to %s: %v", npu.FormatIDs(g.Devices), g.W.user, err)
-		s.undoAccessLocked(g.Devices)
-		c.sendLocked(errReply(client.CodeNoAccess, fmt.Sprintf("the broker could not open %s to %s: %v", s.inv.Vendor.Format(g.Devices), g.W.user, err), "tell the administrator: the broker's log says more"))
+	if err := s.table.Allow(h); err != nil {
+		s.log.Printf("grant npu %s to %s: %v", npu.FormatIDs(h.Devices), h.W.User, err)
+		s.table.Return(h)
+		c.sendLocked(errReply(client.CodeNoAccess, fmt.Sprintf("the broker could not open %s to %s: %v", s.inv.Vendor.Format(h.Devices), h.W.User, err), "tell the administrator: the broker's log says more"))
 		return false
 	}
 	r := &client.Reply{
 		Type:     client.TypeGrant,
-		Devices:  g.Devices,
+		Devices:  h.Devices,
 		Vendor:   string(s.inv.Vendor),
-		Env:      s.inv.Env(g.Devices),
-		WaitedMS: time.Since(g.W.queued).Milliseconds(),
+		Env:      s.inv.Env(h.Devices),
+		WaitedMS: time.Since(h.W.Queued).Milliseconds(),
 	}
 	if isLogin {
-		r.Message = pam.GrantMessage(s.inv.Vendor, g.Devices, g.W.Pool)
+		r.Message = pam.GrantMessage(s.inv.Vendor, h.Devices, h.W.Pool)
 	}
-	if err := c.sendLocked(r, fds...); err != nil {
+	if err := c.sendLocked(r, h.FDs()...); err != nil {
 		// A client that has gone (its npurun killed while it waited, the
 		// connection not yet seen closed) is the common case, and no news.
-		if !goneClient(err) {
-			s.log.Printf("grant npu %s to %s (pid %d): %v", npu.FormatIDs(g.Devices), g.W.user, c.pid, err)
+		if !client.Gone(err) {
+			s.log.Printf("grant npu %s to %s (pid %d): %v", npu.FormatIDs(h.Devices), h.W.User, c.pid, err)
 		}
-		s.undoAccessLocked(g.Devices)
+		s.table.Return(h)
 		c.closed = true
 		c.c.Close()
 		return false
 	}
-	s.inlineGrantedLocked(c, g, fds, isLogin)
-	for _, id := range g.Devices {
-		d := s.devs[id]
-		closeFD(d.fd)
-		d.fd = -1
-		d.origin = c.origin
-		s.releasedLocked(d, uid)
+	l := s.table.Commit(h)
+	for _, fd := range h.FDs() {
+		closeFD(fd) // the client has it
 	}
+	s.leaseStartLocked(l, h)
 	return true
-}
-
-// goneClient tells whether err, from a send, means the client has gone.
-func goneClient(err error) bool {
-	return errors.Is(err, unix.EPIPE) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, client.ErrClosed)
-}
-
-// undoAccessLocked takes back the access a grant that failed gave: its
-// devices stay free, so no managed entry belongs on their nodes. A device
-// whose entries cannot all be removed is out of service until they are.
-func (s *Server) undoAccessLocked(ids []int) {
-	for _, id := range ids {
-		if err := s.revokeLocked(id); err != nil {
-			s.holdOutLocked(s.devs[id], err)
-		}
-	}
-}
-
-// holdOutLocked takes free device d out of service while revokeUntilDone
-// removes the entries that a grant that failed gave: its lock file, never
-// handed out, serves again once they are gone.
-func (s *Server) holdOutLocked(d *device, err error) {
-	fd, spare := d.fd, d.spare
-	d.fd, d.spare = -1, -1
-	s.nfree--
-	go func() {
-		s.revokeUntilDone(d, err)
-		s.mu.Lock()
-		d.fd, d.spare = fd, spare
-		s.nfree++
-		starts := s.scheduleHereLocked()
-		s.mu.Unlock()
-		s.launchAll(starts)
-	}()
 }
 
 // progressLocked arranges for waiters to hear their new places soon.
@@ -299,7 +229,7 @@ func (s *Server) progressLocked() {
 // progressAfterLocked arranges a report within d: sooner than one already
 // arranged, never later.
 func (s *Server) progressAfterLocked(d time.Duration) {
-	if s.q.Len() == 0 {
+	if s.table.Len() == 0 {
 		return
 	}
 	at := time.Now().Add(d)
@@ -323,9 +253,6 @@ func (s *Server) progressDue() {
 		s.progressAfterLocked(again)
 	}
 }
-
-// maxAhead is how many users ahead a progress message names.
-const maxAhead = 3
 
 // Every grant moves everyone behind it one place up, so telling every
 // waiter of every move costs a message per waiter per grant: with
@@ -351,75 +278,57 @@ func progressInterval(pos int) time.Duration {
 	return min(max(progressEvery, time.Duration(pos)*time.Millisecond), progressMax)
 }
 
-// standing is a pool's line as the report walks it.
-type standing struct {
-	pos   int
-	ahead []string
-}
-
 // reportLocked tells waiting clients their new places (1 is next), the
-// users ahead of them, and why they wait if not only for their turn. It
-// returns how soon to report again for waiters whose news was held back by
-// progressInterval, or 0.
+// users ahead of them, and why they wait if not only for their turn, as the
+// lease table's line shows them. It returns how soon to report again for
+// waiters whose news was held back by progressInterval, or 0.
 func (s *Server) reportLocked(now time.Time) time.Duration {
-	st := map[string]*standing{}
 	var again time.Duration
-	for _, w := range s.q.Waiters() {
-		p := st[w.Pool]
-		if p == nil {
-			p = &standing{}
-			st[w.Pool] = p
+	s.places = s.table.Line(s.places[:0])
+	for _, p := range s.places {
+		c := connOf(p.W)
+		if c == nil || c.told.pos == p.Pos && p.W.Limit.MaxDevices == 0 {
+			continue
 		}
-		p.pos++
-		if w.conn == nil {
-			w.pos = p.pos
-		} else if w.pos != p.pos || w.lim.MaxDevices > 0 {
-			why := s.reasonLocked(w)
-			if wait := tellAfter(w, p.pos, why, now); wait == 0 {
-				w.pos, w.why, w.told = p.pos, why, now
-				r := &client.Reply{Type: client.TypeQueued, Pool: w.Pool, Position: w.pos, Reason: w.why}
-				if w.pos > 1 {
-					r.Ahead = p.ahead
-				}
-				w.conn.sendLocked(r)
-			} else if wait > 0 && (again == 0 || wait < again) {
-				again = wait
-			}
-		}
-		if len(p.ahead) < maxAhead && !slices.Contains(p.ahead, w.user) {
-			p.ahead = append(p.ahead, w.user)
+		if wait := tellAfter(&c.told, p.Pos, p.Why, now); wait == 0 {
+			c.told = told{pos: p.Pos, why: p.Why, at: now}
+			c.sendLocked(&client.Reply{Type: client.TypeQueued, Pool: p.W.Pool, Position: p.Pos, Reason: p.Why, Ahead: p.Ahead})
+		} else if wait > 0 && (again == 0 || wait < again) {
+			again = wait
 		}
 	}
+	clear(s.places) // hold no waiter until the next report
 	return again
 }
 
-// tellAfter decides whether waiter w, now at place pos waiting for why, is
-// to be told: 0 means now, a positive duration means later (it was told
-// too recently), a negative one means not for this change.
-func tellAfter(w *Waiter, pos int, why string, now time.Time) time.Duration {
+// told is what a waiting client was last told of its place: the place
+// (0: nothing yet), the reason it waits, and when.
+type told struct {
+	pos int
+	why string
+	at  time.Time
+}
+
+// tellAfter decides whether a waiter last told last, now at place pos
+// waiting for why, is to be told: 0 means now, a positive duration means
+// later (it was told too recently), a negative one means not for this
+// change.
+func tellAfter(last *told, pos int, why string, now time.Time) time.Duration {
 	switch {
-	case w.pos == 0, why != w.why, pos == 1 && w.pos != 1:
+	case last.pos == 0, why != last.why, pos == 1 && last.pos != 1:
 		return 0
-	case pos == w.pos:
+	case pos == last.pos:
 		return -1
 	}
-	moved := pos - w.pos
+	moved := pos - last.pos
 	if moved < 0 {
 		moved = -moved
 	}
-	if moved*10 < w.pos {
+	if moved*10 < last.pos {
 		return -1
 	}
-	if wait := w.told.Add(progressInterval(pos)).Sub(now); wait > 0 {
+	if wait := last.at.Add(progressInterval(pos)).Sub(now); wait > 0 {
 		return wait
 	}
 	return 0
-}
-
-// reasonLocked says why w waits beyond its turn, if it does.
-func (s *Server) reasonLocked(w *Waiter) string {
-	if w.lim.MaxDevices > 0 && s.held[w.UID]+w.N > w.lim.MaxDevices {
-		return fmt.Sprintf("%s holds %d of %s allowed (%s)", w.user, s.held[w.UID], quantity.Count(w.lim.MaxDevices, "device", "devices"), w.lim.Source)
-	}
-	return ""
 }

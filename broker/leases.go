@@ -15,46 +15,52 @@ import (
 	"unicode/utf8"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/npu"
 )
 
-// What the broker records of each lease, beside the lock table: who it was
-// granted to (kind, user, the pid from SO_PEERCRED, task id, login
-// session), when, and which lock files (device and inode) it holds. /proc
-// tells who holds it now; status joins the two, and where they disagree
-// /proc wins and the broker says so in its log. Starts and ends go to the
-// accounting log (usage.go).
+// What status knows of each lease, beside the lease table's record of its
+// grant (lease.Lease: who it was granted to, kind, user, the pid from
+// SO_PEERCRED, task id, login session, when, and which lock files it
+// holds): who /proc shows holding it now. Status joins the two, and where
+// they disagree /proc wins and the broker says so in its log. Starts and
+// ends go to the accounting log (usage.go). The ledger follows the table:
+// a lease is entered as it is granted (leaseStartLocked) or adopted, and
+// its devices leave as the table reports them released (leaseEndLocked).
 
-// lease is one grant while any of its devices is held.
-type lease struct {
-	id       uint64
-	kind     string // client.KindInline, KindTask, KindLogin, KindHeld
-	uid      uint32
-	user     string
-	pid      int    // the process granted it; for a task, its supervisor once known
-	pidStart uint64 // against pid reuse: taken when /proc first shows it holding the lease; 0 until then
-	task     uint64
-	service  string // login sessions: PAM service, tty, remote host
-	tty      string
-	rhost    string
-	claimed  bool // service, tty and rhost are the user's own claim, not root's (the PAM module's)
-	pool     string
-	devices  []int
-	files    []procscan.FileID // lock files, in the order of devices
-	since    time.Time
-	adopted  bool         // held since before this broker's start
-	held     map[int]bool // devices not yet released
-	logged   bool         // its start is in the accounting log; else it is summed (usagelimit.go)
+// ledgerEntry is one grant while any of its devices is held.
+type ledgerEntry struct {
+	*lease.Lease                   // the table's record of the grant
+	pid          int               // the process granted it; for a task, its supervisor once known
+	pidStart     uint64            // against pid reuse: taken when /proc first shows it holding the lease; 0 until then
+	files        []procscan.FileID // the lease's lock files, in the order of its devices
+	held         map[int]bool      // devices not yet released
+	logged       bool              // its start is in the accounting log; else it is summed (usagelimit.go)
 
 	holders map[int][]*procscan.Proc // per device: who /proc shows holding it, from the last look
 	checked time.Time                // when that look was
 	said    map[string]bool          // disagreements already logged
 }
 
+// newEntry is the ledger's entry for lease l, its devices all held.
+func newEntry(l *lease.Lease) *ledgerEntry {
+	e := &ledgerEntry{Lease: l, pid: l.PID, pidStart: l.PIDStart, held: make(map[int]bool, len(l.Devices))}
+	for i, id := range l.Devices {
+		e.held[id] = true
+		if i < len(l.Files) {
+			e.files = append(e.files, procscan.FileID(l.Files[i]))
+		}
+	}
+	return e
+}
+
+// kind is l's kind as the wire and the accounting log name it.
+func (l *ledgerEntry) kind() string { return string(l.Kind) }
+
 // fileOf returns the lock file of device id in l.
-func (l *lease) fileOf(id int) (procscan.FileID, bool) {
-	if i := slices.Index(l.devices, id); i >= 0 && i < len(l.files) {
+func (l *ledgerEntry) fileOf(id int) (procscan.FileID, bool) {
+	if i := slices.Index(l.Devices, id); i >= 0 && i < len(l.files) {
 		return l.files[i], true
 	}
 	return procscan.FileID{}, false
@@ -63,12 +69,10 @@ func (l *lease) fileOf(id int) (procscan.FileID, bool) {
 // ledger is the broker's record of leases and what it saw in /proc, under
 // Server.mu unless said otherwise.
 type ledger struct {
-	leases  map[int]*lease // by device id, while held
-	lastID  uint64
-	scanner *procscan.Scanner   // safe for concurrent use
-	usage   *usageLog           // the accounting log
-	nodes   map[uint64]npu.Node // the device and control nodes watched, by device number
-	freed   map[int]time.Time   // when a device's last lease ended, for the handoff metric
+	leases  map[int]*ledgerEntry // by device id, while held
+	scanner *procscan.Scanner    // safe for concurrent use
+	usage   *usageLog            // the accounting log
+	nodes   map[uint64]npu.Node  // the device and control nodes watched, by device number
 
 	// the background scan (scan.go)
 	kick       chan struct{}
@@ -97,13 +101,12 @@ type ledger struct {
 
 // initLedger prepares the ledger: the /proc scanner, the device nodes to
 // watch, the accounting log (read back for the leases still open), and
-// the leases found held at start (held: device id -> a descriptor of its
-// held lock file, the one its watcher will wait on). It returns once every
-// held device has its lease taken up or recorded as found.
-func (s *Server) initLedger(stateDir string, held map[int]int) error {
+// the leases found held at start (held: device id -> its held lock file).
+// It returns once every held device has its lease taken up (adopted by the
+// lease table) or recorded as found.
+func (s *Server) initLedger(stateDir string, held map[int]lease.FileID) error {
 	led := &s.led
-	led.leases = map[int]*lease{}
-	led.freed = map[int]time.Time{}
+	led.leases = map[int]*ledgerEntry{}
 	led.kick = make(chan struct{}, 1)
 	led.seen = map[useKey]*use{}
 	led.nodes, led.streaks = map[uint64]npu.Node{}, map[streakKey]*streak{}
@@ -133,7 +136,7 @@ func (s *Server) initLedger(stateDir string, held map[int]int) error {
 		s.log.Printf("usage log: %v; leases held from before this start are recorded as found", err)
 	}
 	for _, r := range recs {
-		led.lastID = max(led.lastID, r.Lease)
+		s.table.NoteID(r.Lease)
 	}
 	led.logLimit = logLimit{}
 	led.sums = usageSums{}
@@ -147,90 +150,35 @@ func (s *Server) initLedger(stateDir string, held map[int]int) error {
 // procRoot is where /proc is read.
 func (s *Server) procRoot() string { return "/proc" }
 
-// newLeaseID returns an id no lease in the log has: microseconds since the
-// epoch, or one more than the last id.
-func (s *Server) newLeaseID() uint64 {
-	id := max(uint64(time.Now().UnixMicro()), s.led.lastID+1)
-	s.led.lastID = id
-	return id
-}
-
-// inlineGrantedLocked records the lease that grantLocked just sent over
-// connection c: fds are the locked descriptors sent, in the order of
-// g.Devices. The lease is the waiter's user's (who may not be the
-// connection's: root asks on behalf of a login); its pid is the process
-// that will hold it, c's peer. A login session's lease (login: kind login,
-// with its PAM service, tty and remote host) is recorded here too.
-func (s *Server) inlineGrantedLocked(c *conn, g Grant, fds []int, login bool) {
-	l := &lease{kind: client.KindInline, uid: g.W.UID, user: g.W.user, pid: int(c.pid), pool: g.W.Pool}
-	if login {
-		l.kind = client.KindLogin
+// leaseStartLocked records lease l, just granted by handover h: the
+// ledger, the accounting log, the metrics.
+func (s *Server) leaseStartLocked(l *lease.Lease, h *lease.Handover) {
+	e := newEntry(l)
+	for _, id := range l.Devices {
+		s.led.leases[id] = e
 	}
-	if o := c.origin; o != nil {
-		l.service, l.tty, l.rhost, l.claimed = o.Service, o.TTY, o.RHost, !o.ByRoot
-	}
-	s.leaseStartLocked(l, g.Devices, fds, g.W)
-}
-
-// taskGrantedLocked records the lease of a task that startTaskLocked is
-// starting on devices (none for a --no-device task).
-func (s *Server) taskGrantedLocked(t *task, devices []int, fds []int) {
-	if len(devices) == 0 {
-		return
-	}
-	l := &lease{kind: client.KindTask, uid: t.UID, user: t.User, task: t.ID}
-	if t.w != nil {
-		l.pool = t.w.Pool
-	}
-	s.leaseStartLocked(l, devices, fds, t.w)
-}
-
-// leaseStartLocked records a lease granted on devices through the locked
-// descriptors fds: the ledger, the accounting log, the metrics.
-func (s *Server) leaseStartLocked(l *lease, devices []int, fds []int, w *Waiter) {
-	now := time.Now()
-	l.id, l.since = s.newLeaseID(), now
-	l.devices = slices.Clone(devices)
-	l.held = map[int]bool{}
-	for i, id := range devices {
-		fid, err := procscan.ID(fds[i])
-		if err != nil {
-			s.log.Printf("npu %d: lock file: %v; its holders will not be found", id, err)
-		}
-		l.files = append(l.files, fid)
-		l.held[id] = true
-		s.led.leases[id] = l
-	}
-	if l.pool == "" && len(devices) > 0 {
-		l.pool = s.poolOf[devices[0]]
-	}
-	var waited time.Duration
-	if w != nil {
-		waited = now.Sub(w.queued)
-	}
-	s.led.metrics.granted(l.kind, waited)
-	for _, id := range devices {
-		if at, ok := s.led.freed[id]; ok {
-			if w != nil && w.queued.Before(at) {
-				s.led.metrics.handoff(now.Sub(at))
-			}
-			delete(s.led.freed, id)
+	now := l.Since
+	waited := now.Sub(h.W.Queued)
+	s.led.metrics.granted(e.kind(), waited)
+	for i := range l.Devices {
+		if at := h.Freed(i); !at.IsZero() && h.W.Queued.Before(at) {
+			s.led.metrics.handoff(now.Sub(at))
 		}
 	}
-	if s.led.logLimit.allow(l.uid, now) {
-		rec := l.record("start")
+	if s.led.logLimit.allow(l.UID, now) {
+		rec := e.record("start")
 		rec.WaitedMS = waited.Milliseconds()
 		s.led.usage.add(rec)
-		l.logged = true
+		e.logged = true
 	}
 	s.led.refreshed = time.Time{} // the next status looks at the new lease's holders
 	s.changedLocked()
 }
 
 // record is l as a line of the accounting log.
-func (l *lease) record(ev string) usageRec {
-	r := usageRec{T: l.since.UnixMilli(), Ev: ev, Lease: l.id, Kind: l.kind, User: l.user, UID: l.uid, Pool: l.pool,
-		Devices: l.devices, Task: l.task, PID: l.pid, PIDStart: l.pidStart, Service: l.service, TTY: l.tty, RHost: l.rhost, Claimed: l.claimed}
+func (l *ledgerEntry) record(ev string) usageRec {
+	r := usageRec{T: l.Since.UnixMilli(), Ev: ev, Lease: l.ID, Kind: l.kind(), User: l.User, UID: l.UID, Pool: l.Pool,
+		Devices: l.Devices, Task: l.Task, PID: l.pid, PIDStart: l.pidStart, Service: l.Service, TTY: l.TTY, RHost: l.RHost, Claimed: l.Claimed}
 	for _, f := range l.files {
 		r.FSDev = f.Dev
 		r.Inodes = append(r.Inodes, f.Ino)
@@ -238,20 +186,17 @@ func (l *lease) record(ev string) usageRec {
 	return r
 }
 
-// leaseEndLocked records that device d's lease ended: its watcher saw the
-// lock go.
-func (s *Server) leaseEndLocked(d *device) {
-	now := time.Now()
-	s.led.freed[d.id] = now
-	l := s.led.leases[d.id]
-	if l == nil {
+// leaseEndLocked records that device id of lease ll was released at now:
+// the lease table's watcher saw the lock go.
+func (s *Server) leaseEndLocked(ll *lease.Lease, id int, now time.Time) {
+	l := s.led.leases[id]
+	if l == nil || l.Lease != ll {
 		return
 	}
-	delete(s.led.leases, d.id)
-	delete(l.held, d.id)
-	id := d.id
+	delete(s.led.leases, id)
+	delete(l.held, id)
 	if l.logged {
-		s.led.usage.add(usageRec{T: now.UnixMilli(), Ev: "end", Lease: l.id, Device: &id, How: endReleased, DurMS: now.Sub(l.since).Milliseconds()})
+		s.led.usage.add(usageRec{T: now.UnixMilli(), Ev: "end", Lease: l.ID, Device: &id, How: endReleased, DurMS: now.Sub(l.Since).Milliseconds()})
 	} else {
 		s.led.sums.add(l, now)
 	}
@@ -269,7 +214,7 @@ func (s *Server) openRecords() []usageRec {
 		r := l.record("open")
 		// Only the devices still held: the others have their ends.
 		r.Devices, r.Inodes = nil, nil
-		for i, id := range l.devices {
+		for i, id := range l.Devices {
 			if l.held[id] {
 				r.Devices = append(r.Devices, id)
 				r.Inodes = append(r.Inodes, l.files[i].Ino)
@@ -281,8 +226,8 @@ func (s *Server) openRecords() []usageRec {
 }
 
 // uniqueLeasesLocked returns each held lease once, by its first device.
-func (s *Server) uniqueLeasesLocked() []*lease {
-	var out []*lease
+func (s *Server) uniqueLeasesLocked() []*ledgerEntry {
+	var out []*ledgerEntry
 	for _, id := range s.inv.IDs {
 		if l := s.led.leases[id]; l != nil && !slices.Contains(out, l) {
 			out = append(out, l)
@@ -296,41 +241,49 @@ func (s *Server) uniqueLeasesLocked() []*lease {
 // on as that lease (holders, max_devices, the log); a held device the log
 // does not know becomes a lease found now, of whoever /proc shows holding
 // it. An open lease whose devices are free by now ended while the broker
-// was down: its ends are written with the time it was found gone.
-// held maps device ids to a descriptor of their held lock file.
-func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]int) {
+// was down: its ends are written with the time it was found gone. Each
+// lease is adopted by the lease table, which releases it through its
+// watchers as any other. held maps device ids to their held lock file.
+func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]lease.FileID) {
 	now := time.Now()
-	byFile := map[procscan.FileID]*openLease{}
+	byFile := map[lease.FileID]*openLease{}
 	for _, ol := range open {
 		for i, ino := range ol.rec.Inodes {
 			if i < len(ol.rec.Devices) {
-				byFile[procscan.FileID{Dev: ol.rec.FSDev, Ino: ino}] = ol
+				byFile[lease.FileID{Dev: ol.rec.FSDev, Ino: ino}] = ol
 			}
 		}
 	}
-	adopted := map[uint64]*lease{}
+	adopted := map[uint64]*lease.Lease{}
+	var order []*lease.Lease
 	var unknown []int
 	for _, id := range slices.Sorted(maps.Keys(held)) {
-		fid, err := procscan.ID(held[id])
+		fid := held[id]
 		ol := byFile[fid]
-		if err != nil || ol == nil || !ol.held[id] || !slices.Contains(ol.rec.Devices, id) {
+		if fid == (lease.FileID{}) || ol == nil || !ol.held[id] || !slices.Contains(ol.rec.Devices, id) {
 			unknown = append(unknown, id)
 			continue
 		}
 		l := adopted[ol.rec.Lease]
 		if l == nil {
 			r := ol.rec
-			l = &lease{id: r.Lease, kind: r.Kind, uid: r.UID, user: r.User, pid: r.PID, pidStart: r.PIDStart, task: r.Task,
-				service: r.Service, tty: r.TTY, rhost: r.RHost, claimed: r.Claimed, pool: r.Pool, since: time.UnixMilli(r.T),
-				adopted: true, held: map[int]bool{}, logged: true}
+			l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true,
+				Holder: lease.Holder{Kind: lease.Kind(r.Kind), UID: r.UID, User: r.User, PID: r.PID, PIDStart: r.PIDStart, Task: r.Task,
+					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed}}
 			adopted[r.Lease] = l
+			order = append(order, l)
 		}
-		l.devices = append(l.devices, id)
-		l.files = append(l.files, fid)
-		l.held[id] = true
+		l.Devices = append(l.Devices, id)
+		l.Files = append(l.Files, fid)
 		delete(ol.held, id)
-		s.adoptDevice(id, l)
-		s.log.Printf("npu %d: lease of %s (%s) from before this start goes on", id, l.user, kindName(l))
+	}
+	for _, l := range order {
+		e := newEntry(l)
+		e.logged = true
+		s.adopt(e)
+		for _, id := range l.Devices {
+			s.log.Printf("npu %d: lease of %s (%s) from before this start goes on", id, l.User, kindName(e))
+		}
 	}
 	for _, ol := range open {
 		for _, id := range slices.Sorted(maps.Keys(ol.held)) {
@@ -346,13 +299,11 @@ func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]int) {
 
 // findHolders makes a lease of each held device the log does not know,
 // for whoever a scan of /proc shows holding it.
-func (s *Server) findHolders(ids []int, held map[int]int, now time.Time) {
+func (s *Server) findHolders(ids []int, held map[int]lease.FileID, now time.Time) {
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{}}
-	files := map[int]procscan.FileID{}
 	for _, id := range ids {
-		if fid, err := procscan.ID(held[id]); err == nil {
-			files[id] = fid
-			targets.Files[fid] = true
+		if fid := held[id]; fid != (lease.FileID{}) {
+			targets.Files[procscan.FileID(fid)] = true
 		}
 	}
 	// A scan reads a bounded share of each user's processes: scan on
@@ -377,25 +328,26 @@ func (s *Server) findHolders(ids []int, held map[int]int, now time.Time) {
 		}
 	}
 	for _, id := range ids {
-		fid, ok := files[id]
-		if !ok {
+		fid := held[id]
+		if fid == (lease.FileID{}) {
 			continue
 		}
-		l := &lease{id: s.newLeaseID(), kind: client.KindHeld, since: now, adopted: true, pool: s.poolOf[id],
-			devices: []int{id}, files: []procscan.FileID{fid}, held: map[int]bool{id: true}}
-		pids := res.Files[fid]
+		l := &lease.Lease{ID: s.table.NewID(), Holder: lease.Holder{Kind: lease.Found}, Since: now, Adopted: true,
+			Pool: s.table.PoolOf(id), Devices: []int{id}, Files: []lease.FileID{fid}}
+		pids := res.Files[procscan.FileID(fid)]
 		if len(pids) == 0 {
 			s.log.Printf("npu %d is held by a lease from before this start, and no process shows holding it", id)
 		} else if pi := res.Info[pids[0]]; pi != nil {
-			l.uid, l.pid, l.pidStart = pi.UID, pi.PID, pi.Start
-			l.user = s.led.names.name(pi.UID)
-			s.log.Printf("npu %d is held by a lease from before this start with no record of its grant: held by pid %d (%s)", id, pi.PID, l.user)
+			l.UID, l.PID, l.PIDStart = pi.UID, pi.PID, pi.Start
+			l.User = s.led.names.name(pi.UID)
+			s.log.Printf("npu %d is held by a lease from before this start with no record of its grant: held by pid %d (%s)", id, pi.PID, l.User)
 		}
-		rec := l.record("start")
+		e := newEntry(l)
+		rec := e.record("start")
 		rec.Found = true
 		s.led.usage.add(rec)
-		l.logged = true
-		s.adoptDevice(id, l)
+		e.logged = true
+		s.adopt(e)
 	}
 }
 
@@ -403,26 +355,27 @@ func (s *Server) findHolders(ids []int, held map[int]int, now time.Time) {
 // leases found at start.
 const maxFindScans = 64
 
-// adoptDevice makes held device id part of lease l: counted against its
-// user's max_devices, released through the watcher as any other lease.
-func (s *Server) adoptDevice(id int, l *lease) {
-	d := s.devs[id]
-	s.led.leases[id] = l
-	d.since = l.since
-	if l.user != "" {
-		d.leased, d.holder = true, l.uid
-		s.held[l.uid]++
+// adopt enters lease e, held since before this start, in the ledger, and
+// has the lease table take it up: it counts against its user's
+// max_devices, and is released through the table's watchers as any other.
+func (s *Server) adopt(e *ledgerEntry) {
+	if err := s.table.Adopt(e.Lease); err != nil {
+		s.log.Print(err)
+		return
+	}
+	for _, id := range e.Devices {
+		s.led.leases[id] = e
 	}
 }
 
-func kindName(l *lease) string {
-	switch l.kind {
+func kindName(l *ledgerEntry) string {
+	switch l.kind() {
 	case client.KindTask:
-		return fmt.Sprintf("task %d", l.task)
+		return fmt.Sprintf("task %d", l.Task)
 	case client.KindHeld:
 		return "grant unknown"
 	}
-	return l.kind
+	return l.kind()
 }
 
 // lookupName is the name of uid in the user database, or "uid N".

@@ -87,7 +87,8 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
 	s.mu.Lock()
-	states, _ := s.deviceStatesLocked()
+	snap := s.table.Snapshot()
+	states, _ := s.deviceStates(snap)
 	byState := map[string]int{}
 	for _, st := range states {
 		byState[st]++
@@ -96,8 +97,8 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range s.cfg.Pools {
 		waiters[p.Name] = 0
 	}
-	for _, w := range s.q.Waiters() {
-		waiters[w.Pool]++
+	for _, p := range snap.Line {
+		waiters[p.W.Pool]++
 	}
 	waiters["cpu"] = s.cpuq.Len()
 	unleased := len(s.led.reported)

@@ -33,8 +33,8 @@ func TestTellAfter(t *testing.T) {
 		{"50,000th, told 9s ago", 60000, "", 9 * time.Second, 50000, "", time.Second, 1},
 	}
 	for _, tc := range tests {
-		w := &Waiter{pos: tc.pos, why: tc.why, told: now.Add(-tc.ago)}
-		got := tellAfter(w, tc.newPos, tc.newWhy, now)
+		last := &told{pos: tc.pos, why: tc.why, at: now.Add(-tc.ago)}
+		got := tellAfter(last, tc.newPos, tc.newWhy, now)
 		switch {
 		case tc.wantSign < 0 && got >= 0, tc.wantSign == 0 && got != 0, tc.wantSign > 0 && got != tc.want:
 			t.Errorf("%s: tellAfter = %v, want %v (sign %d)", tc.name, got, tc.want, tc.wantSign)

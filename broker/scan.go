@@ -172,7 +172,7 @@ func (s *Server) scanOnce() {
 		targets.Nodes[rdev] = true
 	}
 	for _, l := range s.uniqueLeasesLocked() {
-		for i, id := range l.devices {
+		for i, id := range l.Devices {
 			if l.held[id] {
 				targets.Files[l.files[i]] = true
 			}
@@ -236,7 +236,7 @@ func (s *Server) holdersFromScanLocked(res *procscan.Result, targets procscan.Ta
 	for _, l := range s.uniqueLeasesLocked() {
 		found := map[int][]*procscan.Proc{}
 		scanned := true
-		for i, id := range l.devices {
+		for i, id := range l.Devices {
 			if !l.held[id] {
 				continue
 			}
@@ -281,9 +281,9 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 	var anyLease map[int]bool
 	fresh := map[uint32]bool{}
 	for _, l := range s.uniqueLeasesLocked() {
-		for i, id := range l.devices {
+		for i, id := range l.Devices {
 			if l.held[id] && !targets.Files[l.files[i]] {
-				fresh[l.uid] = true
+				fresh[l.UID] = true
 			}
 		}
 	}

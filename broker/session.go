@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
@@ -35,7 +36,7 @@ const (
 // login is a waiting login session's decision, kept on its connection.
 type login struct {
 	d      pam.Decision
-	w      *Waiter
+	w      *lease.Waiter
 	queued time.Time
 }
 
@@ -111,15 +112,15 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.cfg.MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
-	w, rep := s.admitLocked(uid, acct, d.N, nil, d.Pool)
+	w, rep := s.admitLocked(c.holder(lease.Login, uid, acct), acct, d.N, nil, d.Pool)
 	if rep != nil {
 		c.sendLocked(rep)
 		return true
 	}
 	l := &login{d: d, w: w, queued: time.Now()}
-	w.conn, c.w, c.login = c, w, l
+	w.Ref, c.w, c.login = c, w, l
 	s.leaseWaits[uid]++
-	s.q.Add(w)
+	s.table.Add(w)
 	s.scheduleLocked()
 	if c.w != w {
 		return true // granted at once, or the grant failed and said so
@@ -143,7 +144,7 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 // busyLocked ends a login's wait for a lease that found nothing free: it
 // logs in without one (hide) or is refused (deny), as on_busy says.
 func (s *Server) busyLocked(c *conn, l *login) {
-	s.q.Remove(l.w, false)
+	s.table.Remove(l.w)
 	s.unwaitLocked(c)
 	s.scheduleLocked()
 	s.progressLocked()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/policy"
 )
 
@@ -109,19 +110,21 @@ func (s *Server) boardLocked(asker uint32) *client.Board {
 		return asker == 0 || uid == asker || s.cfg.Status.ShowCommands == policy.ShowCommandsAll
 	}
 	b := &client.Board{Time: now.UnixMilli(), Vendor: string(s.inv.Vendor), Devices: []client.DeviceState{}, Waiting: []client.Line{}, Unleased: []client.Unleased{}}
-	states, reserved := s.deviceStatesLocked()
-	for _, id := range s.inv.IDs {
-		ds := client.DeviceState{ID: id, Name: s.deviceName(id), Pool: s.poolOf[id], State: states[id]}
+	snap := s.table.Snapshot()
+	states, reserved := s.deviceStates(snap)
+	for _, d := range snap.Devices {
+		id := d.ID
+		ds := client.DeviceState{ID: id, Name: s.deviceName(id), Pool: d.Pool, State: states[id]}
 		if l := s.led.leases[id]; l != nil {
-			ds.Since = l.since.UnixMilli()
+			ds.Since = l.Since.UnixMilli()
 			ds.Lease = s.leaseInfo(l, id, show)
 		}
 		if w := reserved[id]; w != nil {
-			wi := s.waiterInfo(w, 0)
+			wi := s.waiterInfo(w, 0, s.table.Reason(w))
 			ds.ReservedFor = &wi
-			ds.Since = w.queued.UnixMilli()
-			if at, ok := s.led.freed[id]; ok && at.After(w.queued) {
-				ds.Since = at.UnixMilli()
+			ds.Since = w.Queued.UnixMilli()
+			if !d.Freed.IsZero() && d.Freed.After(w.Queued) {
+				ds.Since = d.Freed.UnixMilli()
 			}
 		}
 		b.Devices = append(b.Devices, ds)
@@ -133,14 +136,14 @@ func (s *Server) boardLocked(asker uint32) *client.Board {
 	for i := range b.Waiting {
 		lines[b.Waiting[i].Pool] = &b.Waiting[i]
 	}
-	for _, w := range s.q.Waiters() {
-		ln := lines[w.Pool]
+	for _, p := range snap.Line {
+		ln := lines[p.W.Pool]
 		if ln == nil {
 			continue
 		}
 		ln.Count++
 		if len(ln.Waiters) < maxWaitersShown {
-			ln.Waiters = append(ln.Waiters, s.waiterInfo(w, ln.Count))
+			ln.Waiters = append(ln.Waiters, s.waiterInfo(p.W, ln.Count, p.Why))
 		}
 	}
 	if s.cpuq.Len() > 0 {
@@ -148,7 +151,7 @@ func (s *Server) boardLocked(asker uint32) *client.Board {
 		for _, w := range s.cpuq.Waiters() {
 			ln.Count++
 			if len(ln.Waiters) < maxWaitersShown {
-				ln.Waiters = append(ln.Waiters, s.waiterInfo(w, ln.Count))
+				ln.Waiters = append(ln.Waiters, s.waiterInfo(w, ln.Count, s.table.Reason(w)))
 			}
 		}
 		b.Waiting = append(b.Waiting, ln)
@@ -170,41 +173,32 @@ func (s *Server) boardLocked(asker uint32) *client.Board {
 }
 
 // deviceStatesLocked returns each device's state, and the waiter each
-// reserved device is kept for: the first request of its pool in line that
-// waits although some of the devices it may take are free (and that no
-// max_devices limit holds back).
-func (s *Server) deviceStatesLocked() (map[int]string, map[int]*Waiter) {
-	states := make(map[int]string, len(s.inv.IDs))
-	for _, id := range s.inv.IDs {
-		d := s.devs[id]
-		switch l := s.led.leases[id]; {
+// reserved device is kept for (lease.Table.Snapshot says which).
+func (s *Server) deviceStatesLocked() (map[int]string, map[int]*lease.Waiter) {
+	return s.deviceStates(s.table.Snapshot())
+}
+
+// deviceStates is deviceStatesLocked of snapshot snap, under Server.mu: a
+// lease the ledger still records is shown until the ledger hears of its
+// end (the table's watcher reports it just after the lock goes).
+func (s *Server) deviceStates(snap lease.Snapshot) (map[int]string, map[int]*lease.Waiter) {
+	states := make(map[int]string, len(snap.Devices))
+	reserved := map[int]*lease.Waiter{}
+	for _, d := range snap.Devices {
+		switch l := s.led.leases[d.ID]; {
 		case l != nil:
-			states[id] = kindState(l.kind)
-		case d != nil && d.fd >= 0:
-			states[id] = client.DeviceFree
+			states[d.ID] = kindState(l.kind())
+		case d.State == lease.Reserved:
+			states[d.ID] = client.DeviceReserved
+			reserved[d.ID] = d.For
+		case d.State == lease.Free:
+			states[d.ID] = client.DeviceFree
+		case d.State == lease.Granting:
+			states[d.ID] = kindState(string(d.For.Kind))
+		case d.State == lease.Leased:
+			states[d.ID] = kindState(string(d.Leases[0].Kind))
 		default:
-			states[id] = client.DeviceOut
-		}
-	}
-	reserved := map[int]*Waiter{}
-	done := map[string]bool{}
-	for _, w := range s.q.Waiters() {
-		if done[w.Pool] || w.lim.MaxDevices > 0 && s.held[w.UID]+w.N > w.lim.MaxDevices {
-			continue
-		}
-		var free []int
-		for _, id := range w.Cand {
-			if states[id] == client.DeviceFree {
-				free = append(free, id)
-			}
-		}
-		if len(free) == 0 {
-			continue
-		}
-		done[w.Pool] = true
-		for _, id := range free {
-			states[id] = client.DeviceReserved
-			reserved[id] = w
+			states[d.ID] = client.DeviceOut
 		}
 	}
 	return states, reserved
@@ -227,9 +221,9 @@ func (s *Server) deviceName(id int) string {
 	return s.inv.Vendor.Noun() + strconv.Itoa(id)
 }
 
-func (s *Server) leaseInfo(l *lease, id int, show func(uint32) bool) *client.LeaseInfo {
-	li := &client.LeaseInfo{ID: l.id, Kind: l.kind, User: l.user, UID: l.uid, PID: l.pid, Task: l.task,
-		Service: l.service, TTY: l.tty, RHost: l.rhost, Claimed: l.claimed, Devices: l.devices, Since: l.since.UnixMilli(), Adopted: l.adopted}
+func (s *Server) leaseInfo(l *ledgerEntry, id int, show func(uint32) bool) *client.LeaseInfo {
+	li := &client.LeaseInfo{ID: l.ID, Kind: l.kind(), User: l.User, UID: l.UID, PID: l.pid, Task: l.Task,
+		Service: l.Service, TTY: l.TTY, RHost: l.RHost, Claimed: l.Claimed, Devices: l.Devices, Since: l.Since.UnixMilli(), Adopted: l.Adopted}
 	li.Holders, li.MoreHolders = s.holdersInfo(l, id, show)
 	if !l.checked.IsZero() {
 		li.Checked = l.checked.UnixMilli()
@@ -237,14 +231,10 @@ func (s *Server) leaseInfo(l *lease, id int, show func(uint32) bool) *client.Lea
 	return li
 }
 
-func (s *Server) waiterInfo(w *Waiter, pos int) client.WaiterInfo {
-	wi := client.WaiterInfo{Position: pos, Kind: client.KindInline, User: w.user, N: w.N, Since: w.queued.UnixMilli(), Why: s.reasonLocked(w)}
-	switch {
-	case w.task != nil:
-		wi.Kind, wi.Task = client.KindTask, w.task.ID
-	case w.conn != nil && w.conn.login != nil:
-		wi.Kind = client.KindLogin
-	}
+// waiterInfo is waiter w, at place pos, waiting for why beyond its turn,
+// as the board shows it.
+func (s *Server) waiterInfo(w *lease.Waiter, pos int, why string) client.WaiterInfo {
+	wi := client.WaiterInfo{Position: pos, Kind: string(w.Kind), User: w.User, N: w.N, Since: w.Queued.UnixMilli(), Why: why, Task: w.Task}
 	if w.Exact {
 		wi.Devices = w.Cand
 	}
@@ -312,7 +302,7 @@ func (s *Server) usageOp(c *conn, q *client.UsageQuery) bool {
 	s.mu.Lock()
 	live := map[uint64]bool{}
 	for _, l := range s.led.leases {
-		live[l.id] = true
+		live[l.ID] = true
 	}
 	// Leases past their user's rate that ended lately are not in the log
 	// yet: counted all the same.

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 )
 
@@ -26,7 +27,7 @@ import (
 // taskLease is what endTaskLeaseLocked found of an ended task's lease.
 type taskLease struct {
 	task    uint64
-	l       *lease
+	l       *ledgerEntry
 	devices []int
 	files   []procscan.FileID // the lease's lock files
 }
@@ -37,10 +38,10 @@ type taskLease struct {
 func (s *Server) endTaskLeaseLocked(id uint64) {
 	tl := &taskLease{task: id}
 	for _, l := range s.uniqueLeasesLocked() {
-		if l.kind != client.KindTask || l.task != id {
+		if l.kind() != client.KindTask || l.Task != id {
 			continue
 		}
-		for i, dev := range l.devices {
+		for i, dev := range l.Devices {
 			if l.held[dev] && s.led.leases[dev] == l && i < len(l.files) {
 				tl.l = l
 				tl.devices = append(tl.devices, dev)
@@ -52,7 +53,7 @@ func (s *Server) endTaskLeaseLocked(id uint64) {
 		return
 	}
 	for _, dev := range tl.devices {
-		if err := s.revokeLocked(dev); err != nil {
+		if err := s.acc.Revoke(dev); err != nil {
 			s.log.Printf("task %d has ended: %v; they go when the lease's last holder is gone", id, err)
 		}
 	}
@@ -78,7 +79,7 @@ func (s *Server) signalTaskHolders(tl *taskLease, sig unix.Signal) bool {
 	devOf := map[procscan.FileID]int{}
 	s.mu.Lock()
 	for i, dev := range tl.devices {
-		if s.led.leases[dev] == tl.l && tl.l.held[dev] && !s.devs[dev].released(tl.files[i]) {
+		if s.led.leases[dev] == tl.l && tl.l.held[dev] && !s.table.Ended(dev, lease.FileID(tl.files[i])) {
 			targets.Files[tl.files[i]] = true
 			devOf[tl.files[i]] = dev
 		}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
@@ -29,18 +30,18 @@ import (
 // task is a task that has not ended, and what the broker holds for it.
 type task struct {
 	*tasklife.Task
-	acct      *account    // the submitter, as looked up at submission
-	w         *Waiter     // its place in line (kept while it starts, to put it back)
-	inLine    bool        // w is in a queue
-	waits     []*conn     // connections waiting for its end
-	cancel    bool        // a cancel came while it was starting or running
-	heard     bool        // running: its supervisor spoke since its go-ahead (or was adopted), so it catches SIGTERM
-	cancelBy  string      // who cancelled it
-	overran   bool        // the broker killed it for overrunning its time limit
-	launching bool        // launch is giving it its go-ahead
-	sup       *supervisor // its supervisor, once started (warm while it waits)
-	cgroup    bool        // its control group may exist (cgroup.go)
-	lookupErr error       // its account could not be looked up: it waits out of line (lookupLaterLocked)
+	acct      *account      // the submitter, as looked up at submission
+	w         *lease.Waiter // its place in line (kept while it starts, to put it back)
+	inLine    bool          // w is in a queue
+	waits     []*conn       // connections waiting for its end
+	cancel    bool          // a cancel came while it was starting or running
+	heard     bool          // running: its supervisor spoke since its go-ahead (or was adopted), so it catches SIGTERM
+	cancelBy  string        // who cancelled it
+	overran   bool          // the broker killed it for overrunning its time limit
+	launching bool          // launch is giving it its go-ahead
+	sup       *supervisor   // its supervisor, once started (warm while it waits)
+	cgroup    bool          // its control group may exist (cgroup.go)
+	lookupErr error         // its account could not be looked up: it waits out of line (lookupLaterLocked)
 }
 
 // Caps on what one submission and one connection may hold.
@@ -197,7 +198,7 @@ func (s *Server) cancel(c *conn, t *tasklife.Task) bool {
 // the record cannot be made, it waits on as before.
 func (s *Server) cancelLocked(j *task, who string) error {
 	if j.w != nil {
-		j.w.Held = true
+		s.holdLocked(j, true)
 	}
 	err := s.life.End(j.Task, tasklife.Cancelled, nil, "cancelled by "+who)
 	if err == nil {
@@ -205,7 +206,7 @@ func (s *Server) cancelLocked(j *task, who string) error {
 	}
 	s.log.Printf("task %d: cancel: %v", j.ID, err)
 	if j.w != nil {
-		j.w.Held = s.paused != nil
+		s.holdLocked(j, s.paused != nil)
 	}
 	s.settleLocked(j) // its --after tasks may have ended meanwhile
 	s.scheduleLocked()
@@ -327,9 +328,9 @@ func (s *Server) firstTaskLocked(t *task) bool {
 		return false
 	}
 	if t.Sub.NoDevice {
-		return s.cpuq.tasks[pool] == 0
+		return s.cpuq.Tasks(pool) == 0
 	}
-	return s.q.tasks[pool] == 0
+	return s.table.Tasks(pool) == 0
 }
 
 // taskPool is the pool t waits in.
@@ -337,7 +338,7 @@ func (s *Server) taskPool(t *task) string {
 	if t.Sub.NoDevice {
 		return cpuPool
 	}
-	return s.poolName(t.Sub.Pool)
+	return s.table.PoolName(t.Sub.Pool)
 }
 
 // unknownID stands for a task's id until it gets one: no id is longer, so
@@ -563,22 +564,27 @@ func cleanEnv(env []string) []string {
 }
 
 // waiterLocked makes the waiter that queues t.
-func (s *Server) waiterLocked(t *task) (*Waiter, *client.Reply) {
+func (s *Server) waiterLocked(t *task) (*lease.Waiter, *client.Reply) {
 	acct := t.acct
 	if t.Sub.NoDevice {
 		if len(s.cpuFree) == 0 {
 			return nil, errReply(client.CodeDenied, "this broker has no CPU slots for --no-device tasks ([tasks] cpu_slots = 0)", "")
 		}
-		w := &Waiter{UID: t.UID, N: 1, Cand: s.cpuSlots, Pool: cpuPool, IsTask: true, task: t,
-			user: acct.name, lim: s.cfg.LimitFor(acct.name, acct.groups), queued: time.Now()}
+		w := &lease.Waiter{Holder: taskHolder(t), N: 1, Cand: s.cpuSlots, Pool: cpuPool, Ref: t,
+			Limit: s.cfg.LimitFor(acct.name, acct.groups), Queued: time.Now()}
 		return w, nil
 	}
-	w, rep := s.admitLocked(t.UID, acct, t.Sub.N, t.Sub.Devices, t.Sub.Pool)
+	w, rep := s.admitLocked(taskHolder(t), acct, t.Sub.N, t.Sub.Devices, t.Sub.Pool)
 	if rep != nil {
 		return nil, rep
 	}
-	w.task, w.IsTask = t, true
+	w.Ref = t
 	return w, nil
+}
+
+// taskHolder is the holder of t's lease: its submitter, as recorded.
+func taskHolder(t *task) lease.Holder {
+	return lease.Holder{Kind: lease.Task, UID: t.UID, User: t.User, Task: t.ID}
 }
 
 // settleLocked puts a waiting task where it belongs: in line, or blocked
@@ -611,7 +617,7 @@ func (s *Server) settleLocked(t *task) {
 		}
 		t.w = w
 	}
-	s.addLineLocked(t, (*Queue).Add)
+	s.addLineLocked(t, false)
 	if !s.loading {
 		s.scheduleLocked()
 	}
@@ -679,20 +685,38 @@ func (s *Server) requeueLocked(t *task) {
 	if t.inLine || t.w == nil || !t.IsWaiting() {
 		return
 	}
-	s.addLineLocked(t, (*Queue).Readd)
+	s.addLineLocked(t, true)
 }
 
-// addLineLocked puts t's waiter in its queue with add. (Waiting tasks are
-// capped by max_queued_tasks, not by max_waiting_per_user, which is for
-// npurun's requests: a user's queued tasks never lock them out of an
-// interactive npurun.)
-func (s *Server) addLineLocked(t *task, add func(*Queue, *Waiter)) {
-	t.w.Held = s.paused != nil || t.Busy()
+// addLineLocked puts t's waiter in its line: the lease table's, or the CPU
+// slots' queue for a task that needs no device; readd puts it back in the
+// place it had. (Waiting tasks are capped by max_queued_tasks, not by
+// max_waiting_per_user, which is for npurun's requests: a user's queued
+// tasks never lock them out of an interactive npurun.)
+func (s *Server) addLineLocked(t *task, readd bool) {
+	t.w.Held = s.paused != nil || t.Busy() // not in line yet: nobody else reads it
 	t.inLine = true
-	if t.Sub.NoDevice {
-		add(s.cpuq, t.w)
-	} else {
-		add(s.q, t.w)
+	switch {
+	case t.Sub.NoDevice && readd:
+		s.cpuq.Readd(t.w)
+	case t.Sub.NoDevice:
+		s.cpuq.Add(t.w)
+	case readd:
+		s.table.Readd(t.w)
+	default:
+		s.table.Add(t.w)
+	}
+}
+
+// holdLocked holds t's waiter in its place in line (skipped, reserving
+// nothing), or lets it be served again.
+func (s *Server) holdLocked(t *task, held bool) {
+	switch {
+	case t.w == nil:
+	case t.inLine && !t.Sub.NoDevice:
+		s.table.Hold(t.w, held)
+	default:
+		t.w.Held = held
 	}
 }
 
@@ -705,11 +729,11 @@ func (s *Server) removeLineLocked(t *task) {
 	if !t.inLine {
 		return
 	}
-	q := s.q
 	if t.Sub.NoDevice {
-		q = s.cpuq
+		s.cpuq.Remove(t.w, false)
+	} else {
+		s.table.Remove(t.w)
 	}
-	q.Remove(t.w, false)
 	s.leftLineLocked(t)
 }
 
@@ -876,10 +900,10 @@ func (s *Server) waitReasonLocked(j *task) string {
 		return "task starts are paused: " + s.paused.why.Error()
 	case w == nil:
 		return ""
-	case w.lim.MaxRunning > 0 && s.running[j.UID] >= w.lim.MaxRunning:
-		return fmt.Sprintf("%s runs %d of %s allowed (%s)", w.user, s.running[j.UID], quantity.Count(w.lim.MaxRunning, "task", "tasks"), w.lim.Source)
+	case w.Limit.MaxRunning > 0 && s.running[j.UID] >= w.Limit.MaxRunning:
+		return fmt.Sprintf("%s runs %d of %s allowed (%s)", w.User, s.running[j.UID], quantity.Count(w.Limit.MaxRunning, "task", "tasks"), w.Limit.Source)
 	case !j.Sub.NoDevice:
-		return s.reasonLocked(w)
+		return s.table.Reason(w)
 	}
 	return ""
 }
@@ -889,12 +913,11 @@ func (s *Server) positionLocked(t *task) int {
 	if t == nil || !t.inLine {
 		return 0
 	}
-	q := s.q
-	if t.Sub.NoDevice {
-		q = s.cpuq
+	if !t.Sub.NoDevice {
+		return s.table.Position(t.w)
 	}
 	pos := 0
-	for _, w := range q.Waiters() {
+	for _, w := range s.cpuq.Waiters() {
 		if w.Pool == t.w.Pool {
 			pos++
 		}
@@ -942,7 +965,7 @@ func (s *Server) list(c *conn, all bool, after uint64) bool {
 // all) with ids above after. more tells that others follow, from next.
 func (s *Server) listPageLocked(c *conn, all bool, after uint64) (page []listed, next uint64, more bool) {
 	scanned, size := 0, 0
-	var inLine []*Waiter
+	var inLine []*lease.Waiter
 	s.life.EachAfter(after, func(t *tasklife.Task) bool {
 		if scanned == listScan || len(page) == listPage || size > client.MaxMessage {
 			more = true
@@ -979,29 +1002,34 @@ func (s *Server) listPageLocked(c *conn, all bool, after uint64) (page []listed,
 
 // positionsOfLocked is the place in line of each of ws, walking each line
 // only as far as the last of them in it.
-func (s *Server) positionsOfLocked(ws []*Waiter) map[*Waiter]int {
-	want := make(map[*Waiter]int, len(ws))
-	left := map[*Queue]int{}
+func (s *Server) positionsOfLocked(ws []*lease.Waiter) map[*lease.Waiter]int {
+	want := make(map[*lease.Waiter]int, len(ws))
+	inTable := make(map[*lease.Waiter]int, len(ws))
+	left := 0 // in the CPU slots' queue
 	for _, w := range ws {
-		want[w] = 0
-		if w.task != nil && w.task.Sub.NoDevice {
-			left[s.cpuq]++
+		if t := taskOf(w); t != nil && t.Sub.NoDevice {
+			want[w] = 0
+			left++
 		} else {
-			left[s.q]++
+			inTable[w] = 0
 		}
 	}
-	for _, q := range []*Queue{s.q, s.cpuq} {
-		n := map[string]int{}
-		for _, w := range q.Waiters() {
-			if left[q] == 0 {
-				break
-			}
-			n[w.Pool]++
-			if _, ok := want[w]; ok {
-				want[w] = n[w.Pool]
-				left[q]--
-			}
+	if len(inTable) > 0 {
+		s.table.Positions(inTable)
+	}
+	n := map[string]int{}
+	for _, w := range s.cpuq.Waiters() {
+		if left == 0 {
+			break
 		}
+		n[w.Pool]++
+		if _, ok := want[w]; ok {
+			want[w] = n[w.Pool]
+			left--
+		}
+	}
+	for w, pos := range inTable {
+		want[w] = pos
 	}
 	return want
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/policy"
 )
@@ -89,9 +90,12 @@ pools = ["interactive", "queue"]
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{cfg: cfg, q: NewQueue(), cpuq: NewQueue(), jobs: map[uint64]*task{}, devs: make([]*device, 2),
-		pools: map[string][]int{"interactive": {0}, "queue": {1}}, poolOf: map[int]string{0: "interactive", 1: "queue"},
+	s := &Server{cfg: cfg, cpuq: lease.NewQueue(), jobs: map[uint64]*task{},
 		log: log.New(io.Discard, "", 0), warm: maxWarm} // no supervisor is started ahead here
+	if s.table, err = lease.Open(lease.Config{Dir: t.TempDir(), IDs: []int{0, 1}, DefaultPool: cfg.DefaultPool,
+		Pools: []lease.Pool{{Name: "interactive", IDs: []int{0}}, {Name: "queue", IDs: []int{1}}}}); err != nil {
+		t.Fatal(err)
+	}
 	life, err := tasklife.Open(t.TempDir(), tasklife.Options{Lock: &s.mu, Log: s.log, Keep: 10, KeepPerUser: 10})
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +125,7 @@ pools = ["interactive", "queue"]
 	s.mu.Unlock()
 	s.lookupAgain()
 	s.mu.Lock()
-	if tk.State != tasklife.Pending || !j.inLine || j.w.Pool != "queue" || j.w.user != "alice" {
+	if tk.State != tasklife.Pending || !j.inLine || j.w.Pool != "queue" || j.w.User != "alice" {
 		t.Errorf("once its account can be read: %s (%s), in line %v; want pending in line for pool queue as alice", tk.State, tk.Reason, j.inLine)
 	}
 }

@@ -74,19 +74,19 @@ type usageSums map[sumKey]*usageRec
 
 // add counts device time of l, not logged on its own, that ended now (one
 // device's end), and l itself once its last device has ended.
-func (us usageSums) add(l *lease, now time.Time) {
-	k := sumKey{uid: l.uid, user: l.user, kind: l.kind, pool: l.pool}
+func (us usageSums) add(l *ledgerEntry, now time.Time) {
+	k := sumKey{uid: l.UID, user: l.User, kind: l.kind(), pool: l.Pool}
 	r := us[k]
 	if r == nil {
 		if len(us) >= maxSums {
 			return // dropped: as a full queue drops records
 		}
-		r = &usageRec{Ev: "sum", Kind: l.kind, User: l.user, UID: l.uid, Pool: l.pool, From: l.since.UnixMilli()}
+		r = &usageRec{Ev: "sum", Kind: l.kind(), User: l.User, UID: l.UID, Pool: l.Pool, From: l.Since.UnixMilli()}
 		us[k] = r
 	}
-	r.From = min(r.From, l.since.UnixMilli())
+	r.From = min(r.From, l.Since.UnixMilli())
 	r.T = max(r.T, now.UnixMilli())
-	r.DevMS += now.Sub(l.since).Milliseconds()
+	r.DevMS += now.Sub(l.Since).Milliseconds()
 	if len(l.held) == 0 {
 		r.Leases++
 	}
@@ -118,7 +118,7 @@ func (s *Server) writeSums(old time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, l := range s.uniqueLeasesLocked() {
-		if !l.logged && (old.IsZero() || l.since.Before(old)) {
+		if !l.logged && (old.IsZero() || l.Since.Before(old)) {
 			l.logged = true
 			s.led.usage.add(l.record("start"))
 		}

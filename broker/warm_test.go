@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/policy"
 )
@@ -20,11 +21,15 @@ import (
 // warmLine is a broker whose line holds n waiters in pools "interactive"
 // and "queue" (leases and tasks of 50 users, interleaved) and cpu tasks in
 // the CPU queue, with a table that has a task waiting, as warmLocked sees
-// it on a scheduling pass. The tasks are in line order: s.q's, then
-// s.cpuq's.
+// it on a scheduling pass. The tasks are in line order: the lease table's
+// line's, then s.cpuq's.
 func warmLine(tb testing.TB, n int) (*Server, []*task) {
 	tb.Helper()
-	s := &Server{q: NewQueue(), cpuq: NewQueue(), jobs: map[uint64]*task{}}
+	s := &Server{cpuq: lease.NewQueue(), jobs: map[uint64]*task{}}
+	var err error
+	if s.table, err = lease.Open(lease.Config{Dir: tb.TempDir()}); err != nil {
+		tb.Fatal(err)
+	}
 	life, err := tasklife.Open(tb.TempDir(), tasklife.Options{Lock: &s.mu, Log: log.New(io.Discard, "", 0), Keep: 10, KeepPerUser: 10})
 	if err != nil {
 		tb.Fatal(err)
@@ -34,50 +39,65 @@ func warmLine(tb testing.TB, n int) (*Server, []*task) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var tasks []*task
-	add := func(q *Queue, uid uint32, pool string, isTask bool) {
-		w := &Waiter{UID: uid, N: 1, Cand: []int{0}, Pool: pool}
+	add := func(cpu bool, uid uint32, pool string, isTask bool) {
+		w := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid}, N: 1, Cand: []int{0}, Pool: pool}
 		if isTask {
 			tk := &tasklife.Task{ID: life.NewID(), UID: uid, User: fmt.Sprint("u", uid), Slot: -1}
 			if err := life.Submit(tk); err != nil {
 				tb.Fatal(err)
 			}
 			t := &task{Task: tk, w: w, inLine: true}
-			w.task, w.IsTask = t, true
+			w.Ref, w.Kind = t, lease.Task
 			s.jobs[tk.ID] = t
 			tasks = append(tasks, t)
 		}
-		q.Add(w)
+		if cpu {
+			s.cpuq.Add(w)
+		} else {
+			s.table.Add(w)
+		}
 	}
 	for i := range n {
 		uid := uint32(1000 + i%50)
 		switch {
 		case i%10 == 9:
-			add(s.cpuq, uid, "cpu", true)
+			add(true, uid, "cpu", true)
 		case i%3 == 0:
-			add(s.q, uid, "queue", true)
+			add(false, uid, "queue", true)
 		default:
-			add(s.q, uid, "interactive", false)
+			add(false, uid, "interactive", false)
 		}
 	}
-	return s, tasks
+	// In line order: the table's line, then the CPU slots' queue.
+	var inLine []*task
+	for _, p := range s.table.Line(nil) {
+		if t := taskOf(p.W); t != nil {
+			inLine = append(inLine, t)
+		}
+	}
+	for _, w := range s.cpuq.Waiters() {
+		inLine = append(inLine, taskOf(w))
+	}
+	if len(inLine) != len(tasks) {
+		tb.Fatalf("%d tasks in line, %d made", len(inLine), len(tasks))
+	}
+	return s, inLine
 }
 
 // BenchmarkWarmLine is one scheduling pass's warmLocked over a line of
 // 10,000 waiters whose first tasks have their supervisors already: there
 // is nothing to do.
 func BenchmarkWarmLine(b *testing.B) {
-	s, _ := warmLine(b, 10000)
+	s, all := warmLine(b, 10000)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Each pool's first task is warm already.
-	for _, q := range []*Queue{s.q, s.cpuq} {
-		seen := map[string]bool{}
-		for _, w := range q.Waiters() {
-			if w.task != nil && !seen[w.Pool] {
-				seen[w.Pool] = true
-				w.task.sup = &supervisor{}
-				s.warm++
-			}
+	seen := map[string]bool{}
+	for _, t := range all {
+		if !seen[t.w.Pool] {
+			seen[t.w.Pool] = true
+			t.sup = &supervisor{}
+			s.warm++
 		}
 	}
 	for b.Loop() {
@@ -109,8 +129,8 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 
 	s.mu.Lock()
 	tasks := map[string]*task{}
-	add := func(name string, q *Queue, uid uint32, pool string, isTask, held bool) {
-		w := &Waiter{UID: uid, N: 1, Cand: []int{0}, Pool: pool, Held: held}
+	add := func(name string, cpu bool, uid uint32, pool string, isTask, held bool) {
+		w := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid}, N: 1, Cand: []int{0}, Pool: pool, Held: held}
 		if isTask {
 			tk := &tasklife.Task{ID: s.life.NewID(), UID: uid, User: name, Slot: -1,
 				Argv: []string{"/bin/true"}, Log: filepath.Join(dir, name+".log"), Sub: client.Submission{Cwd: "/"}}
@@ -118,21 +138,26 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 				t.Fatal(err)
 			}
 			tasks[name] = &task{Task: tk, w: w, inLine: true}
-			w.task, w.IsTask = tasks[name], true
+			w.Ref, w.Kind = tasks[name], lease.Task
 			s.jobs[tk.ID] = tasks[name]
 		}
-		q.Add(w) // each waiter a user of its own: line order is arrival order
+		// Each waiter a user of its own: line order is arrival order.
+		if cpu {
+			s.cpuq.Add(w)
+		} else {
+			s.table.Add(w)
+		}
 	}
-	add("lease1", s.q, 1, "queue", false, false)
-	add("heldQ", s.q, 2, "queue", true, true)
-	add("lease2", s.q, 3, "interactive", false, false)
-	add("firstQ", s.q, 4, "queue", true, false)
-	add("firstI", s.q, 5, "interactive", true, false)
-	add("secondQ", s.q, 6, "queue", true, false)
-	add("secondI", s.q, 7, "interactive", true, false)
-	add("lease3", s.q, 8, "other", false, false) // a pool of leases only
-	add("firstC", s.cpuq, 9, "cpu", true, false)
-	add("secondC", s.cpuq, 10, "cpu", true, false)
+	add("lease1", false, 1, "queue", false, false)
+	add("heldQ", false, 2, "queue", true, true)
+	add("lease2", false, 3, "interactive", false, false)
+	add("firstQ", false, 4, "queue", true, false)
+	add("firstI", false, 5, "interactive", true, false)
+	add("secondQ", false, 6, "queue", true, false)
+	add("secondI", false, 7, "interactive", true, false)
+	add("lease3", false, 8, "other", false, false) // a pool of leases only
+	add("firstC", true, 9, "cpu", true, false)
+	add("secondC", true, 10, "cpu", true, false)
 	s.warmLocked()
 	s.warmLocked() // nothing more
 	warm := s.warm
@@ -158,30 +183,5 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 	slices.Sort(got)
 	if !slices.Equal(got, want) || warm != len(want) {
 		t.Errorf("warmed %v (count %d), want %v", got, warm, want)
-	}
-}
-
-// TestFirstTasksLongLine: on a long line, firstTasks yields what a walk
-// of the whole line finds: the first unheld task of each pool, in order.
-func TestFirstTasksLongLine(t *testing.T) {
-	s, all := warmLine(t, 10000)
-	for i, tk := range all {
-		if i%7 < 3 {
-			tk.w.Held = true
-		}
-	}
-	for _, q := range []*Queue{s.q, s.cpuq} {
-		var want []*task
-		var seen []string
-		for _, w := range q.Waiters() {
-			if w.task != nil && !w.Held && !slices.Contains(seen, w.Pool) {
-				seen = append(seen, w.Pool)
-				want = append(want, w.task)
-			}
-		}
-		got := slices.Collect(firstTasks(q))
-		if len(want) == 0 || !slices.Equal(got, want) {
-			t.Errorf("firstTasks yields %d tasks, want %d (of %d waiters)", len(got), len(want), q.Len())
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package broker
+package lease
 
 import (
 	"fmt"
@@ -28,11 +28,17 @@ func freeSet(n int, free ...int) []bool {
 
 // name tags a waiter for messages; Pool is unused by the scheduler.
 func waiter(name string, uid uint32, n int, cand ...int) *Waiter {
-	return &Waiter{Pool: name, UID: uid, N: n, Cand: cand}
+	return &Waiter{Pool: name, Holder: Holder{Kind: Inline, UID: uid}, N: n, Cand: cand}
 }
 
 func exact(name string, uid uint32, cand ...int) *Waiter {
-	return &Waiter{Pool: name, UID: uid, N: len(cand), Cand: cand, Exact: true}
+	return &Waiter{Pool: name, Holder: Holder{Kind: Inline, UID: uid}, N: len(cand), Cand: cand, Exact: true}
+}
+
+// taskWaiter is a task's waiter: it counts against its user's running
+// tasks.
+func taskWaiter(name string, uid uint32, n int, cand ...int) *Waiter {
+	return &Waiter{Pool: name, Holder: Holder{Kind: Task, UID: uid}, N: n, Cand: cand}
 }
 
 // serveOneAtATime drains q on a single device: each step plans with the
@@ -230,8 +236,8 @@ func TestPlan(t *testing.T) {
 		{
 			name: "task room counts only tasks",
 			order: []*Waiter{
-				{Pool: "t0", UID: 1, N: 1, Cand: ids(4), IsTask: true},
-				{Pool: "t1", UID: 1, N: 1, Cand: ids(4), IsTask: true},
+				taskWaiter("t0", 1, 1, ids(4)...),
+				taskWaiter("t1", 1, 1, ids(4)...),
 				waiter("inline", 1, 1, ids(4)...),
 			},
 			free: freeSet(4, 0, 1, 2, 3),
@@ -240,7 +246,7 @@ func TestPlan(t *testing.T) {
 		},
 		{
 			name:  "a task without room reserves nothing",
-			order: []*Waiter{{Pool: "t0", UID: 1, N: 1, Cand: ids(1), IsTask: true}, waiter("b", 2, 1, ids(1)...)},
+			order: []*Waiter{taskWaiter("t0", 1, 1, ids(1)...), waiter("b", 2, 1, ids(1)...)},
 			free:  freeSet(1, 0),
 			room:  Room{Tasks: map[uint32]int{1: 0}},
 			want:  []grant{{"b", []int{0}}},
@@ -311,7 +317,7 @@ func TestQueueRemove(t *testing.T) {
 func TestQueueTaskPools(t *testing.T) {
 	q := NewQueue()
 	task := func(pool string, uid uint32) *Waiter {
-		return &Waiter{Pool: pool, UID: uid, N: 1, Cand: []int{0}, IsTask: true}
+		return taskWaiter(pool, uid, 1, 0)
 	}
 	t1, t2, t3 := task("a", 1), task("a", 2), task("b", 1)
 	lease := waiter("c", 3, 1, 0)
@@ -367,13 +373,13 @@ func TestQueueReadd(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			q := NewQueue()
 			a0 := waiter("a0", 1, 1, 0, 1)
-			a0.lim = one
+			a0.Limit = one
 			b0 := waiter("b0", 2, 1, 0, 1)
 			q.Add(a0)
 			q.Add(b0)
 			for i := range c.others {
 				w := waiter(fmt.Sprintf("a%d", i+1), 1, 1, 0, 1)
-				w.lim = two
+				w.Limit = two
 				q.Add(w)
 			}
 			before := names(q.Waiters())
@@ -399,5 +405,39 @@ func TestQueueReadd(t *testing.T) {
 				t.Errorf("empty queue still reports limits %v, count %d", got, q.UserCount(1))
 			}
 		})
+	}
+}
+
+// TestFirstTasksLongLine: on a long line, FirstTasks gives what a walk of
+// the whole line finds: the first unheld task of each pool, in order.
+func TestFirstTasksLongLine(t *testing.T) {
+	q := NewQueue()
+	for i := range 10000 {
+		uid := uint32(1000 + i%50)
+		var w *Waiter
+		switch {
+		case i%10 == 9:
+			w = taskWaiter("cpu", uid, 1, 0)
+		case i%3 == 0:
+			w = taskWaiter("queue", uid, 1, 0)
+		default:
+			w = waiter("interactive", uid, 1, 0)
+		}
+		if w.isTask() && i%7 < 3 {
+			w.Held = true
+		}
+		q.Add(w)
+	}
+	var want []*Waiter
+	var seen []string
+	for _, w := range q.Waiters() {
+		if w.isTask() && !w.Held && !slices.Contains(seen, w.Pool) {
+			seen = append(seen, w.Pool)
+			want = append(want, w)
+		}
+	}
+	got := q.FirstTasks(nil)
+	if len(want) != 2 || !slices.Equal(got, want) {
+		t.Errorf("FirstTasks gives %d tasks, want %d (of %d waiters)", len(got), len(want), q.Len())
 	}
 }

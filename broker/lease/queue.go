@@ -1,4 +1,4 @@
-package broker
+package lease
 
 import (
 	"slices"
@@ -8,30 +8,26 @@ import (
 	"github.com/npurun/npurun/policy"
 )
 
-// Waiter is one request waiting for devices: an inline npurun today, a PAM
-// session or a queued task later.
+// Waiter is one request waiting for devices: an npurun, a login session or
+// a queued task alike, in one line. What the owner does with its grant is
+// the owner's: Ref is the owner's handle on it, never looked at here.
 type Waiter struct {
-	UID    uint32
-	N      int   // devices wanted
-	Cand   []int // devices it may take, ascending: its pool's, or the explicit ones
-	Exact  bool  // it wants exactly Cand (npurun --device)
-	IsTask bool  // a queued task: counts against the user's running tasks
-	Held   bool  // keeps its place but is skipped, reserving nothing (a task whose start must wait)
-	Pool   string
+	Holder        // who asks: the grant's holder
+	N      int    // devices wanted
+	Cand   []int  // devices it may take, ascending: its pool's, or the explicit ones
+	Exact  bool   // it wants exactly Cand (npurun --device)
+	Held   bool   // keeps its place but is skipped, reserving nothing (a task whose start must wait); in a Table, set by Hold
+	Pool   string // the pool it waits in
+	Limit  policy.Limit
+	Queued time.Time
+	Ref    any // the owner's: what the grant goes to (a connection, a task)
 
 	seq   uint64 // arrival order
 	round uint64 // fairness round, see Queue
-
-	// The broker's, never looked at by the scheduler.
-	user   string       // account name, for messages
-	lim    policy.Limit // the user's limit when the request came
-	conn   *conn        // owner: an npurun waiting on its connection,
-	task   *task        // or a queued task
-	queued time.Time
-	pos    int       // last position reported to the client
-	why    string    // last reason reported
-	told   time.Time // when they were reported
 }
+
+// isTask tells whether w counts against its user's running tasks.
+func (w *Waiter) isTask() bool { return w.Kind == Task }
 
 // Queue holds the waiters in service order. Service is first come first
 // served, interleaved across users: each waiter gets a round, one more than
@@ -44,7 +40,7 @@ type Queue struct {
 	next  map[uint32]uint64       // a user's next round
 	count map[uint32]int          // a user's waiters
 	lim   map[uint32]policy.Limit // a waiting user's limit, as their last request found it
-	tasks map[string]int          // waiting tasks (IsTask) per pool
+	tasks map[string]int          // waiting tasks (Kind Task) per pool
 	round uint64                  // round of the last waiter served
 	seq   uint64
 }
@@ -71,12 +67,38 @@ func (q *Queue) Waiters() []*Waiter { return q.order }
 // UserCount is how many waiters user uid has.
 func (q *Queue) UserCount(uid uint32) int { return q.count[uid] }
 
-// TaskPools is how many pools have a task (IsTask) waiting.
+// TaskPools is how many pools have a task waiting.
 func (q *Queue) TaskPools() int { return len(q.tasks) }
+
+// Tasks is how many tasks wait in pool.
+func (q *Queue) Tasks(pool string) int { return q.tasks[pool] }
+
+// FirstTasks appends to out the first task waiting unheld in each pool,
+// in line order. It stops once every pool with a task waiting has given
+// one, so the waiters after those are never looked at.
+func (q *Queue) FirstTasks(out []*Waiter) []*Waiter {
+	want := len(q.tasks)
+	if want == 0 {
+		return out
+	}
+	var few [8]string
+	seen := few[:0] // one a pool
+	for _, w := range q.order {
+		if !w.isTask() || w.Held || slices.Contains(seen, w.Pool) {
+			continue
+		}
+		seen = append(seen, w.Pool)
+		out = append(out, w)
+		if len(seen) == want {
+			break
+		}
+	}
+	return out
+}
 
 // countTask notes that a waiter joined (d = 1) or left (-1) the queue.
 func (q *Queue) countTask(w *Waiter, d int) {
-	if !w.IsTask {
+	if !w.isTask() {
 		return
 	}
 	if q.tasks[w.Pool] += d; q.tasks[w.Pool] <= 0 {
@@ -98,7 +120,7 @@ func (q *Queue) Add(w *Waiter) {
 	w.round = max(q.next[w.UID], q.round)
 	q.next[w.UID] = w.round + 1
 	q.count[w.UID]++
-	q.lim[w.UID] = w.lim
+	q.lim[w.UID] = w.Limit
 	q.countTask(w, 1)
 	i := sort.Search(len(q.order), func(i int) bool { return less(w, q.order[i]) })
 	q.order = append(q.order, nil)
@@ -135,7 +157,7 @@ func (q *Queue) Readd(w *Waiter) {
 	q.next[w.UID] = max(q.next[w.UID], w.round+1)
 	q.countTask(w, 1)
 	if _, ok := q.lim[w.UID]; !ok {
-		q.lim[w.UID] = w.lim
+		q.lim[w.UID] = w.Limit
 	}
 	i := sort.Search(len(q.order), func(i int) bool { return less(w, q.order[i]) })
 	q.order = slices.Insert(q.order, i, w)
@@ -151,7 +173,7 @@ type Grant struct {
 // map has no limit there.
 type Room struct {
 	Devices map[uint32]int // devices they may still hold
-	Tasks   map[uint32]int // tasks they may still run (counts only waiters with IsTask)
+	Tasks   map[uint32]int // tasks they may still run (counts only the waiters of tasks)
 }
 
 // Plan decides which waiters to serve now. order is the service order,
@@ -184,7 +206,7 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 		if r, ok := room.Devices[w.UID]; ok && r-used[w.UID] < w.N {
 			continue
 		}
-		if r, ok := room.Tasks[w.UID]; ok && w.IsTask && r-started[w.UID] < 1 {
+		if r, ok := room.Tasks[w.UID]; ok && w.isTask() && r-started[w.UID] < 1 {
 			continue
 		}
 		var got []int
@@ -209,7 +231,7 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 				}
 				used[w.UID] += w.N
 			}
-			if _, limited := room.Tasks[w.UID]; limited && w.IsTask {
+			if _, limited := room.Tasks[w.UID]; limited && w.isTask() {
 				if started == nil {
 					started = map[uint32]int{}
 				}

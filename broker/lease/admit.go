@@ -1,0 +1,127 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/policy"
+)
+
+// MaxDevices bounds the devices one request may name.
+const MaxDevices = 64
+
+// What a request may be refused for: a Refusal wraps one, and the owner
+// maps it to its own answer (errors.Is).
+var (
+	ErrBadRequest = errors.New("bad request")    // malformed: a device named twice, a count below 0
+	ErrNoDevice   = errors.New("no such device") // a device this table does not manage
+	ErrNoPool     = errors.New("no such pool")
+	ErrDenied     = errors.New("denied") // the policy refuses it: a pool not open to its user, more than the pool has or the user may hold
+)
+
+// Refusal is why a request is refused: one of the errors above, a message
+// for its user, and a hint where a next step helps.
+type Refusal struct {
+	Err  error
+	Msg  string
+	Hint string
+}
+
+func (r *Refusal) Error() string { return r.Msg }
+func (r *Refusal) Unwrap() error { return r.Err }
+
+func refuse(err error, hint string, format string, args ...any) *Refusal {
+	return &Refusal{Err: err, Msg: fmt.Sprintf(format, args...), Hint: hint}
+}
+
+// Request is what a holder asks for: n devices of a pool, or exactly
+// Devices.
+type Request struct {
+	Holder  Holder
+	N       int    // devices wanted; 0: one
+	Devices []int  // exactly these (npurun --device)
+	Pool    string // "": the default pool
+	Limit   policy.Limit
+}
+
+// Admit checks a request against the devices, the pools and its holder's
+// limit, and returns the waiter that queues it (not yet in line), or a
+// Refusal.
+func (t *Table) Admit(r Request) (*Waiter, error) {
+	lim := r.Limit
+	w := &Waiter{Holder: r.Holder, Limit: lim, Queued: time.Now()}
+	if len(r.Devices) > 0 {
+		if len(r.Devices) > MaxDevices {
+			return nil, refuse(ErrBadRequest, "", "at most %d devices in one request", MaxDevices)
+		}
+		ids := slices.Clone(r.Devices)
+		slices.Sort(ids)
+		if len(slices.Compact(slices.Clone(ids))) != len(ids) {
+			return nil, refuse(ErrBadRequest, "", "device named twice in %v", r.Devices)
+		}
+		for _, id := range ids {
+			if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
+				return nil, refuse(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
+			}
+			p, inPool := t.poolOf[id]
+			switch {
+			case !inPool:
+				return nil, refuse(ErrDenied, "", "%s is in no pool, so nobody may lease it", t.vendor.Format([]int{id}))
+			case !lim.AllowsPool(p):
+				return nil, refuse(ErrDenied, "", "%s is in pool %q, which %s does not open to %s", t.vendor.Format([]int{id}), p, lim.Source, r.Holder.User)
+			}
+			w.Pool = p
+		}
+		w.Cand, w.N, w.Exact = ids, len(ids), true
+	} else {
+		w.N = r.N
+		if w.N == 0 {
+			w.N = 1
+		}
+		if w.N < 0 {
+			return nil, refuse(ErrBadRequest, "", "bad device count %d", r.N)
+		}
+		w.Pool = t.PoolName(r.Pool)
+		ids, ok := t.poolIDs[w.Pool]
+		if !ok {
+			return nil, refuse(ErrNoPool, "pools: "+t.poolList(), "no pool %q here", r.Pool)
+		}
+		if !lim.AllowsPool(w.Pool) {
+			return nil, refuse(ErrDenied, "", "pool %q is not open to %s (%s)", w.Pool, r.Holder.User, lim.Source)
+		}
+		if w.N > len(ids) {
+			return nil, refuse(ErrDenied, "", "%s asked, pool %q has only %d", quantity.Count(w.N, "device", "devices"), w.Pool, len(ids))
+		}
+		w.Cand = ids
+	}
+	if lim.MaxDevices > 0 && w.N > lim.MaxDevices {
+		return nil, refuse(ErrDenied, "", "%s asked, the limit for %s is %d held at once (%s)", quantity.Count(w.N, "device", "devices"), r.Holder.User, lim.MaxDevices, lim.Source)
+	}
+	return w, nil
+}
+
+// PoolName resolves the pool a request names: "" is the default pool.
+func (t *Table) PoolName(name string) string {
+	if name == "" {
+		return t.defaultPool
+	}
+	return name
+}
+
+// PoolOf is the pool of device id, "" if it is in none.
+func (t *Table) PoolOf(id int) string { return t.poolOf[id] }
+
+// poolList names the pools, in the configuration's order.
+func (t *Table) poolList() string {
+	s := ""
+	for i, p := range t.pools {
+		if i > 0 {
+			s += ", "
+		}
+		s += p.Name
+	}
+	return s
+}

@@ -1,0 +1,24 @@
+// Package lease is the broker's lease table: it owns the devices and their
+// lock files (a fresh file for every lease), the watchers that see a
+// lease's lock go, the line of requests and the order it is served in
+// (Plan: fairness across users, reservations, backfill), the per-user caps,
+// the admission of a request against the pools and its holder's limit, the
+// record of each grant (Lease), and the leases found held at start. A
+// request comes in as a holder (Holder: its kind, who, which process or
+// task) and what it wants; Schedule hands out grants as Handovers whose
+// devices are neither free nor leased until the owner, having delivered
+// their descriptors, commits or returns them; the owner hears of releases
+// through the Owner interface, and device access is a Gate the owner
+// implements (opened before descriptors leave, closed after a lease and
+// before the next grant, out of service while it cannot be closed). The
+// table must never touch a socket, a task, PAM or /proc, nor wait, fork,
+// write to disk or call its owner or gate while it holds its lock: the
+// owner's lock comes first, the table's second, and nothing the table
+// calls takes its own. Two changes are prepared for without reshaping
+// this API: a holder the broker does not start (a Slurm job, a container)
+// is a new Kind with what names it in Holder, asking through the same line
+// for the devices it names; a device that holds shares keeps a set of
+// leases (device.leases, Device.Leases: one whole lease today), each on a
+// lock file of its own, and Plan then sees room left instead of a free
+// flag.
+package lease

@@ -1,0 +1,68 @@
+package lease
+
+import "time"
+
+// Kind is what holds a lease. Its values are the wire protocol's
+// (client.KindInline, …), so that the broker passes them through as they
+// are; a later kind (a Slurm job, a container) adds a value here and a
+// Holder field for what names it, not a new path through the table.
+type Kind string
+
+// The holders of today.
+const (
+	Inline Kind = "inline" // an npurun the broker grants on its connection
+	Task   Kind = "task"   // a queued task, run by the broker under a supervisor
+	Login  Kind = "login"  // a login session's lease (pam_npurun, npurun --login)
+	Found  Kind = ""       // found held at the broker's start, with no record of its grant
+)
+
+// Holder is who asks for a lease, and who it is granted to. The table
+// looks at Kind and UID only (a task's caps, a user's devices); the rest is
+// the record a grant keeps for status and accounting.
+type Holder struct {
+	Kind Kind
+	UID  uint32
+	User string // account name, for messages and listings
+
+	// PID is the process the lease is granted to: the client's, from
+	// SO_PEERCRED (inline, login); 0 for a task, whose supervisor comes
+	// later, and for a lease found at start. PIDStart is its start time
+	// where a record of an earlier broker gave it.
+	PID      int
+	PIDStart uint64
+	Task     uint64 // Kind Task: the task's id
+
+	// Where a session, or a request on behalf of another user, came from:
+	// the PAM service, terminal and remote host. Claimed tells that they
+	// are the user's own claim, not root's (the PAM module's).
+	Service, TTY, RHost string
+	Claimed             bool
+}
+
+// FileID names a lock file: the device and inode of its file system.
+type FileID struct{ Dev, Ino uint64 }
+
+// Lease is the record of one grant: who holds it, which devices, on which
+// lock files, since when. It is never changed once the table hands it
+// out, so any room may keep and read it without the table's lock; which
+// of its devices are still held is the table's to say (Snapshot, and the
+// owner's Released).
+type Lease struct {
+	Holder
+	ID      uint64
+	Pool    string
+	Devices []int
+	Files   []FileID // the lock files, in the order of Devices
+	Since   time.Time
+	Adopted bool // held since before this broker's start
+}
+
+// FileOf returns the lock file of device id in l.
+func (l *Lease) FileOf(id int) (FileID, bool) {
+	for i, d := range l.Devices {
+		if d == id && i < len(l.Files) {
+			return l.Files[i], true
+		}
+	}
+	return FileID{}, false
+}

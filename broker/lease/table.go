@@ -1,0 +1,906 @@
+package lease
+
+import (
+	"fmt"
+	"log"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/internal/owndir"
+	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/policy"
+)
+
+// Gate is who may open a device's nodes (the broker's: POSIX ACLs of
+// restricted accounts). The table opens a lease's devices to its holder
+// before the lease's descriptors leave (Allow, through Table.Allow), and
+// closes a device after its lease has ended, before it can be granted
+// again (Close); a device that cannot be closed is out of service, granted
+// to nobody, until it is. The table never calls its gate holding its own
+// lock.
+type Gate interface {
+	// Allow opens devices ids to uid. One quick try: its owner may call
+	// it holding its own lock.
+	Allow(uid uint32, ids []int) error
+	// Revoke closes device id to the accounts whose lease of it has
+	// ended, or that a grant not delivered opened it to. One quick try,
+	// as Allow.
+	Revoke(id int) error
+	// Close closes device id, however long that takes: it returns once
+	// Revoke has succeeded (failed is why a try made already failed, nil
+	// if none was made). The table calls it holding no lock, from the
+	// device's own goroutine.
+	Close(id int, failed error)
+}
+
+// Owner is the table's owner, told of what the table does on its own. The
+// table calls it holding no lock of its own.
+type Owner interface {
+	// Released tells that device id of lease l was released at at: its
+	// lock is gone, so is the holder's process tree. last tells that l
+	// holds no other device. The device is closed (Gate.Close) and put on
+	// a fresh lock file after Released returns.
+	Released(l *Lease, id int, at time.Time, last bool)
+	// Freed tells that a device came into service (a lease's end, a
+	// device back from a failed close): the owner may serve its line.
+	Freed()
+}
+
+// Pool is a named set of devices requests may ask for.
+type Pool struct {
+	Name string
+	IDs  []int // nil: every device
+}
+
+// Config configures a Table.
+type Config struct {
+	Dir         string     // the lock files' directory: made, DirMode, if need be
+	IDs         []int      // the devices, by physical id
+	Pools       []Pool     // in the configuration's order
+	DefaultPool string     // the pool of a request that names none
+	Vendor      npu.Vendor // names devices in messages
+	Gate        Gate       // nil: devices are open to everyone
+	Owner       Owner      // nil: nobody is told
+	Log         *log.Logger
+	// Repeat logs a line that a lasting cause repeats (out of
+	// descriptors, a full /run), at a bounded rate; nil: Log.
+	Repeat func(format string, args ...any)
+}
+
+// Table is the lease table.
+//
+// Lock order: the owner's lock, then the table's. The owner may call any
+// method holding its own lock (it serves its line from under it); the
+// table never takes the owner's lock, and calls its owner and its gate
+// holding none of its own (from its watchers, and from Return's retries,
+// on goroutines of their own). So the two locks are only ever held in that
+// order (TestLockOrder).
+type Table struct {
+	// Set by Open, never changed.
+	vendor      npu.Vendor
+	gate        Gate
+	owner       Owner
+	log         *log.Logger
+	repeat      func(format string, args ...any)
+	ids         []int
+	pools       []Pool
+	poolIDs     map[string][]int
+	poolOf      map[int]string
+	defaultPool string
+
+	mu     sync.Mutex
+	devs   []*device      // by physical id; nil where not managed
+	nfree  int            // devices free now
+	held   map[uint32]int // devices held per uid, of the leases that count (Adopt)
+	q      *Queue         // the line: requests of every holder kind
+	lastID uint64         // the last lease id handed out or noted
+	found  map[int]int    // devices held at Open, until Start: a descriptor of their lock file
+}
+
+// device is one accelerator: its lock file and who holds it. A device
+// holds a set of leases: one whole lease today. A device of shares would
+// hold several, each with a lock file of its own, free while its capacity
+// allows one more; Plan would then see room, not a free flag, and nothing
+// else of this API changes shape.
+type device struct {
+	id    int
+	path  string
+	fd    int    // the lock file, locked, while free; -1 otherwise (in a handover, it is the handover's)
+	spare int    // a second open of the current lock file, for the watcher, until a lease begins; -1 if none
+	file  FileID // the current lock file
+
+	leases   []*Lease  // the leases held on it
+	counted  bool      // its lease counts against its holder's devices (held)
+	granting *Handover // the handover it is in, if any
+	freed    time.Time // when its last lease ended; zero while leased, and once granted again
+
+	watch chan int // descriptors for the watcher to wait on, one a lease
+
+	// ended is the lock file whose release the watcher has seen, from the
+	// moment flock returns (before the table records the end); nil while
+	// it waits on a lease.
+	ended atomic.Pointer[FileID]
+}
+
+// free tells whether d can be granted now.
+func (d *device) free() bool { return d.fd >= 0 && d.granting == nil }
+
+// Open opens the lock table: the lock directory, and each device's lock
+// file, tried without blocking. A device whose lock is taken is held by a
+// lease from before this start: Found names those, for the owner to Adopt
+// what it knows of them. Nothing is in service until Start.
+func Open(c Config) (*Table, error) {
+	t := &Table{vendor: c.Vendor, gate: c.Gate, owner: c.Owner, log: c.Log, repeat: c.Repeat,
+		ids: slices.Clone(c.IDs), pools: slices.Clone(c.Pools), poolIDs: map[string][]int{}, poolOf: map[int]string{},
+		defaultPool: c.DefaultPool, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}}
+	if t.log == nil {
+		t.log = log.New(discard{}, "", 0)
+	}
+	if t.repeat == nil {
+		t.repeat = t.log.Printf
+	}
+	if t.owner == nil {
+		t.owner = noOwner{}
+	}
+	for i, p := range c.Pools {
+		ids := p.IDs
+		if ids == nil {
+			ids = t.ids
+		}
+		for _, id := range ids {
+			if !slices.Contains(t.ids, id) {
+				return nil, fmt.Errorf("pool %q names npu %d, which is not among the devices managed (%s)", p.Name, id, npu.FormatIDs(t.ids))
+			}
+		}
+		t.pools[i].IDs = ids
+		t.poolIDs[p.Name] = ids
+		for _, id := range ids {
+			t.poolOf[id] = p.Name
+		}
+	}
+	if err := owndir.Make(c.Dir, DirMode); err != nil {
+		return nil, err
+	}
+	maxID := 0
+	for _, id := range t.ids {
+		maxID = max(maxID, id)
+	}
+	t.devs = make([]*device, maxID+1)
+	for _, id := range t.ids {
+		d := &device{id: id, path: LockPath(c.Dir, id), fd: -1, spare: -1, watch: make(chan int, 1)}
+		fd, isFree, err := tryLock(d.path)
+		if err != nil {
+			t.closeAll()
+			return nil, err
+		}
+		t.devs[id] = d
+		if isFree {
+			d.fd = fd // the old file: Start puts the device on a fresh one
+			continue
+		}
+		t.log.Printf("npu %d is held by a lease from before this start; waiting for its release", id)
+		t.found[id] = fd
+		if d.file, err = fileID(fd); err != nil {
+			t.log.Printf("npu %d: lock file: %v; its holders will not be found", id, err)
+		}
+	}
+	for _, id := range t.ids {
+		go t.watch(t.devs[id])
+	}
+	return t, nil
+}
+
+// closeAll closes what Open opened, for an Open that fails.
+func (t *Table) closeAll() {
+	for _, d := range t.devs {
+		if d != nil {
+			closeFD(d.fd)
+		}
+	}
+	for _, fd := range t.found {
+		closeFD(fd)
+	}
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+type noOwner struct{}
+
+func (noOwner) Released(*Lease, int, time.Time, bool) {}
+func (noOwner) Freed()                                {}
+
+// Found returns the devices found held at Open, with their lock files.
+func (t *Table) Found() map[int]FileID {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[int]FileID, len(t.found))
+	for id := range t.found {
+		out[id] = t.devs[id].file
+	}
+	return out
+}
+
+// Adopt takes up a lease held since before this start, as the owner's
+// records (or a look at who holds its lock files) tell it: l's devices
+// must be among those Found, its files theirs. It counts against its
+// holder's devices where it has a holder (Holder.User), and is released
+// through the watchers as any other. A lease of a holder the broker did
+// not start comes in this way; one of a holder it asks for later (a Slurm
+// job) comes through the line, as any request that names its devices.
+func (t *Table) Adopt(l *Lease) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range l.Devices {
+		if _, ok := t.found[id]; !ok || len(t.devs[id].leases) > 0 {
+			return fmt.Errorf("adopt lease %d: npu %d was not found held, or is adopted already", l.ID, id)
+		}
+	}
+	for _, id := range l.Devices {
+		d := t.devs[id]
+		d.leases = []*Lease{l}
+		if l.User != "" {
+			d.counted = true
+			t.held[l.UID]++
+		}
+	}
+	t.lastID = max(t.lastID, l.ID)
+	return nil
+}
+
+// NoteID notes a lease id of the owner's records: ids handed out from now
+// on are above it.
+func (t *Table) NoteID(id uint64) {
+	t.mu.Lock()
+	t.lastID = max(t.lastID, id)
+	t.mu.Unlock()
+}
+
+// NewID returns an id no lease had: microseconds since the epoch, or one
+// more than the last id.
+func (t *Table) NewID() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.newIDLocked(time.Now())
+}
+
+func (t *Table) newIDLocked(now time.Time) uint64 {
+	t.lastID = max(uint64(now.UnixMicro()), t.lastID+1)
+	return t.lastID
+}
+
+// Start puts the devices in service: a free one on a fresh lock file (no
+// descriptor of a lease from before this start reaches it), once its gate
+// has closed it (closed: the free devices whose gate failed at start, with
+// why: they wait for Gate.Close); a held one is watched until its release.
+// The owner is not told of the devices Start itself puts in service.
+func (t *Table) Start(closed map[int]error) {
+	t.mu.Lock()
+	found := t.found
+	t.found = nil
+	old := make(map[int]int, len(t.ids)) // the free devices' lock files from before this start
+	for _, id := range t.ids {
+		if d := t.devs[id]; d.fd >= 0 {
+			old[id], d.fd = d.fd, -1 // not free until it is on a fresh file
+		}
+	}
+	t.mu.Unlock()
+	for _, id := range t.ids {
+		d := t.devs[id]
+		if fd, ok := found[id]; ok {
+			d.watch <- fd
+			continue
+		}
+		old := old[id]
+		if err := closed[id]; err != nil && t.gate != nil {
+			go func() {
+				t.gate.Close(id, err)
+				t.renew(d, old, nil)
+			}()
+			continue
+		}
+		if err := t.renewOnce(d, old, nil, false); err != nil {
+			t.repeat("npu %d: %v; out of service until a fresh lock file can be made", id, err)
+			go t.renew(d, old, nil)
+		}
+	}
+}
+
+// watch is device d's watcher, for the table's lifetime: given a second
+// open of d's lock file while a lease holds it, it makes the fresh lock
+// file for the next lease, then waits in flock until the lease's process
+// tree is gone; then the lease is over, and d is free once its gate has
+// closed it and the fresh file is in place.
+func (t *Table) watch(d *device) {
+	for fd := range d.watch {
+		d.ended.Store(nil)
+		// The next lease's lock file is made while this one runs, not
+		// after: a lease's end, when waiters are many and descriptors
+		// may be short, then needs no new descriptor.
+		ahead := t.prepareAhead(d)
+		if err := flock(fd, false); err != nil {
+			// Nothing else can be done with this device; keep it out of
+			// use rather than risk a double grant.
+			t.log.Printf("npu %d: wait for release: %v; device taken out of service", d.id, err)
+			unix.Close(fd)
+			if next := ahead(); next != nil {
+				next.discard()
+			}
+			continue
+		}
+		if fid, err := fileID(fd); err == nil {
+			d.ended.Store(&fid)
+		}
+		next := ahead()
+		now := time.Now()
+		ended, last := t.releasedLocked(d, now)
+		for i, l := range ended {
+			t.owner.Released(l, d.id, now, last[i])
+		}
+		if t.gate != nil {
+			t.gate.Close(d.id, nil) // before the device can be granted again; fail closed: granted to nobody meanwhile
+		}
+		t.renew(d, fd, next)
+	}
+}
+
+// releasedLocked ends d's leases at now, taking the table's lock: it
+// returns them, and for each whether it holds no other device now.
+func (t *Table) releasedLocked(d *device, now time.Time) ([]*Lease, []bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ended := d.leases
+	d.leases, d.freed = nil, now
+	if d.counted && len(ended) > 0 {
+		uid := ended[0].UID
+		if t.held[uid]--; t.held[uid] <= 0 {
+			delete(t.held, uid)
+		}
+	}
+	d.counted = false
+	last := make([]bool, len(ended))
+	for i, l := range ended {
+		last[i] = true
+		for _, id := range l.Devices {
+			if o := t.devs[id]; o != nil && slices.Contains(o.leases, l) {
+				last[i] = false
+			}
+		}
+	}
+	return ended, last
+}
+
+// prepareAhead makes device d's next lock file while its lease runs,
+// trying again at growing intervals while it cannot (out of descriptors,
+// a full /run). The function it returns, called once the lease has ended,
+// stops the tries and gives the file made, or nil.
+func (t *Table) prepareAhead(d *device) func() *freshLock {
+	next, err := prepareLock(d.path)
+	if err == nil {
+		return func() *freshLock { return next }
+	}
+	t.repeat("npu %d: %v; trying again while its lease runs", d.id, err)
+	stop, made := make(chan struct{}), make(chan *freshLock, 1)
+	go func() {
+		for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+			select {
+			case <-stop:
+				made <- nil
+				return
+			case <-time.After(wait):
+			}
+			if next, err := prepareLock(d.path); err == nil {
+				made <- next
+				return
+			}
+		}
+	}()
+	return func() *freshLock {
+		select {
+		case next := <-made:
+			return next
+		default:
+		}
+		close(stop)
+		return <-made
+	}
+}
+
+// renew makes d free on a fresh lock file, next if it was made already;
+// old is the lock of the lease that ended, closed once the new file is in
+// place. While no fresh file can be made (out of descriptors, a full /run)
+// d stays out of service: handing out the old file again would let an
+// earlier lease's descriptor take it.
+func (t *Table) renew(d *device, old int, next *freshLock) {
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		err := t.renewOnce(d, old, next, true)
+		if err == nil {
+			return
+		}
+		next = nil
+		t.repeat("npu %d: %v; out of service until a fresh lock file can be made", d.id, err)
+		time.Sleep(wait)
+	}
+}
+
+// renewOnce tries once to make d free on a fresh lock file, and tells the
+// owner if tell.
+func (t *Table) renewOnce(d *device, old int, next *freshLock, tell bool) error {
+	if next == nil {
+		var err error
+		if next, err = prepareLock(d.path); err != nil {
+			return err
+		}
+	}
+	if err := next.place(d.path); err != nil {
+		next.discard()
+		return err
+	}
+	unix.Close(old)
+	t.mu.Lock()
+	d.fd, d.spare, d.file = next.locked, next.spare, next.file
+	t.nfree++
+	t.mu.Unlock()
+	if tell {
+		t.owner.Freed()
+	}
+	return nil
+}
+
+// Ended tells whether device id's watcher has seen the release of the
+// lease on lock file file (from the moment its flock returns, before the
+// table has recorded the end).
+func (t *Table) Ended(id int, file FileID) bool {
+	if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
+		return false
+	}
+	e := t.devs[id].ended.Load()
+	return e != nil && *e == file
+}
+
+// The line.
+
+// Add puts w at the end of its user's turn in the line (Queue.Add).
+func (t *Table) Add(w *Waiter) {
+	t.mu.Lock()
+	t.q.Add(w)
+	t.mu.Unlock()
+}
+
+// Readd puts back a waiter that left the line for its grant, in the place
+// it had (Queue.Readd): a task whose start could not be made.
+func (t *Table) Readd(w *Waiter) {
+	t.mu.Lock()
+	t.q.Readd(w)
+	t.mu.Unlock()
+}
+
+// Remove takes w out of the line (cancelled, refused, gone), and tells
+// whether it was there.
+func (t *Table) Remove(w *Waiter) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.q.Remove(w, false)
+}
+
+// Hold holds w in its place (it is skipped, reserving nothing) or lets it
+// be served again.
+func (t *Table) Hold(w *Waiter, held bool) {
+	t.mu.Lock()
+	w.Held = held
+	t.mu.Unlock()
+}
+
+// Len is how many wait.
+func (t *Table) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.q.Len()
+}
+
+// Tasks is how many tasks wait in pool.
+func (t *Table) Tasks(pool string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.q.Tasks(pool)
+}
+
+// FirstTasks appends to out the first task waiting unheld in each pool, in
+// line order, walking the line only until each pool with a task has given
+// one.
+func (t *Table) FirstTasks(out []*Waiter) []*Waiter {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.q.FirstTasks(out)
+}
+
+// Held is how many devices uid holds, of the leases that count.
+func (t *Table) Held(uid uint32) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.held[uid]
+}
+
+// RoomFor is what the limits of q's users leave them, with the devices
+// they hold here and running, the owner's count of their running tasks:
+// for the owner's own queue (the CPU slots of tasks that need no device),
+// which Plan serves with this room as the table's line is served.
+func (t *Table) RoomFor(q *Queue, running map[uint32]int) Room {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.roomLocked(q, running)
+}
+
+// roomLocked is what Plan needs of the limits: per user, how many more
+// devices they may hold, or (for a task) how many more tasks they may run.
+func (t *Table) roomLocked(q *Queue, running map[uint32]int) Room {
+	var room Room
+	q.Limits(func(uid uint32, lim policy.Limit) {
+		if lim.MaxDevices > 0 {
+			if room.Devices == nil {
+				room.Devices = map[uint32]int{}
+			}
+			room.Devices[uid] = lim.MaxDevices - t.held[uid]
+		}
+		if lim.MaxRunning > 0 {
+			if room.Tasks == nil {
+				room.Tasks = map[uint32]int{}
+			}
+			room.Tasks[uid] = lim.MaxRunning - running[uid]
+		}
+	})
+	return room
+}
+
+// MaxAhead is how many users ahead a Place names.
+const MaxAhead = 3
+
+// Place is a waiter's place in the line.
+type Place struct {
+	W     *Waiter
+	Pos   int      // in its pool's line: 1 is next
+	Ahead []string // the users of the waiters ahead of it in its pool, MaxAhead at most, first come first
+	Why   string   // why it waits beyond its turn, if it does (its user's cap)
+}
+
+// Line appends the line, in service order, to out.
+func (t *Table) Line(out []Place) []Place {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lineLocked(out)
+}
+
+func (t *Table) lineLocked(out []Place) []Place {
+	type standing struct {
+		pos   int
+		ahead []string
+	}
+	type capKey struct {
+		uid    uint32
+		user   string
+		max    int
+		source string
+	}
+	st := map[string]*standing{}
+	var why map[capKey]string // a user's reason, said once however many of their requests wait
+	for _, w := range t.q.Waiters() {
+		p := st[w.Pool]
+		if p == nil {
+			p = &standing{}
+			st[w.Pool] = p
+		}
+		p.pos++
+		pl := Place{W: w, Pos: p.pos}
+		if t.capped(w) {
+			k := capKey{w.UID, w.User, w.Limit.MaxDevices, w.Limit.Source}
+			r, ok := why[k]
+			if !ok {
+				if why == nil {
+					why = map[capKey]string{}
+				}
+				r = t.reasonLocked(w)
+				why[k] = r
+			}
+			pl.Why = r
+		}
+		if p.pos > 1 {
+			pl.Ahead = p.ahead
+		}
+		out = append(out, pl)
+		if len(p.ahead) < MaxAhead && !slices.Contains(p.ahead, w.User) {
+			p.ahead = append(p.ahead, w.User)
+		}
+	}
+	return out
+}
+
+// Reason says why w waits beyond its turn, if it does.
+func (t *Table) Reason(w *Waiter) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.reasonLocked(w)
+}
+
+func (t *Table) reasonLocked(w *Waiter) string {
+	if t.capped(w) {
+		return fmt.Sprintf("%s holds %d of %s allowed (%s)", w.User, t.held[w.UID], quantity.Count(w.Limit.MaxDevices, "device", "devices"), w.Limit.Source)
+	}
+	return ""
+}
+
+// capped tells whether w's user holds too many devices for w now.
+func (t *Table) capped(w *Waiter) bool {
+	return w.Limit.MaxDevices > 0 && t.held[w.UID]+w.N > w.Limit.MaxDevices
+}
+
+// Position is w's place in its pool's line; 0 if it is not in line.
+func (t *Table) Position(w *Waiter) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	pos := 0
+	for _, o := range t.q.Waiters() {
+		if o.Pool == w.Pool {
+			pos++
+		}
+		if o == w {
+			return pos
+		}
+	}
+	return 0
+}
+
+// Positions sets, for each waiter of want, its place in its pool's line
+// (0: not in line), walking the line only as far as the last of them.
+func (t *Table) Positions(want map[*Waiter]int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	left := len(want)
+	n := map[string]int{}
+	for _, w := range t.q.Waiters() {
+		if left == 0 {
+			break
+		}
+		n[w.Pool]++
+		if _, ok := want[w]; ok {
+			want[w] = n[w.Pool]
+			left--
+		}
+	}
+}
+
+// Handover is a waiter served, whose devices are being handed over: they
+// are neither free nor leased until the owner, having delivered them,
+// commits the handover (the lease begins), or returns it (they are free
+// again). Plan is under the table's lock; the delivery (a socket, a
+// journal) is not.
+type Handover struct {
+	W       *Waiter
+	Devices []int
+
+	fds    []int       // the lock files' locked descriptors, in the order of Devices
+	files  []FileID    // those files
+	freed  []time.Time // when each device's last lease ended
+	opened bool        // the gate was asked to open the devices
+	done   bool
+}
+
+// FDs are the locked descriptors to deliver, in the order of Devices:
+// the table's until Commit, the owner's after it (it closes them once
+// they are delivered: a holder that has them holds the lease).
+func (h *Handover) FDs() []int { return h.fds }
+
+// Freed is when device Devices[i]'s last lease ended; zero if unknown.
+func (h *Handover) Freed(i int) time.Time { return h.freed[i] }
+
+// Schedule serves the line as far as it can now: it takes the waiters
+// Plan serves out of it, their devices out of the free ones, and returns
+// their handovers, for the owner to deliver, then Commit or Return each.
+// running is the owner's count of each user's running tasks (their
+// max_running).
+func (t *Table) Schedule(running map[uint32]int) []*Handover {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.nfree == 0 || t.q.Len() == 0 {
+		return nil
+	}
+	free := make([]bool, len(t.devs))
+	for id, d := range t.devs {
+		free[id] = d != nil && d.free()
+	}
+	grants := Plan(t.q.Waiters(), free, t.roomLocked(t.q, running))
+	if len(grants) == 0 {
+		return nil
+	}
+	hs := make([]*Handover, len(grants))
+	for i, g := range grants {
+		t.q.Remove(g.W, true)
+		h := &Handover{W: g.W, Devices: g.Devices, fds: make([]int, len(g.Devices)),
+			files: make([]FileID, len(g.Devices)), freed: make([]time.Time, len(g.Devices))}
+		for j, id := range g.Devices {
+			d := t.devs[id]
+			h.fds[j], h.files[j], h.freed[j] = d.fd, d.file, d.freed
+			d.fd, d.granting = -1, h
+			t.nfree--
+		}
+		hs[i] = h
+	}
+	return hs
+}
+
+// Allow opens h's devices to its holder (Gate.Allow), before their
+// descriptors leave: call it before delivering them.
+func (t *Table) Allow(h *Handover) error {
+	if t.gate == nil {
+		return nil
+	}
+	h.opened = true // a failure may have opened some: Return closes them
+	return t.gate.Allow(h.W.UID, h.Devices)
+}
+
+// Commit begins the lease of a handover delivered: its devices are its
+// holder's until the watchers see their locks go. It returns the lease's
+// record.
+func (t *Table) Commit(h *Handover) *Lease {
+	if h.done {
+		panic("lease: handover committed or returned twice")
+	}
+	h.done = true
+	now := time.Now()
+	l := &Lease{Holder: h.W.Holder, Pool: h.W.Pool, Devices: slices.Clone(h.Devices), Files: h.files, Since: now}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l.ID = t.newIDLocked(now)
+	for _, id := range h.Devices {
+		d := t.devs[id]
+		d.granting = nil
+		d.leases = []*Lease{l}
+		d.counted = true
+		d.freed = time.Time{}
+		select {
+		case d.watch <- d.spare: // its watcher is idle: the device was free
+		default:
+			// Its watcher waits on a lease: this device is granted twice.
+			// Crash rather than wait (a broker's crash releases nothing,
+			// and its restart grants nothing that is held).
+			panic(fmt.Sprintf("lease: npu %d granted while its watcher waits on a lease", id))
+		}
+		d.spare = -1
+	}
+	t.held[l.UID] += len(h.Devices)
+	return l
+}
+
+// Return gives back a handover that could not be delivered (its client
+// gone, its task not started): its devices are free again, its waiter out
+// of line (the owner may Readd it). A device the gate opened is closed
+// first, and one that cannot be closed now stays out of service until
+// Gate.Close has closed it.
+func (t *Table) Return(h *Handover) {
+	if h.done {
+		panic("lease: handover committed or returned twice")
+	}
+	h.done = true
+	var failed map[int]error
+	if h.opened {
+		for _, id := range h.Devices {
+			if err := t.gate.Revoke(id); err != nil {
+				if failed == nil {
+					failed = map[int]error{}
+				}
+				failed[id] = err
+			}
+		}
+	}
+	t.mu.Lock()
+	for i, id := range h.Devices {
+		d := t.devs[id]
+		d.granting = nil
+		if failed[id] == nil {
+			d.fd = h.fds[i]
+			t.nfree++
+		}
+	}
+	t.mu.Unlock()
+	for i, id := range h.Devices {
+		if err := failed[id]; err != nil {
+			go t.holdOut(t.devs[id], h.fds[i], err)
+		}
+	}
+}
+
+// holdOut keeps free device d out of service while its gate closes it (a
+// grant that was not delivered opened it; closing failed with err): its
+// lock file, locked at fd and never handed out, serves again once it is.
+func (t *Table) holdOut(d *device, fd int, err error) {
+	t.gate.Close(d.id, err)
+	t.mu.Lock()
+	d.fd = fd
+	t.nfree++
+	t.mu.Unlock()
+	t.owner.Freed()
+}
+
+// State is a device's state as a Snapshot shows it.
+type State int
+
+// The states of a device.
+const (
+	Out      State = iota // out of service: neither free nor leased (its gate cannot close it, no fresh lock file, held from before with no lease known)
+	Free                  // free and kept for nobody
+	Reserved              // free, kept for the waiter For (see Snapshot)
+	Granting              // being handed over to For
+	Leased                // held by Leases
+)
+
+// Device is a device as a Snapshot shows it.
+type Device struct {
+	ID     int
+	Pool   string
+	State  State
+	Leases []*Lease  // held on it: one whole lease today
+	For    *Waiter   // Reserved, Granting: the waiter it is kept for, or handed to
+	Freed  time.Time // when its last lease ended; zero if it has not since its grant
+	File   FileID    // its current lock file
+}
+
+// Snapshot is a copy of the table for status: the devices in id order and
+// the line in service order. Its Leases and Waiters are shared, not
+// copied: a Lease never changes, and of a Waiter only Held does, which a
+// snapshot does not show.
+type Snapshot struct {
+	Devices []Device
+	Line    []Place
+}
+
+// Snapshot copies the table. A free device is reserved for the first
+// request of its pool in line that waits although some of the devices it
+// may take are free (and that its user's cap does not hold back): Plan
+// keeps those devices for it, and backfills smaller requests only onto
+// devices it cannot use.
+func (t *Table) Snapshot() Snapshot {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := Snapshot{Devices: make([]Device, 0, len(t.ids))}
+	at := map[int]int{} // id -> index in s.Devices
+	for _, id := range t.ids {
+		d := t.devs[id]
+		sd := Device{ID: id, Pool: t.poolOf[id], Freed: d.freed, File: d.file}
+		switch {
+		case len(d.leases) > 0:
+			sd.State, sd.Leases = Leased, slices.Clone(d.leases)
+		case d.granting != nil:
+			sd.State, sd.For = Granting, d.granting.W
+		case d.free():
+			sd.State = Free
+		}
+		at[id] = len(s.Devices)
+		s.Devices = append(s.Devices, sd)
+	}
+	done := map[string]bool{}
+	for _, w := range t.q.Waiters() {
+		if done[w.Pool] || t.capped(w) {
+			continue
+		}
+		var free []int
+		for _, id := range w.Cand {
+			if i, ok := at[id]; ok && s.Devices[i].State == Free {
+				free = append(free, i)
+			}
+		}
+		if len(free) == 0 {
+			continue
+		}
+		done[w.Pool] = true
+		for _, i := range free {
+			s.Devices[i].State, s.Devices[i].For = Reserved, w
+		}
+	}
+	s.Line = t.lineLocked(make([]Place, 0, t.q.Len()))
+	return s
+}
