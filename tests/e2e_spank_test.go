@@ -99,7 +99,9 @@ func newJobLeaseStub(t testing.TB, devices []int, env []string) *jobLeaseStub {
 	return s
 }
 
-func (s *jobLeaseStub) lockPath(id int) string { return filepath.Join(s.dir, "npu"+strconv.Itoa(id)+".lock") }
+func (s *jobLeaseStub) lockPath(id int) string {
+	return filepath.Join(s.dir, "npu"+strconv.Itoa(id)+".lock")
+}
 
 func closeFDs(fds []int) {
 	for _, fd := range fds {
