@@ -19,12 +19,15 @@ import (
 )
 
 // spank_npurun.so, built as the Makefile builds it (warnings are errors),
-// against Slurm's spank.h.
+// against Slurm's spank.h, into spankDir (removed by TestMain).
+var spankDir string
+
 var spankOnce = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "npurun-spank-")
 	if err != nil {
 		return "", err
 	}
+	spankDir = dir
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -56,7 +59,6 @@ func spankPlugin(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {}) // the build directory goes with the test binary's temp files
 	return so
 }
 

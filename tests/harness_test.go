@@ -68,6 +68,9 @@ func TestMain(m *testing.M) {
 	if b, err := buildOnce(); err == nil {
 		os.RemoveAll(b.Dir)
 	}
+	if spankDir != "" {
+		os.RemoveAll(spankDir)
+	}
 	os.Exit(code)
 }
 
