@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,8 +81,13 @@ type jobLeaseStub struct {
 	extern int   // the pid of the extern step that holds them
 }
 
-func newJobLeaseStub(t testing.TB, devices []int, env []string) *jobLeaseStub {
-	s := &jobLeaseStub{t: t, dir: SharedDir(t), devices: devices, env: env}
+// newJobLeaseStub makes the lock files of devices in dir ("" for a
+// directory of its own) and locks them.
+func newJobLeaseStub(t testing.TB, dir string, devices []int, env []string) *jobLeaseStub {
+	if dir == "" {
+		dir = SharedDir(t)
+	}
+	s := &jobLeaseStub{t: t, dir: dir, devices: devices, env: env}
 	for _, id := range devices {
 		fd, err := unix.Open(s.lockPath(id), unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 		if err != nil {
@@ -268,7 +274,7 @@ func TestSpankJobHoldsLease(t *testing.T) {
 
 	for _, end := range []string{"normal", "scancel", "kill -9 extern"} {
 		t.Run(end, func(t *testing.T) {
-			s := newJobLeaseStub(t, []int{6, 5}, env)
+			s := newJobLeaseStub(t, "", []int{6, 5}, env)
 			mu.Lock()
 			stub = s
 			mu.Unlock()
@@ -414,5 +420,57 @@ func readLines(t testing.TB, f *os.File, n int) []string {
 	case <-time.After(eventTimeout):
 		t.Fatalf("no %d lines within %s", n, eventTimeout)
 		return nil
+	}
+}
+
+// TestSpankSubleasesInJob: inside a two-device Slurm job, whose tasks hold
+// the job's lease through the plugin, six npurun -n 1 run two at a time,
+// one device each (each run marks its device O_EXCL), asking no broker.
+func TestSpankSubleasesInJob(t *testing.T) {
+	plugin := spankPlugin(t)
+	needSlurm(t)
+	u := newUser(t)
+	var stub atomic.Pointer[jobLeaseStub]
+	broker := startStub(t, func(r stubRequest) stubAnswer { return stub.Load().handle(r) })
+	// The lock files where a nested npurun looks for them: "locks" beside
+	// the socket it is told of.
+	locks := filepath.Join(filepath.Dir(broker.Socket), "locks")
+	if err := os.Mkdir(locks, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stub.Store(newJobLeaseStub(t, locks, []int{6, 5}, []string{"NPURUN_DEVICES=6,5", "ASCEND_RT_VISIBLE_DEVICES=0,1"}))
+	c := startSlurm(t, slurmOptions{Devices: 4, PlugStack: "required " + plugin + " socket=" + broker.Socket + " timeout=5\n"})
+	c.Env = append(c.Env, "NPURUN_SOCKET="+broker.Socket) // sbatch passes its environment on to the job
+	w := newWorkload(t)
+	bin := bins(t)
+	script := "#!/bin/sh\n"
+	for i := range 6 {
+		script += fmt.Sprintf("%s -n 1 %s -markers %s -log %s -tag j%d -hold 300ms & pids=\"$pids $!\"\n", bin.Npurun, bin.Workload, w.Markers, w.Log, i)
+	}
+	script += "fail=0; for p in $pids; do wait $p || fail=1; done; exit $fail\n"
+	path := filepath.Join(SharedDir(t), "job.sh")
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	before := len(broker.Requests())
+	id := c.Sbatch(&u, "--wait", "--gres=gpu:2", path)
+	runs := w.runs(t)
+	if len(runs) != 6 {
+		t.Fatalf("%d runs, want 6: %v; job output:\n%s", len(runs), tags(runs), c.JobOutput(id))
+	}
+	used := map[string]int{}
+	for _, r := range runs {
+		used[r.Devices]++
+		if r.UID != int(u.UID) {
+			t.Errorf("%s ran as uid %d, want %d", r.Tag, r.UID, u.UID)
+		}
+	}
+	if len(used) != 2 || used["5"] == 0 || used["6"] == 0 {
+		t.Errorf("runs by device %v, want the job's devices 5 and 6 both used, no other", used)
+	}
+	for _, r := range broker.Requests()[before:] {
+		if r.Req.Op != client.OpSlurmHold && r.Req.Op != client.OpSlurmTask {
+			t.Errorf("the broker was asked %s from inside the job", r.Req.Op)
+		}
 	}
 }
