@@ -26,7 +26,8 @@ import (
 
 // slurmOptions describe the cluster a test wants.
 type slurmOptions struct {
-	Devices   int    // GRES devices: davinci0..Devices-1 of DevDir (default 4)
+	Devices   int    // GRES devices: davinciF..F+Devices-1 of DevDir, F = GresFirst (default 4)
+	GresFirst int    // the first GRES device's N
 	DevDir    string // device nodes the test made (fakeDev); "" for nodes of the harness's own
 	GresType  string // gres.conf Type= ("910b"); "" for none
 	Prolog    string // slurm.conf Prolog= (a program: slurmd passes no arguments); "" for none
@@ -34,6 +35,7 @@ type slurmOptions struct {
 	PlugStack string // plugstack.conf beside slurm.conf; "" for none
 	Extra     string // more slurm.conf lines
 	CPUs      int    // the node's CPUs (default 2: one per job step at a time, each job one)
+	Partition string // more of the partition's line ("DefaultTime=1")
 }
 
 // slurmCluster is a running private Slurm.
@@ -113,7 +115,7 @@ func startSlurm(t testing.TB, o slurmOptions) *slurmCluster {
 		for i := range o.Devices {
 			// gres.conf's File= must be a character device; the numbers
 			// are /dev/null's, which no npurun test looks at here.
-			if err := unix.Mknod(filepath.Join(c.DevDir, "davinci"+strconv.Itoa(i)), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+			if err := unix.Mknod(filepath.Join(c.DevDir, "davinci"+strconv.Itoa(o.GresFirst+i)), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -123,7 +125,7 @@ func startSlurm(t testing.TB, o slurmOptions) *slurmCluster {
 	if o.GresType != "" {
 		typ = " Type=" + o.GresType
 	}
-	gres := fmt.Sprintf("Name=gpu%s File=%s/davinci[0-%d]\n", typ, c.DevDir, o.Devices-1)
+	gres := fmt.Sprintf("Name=gpu%s File=%s/davinci[%d-%d]\n", typ, c.DevDir, o.GresFirst, o.GresFirst+o.Devices-1)
 	if err := os.WriteFile(filepath.Join(dir, "gres.conf"), []byte(gres), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +173,7 @@ MinJobAge=2
 	}
 	conf += o.Extra
 	conf += fmt.Sprintf("NodeName=localhost CPUs=%d RealMemory=1000 Gres=gpu:%d State=UNKNOWN\n", o.CPUs, o.Devices)
-	conf += "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP\n"
+	conf += "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP " + o.Partition + "\n"
 	if err := os.WriteFile(c.Conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
