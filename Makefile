@@ -30,8 +30,8 @@
 #   BROKER_GOFLAGS, BROKER_LDFLAGS  go build and Go linker flags added for
 #               npubroker: make deb builds it as a PIE with the distribution's
 #               hardening flags (-buildmode=pie, -linkmode=external) (empty)
-#   FUZZ_CC     the compiler of make fuzz-pam, with libFuzzer (clang)
-#   FUZZTIME    seconds make fuzz-pam runs the fuzzer        (300)
+#   FUZZ_CC     the compiler of make fuzz-pam and fuzz-spank, with libFuzzer (clang)
+#   FUZZTIME    seconds make fuzz-pam (fuzz-spank) runs the fuzzer (300)
 #   DEBDIR      where make deb leaves the Debian packages   ($(BUILDDIR)/deb)
 #   DEB_VERSION their version: debian/changelog's, plus +gitDATE.COMMIT in
 #               a git checkout, so that a later commit's packages upgrade
@@ -93,7 +93,7 @@ MAN1 = $(wildcard man/*.1)
 MAN5 = $(wildcard man/*.5)
 MAN8 = $(wildcard man/*.8)
 
-.PHONY: all build test race demo bench man install uninstall clean units fuzz-pam deb deb-vendor deb-test spank
+.PHONY: all build test race demo bench man install uninstall clean units fuzz-pam fuzz-spank deb deb-vendor deb-test spank
 
 all: build
 
@@ -174,6 +174,18 @@ fuzz-pam: pam/module/pam_npurun.c pam/module/fuzz/fuzz_pam_npurun.c
 		-o $(BUILDDIR)/fuzz_pam_npurun pam/module/fuzz/fuzz_pam_npurun.c
 	$(BUILDDIR)/fuzz_pam_npurun -max_total_time=$(FUZZTIME) -max_len=70000 -print_final_stats=1 \
 		$(BUILDDIR)/fuzz-corpus pam/module/fuzz/corpus
+
+# Fuzz spank_npurun.c's reply reader and a task's whole path (answer read,
+# descriptors placed, variables set) likewise; the harness is
+# slurm/spank/fuzz/fuzz_spank_npurun.c (built with -DSTANDALONE by gcc, it
+# runs its seeds and their mutations without libFuzzer), its seeds
+# slurm/spank/fuzz/corpus. Not part of make test.
+fuzz-spank: slurm/spank/spank_npurun.c slurm/spank/fuzz/fuzz_spank_npurun.c
+	@mkdir -p $(BUILDDIR)/fuzz-spank-corpus
+	$(FUZZ_CC) -g -O1 -Wall -Wextra -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+		-o $(BUILDDIR)/fuzz_spank_npurun slurm/spank/fuzz/fuzz_spank_npurun.c
+	$(BUILDDIR)/fuzz_spank_npurun -max_total_time=$(FUZZTIME) -max_len=70000 -print_final_stats=1 \
+		$(BUILDDIR)/fuzz-spank-corpus slurm/spank/fuzz/corpus
 
 # The units as installed, with this install's paths in them, and a first
 # line that names the install: units of two installs that share

@@ -565,19 +565,19 @@ fail:
 }
 
 /*
- * ask sends req and reads replies until one that is not "queued": 0 with
- * *rp filled (a grant with as many descriptors as devices, other answers
- * with none), -1 with *why set when no usable answer came by the deadline.
+ * ask_on sends req on sock (connected, non-blocking) and reads replies until
+ * one that is not "queued": 0 with *rp filled (a grant with as many
+ * descriptors as devices, other answers with none), -1 with *why set when
+ * no usable answer came by the deadline. Nothing it received is left open
+ * but a grant's descriptors in *rp.
  */
-static int ask(const struct options *o, const char *req, struct reply *rp, char *why, size_t whycap)
+static int ask_on(const struct options *o, int sock, long long deadline, const char *req, struct reply *rp, char *why,
+		  size_t whycap)
 {
-	long long deadline = now_ms() + o->timeout_ms;
 	unsigned char *buf;
-	int sock, rc = -1;
+	int rc = -1;
 	size_t n = strlen(req);
 
-	if ((sock = connect_broker(o, deadline, why, whycap)) < 0)
-		return -1;
 	for (;;) {
 		ssize_t w = send(sock, req, n, MSG_NOSIGNAL);
 		if (w == (ssize_t)n)
@@ -587,13 +587,11 @@ static int ask(const struct options *o, const char *req, struct reply *rp, char 
 		if (w < 0 && errno == EAGAIN && wait_for(sock, POLLOUT, deadline) == 0)
 			continue;
 		snprintf(why, whycap, "send to %s: %s", o->socket, w < 0 ? strerror(errno) : "short write");
-		close(sock);
 		return -1;
 	}
 	buf = malloc(MAX_MESSAGE + 1);
 	if (buf == NULL) {
 		snprintf(why, whycap, "out of memory");
-		close(sock);
 		return -1;
 	}
 	for (int replies = 0; replies < 1000; replies++) {
@@ -632,6 +630,18 @@ static int ask(const struct options *o, const char *req, struct reply *rp, char 
 		break;
 	}
 	free(buf);
+	return rc;
+}
+
+/* ask connects to the broker and asks req (ask_on). */
+static int ask(const struct options *o, const char *req, struct reply *rp, char *why, size_t whycap)
+{
+	long long deadline = now_ms() + o->timeout_ms;
+	int sock, rc;
+
+	if ((sock = connect_broker(o, deadline, why, whycap)) < 0)
+		return -1;
+	rc = ask_on(o, sock, deadline, req, rp, why, whycap);
 	close(sock);
 	return rc;
 }
@@ -722,6 +732,49 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 }
 
 /*
+ * take_task_lease keeps what the broker answered a task (rp): a grant's
+ * descriptors placed at FIRST_LEASE_FD and above, close-on-exec clear, and
+ * its variables with NPURUN_LEASE naming them, for task_init. Anything
+ * else is logged; rp's own descriptors are the caller's to close.
+ */
+static void take_task_lease(uint32_t job, struct reply *rp)
+{
+	char lease[32 + MAX_DEVICES * 24];
+	size_t n;
+	int placed[MAX_DEVICES], nplaced = 0;
+
+	if (strcmp(rp->type, "ignore") == 0)
+		return;
+	if (strcmp(rp->type, "grant") != 0) {
+		slurm_error("spank_npurun: job %u: task: the broker answered %s%s%s: the task runs without npurun's lease", job,
+			    rp->type, rp->message[0] ? ": " : "", rp->message);
+		return;
+	}
+	n = (size_t)snprintf(lease, sizeof lease, "NPURUN_LEASE=");
+	for (int i = 0; i < rp->nfds; i++) {
+		int fd = fcntl(rp->fds[i], F_DUPFD, FIRST_LEASE_FD); /* close-on-exec clear */
+		if (fd < 0) {
+			slurm_error("spank_npurun: job %u: task: place the lease: %s: the task runs without it", job, strerror(errno));
+			close_fds(placed, nplaced);
+			return;
+		}
+		placed[nplaced++] = fd;
+		n += (size_t)snprintf(lease + n, sizeof lease - n, "%s%d:%d", i ? "," : "", rp->devices[i], fd);
+	}
+	for (int i = 0; i < rp->nenv && task.nenv < MAX_ENV; i++) {
+		task.env[task.nenv++] = rp->env[i];
+		rp->env[i] = NULL;
+	}
+	task.env[task.nenv] = strdup(lease);
+	if (task.env[task.nenv] == NULL) {
+		close_fds(placed, nplaced);
+		return;
+	}
+	task.nenv++;
+	task.ready = 1;
+}
+
+/*
  * slurm_spank_task_init_privileged: still root, in the task's own
  * process: copies of the job's lease, placed where the command keeps
  * them, and the variables to set before execve.
@@ -732,9 +785,6 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	struct reply *rp;
 	uint32_t job, uid, step;
 	char req[256], why[512];
-	char lease[32 + MAX_DEVICES * 24];
-	size_t n;
-	int placed[MAX_DEVICES], nplaced = 0;
 
 	if (spank_context() != S_CTX_REMOTE || job_ids(sp, &job, &uid, &step) != 0 || step == SLURM_EXTERN_CONT)
 		return ESPANK_SUCCESS;
@@ -748,31 +798,7 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 		slurm_error("spank_npurun: job %u: task: %s: the task runs without npurun's lease", job, why);
 		goto out;
 	}
-	if (strcmp(rp->type, "ignore") == 0)
-		goto out;
-	if (strcmp(rp->type, "grant") != 0) {
-		slurm_error("spank_npurun: job %u: task: the broker answered %s%s%s: the task runs without npurun's lease", job,
-			    rp->type, rp->message[0] ? ": " : "", rp->message);
-		goto out;
-	}
-	n = (size_t)snprintf(lease, sizeof lease, "NPURUN_LEASE=");
-	for (int i = 0; i < rp->nfds; i++) {
-		int fd = fcntl(rp->fds[i], F_DUPFD, FIRST_LEASE_FD); /* close-on-exec clear */
-		if (fd < 0) {
-			slurm_error("spank_npurun: job %u: task: place the lease: %s: the task runs without it", job, strerror(errno));
-			close_fds(placed, nplaced);
-			goto out;
-		}
-		placed[nplaced++] = fd;
-		n += (size_t)snprintf(lease + n, sizeof lease - n, "%s%d:%d", i ? "," : "", rp->devices[i], fd);
-	}
-	for (int i = 0; i < rp->nenv; i++) {
-		task.env[task.nenv++] = rp->env[i];
-		rp->env[i] = NULL;
-	}
-	rp->nenv = 0;
-	task.env[task.nenv++] = strdup(lease);
-	task.ready = task.env[task.nenv - 1] != NULL;
+	take_task_lease(job, rp);
 out:
 	close_fds(rp->fds, rp->nfds);
 	free_reply(rp);
