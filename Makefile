@@ -28,17 +28,22 @@
 #                                                        $(PREFIX)/lib/systemd/system *)
 #   PAMDIR      PAM modules: pam_npurun.so              (/lib/security;
 #                                                        $(PREFIX)/lib/security *)
+#   SPANKDIR    Slurm's SPANK plugin spank_npurun.so, named by path in
+#               Slurm's plugstack.conf                   ($(PREFIX)/lib/npurun)
+#   SPANK       no: leave the SPANK plugin out of build and install even
+#               where Slurm's headers are (the Debian packages do) (empty)
 #   BUILDDIR    where the binaries are built            (bin)
 #   VERSION     version stamped into the binaries       (git describe)
 #   GO          the Go toolchain                        (go)
 #   CC, CFLAGS  the C compiler for pam_npurun.so, and flags added to
 #               the module's own (-Wall -Wextra -Werror)  (cc, -O2)
-#   CPPFLAGS, LDFLAGS  preprocessor and linker flags for pam_npurun.so (empty)
+#   CPPFLAGS, LDFLAGS  preprocessor and linker flags for pam_npurun.so and
+#               spank_npurun.so                         (empty)
 #   BROKER_GOFLAGS, BROKER_LDFLAGS  go build and Go linker flags added for
 #               npubroker: make deb builds it as a PIE with the distribution's
 #               hardening flags (-buildmode=pie, -linkmode=external) (empty)
-#   FUZZ_CC     the compiler of make fuzz-pam, with libFuzzer (clang)
-#   FUZZTIME    seconds make fuzz-pam runs the fuzzer        (300)
+#   FUZZ_CC     the compiler of make fuzz-pam and fuzz-spank, with libFuzzer (clang)
+#   FUZZTIME    seconds make fuzz-pam (fuzz-spank) runs the fuzzer (300)
 #   DEBDIR      where make deb leaves the Debian packages   ($(BUILDDIR)/deb)
 #   DEB_VERSION their version: debian/changelog's, plus +gitDATE.COMMIT in
 #               a git checkout, so that a later commit's packages upgrade
@@ -90,6 +95,7 @@ SYSCONFDIR ?= $(PREFIX)/etc
 SYSTEMDDIR ?= $(PREFIX)/lib/systemd/system
 PAMDIR     ?= $(PREFIX)/lib/security
 endif
+SPANKDIR   ?= $(PREFIX)/lib/npurun
 BUILDDIR   ?= bin
 GO         ?= go
 VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -99,17 +105,18 @@ CFLAGS     ?= -O2
 
 GOFLAGS_BUILD = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 SUPERVISOR = $(LIBEXECDIR)/npurun/npurun-supervise
-BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise $(BUILDDIR)/pam_npurun.so
+BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise $(BUILDDIR)/npurun-slurm $(BUILDDIR)/pam_npurun.so
+SLURM_SCRIPT = $(LIBEXECDIR)/npurun/npurun-slurm
 SOURCES = $(shell find . -name '*.go' -not -path './.git/*') go.mod go.sum
 MAN1 = $(wildcard man/*.1)
 MAN5 = $(wildcard man/*.5)
 MAN8 = $(wildcard man/*.8)
 
-.PHONY: all build test race demo bench man install uninstall clean units completions fuzz-pam deb deb-vendor deb-test
+.PHONY: all build test race demo bench man install uninstall clean units completions fuzz-pam fuzz-spank deb deb-vendor deb-test spank
 
 all: build
 
-build: $(BINARIES)
+build: $(BINARIES) spank
 
 # npurun is static and lean: it sits in front of every job. npubroker uses
 # cgo so that user and group lookups go through NSS (LDAP, sssd): without
@@ -129,6 +136,12 @@ $(BUILDDIR)/task-submit: $(SOURCES)
 $(BUILDDIR)/npurun-supervise: $(SOURCES)
 	@mkdir -p $(BUILDDIR)
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npurun-supervise
+
+# Slurm's Prolog and Epilog (slurm.conf Prolog=, Epilog=), run twice for
+# every Slurm job with devices: static and lean, like npurun.
+$(BUILDDIR)/npurun-slurm: $(SOURCES)
+	@mkdir -p $(BUILDDIR)
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npurun-slurm
 
 $(BUILDDIR)/npubroker: $(SOURCES)
 	@mkdir -p $(BUILDDIR)
@@ -152,6 +165,21 @@ $(BUILDDIR)/pam_npurun.so: pam/module/pam_npurun.c
 	fi
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(PAM_CFLAGS) -o $@ $< $(LDFLAGS) -lpam
 
+# The SPANK plugin is C for the PAM module's reason (it is loaded into
+# slurmstepd), built with warnings as errors against Slurm's spank.h
+# (Debian: libslurm-dev). Where the header is missing, make builds
+# everything else and says so: only a Slurm node needs the plugin.
+SPANK_CFLAGS = -std=gnu11 -Wall -Wextra -Werror -fPIC -shared
+spank_headers = echo '\#include <slurm/spank.h>' | $(CC) -E - >/dev/null 2>&1
+spank:
+	@if [ "$(SPANK)" = no ]; then :; \
+	elif $(spank_headers); then $(MAKE) --no-print-directory $(BUILDDIR)/spank_npurun.so; \
+	else echo "spank_npurun.so (Slurm's SPANK plugin) not built: no Slurm headers (slurm/spank.h); install libslurm-dev (Debian, Ubuntu) or slurm-devel to build it" >&2; fi
+
+$(BUILDDIR)/spank_npurun.so: slurm/spank/spank_npurun.c
+	@mkdir -p $(BUILDDIR)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(SPANK_CFLAGS) -o $@ $< $(LDFLAGS)
+
 # Fuzz pam_npurun.c's reply reader, receive path and request builder with
 # libFuzzer under ASan and UBSan (Debian: clang, libclang-rt-14-dev); the
 # harness is pam/module/fuzz/fuzz_pam_npurun.c, its seeds
@@ -165,6 +193,18 @@ fuzz-pam: pam/module/pam_npurun.c pam/module/fuzz/fuzz_pam_npurun.c
 		-o $(BUILDDIR)/fuzz_pam_npurun pam/module/fuzz/fuzz_pam_npurun.c
 	$(BUILDDIR)/fuzz_pam_npurun -max_total_time=$(FUZZTIME) -max_len=70000 -print_final_stats=1 \
 		$(BUILDDIR)/fuzz-corpus pam/module/fuzz/corpus
+
+# Fuzz spank_npurun.c's reply reader and a task's whole path (answer read,
+# descriptors placed, variables set) likewise; the harness is
+# slurm/spank/fuzz/fuzz_spank_npurun.c (built with -DSTANDALONE by gcc, it
+# runs its seeds and their mutations without libFuzzer), its seeds
+# slurm/spank/fuzz/corpus. Not part of make test.
+fuzz-spank: slurm/spank/spank_npurun.c slurm/spank/fuzz/fuzz_spank_npurun.c
+	@mkdir -p $(BUILDDIR)/fuzz-spank-corpus
+	$(FUZZ_CC) -g -O1 -Wall -Wextra -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+		-o $(BUILDDIR)/fuzz_spank_npurun slurm/spank/fuzz/fuzz_spank_npurun.c
+	$(BUILDDIR)/fuzz_spank_npurun -max_total_time=$(FUZZTIME) -max_len=70000 -print_final_stats=1 \
+		$(BUILDDIR)/fuzz-spank-corpus slurm/spank/fuzz/corpus
 
 # The units as installed, with this install's paths in them, and a first
 # line that names the install: units of two installs that share
@@ -210,13 +250,15 @@ $(BUILDDIR)/completion/bash/npurun $(BUILDDIR)/completion/zsh/_npurun $(BUILDDIR
 # with its reason and every failed test's whole output. Without the PAM
 # headers the tests that build pam_npurun.so or the PAM helper skip, and
 # say so (not in CI); the helper (tests/pamhelper, build tag pamhelper) is
-# vetted where they are.
+# vetted where they are. The end-to-end tests of the broker's Slurm side
+# (build tag slurmbroker) are vetted, not run, until the broker serves them.
 test: SHELL := /bin/bash
 test: .SHELLFLAGS := -o pipefail -c
 test:
 	$(GO) vet ./...
 	@if $(pam_headers); then echo "$(GO) vet -tags pamhelper ./tests/pamhelper"; $(GO) vet -tags pamhelper ./tests/pamhelper; \
 	else echo "no PAM headers (libpam0g-dev): the PAM tests skip, and tests/pamhelper is not vetted"; fi
+	$(GO) vet -tags slurmbroker ./tests/
 	$(GO) build -o $(BUILDDIR)/.testsummary ./tests/testsummary
 	$(GO) test -race -count=1 -timeout 20m -json ./... 2>&1 | $(BUILDDIR)/.testsummary
 
@@ -237,6 +279,8 @@ install: build units completions
 	install -m 0755 $(BUILDDIR)/task-submit $(DESTDIR)$(BINDIR)/task-submit
 	install -m 0755 $(BUILDDIR)/npubroker $(DESTDIR)$(SBINDIR)/npubroker
 	install -m 0755 $(BUILDDIR)/npurun-supervise $(DESTDIR)$(SUPERVISOR)
+	install -m 0755 $(BUILDDIR)/npurun-slurm $(DESTDIR)$(SLURM_SCRIPT)
+	if [ "$(SPANK)" != no ] && [ -e $(BUILDDIR)/spank_npurun.so ]; then install -d $(DESTDIR)$(SPANKDIR) && install -m 0644 $(BUILDDIR)/spank_npurun.so $(DESTDIR)$(SPANKDIR)/spank_npurun.so; fi
 	install -m 0644 $(BUILDDIR)/pam_npurun.so $(DESTDIR)$(PAMDIR)/pam_npurun.so
 	install -m 0644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/
 	install -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
@@ -283,6 +327,9 @@ uninstall: build units completions
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/task-submit,$(BUILDDIR)/task-submit)
 	@$(call remove_same,$(DESTDIR)$(SBINDIR)/npubroker,$(BUILDDIR)/npubroker)
 	@$(call remove_same,$(DESTDIR)$(SUPERVISOR),$(BUILDDIR)/npurun-supervise)
+	@$(call remove_same,$(DESTDIR)$(SLURM_SCRIPT),$(BUILDDIR)/npurun-slurm)
+	@if [ -e $(BUILDDIR)/spank_npurun.so ]; then $(call remove_same,$(DESTDIR)$(SPANKDIR)/spank_npurun.so,$(BUILDDIR)/spank_npurun.so); fi
+	@rmdir '$(DESTDIR)$(SPANKDIR)' 2>/dev/null || true
 	@rmdir '$(DESTDIR)$(LIBEXECDIR)/npurun' 2>/dev/null || true
 	@$(call remove_same,$(DESTDIR)$(PAMDIR)/pam_npurun.so,$(BUILDDIR)/pam_npurun.so)
 	@$(foreach p,$(MAN1),$(call remove_same,$(DESTDIR)$(MANDIR)/man1/$(notdir $(p)),$(p));)

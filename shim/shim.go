@@ -73,10 +73,26 @@ func Run(o Options, argv []string) int {
 			hint("a nested npurun runs inside its parent's lease; ask for the devices in the outer npurun")
 			return ExitFailure
 		}
+		// Asking for some of the lease's devices (-n, -d) takes a
+		// sub-lease of them, waiting for siblings' (sublease.go); asking
+		// for none in particular runs on the whole lease, beside them.
+		var sub *sublease
+		if o.N > 0 || len(o.Devices) > 0 {
+			s, code, err := lease.takeSublease(o, &waiter{o: o, tty: isTerminal(2)})
+			if err != nil {
+				warn("%v", err)
+				return code
+			}
+			sub = s
+			o.Devices, o.N = s.devices, 0
+		}
 		env, keep, devices, err := lease.env(o)
 		if err != nil {
 			warn("%v", err)
 			return ExitFailure
+		}
+		if sub != nil {
+			env, keep = append(env, sub.env...), append(keep, sub.fds...)
 		}
 		if o.Verbose && len(devices) < len(lease.devices) {
 			warn("inside a lease of %s; running on %s of it, not asking again", npu.Unknown.Format(lease.devices), npu.Unknown.Format(devices))

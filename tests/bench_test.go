@@ -10,6 +10,8 @@ package tests
 //	BenchmarkHandoff     holder's last action → next waiter's command       p50 ≤ 1.2× flock(1)
 //	BenchmarkThroughput  64 protocol clients, 4 fake devices, grants/s      ≥ 20,000/s
 //	BenchmarkMemory      broker VmRSS idle and with 10,000 waiters          ≤ 15 MiB, ≤ 100 MiB
+//	BenchmarkSlurmSrun   srun --gres=gpu:1 /bin/true with npurun-slurm and   ≤ 1.1× without
+//	                     spank_npurun.so, beside without (bench_slurm_test.go)
 
 import (
 	"bufio"

@@ -24,6 +24,7 @@ import (
 // directory every user can read (tests run commands as other users too).
 type Binaries struct {
 	Dir, Broker, Npurun, TaskSubmit, Supervisor, Workload string
+	Slurm                                                 string // npurun-slurm, Slurm's Prolog and Epilog
 }
 
 var buildOnce = sync.OnceValues(func() (*Binaries, error) {
@@ -38,6 +39,7 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 		"github.com/npurun/npurun/cmd/npurun",
 		"github.com/npurun/npurun/cmd/task-submit",
 		"github.com/npurun/npurun/cmd/npurun-supervise", // found by the broker beside it
+		"github.com/npurun/npurun/cmd/npurun-slurm",
 		"github.com/npurun/npurun/tests/workload")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -57,6 +59,7 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 		TaskSubmit: filepath.Join(dir, "task-submit"),
 		Supervisor: filepath.Join(dir, "npurun-supervise"),
 		Workload:   filepath.Join(dir, "workload"),
+		Slurm:      filepath.Join(dir, "npurun-slurm"),
 	}, nil
 })
 
@@ -64,6 +67,9 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if b, err := buildOnce(); err == nil {
 		os.RemoveAll(b.Dir)
+	}
+	if spankDir != "" {
+		os.RemoveAll(spankDir)
 	}
 	os.Exit(code)
 }

@@ -72,3 +72,21 @@ func TestNpurunLinksNoScriptWriters(t *testing.T) {
 		}
 	}
 }
+
+// TestSlurmScriptImportsLean: npurun-slurm is slurmd's Prolog and Epilog,
+// run twice for every Slurm job with devices, and its start is part of
+// every such job's (srun waits for the Prolog): the lease exchange's
+// codec, no encoding/json, no configuration file.
+func TestSlurmScriptImportsLean(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/npurun/npurun/cmd/npurun-slurm").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	deps := strings.Fields(string(out))
+	for _, banned := range []string{"encoding/json", "net", "flag", "github.com/spf13/pflag", "github.com/prometheus/procfs",
+		"github.com/npurun/npurun/broker/client/jsoncodec", "github.com/npurun/npurun/policy", "github.com/BurntSushi/toml"} {
+		if slices.Contains(deps, banned) {
+			t.Errorf("npurun-slurm links %s", banned)
+		}
+	}
+}

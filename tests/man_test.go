@@ -25,6 +25,7 @@ func manPages(b *Binaries) []struct {
 	}{
 		{page: "npurun.1", bin: b.Npurun, helpStderr: true},
 		{page: "npubroker.8", bin: b.Broker, helpStderr: false, moreHelp: []string{"serve", "check-config", "status", "usage"}},
+		{page: "spank_npurun.8", bin: b.Slurm, helpStderr: true},
 	}
 }
 

@@ -9,9 +9,10 @@ import (
 )
 
 // A hand-written codec for the lease exchange (acquire, session, ping;
-// queued, grant, ignore, hide, error, pong, ok) and a task's submission
-// (submit; submitted): npurun runs it once per job, task-submit once per
-// task, and encoding/json's first use, which builds its reflection caches,
+// queued, grant, ignore, hide, error, pong, ok), a task's submission
+// (submit; submitted) and Slurm's Prolog and Epilog (slurm-prolog,
+// slurm-epilog; ok): npurun runs it once per job, task-submit once per
+// task, npurun-slurm twice per Slurm job, and encoding/json's first use, which builds its reflection caches,
 // costs more than the whole round trip to the broker (1 to 2 ms each way
 // here); npurun does not even link encoding/json. Everything else goes
 // through the registered Codec (encoding/json); codec_test.go checks the
@@ -22,6 +23,13 @@ import (
 func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	if r.Status != nil || r.ID != 0 || r.All || r.After != 0 || r.Watch || r.Usage != nil {
 		return nil, false
+	}
+	if r.Job != nil || IsSlurmOp(r.Op) {
+		if !IsSlurmOp(r.Op) || r.Job == nil || r.Task != nil || r.N != 0 || r.Pool != "" || r.Devices != nil || r.NoWait ||
+			r.User != "" || r.Service != "" || r.TTY != "" || r.RHost != "" || r.Login {
+			return nil, false
+		}
+		return appendSlurm(b, r), true
 	}
 	switch {
 	case r.Op == OpSubmit && r.Task != nil && r.N == 0 && r.Pool == "" && r.Devices == nil && !r.NoWait &&
@@ -59,6 +67,33 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 		b = append(b, `,"login":true`...)
 	}
 	return append(b, '}'), true
+}
+
+// appendSlurm encodes a Slurm operation, as encoding/json would: the
+// job's fields in order, "uid" always, the others left out when empty.
+func appendSlurm(b []byte, r *Request) []byte {
+	j := r.Job
+	b = append(b, `{"v":`...)
+	b = strconv.AppendInt(b, int64(r.V), 10)
+	b = append(b, `,"op":`...)
+	b = appendJSONString(b, r.Op)
+	b = append(b, `,"job":{"id":`...)
+	b = strconv.AppendUint(b, uint64(j.ID), 10)
+	b = append(b, `,"uid":`...)
+	b = strconv.AppendUint(b, uint64(j.UID), 10)
+	if j.User != "" {
+		b = append(b, `,"user":`...)
+		b = appendJSONString(b, j.User)
+	}
+	if j.GRES != "" {
+		b = append(b, `,"gres":`...)
+		b = appendJSONString(b, j.GRES)
+	}
+	if j.Step != 0 {
+		b = append(b, `,"step":`...)
+		b = strconv.AppendUint(b, uint64(j.Step), 10)
+	}
+	return append(b, "}}"...)
 }
 
 // appendSubmit encodes a submit request, as encoding/json would (but for

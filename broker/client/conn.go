@@ -58,7 +58,12 @@ type Conn struct {
 }
 
 // Dial connects to the broker's socket.
-func Dial(path string) (*Conn, error) {
+func Dial(path string) (*Conn, error) { return DialWithin(path, FirstAnswer) }
+
+// DialWithin connects to the broker's socket, waiting at most within for
+// a broker whose listen queue is full to take the connection (and for
+// each send later on).
+func DialWithin(path string, within time.Duration) (*Conn, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("socket: %w", err)
@@ -66,7 +71,7 @@ func Dial(path string) (*Conn, error) {
 	// A broker that accepts nothing (stalled, out of descriptors) leaves a
 	// connect waiting while its listen queue is full; the send timeout
 	// bounds that wait (and a send to a broker that reads nothing).
-	tv := unix.NsecToTimeval(int64(FirstAnswer))
+	tv := unix.NsecToTimeval(int64(within))
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("socket: %w", err)
@@ -83,7 +88,7 @@ func Dial(path string) (*Conn, error) {
 			return nil, fmt.Errorf("%w at %s: %s", ErrNoBroker, path, why)
 		}
 		if err == unix.EAGAIN {
-			return nil, fmt.Errorf("%w at %s: it took no connection for %s", ErrNoAnswer, path, quantity.Duration(FirstAnswer))
+			return nil, fmt.Errorf("%w at %s: it took no connection for %s", ErrNoAnswer, path, quantity.Duration(within))
 		}
 		return nil, fmt.Errorf("connect %s: %w", path, err)
 	}

@@ -33,7 +33,7 @@ const (
 	TypeUsage  = "usage"
 )
 
-// Kinds of lease.
+// Kinds of lease (and KindSlurm, a Slurm job's, in slurm.go).
 const (
 	KindInline = "inline" // npurun CMD
 	KindTask   = "task"   // a task-submit task
@@ -101,6 +101,10 @@ type LeaseInfo struct {
 	Holders     []Holder `json:"holders"`           // root holders first, then their descendants
 	MoreHolders int      `json:"more_holders,omitempty"`
 	Checked     int64    `json:"checked,omitempty"` // Unix ms of the last look in /proc
+
+	// The Slurm job holding it (KindSlurm), or the placeholder allocation
+	// its devices came from ([slurm] mode "allocate").
+	SlurmJob uint32 `json:"slurm_job,omitempty"`
 }
 
 // Holder is a process that holds a lease's lock descriptor.
@@ -129,7 +133,10 @@ type WaiterInfo struct {
 	N        int    `json:"n"`                 // devices wanted
 	Devices  []int  `json:"devices,omitempty"` // exactly these (npurun -d)
 	Since    int64  `json:"since"`             // Unix ms
-	Why      string `json:"why,omitempty"`     // why it waits beyond its turn: its user is at max_devices
+	Why      string `json:"why,omitempty"`     // why it waits beyond its turn: its user is at max_devices; a placeholder's Slurm state and reason
+
+	// The placeholder Slurm allocation it waits in ([slurm] mode "allocate").
+	SlurmJob uint32 `json:"slurm_job,omitempty"`
 }
 
 // Unleased is a process that uses a device node (open, or mapped) and

@@ -25,7 +25,8 @@ package client
 //
 // A client cancels a wait by closing the connection. After a grant the same
 // connection may ask again. The task exchange is in tasks.go; status and
-// usage, who holds what and who used how much, in status.go.
+// usage, who holds what and who used how much, in status.go; Slurm's
+// Prolog, Epilog and SPANK plugin, in slurm.go.
 //
 // Sessions: pam_npurun.so (as root, on behalf of the user logging in) and
 // npurun --login (as the user) ask what a login session gets. The broker
@@ -120,6 +121,9 @@ type Request struct {
 	// status, usage (status.go)
 	Watch bool        `json:"watch,omitempty"` // status: again after every change
 	Usage *UsageQuery `json:"usage,omitempty"`
+
+	// a Slurm job (slurm.go)
+	Job *SlurmJob `json:"job,omitempty"`
 }
 
 // Reply is a message from the broker.

@@ -73,7 +73,10 @@ problem by file, line and key. Errors exit 1. Warnings, also on standard
 error, leave the status 0: a [user.NAME] or [group.NAME] for an account
 this machine does not know (yet), devices that [pools] puts in no pool, a
 [restrict]ed account still in a group that may open the device nodes, the
-configured devices missing from this machine (serve would not start).
+configured devices missing from this machine (serve would not start),
+[slurm] gres_devices that disagree with Slurm's gres.conf (beside
+$SLURM_CONF, or [slurm] gres_conf): counts, and File= nodes that are not
+the mapped devices' nodes.
 `
 
 func checkConfig(args []string) int {
@@ -117,8 +120,12 @@ func checkConfig(args []string) int {
 	// The devices as serve finds them: a file that is fine but for another
 	// machine, or a machine whose devices are missing, still exits 0, with
 	// a warning.
-	if _, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi); err != nil {
+	inv, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi)
+	if err != nil {
 		warnings = append(warnings, policy.Error{File: path, Key: "[devices]", Msg: fmt.Sprintf("warning: %v: npubroker serve would not start on this machine", err)})
+	}
+	if cfg.Slurm.Active() {
+		warnings = append(warnings, slurmWarnings(path, cfg, inv)...)
 	}
 	if err := broker.CheckSupervisor(); err != nil {
 		warnings = append(warnings, policy.Error{File: path, Key: "[tasks]", Msg: fmt.Sprintf("warning: %v: npubroker serve would serve leases but refuse tasks", err)})
@@ -224,6 +231,10 @@ func serve(args []string) int {
 		} else {
 			lg.Print(err)
 		}
+		return 1
+	}
+	if err := slurmRefusal(*config, cfg); err != nil {
+		lg.Print(err)
 		return 1
 	}
 	inv, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi)

@@ -1,0 +1,225 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+const benchSrunSamples = 30
+
+// benchJobStub stands in for the broker's side of Slurm jobs' leases for
+// the benchmark, job after job: the Prolog's request locks a fresh lock
+// file per device for the job, the extern step takes them, each task gets
+// copies (from the broker's own copy, else from the extern step with
+// pidfd_getfd), the Epilog's request forgets the job.
+type benchJobStub struct {
+	dir  string
+	mu   sync.Mutex
+	jobs map[uint32]*benchJob
+}
+
+type benchJob struct {
+	devices []int
+	paths   []string
+	own     []int
+	extern  int
+}
+
+func (s *benchJobStub) handle(r stubRequest) stubAnswer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.Cred.Uid != 0 || r.Req.Job == nil {
+		return stubAnswer{Replies: []client.Reply{{Type: client.TypeError, Code: client.CodeDenied, Message: "root only"}}}
+	}
+	ok := stubAnswer{Replies: []client.Reply{{Type: client.TypeOK}}}
+	ignore := stubAnswer{Replies: []client.Reply{{Type: client.TypeIgnore}}}
+	id := r.Req.Job.ID
+	j := s.jobs[id]
+	switch r.Req.Op {
+	case client.OpSlurmProlog:
+		j = &benchJob{}
+		for _, f := range strings.Split(r.Req.Job.GRES, ",") {
+			d, _ := strconv.Atoi(f)
+			p := filepath.Join(s.dir, fmt.Sprintf("job%d-npu%d.lock", id, d))
+			fd, err := unix.Open(p, unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+			if err != nil {
+				return stubAnswer{}
+			}
+			unix.Flock(fd, unix.LOCK_EX)
+			j.devices, j.paths, j.own = append(j.devices, d), append(j.paths, p), append(j.own, fd)
+		}
+		s.jobs[id] = j
+		return ok
+	case client.OpSlurmEpilog:
+		if j != nil {
+			closeFDs(j.own)
+			for _, p := range j.paths {
+				os.Remove(p)
+			}
+			delete(s.jobs, id)
+		}
+		return ok
+	case client.OpSlurmHold:
+		if j == nil || j.own == nil {
+			return ignore
+		}
+		fds := j.own
+		j.own, j.extern = nil, int(r.Cred.Pid)
+		return stubAnswer{Replies: []client.Reply{{Type: client.TypeGrant, Devices: j.devices, Vendor: "ascend"}}, FDs: fds}
+	case client.OpSlurmTask:
+		if j == nil {
+			return ignore
+		}
+		var fds []int
+		if j.own != nil {
+			for _, fd := range j.own {
+				d, _ := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+				fds = append(fds, d)
+			}
+		} else {
+			fds = benchFromExtern(j.extern, j.paths)
+		}
+		if fds == nil {
+			return ignore
+		}
+		var ids []string
+		for _, d := range j.devices {
+			ids = append(ids, strconv.Itoa(d))
+		}
+		env := []string{"NPURUN_DEVICES=" + strings.Join(ids, ","), "ASCEND_RT_VISIBLE_DEVICES=" + strings.Join(ids, ",")}
+		return stubAnswer{Replies: []client.Reply{{Type: client.TypeGrant, Devices: j.devices, Vendor: "ascend", Env: env}}, FDs: fds}
+	}
+	return stubAnswer{Replies: []client.Reply{{Type: client.TypeError, Code: client.CodeBadRequest, Message: "unknown op"}}}
+}
+
+// benchFromExtern takes copies of the descriptors of paths that process
+// pid holds, with pidfd_getfd; nil where it holds one no more.
+func benchFromExtern(pid int, paths []string) []int {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(pidfd)
+	entries, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	var fds []int
+	for _, p := range paths {
+		got := -1
+		for _, e := range entries {
+			if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name())); l == p {
+				n, _ := strconv.Atoi(e.Name())
+				got, _ = unix.PidfdGetfd(pidfd, n, 0)
+				break
+			}
+		}
+		if got < 0 {
+			closeFDs(fds)
+			return nil
+		}
+		fds = append(fds, got)
+	}
+	return fds
+}
+
+// BenchmarkSlurmSrun: `srun --gres=gpu:1 /bin/true` on a private
+// single-node Slurm, interleaved, in three setups: bare (Prolog and Epilog
+// /bin/true, no SPANK plugin: switching the Prolog off takes an scontrol
+// reconfigure, which would perturb the run), npurun's pieces with no
+// broker (npurun-slurm as Prolog and Epilog, spank_npurun.so loaded, its
+// socket absent: their cost when they cannot reach a broker), and the
+// same against a stub of the broker's job-lease side (the Prolog through
+// a /bin/sh wrapper that names the stub's socket, which slurmd's Prolog
+// environment cannot). Each sample waits for the node to be idle first.
+// Target (issue 18): with the Prolog and plugin ≤ 1.1× without.
+func BenchmarkSlurmSrun(b *testing.B) {
+	benchNoNsPerOp(b)
+	plugin := spankPlugin(b)
+	needSlurm(b)
+	bin := bins(b)
+	dir := SharedDir(b)
+	stub := &benchJobStub{dir: SharedDir(b), jobs: map[uint32]*benchJob{}}
+	broker := startStub(b, stub.handle)
+	wrapper := filepath.Join(dir, "npurun-slurm-stub")
+	if err := os.WriteFile(wrapper, []byte("#!/bin/sh\nexec "+bin.Slurm+" --socket "+broker.Socket+"\n"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	prolog, epilog := filepath.Join(dir, "prolog"), filepath.Join(dir, "epilog")
+	c := startSlurm(b, slurmOptions{Devices: 4, Prolog: prolog, Epilog: epilog, PlugStack: "\n"})
+	plugstack := filepath.Join(c.Dir, "plugstack.conf")
+	setup := func(script, stack string) {
+		for _, l := range []string{prolog, epilog} {
+			os.Remove(l)
+			if err := os.Symlink(script, l); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(plugstack, []byte(stack), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	idle := func() {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			out, _ := c.Command("squeue", "-h", "-o", "%i").Output()
+			st, _ := c.Command("sinfo", "-h", "-n", c.Node, "-o", "%t").Output()
+			if strings.TrimSpace(string(out)) == "" && strings.TrimSpace(string(st)) == "idle" {
+				return
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("the node is not idle after 60s:\n%s", c.Logs())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	srun := func(script, stack string) func() time.Duration {
+		return func() time.Duration {
+			setup(script, stack)
+			idle()
+			cmd := c.Command("srun", "--gres=gpu:1", "/bin/true")
+			t0 := time.Now()
+			if out, err := cmd.CombinedOutput(); err != nil {
+				b.Fatalf("srun: %v\n%s", err, out)
+			}
+			return time.Since(t0)
+		}
+	}
+	nowhere := filepath.Join(dir, "none.sock")
+	bare := &benchSide{name: "bare (Prolog /bin/true, no plugin)", sample: srun("/bin/true", "\n")}
+	down := &benchSide{name: "npurun-slurm + plugin, no broker", sample: srun(bin.Slurm, "required "+plugin+" socket="+nowhere+"\n")}
+	served := &benchSide{name: "npurun-slurm (sh wrapper) + plugin, stub broker", sample: srun(wrapper, "required "+plugin+" socket="+broker.Socket+"\n")}
+	benchInterleave(2, bare, down, served)
+	for _, s := range []*benchSide{bare, down, served} {
+		s.got = nil
+	}
+	benchInterleave(benchSrunSamples, bare, down, served)
+	// The served runs took their leases: the stub saw every job's requests.
+	holds := 0
+	for _, r := range broker.Requests() {
+		if r.Req.Op == client.OpSlurmHold {
+			holds++
+		}
+	}
+	if holds < benchSrunSamples {
+		b.Errorf("the stub was asked to hold %d times for %d served runs", holds, benchSrunSamples)
+	}
+	b.ReportMetric(benchMs(bare.p50()), "bare-p50-ms")
+	b.ReportMetric(benchMs(down.p50()), "down-p50-ms")
+	b.ReportMetric(benchMs(served.p50()), "served-p50-ms")
+	b.ReportMetric(float64(down.p50())/float64(bare.p50()), "ratio-down")
+	b.ReportMetric(float64(served.p50())/float64(bare.p50()), "ratio-served")
+	benchSummary(b, fmt.Sprintf("srun --gres=gpu:1 /bin/true, %d runs each, interleaved (target ≤ 1.1× bare)", benchSrunSamples), [][]string{
+		{"", "p10 ms", "p50 ms", "p90 ms"},
+		bare.row(), down.row(), served.row(),
+		{"no broker / bare, p50", ratio(down, bare)},
+		{"stub broker / bare, p50", ratio(served, bare)},
+	})
+}

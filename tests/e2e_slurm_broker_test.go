@@ -1,0 +1,433 @@
+//go:build slurmbroker
+
+package tests
+
+// The broker's side of issue 18, end to end: a real private Slurm whose
+// Prolog and Epilog are npurun-slurm and whose plugstack loads
+// spank_npurun.so, against a real npubroker with [slurm]. These need the
+// broker side (the Slurm jobs' leases in the lease table, placeholders in
+// allocate mode; /work/briefs/slurm-broker.md), and run with
+//
+//	go test -tags slurmbroker -run 'TestSlurmNode' ./tests/
+//
+// Once the broker serves them, drop the build tag so that make test runs
+// them (and flip slurmServed in cmd/npubroker/slurm.go, TestServeRefusesSlurm).
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// slurmNode is a broker and a private Slurm sharing devices 0..n-1: Slurm
+// manages those of gres_devices.
+type slurmNode struct {
+	b   *Broker
+	c   *slurmCluster
+	dev devTree
+}
+
+type slurmNodeOptions struct {
+	Devices   int    // devices of the machine, davinci0..Devices-1
+	Slurm     int    // the last Slurm devices: gres_devices = "Devices-Slurm..Devices-1"
+	Mode      string // split or allocate
+	Config    string // more of npurun.conf (pools, [restrict], [tasks])
+	Partition string // more of Slurm's partition line
+}
+
+func startSlurmNode(t testing.TB, o slurmNodeOptions) *slurmNode {
+	t.Helper()
+	plugin := spankPlugin(t)
+	needSlurm(t)
+	dev := newDevTree(t, o.Devices)
+	first := o.Devices - o.Slurm
+	scripts := SharedDir(t)
+	prolog, epilog := filepath.Join(scripts, "prolog"), filepath.Join(scripts, "epilog")
+	c := startSlurm(t, slurmOptions{Devices: o.Slurm, GresFirst: first, DevDir: dev.Dir, Prolog: prolog, Epilog: epilog, Partition: o.Partition})
+	conf := dev.config(fmt.Sprintf("0-%d", o.Devices-1), fmt.Sprintf("[slurm]\ngres_devices = \"%d-%d\"\nmode = %q\nnode = %q\ngres_conf = %q\n%s",
+		first, o.Devices-1, o.Mode, c.Node, filepath.Join(c.Dir, "gres.conf"), o.Config))
+	b := NewBroker(t, conf, "SLURM_CONF="+c.Conf)
+	for _, s := range []string{prolog, epilog} {
+		if err := os.WriteFile(s, []byte("#!/bin/sh\nexec "+b.Bin.Slurm+" --socket "+b.Socket+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(c.Dir, "plugstack.conf"), []byte("required "+plugin+" socket="+b.Socket+" timeout=10\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Env = append(c.Env, "NPURUN_SOCKET="+b.Socket)
+	b.Start()
+	return &slurmNode{b: b, c: c, dev: dev}
+}
+
+// jobLease returns the lease of Slurm job id on the board, nil if none.
+func jobLease(board *client.Board, id uint32) (*client.LeaseInfo, []int) {
+	var lease *client.LeaseInfo
+	var devices []int
+	for _, d := range board.Devices {
+		if d.Lease != nil && d.Lease.SlurmJob == id {
+			lease = d.Lease
+			devices = append(devices, d.ID)
+		}
+	}
+	return lease, devices
+}
+
+// awaitBoard waits for the board to satisfy ok, through status --watch.
+func (n *slurmNode) awaitBoard(t testing.TB, what string, ok func(*client.Board) bool) *client.Board {
+	t.Helper()
+	w := watchBoards(t, n.b, nil)
+	board, _ := w.next(what, ok)
+	return board
+}
+
+// TestSlurmNodeJobLeaseStatus: an sbatch --gres=gpu:2 job's devices are a
+// lease of kind slurm in status --json, with the job's id and user, and
+// the job's processes (its extern step's slurmstepd, its batch script) as
+// holders; the devices are free once it ends, and usage counts the job's
+// device time under kind slurm.
+func TestSlurmNodeJobLeaseStatus(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 4, Slurm: 2, Mode: "split"})
+	u := newUser(t)
+	dir := SharedDir(t)
+	running, proceed := filepath.Join(dir, "running"), filepath.Join(dir, "proceed")
+	makeFIFO(t, running)
+	makeFIFO(t, proceed)
+	id := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "echo $$ > "+running+"; read x < "+proceed)
+	pid, err := strconv.Atoi(strings.TrimSpace(readLines(t, openFIFO(t, running, os.O_RDONLY), 1)[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	board := n.awaitBoard(t, "the job's lease with its script as a holder", func(b *client.Board) bool {
+		l, _ := jobLease(b, id)
+		return l != nil && slices.Contains(holderPIDs(b, 2), pid)
+	})
+	l, devices := jobLease(board, id)
+	if l.Kind != client.KindSlurm || l.User != u.Name || l.UID != u.UID || !slices.Equal(devices, []int{2, 3}) {
+		t.Errorf("job %d's lease: kind %q user %q uid %d on %v; want slurm, %s, %d, [2 3]", id, l.Kind, l.User, l.UID, devices, u.Name, u.UID)
+	}
+	for _, d := range devices {
+		if st := device(t, board, d).State; st != client.DeviceSlurm {
+			t.Errorf("npu%d is %q, want %q", d, st, client.DeviceSlurm)
+		}
+	}
+	extern := false
+	for _, h := range l.Holders {
+		if h.UID == 0 && strings.Contains(h.Command, fmt.Sprintf("[%d.extern]", id)) {
+			extern = true
+		}
+	}
+	if !extern {
+		t.Errorf("the extern step is not among the holders: %+v", l.Holders)
+	}
+	if len(board.Unleased) > 0 {
+		t.Errorf("unleased use reported during a Slurm job: %+v", board.Unleased)
+	}
+	openFIFO(t, proceed, os.O_WRONLY).Close()
+	n.c.AwaitJobGone(id, 60*time.Second)
+	n.awaitBoard(t, "the job's devices free", func(b *client.Board) bool {
+		return device(t, b, 2).State == client.DeviceFree && device(t, b, 3).State == client.DeviceFree
+	})
+	usage := exec.Command(n.b.Bin.Broker, "usage", "--since", "1h", "--json")
+	usage.Env = n.b.Env()
+	out, err := usage.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep client.UsageReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range rep.Rows {
+		found = found || (r.User == u.Name && r.Kind == client.KindSlurm && r.DeviceSeconds > 0)
+	}
+	if !found {
+		t.Errorf("usage has no slurm row for %s: %s", u.Name, out)
+	}
+}
+
+// TestSlurmNodeSplitMixed: split mode, a minute of jobs and npurun
+// commands side by side, each run marking its devices O_EXCL: no device
+// used twice, npurun never on Slurm's devices, jobs only on them.
+func TestSlurmNodeSplitMixed(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 4, Slurm: 2, Mode: "split"})
+	u := newUser(t)
+	w := newWorkload(t)
+	bin := bins(t)
+	deadline := time.Now().Add(time.Minute)
+	var ids []uint32
+	var procs []*proc
+	for i := 0; time.Now().Before(deadline); i++ {
+		ids = append(ids, n.c.Sbatch(&u, fmt.Sprintf("--gres=gpu:%d", 1+i%2), "--wrap",
+			fmt.Sprintf("%s %s -markers %s -log %s -tag job%d -hold 500ms", bin.Npurun, bin.Workload, w.Markers, w.Log, i)))
+		procs = append(procs, startProc(t, fmt.Sprintf("npurun%d", i), u.as(n.b.Npurun(append([]string{"-n", strconv.Itoa(1 + i%2)}, w.args(n.b, fmt.Sprintf("npurun%d", i), 300*time.Millisecond)...)...), n.b.Dir)))
+		time.Sleep(time.Second) // the load's pace, not a synchronisation
+	}
+	for _, p := range procs {
+		p.mustSucceed()
+	}
+	for _, id := range ids {
+		n.c.AwaitJobGone(id, 5*time.Minute)
+		if out := n.c.JobOutput(id); strings.Contains(out, "npurun:") {
+			t.Errorf("job %d: %s", id, out)
+		}
+	}
+	runs := w.runs(t)
+	if len(runs) != 2*len(ids) {
+		t.Errorf("%d runs, want %d", len(runs), 2*len(ids))
+	}
+	for _, r := range runs {
+		job := strings.HasPrefix(r.Tag, "job")
+		for _, d := range strings.Split(r.Devices, ",") {
+			if slurmDev := d == "2" || d == "3"; slurmDev != job {
+				t.Errorf("%s ran on device %s", r.Tag, d)
+			}
+		}
+	}
+}
+
+// TestSlurmNodeRelease: the lease ends when the job ends however it ends:
+// normal end, scancel, its time limit, kill -9 of its step daemons; the
+// Epilog's end is idempotent (run again by hand, it changes nothing).
+func TestSlurmNodeRelease(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 2, Slurm: 2, Mode: "split"})
+	for _, end := range []string{"normal", "scancel", "time limit", "kill -9 steps"} {
+		t.Run(end, func(t *testing.T) {
+			args := []string{"--gres=gpu:2", "--wrap", "sleep 600"}
+			if end == "normal" {
+				args = []string{"--gres=gpu:2", "--wrap", "sleep 3"}
+			}
+			if end == "time limit" {
+				args = append(args, "--time=1")
+			}
+			id := n.c.Sbatch(nil, args...)
+			board := n.awaitBoard(t, "the job's lease", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+			switch end {
+			case "scancel":
+				if out, err := n.c.Command("scancel", strconv.FormatUint(uint64(id), 10)).CombinedOutput(); err != nil {
+					t.Fatalf("scancel: %v\n%s", err, out)
+				}
+			case "kill -9 steps":
+				l, _ := jobLease(board, id)
+				for _, h := range l.Holders {
+					if strings.Contains(h.Command, "slurmstepd") {
+						unix.Kill(h.PID, unix.SIGKILL)
+					}
+				}
+			}
+			within := 30 * time.Second
+			if end == "time limit" || end == "kill -9 steps" {
+				within = 3 * time.Minute
+			}
+			w := watchBoards(t, n.b, nil)
+			w.nextWithin(within, "the job's devices free", func(b *client.Board) bool {
+				return device(t, b, 0).State == client.DeviceFree && device(t, b, 1).State == client.DeviceFree
+			})
+			// The Epilog again: nothing to end, nothing changes.
+			cmd := exec.Command(n.b.Bin.Slurm, "epilog", "--socket", n.b.Socket)
+			cmd.Env = append(os.Environ(), "SLURM_JOB_ID="+strconv.FormatUint(uint64(id), 10), "SLURM_JOB_UID=0", "SLURM_JOB_GPUS=0,1")
+			out, err := cmd.CombinedOutput()
+			if err != nil || strings.Contains(string(out), "refused") {
+				t.Errorf("a second epilog: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// TestSlurmNodeRestricted: a restricted user's job opens its devices and
+// no other (the ACL entries, as for any lease), and loses them at its end.
+func TestSlurmNodeRestricted(t *testing.T) {
+	student := newUser(t)
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 4, Slurm: 2, Mode: "split", Config: fmt.Sprintf("[restrict]\nusers = [%q]\n", student.Name)})
+	open := func(d int) string {
+		return fmt.Sprintf(`(exec 3<>%s) 2>/dev/null && echo open%d=yes || echo open%d=no`, n.dev.node(fmt.Sprintf("davinci%d", d)), d, d)
+	}
+	id := n.c.Sbatch(&student, "--wait", "--gres=gpu:1", "--wrap", strings.Join([]string{open(0), open(1), open(2), open(3), `echo on=$NPURUN_DEVICES`}, "; "))
+	out := n.c.JobOutput(id)
+	var on string
+	for _, l := range strings.Split(out, "\n") {
+		on = strings.TrimPrefix(l, "on=")
+		if on != l {
+			break
+		}
+	}
+	for d := range 4 {
+		want := "no"
+		if strconv.Itoa(d) == on {
+			want = "yes"
+		}
+		if !strings.Contains(out, fmt.Sprintf("open%d=%s", d, want)) {
+			t.Errorf("job on device %q: open%d should be %s:\n%s", on, d, want, out)
+		}
+	}
+	if on != "2" && on != "3" {
+		t.Errorf("the job ran on %q, not one of Slurm's devices", on)
+	}
+	n.awaitBoard(t, "the job's devices free", func(b *client.Board) bool {
+		return device(t, b, 2).State == client.DeviceFree && device(t, b, 3).State == client.DeviceFree
+	})
+	for _, d := range []int{2, 3} {
+		if canOpen(t, student, n.dev.node(fmt.Sprintf("davinci%d", d))) {
+			t.Errorf("the student opens davinci%d after the job", d)
+		}
+	}
+}
+
+// TestSlurmNodeBrokerRestart: a broker restart (kill -9) during a job
+// keeps the job's lease: the new broker shows it, kind slurm, with its
+// job id and user, and frees it when the job ends.
+func TestSlurmNodeBrokerRestart(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 2, Slurm: 2, Mode: "split"})
+	u := newUser(t)
+	dir := SharedDir(t)
+	proceed := filepath.Join(dir, "proceed")
+	makeFIFO(t, proceed)
+	id := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "read x < "+proceed)
+	n.awaitBoard(t, "the job's lease", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	n.b.Kill()
+	n.b.Start()
+	board := n.awaitBoard(t, "the job's lease after the restart", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	if l, devices := jobLease(board, id); l.Kind != client.KindSlurm || l.User != u.Name || !slices.Equal(devices, []int{0, 1}) {
+		t.Errorf("after the restart: %+v on %v", l, devices)
+	}
+	openFIFO(t, proceed, os.O_WRONLY).Close()
+	n.awaitBoard(t, "the job's devices free", func(b *client.Board) bool {
+		return device(t, b, 0).State == client.DeviceFree && device(t, b, 1).State == client.DeviceFree
+	})
+}
+
+// TestSlurmNodeAllocate: allocate mode. An npurun for Slurm's devices
+// waits, as a placeholder Slurm allocation that squeue shows, while a job
+// holds every device, says Slurm's state, and starts when the job ends; a
+// job waits while the npurun holds; the placeholder is gone after.
+func TestSlurmNodeAllocate(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 2, Slurm: 2, Mode: "allocate"})
+	u := newUser(t)
+	dir := SharedDir(t)
+	proceed := filepath.Join(dir, "proceed")
+	makeFIFO(t, proceed)
+	job := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "read x < "+proceed)
+	n.c.AwaitJobState(job, "RUNNING", time.Minute)
+	p := startProc(t, "npurun", u.as(n.b.Npurun("-v", "-n", "1", "sh", "-c", `echo "ON $NPURUN_DEVICES"; read x`), n.b.Dir))
+	line := p.waitLine("npurun: waiting for")
+	if !strings.Contains(line, "Slurm job") || !strings.Contains(line, "PENDING") {
+		t.Errorf("the progress line does not show Slurm's state: %s", line)
+	}
+	out, _ := n.c.Command("squeue", "-h", "-o", "%i %j %u %T").Output()
+	var placeholder string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 4 && strings.HasPrefix(f[1], "npurun") && f[2] == u.Name && f[3] == "PENDING" {
+			placeholder = f[0]
+		}
+	}
+	if placeholder == "" {
+		t.Fatalf("no pending placeholder of %s in squeue:\n%s", u.Name, out)
+	}
+	openFIFO(t, proceed, os.O_WRONLY).Close()
+	on := p.waitLine("ON ")
+	// A job now waits while the npurun holds its device.
+	job2 := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "true")
+	time.Sleep(3 * time.Second) // a few of the scheduler's cycles: the job must still wait
+	if st := n.c.JobState(job2); st != "PENDING" {
+		t.Errorf("job %d is %s while npurun holds %s", job2, st, on)
+	}
+	p.stdin.Close()
+	p.mustSucceed()
+	pid, _ := strconv.ParseUint(placeholder, 10, 32)
+	n.c.AwaitJobGone(uint32(pid), time.Minute)
+	n.c.AwaitJobGone(job2, 2*time.Minute)
+}
+
+// TestSlurmNodeAllocateTimeLimit: a placeholder that Slurm ends by its
+// time limit ends the npurun command (SIGTERM, then SIGKILL after
+// kill_grace), so that nothing runs on a device Slurm gives another.
+func TestSlurmNodeAllocateTimeLimit(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 1, Slurm: 1, Mode: "allocate", Partition: "DefaultTime=1", Config: "[tasks]\nkill_grace = \"5s\"\n"})
+	p := startProc(t, "npurun", n.b.Npurun("sh", "-c", `echo ON; trap "" TERM; sleep 600`))
+	p.waitLine("ON")
+	start := time.Now()
+	select {
+	case <-p.done:
+	case <-time.After(4 * time.Minute):
+		t.Fatalf("the command outlived its placeholder's time limit by minutes:\n%s", p.Output())
+	}
+	var ee *exec.ExitError
+	if !errors.As(p.err, &ee) || !ee.Sys().(syscall.WaitStatus).Signaled() || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Errorf("the command (ignoring SIGTERM) ended by %v, want SIGKILL after kill_grace", p.err)
+	}
+	t.Logf("ended %s after its start", time.Since(start))
+}
+
+// TestSlurmNodeSubleases: npurun -n 1 inside a 2-device job, with the real
+// broker: six run two at a time on the job's devices.
+func TestSlurmNodeSubleases(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 4, Slurm: 2, Mode: "split"})
+	u := newUser(t)
+	w := newWorkload(t)
+	bin := bins(t)
+	script := ""
+	for i := range 6 {
+		script += fmt.Sprintf("%s -n 1 %s -markers %s -log %s -tag j%d -hold 300ms & pids=\"$pids $!\"; ", bin.Npurun, bin.Workload, w.Markers, w.Log, i)
+	}
+	id := n.c.Sbatch(&u, "--wait", "--gres=gpu:2", "--wrap", script+"for p in $pids; do wait $p || exit 1; done")
+	runs := w.runs(t)
+	used := map[string]int{}
+	for _, r := range runs {
+		used[r.Devices]++
+	}
+	if len(runs) != 6 || len(used) != 2 || used["2"] == 0 || used["3"] == 0 {
+		t.Errorf("job %d: runs %v by device %v; output:\n%s", id, tags(runs), used, n.c.JobOutput(id))
+	}
+}
+
+// BenchmarkSlurmAllocate: allocate mode, `npurun -- /bin/true` on a free
+// Slurm device (a placeholder allocation, its grant, its end) beside
+// `srun --gres=gpu:1 /bin/true`, interleaved, each after the node is
+// idle. Target (issue 18): ≤ 1.0× srun.
+func BenchmarkSlurmAllocate(b *testing.B) {
+	benchNoNsPerOp(b)
+	n := startSlurmNode(b, slurmNodeOptions{Devices: 2, Slurm: 2, Mode: "allocate"})
+	idle := func() {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			out, _ := n.c.Command("squeue", "-h", "-o", "%i").Output()
+			if strings.TrimSpace(string(out)) == "" {
+				return
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("jobs left after 60s:\n%s", out)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	npurun := &benchSide{name: "npurun -- /bin/true (allocate)", sample: func() time.Duration {
+		idle()
+		return benchTimeRun(b, n.b.Npurun("--", "/bin/true"))
+	}}
+	srun := &benchSide{name: "srun --gres=gpu:1 /bin/true", sample: func() time.Duration {
+		idle()
+		return benchTimeRun(b, n.c.Command("srun", "--gres=gpu:1", "/bin/true"))
+	}}
+	benchInterleave(2, npurun, srun)
+	npurun.got, srun.got = nil, nil
+	benchInterleave(benchSrunSamples, npurun, srun)
+	b.ReportMetric(float64(npurun.p50())/float64(srun.p50()), "ratio-srun")
+	benchSummary(b, fmt.Sprintf("allocate mode, %d runs each, interleaved (target ≤ 1.0× srun)", benchSrunSamples), [][]string{
+		{"", "p10 ms", "p50 ms", "p90 ms"}, npurun.row(), srun.row(), {"npurun / srun, p50", ratio(npurun, srun)},
+	})
+}

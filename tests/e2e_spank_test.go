@@ -1,0 +1,476 @@
+package tests
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// spank_npurun.so, built as the Makefile builds it (warnings are errors),
+// against Slurm's spank.h, into spankDir (removed by TestMain).
+var spankDir string
+
+var spankOnce = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "npurun-spank-")
+	if err != nil {
+		return "", err
+	}
+	spankDir = dir
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return "", err
+	}
+	root, _ := filepath.Abs("..")
+	so := filepath.Join(dir, "spank_npurun.so")
+	if out, err := exec.Command("make", "--no-print-directory", "-C", root, "BUILDDIR="+dir, so).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("make spank_npurun.so: %v\n%s", err, out)
+	}
+	return so, nil
+})
+
+// spankPlugin returns the built plugin; it skips where Slurm's headers are
+// missing, except in CI, where .ci/run installs them.
+func spankPlugin(t testing.TB) string {
+	t.Helper()
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "cc"
+	}
+	cmd := exec.Command(cc, "-E", "-")
+	cmd.Stdin = strings.NewReader("#include <slurm/spank.h>\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no Slurm headers (%s), and CI=true: install libslurm-dev (.ci/run does)", firstLine(string(out)))
+		}
+		t.Skipf("needs Slurm's headers to build spank_npurun.so (Debian: libslurm-dev): %s", firstLine(string(out)))
+	}
+	so, err := spankOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return so
+}
+
+// jobLeaseStub stands in for the broker's side of a Slurm job's lease
+// (the broker serves no Slurm node yet): it holds locked lock files for
+// one job as a Prolog would have had the broker do, hands them to the
+// extern step's slurm-hold and closes its own copies, and serves each
+// task's slurm-task with copies taken from the extern step with
+// pidfd_getfd (what the broker is to do, slurm-broker spec). Requests
+// from anyone but root are refused, as the broker refuses them.
+type jobLeaseStub struct {
+	t       testing.TB
+	dir     string // the lock files, npuN.lock
+	devices []int  // physical ids, in the grant's order
+	env     []string
+
+	mu     sync.Mutex
+	own    []int // locked descriptors, until the extern step holds them
+	extern int   // the pid of the extern step that holds them
+}
+
+// newJobLeaseStub makes the lock files of devices in dir ("" for a
+// directory of its own) and locks them.
+func newJobLeaseStub(t testing.TB, dir string, devices []int, env []string) *jobLeaseStub {
+	if dir == "" {
+		dir = SharedDir(t)
+	}
+	s := &jobLeaseStub{t: t, dir: dir, devices: devices, env: env}
+	for _, id := range devices {
+		fd, err := unix.Open(s.lockPath(id), unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			t.Fatal(err)
+		}
+		s.own = append(s.own, fd)
+	}
+	t.Cleanup(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		closeFDs(s.own)
+		s.own = nil
+	})
+	return s
+}
+
+func (s *jobLeaseStub) lockPath(id int) string {
+	return filepath.Join(s.dir, "npu"+strconv.Itoa(id)+".lock")
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+func (s *jobLeaseStub) handle(r stubRequest) stubAnswer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.Cred.Uid != 0 {
+		return stubAnswer{Replies: []client.Reply{{Type: client.TypeError, Code: client.CodeDenied, Message: "root only"}}}
+	}
+	var fds []int
+	switch r.Req.Op {
+	case client.OpSlurmHold:
+		if s.own == nil {
+			return stubAnswer{Replies: []client.Reply{{Type: client.TypeIgnore}}}
+		}
+		fds, s.own = s.own, nil // handed over: the job holds the lease alone
+		s.extern = int(r.Cred.Pid)
+		return stubAnswer{Replies: []client.Reply{{Type: client.TypeGrant, Devices: s.devices, Vendor: "ascend"}}, FDs: fds}
+	case client.OpSlurmTask:
+		if s.own != nil {
+			for _, fd := range s.own {
+				d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+				if err != nil {
+					closeFDs(fds)
+					return stubAnswer{}
+				}
+				fds = append(fds, d)
+			}
+		} else if fds = s.fromExtern(); fds == nil {
+			return stubAnswer{Replies: []client.Reply{{Type: client.TypeIgnore}}}
+		}
+		return stubAnswer{Replies: []client.Reply{{Type: client.TypeGrant, Devices: s.devices, Vendor: "ascend", Env: s.env}}, FDs: fds}
+	}
+	return stubAnswer{Replies: []client.Reply{{Type: client.TypeError, Code: client.CodeBadRequest, Message: "unknown op"}}}
+}
+
+// fromExtern takes copies of the lock descriptors the extern step holds,
+// with pidfd_getfd; nil where it holds them no more.
+func (s *jobLeaseStub) fromExtern() []int {
+	pidfd, err := unix.PidfdOpen(s.extern, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(pidfd)
+	var fds []int
+	for _, id := range s.devices {
+		target := -1
+		entries, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", s.extern))
+		for _, e := range entries {
+			if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", s.extern, e.Name())); l == s.lockPath(id) {
+				target, _ = strconv.Atoi(e.Name())
+			}
+		}
+		fd := -1
+		if target >= 0 {
+			fd, err = unix.PidfdGetfd(pidfd, target, 0)
+		}
+		if target < 0 || err != nil {
+			closeFDs(fds)
+			return nil
+		}
+		fds = append(fds, fd)
+	}
+	return fds
+}
+
+// locked tells whether lock file path is locked now (a flock with
+// LOCK_NB on a file of its own fails).
+func locked(t testing.TB, path string) bool {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return true
+	}
+	return false
+}
+
+// awaitUnlocked waits, in flock as the broker's release watcher does (the
+// release is an event), for lock file path to be free.
+func awaitUnlocked(t testing.TB, path string, within time.Duration) {
+	t.Helper()
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- unix.Flock(fd, unix.LOCK_EX) }()
+	select {
+	case err := <-done:
+		unix.Close(fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(within):
+		t.Fatalf("%s still locked after %s; holders: %v", path, within, lockHolders(path))
+	}
+}
+
+// lockHolders are the processes with path open, each as "PID CMDLINE".
+func lockHolders(path string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		fds, _ := os.ReadDir("/proc/" + e.Name() + "/fd")
+		for _, f := range fds {
+			if l, _ := os.Readlink("/proc/" + e.Name() + "/fd/" + f.Name()); l == path {
+				out = append(out, strconv.Itoa(pid)+" "+procCmdline(pid))
+				break
+			}
+		}
+	}
+	return out
+}
+
+// spankJobScript is a batch script that reports what its batch step and
+// an srun step inside it run with (the variables, and each NPURUN_LEASE
+// descriptor: open on the lease's lock file with its flock), through the
+// FIFO report, then waits until the FIFO proceed is opened and closed.
+func spankJobScript(report, proceed string) string {
+	check := `l=""; for p in $(echo "$NPURUN_LEASE" | tr , " "); do fd=${p#*:}; d=${p%%:*}; ` +
+		`if [ "$fd" -ge 20 ] && grep -q "FLOCK.*WRITE" /proc/self/fdinfo/$fd 2>/dev/null; then l="$l $d:$(readlink /proc/self/fd/$fd)"; else l="$l $d:NOT-HELD"; fi; done; ` +
+		`echo "devices=[$NPURUN_DEVICES] ascend=[$ASCEND_RT_VISIBLE_DEVICES] cuda=[$CUDA_VISIBLE_DEVICES] lease=[${l# }]"`
+	return "#!/bin/sh\n" +
+		"b=$(" + check + ")\n" +
+		"s=$(srun -n1 sh -c '" + strings.ReplaceAll(check, "'", `'\''`) + "')\n" +
+		"printf 'BATCH %s\\nSTEP %s\\n' \"$b\" \"$s\" > " + report + "\n" +
+		"read x < " + proceed + "\n"
+}
+
+// TestSpankJobHoldsLease: with the plugin in Slurm's plugstack, a job's
+// extern step holds its lease's descriptors for the job's life, and every
+// task (the batch script, an srun step) holds copies of its own at 20 and
+// above, named by NPURUN_LEASE, with the variables of the broker's answer
+// set over Slurm's; the lease's lock is free once the job has ended,
+// whether it ends by itself, by scancel, or goes on after a kill -9 of its
+// extern step until its tasks end.
+func TestSpankJobHoldsLease(t *testing.T) {
+	plugin := spankPlugin(t)
+	needSlurm(t)
+	u := newUser(t)
+	env := []string{"NPURUN_DEVICES=6,5", "ASCEND_RT_VISIBLE_DEVICES=0,1"}
+	var stub *jobLeaseStub
+	var mu sync.Mutex
+	broker := startStub(t, func(r stubRequest) stubAnswer {
+		mu.Lock()
+		s := stub
+		mu.Unlock()
+		return s.handle(r)
+	})
+	c := startSlurm(t, slurmOptions{Devices: 4, PlugStack: "required " + plugin + " socket=" + broker.Socket + " timeout=5\n"})
+
+	for _, end := range []string{"normal", "scancel", "kill -9 extern"} {
+		t.Run(end, func(t *testing.T) {
+			s := newJobLeaseStub(t, "", []int{6, 5}, env)
+			mu.Lock()
+			stub = s
+			mu.Unlock()
+			dir := SharedDir(t)
+			report, proceed := filepath.Join(dir, "report"), filepath.Join(dir, "proceed")
+			makeFIFO(t, report)
+			makeFIFO(t, proceed)
+			script := filepath.Join(dir, "job.sh")
+			if err := os.WriteFile(script, []byte(spankJobScript(report, proceed)), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			before := len(broker.Requests())
+			id := c.Sbatch(&u, "--gres=gpu:2", script)
+			lines := readLines(t, openFIFO(t, report, os.O_RDONLY), 2)
+			lease := fmt.Sprintf("lease=[6:%s 5:%s]", s.lockPath(6), s.lockPath(5))
+			for i, want := range []string{"BATCH devices=[6,5] ascend=[0,1] cuda=[0,1] " + lease, "STEP devices=[6,5] ascend=[0,1] cuda=[0,1] " + lease} {
+				if lines[i] != want {
+					t.Errorf("job %d reported\n%s\nwant\n%s", id, lines[i], want)
+				}
+			}
+			// The extern step holds the lease, and the stub no copy.
+			var extern string
+			for _, h := range lockHolders(s.lockPath(6)) {
+				if strings.HasSuffix(h, fmt.Sprintf("slurmstepd: [%d.extern]", id)) {
+					extern = h
+				}
+			}
+			if extern == "" {
+				t.Fatalf("no extern step of job %d among the holders %v", id, lockHolders(s.lockPath(6)))
+			}
+			var ops []string
+			for _, r := range broker.Requests()[before:] {
+				ops = append(ops, fmt.Sprintf("%s job=%d uid=%d step=%d from-uid=%d", r.Req.Op, r.Req.Job.ID, r.Req.Job.UID, r.Req.Job.Step, r.Cred.Uid))
+			}
+			slices.Sort(ops)
+			wantOps := []string{
+				fmt.Sprintf("slurm-hold job=%d uid=%d step=0 from-uid=0", id, u.UID),
+				fmt.Sprintf("slurm-task job=%d uid=%d step=0 from-uid=0", id, u.UID),
+				fmt.Sprintf("slurm-task job=%d uid=%d step=%d from-uid=0", id, u.UID, uint32(client.SlurmBatchStep)),
+			}
+			if !slices.Equal(ops, wantOps) {
+				t.Errorf("the broker was asked\n%s\nwant\n%s", strings.Join(ops, "\n"), strings.Join(wantOps, "\n"))
+			}
+			switch end {
+			case "normal":
+				openFIFO(t, proceed, os.O_WRONLY).Close()
+			case "scancel":
+				if out, err := c.Command("scancel", strconv.FormatUint(uint64(id), 10)).CombinedOutput(); err != nil {
+					t.Fatalf("scancel: %v\n%s", err, out)
+				}
+			case "kill -9 extern":
+				pid, _ := strconv.Atoi(strings.Fields(extern)[0])
+				sleeper := externSleep(pid)
+				if sleeper == 0 {
+					t.Errorf("no sleep under the extern step %s", extern)
+				}
+				unix.Kill(pid, unix.SIGKILL)
+				awaitReaped(pid, time.Now().Add(eventTimeout))
+				// The batch script holds copies: the lease goes on. The
+				// extern step's sleep, which Slurm leaves running without
+				// its step under proctrack/linuxproc, holds none (the
+				// plugin keeps the step's copies close-on-exec): it would
+				// hold the lease for ever.
+				if !locked(t, s.lockPath(6)) || !locked(t, s.lockPath(5)) {
+					t.Errorf("the lease ended with the extern step, while the job's script holds it: %v", lockHolders(s.lockPath(6)))
+				}
+				for _, h := range lockHolders(s.lockPath(6)) {
+					if sleeper > 0 && strings.HasPrefix(h, strconv.Itoa(sleeper)+" ") {
+						t.Errorf("the extern step's sleep holds the lease: %s", h)
+					}
+				}
+				if sleeper > 0 {
+					unix.Kill(sleeper, unix.SIGKILL)
+				}
+				openFIFO(t, proceed, os.O_WRONLY).Close()
+			}
+			for _, d := range []int{6, 5} {
+				awaitUnlocked(t, s.lockPath(d), 30*time.Second)
+			}
+			c.AwaitJobGone(id, 60*time.Second)
+		})
+	}
+}
+
+// TestSpankNoBroker: with no broker answering, the plugin fails no job:
+// the job runs as Slurm made it, and slurmd's log says why the lease is
+// missing, for the extern step and for the task.
+func TestSpankNoBroker(t *testing.T) {
+	plugin := spankPlugin(t)
+	needSlurm(t)
+	nowhere := filepath.Join(SharedDir(t), "none.sock")
+	c := startSlurm(t, slurmOptions{Devices: 2, PlugStack: "required " + plugin + " socket=" + nowhere + "\n"})
+	id := c.Sbatch(nil, "--wait", "--gres=gpu:1", "--wrap", `echo "devices=[$NPURUN_DEVICES] lease=[$NPURUN_LEASE] cuda=[$CUDA_VISIBLE_DEVICES]"`)
+	// The task's own word goes to the job's standard error, here its
+	// output, before the command's.
+	want := fmt.Sprintf("slurmstepd-localhost: error: spank_npurun: job %d: task: connect %s: No such file or directory: the task runs without npurun's lease\n"+
+		"devices=[] lease=[] cuda=[0]", id, nowhere)
+	if got := strings.TrimSpace(c.JobOutput(id)); got != want {
+		t.Errorf("job %d wrote\n%s\nwant\n%s", id, got, want)
+	}
+	log, _ := os.ReadFile(filepath.Join(c.Dir, "slurmd.log"))
+	for _, want := range []string{
+		fmt.Sprintf("[%d.extern] error: spank_npurun: job %d: connect %s: No such file or directory: the job runs without npurun's lease of its devices", id, id, nowhere),
+		fmt.Sprintf("[%d.batch] error: spank_npurun: job %d: task: connect %s: No such file or directory: the task runs without npurun's lease", id, id, nowhere),
+	} {
+		if !strings.Contains(string(log), want) {
+			t.Errorf("slurmd's log lacks\n%s", want)
+		}
+	}
+}
+
+// externSleep is the pid of the sleep that the extern step pid runs to
+// be tracked by proctrack, 0 if none is found.
+func externSleep(pid int) int {
+	children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	for _, f := range strings.Fields(string(children)) {
+		if c, err := strconv.Atoi(f); err == nil && strings.HasPrefix(procCmdline(c), "sleep ") {
+			return c
+		}
+	}
+	return 0
+}
+
+// readLines reads n lines from f, failing the test if they do not come
+// within eventTimeout.
+func readLines(t testing.TB, f *os.File, n int) []string {
+	t.Helper()
+	ch := make(chan []string, 1)
+	go func() {
+		var lines []string
+		sc := bufio.NewScanner(f)
+		for len(lines) < n && sc.Scan() {
+			lines = append(lines, sc.Text())
+		}
+		ch <- lines
+	}()
+	select {
+	case lines := <-ch:
+		if len(lines) < n {
+			t.Fatalf("read %d lines, want %d: %q", len(lines), n, lines)
+		}
+		return lines
+	case <-time.After(eventTimeout):
+		t.Fatalf("no %d lines within %s", n, eventTimeout)
+		return nil
+	}
+}
+
+// TestSpankSubleasesInJob: inside a two-device Slurm job, whose tasks hold
+// the job's lease through the plugin, six npurun -n 1 run two at a time,
+// one device each (each run marks its device O_EXCL), asking no broker.
+func TestSpankSubleasesInJob(t *testing.T) {
+	plugin := spankPlugin(t)
+	needSlurm(t)
+	u := newUser(t)
+	var stub atomic.Pointer[jobLeaseStub]
+	broker := startStub(t, func(r stubRequest) stubAnswer { return stub.Load().handle(r) })
+	// The lock files where a nested npurun looks for them: "locks" beside
+	// the socket it is told of.
+	locks := filepath.Join(filepath.Dir(broker.Socket), "locks")
+	if err := os.Mkdir(locks, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stub.Store(newJobLeaseStub(t, locks, []int{6, 5}, []string{"NPURUN_DEVICES=6,5", "ASCEND_RT_VISIBLE_DEVICES=0,1"}))
+	c := startSlurm(t, slurmOptions{Devices: 4, PlugStack: "required " + plugin + " socket=" + broker.Socket + " timeout=5\n"})
+	c.Env = append(c.Env, "NPURUN_SOCKET="+broker.Socket) // sbatch passes its environment on to the job
+	w := newWorkload(t)
+	bin := bins(t)
+	script := "#!/bin/sh\n"
+	for i := range 6 {
+		script += fmt.Sprintf("%s -n 1 %s -markers %s -log %s -tag j%d -hold 300ms & pids=\"$pids $!\"\n", bin.Npurun, bin.Workload, w.Markers, w.Log, i)
+	}
+	script += "fail=0; for p in $pids; do wait $p || fail=1; done; exit $fail\n"
+	path := filepath.Join(SharedDir(t), "job.sh")
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	before := len(broker.Requests())
+	id := c.Sbatch(&u, "--wait", "--gres=gpu:2", path)
+	runs := w.runs(t)
+	if len(runs) != 6 {
+		t.Fatalf("%d runs, want 6: %v; job output:\n%s", len(runs), tags(runs), c.JobOutput(id))
+	}
+	used := map[string]int{}
+	for _, r := range runs {
+		used[r.Devices]++
+		if r.UID != int(u.UID) {
+			t.Errorf("%s ran as uid %d, want %d", r.Tag, r.UID, u.UID)
+		}
+	}
+	if len(used) != 2 || used["5"] == 0 || used["6"] == 0 {
+		t.Errorf("runs by device %v, want the job's devices 5 and 6 both used, no other", used)
+	}
+	for _, r := range broker.Requests()[before:] {
+		if r.Req.Op != client.OpSlurmHold && r.Req.Op != client.OpSlurmTask {
+			t.Errorf("the broker was asked %s from inside the job", r.Req.Op)
+		}
+	}
+}
