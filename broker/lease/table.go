@@ -55,6 +55,13 @@ type Owner interface {
 type Pool struct {
 	Name string
 	IDs  []int // nil: every device
+
+	// External names the allocator that picks this pool's devices
+	// ("Slurm"), "" for the line's own. A request of an external pool
+	// waits in line, reserving nothing, until its allocator has picked
+	// its devices and the owner Claims them for it; one naming devices
+	// is refused.
+	External string
 }
 
 // Config configures a Table.
@@ -91,6 +98,7 @@ type Table struct {
 	pools       []Pool
 	poolIDs     map[string][]int
 	poolOf      map[int]string
+	external    map[string]string // pool -> Pool.External, for the external pools
 	defaultPool string
 
 	mu     sync.Mutex
@@ -136,7 +144,7 @@ func (d *device) free() bool { return d.fd >= 0 && d.granting == nil }
 // what it knows of them. Nothing is in service until Start.
 func Open(c Config) (*Table, error) {
 	t := &Table{vendor: c.Vendor, gate: c.Gate, owner: c.Owner, log: c.Log, repeat: c.Repeat,
-		ids: slices.Clone(c.IDs), pools: slices.Clone(c.Pools), poolIDs: map[string][]int{}, poolOf: map[int]string{},
+		ids: slices.Clone(c.IDs), pools: slices.Clone(c.Pools), poolIDs: map[string][]int{}, poolOf: map[int]string{}, external: map[string]string{},
 		defaultPool: c.DefaultPool, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}}
 	if t.log == nil {
 		t.log = log.New(discard{}, "", 0)
@@ -159,6 +167,9 @@ func Open(c Config) (*Table, error) {
 		}
 		t.pools[i].IDs = ids
 		t.poolIDs[p.Name] = ids
+		if p.External != "" {
+			t.external[p.Name] = p.External
+		}
 		for _, id := range ids {
 			t.poolOf[id] = p.Name
 		}
@@ -245,7 +256,7 @@ func (t *Table) Adopt(l *Lease) error {
 	for _, id := range l.Devices {
 		d := t.devs[id]
 		d.leases = []*Lease{l}
-		if l.User != "" {
+		if l.User != "" && counts(l.Kind) {
 			d.counted = true
 			t.held[l.UID]++
 		}
@@ -690,6 +701,9 @@ type Handover struct {
 	done   bool
 }
 
+// Files are the lock files of FDs, in the order of Devices.
+func (h *Handover) Files() []FileID { return h.files }
+
 // FDs are the locked descriptors to deliver, in the order of Devices:
 // the table's until Commit, the owner's after it (it closes them once
 // they are delivered: a holder that has them holds the lease).
@@ -733,6 +747,69 @@ func (t *Table) Schedule(running map[uint32]int) []*Handover {
 	return hs
 }
 
+// Busy is Claim's refusal of devices that are not free now. Leases hold
+// some of them (their holders may be ended, and the device then comes
+// free); the others are being handed over, or out of service for a
+// moment: the owner hears of each device that comes free (Owner.Freed).
+type Busy struct {
+	IDs    []int    // the devices not free, in the order asked
+	Leases []*Lease // the leases that hold some of them, each once
+}
+
+func (b *Busy) Error() string {
+	return fmt.Sprintf("npu %s not free", npu.FormatIDs(b.IDs))
+}
+
+// Claim serves w with exactly devices ids, outside the order of the
+// line: an allocator outside the table (Slurm) has picked them for w,
+// which waits in line (an external pool's request) or is a holder that
+// never waited (a Slurm job, whose Prolog names its devices). The
+// devices must be free now: else a *Busy says which are not, and who
+// holds them. w leaves the line if it is there; the handover is the
+// owner's to deliver, then Commit or Return, as Schedule's.
+func (t *Table) Claim(w *Waiter, ids []int) (*Handover, error) {
+	if len(ids) == 0 || len(ids) > MaxDevices {
+		return nil, refuse(ErrBadRequest, "", "claim of %d devices", len(ids))
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var busy *Busy
+	for i, id := range ids {
+		if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
+			return nil, refuse(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
+		}
+		if slices.Contains(ids[:i], id) {
+			return nil, refuse(ErrBadRequest, "", "device named twice in %v", ids)
+		}
+		d := t.devs[id]
+		if d.free() {
+			continue
+		}
+		if busy == nil {
+			busy = &Busy{}
+		}
+		busy.IDs = append(busy.IDs, id)
+		for _, l := range d.leases {
+			if !slices.Contains(busy.Leases, l) {
+				busy.Leases = append(busy.Leases, l)
+			}
+		}
+	}
+	if busy != nil {
+		return nil, busy
+	}
+	t.q.Remove(w, true)
+	h := &Handover{W: w, Devices: slices.Clone(ids), fds: make([]int, len(ids)),
+		files: make([]FileID, len(ids)), freed: make([]time.Time, len(ids))}
+	for j, id := range ids {
+		d := t.devs[id]
+		h.fds[j], h.files[j], h.freed[j] = d.fd, d.file, d.freed
+		d.fd, d.granting = -1, h
+		t.nfree--
+	}
+	return h, nil
+}
+
 // Allow opens h's devices to its holder (Gate.Allow), before their
 // descriptors leave: call it before delivering them.
 func (t *Table) Allow(h *Handover) error {
@@ -756,11 +833,12 @@ func (t *Table) Commit(h *Handover) *Lease {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l.ID = t.newIDLocked(now)
+	counted := counts(l.Kind)
 	for _, id := range h.Devices {
 		d := t.devs[id]
 		d.granting = nil
 		d.leases = []*Lease{l}
-		d.counted = true
+		d.counted = counted
 		d.freed = time.Time{}
 		select {
 		case d.watch <- d.spare: // its watcher is idle: the device was free
@@ -772,9 +850,15 @@ func (t *Table) Commit(h *Handover) *Lease {
 		}
 		d.spare = -1
 	}
-	t.held[l.UID] += len(h.Devices)
+	if counted {
+		t.held[l.UID] += len(h.Devices)
+	}
 	return l
 }
+
+// counts tells whether a lease of kind counts against its holder's
+// devices (max_devices): a Slurm job's does not.
+func counts(k Kind) bool { return k != Slurm }
 
 // Return gives back a handover that could not be delivered (its client
 // gone, its task not started): its devices are free again, its waiter out
@@ -884,7 +968,7 @@ func (t *Table) Snapshot() Snapshot {
 	}
 	done := map[string]bool{}
 	for _, w := range t.q.Waiters() {
-		if done[w.Pool] || t.capped(w) {
+		if done[w.Pool] || t.capped(w) || w.Held || w.External {
 			continue
 		}
 		var free []int
