@@ -64,6 +64,9 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 // against the inventory and the policy (lease.Table.Admit). It returns the
 // waiter to queue, or the reply that refuses it.
 func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int, pool string) (*lease.Waiter, *client.Reply) {
+	if err := s.slurmRefusal(devices); err != nil {
+		return nil, refusalReply(err)
+	}
 	w, err := s.table.Admit(lease.Request{Holder: h, N: n, Devices: devices, Pool: pool, Limit: s.cfg.LimitFor(acct.name, acct.groups)})
 	if err != nil {
 		return nil, refusalReply(err)

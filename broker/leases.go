@@ -178,7 +178,8 @@ func (s *Server) leaseStartLocked(l *lease.Lease, h *lease.Handover) {
 // record is l as a line of the accounting log.
 func (l *ledgerEntry) record(ev string) usageRec {
 	r := usageRec{T: l.Since.UnixMilli(), Ev: ev, Lease: l.ID, Kind: l.kind(), User: l.User, UID: l.UID, Pool: l.Pool,
-		Devices: l.Devices, Task: l.Task, PID: l.pid, PIDStart: l.pidStart, Service: l.Service, TTY: l.TTY, RHost: l.RHost, Claimed: l.Claimed}
+		Devices: l.Devices, Task: l.Task, PID: l.pid, PIDStart: l.pidStart, Service: l.Service, TTY: l.TTY, RHost: l.RHost, Claimed: l.Claimed,
+		SlurmJob: l.SlurmJob}
 	for _, f := range l.files {
 		r.FSDev = f.Dev
 		r.Inodes = append(r.Inodes, f.Ino)
@@ -269,7 +270,7 @@ func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 			r := ol.rec
 			l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true,
 				Holder: lease.Holder{Kind: lease.Kind(r.Kind), UID: r.UID, User: r.User, PID: r.PID, PIDStart: r.PIDStart, Task: r.Task,
-					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed}}
+					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob}}
 			adopted[r.Lease] = l
 			order = append(order, l)
 		}
@@ -292,9 +293,33 @@ func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 				DurMS: now.UnixMilli() - ol.rec.T})
 		}
 	}
+	if s.slurm != nil && len(unknown) > 0 {
+		unknown = s.adoptSlurmJobs(unknown, held)
+	}
 	if len(unknown) > 0 {
 		s.findHolders(unknown, held, now)
 	}
+}
+
+// adoptSlurmJobs adopts the Slurm jobs' leases that the Slurm room's
+// records name among the held devices ids the accounting log does not
+// know (its records of their starts were summed or lost), and returns
+// the devices left unknown.
+func (s *Server) adoptSlurmJobs(ids []int, held map[int]lease.FileID) []int {
+	unknown := map[int]lease.FileID{}
+	for _, id := range ids {
+		unknown[id] = held[id]
+	}
+	for _, l := range s.slurm.Adoptable(unknown, s.table.PoolOf) {
+		e := newEntry(l)
+		s.led.usage.add(e.record("start"))
+		e.logged = true
+		s.adopt(e)
+		for _, id := range l.Devices {
+			delete(unknown, id)
+		}
+	}
+	return slices.Sorted(maps.Keys(unknown))
 }
 
 // findHolders makes a lease of each held device the log does not know,
@@ -372,6 +397,8 @@ func kindName(l *ledgerEntry) string {
 	switch l.kind() {
 	case client.KindTask:
 		return fmt.Sprintf("task %d", l.Task)
+	case client.KindSlurm:
+		return slurmJobName(l)
 	case client.KindHeld:
 		return "grant unknown"
 	}

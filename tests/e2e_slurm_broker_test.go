@@ -1,17 +1,12 @@
-//go:build slurmbroker
-
 package tests
 
 // The broker's side of issue 18, end to end: a real private Slurm whose
 // Prolog and Epilog are npurun-slurm and whose plugstack loads
-// spank_npurun.so, against a real npubroker with [slurm]. These need the
-// broker side (the Slurm jobs' leases in the lease table, placeholders in
-// allocate mode; /work/briefs/slurm-broker.md), and run with
+// spank_npurun.so, against a real npubroker with [slurm] (the Slurm jobs'
+// leases, broker/slurmjobs; placeholders in allocate mode). Each starts
+// its own Slurm; run them alone with
 //
-//	go test -tags slurmbroker -run 'TestSlurmNode' ./tests/
-//
-// Once the broker serves them, drop the build tag so that make test runs
-// them (and flip slurmServed in cmd/npubroker/slurm.go, TestServeRefusesSlurm).
+//	CI=true go test -run 'TestSlurmNode' ./tests/
 
 import (
 	"encoding/json"
@@ -222,11 +217,32 @@ func TestSlurmNodeRelease(t *testing.T) {
 					t.Fatalf("scancel: %v\n%s", err, out)
 				}
 			case "kill -9 steps":
+				// Every step daemon of the job: the extern step's holds
+				// the lease, the batch step's does not (its script does).
+				board = n.awaitBoard(t, "the job's extern step and script holding its lease", func(b *client.Board) bool {
+					l, _ := jobLease(b, id)
+					return l != nil && slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strings.Contains(h.Command, fmt.Sprintf("[%d.extern]", id)) }) &&
+						slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strings.Contains(h.Command, "slurm_script") })
+				})
 				l, _ := jobLease(board, id)
-				for _, h := range l.Holders {
-					if strings.Contains(h.Command, "slurmstepd") {
-						unix.Kill(h.PID, unix.SIGKILL)
-					}
+				daemons := stepDaemons(id)
+				if !slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return slices.Contains(daemons, h.PID) }) || len(daemons) < 2 {
+					t.Fatalf("job %d's step daemons %v: the extern step's should hold its lease: %+v", id, daemons, l.Holders)
+				}
+				for _, pid := range daemons {
+					unix.Kill(pid, unix.SIGKILL)
+				}
+				// Slurm ends a job whose steps are gone when the node
+				// next registers and the job, older than BatchStartTimeout
+				// and MessageTimeout, is not found there: by itself every
+				// 20 pings of SlurmdTimeout/3 (over half an hour by
+				// default); scontrol reconfigure has slurmd register now.
+				// Asked every 5 s (a pace, not a synchronisation) until
+				// the job leaves RUNNING; the lease must end with it.
+				deadline := time.Now().Add(2 * time.Minute)
+				for n.c.JobState(id) == "RUNNING" && time.Now().Before(deadline) {
+					n.c.Command("scontrol", "reconfigure").Run()
+					time.Sleep(5 * time.Second)
 				}
 			}
 			within := 30 * time.Second
@@ -246,6 +262,20 @@ func TestSlurmNodeRelease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stepDaemons are the slurmstepd processes of job id ("slurmstepd:
+// [ID.extern]", "[ID.batch]", …).
+func stepDaemons(id uint32) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err == nil && strings.HasPrefix(procCmdline(pid), fmt.Sprintf("slurmstepd: [%d.", id)) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // TestSlurmNodeRestricted: a restricted user's job opens its devices and

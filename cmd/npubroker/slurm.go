@@ -59,7 +59,7 @@ func slurmWarnings(path string, cfg *policy.Config, inv *npu.Inventory) []policy
 // side of issue 18), serve refuses a configuration with [slurm] rather
 // than lease Slurm's devices outside its jobs as if the table were not
 // there.
-const slurmServed = false
+const slurmServed = true
 
 // slurmRefusal is serve's reason not to start with cfg, or nil.
 func slurmRefusal(path string, cfg *policy.Config) error {
