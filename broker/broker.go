@@ -160,9 +160,13 @@ func New(o Options) (*Server, error) {
 	}
 	pools = slurmPools(s.cfg, s.inv.IDs, pools)
 	lockDir := filepath.Join(o.RunDir, "locks")
+	var external chan struct{} // the Slurm room's, in allocate mode
+	if s.cfg.Slurm.Active() && s.cfg.Slurm.Mode == policy.ModeAllocate {
+		external = make(chan struct{}, 1)
+	}
 	if s.table, err = lease.Open(lease.Config{
 		Dir: lockDir, IDs: s.inv.IDs, Pools: pools, DefaultPool: s.cfg.DefaultPool,
-		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf,
+		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf, External: external,
 	}); err != nil {
 		return nil, err
 	}
@@ -197,7 +201,7 @@ func New(o Options) (*Server, error) {
 	if err := s.claimState(stateDir); errors.Is(err, ErrClaimed) {
 		return nil, err
 	}
-	if err := s.openSlurm(stateDir, lockDir, []string{"SLURM_CONF=" + os.Getenv("SLURM_CONF")}); err != nil {
+	if err := s.openSlurm(stateDir, lockDir, []string{"SLURM_CONF=" + os.Getenv("SLURM_CONF")}, external); err != nil {
 		return nil, err
 	}
 	if err := s.initLedger(stateDir, found); err != nil {
@@ -205,7 +209,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.table.Start(failed)
 	if s.slurm != nil {
-		s.slurm.Resume()
+		s.slurm.Resume((*slurmOwner)(s))
 	}
 	if err := s.openTasks(stateDir); err != nil {
 		return nil, err

@@ -11,6 +11,7 @@ import (
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/slurmjobs"
+	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/policy"
 )
 
@@ -39,14 +40,15 @@ func slurmPools(cfg *policy.Config, all []int, pools []lease.Pool) []lease.Pool 
 	return pools
 }
 
-// openSlurm opens the Slurm room, where the configuration has [slurm].
-func (s *Server) openSlurm(stateDir, lockDir string, env []string) error {
+// openSlurm opens the Slurm room, where the configuration has [slurm];
+// wake is the lease table's (lease.Config.External).
+func (s *Server) openSlurm(stateDir, lockDir string, env []string, wake chan struct{}) error {
 	sc := s.cfg.Slurm
 	if !sc.Active() {
 		return nil
 	}
 	room, err := slurmjobs.Open(slurmjobs.Config{Slurm: sc, Table: s.table, LockDir: lockDir, StateDir: stateDir, Vendor: s.inv.Vendor,
-		Owner: (*slurmOwner)(s), Log: s.log, Env: env, KillGrace: s.cfg.Tasks.KillGrace})
+		Owner: (*slurmOwner)(s), Log: s.log, Env: env, KillGrace: s.cfg.Tasks.KillGrace, Wake: wake})
 	if err != nil {
 		return fmt.Errorf("[slurm]: %w", err)
 	}
@@ -233,6 +235,65 @@ func (o *slurmOwner) Holders(l *lease.Lease) []slurmjobs.Proc {
 		}
 	}
 	return out
+}
+
+// Deliver delivers the devices Slurm picked for a placeholder to its
+// request, as scheduleLocked delivers the line's grants.
+func (o *slurmOwner) Deliver(h *lease.Handover) bool {
+	s := (*Server)(o)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ok := s.deliverLocked(h)
+	s.changedLocked()
+	s.progressLocked()
+	return ok
+}
+
+// Changed notes waiter w's placeholder job and has its progress told.
+func (o *slurmOwner) Changed(w *lease.Waiter, id uint32) {
+	s := (*Server)(o)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id != 0 {
+		w.SlurmJob = id
+	}
+	s.changedLocked()
+	s.progressAfterLocked(0)
+}
+
+// Refuse takes waiter w, whose placeholder Slurm refused or ended, out of
+// the line, and answers it.
+func (o *slurmOwner) Refuse(w *lease.Waiter, code, msg string) {
+	s := (*Server)(o)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch c, t := connOf(w), taskOf(w); {
+	case c != nil && c.w == w && c.login != nil:
+		s.log.Printf("login of %s: %s", w.User, msg)
+		s.busyLocked(c, c.login)
+	case c != nil && c.w == w:
+		s.table.Remove(w)
+		s.unwaitLocked(c)
+		c.sendLocked(errReply(code, msg, ""))
+	case t != nil && t.w == w && t.inLine:
+		s.removeLineLocked(t)
+		s.life.EndNow(t.Task, tasklife.Failed, "not started: "+msg)
+	default:
+		return
+	}
+	s.scheduleLocked()
+	s.progressLocked()
+}
+
+// slurmWhy is what Slurm says of waiter w's placeholder, or why, what
+// the line says of w.
+func (s *Server) slurmWhy(w *lease.Waiter, why string) string {
+	if s.slurm != nil && w.External {
+		if r := s.slurm.Why(w); r != "" {
+			return r
+		}
+	}
+	return why
 }
 
 // ledgerEntryLocked is the ledger's entry of lease l while any of its

@@ -237,7 +237,7 @@ func (s *Server) leaseInfo(l *ledgerEntry, id int, show func(uint32) bool) *clie
 // waiterInfo is waiter w, at place pos, waiting for why beyond its turn,
 // as the board shows it.
 func (s *Server) waiterInfo(w *lease.Waiter, pos int, why string) client.WaiterInfo {
-	wi := client.WaiterInfo{Position: pos, Kind: string(w.Kind), User: w.User, N: w.N, Since: w.Queued.UnixMilli(), Why: why, Task: w.Task, SlurmJob: w.SlurmJob}
+	wi := client.WaiterInfo{Position: pos, Kind: string(w.Kind), User: w.User, N: w.N, Since: w.Queued.UnixMilli(), Why: s.slurmWhy(w, why), Task: w.Task, SlurmJob: w.SlurmJob}
 	if w.Exact {
 		wi.Devices = w.Cand
 	}

@@ -352,7 +352,7 @@ func TestSlurmNodeAllocate(t *testing.T) {
 	makeFIFO(t, proceed)
 	job := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "read x < "+proceed)
 	n.c.AwaitJobState(job, "RUNNING", time.Minute)
-	p := startProc(t, "npurun", u.as(n.b.Npurun("-v", "-n", "1", "sh", "-c", `echo "ON $NPURUN_DEVICES"; read x`), n.b.Dir))
+	p := startProc(t, "npurun", u.as(n.b.Npurun("-v", "-n", "1", "sh", "-c", `echo "ON $NPURUN_DEVICES"; read x; exit 0`), n.b.Dir))
 	line := p.waitLine("npurun: waiting for")
 	if !strings.Contains(line, "Slurm job") || !strings.Contains(line, "PENDING") {
 		t.Errorf("the progress line does not show Slurm's state: %s", line)

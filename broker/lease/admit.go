@@ -20,6 +20,10 @@ var (
 	ErrNoDevice   = errors.New("no such device") // a device this table does not manage
 	ErrNoPool     = errors.New("no such pool")
 	ErrDenied     = errors.New("denied") // the policy refuses it: a pool not open to its user, more than the pool has or the user may hold
+	// ErrGone is Claim's refusal of a request of an external pool that
+	// left the line (cancelled, its client gone) before its allocator's
+	// answer.
+	ErrGone = errors.New("the request left the line")
 )
 
 // Refusal is why a request is refused: one of the errors above, a message

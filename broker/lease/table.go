@@ -77,6 +77,10 @@ type Config struct {
 	// Repeat logs a line that a lasting cause repeats (out of
 	// descriptors, a full /run), at a bounded rate; nil: Log.
 	Repeat func(format string, args ...any)
+	// External, if not nil, is woken (a send that never waits) when a
+	// request of an external pool joins or leaves the line: its
+	// allocator's agent looks at Externals.
+	External chan<- struct{}
 }
 
 // Table is the lease table.
@@ -108,6 +112,8 @@ type Table struct {
 	q      *Queue         // the line: requests of every holder kind
 	lastID uint64         // the last lease id handed out or noted
 	found  map[int]int    // devices held at Open, until Start: a descriptor of their lock file
+	ext    []*Waiter      // the external pools' requests in line, in arrival order
+	wake   chan<- struct{}
 }
 
 // device is one accelerator: its lock file and who holds it. A device
@@ -145,7 +151,7 @@ func (d *device) free() bool { return d.fd >= 0 && d.granting == nil }
 func Open(c Config) (*Table, error) {
 	t := &Table{vendor: c.Vendor, gate: c.Gate, owner: c.Owner, log: c.Log, repeat: c.Repeat,
 		ids: slices.Clone(c.IDs), pools: slices.Clone(c.Pools), poolIDs: map[string][]int{}, poolOf: map[int]string{}, external: map[string]string{},
-		defaultPool: c.DefaultPool, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}}
+		defaultPool: c.DefaultPool, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External}
 	if t.log == nil {
 		t.log = log.New(discard{}, "", 0)
 	}
@@ -481,6 +487,7 @@ func (t *Table) Ended(id int, file FileID) bool {
 func (t *Table) Add(w *Waiter) {
 	t.mu.Lock()
 	t.q.Add(w)
+	t.joinedLocked(w)
 	t.mu.Unlock()
 }
 
@@ -489,6 +496,7 @@ func (t *Table) Add(w *Waiter) {
 func (t *Table) Readd(w *Waiter) {
 	t.mu.Lock()
 	t.q.Readd(w)
+	t.joinedLocked(w)
 	t.mu.Unlock()
 }
 
@@ -497,7 +505,44 @@ func (t *Table) Readd(w *Waiter) {
 func (t *Table) Remove(w *Waiter) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.q.Remove(w, false)
+	return t.removeLocked(w, false)
+}
+
+// removeLocked takes w out of the line (Queue.Remove).
+func (t *Table) removeLocked(w *Waiter, served bool) bool {
+	if !t.q.Remove(w, served) {
+		return false
+	}
+	if w.External {
+		if i := slices.Index(t.ext, w); i >= 0 {
+			t.ext = slices.Delete(t.ext, i, i+1)
+		}
+		t.wakeExternal()
+	}
+	return true
+}
+
+// joinedLocked notes that w joined the line.
+func (t *Table) joinedLocked(w *Waiter) {
+	if w.External {
+		t.ext = append(t.ext, w)
+		t.wakeExternal()
+	}
+}
+
+func (t *Table) wakeExternal() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Externals appends to out the requests of external pools in line, in
+// arrival order.
+func (t *Table) Externals(out []*Waiter) []*Waiter {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append(out, t.ext...)
 }
 
 // Hold holds w in its place (it is skipped, reserving nothing) or lets it
@@ -733,7 +778,7 @@ func (t *Table) Schedule(running map[uint32]int) []*Handover {
 	}
 	hs := make([]*Handover, len(grants))
 	for i, g := range grants {
-		t.q.Remove(g.W, true)
+		t.removeLocked(g.W, true)
 		h := &Handover{W: g.W, Devices: g.Devices, fds: make([]int, len(g.Devices)),
 			files: make([]FileID, len(g.Devices)), freed: make([]time.Time, len(g.Devices))}
 		for j, id := range g.Devices {
@@ -765,8 +810,9 @@ func (b *Busy) Error() string {
 // which waits in line (an external pool's request) or is a holder that
 // never waited (a Slurm job, whose Prolog names its devices). The
 // devices must be free now: else a *Busy says which are not, and who
-// holds them. w leaves the line if it is there; the handover is the
-// owner's to deliver, then Commit or Return, as Schedule's.
+// holds them. w leaves the line if it is there (ErrGone: a request of an
+// external pool that left it meanwhile); the handover is the owner's to
+// deliver, then Commit or Return, as Schedule's.
 func (t *Table) Claim(w *Waiter, ids []int) (*Handover, error) {
 	if len(ids) == 0 || len(ids) > MaxDevices {
 		return nil, refuse(ErrBadRequest, "", "claim of %d devices", len(ids))
@@ -798,7 +844,9 @@ func (t *Table) Claim(w *Waiter, ids []int) (*Handover, error) {
 	if busy != nil {
 		return nil, busy
 	}
-	t.q.Remove(w, true)
+	if !t.removeLocked(w, true) && w.External {
+		return nil, ErrGone
+	}
 	h := &Handover{W: w, Devices: slices.Clone(ids), fds: make([]int, len(ids)),
 		files: make([]FileID, len(ids)), freed: make([]time.Time, len(ids))}
 	for j, id := range ids {

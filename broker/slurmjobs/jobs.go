@@ -89,6 +89,9 @@ type Config struct {
 	// have between SIGTERM and SIGKILL, which the Prolog of a job whose
 	// devices an earlier job's processes hold waits for.
 	KillGrace time.Duration
+	// Wake is woken by the lease table when a request of a Slurm pool
+	// joins or leaves its line (lease.Config.External), in allocate mode.
+	Wake chan struct{}
 }
 
 // state is a job lease's state (see the package's comment).
@@ -238,6 +241,31 @@ func (r *Room) Prolog(sj client.SlurmJob, progress func(reason string)) ([]int, 
 		return nil, "", err
 	}
 	r.mu.Lock()
+	if ph := r.ph; ph != nil {
+		// A placeholder's job may start before its sbatch has answered:
+		// while placeholders are being submitted, a job not known yet
+		// waits for them.
+		deadline := time.NewTimer(submitTimeout)
+		for ph.byJob(sj.ID) == nil && r.jobs[sj.ID] == nil && ph.submitting > 0 {
+			settled := ph.settled
+			r.mu.Unlock()
+			late := false
+			select {
+			case <-settled:
+			case <-deadline.C:
+				late = true
+			}
+			r.mu.Lock()
+			if late {
+				break
+			}
+		}
+		deadline.Stop()
+		if p := ph.byJob(sj.ID); p != nil {
+			r.mu.Unlock()
+			return ph.prolog(p, sj, ids, progress)
+		}
+	}
 	if j := r.jobs[sj.ID]; j != nil {
 		r.mu.Unlock()
 		return r.again(j, sj, ids)
@@ -245,12 +273,6 @@ func (r *Room) Prolog(sj client.SlurmJob, progress func(reason string)) ([]int, 
 	if len(r.jobs) >= r.maxJobs() {
 		r.mu.Unlock()
 		return nil, "", refuse(client.CodeTooMany, "the broker knows %d Slurm jobs already, the most it keeps", len(r.jobs))
-	}
-	if ph := r.ph; ph != nil {
-		if p := ph.byJob(sj.ID); p != nil {
-			r.mu.Unlock()
-			return ph.prolog(p, sj, ids, progress)
-		}
 	}
 	j := &job{id: sj.ID, uid: sj.UID, user: name, devices: ids, state: claiming, cancel: make(chan struct{}), ready: make(chan struct{})}
 	r.jobs[sj.ID] = j

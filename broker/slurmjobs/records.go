@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -80,12 +81,29 @@ func (rec *record) lease(pool string, id func() uint64) *lease.Lease {
 // maxRecord bounds a record's size read back.
 const maxRecord = 16 << 10
 
+// placeholderRecord is a placeholder allocation on disk (allocate
+// mode): STATE/slurm/placeholders/ID, written once sbatch answered,
+// removed once the broker is done with it. A broker started later cancels
+// those whose request it cannot know (an npurun's, a login's: they ask
+// again as new requests; a task's queues again with a new one), and
+// follows those whose lease goes on.
+type placeholderRecord struct {
+	Job  uint32 `json:"job"`
+	UID  uint32 `json:"uid"`
+	User string `json:"user"`
+	Kind string `json:"kind"`
+	Task uint64 `json:"task,omitempty"`
+}
+
 // records is the directory of the jobs' records.
 type records struct {
 	dir  string
+	pdir string // the placeholders'
 	max  int
 	mu   sync.Mutex // one writer at a time; a record is written only while its job is known (Room.save)
 	read []*record  // what an earlier broker left, until Resume
+	// the placeholders an earlier broker left, until Resume
+	placeholders []*placeholderRecord
 }
 
 // openRecords makes STATE/slurm/jobs if need be, and reads the records
@@ -95,72 +113,111 @@ func openRecords(state string, devices int) (*records, error) {
 	if state == "" {
 		return nil, errors.New("slurmjobs: no state directory")
 	}
-	dir := filepath.Join(state, "slurm", "jobs")
-	if err := owndir.Make(filepath.Join(state, "slurm"), 0o700); err != nil {
-		return nil, err
+	rs := &records{dir: filepath.Join(state, "slurm", "jobs"), pdir: filepath.Join(state, "slurm", "placeholders"), max: 4*devices + 16}
+	for _, dir := range []string{filepath.Join(state, "slurm"), rs.dir, rs.pdir} {
+		if err := owndir.Make(dir, 0o700); err != nil {
+			return nil, err
+		}
 	}
-	if err := owndir.Make(dir, 0o700); err != nil {
-		return nil, err
+	err := readRecords(rs.dir, rs.max, func(id uint32, path string) bool {
+		rec := new(record)
+		if readRecord(path, rec) != nil || rec.Job != id || len(rec.Inodes) != len(rec.Devices) {
+			return false
+		}
+		rs.read = append(rs.read, rec)
+		return true
+	})
+	if err != nil {
+		return rs, err
 	}
-	rs := &records{dir: dir, max: 4*devices + 16}
+	err = readRecords(rs.pdir, MaxPlaceholders, func(id uint32, path string) bool {
+		rec := new(placeholderRecord)
+		if readRecord(path, rec) != nil || rec.Job != id {
+			return false
+		}
+		rs.placeholders = append(rs.placeholders, rec)
+		return true
+	})
+	return rs, err
+}
+
+// readRecords calls take with each record of dir, at most max; a record
+// take refuses is removed.
+func readRecords(dir string, max int, take func(id uint32, path string) bool) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", dir, err)
+		return fmt.Errorf("read %s: %w", dir, err)
 	}
+	n := 0
 	for _, e := range entries {
 		name := e.Name()
+		path := filepath.Join(dir, name)
 		if strings.HasPrefix(name, ".") {
-			os.Remove(filepath.Join(dir, name)) // a write cut short
+			os.Remove(path) // a write cut short
 			continue
 		}
 		id, err := strconv.ParseUint(name, 10, 32)
 		if err != nil || !e.Type().IsRegular() {
 			continue
 		}
-		if len(rs.read) == rs.max {
-			return rs, fmt.Errorf("%s: more than %d records: the others are left out", dir, rs.max)
+		if n == max {
+			return fmt.Errorf("%s: more than %d records: the others are left out", dir, max)
 		}
-		rec, err := readRecord(filepath.Join(dir, name))
-		if err != nil || rec.Job != uint32(id) || len(rec.Inodes) != len(rec.Devices) {
-			os.Remove(filepath.Join(dir, name))
+		if !take(uint32(id), path) {
+			os.Remove(path)
 			continue
 		}
-		rs.read = append(rs.read, rec)
+		n++
 	}
-	return rs, nil
+	return nil
 }
 
-func readRecord(path string) (*record, error) {
+func readRecord(path string, rec any) error {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	buf := make([]byte, maxRecord+1)
-	n, _ := f.Read(buf)
+	n, _ := io.ReadFull(f, buf)
 	if n > maxRecord {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxRecord)
+		return fmt.Errorf("%s: larger than %d bytes", path, maxRecord)
 	}
-	rec := new(record)
 	if err := json.Unmarshal(buf[:n], rec); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return fmt.Errorf("%s: %w", path, err)
 	}
-	return rec, nil
+	return nil
 }
 
-func (rs *records) path(id uint32) string {
-	return filepath.Join(rs.dir, strconv.FormatUint(uint64(id), 10))
+func recordPath(dir string, id uint32) string {
+	return filepath.Join(dir, strconv.FormatUint(uint64(id), 10))
 }
 
 // write writes rec durably, under rs.mu.
 func (rs *records) write(rec *record) error {
+	return writeRecord(rs.dir, rec.Job, rec)
+}
+
+// writePlaceholder writes placeholder job id of w durably.
+func (rs *records) writePlaceholder(id uint32, w *lease.Waiter) error {
+	return writeRecord(rs.pdir, id, &placeholderRecord{Job: id, UID: w.UID, User: w.User, Kind: string(w.Kind), Task: w.Task})
+}
+
+// removePlaceholder removes placeholder job id's record.
+func (rs *records) removePlaceholder(id uint32) {
+	os.Remove(recordPath(rs.pdir, id))
+}
+
+// writeRecord writes rec as record id of dir, durably: a temporary file,
+// fsync, rename, fsync of the directory.
+func writeRecord(dir string, id uint32, rec any) error {
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	path := rs.path(rec.Job)
-	tmp := filepath.Join(rs.dir, "."+filepath.Base(path)+".new")
+	path := recordPath(dir, id)
+	tmp := filepath.Join(dir, "."+filepath.Base(path)+".new")
 	os.Remove(tmp)
 	fd, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -181,12 +238,12 @@ func (rs *records) write(rec *record) error {
 		os.Remove(tmp)
 		return fmt.Errorf("write job record %s: %w", path, err)
 	}
-	return syncDir(rs.dir)
+	return syncDir(dir)
 }
 
 // remove removes job id's record, under rs.mu.
 func (rs *records) remove(id uint32) error {
-	if err := os.Remove(rs.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(recordPath(rs.dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove job record: %w", err)
 	}
 	return nil

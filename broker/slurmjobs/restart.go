@@ -15,8 +15,14 @@ import (
 // adopted): a job whose lease is held goes on, held by the job's
 // processes; a job that broker held alone (its Prolog answered, no extern
 // step yet) is locked again, Slurm having given it its devices; any other
-// record is of a lease that ended meanwhile, and goes.
-func (r *Room) Resume() {
+// record is of a lease that ended meanwhile, and goes. In allocate mode
+// the placeholders follow, with po the broker.
+func (r *Room) Resume(po PlaceholderOwner) {
+	defer func() {
+		if r.ph != nil {
+			r.ph.resume(po)
+		}
+	}()
 	adopted := map[uint32]*lease.Lease{}
 	for _, d := range r.table.Snapshot().Devices {
 		for _, l := range d.Leases {
