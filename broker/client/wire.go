@@ -25,7 +25,8 @@ package client
 //
 // A client cancels a wait by closing the connection. After a grant the same
 // connection may ask again. The task exchange is in tasks.go; status and
-// usage, who holds what and who used how much, in status.go.
+// usage, who holds what and who used how much, in status.go; containers,
+// and the leases they hold, in container.go.
 //
 // Sessions: pam_npurun.so (as root, on behalf of the user logging in) and
 // npurun --login (as the user) ask what a login session gets. The broker
@@ -120,6 +121,10 @@ type Request struct {
 	// status, usage (status.go)
 	Watch bool        `json:"watch,omitempty"` // status: again after every change
 	Usage *UsageQuery `json:"usage,omitempty"`
+
+	// containers (container.go): acquire on a container's behalf, and
+	// the container op; root only
+	Container *ContainerRef `json:"container,omitempty"`
 }
 
 // Reply is a message from the broker.

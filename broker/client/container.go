@@ -1,0 +1,55 @@
+package client
+
+// Containers: a lease handed into a container (package container,
+// npurun-runtime) is held by the container's processes, which are the
+// engine's, not the broker's client's. npurun-runtime (root, called by
+// the engine for a container's create) tells the broker whose container
+// a lease is, and asks for leases on a container's behalf when it starts
+// again (--restart, docker start) or was started without npurun:
+//
+//	npurun-runtime (uid 0)                      npubroker
+//	  │ ── {"op":"acquire","devices":[3],       │ root only; "user": the container's owner (its
+//	  │     "user":"alice","container":{        │ first npurun's uid, as the runtime recorded it);
+//	  │      "engine":"docker","id":"…",        │ waits as any acquire; the lease's kind is
+//	  │      "name":"train"}} ────────────────▶ │ "container" (a broker that predates it ignores
+//	  │ ◀── queued … grant + SCM_RIGHTS ─────── │ the field: an inline lease on alice's behalf)
+//	  │                                         │
+//	  │ ── {"op":"container","container":{…},   │ root only: the lease whose descriptors come
+//	  │     "devices":[3,5]} + SCM_RIGHTS ────▶ │ with it (one a device, in that order) is this
+//	  │ ◀── {"type":"ok"} ──────────────────── │ container's now; the broker matches them to its
+//	  │                                         │ grants by the lock files' device and inode and
+//	  │                                         │ closes them; without descriptors: the container
+//	  │                                         │ exists (for status to name it)
+//
+// The broker names a holder's container from /proc/PID/cgroup
+// (container.FromCgroup) and the names the runtime told it. The broker's
+// side is specified in the containers-broker spec; this file is the wire.
+
+// OpContainer tells the broker of a container and the lease it holds.
+const OpContainer = "container"
+
+// KindContainer is a lease held by a container's processes, granted to
+// npurun-runtime on the owner's behalf or handed into the container by
+// npurun.
+const KindContainer = "container"
+
+// DeviceContainer is a device on the board whose lease a container holds.
+const DeviceContainer = "container"
+
+// ContainerRef names a container.
+type ContainerRef struct {
+	Engine string `json:"engine"`         // "docker", "podman", or the cgroup's word for another
+	ID     string `json:"id"`             // the engine's full id
+	Name   string `json:"name,omitempty"` // the engine's name for it, where known
+}
+
+// Short is the container's name, or its id's first 12 characters.
+func (c *ContainerRef) Short() string {
+	if c.Name != "" {
+		return c.Name
+	}
+	if len(c.ID) > 12 {
+		return c.ID[:12]
+	}
+	return c.ID
+}
