@@ -46,6 +46,7 @@ type Config struct {
 	Status            Status           // [status]
 	Usage             Usage            // [usage]
 	Restrict          Restrict         // [restrict]
+	Containers        Containers       // [containers]: npurun-runtime's
 
 	file string    // the file name as given to Parse, for warnings
 	idx  lineIndex // where each table and key is, for warnings
@@ -379,12 +380,12 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		switch k {
-		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict":
+		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict", "containers":
 			continue
 		}
 		if _, isTable := raw[k].(map[string]any); isTable {
 			p.errs = append(p.errs, Error{File: p.file, Line: p.idx.line(k), Key: "[" + k + "]",
-				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, user.NAME, group.NAME)"})
+				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, containers, user.NAME, group.NAME)"})
 		} else {
 			p.errorf(nil, k, "unknown key (keys belong in a table such as [devices])")
 		}
@@ -566,6 +567,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	p.usage(raw, c)
 
 	c.Restrict = p.restrict(raw, c, poolExists)
+	p.containers(raw, c)
 
 	// [limits], [user.NAME], [group.NAME]
 	c.Default = Limit{MaxQueued: DefaultMaxQueued, Source: "the default [limits]"}

@@ -125,6 +125,9 @@ func TestParseGood(t *testing.T) {
 			if tt.want.Status.ScanInterval == 0 {
 				tt.want.Status, tt.want.Usage = defaultStatus(), defaultUsage()
 			}
+			if tt.want.Containers.Unleased == "" {
+				tt.want.Containers = Containers{Unleased: DefaultContainersUnleased, StateDir: DefaultContainersStateDir}
+			}
 			got.file, got.idx = "", nil // for Warnings; see TestWarnings
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", got, tt.want)
@@ -157,7 +160,7 @@ func TestParseBad(t *testing.T) {
 		{
 			name: "unknown table",
 			conf: "[devices]\nvendor = \"auto\"\n[device]\nids = \"1\"\n",
-			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, user.NAME, group.NAME)"},
+			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, containers, user.NAME, group.NAME)"},
 		},
 		{
 			name: "key outside a table",
