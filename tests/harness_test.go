@@ -23,7 +23,7 @@ import (
 // Binaries are the commands under test, built once per test run into a
 // directory every user can read (tests run commands as other users too).
 type Binaries struct {
-	Dir, Broker, Npurun, TaskSubmit, Supervisor, Workload string
+	Dir, Broker, Npurun, TaskSubmit, Supervisor, Workload, Runtime string
 }
 
 var buildOnce = sync.OnceValues(func() (*Binaries, error) {
@@ -45,7 +45,8 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 	}
 	// The broker as the Makefile builds it, with cgo: its user lookups go
 	// through NSS. (Built without, the tests ran another broker than ships.)
-	cmd = exec.Command("go", "build", "-trimpath", "-o", dir+"/", "github.com/npurun/npurun/cmd/npubroker")
+	// npurun-runtime likewise: it names a container's owner by uid.
+	cmd = exec.Command("go", "build", "-trimpath", "-o", dir+"/", "github.com/npurun/npurun/cmd/npubroker", "github.com/npurun/npurun/cmd/npurun-runtime")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build: %v\n%s", err, out)
@@ -57,6 +58,7 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 		TaskSubmit: filepath.Join(dir, "task-submit"),
 		Supervisor: filepath.Join(dir, "npurun-supervise"),
 		Workload:   filepath.Join(dir, "workload"),
+		Runtime:    filepath.Join(dir, "npurun-runtime"),
 	}, nil
 })
 
