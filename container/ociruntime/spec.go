@@ -2,7 +2,6 @@ package ociruntime
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -217,6 +216,3 @@ func (ru rule) matches(n node) bool {
 	}
 	return true
 }
-
-// errNoSpec means the bundle has no config.json.
-var errNoSpec = errors.New("no config.json in the bundle")
