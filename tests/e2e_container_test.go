@@ -3,6 +3,7 @@ package tests
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -453,4 +454,27 @@ func pidsOf(t testing.TB) []int {
 		}
 	}
 	return pids
+}
+
+// TestCheckConfigDockerGroup: a restricted account in the docker group
+// runs containers as root, which open any device: check-config warns,
+// and the broker says so at its start.
+func TestCheckConfigDockerGroup(t *testing.T) {
+	needEngines(t, "docker")
+	student := newUser(t) // userdel takes it out of the group again
+	if out, err := exec.Command("usermod", "-a", "-G", "docker", student.Name).CombinedOutput(); err != nil {
+		t.Fatalf("usermod -a -G docker %s: %v\n%s", student.Name, err, out)
+	}
+	conf := FakeConfig(1) + fmt.Sprintf("\n[restrict]\nusers = [%q]\n", student.Name)
+	path := filepath.Join(SharedDir(t), "npurun.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`[restrict] users: warning: restricted user %q is in group "docker", which may run containers as root (root in all but name): it opens any device without a lease`, student.Name)
+	code, out := exitCode(t, exec.Command(bins(t).Broker, "check-config", path))
+	if code != 0 || !strings.Contains(out, path+":6: "+want) {
+		t.Errorf("check-config: exit %d, want 0 and\n%s:6: %s\ngot:\n%s", code, path, want, out)
+	}
+	b := StartBroker(t, conf)
+	b.WaitLog(0, want)
 }
