@@ -9,7 +9,9 @@
 #   LIBEXECDIR  programs run by the daemon, not people: npurun/npurun-supervise,
 #               each task's supervisor ($(PREFIX)/libexec). The path is built
 #               into npubroker, which runs a npurun-supervise found beside its
-#               own executable first (a build directory), else this one
+#               own executable first (a build directory), else this one; and
+#               npurun/npurun-runtime, the OCI runtime a container engine
+#               runs (npurun-runtime(8): Docker's daemon.json names it)
 #   MANDIR      man pages                               ($(PREFIX)/share/man)
 #   BASHCOMPDIR bash completions: npurun, task-submit, npubroker, where
 #               bash-completion loads them ($(PREFIX)/share/bash-completion/completions)
@@ -35,8 +37,9 @@
 #               the module's own (-Wall -Wextra -Werror)  (cc, -O2)
 #   CPPFLAGS, LDFLAGS  preprocessor and linker flags for pam_npurun.so (empty)
 #   BROKER_GOFLAGS, BROKER_LDFLAGS  go build and Go linker flags added for
-#               npubroker: make deb builds it as a PIE with the distribution's
-#               hardening flags (-buildmode=pie, -linkmode=external) (empty)
+#               npubroker and npurun-runtime (both cgo, for NSS): make deb
+#               builds them as PIEs with the distribution's hardening flags
+#               (-buildmode=pie, -linkmode=external) (empty)
 #   FUZZ_CC     the compiler of make fuzz-pam, with libFuzzer (clang)
 #   FUZZTIME    seconds make fuzz-pam runs the fuzzer        (300)
 #   DEBDIR      where make deb leaves the Debian packages   ($(BUILDDIR)/deb)
@@ -99,7 +102,8 @@ CFLAGS     ?= -O2
 
 GOFLAGS_BUILD = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 SUPERVISOR = $(LIBEXECDIR)/npurun/npurun-supervise
-BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise $(BUILDDIR)/pam_npurun.so
+RUNTIME    = $(LIBEXECDIR)/npurun/npurun-runtime
+BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise $(BUILDDIR)/npurun-runtime $(BUILDDIR)/pam_npurun.so
 SOURCES = $(shell find . -name '*.go' -not -path './.git/*') go.mod go.sum
 MAN1 = $(wildcard man/*.1)
 MAN5 = $(wildcard man/*.5)
@@ -130,14 +134,23 @@ $(BUILDDIR)/npurun-supervise: $(SOURCES)
 	@mkdir -p $(BUILDDIR)
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npurun-supervise
 
-$(BUILDDIR)/npubroker: $(SOURCES)
-	@mkdir -p $(BUILDDIR)
-	@if [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
-		echo "npubroker needs cgo, for user and group lookups through NSS (LDAP, sssd), and cgo is off:" >&2; \
+need_cgo = if [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
+		echo "$(1) needs cgo, for user and group lookups through NSS (LDAP, sssd), and cgo is off:" >&2; \
 		echo "  install a C compiler (gcc, or the one \$$CC names: $$($(GO) env CC)) and do not set CGO_ENABLED=0" >&2; \
 		exit 1; \
 	fi
+
+$(BUILDDIR)/npubroker: $(SOURCES)
+	@mkdir -p $(BUILDDIR)
+	@$(call need_cgo,npubroker)
 	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS) -X main.version=$(VERSION) -X github.com/npurun/npurun/broker.InstalledSupervisor=$(SUPERVISOR)" -o $@ ./cmd/npubroker
+
+# The OCI runtime that hands a lease into a container: with cgo too, as it
+# names a container's owner by its uid.
+$(BUILDDIR)/npurun-runtime: $(SOURCES)
+	@mkdir -p $(BUILDDIR)
+	@$(call need_cgo,npurun-runtime)
+	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS)" -o $@ ./cmd/npurun-runtime
 
 # The PAM module is C on purpose (a Go runtime loaded into sshd can hang:
 # see DESIGN.md), a thin client of the broker, built with warnings as
@@ -237,6 +250,7 @@ install: build units completions
 	install -m 0755 $(BUILDDIR)/task-submit $(DESTDIR)$(BINDIR)/task-submit
 	install -m 0755 $(BUILDDIR)/npubroker $(DESTDIR)$(SBINDIR)/npubroker
 	install -m 0755 $(BUILDDIR)/npurun-supervise $(DESTDIR)$(SUPERVISOR)
+	install -m 0755 $(BUILDDIR)/npurun-runtime $(DESTDIR)$(RUNTIME)
 	install -m 0644 $(BUILDDIR)/pam_npurun.so $(DESTDIR)$(PAMDIR)/pam_npurun.so
 	install -m 0644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/
 	install -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
@@ -283,6 +297,7 @@ uninstall: build units completions
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/task-submit,$(BUILDDIR)/task-submit)
 	@$(call remove_same,$(DESTDIR)$(SBINDIR)/npubroker,$(BUILDDIR)/npubroker)
 	@$(call remove_same,$(DESTDIR)$(SUPERVISOR),$(BUILDDIR)/npurun-supervise)
+	@$(call remove_same,$(DESTDIR)$(RUNTIME),$(BUILDDIR)/npurun-runtime)
 	@rmdir '$(DESTDIR)$(LIBEXECDIR)/npurun' 2>/dev/null || true
 	@$(call remove_same,$(DESTDIR)$(PAMDIR)/pam_npurun.so,$(BUILDDIR)/pam_npurun.so)
 	@$(foreach p,$(MAN1),$(call remove_same,$(DESTDIR)$(MANDIR)/man1/$(notdir $(p)),$(p));)
