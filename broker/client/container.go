@@ -25,6 +25,11 @@ package client
 // (container.FromCgroup) and the names the runtime told it. The broker's
 // side is specified in the containers-broker spec; this file is the wire.
 
+import (
+	"fmt"
+	"time"
+)
+
 // OpContainer tells the broker of a container and the lease it holds.
 const OpContainer = "container"
 
@@ -52,4 +57,29 @@ func (c *ContainerRef) Short() string {
 		return c.ID[:12]
 	}
 	return c.ID
+}
+
+// Contain tells the broker that container ref holds the lease whose
+// descriptors are fds (of devices, in that order; none: the container
+// exists, and holds no lease), and waits for its word. Root only.
+func (c *Conn) Contain(ref *ContainerRef, devices, fds []int) error {
+	req := &Request{V: Version, Op: OpContainer, Container: ref, Devices: devices}
+	b, err := Encode(req)
+	if err != nil {
+		return err
+	}
+	if c.asked.IsZero() {
+		c.asked = time.Now()
+	}
+	if err := SendMsg(c.fd, b, fds, 0); err != nil {
+		return err
+	}
+	r, _, err := c.Recv(FirstAnswer)
+	if err != nil {
+		return err
+	}
+	if r.Type != TypeOK {
+		return fmt.Errorf("unexpected reply %q to container", r.Type)
+	}
+	return nil
 }

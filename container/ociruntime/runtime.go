@@ -329,8 +329,12 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 					return fail(fmt.Errorf("the lease handed over is not npu %d's current lease at %s", id, lockDir))
 				}
 			}
+			ref.Name = s.name()
+			if err := tellBroker(inv.o.Socket, ref, r.Devices, r.FDs); err != nil {
+				logLine(inv, "warning", "%v", err)
+			}
 			if cfgErr == nil {
-				rec := &record{ID: c.id, Engine: ref.Engine, Name: s.name(), UID: r.UID, User: userName(r.UID),
+				rec := &record{ID: c.id, Engine: ref.Engine, Name: ref.Name, UID: r.UID, User: userName(r.UID),
 					Devices: r.Devices, Home: s.home(), Created: time.Now().UnixMilli()}
 				if err := writeRecord(cfg.Containers.StateDir, rec); err != nil {
 					// Its restarts will find no owner and be refused;
@@ -371,6 +375,10 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 	switch cfg.Containers.Unleased {
 	case policy.ContainersReport:
 		logLine(inv, "warning", "container %.12s may open %s without a lease ([containers] unleased = \"report\")", c.id, what)
+		ref.Name = s.name()
+		if err := tellBroker(inv.o.Socket, ref, nil, nil); err != nil {
+			logLine(inv, "warning", "%v", err)
+		}
 		return l.orNil(), nil
 	case policy.ContainersLease:
 		ref.Name = s.name()
