@@ -274,18 +274,17 @@ func (d *Dockerd) DockerOut(args ...string) string {
 
 // stop removes every container and stops dockerd (its containerd with it).
 func (d *Dockerd) stop() {
-	if d.proc == nil || d.proc.exited() {
-		return
-	}
-	if out, err := d.Docker("ps", "-aq").Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {
-		d.Docker(append([]string{"rm", "-f"}, strings.Fields(string(out))...)...).Run()
-	}
-	d.proc.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.proc.done:
-	case <-time.After(eventTimeout):
-		d.proc.cmd.Process.Kill()
-		<-d.proc.done
+	if d.proc != nil && !d.proc.exited() {
+		if out, err := d.Docker("ps", "-aq").Output(); err == nil && len(bytes.TrimSpace(out)) > 0 {
+			d.Docker(append([]string{"rm", "-f"}, strings.Fields(string(out))...)...).Run()
+		}
+		d.proc.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-d.proc.done:
+		case <-time.After(eventTimeout):
+			d.proc.cmd.Process.Kill()
+			<-d.proc.done
+		}
 	}
 	// Whatever is left (a dockerd that could not remove a container):
 	// the containers' processes, by their cgroup, then the shims and
