@@ -315,7 +315,11 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 				devices = rec.Devices // devices without nodes (vendor "fake")
 			}
 			ref.Name = s.name()
-			fds, err := acquire(inv.o.Socket, rec.User, devices, ref, cfg.Containers.RestartWait)
+			user := rec.User
+			if uint32(os.Getuid()) == rec.UID {
+				user = "" // a rootless engine's runtime asks as its own user
+			}
+			fds, err := acquire(inv.o.Socket, user, devices, ref, cfg.Containers.RestartWait)
 			if err != nil {
 				return fail(fmt.Errorf("a new lease of %s for %s, as it starts again: %w", vendor.Format(devices), rec.User, err))
 			}
