@@ -396,7 +396,11 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 	if len(l.devices) > 0 {
 		return fail(fmt.Errorf("it may open %s, which its lease of %s does not hold", what, vendor.Format(l.devices)))
 	}
-	return fail(fmt.Errorf("it may open %s (%s) without a lease: start it with npurun docker run", what, nodePaths(nodes, need)))
+	engine := s.engine()
+	if engine == "" {
+		engine = "docker"
+	}
+	return fail(fmt.Errorf("it may open %s (%s) without a lease: start it with npurun %s run", what, nodePaths(nodes, need), engine))
 }
 
 // orNil is l, or nil where it holds nothing.
