@@ -322,13 +322,17 @@ type Podman struct {
 }
 
 // newPodman prepares podman: its configuration, storage and runc state in
-// a directory of the test's.
-func newPodman(t testing.TB) *Podman {
+// a directory of the test's. With b, its runtime is npurun-runtime for
+// broker b (in front of that runc).
+func newPodman(t testing.TB, b *Broker) *Podman {
 	t.Helper()
 	needEngines(t, "podman")
 	dir := SharedDir(t)
 	p := &Podman{t: t, Dir: dir}
 	wrap := filepath.Join(dir, "runc")
+	if b != nil {
+		wrap = filepath.Join(dir, "npurun-runtime")
+	}
 	files := map[string]string{
 		"runc": fmt.Sprintf("#!/bin/sh\nexec runc --root %s \"$@\"\n", filepath.Join(dir, "runc-state")),
 		"containers.conf": fmt.Sprintf(`[containers]
@@ -347,6 +351,10 @@ test = [%q]
 network_config_dir = %q
 `, filepath.Join(dir, "events.log"), filepath.Join(dir, "tmp"), wrap, filepath.Join(dir, "cni")),
 		"storage.conf": fmt.Sprintf("[storage]\ndriver = \"vfs\"\nrunroot = %q\ngraphroot = %q\n", filepath.Join(dir, "runroot"), filepath.Join(dir, "graph")),
+	}
+	if b != nil {
+		files["npurun-runtime"] = fmt.Sprintf("#!/bin/sh\nexec %s --npurun-config %s --npurun-socket %s --npurun-runc %s \"$@\"\n",
+			b.Bin.Runtime, b.Conf, b.Socket, filepath.Join(dir, "runc"))
 	}
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o755); err != nil {

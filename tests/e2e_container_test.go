@@ -356,7 +356,7 @@ func TestContainerRefusals(t *testing.T) {
 func TestContainerPodman(t *testing.T) {
 	dev := containerDev(t, 2)
 	b := StartBroker(t, containerConfig(t, dev, 2, ""))
-	pm := newPodman(t)
+	pm := newPodman(t, nil)
 	env := pm.Env(containerClient(b, dev))
 	m := fifo(t)
 	args := append([]string{"-d", "1", podmanBin, "run", "-d", "--name", "pd", "-v", m + ":/m", "--rootfs", containerRootfs(t), "sh", "-c", probe, "probe"}, otherNode(t, dev, 0)...)
@@ -477,4 +477,27 @@ func TestCheckConfigDockerGroup(t *testing.T) {
 	}
 	b := StartBroker(t, conf)
 	b.WaitLog(0, want)
+}
+
+// TestContainerPodmanRuntime: with npurun-runtime as podman's runtime, the
+// lease npurun podman run passes (--preserve-fds) goes through, checked,
+// and a container that may open a device without one is refused, the
+// reason in podman's error.
+func TestContainerPodmanRuntime(t *testing.T) {
+	dev := containerDev(t, 2)
+	b := StartBroker(t, containerConfig(t, dev, 2, ""))
+	pm := newPodman(t, b)
+	env := pm.Env(containerClient(b, dev))
+	code, out := exitCode(t, npurunIn(b, env, podmanBin, "run", "--rm", "--rootfs", containerRootfs(t), "sh", "-c", `echo "fd20=$(readlink /proc/self/fd/20)"`))
+	if want := "fd20=" + filepath.Join(b.RunDir, "locks", "npu0.lock"); code != 0 || !strings.Contains(out, want) {
+		t.Errorf("npurun podman run under npurun-runtime: exit %d, want 0 and %q:\n%s", code, want, out)
+	}
+	cmd := pm.Podman("run", "--rm", "--device", filepath.Join(dev, "davinci1")+":/dev/davinci1", "--rootfs", containerRootfs(t), "true")
+	code, out = exitCode(t, cmd)
+	if want := "it may open npu 1 (" + filepath.Join(dev, "davinci1") + ") without a lease: start it with npurun podman run"; code == 0 || !strings.Contains(out, want) {
+		t.Errorf("podman run --device without npurun: exit %d, want a failure saying %q:\n%s", code, want, out)
+	}
+	if leaseHeld(t, b, 0) || leaseHeld(t, b, 1) {
+		t.Error("a lease is left held")
+	}
 }
