@@ -11,7 +11,8 @@
 #               into npubroker, which runs a npurun-supervise found beside its
 #               own executable first (a build directory), else this one; and
 #               npurun/npurun-runtime, the OCI runtime a container engine
-#               runs (npurun-runtime(8): Docker's daemon.json names it)
+#               runs (npurun-runtime(8): Docker's daemon.json names it), with
+#               npurun/npurun-runtime-create, which it runs for a create
 #   MANDIR      man pages                               ($(PREFIX)/share/man)
 #   BASHCOMPDIR bash completions: npurun, task-submit, npubroker, where
 #               bash-completion loads them ($(PREFIX)/share/bash-completion/completions)
@@ -33,11 +34,11 @@
 #   BUILDDIR    where the binaries are built            (bin)
 #   VERSION     version stamped into the binaries       (git describe)
 #   GO          the Go toolchain                        (go)
-#   CC, CFLAGS  the C compiler for pam_npurun.so, and flags added to
-#               the module's own (-Wall -Wextra -Werror)  (cc, -O2)
-#   CPPFLAGS, LDFLAGS  preprocessor and linker flags for pam_npurun.so (empty)
+#   CC, CFLAGS  the C compiler for pam_npurun.so and npurun-runtime, and
+#               flags added to their own (-Wall -Wextra -Werror)  (cc, -O2)
+#   CPPFLAGS, LDFLAGS  preprocessor and linker flags for them (empty)
 #   BROKER_GOFLAGS, BROKER_LDFLAGS  go build and Go linker flags added for
-#               npubroker and npurun-runtime (both cgo, for NSS): make deb
+#               npubroker and npurun-runtime-create (both cgo, for NSS): make deb
 #               builds them as PIEs with the distribution's hardening flags
 #               (-buildmode=pie, -linkmode=external) (empty)
 #   FUZZ_CC     the compiler of make fuzz-pam, with libFuzzer (clang)
@@ -103,7 +104,8 @@ CFLAGS     ?= -O2
 GOFLAGS_BUILD = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 SUPERVISOR = $(LIBEXECDIR)/npurun/npurun-supervise
 RUNTIME    = $(LIBEXECDIR)/npurun/npurun-runtime
-BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise $(BUILDDIR)/npurun-runtime $(BUILDDIR)/pam_npurun.so
+RUNTIME_CREATE = $(LIBEXECDIR)/npurun/npurun-runtime-create
+BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise $(BUILDDIR)/npurun-runtime $(BUILDDIR)/npurun-runtime-create $(BUILDDIR)/pam_npurun.so
 SOURCES = $(shell find . -name '*.go' -not -path './.git/*') go.mod go.sum
 MAN1 = $(wildcard man/*.1)
 MAN5 = $(wildcard man/*.5)
@@ -145,12 +147,20 @@ $(BUILDDIR)/npubroker: $(SOURCES)
 	@$(call need_cgo,npubroker)
 	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS) -X main.version=$(VERSION) -X github.com/npurun/npurun/broker.InstalledSupervisor=$(SUPERVISOR)" -o $@ ./cmd/npubroker
 
-# The OCI runtime that hands a lease into a container: with cgo too, as it
-# names a container's owner by its uid.
-$(BUILDDIR)/npurun-runtime: $(SOURCES)
+# The OCI runtime that hands a lease into a container: a small C program
+# that an engine runs for every step of a container (create, start, state,
+# kill, delete), which passes all but create to runc at once (a Go
+# program's start there cost some 4 ms a step), and the create, in Go, with
+# cgo too, as it names a container's owner by its uid.
+RUNTIME_CFLAGS = -std=gnu11 -Wall -Wextra -Werror
+$(BUILDDIR)/npurun-runtime: container/front/npurun-runtime.c
 	@mkdir -p $(BUILDDIR)
-	@$(call need_cgo,npurun-runtime)
-	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS)" -o $@ ./cmd/npurun-runtime
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(RUNTIME_CFLAGS) -o $@ $< $(LDFLAGS)
+
+$(BUILDDIR)/npurun-runtime-create: $(SOURCES)
+	@mkdir -p $(BUILDDIR)
+	@$(call need_cgo,npurun-runtime-create)
+	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS)" -o $@ ./cmd/npurun-runtime-create
 
 # The PAM module is C on purpose (a Go runtime loaded into sshd can hang:
 # see DESIGN.md), a thin client of the broker, built with warnings as
@@ -251,6 +261,7 @@ install: build units completions
 	install -m 0755 $(BUILDDIR)/npubroker $(DESTDIR)$(SBINDIR)/npubroker
 	install -m 0755 $(BUILDDIR)/npurun-supervise $(DESTDIR)$(SUPERVISOR)
 	install -m 0755 $(BUILDDIR)/npurun-runtime $(DESTDIR)$(RUNTIME)
+	install -m 0755 $(BUILDDIR)/npurun-runtime-create $(DESTDIR)$(RUNTIME_CREATE)
 	install -m 0644 $(BUILDDIR)/pam_npurun.so $(DESTDIR)$(PAMDIR)/pam_npurun.so
 	install -m 0644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/
 	install -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
@@ -298,6 +309,7 @@ uninstall: build units completions
 	@$(call remove_same,$(DESTDIR)$(SBINDIR)/npubroker,$(BUILDDIR)/npubroker)
 	@$(call remove_same,$(DESTDIR)$(SUPERVISOR),$(BUILDDIR)/npurun-supervise)
 	@$(call remove_same,$(DESTDIR)$(RUNTIME),$(BUILDDIR)/npurun-runtime)
+	@$(call remove_same,$(DESTDIR)$(RUNTIME_CREATE),$(BUILDDIR)/npurun-runtime-create)
 	@rmdir '$(DESTDIR)$(LIBEXECDIR)/npurun' 2>/dev/null || true
 	@$(call remove_same,$(DESTDIR)$(PAMDIR)/pam_npurun.so,$(BUILDDIR)/pam_npurun.so)
 	@$(foreach p,$(MAN1),$(call remove_same,$(DESTDIR)$(MANDIR)/man1/$(notdir $(p)),$(p));)

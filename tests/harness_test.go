@@ -45,11 +45,20 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 	}
 	// The broker as the Makefile builds it, with cgo: its user lookups go
 	// through NSS. (Built without, the tests ran another broker than ships.)
-	// npurun-runtime likewise: it names a container's owner by uid.
-	cmd = exec.Command("go", "build", "-trimpath", "-o", dir+"/", "github.com/npurun/npurun/cmd/npubroker", "github.com/npurun/npurun/cmd/npurun-runtime")
+	// npurun-runtime-create likewise: it names a container's owner by uid.
+	cmd = exec.Command("go", "build", "-trimpath", "-o", dir+"/", "github.com/npurun/npurun/cmd/npubroker", "github.com/npurun/npurun/cmd/npurun-runtime-create")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build: %v\n%s", err, out)
+	}
+	// npurun-runtime, the engine's runtime, is C (as the Makefile builds it).
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "cc"
+	}
+	cmd = exec.Command(cc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-o", filepath.Join(dir, "npurun-runtime"), filepath.Join("..", "container", "front", "npurun-runtime.c"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build npurun-runtime: %v\n%s", err, out)
 	}
 	return &Binaries{
 		Dir:        dir,

@@ -3,8 +3,11 @@ package ociruntime
 
 // An engine (dockerd through containerd's shim; podman through conmon)
 // calls its runtime as it would call runc: `RUNTIME [global options]
-// COMMAND [options] ID`. npurun-runtime passes every command but create
-// (and run) to runc as it is, by execve. For create it reads the bundle's
+// COMMAND [options] ID`. npurun-runtime, a small C program
+// (container/front), passes every command but create (and run) to runc as
+// it is, by execve, and runs this package's program, npurun-runtime-create,
+// for those (which passes any other command to runc likewise, when called
+// for one). For create it reads the bundle's
 // config.json and finds which of the broker's devices the container may
 // open (its device cgroup's rules, devices as numbered on the host), and
 // what lease covers them:
