@@ -327,15 +327,19 @@ func TestContainerWithoutLease(t *testing.T) {
 func TestContainerRefusals(t *testing.T) {
 	dev := containerDev(t, 2)
 	b := StartBroker(t, containerConfig(t, dev, 2, ""))
-	env := containerClient(b, dev)
+	// Were a refusal to fail, the engine would run: on files of the
+	// test's (podman), or against no daemon (docker), never the machine's.
+	pm := newPodman(t, nil)
+	env := pm.Env(containerClient(b, dev))
+	none := "unix://" + filepath.Join(SharedDir(t), "none.sock")
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"docker", "ps"}, "npurun: docker ps: not a run: npurun hands a lease to a container that docker run starts"},
-		{[]string{"docker", "run", "--privileged", "img"}, "npurun: docker run --privileged opens every device to the container, and the lease holds npu 0 only"},
-		{[]string{"docker", "run", "--runtime", "runc", "img"}, `npurun: docker run --runtime runc: the lease reaches the container through npurun's runtime ("npurun"), which runs runc itself`},
-		{[]string{"docker", "run", "--device", filepath.Join(dev, "davinci1"), "img"}, "is not in the lease, which holds npu 0"},
+		{[]string{"docker", "-H", none, "ps"}, "npurun: docker ps: not a run: npurun hands a lease to a container that docker run starts"},
+		{[]string{"docker", "-H", none, "run", "--privileged", "img"}, "npurun: docker run --privileged opens every device to the container, and the lease holds npu 0 only"},
+		{[]string{"docker", "-H", none, "run", "--runtime", "runc", "img"}, `npurun: docker run --runtime runc: the lease reaches the container through npurun's runtime ("npurun"), which runs runc itself`},
+		{[]string{"docker", "-H", none, "run", "--device", filepath.Join(dev, "davinci1"), "img"}, "is not in the lease, which holds npu 0"},
 		{[]string{"podman", "run", "--restart=always", "img"}, "npurun: podman run --restart always: podman would start the container again without its lease"},
 		{[]string{"podman", "run", "--preserve-fds", "1", "img"}, "npurun: podman run --preserve-fds: npurun passes the lease's descriptors itself"},
 		{[]string{"--container", "docker", "/bin/true", "ps"}, "npurun: docker ps: not a run"},
