@@ -8,18 +8,19 @@ package client
 // again (--restart, docker start) or was started without npurun:
 //
 //	npurun-runtime (uid 0)                      npubroker
-//	  │ ── {"op":"acquire","devices":[3],       │ root only; "user": the container's owner (its
-//	  │     "user":"alice","container":{        │ first npurun's uid, as the runtime recorded it);
-//	  │      "engine":"docker","id":"…",        │ waits as any acquire; the lease's kind is
-//	  │      "name":"train"}} ────────────────▶ │ "container" (a broker that predates it ignores
-//	  │ ◀── queued … grant + SCM_RIGHTS ─────── │ the field: an inline lease on alice's behalf)
+//	  │ ── {"op":"acquire","devices":[3],       │ "user" (root only, as ever): the container's
+//	  │     "user":"alice","container":{        │ owner (its first npurun's uid, as the runtime
+//	  │      "engine":"docker","id":"…",        │ recorded it); waits as any acquire; the lease's
+//	  │      "name":"train"}} ────────────────▶ │ kind is "container" (a broker that predates it
+//	  │ ◀── queued … grant + SCM_RIGHTS ─────── │ ignores the field: an inline lease for alice)
 //	  │                                         │
-//	  │ ── {"op":"container","container":{…},   │ root only: the lease whose descriptors come
-//	  │     "devices":[3,5]} + SCM_RIGHTS ────▶ │ with it (one a device, in that order) is this
-//	  │ ◀── {"type":"ok"} ──────────────────── │ container's now; the broker matches them to its
+//	  │ ── {"op":"container","container":{…},   │ the lease whose descriptors come with it (one
+//	  │     "devices":[3,5]} + SCM_RIGHTS ────▶ │ a device, in that order) is this container's
+//	  │ ◀── {"type":"ok"} ──────────────────── │ now: a label; the broker matches them to its
 //	  │                                         │ grants by the lock files' device and inode and
-//	  │                                         │ closes them; without descriptors: the container
-//	  │                                         │ exists (for status to name it)
+//	  │                                         │ closes them. Root labels any lease, another uid
+//	  │                                         │ (a rootless engine's runtime) its own; without
+//	  │                                         │ descriptors (root only): the container exists
 //
 // The broker names a holder's container from /proc/PID/cgroup
 // (container.FromCgroup) and the names the runtime told it. The broker's
@@ -61,7 +62,7 @@ func (c *ContainerRef) Short() string {
 
 // Contain tells the broker that container ref holds the lease whose
 // descriptors are fds (of devices, in that order; none: the container
-// exists, and holds no lease), and waits for its word. Root only.
+// exists, and holds no lease), and waits for its word.
 func (c *Conn) Contain(ref *ContainerRef, devices, fds []int) error {
 	req := &Request{V: Version, Op: OpContainer, Container: ref, Devices: devices}
 	b, err := Encode(req)
