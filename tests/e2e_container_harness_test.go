@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -143,7 +144,20 @@ var rootfs = sync.OnceValues(func() (string, error) {
 	return dir, nil
 })
 
+// removeRootfs removes the root file system, where a test made it.
+func removeRootfs() {
+	if made.Load() {
+		if dir, err := rootfs(); err == nil {
+			os.RemoveAll(dir)
+		}
+	}
+}
+
+// made says whether a test asked for the root file system.
+var made atomic.Bool
+
 func containerRootfs(t testing.TB) string {
+	made.Store(true)
 	t.Helper()
 	dir, err := rootfs()
 	if err != nil {

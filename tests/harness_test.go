@@ -76,6 +76,7 @@ func TestMain(m *testing.M) {
 	if b, err := buildOnce(); err == nil {
 		os.RemoveAll(b.Dir)
 	}
+	removeRootfs()
 	os.Exit(code)
 }
 
