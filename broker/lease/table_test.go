@@ -895,3 +895,43 @@ func TestClaim(t *testing.T) {
 		t.Errorf("claim of npu 9: %v", err)
 	}
 }
+
+// TestExternal: the agent of an external pool's allocator is woken as its
+// requests join and leave the line and sees them (Externals); a request
+// that left the line before its devices were picked is not claimed for.
+func TestExternal(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "locks")
+	o := &owner{running: map[uint32]int{}, events: make(chan string, 1024)}
+	wake := make(chan struct{}, 1)
+	tbl, err := Open(Config{Dir: dir, IDs: ids(2), Pools: []Pool{{Name: "slurm", External: "Slurm"}}, DefaultPool: "slurm", Vendor: npu.Fake, Owner: o, External: wake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.tbl = tbl
+	tbl.Start(nil)
+	t.Cleanup(func() { o.quiet(t) })
+	woken := func() bool {
+		select {
+		case <-wake:
+			return true
+		default:
+			return false
+		}
+	}
+	a, _ := o.ask(t, 1, 1, "", nil, policy.Limit{})
+	b, _ := o.ask(t, 2, 1, "", nil, policy.Limit{})
+	if !woken() || !slices.Equal(tbl.Externals(nil), []*Waiter{a, b}) {
+		t.Fatalf("two external requests in line: woken, Externals %v", tbl.Externals(nil))
+	}
+	if !tbl.Remove(a) || !woken() || !slices.Equal(tbl.Externals(nil), []*Waiter{b}) {
+		t.Errorf("a left the line: Externals %v", tbl.Externals(nil))
+	}
+	if _, err := tbl.Claim(a, []int{0}); !errors.Is(err, ErrGone) {
+		t.Errorf("claim for a request gone: %v", err)
+	}
+	h, err := tbl.Claim(b, []int{1})
+	if err != nil || !woken() || len(tbl.Externals(nil)) != 0 {
+		t.Fatalf("claim for b: %v, Externals %v", err, tbl.Externals(nil))
+	}
+	tbl.Return(h)
+}

@@ -361,7 +361,7 @@ func (r *Room) claim(w *lease.Waiter, ids []int, cancel <-chan struct{}, progres
 			}
 			if !ended[l] {
 				ended[l] = true
-				r.log.Printf("%s was given %s by Slurm, which %s still holds: ending it", who, r.vendor.Format(busy.IDs), what)
+				r.log.Printf("%s was given %s by Slurm, still held by %s: ending that lease", who, r.vendor.Format(busy.IDs), what)
 				r.endLease(l, fmt.Sprintf("Slurm gave its devices to %s", who))
 			}
 		}
