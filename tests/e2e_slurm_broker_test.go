@@ -41,11 +41,15 @@ type slurmNodeOptions struct {
 	Mode      string // split or allocate
 	Config    string // more of npurun.conf (pools, [restrict], [tasks])
 	Partition string // more of Slurm's partition line
+	NoPlugin  bool   // plugstack.conf without spank_npurun.so: no extern step holds a lease, the broker holds it until the Epilog
 }
 
 func startSlurmNode(t testing.TB, o slurmNodeOptions) *slurmNode {
 	t.Helper()
-	plugin := spankPlugin(t)
+	plugin := ""
+	if !o.NoPlugin {
+		plugin = spankPlugin(t)
+	}
 	needSlurm(t)
 	dev := newDevTree(t, o.Devices)
 	first := o.Devices - o.Slurm
@@ -60,7 +64,11 @@ func startSlurmNode(t testing.TB, o slurmNodeOptions) *slurmNode {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(c.Dir, "plugstack.conf"), []byte("required "+plugin+" socket="+b.Socket+" timeout=10\n"), 0o644); err != nil {
+	plugstack := ""
+	if plugin != "" {
+		plugstack = "required " + plugin + " socket=" + b.Socket + " timeout=10\n"
+	}
+	if err := os.WriteFile(filepath.Join(c.Dir, "plugstack.conf"), []byte(plugstack), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c.Env = append(c.Env, "NPURUN_SOCKET="+b.Socket)
@@ -340,6 +348,33 @@ func TestSlurmNodeBrokerRestart(t *testing.T) {
 	})
 }
 
+// TestSlurmNodeRestartHeldAlone: without the plugin no extern step takes
+// a job's lease, and the broker holds it itself from the Prolog to the
+// Epilog. Killed (-9), it takes its copy with it: the next broker locks
+// the job's devices again from the job's record, and the Epilog ends the
+// lease.
+func TestSlurmNodeRestartHeldAlone(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 2, Slurm: 2, Mode: "split", NoPlugin: true})
+	u := newUser(t)
+	proceed := filepath.Join(SharedDir(t), "proceed")
+	makeFIFO(t, proceed)
+	id := n.c.Sbatch(&u, "--gres=gpu:1", "--wrap", "read x < "+proceed)
+	board := n.awaitBoard(t, "the job's lease", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	_, devices := jobLease(board, id)
+	n.b.Kill()
+	logAt := n.b.LogLen()
+	n.b.Start()
+	n.b.WaitLog(logAt, fmt.Sprintf("job %d of %s: %s locked again for its lease (the broker held it alone before this start)", id, u.Name, fmt.Sprintf("npu %d", devices[0])))
+	board = n.awaitBoard(t, "the job's lease after the restart", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	if l, again := jobLease(board, id); l.Kind != client.KindSlurm || l.User != u.Name || !slices.Equal(again, devices) {
+		t.Errorf("after the restart: %+v on %v, want %s's on %v", l, again, u.Name, devices)
+	}
+	openFIFO(t, proceed, os.O_WRONLY).Close()
+	n.awaitBoard(t, "the job's device free after its Epilog", func(b *client.Board) bool {
+		return device(t, b, devices[0]).State == client.DeviceFree
+	})
+}
+
 // TestSlurmNodeAllocate: allocate mode. An npurun for Slurm's devices
 // waits, as a placeholder Slurm allocation that squeue shows, while a job
 // holds every device, says Slurm's state, and starts when the job ends; a
@@ -381,6 +416,62 @@ func TestSlurmNodeAllocate(t *testing.T) {
 	pid, _ := strconv.ParseUint(placeholder, 10, 32)
 	n.c.AwaitJobGone(uint32(pid), time.Minute)
 	n.c.AwaitJobGone(job2, 2*time.Minute)
+}
+
+// TestSlurmNodeAllocateTask: allocate mode, a task for Slurm's devices
+// waits as a placeholder allocation of its user named after it, which
+// show tells with Slurm's state, while a job holds every device; it runs
+// on the device Slurm gives the placeholder once the job ends, and the
+// placeholder is gone after the task.
+func TestSlurmNodeAllocateTask(t *testing.T) {
+	needRoot(t)
+	// Made before the broker, so removed after it stops: the task's
+	// idle supervisor runs as u until then.
+	u := newUser(t)
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 2, Slurm: 2, Mode: "allocate"})
+	dir := SharedDir(t)
+	os.Chmod(dir, 0o777)
+	proceed, out := filepath.Join(dir, "proceed"), filepath.Join(dir, "out")
+	makeFIFO(t, proceed)
+	job := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "read x < "+proceed)
+	n.c.AwaitJobState(job, "RUNNING", time.Minute)
+	id := submitTask(t, n.b, &u, dir, "--log", filepath.Join(dir, "task.log"), "--", "sh", "-c", "echo ON=$NPURUN_DEVICES > "+out)
+	name := fmt.Sprintf("npurun-task-%d", id)
+	var placeholder string
+	deadline := time.Now().Add(30 * time.Second)
+	for placeholder == "" && time.Now().Before(deadline) {
+		sq, _ := n.c.Command("squeue", "-h", "-o", "%i %j %u %T").Output()
+		for _, l := range strings.Split(strings.TrimSpace(string(sq)), "\n") {
+			if f := strings.Fields(l); len(f) == 4 && f[1] == name && f[2] == u.Name && f[3] == "PENDING" {
+				placeholder = f[0]
+			}
+		}
+		if placeholder == "" {
+			time.Sleep(100 * time.Millisecond) // polling Slurm's queue
+		}
+	}
+	if placeholder == "" {
+		t.Fatalf("no pending placeholder %s of %s in squeue", name, u.Name)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	ti := showTask(t, n.b, id)
+	for !strings.Contains(ti.Reason, "PENDING") && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond) // the broker asks squeue every poll_interval
+		ti = showTask(t, n.b, id)
+	}
+	if ti.State != client.StatePending || !strings.Contains(ti.Reason, "Slurm job "+placeholder) || !strings.Contains(ti.Reason, "PENDING") {
+		t.Errorf("task %d while the job holds every device: %s, %q", id, ti.State, ti.Reason)
+	}
+	openFIFO(t, proceed, os.O_WRONLY).Close()
+	if r := waitTask(t, n.b, id); r.code != 0 {
+		t.Fatalf("task %d: %s", id, r)
+	}
+	got, _ := os.ReadFile(out)
+	if s := strings.TrimSpace(string(got)); s != "ON=0" && s != "ON=1" {
+		t.Errorf("task %d ran on %q", id, s)
+	}
+	pid, _ := strconv.ParseUint(placeholder, 10, 32)
+	n.c.AwaitJobGone(uint32(pid), time.Minute)
 }
 
 // TestSlurmNodeAllocateTimeLimit: a placeholder that Slurm ends by its
