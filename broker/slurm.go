@@ -285,6 +285,17 @@ func (o *slurmOwner) Refuse(w *lease.Waiter, code, msg string) {
 	s.progressLocked()
 }
 
+// TimeLimit is waiter w's time limit: a task's --time.
+func (o *slurmOwner) TimeLimit(w *lease.Waiter) time.Duration {
+	s := (*Server)(o)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := taskOf(w); t != nil {
+		return time.Duration(t.TimeSec) * time.Second
+	}
+	return 0
+}
+
 // slurmWhy is what Slurm says of waiter w's placeholder, or why, what
 // the line says of w.
 func (s *Server) slurmWhy(w *lease.Waiter, why string) string {

@@ -419,7 +419,8 @@ func TestSlurmNodeAllocate(t *testing.T) {
 }
 
 // TestSlurmNodeAllocateTask: allocate mode, a task for Slurm's devices
-// waits as a placeholder allocation of its user named after it, which
+// waits as a placeholder allocation of its user named after it, with its
+// time limit (rounded up to minutes), which
 // show tells with Slurm's state, while a job holds every device; it runs
 // on the device Slurm gives the placeholder once the job ends, and the
 // placeholder is gone after the task.
@@ -435,15 +436,15 @@ func TestSlurmNodeAllocateTask(t *testing.T) {
 	makeFIFO(t, proceed)
 	job := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "read x < "+proceed)
 	n.c.AwaitJobState(job, "RUNNING", time.Minute)
-	id := submitTask(t, n.b, &u, dir, "--log", filepath.Join(dir, "task.log"), "--", "sh", "-c", "echo ON=$NPURUN_DEVICES > "+out)
+	id := submitTask(t, n.b, &u, dir, "--time", "90s", "--log", filepath.Join(dir, "task.log"), "--", "sh", "-c", "echo ON=$NPURUN_DEVICES > "+out)
 	name := fmt.Sprintf("npurun-task-%d", id)
-	var placeholder string
+	var placeholder, limit string
 	deadline := time.Now().Add(30 * time.Second)
 	for placeholder == "" && time.Now().Before(deadline) {
-		sq, _ := n.c.Command("squeue", "-h", "-o", "%i %j %u %T").Output()
+		sq, _ := n.c.Command("squeue", "-h", "-o", "%i %j %u %T %l").Output()
 		for _, l := range strings.Split(strings.TrimSpace(string(sq)), "\n") {
-			if f := strings.Fields(l); len(f) == 4 && f[1] == name && f[2] == u.Name && f[3] == "PENDING" {
-				placeholder = f[0]
+			if f := strings.Fields(l); len(f) == 5 && f[1] == name && f[2] == u.Name && f[3] == "PENDING" {
+				placeholder, limit = f[0], f[4]
 			}
 		}
 		if placeholder == "" {
@@ -452,6 +453,9 @@ func TestSlurmNodeAllocateTask(t *testing.T) {
 	}
 	if placeholder == "" {
 		t.Fatalf("no pending placeholder %s of %s in squeue", name, u.Name)
+	}
+	if limit != "2:00" {
+		t.Errorf("placeholder %s of a task of --time 90s: time limit %s, want 2:00 (minutes, rounded up)", placeholder, limit)
 	}
 	deadline = time.Now().Add(30 * time.Second)
 	ti := showTask(t, n.b, id)

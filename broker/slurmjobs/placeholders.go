@@ -50,6 +50,9 @@ type PlaceholderOwner interface {
 	// Refuse takes w out of the line and answers it with code and msg:
 	// Slurm refused its placeholder, or ended it before it started.
 	Refuse(w *lease.Waiter, code, msg string)
+	// TimeLimit is w's time limit (a task's --time), 0 for none: its
+	// placeholder asks Slurm for as much, rounded up to minutes.
+	TimeLimit(w *lease.Waiter) time.Duration
 }
 
 // placeholder is one request's placeholder allocation, under Room.mu.
@@ -255,14 +258,15 @@ func (ph *placeholders) submit(p *placeholder) uint32 {
 	r.mu.Lock()
 	alloc := !ph.noAlloc
 	r.mu.Unlock()
+	args := r.placeholderArgs(w, ph.po.TimeLimit(w))
 	err := errNotNow
 	var id uint32
 	if alloc {
-		id, err = r.salloc(w)
+		id, err = r.salloc(w, args)
 	}
 	if errors.Is(err, errNotNow) {
 		alloc = false
-		id, err = r.sbatch(w)
+		id, err = r.sbatch(w, args)
 	}
 	r.mu.Lock()
 	gone := ph.byW[w] != p

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -116,8 +117,9 @@ func (r *Room) node() string {
 // broker's waits meanwhile.
 
 // placeholderArgs are the arguments of a placeholder for w common to
-// salloc and sbatch.
-func (r *Room) placeholderArgs(w *lease.Waiter) []string {
+// salloc and sbatch; limit is w's time limit (0: Slurm's default), which
+// Slurm takes in whole minutes.
+func (r *Room) placeholderArgs(w *lease.Waiter, limit time.Duration) []string {
 	name := "npurun-" + string(w.Kind)
 	if w.Kind == lease.Task {
 		name += "-" + strconv.FormatUint(w.Task, 10)
@@ -125,6 +127,9 @@ func (r *Room) placeholderArgs(w *lease.Waiter) []string {
 	args := []string{"--job-name=" + name, "--gres=" + r.s.GRES + ":" + strconv.Itoa(w.N), "--nodelist=" + r.node(), "--ntasks=1"}
 	if r.s.Partition != "" {
 		args = append(args, "--partition="+r.s.Partition)
+	}
+	if limit > 0 {
+		args = append(args, "--time="+strconv.FormatInt(int64((limit+time.Minute-1)/time.Minute), 10))
 	}
 	return args
 }
@@ -165,13 +170,14 @@ func (r *Room) asUser(w *lease.Waiter, name string, args ...string) (*exec.Cmd, 
 // errNotNow is salloc's refusal of an allocation Slurm cannot make now.
 var errNotNow = errors.New("not allocated at once")
 
-// salloc makes w's placeholder allocation at once, as its user, if Slurm
-// can (errNotNow if not), and returns its job id. salloc says the job's
-// id as soon as it is allocated, then waits for the job's Prolog (which
-// is the broker's to answer) before it exits: the id is taken as it is
-// said, and salloc is left to end by itself, within submitTimeout.
-func (r *Room) salloc(w *lease.Waiter) (uint32, error) {
-	cmd, err := r.asUser(w, "salloc", append(r.placeholderArgs(w), "--no-shell", "--immediate")...)
+// salloc makes w's placeholder allocation (the arguments args) at once,
+// as its user, if Slurm can (errNotNow if not), and returns its job id.
+// salloc says the job's id as soon as it is allocated, then waits for
+// the job's Prolog (which is the broker's to answer) before it exits: the
+// id is taken as it is said, and salloc is left to end by itself, within
+// submitTimeout.
+func (r *Room) salloc(w *lease.Waiter, args []string) (uint32, error) {
+	cmd, err := r.asUser(w, "salloc", append(slices.Clip(args), "--no-shell", "--immediate")...)
 	if err != nil {
 		return 0, err
 	}
@@ -219,10 +225,10 @@ func grantedJob(line string) uint32 {
 	return 0
 }
 
-// sbatch queues the placeholder allocation of waiter w as its user, and
-// returns its job id.
-func (r *Room) sbatch(w *lease.Waiter) (uint32, error) {
-	args := append([]string{"--parsable"}, r.placeholderArgs(w)...)
+// sbatch queues the placeholder allocation of waiter w, with the
+// arguments common, as its user, and returns its job id.
+func (r *Room) sbatch(w *lease.Waiter, common []string) (uint32, error) {
+	args := append([]string{"--parsable"}, common...)
 	args = append(args, "--output=/dev/null", "--error=/dev/null", "--wrap="+placeholderCommand)
 	cmd, err := r.asUser(w, "sbatch", args...)
 	if err != nil {
