@@ -117,12 +117,15 @@ func TestCheckConfigSlurm(t *testing.T) {
 
 // TestServeSlurmSplit (once TestServeRefusesSlurm, while the broker did
 // not serve a Slurm node): a configuration with [slurm] starts the broker,
-// which in split mode leases Slurm's devices to Slurm jobs only: npurun
+// which warns at its start what check-config warns (here: no gres.conf to
+// compare gres_devices with), and in split mode leases Slurm's devices to Slurm jobs only: npurun
 // naming one is refused with the reason and what to do, the pool of every
 // device is the others, and Slurm's operations are root's alone.
 func TestServeSlurmSplit(t *testing.T) {
-	b := NewBroker(t, FakeConfig(4)+"[slurm]\ngres_devices = \"2-3\"\n")
+	gres := filepath.Join(SharedDir(t), "gres.conf") // none: serve warns as check-config does
+	b := NewBroker(t, FakeConfig(4)+fmt.Sprintf("[slurm]\ngres_devices = \"2-3\"\ngres_conf = %q\n", gres))
 	b.Start()
+	b.WaitLog(0, "[slurm]: warning: read gres.conf: ")
 	out, err := b.Npurun("-d", "2", "true").CombinedOutput()
 	if want := `npurun: npu 2 is Slurm's ([slurm] mode "split"): ask Slurm for it (srun --gres=gpu:1)`; err == nil || !strings.Contains(string(out), want) {
 		t.Errorf("npurun -d 2: %v\n%s\nwant: %s", err, out, want)
