@@ -17,6 +17,7 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -352,6 +353,9 @@ func (s *Server) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 			break
 		}
 	}
+	if s.slurm != nil {
+		ids = s.findSlurmJobs(ids, held, res, now)
+	}
 	for _, id := range ids {
 		fid := held[id]
 		if fid == (lease.FileID{}) {
@@ -374,6 +378,65 @@ func (s *Server) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 		e.logged = true
 		s.adopt(e)
 	}
+}
+
+// findSlurmJobs makes a Slurm job's lease of the held devices ids,
+// neither the log nor the Slurm room's records know, whose holders (res)
+// include the job's extern step (a root "slurmstepd: [N.extern]"), one
+// lease per job; its user is the other holders', else Slurm's (squeue).
+// It returns the devices left.
+func (s *Server) findSlurmJobs(ids []int, held map[int]lease.FileID, res *procscan.Result, now time.Time) []int {
+	var left []int
+	jobs := map[uint32]*lease.Lease{}
+	for _, id := range ids {
+		fid := held[id]
+		var job uint32
+		var user, extern *procscan.Proc
+		for _, pid := range res.Files[procscan.FileID(fid)] {
+			pi := res.Info[pid]
+			switch {
+			case pi == nil:
+			case pi.UID != 0:
+				user = pi
+			case job == 0:
+				if job = slurmjobs.ExternJob(pi.UID, pi.Cmdline); job != 0 {
+					extern = pi
+				}
+			}
+		}
+		if fid == (lease.FileID{}) || job == 0 {
+			left = append(left, id)
+			continue
+		}
+		l := jobs[job]
+		if l == nil {
+			l = &lease.Lease{ID: s.table.NewID(), Holder: lease.Holder{Kind: lease.Slurm, SlurmJob: job, PID: extern.PID, PIDStart: extern.Start},
+				Since: now, Adopted: true, Pool: s.table.PoolOf(id)}
+			jobs[job] = l
+		}
+		l.Devices, l.Files = append(l.Devices, id), append(l.Files, fid)
+		if user != nil && l.User == "" {
+			l.UID, l.User = user.UID, s.led.names.name(user.UID)
+		}
+	}
+	for _, job := range slices.Sorted(maps.Keys(jobs)) {
+		l := jobs[job]
+		if l.User == "" {
+			uid, name, err := s.slurm.JobUser(job)
+			if err != nil {
+				s.log.Printf("job %d: its user: %v", job, err)
+			}
+			l.UID, l.User = uid, name
+		}
+		s.log.Printf("%s is held by job %d of %s, whose lease has no record: taken up as the job's", s.inv.Vendor.Format(l.Devices), job, l.User)
+		e := newEntry(l)
+		rec := e.record("start")
+		rec.Found = true
+		s.led.usage.add(rec)
+		e.logged = true
+		s.adopt(e)
+	}
+	return left
 }
 
 // maxFindScans bounds the scans findHolders does for the holders of the

@@ -348,6 +348,46 @@ func TestSlurmNodeBrokerRestart(t *testing.T) {
 	})
 }
 
+// TestSlurmNodeRestartNoRecord: a broker that starts with neither the
+// job's record nor the accounting log (both lost) finds the job's lease
+// by its holders: the job's extern step, a root "slurmstepd: [N.extern]",
+// names the job, its batch script the user; it shows the lease as the
+// job's and frees it at the job's end.
+func TestSlurmNodeRestartNoRecord(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 2, Slurm: 2, Mode: "split"})
+	u := newUser(t)
+	proceed := filepath.Join(SharedDir(t), "proceed")
+	makeFIFO(t, proceed)
+	id := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "read x < "+proceed)
+	n.awaitBoard(t, "the job's lease held by its extern step and its batch script", func(b *client.Board) bool {
+		l, _ := jobLease(b, id)
+		return l != nil && slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strings.Contains(h.Command, fmt.Sprintf("[%d.extern]", id)) }) &&
+			slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return h.UID == u.UID })
+	})
+	n.b.Kill()
+	lost, _ := filepath.Glob(filepath.Join(n.b.StateDir, "usage.log*"))
+	jobs, _ := filepath.Glob(filepath.Join(n.b.StateDir, "slurm", "jobs", "*"))
+	if len(lost) == 0 || len(jobs) != 1 {
+		t.Fatalf("no accounting log (%v) or not one job record (%v) to lose", lost, jobs)
+	}
+	for _, f := range append(lost, jobs...) {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logAt := n.b.LogLen()
+	n.b.Start()
+	n.b.WaitLog(logAt, fmt.Sprintf("npu 0-1 is held by job %d of %s, whose lease has no record: taken up as the job's", id, u.Name))
+	board := n.awaitBoard(t, "the job's lease after the restart", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	if l, devices := jobLease(board, id); l.Kind != client.KindSlurm || l.User != u.Name || l.UID != u.UID || !slices.Equal(devices, []int{0, 1}) {
+		t.Errorf("after the restart: %+v on %v, want job %d of %s on [0 1]", l, devices, id, u.Name)
+	}
+	openFIFO(t, proceed, os.O_WRONLY).Close()
+	n.awaitBoard(t, "the job's devices free", func(b *client.Board) bool {
+		return device(t, b, 0).State == client.DeviceFree && device(t, b, 1).State == client.DeviceFree
+	})
+}
+
 // TestSlurmNodeRestartHeldAlone: without the plugin no extern step takes
 // a job's lease, and the broker holds it itself from the Prolog to the
 // Epilog. Killed (-9), it takes its copy with it: the next broker locks

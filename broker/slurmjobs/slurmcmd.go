@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/user"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -275,4 +276,46 @@ func (r *Room) scancel(id uint32) error {
 	}
 	_, err = r.run(exec.Command(path, strconv.FormatUint(uint64(id), 10)), cancelTimeout)
 	return err
+}
+
+// externStep matches the command line of a job's extern step daemon,
+// "slurmstepd: [42.extern]".
+var externStep = regexp.MustCompile(`^slurmstepd: \[([0-9]+)\.extern\]$`)
+
+// ExternJob is the Slurm job whose extern step is the root process of
+// command line cmdline ("slurmstepd: [42.extern]"), 0 for none.
+func ExternJob(uid uint32, cmdline []string) uint32 {
+	if uid != 0 || len(cmdline) == 0 {
+		return 0
+	}
+	m := externStep.FindStringSubmatch(strings.TrimRight(cmdline[0], "\x00 "))
+	if m == nil {
+		return 0
+	}
+	id, err := strconv.ParseUint(m[1], 10, 32)
+	if err != nil {
+		return 0
+	}
+	return uint32(id)
+}
+
+// JobUser asks Slurm whose job id is (squeue, within pollTimeout).
+func (r *Room) JobUser(id uint32) (uint32, string, error) {
+	path, err := exec.LookPath("squeue")
+	if err != nil {
+		return 0, "", err
+	}
+	out, err := r.run(exec.Command(path, "-h", "-o", "%U %u", "-j", strconv.FormatUint(uint64(id), 10)), pollTimeout)
+	if err != nil {
+		return 0, "", fmt.Errorf("squeue -j %d: %w", id, err)
+	}
+	f := strings.Fields(firstLine(out))
+	if len(f) != 2 {
+		return 0, "", fmt.Errorf("squeue -j %d printed %q, not a job's uid and user", id, firstLine(out))
+	}
+	uid, err := strconv.ParseUint(f[0], 10, 32)
+	if err != nil {
+		return 0, "", fmt.Errorf("squeue -j %d printed %q, not a job's uid and user", id, firstLine(out))
+	}
+	return uint32(uid), f[1], nil
 }
