@@ -18,6 +18,7 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -64,6 +65,10 @@ type Server struct {
 
 	table *lease.Table // the devices, their lock files, the line, caps and grants: its own lock
 	acc   *access      // device access of restricted accounts (access.go), the table's gate: its own lock
+
+	// slurm is a Slurm node's room ([slurm]; slurm.go): its own lock,
+	// after Server.mu; nil without [slurm].
+	slurm *slurmjobs.Room
 
 	socket       string
 	self         string         // this program, beside which npurun-supervise is looked for first
@@ -153,9 +158,15 @@ func New(o Options) (*Server, error) {
 	for i, p := range o.Config.Pools {
 		pools[i] = lease.Pool{Name: p.Name, IDs: p.IDs}
 	}
+	pools = slurmPools(s.cfg, s.inv.IDs, pools)
+	lockDir := filepath.Join(o.RunDir, "locks")
+	var external chan struct{} // the Slurm room's, in allocate mode
+	if s.cfg.Slurm.Active() && s.cfg.Slurm.Mode == policy.ModeAllocate {
+		external = make(chan struct{}, 1)
+	}
 	if s.table, err = lease.Open(lease.Config{
-		Dir: filepath.Join(o.RunDir, "locks"), IDs: s.inv.IDs, Pools: pools, DefaultPool: s.cfg.DefaultPool,
-		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf,
+		Dir: lockDir, IDs: s.inv.IDs, Pools: pools, DefaultPool: s.cfg.DefaultPool,
+		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf, External: external,
 	}); err != nil {
 		return nil, err
 	}
@@ -190,10 +201,16 @@ func New(o Options) (*Server, error) {
 	if err := s.claimState(stateDir); errors.Is(err, ErrClaimed) {
 		return nil, err
 	}
+	if err := s.openSlurm(stateDir, lockDir, []string{"SLURM_CONF=" + os.Getenv("SLURM_CONF")}, external); err != nil {
+		return nil, err
+	}
 	if err := s.initLedger(stateDir, found); err != nil {
 		return nil, err
 	}
 	s.table.Start(failed)
+	if s.slurm != nil {
+		s.slurm.Resume((*slurmOwner)(s))
+	}
 	if err := s.openTasks(stateDir); err != nil {
 		return nil, err
 	}
@@ -207,11 +224,14 @@ type tableOwner Server
 
 // Released records the end of lease l on device id (the ledger, the
 // accounting log). The ledger knows itself which devices of l are held.
-func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, _ bool) {
+func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, last bool) {
 	s := (*Server)(o)
 	s.mu.Lock()
 	s.leaseEndLocked(l, id, at)
 	s.mu.Unlock()
+	if s.slurm != nil {
+		s.slurm.Released(l, id, last)
+	}
 }
 
 // Freed serves the line: a device came into service. The tasks it grants
@@ -220,6 +240,9 @@ func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, _ bool) {
 // a lease's end to the next task's start (scheduleHereLocked).
 func (o *tableOwner) Freed() {
 	s := (*Server)(o)
+	if s.slurm != nil {
+		s.slurm.Freed() // a job's Prolog may wait for the device
+	}
 	s.mu.Lock()
 	starts := s.scheduleHereLocked()
 	s.mu.Unlock()
