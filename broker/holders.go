@@ -231,6 +231,7 @@ func (s *Server) holdersInfo(l *ledgerEntry, id int, show func(uid uint32) bool)
 		if show(h.UID) {
 			ch.Command = commandLine(h)
 		}
+		ch.Container = s.led.containers.named(h.Container, show(h.UID))
 		out = append(out, ch)
 	}
 	return out, more

@@ -42,11 +42,16 @@ type ledgerEntry struct {
 	holders map[int][]*procscan.Proc // per device: who /proc shows holding it, from the last look
 	checked time.Time                // when that look was
 	said    map[string]bool          // disagreements already logged
+
+	// the container holding it: its grant's, or the runtime's word, which
+	// re-kinds an inline lease (contained; containers_status.go)
+	container *client.ContainerRef
+	contained bool
 }
 
 // newEntry is the ledger's entry for lease l, its devices all held.
 func newEntry(l *lease.Lease) *ledgerEntry {
-	e := &ledgerEntry{Lease: l, pid: l.PID, pidStart: l.PIDStart, held: make(map[int]bool, len(l.Devices))}
+	e := &ledgerEntry{Lease: l, pid: l.PID, pidStart: l.PIDStart, held: make(map[int]bool, len(l.Devices)), container: l.Container}
 	for i, id := range l.Devices {
 		e.held[id] = true
 		if i < len(l.Files) {
@@ -57,7 +62,12 @@ func newEntry(l *lease.Lease) *ledgerEntry {
 }
 
 // kind is l's kind as the wire and the accounting log name it.
-func (l *ledgerEntry) kind() string { return string(l.Kind) }
+func (l *ledgerEntry) kind() string {
+	if l.contained {
+		return client.KindContainer
+	}
+	return string(l.Kind)
+}
 
 // fileOf returns the lock file of device id in l.
 func (l *ledgerEntry) fileOf(id int) (procscan.FileID, bool) {
@@ -98,6 +108,8 @@ type ledger struct {
 	metricsLn net.Listener // [broker] metrics_listen, nil when off
 
 	names nameCache // uid -> user name, for holders of any uid
+
+	containers containerNames // container id -> its name, as the runtime told (containers_status.go)
 }
 
 // initLedger prepares the ledger: the /proc scanner, the device nodes to
@@ -180,7 +192,7 @@ func (s *Server) leaseStartLocked(l *lease.Lease, h *lease.Handover) {
 func (l *ledgerEntry) record(ev string) usageRec {
 	r := usageRec{T: l.Since.UnixMilli(), Ev: ev, Lease: l.ID, Kind: l.kind(), User: l.User, UID: l.UID, Pool: l.Pool,
 		Devices: l.Devices, Task: l.Task, PID: l.pid, PIDStart: l.pidStart, Service: l.Service, TTY: l.TTY, RHost: l.RHost, Claimed: l.Claimed,
-		SlurmJob: l.SlurmJob}
+		SlurmJob: l.SlurmJob, Container: l.container}
 	for _, f := range l.files {
 		r.FSDev = f.Dev
 		r.Inodes = append(r.Inodes, f.Ino)
@@ -271,7 +283,7 @@ func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 			r := ol.rec
 			l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true,
 				Holder: lease.Holder{Kind: lease.Kind(r.Kind), UID: r.UID, User: r.User, PID: r.PID, PIDStart: r.PIDStart, Task: r.Task,
-					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob}}
+					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob, Container: r.Container}}
 			adopted[r.Lease] = l
 			order = append(order, l)
 		}
@@ -370,6 +382,9 @@ func (s *Server) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 			l.UID, l.PID, l.PIDStart = pi.UID, pi.PID, pi.Start
 			l.User = s.led.names.name(pi.UID)
 			s.log.Printf("npu %d is held by a lease from before this start with no record of its grant: held by pid %d (%s)", id, pi.PID, l.User)
+			if ref := oneContainer(res, pids); ref != nil {
+				l.Kind, l.Container = lease.Container, ref
+			}
 		}
 		e := newEntry(l)
 		rec := e.record("start")

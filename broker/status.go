@@ -214,6 +214,8 @@ func kindState(kind string) string {
 		return client.DeviceLogin
 	case client.KindSlurm:
 		return client.DeviceSlurm
+	case client.KindContainer:
+		return client.DeviceContainer
 	}
 	return client.DeviceHeld
 }
@@ -227,6 +229,7 @@ func (s *Server) leaseInfo(l *ledgerEntry, id int, show func(uint32) bool) *clie
 	li := &client.LeaseInfo{ID: l.ID, Kind: l.kind(), User: l.User, UID: l.UID, PID: l.pid, Task: l.Task,
 		Service: l.Service, TTY: l.TTY, RHost: l.RHost, Claimed: l.Claimed, Devices: l.Devices, Since: l.Since.UnixMilli(), Adopted: l.Adopted,
 		SlurmJob: l.SlurmJob}
+	li.Container = s.led.containers.named(l.container, show(l.UID))
 	li.Holders, li.MoreHolders = s.holdersInfo(l, id, show)
 	if !l.checked.IsZero() {
 		li.Checked = l.checked.UnixMilli()

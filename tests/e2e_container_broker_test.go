@@ -1,5 +1,3 @@
-//go:build containerbroker
-
 package tests
 
 // The broker's side of issue 17 (containers), specified in
@@ -7,15 +5,14 @@ package tests
 // kind "container" and names the container; status names the container of
 // every holder and of every unleased use in one; a process that docker exec
 // starts in a container that holds a lease is not unleased use; usage
-// counts kind container. These tests need that side: run them with
-// `go test -tags containerbroker -run 'TestContainerBroker' ./tests/` as
-// root, once it is built (and ociruntime's brokerKnowsContainers is true).
+// counts kind container.
 
 import (
-	"fmt"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -25,16 +22,17 @@ import (
 )
 
 // openableDev makes a tree whose davinci0 and davinci1 are character
-// devices a container may open once allowed (/dev/kmsg's number, read by
-// root; /dev/loop-control's), and neither is in Docker's default device
-// rules: a container without --device gets EPERM. The control nodes are
-// numbers no driver has.
+// devices a container may open once allowed (/dev/loop-control's number,
+// which root opens without a capability; /dev/kmsg's, which a container
+// opens only with CAP_SYSLOG where kernel.dmesg_restrict is 1), and
+// neither is in Docker's default device rules: a container without
+// --device gets EPERM. The control nodes are numbers no driver has.
 func openableDev(t *testing.T) string {
 	t.Helper()
 	base := uint32(os.Getpid()%1000) * 200
 	return mkNodes(t, map[string]uint64{
-		"davinci0":        unix.Mkdev(1, 11),
-		"davinci1":        unix.Mkdev(10, 237),
+		"davinci0":        unix.Mkdev(10, 237),
+		"davinci1":        unix.Mkdev(1, 11),
 		"davinci_manager": unix.Mkdev(containerMajor, base+100),
 		"devmm_svm":       unix.Mkdev(containerMajor, base+101),
 		"hisi_hdc":        unix.Mkdev(containerMajor, base+102),
@@ -124,13 +122,15 @@ func TestContainerBrokerRestart(t *testing.T) {
 }
 
 // TestContainerBrokerUnleased: a container started without npurun that
-// opens a device (unleased = "report", the runtime not in the way) is
+// opens a device (unleased = "report": the runtime lets it run) is
 // reported, naming the container, though its processes are root's (exempt
 // from the report by default on the host).
 func TestContainerBrokerUnleased(t *testing.T) {
 	dev := openableDev(t)
 	b := StartBroker(t, containerConfig(t, dev, 2, "unleased = \"report\"\n\n[status]\nscan_interval = \"1s\"\nunleased_grace = \"1s\"\n"))
-	d := startDockerd(t, b, "")
+	// npurun's runtime is Docker's default: it lets the container run
+	// (report) and tells the broker its name.
+	d := startDockerd(t, b, `"default-runtime": "npurun", `)
 	out := d.DockerOut("run", "-d", "--name", "sneak", "--device", filepath.Join(dev, "davinci0")+":/dev/davinci0", "local/mini",
 		"sh", "-c", "exec 3</dev/davinci0; exec sleep 600")
 	cid := strings.TrimSpace(out)
@@ -164,8 +164,8 @@ func TestContainerBrokerExec(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("npurun docker run -d: exit %d\n%s", code, out)
 	}
-	ex := startProc(t, "docker exec", d.Docker("exec", "ex", "sh", "-c", "exec 3</dev/davinci0; echo open; exec sleep 600"))
-	ex.waitLine("open")
+	ex := startProc(t, "docker exec", d.Docker("exec", "ex", "sh", "-c", "exec 3</dev/davinci0 && echo fd3-is-davinci0; exec sleep 600"))
+	ex.waitLine("fd3-is-davinci0")
 	// Two whole scans after the exec'd process opened the node: it would be
 	// reported by now, were it judged without its container.
 	w := watchBoards(t, b, nil)
@@ -194,8 +194,14 @@ func TestContainerBrokerUsage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("npubroker usage: %v", err)
 	}
-	if !strings.Contains(string(got), fmt.Sprintf("%q:%q", "kind", client.KindContainer)) {
-		t.Errorf("usage has no row of kind container:\n%s", got)
+	var rep client.UsageReport
+	if err := json.Unmarshal(got, &rep); err != nil {
+		t.Fatalf("npubroker usage --json: %v\n%s", err, got)
+	}
+	if !slices.ContainsFunc(rep.Rows, func(r client.UsageRow) bool {
+		return r.Kind == client.KindContainer && r.User == "root" && r.Leases == 1 && r.DeviceSeconds >= 1
+	}) {
+		t.Errorf("usage has no row of kind container for root's lease of at least 1s:\n%s", got)
 	}
 }
 
