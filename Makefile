@@ -150,7 +150,7 @@ $(BUILDDIR)/npubroker: $(SOURCES)
 		echo "  install a C compiler (gcc, or the one \$$CC names: $$($(GO) env CC)) and do not set CGO_ENABLED=0" >&2; \
 		exit 1; \
 	fi
-	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS) -X main.version=$(VERSION) -X github.com/npurun/npurun/broker.InstalledSupervisor=$(SUPERVISOR)" -o $@ ./cmd/npubroker
+	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS) -X main.version=$(VERSION) -X github.com/npurun/npurun/broker/tasks.InstalledSupervisor=$(SUPERVISOR)" -o $@ ./cmd/npubroker
 
 # The PAM module is C on purpose (a Go runtime loaded into sshd can hang:
 # see DESIGN.md), a thin client of the broker, built with warnings as

@@ -3,11 +3,13 @@ package broker
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
@@ -108,12 +110,6 @@ func connOf(w *lease.Waiter) *conn {
 	return c
 }
 
-// taskOf is the task a waiter queues; nil for a connection's request.
-func taskOf(w *lease.Waiter) *task {
-	t, _ := w.Ref.(*task)
-	return t
-}
-
 // unwaitLocked clears c's waiting request (granted, refused or cancelled).
 // Waits count against the user they are for (not root's, for a request on
 // another user's behalf).
@@ -141,24 +137,33 @@ func busyMessage(w *lease.Waiter, v npu.Vendor) string {
 }
 
 // scheduleLocked grants what can be granted now: devices to leases and
-// tasks (the lease table plans, the broker delivers each grant and commits
-// or returns it), CPU slots to tasks that need no device.
+// tasks (the lease table plans; the task room starts the tasks among its
+// grants, the broker delivers each other grant and commits or returns
+// it), CPU slots to tasks that need no device.
 func (s *Server) scheduleLocked() {
+	s.serveLocked(false) // the task room launches the tasks granted
+}
+
+// serveLocked is scheduleLocked for a caller that launches the tasks
+// granted itself (here), with tasks.Runtime.Launch once it has let the
+// lock go: it returns them.
+func (s *Server) serveLocked(here bool) []tasks.Start {
 	s.changedLocked() // for status watchers: the line or the devices changed
+	var starts []tasks.Start
 	for {
-		hs := s.table.Schedule(s.running)
-		if len(hs) == 0 {
-			break
+		sv := s.rt.Schedule(here)
+		starts = append(starts, sv.Starts...)
+		for _, b := range sv.Begun {
+			s.leaseStartLocked(b.Lease, b.H)
 		}
-		failed := false
-		for _, h := range hs {
-			var ok bool
-			if t := taskOf(h.W); t != nil {
-				ok = s.startTaskLocked(t, h, -1)
-			} else {
-				ok = s.grantLocked(connOf(h.W), h)
+		failed := sv.Again
+		for _, h := range sv.Others {
+			if !s.grantLocked(connOf(h.W), h) {
+				failed = true
 			}
-			failed = failed || !ok
+		}
+		if len(sv.Begun) == 0 && len(sv.Others) == 0 && !sv.Again {
+			break
 		}
 		s.progressLocked()
 		if !failed {
@@ -167,15 +172,7 @@ func (s *Server) scheduleLocked() {
 		// A client vanished before its grant, or a task could not start:
 		// their devices are free again and the next waiters may take them.
 	}
-	if s.cpuq.Len() > 0 && slices.Contains(s.cpuFree, true) {
-		for _, g := range lease.Plan(s.cpuq.Waiters(), s.cpuFree, s.table.RoomFor(s.cpuq, s.running)) {
-			s.cpuq.Remove(g.W, true)
-			s.startTaskLocked(taskOf(g.W), nil, g.Devices[0])
-		}
-	}
-	if !s.loading {
-		s.warmLocked()
-	}
+	return starts
 }
 
 // grantLocked delivers handover h to the client waiting on c: the locked
@@ -331,4 +328,10 @@ func tellAfter(last *told, pos int, why string, now time.Time) time.Duration {
 		return wait
 	}
 	return 0
+}
+
+func closeFD(fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+	}
 }
