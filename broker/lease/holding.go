@@ -32,6 +32,24 @@ func (t *Table) OfTask(id uint64) []Holding {
 	return out
 }
 
+// HeldBy returns the devices lease l holds still, in its order: a lease
+// whose holder has ended (a Slurm job's Epilog) is ended so, whoever
+// holds its descriptors then.
+func (t *Table) HeldBy(l *Lease) []Holding {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []Holding
+	for _, id := range l.Devices {
+		if id < 0 || id >= len(t.devs) || t.devs[id] == nil || !slices.Contains(t.devs[id].leases, l) {
+			continue
+		}
+		if f, ok := l.FileOf(id); ok {
+			out = append(out, Holding{Lease: l, Device: id, File: f})
+		}
+	}
+	return out
+}
+
 // Holds tells whether lease l holds device id still: the table records it
 // held, and its watcher has not seen its lock go (Ended).
 func (t *Table) Holds(l *Lease, id int) bool {

@@ -43,12 +43,22 @@ func TestOfTask(t *testing.T) {
 	if got := o.tbl.OfTask(id + 1); len(got) != 0 {
 		t.Errorf("task %d, which holds nothing, holds %+v", id+1, got)
 	}
+	// The same devices, found by the lease (HeldBy: a Slurm job's end).
+	if by := o.tbl.HeldBy(task.l); len(by) != len(held) || by[0] != held[0] || by[1] != held[1] {
+		t.Errorf("HeldBy(the task's lease) = %+v; want %+v", by, held)
+	}
+	if by := o.tbl.HeldBy(inline.l); len(by) != 1 || by[0].Lease != inline.l || by[0].Device != inline.l.Devices[0] {
+		t.Errorf("HeldBy(the npurun's lease) = %+v; want its npu%d alone", by, inline.l.Devices[0])
+	}
 
 	task.release()
 	awaitEvent(t, o, "released")
 	awaitEvent(t, o, "released")
 	if got := o.tbl.OfTask(id); len(got) != 0 {
 		t.Errorf("after its lease's end, task %d holds %+v", id, got)
+	}
+	if by := o.tbl.HeldBy(task.l); len(by) != 0 {
+		t.Errorf("after its end, the task's lease holds %+v", by)
 	}
 	for _, h := range held {
 		if o.tbl.Holds(h.Lease, h.Device) {

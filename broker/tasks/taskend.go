@@ -24,30 +24,44 @@ import (
 // holding. Each process is signalled through a pidfd, once its start time
 // is checked.
 
-// taskLease is what endLeaseLocked found of an ended task's lease: the
-// devices held still, each with its lease and lock file.
-type taskLease struct {
-	task  uint64
+// The same goes for any lease whose holder has ended while processes may
+// hold it still (a Slurm job whose Epilog came, a placeholder allocation
+// Slurm ended): EndLease, the one way a lease is ended so.
+
+// endingLease is what endLease found of a lease to end: the devices held
+// still, each with its lease and lock file.
+type endingLease struct {
+	why   string // what ended, for the log ("task 5 has ended")
 	held  []lease.Holding
 	files []procscan.FileID // the lock files, in the order of held
 }
 
-// endLeaseLocked ends the lease of task id, which has ended: the
-// restricted entries of its devices go at once, and the holders of its
-// lock files still there are signalled (outside the lock).
+// endLeaseLocked ends the lease of task id, which has ended.
 func (rt *Runtime) endLeaseLocked(id uint64) {
-	held := rt.table.OfTask(id)
+	rt.endLease(rt.table.OfTask(id), fmt.Sprintf("task %d has ended", id))
+}
+
+// EndLease ends lease l, whose holder has ended (why says how, for the
+// log): the restricted entries of the devices it holds still go at once,
+// and the holders of their lock files still there are signalled, in a
+// goroutine of their own. It takes no lock of the runtime's.
+func (rt *Runtime) EndLease(l *lease.Lease, why string) {
+	rt.endLease(rt.table.HeldBy(l), why)
+}
+
+// endLease ends the holdings held (EndLease).
+func (rt *Runtime) endLease(held []lease.Holding, why string) {
 	if len(held) == 0 {
 		return
 	}
-	tl := &taskLease{task: id, held: held}
+	tl := &endingLease{why: why, held: held}
 	for _, h := range held {
 		tl.files = append(tl.files, procscan.FileID(h.File))
 		if rt.access == nil {
 			continue
 		}
 		if err := rt.access.Revoke(h.Device); err != nil {
-			rt.log.Printf("task %d has ended: %v; they go when the lease's last holder is gone", id, err)
+			rt.log.Printf("%s: %v; they go when the lease's last holder is gone", why, err)
 		}
 	}
 	if rt.holders != nil {
@@ -57,7 +71,7 @@ func (rt *Runtime) endLeaseLocked(id uint64) {
 
 // endHolders signals the processes that hold tl's lock files: SIGTERM,
 // then, grace later, SIGKILL to those that still do.
-func (rt *Runtime) endHolders(tl *taskLease, grace time.Duration) {
+func (rt *Runtime) endHolders(tl *endingLease, grace time.Duration) {
 	if !rt.signalHolders(tl, unix.SIGTERM) {
 		return
 	}
@@ -68,7 +82,7 @@ func (rt *Runtime) endHolders(tl *taskLease, grace time.Duration) {
 // tells whether it found anyone. A lock file whose release its watcher
 // has seen (the common case: the task's processes are gone, and the
 // watcher is about to record it) costs no scan of /proc.
-func (rt *Runtime) signalHolders(tl *taskLease, sig unix.Signal) bool {
+func (rt *Runtime) signalHolders(tl *endingLease, sig unix.Signal) bool {
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{}}
 	devOf := map[procscan.FileID]int{}
 	for i, h := range tl.held {
@@ -82,7 +96,7 @@ func (rt *Runtime) signalHolders(tl *taskLease, sig unix.Signal) bool {
 	}
 	res, err := rt.holders.Scan(targets)
 	if err != nil {
-		rt.log.Printf("task %d has ended: find who holds its lease: %v", tl.task, err)
+		rt.log.Printf("%s: find who holds its lease: %v", tl.why, err)
 		return false
 	}
 	found := false
@@ -94,7 +108,7 @@ func (rt *Runtime) signalHolders(tl *taskLease, sig unix.Signal) bool {
 			}
 			found = true
 			err := rt.holders.Signal(pid, pi.Start, sig)
-			what := fmt.Sprintf("task %d has ended: pid %d (%s) still holds its lease of %s", tl.task, pid,
+			what := fmt.Sprintf("%s: pid %d (%s) still holds its lease of %s", tl.why, pid,
 				rt.describe(pi), rt.inv.Vendor.Format([]int{devOf[fid]}))
 			switch {
 			case err == nil:
