@@ -34,6 +34,11 @@ func (rt *Runtime) waiterLocked(t *Task) (*lease.Waiter, error) {
 			Limit: rt.cfg.LimitFor(acct.Name, acct.Groups), Queued: time.Now()}
 		return w, nil
 	}
+	if rt.outside != nil {
+		if err := rt.outside.Refusal(t.Sub.Devices); err != nil {
+			return nil, err
+		}
+	}
 	w, err := rt.table.Admit(lease.Request{Holder: taskHolder(t), N: t.Sub.N, Devices: t.Sub.Devices, Pool: t.Sub.Pool,
 		Limit: rt.cfg.LimitFor(acct.Name, acct.Groups)})
 	if err != nil {

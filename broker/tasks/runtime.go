@@ -74,6 +74,20 @@ type Holders interface {
 	Signal(pid int, start uint64, sig unix.Signal) error
 }
 
+// Outside is an allocator of devices outside the line (Slurm's, on a
+// Slurm node: the broker's Slurm room), as the runtime asks it of its
+// tasks' requests. It is called under the runtime's lock: it must take no
+// lock that comes before it (the broker's).
+type Outside interface {
+	// Refusal refuses a request that names devices that are not the
+	// line's to give; nil where it does not.
+	Refusal(devices []int) error
+	// Why is what the allocator says of waiter w, which waits in a pool
+	// of its (Waiter.External); why, what the line says, where it says
+	// nothing.
+	Why(w *lease.Waiter, why string) string
+}
+
 // Config configures a Runtime.
 type Config struct {
 	Policy    *policy.Config
@@ -94,6 +108,8 @@ type Config struct {
 	// error wrapping ErrFatal (another broker's) stops the broker.
 	Claim func(dir string) error
 	Log   *log.Logger
+	// Outside allocates devices outside the line (Slurm); nil: none.
+	Outside Outside
 	// Runner runs the tasks granted; nil: the local one (supervisors on
 	// this machine, local.go).
 	Runner Runner
@@ -127,9 +143,10 @@ type Runtime struct {
 	claim    func(dir string) error
 	log      *log.Logger
 	run      Runner
-	boot     string // this boot's id, against pids of an earlier boot
-	cpuSlots []int  // ids of the CPU slots: 0..cpu_slots-1
-	unpriv   bool   // not root: tasks only for our own uid, no credential change
+	outside  Outside // nil: none
+	boot     string  // this boot's id, against pids of an earlier boot
+	cpuSlots []int   // ids of the CPU slots: 0..cpu_slots-1
+	unpriv   bool    // not root: tasks only for our own uid, no credential change
 
 	mu sync.Mutex
 	// The task table (nil while the journal cannot be opened, taskErr
@@ -181,6 +198,7 @@ func New(c Config) *Runtime {
 		rt.describe = func(p *procscan.Proc) string { return p.Comm }
 	}
 	rt.run = c.Runner
+	rt.outside = c.Outside
 	if rt.run == nil {
 		rt.run = newLocal((*host)(rt), c.Self, c.Cgroup, rt.log, rt.boot, rt.unpriv)
 	}

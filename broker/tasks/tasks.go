@@ -763,6 +763,8 @@ func (rt *Runtime) waitReasonLocked(j *Task) string {
 		return ""
 	case w.Limit.MaxRunning > 0 && rt.running[j.UID] >= w.Limit.MaxRunning:
 		return fmt.Sprintf("%s runs %d of %s allowed (%s)", w.User, rt.running[j.UID], quantity.Count(w.Limit.MaxRunning, "task", "tasks"), w.Limit.Source)
+	case !j.Sub.NoDevice && rt.outside != nil:
+		return rt.outside.Why(w, rt.table.Reason(w))
 	case !j.Sub.NoDevice:
 		return rt.table.Reason(w)
 	}
