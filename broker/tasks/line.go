@@ -292,6 +292,45 @@ func (rt *Runtime) Schedule(here bool) Served {
 	return sv
 }
 
+// Deliver starts the task that handover h grants devices to, devices an
+// allocator outside the line picked (a Slurm placeholder's, Config.Outside),
+// as Schedule starts the tasks among the line's grants; the owner calls it
+// holding its own lock, and records the lease begun (Served.Begun). The task
+// is launched in a goroutine of its own. mine tells whether h was a task's
+// (else the owner delivers it); Served.Again that its start failed, its
+// devices free again.
+func (rt *Runtime) Deliver(h *lease.Handover) (sv Served, mine bool) {
+	t := taskOf(h.W)
+	if t == nil {
+		return sv, false
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if !rt.startLocked(t, h, -1, false, &sv) {
+		sv.Again = true
+	}
+	return sv, true
+}
+
+// Refuse ends the task waiter w queues, which an allocator outside the
+// line refused or gave up (its placeholder refused or ended by Slurm; msg
+// says why): it fails, not started. It tells whether w was a task's,
+// waiting in line. It is called holding no lock of the owner's.
+func (rt *Runtime) Refuse(w *lease.Waiter, msg string) bool {
+	t := taskOf(w)
+	if t == nil {
+		return false
+	}
+	rt.mu.Lock()
+	defer rt.unlock()
+	if t.w != w || !t.inLine {
+		return false
+	}
+	rt.removeLineLocked(t)
+	rt.life.EndNow(t.Task, tasklife.Failed, "not started: "+msg)
+	return true
+}
+
 // startLocked starts a granted task: the devices (or CPU slot) are its
 // from now on, and it is starting; its process, its start record and the
 // go-ahead follow in launch. h is the lease table's handover of its

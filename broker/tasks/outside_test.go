@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
@@ -83,5 +84,93 @@ func TestOutside(t *testing.T) {
 	}
 	if ti.State != client.StatePending || !strings.HasPrefix(ti.Reason, "Slurm: Resources (") {
 		t.Errorf("a task waiting for npu 0: %s, %q; want pending, with what Slurm says", ti.State, ti.Reason)
+	}
+}
+
+// idleOwner serves no line, as the runtime's owner and as the table's:
+// the test hands out the devices.
+type idleOwner struct{}
+
+func (idleOwner) Serve()                                      {}
+func (idleOwner) Released(*lease.Lease, int, time.Time, bool) {}
+func (idleOwner) Freed()                                      {}
+
+// TestOutsideDeliver: a task granted devices outside the line's own pass
+// (Deliver: a Slurm placeholder's devices) starts as one the line granted,
+// its start record before its go-ahead; a task whose request the
+// allocator refused (Refuse) fails, not started, and leaves the line; the
+// request of another holder is neither's.
+func TestOutsideDeliver(t *testing.T) {
+	table, err := lease.Open(lease.Config{Dir: t.TempDir(), IDs: []int{0}, Pools: []lease.Pool{{Name: "default"}}, DefaultPool: "default",
+		Vendor: npu.Fake, Owner: idleOwner{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table.Start(nil)
+	dir := t.TempDir()
+	run := &testRunner{dir: dir, starts: make(chan testStart, 1)}
+	rt := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100, KeepEnded: 10, KeepEndedPer: 10}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}},
+		Table: table, Owner: idleOwner{}, Accounts: &testAccounts{}, Log: log.New(io.Discard, "", 0), Runner: run,
+		Claim: func(string) error { return nil }, Outside: slurmLike{}})
+	if err := rt.Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	uid := uint32(os.Geteuid())
+	by := Submitter{UID: uid, Account: &Account{Name: "alice", Home: t.TempDir(), Shell: "/bin/sh", Known: true}}
+	submit := func() *Submitted {
+		s, err := rt.Submit(by, &client.Submission{Argv: []string{"train"}, Cwd: "/", N: 1, Log: filepath.Join(t.TempDir(), "log")},
+			func() bool { return false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	first, second := submit(), submit()
+
+	hs := table.Schedule(nil)
+	if len(hs) != 1 || taskOf(hs[0].W) == nil || taskOf(hs[0].W).ID != first.ID {
+		t.Fatalf("the line's grants: %+v; want task %d's", hs, first.ID)
+	}
+	sv, mine := rt.Deliver(hs[0])
+	if !mine || sv.Again || len(sv.Begun) != 1 || sv.Begun[0].Lease.Task != first.ID {
+		t.Fatalf("Deliver(task %d's grant) = %+v, %v; want its lease begun", first.ID, sv, mine)
+	}
+	select {
+	case st := <-run.starts:
+		if st.t.ID != first.ID || !st.onDisk || len(st.fds) != 1 {
+			t.Errorf("go-ahead of task %d (start record on disk: %v, %d descriptors); want task %d's, after its start record, with its lock",
+				st.t.ID, st.onDisk, len(st.fds), first.ID)
+		}
+		for _, fd := range st.fds {
+			os.NewFile(uintptr(fd), "lock").Close()
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("task %d delivered: no go-ahead", first.ID)
+	}
+
+	var few [4]*lease.Waiter
+	waiting := table.FirstTasks(few[:0])
+	if len(waiting) != 1 || taskOf(waiting[0]).ID != second.ID {
+		t.Fatalf("waiting in line: %v; want task %d", waiting, second.ID)
+	}
+	other := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid, User: "alice"}, N: 1}
+	if rt.Refuse(other, "no") {
+		t.Error("an npurun's request was refused as a task's")
+	}
+	if !rt.Refuse(waiting[0], "Slurm ended the placeholder") {
+		t.Fatalf("task %d's request not refused", second.ID)
+	}
+	ti, err := rt.Show(uid, second.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ti.State != client.StateFailed || ti.Reason != "not started: Slurm ended the placeholder" {
+		t.Errorf("task %d refused: %s, %q; want failed, not started, saying why", second.ID, ti.State, ti.Reason)
+	}
+	if left := table.FirstTasks(few[:0]); len(left) != 0 {
+		t.Errorf("waiting in line after the refusal: %v", left)
+	}
+	if rt.Refuse(waiting[0], "again") {
+		t.Error("a task refused twice")
 	}
 }
