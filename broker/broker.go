@@ -17,6 +17,7 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -51,14 +52,17 @@ type Options struct {
 // Lock order, where two locks are held together: ledger.refreshMu, then
 // Server.mu; Server.mu, then the task room's (package tasks: the broker
 // serves the line under Server.mu, and the room starts the tasks among
-// its grants); Server.mu or the task room's, then the lease table's
-// (package lease); any of those, then access.mu (a grant opens its
-// devices, a task's end closes them); any, then accounts.mu. The lease
-// table calls the broker (tableOwner) and its gate (access) holding no
-// lock of its own, and the task room calls the broker (taskRoomOwner, a
-// connection waiting for a task's end) holding none of its own, so no
-// room's lock is ever held under one that comes after it here. The task
-// room's journal (tasklife) and its runner share its lock.
+// its grants); Server.mu or the task room's, then the Slurm room's
+// (package slurmjobs, on a Slurm node: a waiting task's reason is Slurm's
+// placeholder's); any of those, then the lease table's (package lease);
+// any of those, then access.mu (a grant opens its devices, a task's end
+// closes them); any, then accounts.mu. The lease table calls the broker
+// (tableOwner) and its gate (access) holding no lock of its own, the Slurm
+// room calls the broker (slurmOwner) holding none of its own, and the task
+// room calls the broker (taskRoomOwner, a connection waiting for a task's
+// end) holding none of its own, so no room's lock is ever held under one
+// that comes after it here. The task room's journal (tasklife) and its
+// runner share its lock.
 // TestRoomsLockOrder runs all of them at once under -race.
 type Server struct {
 	cfg   *policy.Config
@@ -70,6 +74,10 @@ type Server struct {
 	table *lease.Table   // the devices, their lock files, the line, caps and grants: its own lock
 	acc   *access        // device access of restricted accounts (access.go), the table's gate: its own lock
 	rt    *tasks.Runtime // the tasks: their journal, line, start and end; its own lock
+
+	// slurm is a Slurm node's room ([slurm]; slurm.go): its own lock,
+	// after Server.mu's and the task room's; nil without [slurm].
+	slurm *slurmjobs.Room
 
 	stateClaim *os.File // held for the broker's life: no other broker replays this spool
 
@@ -116,9 +124,15 @@ func New(o Options) (*Server, error) {
 	for i, p := range o.Config.Pools {
 		pools[i] = lease.Pool{Name: p.Name, IDs: p.IDs}
 	}
+	pools = slurmPools(s.cfg, s.inv.IDs, pools)
+	lockDir := filepath.Join(o.RunDir, "locks")
+	var external chan struct{} // the Slurm room's, in allocate mode
+	if s.cfg.Slurm.Active() && s.cfg.Slurm.Mode == policy.ModeAllocate {
+		external = make(chan struct{}, 1)
+	}
 	if s.table, err = lease.Open(lease.Config{
-		Dir: filepath.Join(o.RunDir, "locks"), IDs: s.inv.IDs, Pools: pools, DefaultPool: s.cfg.DefaultPool,
-		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf,
+		Dir: lockDir, IDs: s.inv.IDs, Pools: pools, DefaultPool: s.cfg.DefaultPool,
+		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf, External: external,
 	}); err != nil {
 		return nil, err
 	}
@@ -153,17 +167,27 @@ func New(o Options) (*Server, error) {
 	if err := s.claimState(stateDir); errors.Is(err, ErrClaimed) {
 		return nil, err
 	}
+	if err := s.openSlurm(stateDir, lockDir, []string{"SLURM_CONF=" + os.Getenv("SLURM_CONF")}, external); err != nil {
+		return nil, err
+	}
 	if err := s.initLedger(stateDir, found); err != nil {
 		return nil, err
 	}
 	// The task room, before the table is in service: a device that comes
 	// into service serves the line, tasks' and all.
-	s.rt = tasks.New(tasks.Config{
+	tc := tasks.Config{
 		Policy: s.cfg, Inventory: s.inv, Table: s.table, Owner: (*taskRoomOwner)(s), Accounts: taskAccounts{&s.users},
 		Access: s.acc, Holders: s.led.scanner, Describe: s.describeHolder, Socket: o.Socket, Self: self, Cgroup: cgMode,
 		Claim: s.claimTasks, Log: s.log,
-	})
+	}
+	if s.slurm != nil {
+		tc.Outside = (*slurmOutside)(s) // Slurm's devices, its placeholders' reasons
+	}
+	s.rt = tasks.New(tc)
 	s.table.Start(failed)
+	if s.slurm != nil {
+		s.slurm.Resume((*slurmOwner)(s))
+	}
 	if err := s.rt.Open(stateDir); err != nil {
 		return nil, err
 	}
@@ -177,11 +201,14 @@ type tableOwner Server
 
 // Released records the end of lease l on device id (the ledger, the
 // accounting log). The ledger knows itself which devices of l are held.
-func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, _ bool) {
+func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, last bool) {
 	s := (*Server)(o)
 	s.mu.Lock()
 	s.leaseEndLocked(l, id, at)
 	s.mu.Unlock()
+	if s.slurm != nil {
+		s.slurm.Released(l, id, last)
+	}
 }
 
 // Freed serves the line: a device came into service. The tasks it grants
@@ -190,6 +217,9 @@ func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, _ bool) {
 // a lease's end to the next task's start (tasks.Runtime.Schedule).
 func (o *tableOwner) Freed() {
 	s := (*Server)(o)
+	if s.slurm != nil {
+		s.slurm.Freed() // a job's Prolog may wait for the device
+	}
 	s.mu.Lock()
 	starts := s.serveLocked(true)
 	s.mu.Unlock()

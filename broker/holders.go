@@ -169,7 +169,7 @@ func (s *Server) setHoldersLocked(l *ledgerEntry, found map[int][]*procscan.Proc
 	}
 	for _, h := range all {
 		key := "uid " + strconv.Itoa(h.PID)
-		if h.UID != l.UID && l.User != "" && !l.said[key] {
+		if h.UID != l.UID && l.User != "" && !l.said[key] && !(h.UID == 0 && l.kind() == client.KindSlurm) { // a job's step daemons are root's
 			l.said[key] = true
 			s.log.Printf("%s: the lease of %s is held by pid %d of %s: its descriptor was passed on", devs, l.User, h.PID, names[h.UID])
 		}

@@ -66,6 +66,9 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 // against the inventory and the policy (lease.Table.Admit). It returns the
 // waiter to queue, or the reply that refuses it.
 func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int, pool string) (*lease.Waiter, *client.Reply) {
+	if err := s.slurmRefusal(devices); err != nil {
+		return nil, refusalReply(err)
+	}
 	w, err := s.table.Admit(lease.Request{Holder: h, N: n, Devices: devices, Pool: pool, Limit: s.cfg.LimitFor(acct.name, acct.groups)})
 	if err != nil {
 		return nil, refusalReply(err)
@@ -127,6 +130,9 @@ func (s *Server) unwaitLocked(c *conn) {
 }
 
 func busyMessage(w *lease.Waiter, v npu.Vendor) string {
+	if w.External {
+		return fmt.Sprintf("pool %q is Slurm's to allocate: a request waits in Slurm's queue, which --no-wait does not", w.Pool)
+	}
 	if w.Exact {
 		return v.Format(w.Cand) + " is in use"
 	}
@@ -158,9 +164,7 @@ func (s *Server) serveLocked(here bool) []tasks.Start {
 		}
 		failed := sv.Again
 		for _, h := range sv.Others {
-			if !s.grantLocked(connOf(h.W), h) {
-				failed = true
-			}
+			failed = !s.deliverLocked(h) || failed
 		}
 		if len(sv.Begun) == 0 && len(sv.Others) == 0 && !sv.Again {
 			break
@@ -173,6 +177,24 @@ func (s *Server) serveLocked(here bool) []tasks.Start {
 		// their devices are free again and the next waiters may take them.
 	}
 	return starts
+}
+
+// deliverLocked delivers handover h to its waiter: a task's start (the
+// task room's: tasks.Runtime.Deliver), or a grant to the client waiting on
+// its connection. It tells whether it did; if not, the devices are free
+// again.
+func (s *Server) deliverLocked(h *lease.Handover) bool {
+	if sv, mine := s.rt.Deliver(h); mine {
+		for _, b := range sv.Begun {
+			s.leaseStartLocked(b.Lease, b.H)
+		}
+		return !sv.Again
+	}
+	if c := connOf(h.W); c != nil {
+		return s.grantLocked(c, h)
+	}
+	s.table.Return(h)
+	return false
 }
 
 // grantLocked delivers handover h to the client waiting on c: the locked
@@ -287,9 +309,13 @@ func (s *Server) reportLocked(now time.Time) time.Duration {
 		if c == nil || c.told.pos == p.Pos && p.W.Limit.MaxDevices == 0 {
 			continue
 		}
-		if wait := tellAfter(&c.told, p.Pos, p.Why, now); wait == 0 {
-			c.told = told{pos: p.Pos, why: p.Why, at: now}
-			c.sendLocked(&client.Reply{Type: client.TypeQueued, Pool: p.W.Pool, Position: p.Pos, Reason: p.Why, Ahead: p.Ahead})
+		why := s.slurmWhy(p.W, p.Why)
+		if p.W.External && why == "" {
+			continue // its placeholder is being submitted: nothing to say yet
+		}
+		if wait := tellAfter(&c.told, p.Pos, why, now); wait == 0 {
+			c.told = told{pos: p.Pos, why: why, at: now}
+			c.sendLocked(&client.Reply{Type: client.TypeQueued, Pool: p.W.Pool, Position: p.Pos, Reason: why, Ahead: p.Ahead})
 		} else if wait > 0 && (again == 0 || wait < again) {
 			again = wait
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -178,7 +179,8 @@ func (s *Server) leaseStartLocked(l *lease.Lease, h *lease.Handover) {
 // record is l as a line of the accounting log.
 func (l *ledgerEntry) record(ev string) usageRec {
 	r := usageRec{T: l.Since.UnixMilli(), Ev: ev, Lease: l.ID, Kind: l.kind(), User: l.User, UID: l.UID, Pool: l.Pool,
-		Devices: l.Devices, Task: l.Task, PID: l.pid, PIDStart: l.pidStart, Service: l.Service, TTY: l.TTY, RHost: l.RHost, Claimed: l.Claimed}
+		Devices: l.Devices, Task: l.Task, PID: l.pid, PIDStart: l.pidStart, Service: l.Service, TTY: l.TTY, RHost: l.RHost, Claimed: l.Claimed,
+		SlurmJob: l.SlurmJob}
 	for _, f := range l.files {
 		r.FSDev = f.Dev
 		r.Inodes = append(r.Inodes, f.Ino)
@@ -269,7 +271,7 @@ func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 			r := ol.rec
 			l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true,
 				Holder: lease.Holder{Kind: lease.Kind(r.Kind), UID: r.UID, User: r.User, PID: r.PID, PIDStart: r.PIDStart, Task: r.Task,
-					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed}}
+					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob}}
 			adopted[r.Lease] = l
 			order = append(order, l)
 		}
@@ -292,9 +294,33 @@ func (s *Server) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 				DurMS: now.UnixMilli() - ol.rec.T})
 		}
 	}
+	if s.slurm != nil && len(unknown) > 0 {
+		unknown = s.adoptSlurmJobs(unknown, held)
+	}
 	if len(unknown) > 0 {
 		s.findHolders(unknown, held, now)
 	}
+}
+
+// adoptSlurmJobs adopts the Slurm jobs' leases that the Slurm room's
+// records name among the held devices ids the accounting log does not
+// know (its records of their starts were summed or lost), and returns
+// the devices left unknown.
+func (s *Server) adoptSlurmJobs(ids []int, held map[int]lease.FileID) []int {
+	unknown := map[int]lease.FileID{}
+	for _, id := range ids {
+		unknown[id] = held[id]
+	}
+	for _, l := range s.slurm.Adoptable(unknown, s.table.PoolOf) {
+		e := newEntry(l)
+		s.led.usage.add(e.record("start"))
+		e.logged = true
+		s.adopt(e)
+		for _, id := range l.Devices {
+			delete(unknown, id)
+		}
+	}
+	return slices.Sorted(maps.Keys(unknown))
 }
 
 // findHolders makes a lease of each held device the log does not know,
@@ -327,6 +353,9 @@ func (s *Server) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 			break
 		}
 	}
+	if s.slurm != nil {
+		ids = s.findSlurmJobs(ids, held, res, now)
+	}
 	for _, id := range ids {
 		fid := held[id]
 		if fid == (lease.FileID{}) {
@@ -351,6 +380,65 @@ func (s *Server) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 	}
 }
 
+// findSlurmJobs makes a Slurm job's lease of the held devices ids,
+// neither the log nor the Slurm room's records know, whose holders (res)
+// include the job's extern step (a root "slurmstepd: [N.extern]"), one
+// lease per job; its user is the other holders', else Slurm's (squeue).
+// It returns the devices left.
+func (s *Server) findSlurmJobs(ids []int, held map[int]lease.FileID, res *procscan.Result, now time.Time) []int {
+	var left []int
+	jobs := map[uint32]*lease.Lease{}
+	for _, id := range ids {
+		fid := held[id]
+		var job uint32
+		var user, extern *procscan.Proc
+		for _, pid := range res.Files[procscan.FileID(fid)] {
+			pi := res.Info[pid]
+			switch {
+			case pi == nil:
+			case pi.UID != 0:
+				user = pi
+			case job == 0:
+				if job = slurmjobs.ExternJob(pi.UID, pi.Cmdline); job != 0 {
+					extern = pi
+				}
+			}
+		}
+		if fid == (lease.FileID{}) || job == 0 {
+			left = append(left, id)
+			continue
+		}
+		l := jobs[job]
+		if l == nil {
+			l = &lease.Lease{ID: s.table.NewID(), Holder: lease.Holder{Kind: lease.Slurm, SlurmJob: job, PID: extern.PID, PIDStart: extern.Start},
+				Since: now, Adopted: true, Pool: s.table.PoolOf(id)}
+			jobs[job] = l
+		}
+		l.Devices, l.Files = append(l.Devices, id), append(l.Files, fid)
+		if user != nil && l.User == "" {
+			l.UID, l.User = user.UID, s.led.names.name(user.UID)
+		}
+	}
+	for _, job := range slices.Sorted(maps.Keys(jobs)) {
+		l := jobs[job]
+		if l.User == "" {
+			uid, name, err := s.slurm.JobUser(job)
+			if err != nil {
+				s.log.Printf("job %d: its user: %v", job, err)
+			}
+			l.UID, l.User = uid, name
+		}
+		s.log.Printf("%s is held by job %d of %s, whose lease has no record: taken up as the job's", s.inv.Vendor.Format(l.Devices), job, l.User)
+		e := newEntry(l)
+		rec := e.record("start")
+		rec.Found = true
+		s.led.usage.add(rec)
+		e.logged = true
+		s.adopt(e)
+	}
+	return left
+}
+
 // maxFindScans bounds the scans findHolders does for the holders of the
 // leases found at start.
 const maxFindScans = 64
@@ -372,6 +460,8 @@ func kindName(l *ledgerEntry) string {
 	switch l.kind() {
 	case client.KindTask:
 		return fmt.Sprintf("task %d", l.Task)
+	case client.KindSlurm:
+		return slurmJobName(l)
 	case client.KindHeld:
 		return "grant unknown"
 	}

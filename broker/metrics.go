@@ -104,7 +104,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	unleased := len(s.led.reported)
 	tasks := s.taskCountsLocked()
 	s.mu.Unlock()
-	for _, st := range []string{client.DeviceFree, client.DeviceReserved, client.DeviceLeased, client.DeviceTask, client.DeviceLogin, client.DeviceHeld, client.DeviceOut} {
+	for _, st := range []string{client.DeviceFree, client.DeviceReserved, client.DeviceLeased, client.DeviceTask, client.DeviceLogin, client.DeviceSlurm, client.DeviceHeld, client.DeviceOut} {
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(byState[st]), st)
 	}
 	for pool, n := range waiters {

@@ -209,6 +209,8 @@ func kindState(kind string) string {
 		return client.DeviceTask
 	case client.KindLogin:
 		return client.DeviceLogin
+	case client.KindSlurm:
+		return client.DeviceSlurm
 	}
 	return client.DeviceHeld
 }
@@ -220,7 +222,8 @@ func (s *Server) deviceName(id int) string {
 
 func (s *Server) leaseInfo(l *ledgerEntry, id int, show func(uint32) bool) *client.LeaseInfo {
 	li := &client.LeaseInfo{ID: l.ID, Kind: l.kind(), User: l.User, UID: l.UID, PID: l.pid, Task: l.Task,
-		Service: l.Service, TTY: l.TTY, RHost: l.RHost, Claimed: l.Claimed, Devices: l.Devices, Since: l.Since.UnixMilli(), Adopted: l.Adopted}
+		Service: l.Service, TTY: l.TTY, RHost: l.RHost, Claimed: l.Claimed, Devices: l.Devices, Since: l.Since.UnixMilli(), Adopted: l.Adopted,
+		SlurmJob: l.SlurmJob}
 	li.Holders, li.MoreHolders = s.holdersInfo(l, id, show)
 	if !l.checked.IsZero() {
 		li.Checked = l.checked.UnixMilli()
@@ -231,7 +234,7 @@ func (s *Server) leaseInfo(l *ledgerEntry, id int, show func(uint32) bool) *clie
 // waiterInfo is waiter w, at place pos, waiting for why beyond its turn,
 // as the board shows it.
 func (s *Server) waiterInfo(w *lease.Waiter, pos int, why string) client.WaiterInfo {
-	wi := client.WaiterInfo{Position: pos, Kind: string(w.Kind), User: w.User, N: w.N, Since: w.Queued.UnixMilli(), Why: why, Task: w.Task}
+	wi := client.WaiterInfo{Position: pos, Kind: string(w.Kind), User: w.User, N: w.N, Since: w.Queued.UnixMilli(), Why: s.slurmWhy(w, why), Task: w.Task, SlurmJob: w.SlurmJob}
 	if w.Exact {
 		wi.Devices = w.Cand
 	}

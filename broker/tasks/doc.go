@@ -11,7 +11,11 @@
 // (local.go, idle.go, cgroup.go, supervisorbin.go: warm and idle
 // supervisors, the supervisor program's trust walk, control groups,
 // adoption) is today's, and a second way to run a task (a Slurm batch
-// job) is a sibling implementing Runner, not a branch inside it. The room
+// job) is a sibling implementing Runner, not a branch inside it. A task
+// for devices that an allocator outside the line hands out (Slurm's, in
+// allocate mode: the broker's Slurm room) waits in the line as any, is
+// refused and told why it waits by that allocator (Outside), and is
+// started or failed on its word (Deliver, Refuse). The room
 // has one lock, shared by the journal and the runner; it comes after the
 // broker's (which calls Schedule, Unwatch and the views holding its own)
 // and before the lease table's. The room must never touch a client's

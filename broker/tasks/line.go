@@ -331,6 +331,19 @@ func (rt *Runtime) Refuse(w *lease.Waiter, msg string) bool {
 	return true
 }
 
+// TimeLimit is the time limit of the task waiter w queues, its --time
+// (an allocator outside the line asks it for its placeholder); 0 for
+// another holder's request, or a task without one.
+func (rt *Runtime) TimeLimit(w *lease.Waiter) time.Duration {
+	t := taskOf(w)
+	if t == nil {
+		return 0
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return time.Duration(t.TimeSec) * time.Second
+}
+
 // startLocked starts a granted task: the devices (or CPU slot) are its
 // from now on, and it is starting; its process, its start record and the
 // go-ahead follow in launch. h is the lease table's handover of its

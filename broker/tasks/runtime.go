@@ -122,8 +122,9 @@ var ErrFatal = errors.New("cannot start")
 
 // Runtime is the task room.
 //
-// Lock order: the owner's lock (Server.mu), then mu, then the lease
-// table's, then the access room's. The owner calls Schedule, Unwatch and
+// Lock order: the owner's lock (Server.mu), then mu, then an outside
+// allocator's (Outside: the Slurm room's), then the lease table's, then
+// the access room's. The owner calls Schedule, Unwatch and
 // the views holding its own lock; every other method is called holding
 // none, and the runtime calls its owner and its watchers holding none of
 // its own: what they are told is gathered under mu and told once it is
