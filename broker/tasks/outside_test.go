@@ -56,7 +56,9 @@ func TestOutside(t *testing.T) {
 		t.Fatalf("%d grants for one request on a free device", len(hs))
 	}
 	table.Commit(hs[0])
-	defer os.NewFile(uintptr(hs[0].FDs()[0]), "lock").Close()
+	// Its descriptor (hs[0].FDs()) stays open to the test's end: let go,
+	// the device would go to the task, its lock file renewed while the
+	// test's directories are removed.
 
 	dir := t.TempDir()
 	rt := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0, 1}},
@@ -87,22 +89,43 @@ func TestOutside(t *testing.T) {
 	}
 }
 
-// idleOwner serves no line, as the runtime's owner and as the table's:
-// the test hands out the devices.
-type idleOwner struct{}
+// awaitFree lets go of the lease f holds and waits until its device is
+// free again, its lock file renewed: the test's directories may go then.
+func awaitFree(t *testing.T, table *lease.Table, f *os.File, freed chan struct{}) {
+	t.Helper()
+	f.Close()
+	for table.Snapshot().Devices[0].State != lease.Free {
+		select {
+		case <-freed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("npu 0 not freed after its lease's holder let go")
+		}
+	}
+}
+
+// idleOwner serves no line, as the runtime's owner and as the table's
+// (it tells of each device freed): the test hands out the devices.
+type idleOwner struct{ freed chan struct{} }
 
 func (idleOwner) Serve()                                      {}
 func (idleOwner) Released(*lease.Lease, int, time.Time, bool) {}
-func (idleOwner) Freed()                                      {}
+func (o idleOwner) Freed() {
+	select {
+	case o.freed <- struct{}{}:
+	default:
+	}
+}
 
 // TestOutsideDeliver: a task granted devices outside the line's own pass
 // (Deliver: a Slurm placeholder's devices) starts as one the line granted,
 // its start record before its go-ahead; a task whose request the
-// allocator refused (Refuse) fails, not started, and leaves the line; the
-// request of another holder is neither's.
+// allocator refused (Refuse) fails, not started, and leaves the line; a
+// waiting task's time limit is its --time (TimeLimit, its placeholder's);
+// the request of another holder is neither's.
 func TestOutsideDeliver(t *testing.T) {
+	freed := make(chan struct{}, 1)
 	table, err := lease.Open(lease.Config{Dir: t.TempDir(), IDs: []int{0}, Pools: []lease.Pool{{Name: "default"}}, DefaultPool: "default",
-		Vendor: npu.Fake, Owner: idleOwner{}})
+		Vendor: npu.Fake, Owner: idleOwner{freed: freed}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,15 +140,15 @@ func TestOutsideDeliver(t *testing.T) {
 	}
 	uid := uint32(os.Geteuid())
 	by := Submitter{UID: uid, Account: &Account{Name: "alice", Home: t.TempDir(), Shell: "/bin/sh", Known: true}}
-	submit := func() *Submitted {
-		s, err := rt.Submit(by, &client.Submission{Argv: []string{"train"}, Cwd: "/", N: 1, Log: filepath.Join(t.TempDir(), "log")},
+	submit := func(limit int64) *Submitted {
+		s, err := rt.Submit(by, &client.Submission{Argv: []string{"train"}, Cwd: "/", N: 1, Log: filepath.Join(t.TempDir(), "log"), TimeSec: limit},
 			func() bool { return false })
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s
 	}
-	first, second := submit(), submit()
+	first, second := submit(0), submit(90)
 
 	hs := table.Schedule(nil)
 	if len(hs) != 1 || taskOf(hs[0].W) == nil || taskOf(hs[0].W).ID != first.ID {
@@ -141,9 +164,7 @@ func TestOutsideDeliver(t *testing.T) {
 			t.Errorf("go-ahead of task %d (start record on disk: %v, %d descriptors); want task %d's, after its start record, with its lock",
 				st.t.ID, st.onDisk, len(st.fds), first.ID)
 		}
-		for _, fd := range st.fds {
-			os.NewFile(uintptr(fd), "lock").Close()
-		}
+		defer awaitFree(t, table, os.NewFile(uintptr(st.fds[0]), "lock"), freed)
 	case <-time.After(10 * time.Second):
 		t.Fatalf("task %d delivered: no go-ahead", first.ID)
 	}
@@ -154,6 +175,12 @@ func TestOutsideDeliver(t *testing.T) {
 		t.Fatalf("waiting in line: %v; want task %d", waiting, second.ID)
 	}
 	other := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid, User: "alice"}, N: 1}
+	if got := rt.TimeLimit(waiting[0]); got != 90*time.Second {
+		t.Errorf("task %d's time limit for its placeholder: %v; want its --time, 1m30s", second.ID, got)
+	}
+	if got := rt.TimeLimit(other); got != 0 {
+		t.Errorf("an npurun's request's time limit: %v; want none", got)
+	}
 	if rt.Refuse(other, "no") {
 		t.Error("an npurun's request was refused as a task's")
 	}
