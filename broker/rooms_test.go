@@ -152,8 +152,11 @@ func TestRoomsLockOrder(t *testing.T) {
 	// cancelled, whether it waits or runs by then.
 	logs := t.TempDir()
 	cwd, _ := os.Getwd()
-	mark := `set -C; for d in $(echo "$NPURUN_DEVICES" | tr , " "); do : > "$0/npu$d" || exit 3; done; ` +
-		`sleep 0.01; for d in $(echo "$NPURUN_DEVICES" | tr , " "); do rm "$0/npu$d"; done`
+	// A task cancelled while it runs is sent SIGTERM: it removes its
+	// marks then too (else the next holder of its devices would find them
+	// and be taken for a second grant).
+	mark := `set -C; devs=$(echo "$NPURUN_DEVICES" | tr , " "); trap 'for d in $devs; do rm -f "$0/npu$d"; done; exit 143' TERM; ` +
+		`for d in $devs; do : > "$0/npu$d" || exit 3; done; sleep 0.01; for d in $devs; do rm "$0/npu$d"; done`
 	for i := range submitters {
 		wg.Add(1)
 		go func() {
