@@ -100,7 +100,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range snap.Line {
 		waiters[p.W.Pool]++
 	}
-	waiters["cpu"] = s.cpuq.Len()
+	_, waiters["cpu"] = s.cpuLineLocked(0)
 	unleased := len(s.led.reported)
 	tasks := s.taskCountsLocked()
 	s.mu.Unlock()

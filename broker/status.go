@@ -146,13 +146,10 @@ func (s *Server) boardLocked(asker uint32) *client.Board {
 			ln.Waiters = append(ln.Waiters, s.waiterInfo(p.W, ln.Count, p.Why))
 		}
 	}
-	if s.cpuq.Len() > 0 {
-		ln := client.Line{Pool: "cpu", Waiters: []client.WaiterInfo{}}
-		for _, w := range s.cpuq.Waiters() {
-			ln.Count++
-			if len(ln.Waiters) < maxWaitersShown {
-				ln.Waiters = append(ln.Waiters, s.waiterInfo(w, ln.Count, s.table.Reason(w)))
-			}
+	if first, n := s.cpuLineLocked(maxWaitersShown); n > 0 {
+		ln := client.Line{Pool: "cpu", Waiters: []client.WaiterInfo{}, Count: n}
+		for i, w := range first {
+			ln.Waiters = append(ln.Waiters, s.waiterInfo(w, i+1, s.table.Reason(w)))
 		}
 		b.Waiting = append(b.Waiting, ln)
 	}
