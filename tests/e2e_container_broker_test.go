@@ -77,7 +77,9 @@ func TestContainerBrokerStatus(t *testing.T) {
 		t.Errorf("lease.user = %q, want the npurun's user, root", dv.Lease.User)
 	}
 	w := watchBoards(t, b, nil)
-	w.next("the container's processes as the lease's holders", func(bd *client.Board) bool {
+	// Found by the background scan (the process granted the lease is
+	// gone), which reads a bounded share of root's processes at a time.
+	w.nextWithin(scanTimeout, "the container's processes as the lease's holders", func(bd *client.Board) bool {
 		l := deviceOf(t, bd, 0).Lease
 		if l == nil || len(l.Holders) == 0 {
 			return false
