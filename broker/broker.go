@@ -18,6 +18,8 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/status"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -48,13 +50,19 @@ type Options struct {
 // Server is a running broker: the wiring of its rooms and the protocol
 // handlers.
 //
-// Lock order, where two locks are held together: ledger.refreshMu, then
-// Server.mu; Server.mu, then the lease table's (package lease: the broker
-// serves the line and delivers grants under Server.mu); Server.mu, then
-// access.mu (a grant opens its devices); either of those, then
-// accounts.mu. The lease table calls the broker (tableOwner) and its gate
-// (access) holding no lock of its own, so its lock is never held under
-// theirs; tasklife's table runs under Server.mu itself.
+// Lock order, where two locks are held together: the status room's
+// refreshMu, then Server.mu (a look at the holders asks the tasks for
+// supervisors: taskView); Server.mu, then the lease table's (package
+// lease: the broker serves the line and delivers grants under Server.mu);
+// Server.mu, then access.mu (a grant opens its devices); either of those,
+// then accounts.mu; Server.mu, then the status room's mu (the broker tells
+// it of grants and changes: status.Ledger's Started, Changed), which is
+// always the last: the status room calls no room holding it, and reads
+// the table and the tasks (taskView) holding none of its own. The lease
+// table calls the broker (tableOwner) and its gate (access) holding no
+// lock of its own, so its lock is never held under theirs; a release goes
+// from there to the status room (Ended) without Server.mu. tasklife's
+// table runs under Server.mu itself.
 type Server struct {
 	cfg   *policy.Config
 	inv   *npu.Inventory
@@ -62,8 +70,11 @@ type Server struct {
 	rlog  *rateLog // log, for lines that a lasting cause repeats (lograte.go)
 	users accounts
 
-	table *lease.Table // the devices, their lock files, the line, caps and grants: its own lock
-	acc   *access      // device access of restricted accounts (access.go), the table's gate: its own lock
+	table  *lease.Table   // the devices, their lock files, the line, caps and grants: its own lock
+	acc    *access        // device access of restricted accounts (access.go), the table's gate: its own lock
+	status *status.Ledger // what status reports: the ledger, holders, the scan, usage, metrics; its own lock
+
+	scanner *procscan.Scanner // reads /proc: for the status room, and at the end of a task's lease (taskend.go)
 
 	socket       string
 	self         string         // this program, beside which npurun-supervise is looked for first
@@ -110,8 +121,6 @@ type Server struct {
 	unresolved  map[uint64]*task // waiting tasks whose account could not be looked up (lookupLaterLocked)
 	lookupTimer bool             // a lookup of theirs is arranged
 	lookupWait  time.Duration    // how long it waits
-
-	led ledger // leases as granted, their holders in /proc, unleased use, accounting (leases.go)
 }
 
 // New prepares a broker: the lock directory, the lock files, and the
@@ -145,6 +154,9 @@ func New(o Options) (*Server, error) {
 	var err error
 	if s.proc, err = procfs.NewFS("/proc"); err != nil {
 		return nil, err
+	}
+	if s.scanner, err = procscan.New("/proc", os.Getpid()); err != nil {
+		return nil, fmt.Errorf("read /proc: %w", err)
 	}
 	if s.self, err = os.Executable(); err != nil {
 		return nil, fmt.Errorf("find own executable: %w", err)
@@ -190,9 +202,8 @@ func New(o Options) (*Server, error) {
 	if err := s.claimState(stateDir); errors.Is(err, ErrClaimed) {
 		return nil, err
 	}
-	if err := s.initLedger(stateDir, found); err != nil {
-		return nil, err
-	}
+	s.status = status.Open(status.Config{Policy: s.cfg, Inventory: s.inv, StateDir: stateDir, Scanner: s.scanner,
+		Table: s.table, Tasks: (*taskView)(s), Account: s.users.nameGroups, Log: s.log, Repeat: s.rlog.Printf}, found, s.table)
 	s.table.Start(failed)
 	if err := s.openTasks(stateDir); err != nil {
 		return nil, err
@@ -205,13 +216,12 @@ func New(o Options) (*Server, error) {
 // tells it, it hears holding no lock of the table's.
 type tableOwner Server
 
-// Released records the end of lease l on device id (the ledger, the
-// accounting log). The ledger knows itself which devices of l are held.
+// Released records the end of lease l on device id in the status room
+// (the ledger, the accounting log), which knows itself which devices of l
+// are held, and takes an end heard before the lease's start (Started, under
+// Server.mu) as well: Server.mu is not needed.
 func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, _ bool) {
-	s := (*Server)(o)
-	s.mu.Lock()
-	s.leaseEndLocked(l, id, at)
-	s.mu.Unlock()
+	o.status.Ended(l, id, at)
 }
 
 // Freed serves the line: a device came into service. The tasks it grants
@@ -282,9 +292,8 @@ func answers(path string) bool {
 func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	s.serveMetrics(ctx)
-	defer s.led.usage.flush(2 * time.Second)
-	defer s.writeSums(time.Time{}) // every lease it knows in the log, before the last flush
+	s.status.ServeMetrics(ctx)
+	defer s.status.Stop()          // every lease it knows in the accounting log, written
 	defer s.letIdleGo(time.Second) // a broker that stops leaves no idle supervisor
 	defer s.disarmTasks()
 	for {

@@ -401,7 +401,7 @@ func (s *Server) startTaskLocked(t *task, h *lease.Handover, slot int) bool {
 		}
 		l := s.table.Commit(h)
 		fds = h.FDs()
-		s.leaseStartLocked(l, h)
+		s.status.Started(l, h)
 	}
 	if slot >= 0 {
 		s.cpuFree[slot] = false

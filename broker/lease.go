@@ -144,7 +144,7 @@ func busyMessage(w *lease.Waiter, v npu.Vendor) string {
 // tasks (the lease table plans, the broker delivers each grant and commits
 // or returns it), CPU slots to tasks that need no device.
 func (s *Server) scheduleLocked() {
-	s.changedLocked() // for status watchers: the line or the devices changed
+	s.status.Changed() // for status watchers: the line or the devices changed
 	for {
 		hs := s.table.Schedule(s.running)
 		if len(hs) == 0 {
@@ -217,7 +217,7 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 	for _, fd := range h.FDs() {
 		closeFD(fd) // the client has it
 	}
-	s.leaseStartLocked(l, h)
+	s.status.Started(l, h)
 	return true
 }
 

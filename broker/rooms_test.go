@@ -22,10 +22,14 @@ import (
 // TestRoomsLockOrder: a real broker on a real socket, its clients asking
 // for and releasing fake devices as fast as they are granted, while status
 // boards are drawn: the broker serves its line under Server.mu, taking
-// the lease table's lock within it, while the table's watchers report
-// releases and ask for the line to be served (Server.mu, holding none of
-// the table's). Run with -race, it shows the two rooms' locks free of
-// races and of deadlock. Mutual exclusion is checked by the clients: each
+// the lease table's lock within it and telling the status room of each
+// grant (its lock last), while the table's watchers report releases to
+// the status room and ask for the line to be served (Server.mu, holding
+// none of the table's), and the boards are drawn by the status room from
+// the table's snapshot and the tasks' view (Server.mu) holding none of
+// its own. Run with -race, it shows the rooms' locks free of races and of
+// deadlock (broker/status's TestRoomLockOrder runs the status room's side
+// with tasks, metrics and scans as well). Mutual exclusion is checked by the clients: each
 // marks every device it is granted with a file made O_EXCL, removed
 // before it lets the lease go.
 func TestRoomsLockOrder(t *testing.T) {
@@ -77,7 +81,7 @@ func TestRoomsLockOrder(t *testing.T) {
 				return
 			default:
 			}
-			b, _ := s.board(0)
+			b, _ := s.status.Board(0)
 			if len(b.Devices) != devices {
 				t.Errorf("board of %d devices", len(b.Devices))
 				return
@@ -140,20 +144,14 @@ func TestRoomsLockOrder(t *testing.T) {
 	// comes free in a scheduling pass, which tells the board's watchers.
 	deadline := time.After(20 * time.Second)
 	for {
-		s.mu.Lock()
-		states, _ := s.deviceStatesLocked()
+		_, changed := s.status.Watch(0)
+		states := s.status.States()
 		free := 0
 		for _, st := range states {
 			if st == client.DeviceFree {
 				free++
 			}
 		}
-		changed := s.led.changed
-		if changed == nil {
-			changed = make(chan struct{})
-			s.led.changed = changed
-		}
-		s.mu.Unlock()
 		if free == devices {
 			return
 		}

@@ -7,9 +7,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/status"
 )
 
 // A task's lease ends with the task. Its processes are ended with it (its
@@ -27,7 +27,7 @@ import (
 // taskLease is what endTaskLeaseLocked found of an ended task's lease.
 type taskLease struct {
 	task    uint64
-	l       *ledgerEntry
+	l       *lease.Lease
 	devices []int
 	files   []procscan.FileID // the lease's lock files
 }
@@ -37,18 +37,7 @@ type taskLease struct {
 // lock files still there are signalled (outside the lock).
 func (s *Server) endTaskLeaseLocked(id uint64) {
 	tl := &taskLease{task: id}
-	for _, l := range s.uniqueLeasesLocked() {
-		if l.kind() != client.KindTask || l.Task != id {
-			continue
-		}
-		for i, dev := range l.Devices {
-			if l.held[dev] && s.led.leases[dev] == l && i < len(l.files) {
-				tl.l = l
-				tl.devices = append(tl.devices, dev)
-				tl.files = append(tl.files, l.files[i])
-			}
-		}
-	}
+	tl.l, tl.devices, tl.files = s.status.TaskLease(id)
 	if len(tl.devices) == 0 {
 		return
 	}
@@ -79,7 +68,7 @@ func (s *Server) signalTaskHolders(tl *taskLease, sig unix.Signal) bool {
 	devOf := map[procscan.FileID]int{}
 	s.mu.Lock()
 	for i, dev := range tl.devices {
-		if s.led.leases[dev] == tl.l && tl.l.held[dev] && !s.table.Ended(dev, lease.FileID(tl.files[i])) {
+		if s.status.Holds(tl.l, dev) && !s.table.Ended(dev, lease.FileID(tl.files[i])) {
 			targets.Files[tl.files[i]] = true
 			devOf[tl.files[i]] = dev
 		}
@@ -88,7 +77,7 @@ func (s *Server) signalTaskHolders(tl *taskLease, sig unix.Signal) bool {
 	if len(targets.Files) == 0 {
 		return false
 	}
-	res, err := s.led.scanner.Scan(targets)
+	res, err := s.scanner.Scan(targets)
 	if err != nil {
 		s.log.Printf("task %d has ended: find who holds its lease: %v", tl.task, err)
 		return false
@@ -101,9 +90,9 @@ func (s *Server) signalTaskHolders(tl *taskLease, sig unix.Signal) bool {
 				continue
 			}
 			found = true
-			err := s.led.scanner.Signal(pid, pi.Start, sig)
+			err := s.scanner.Signal(pid, pi.Start, sig)
 			what := fmt.Sprintf("task %d has ended: pid %d (%s: %s) still holds its lease of %s", tl.task, pid,
-				s.led.names.name(pi.UID), commandLine(pi), s.inv.Vendor.Format([]int{devOf[fid]}))
+				s.status.Name(pi.UID), status.CommandLine(pi), s.inv.Vendor.Format([]int{devOf[fid]}))
 			switch {
 			case err == nil:
 				s.log.Printf("%s: sent %s", what, unix.SignalName(sig))

@@ -1,14 +1,25 @@
 package broker
 
-import "github.com/npurun/npurun/broker/tasklife"
+import (
+	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/status"
+	"github.com/npurun/npurun/broker/tasklife"
+)
 
-// What status and the metrics read of the task table, in one place: the
-// task runner's own structure may change under these two functions
-// without touching their callers.
+// taskView is the broker's task fields as the status room reads them
+// (status.Tasks), each call under Server.mu: the one seam between the
+// status room and the tasks. The task runner's own structure may change
+// under these three methods without touching the status room.
+type taskView Server
 
-// taskSupervisorLocked returns the pid and start time of task id's
-// supervisor, zero while it has none.
-func (s *Server) taskSupervisorLocked(id uint64) (int, uint64) {
+var _ status.Tasks = (*taskView)(nil)
+
+// Supervisor returns the pid and start time of task id's supervisor,
+// zero while it has none.
+func (v *taskView) Supervisor(id uint64) (int, uint64) {
+	s := (*Server)(v)
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.life == nil {
 		return 0, 0
 	}
@@ -18,9 +29,12 @@ func (s *Server) taskSupervisorLocked(id uint64) (int, uint64) {
 	return 0, 0
 }
 
-// taskCountsLocked counts the tasks the broker knows by state, as clients
-// see the states.
-func (s *Server) taskCountsLocked() map[string]int {
+// Counts counts the tasks the broker knows by state, as clients see the
+// states.
+func (v *taskView) Counts() map[string]int {
+	s := (*Server)(v)
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	n := map[string]int{}
 	if s.life == nil {
 		return n
@@ -30,4 +44,14 @@ func (s *Server) taskCountsLocked() map[string]int {
 		return true
 	})
 	return n
+}
+
+// CPULine returns the first max tasks waiting for a CPU slot, in service
+// order, and how many wait.
+func (v *taskView) CPULine(max int) ([]*lease.Waiter, int) {
+	s := (*Server)(v)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ws := s.cpuq.Waiters()
+	return append([]*lease.Waiter(nil), ws[:min(max, len(ws))]...), len(ws)
 }
