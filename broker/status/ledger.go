@@ -88,11 +88,12 @@ type Config struct {
 // Ledger is the status room.
 //
 // Lock order: refreshMu, then the task room's lock (a look at the holders
-// asks Tasks for supervisors), then mu; any other room's lock, then mu
-// (the broker tells the ledger of grants holding its own). mu is always
-// the last: the ledger calls no other room, no log and no system call
-// that may wait while it holds mu (log lines said under it wait in notes
-// until it is let go: unlock).
+// asks Tasks for supervisors), then mu; any other room's lock, then mu or
+// limitMu (the broker tells the ledger of grants holding its own). mu and
+// limitMu are never held together, and always last: the ledger calls no
+// other room, no log and no system call that may wait while it holds
+// either (log lines said under mu wait in notes until it is let go:
+// unlock).
 type Ledger struct {
 	// Set by Open, never changed.
 	cfg       *policy.Config
@@ -112,6 +113,12 @@ type Ledger struct {
 
 	refreshMu sync.Mutex // one look at the holders at a time
 
+	// limitMu guards logLimit alone, the accounting log's limit on lease
+	// records per user (usagelimit.go): a grant's start goes to the log
+	// without a wait for mu. Taken alone.
+	limitMu  sync.Mutex
+	logLimit logLimit
+
 	mu        sync.Mutex
 	leases    map[int]*entry           // by device id, while held
 	early     map[*lease.Lease][]ended // ends heard before their lease's start (Ended)
@@ -129,9 +136,8 @@ type Ledger struct {
 	gen     uint64
 	changed chan struct{} // closed at the next change; nil while nobody waits
 
-	// the accounting log's limit on lease records per user (usagelimit.go)
-	logLimit logLimit
-	sums     usageSums
+	// the leases past their user's limit, summed (usagelimit.go)
+	sums usageSums
 }
 
 // entry is one grant while any of its devices is held.
@@ -244,12 +250,23 @@ func (g *Ledger) sayLocked(format string, args ...any) {
 }
 
 // Started records lease l, just begun by handover h (its grant
-// delivered): the ledger, the accounting log, the metrics. The caller may
-// hold its own room's lock.
+// delivered): the accounting log, the metrics, the ledger. The caller may
+// hold its own room's lock. The start is queued for the log before the
+// ledger's lock is taken: the holder has its grant by now, and its start
+// waits for nothing the ledger does (a scan's results taken in, a board).
 func (g *Ledger) Started(l *lease.Lease, h *lease.Handover) {
 	e := newEntry(l)
 	now := l.Since
 	waited := now.Sub(h.W.Queued)
+	g.limitMu.Lock()
+	logged := g.logLimit.allow(l.UID, now)
+	g.limitMu.Unlock()
+	if logged {
+		rec := e.record("start")
+		rec.WaitedMS = waited.Milliseconds()
+		g.usage.add(rec)
+		e.logged = true
+	}
 	g.metrics.granted(e.kind(), waited)
 	for i := range l.Devices {
 		if at := h.Freed(i); !at.IsZero() && h.W.Queued.Before(at) {
@@ -264,12 +281,6 @@ func (g *Ledger) Started(l *lease.Lease, h *lease.Handover) {
 		if !slices.ContainsFunc(ends, func(x ended) bool { return x.id == id }) {
 			g.leases[id] = e
 		}
-	}
-	if g.logLimit.allow(l.UID, now) {
-		rec := e.record("start")
-		rec.WaitedMS = waited.Milliseconds()
-		g.usage.add(rec)
-		e.logged = true
 	}
 	for _, x := range ends {
 		g.endLocked(e, x.id, x.at)

@@ -29,7 +29,7 @@ const (
 )
 
 // logLimit is each user's allowance of leases logged on their own: a
-// token bucket per uid, under Ledger.mu.
+// token bucket per uid, under Ledger.limitMu.
 type logLimit map[uint32]*bucket
 
 type bucket struct {
@@ -116,7 +116,6 @@ func (g *Ledger) sumLoop() {
 // not logged (Stop).
 func (g *Ledger) writeSums(old time.Time) {
 	g.mu.Lock()
-	defer g.unlock()
 	for _, l := range g.uniqueLocked() {
 		if !l.logged && (old.IsZero() || l.Since.Before(old)) {
 			l.logged = true
@@ -127,7 +126,10 @@ func (g *Ledger) writeSums(old time.Time) {
 		g.usage.add(*r)
 		delete(g.sums, k)
 	}
+	g.unlock()
+	g.limitMu.Lock()
 	g.logLimit.prune(time.Now())
+	g.limitMu.Unlock()
 }
 
 // Stop, as the broker stops, puts every lease the ledger knows in the
