@@ -9,7 +9,10 @@
 #   LIBEXECDIR  programs run by the daemon, not people: npurun/npurun-supervise,
 #               each task's supervisor ($(PREFIX)/libexec). The path is built
 #               into npubroker, which runs a npurun-supervise found beside its
-#               own executable first (a build directory), else this one
+#               own executable first (a build directory), else this one; and
+#               npurun/npurun-runtime, the OCI runtime a container engine
+#               runs (npurun-runtime(8): Docker's daemon.json names it), with
+#               npurun/npurun-runtime-create, which it runs for a create
 #   MANDIR      man pages                               ($(PREFIX)/share/man)
 #   BASHCOMPDIR bash completions: npurun, task-submit, npubroker, where
 #               bash-completion loads them ($(PREFIX)/share/bash-completion/completions)
@@ -35,13 +38,14 @@
 #   BUILDDIR    where the binaries are built            (bin)
 #   VERSION     version stamped into the binaries       (git describe)
 #   GO          the Go toolchain                        (go)
-#   CC, CFLAGS  the C compiler for pam_npurun.so, and flags added to
-#               the module's own (-Wall -Wextra -Werror)  (cc, -O2)
-#   CPPFLAGS, LDFLAGS  preprocessor and linker flags for pam_npurun.so and
-#               spank_npurun.so                         (empty)
+#   CC, CFLAGS  the C compiler for pam_npurun.so, spank_npurun.so and
+#               npurun-runtime, and flags added to their own
+#               (-Wall -Wextra -Werror)                 (cc, -O2)
+#   CPPFLAGS, LDFLAGS  preprocessor and linker flags for them (empty)
 #   BROKER_GOFLAGS, BROKER_LDFLAGS  go build and Go linker flags added for
-#               npubroker: make deb builds it as a PIE with the distribution's
-#               hardening flags (-buildmode=pie, -linkmode=external) (empty)
+#               npubroker and npurun-runtime-create (both cgo, for NSS): make deb
+#               builds them as PIEs with the distribution's hardening flags
+#               (-buildmode=pie, -linkmode=external) (empty)
 #   FUZZ_CC     the compiler of make fuzz-pam and fuzz-spank, with libFuzzer (clang)
 #   FUZZTIME    seconds make fuzz-pam (fuzz-spank) runs the fuzzer (300)
 #   DEBDIR      where make deb leaves the Debian packages   ($(BUILDDIR)/deb)
@@ -105,7 +109,9 @@ CFLAGS     ?= -O2
 
 GOFLAGS_BUILD = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 SUPERVISOR = $(LIBEXECDIR)/npurun/npurun-supervise
-BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise $(BUILDDIR)/npurun-slurm $(BUILDDIR)/pam_npurun.so
+RUNTIME    = $(LIBEXECDIR)/npurun/npurun-runtime
+RUNTIME_CREATE = $(LIBEXECDIR)/npurun/npurun-runtime-create
+BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise $(BUILDDIR)/npurun-slurm $(BUILDDIR)/npurun-runtime $(BUILDDIR)/npurun-runtime-create $(BUILDDIR)/pam_npurun.so
 SLURM_SCRIPT = $(LIBEXECDIR)/npurun/npurun-slurm
 SOURCES = $(shell find . -name '*.go' -not -path './.git/*') go.mod go.sum
 MAN1 = $(wildcard man/*.1)
@@ -143,14 +149,31 @@ $(BUILDDIR)/npurun-slurm: $(SOURCES)
 	@mkdir -p $(BUILDDIR)
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npurun-slurm
 
-$(BUILDDIR)/npubroker: $(SOURCES)
-	@mkdir -p $(BUILDDIR)
-	@if [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
-		echo "npubroker needs cgo, for user and group lookups through NSS (LDAP, sssd), and cgo is off:" >&2; \
+need_cgo = if [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
+		echo "$(1) needs cgo, for user and group lookups through NSS (LDAP, sssd), and cgo is off:" >&2; \
 		echo "  install a C compiler (gcc, or the one \$$CC names: $$($(GO) env CC)) and do not set CGO_ENABLED=0" >&2; \
 		exit 1; \
 	fi
+
+$(BUILDDIR)/npubroker: $(SOURCES)
+	@mkdir -p $(BUILDDIR)
+	@$(call need_cgo,npubroker)
 	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS) -X main.version=$(VERSION) -X github.com/npurun/npurun/broker.InstalledSupervisor=$(SUPERVISOR)" -o $@ ./cmd/npubroker
+
+# The OCI runtime that hands a lease into a container: a small C program
+# that an engine runs for every step of a container (create, start, state,
+# kill, delete), which passes all but create to runc at once (a Go
+# program's start there cost some 4 ms a step), and the create, in Go, with
+# cgo too, as it names a container's owner by its uid.
+RUNTIME_CFLAGS = -std=gnu11 -Wall -Wextra -Werror
+$(BUILDDIR)/npurun-runtime: container/front/npurun-runtime.c
+	@mkdir -p $(BUILDDIR)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(RUNTIME_CFLAGS) -o $@ $< $(LDFLAGS)
+
+$(BUILDDIR)/npurun-runtime-create: $(SOURCES)
+	@mkdir -p $(BUILDDIR)
+	@$(call need_cgo,npurun-runtime-create)
+	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS)" -o $@ ./cmd/npurun-runtime-create
 
 # The PAM module is C on purpose (a Go runtime loaded into sshd can hang:
 # see DESIGN.md), a thin client of the broker, built with warnings as
@@ -250,8 +273,9 @@ $(BUILDDIR)/completion/bash/npurun $(BUILDDIR)/completion/zsh/_npurun $(BUILDDIR
 # with its reason and every failed test's whole output. Without the PAM
 # headers the tests that build pam_npurun.so or the PAM helper skip, and
 # say so (not in CI); the helper (tests/pamhelper, build tag pamhelper) is
-# vetted where they are. The end-to-end tests of the broker's Slurm side
-# (build tag slurmbroker) are vetted, not run, until the broker serves them.
+# vetted where they are. The end-to-end tests of the broker's Slurm and
+# container sides (build tags slurmbroker, containerbroker) are vetted, not
+# run, until the broker serves them.
 test: SHELL := /bin/bash
 test: .SHELLFLAGS := -o pipefail -c
 test:
@@ -259,6 +283,7 @@ test:
 	@if $(pam_headers); then echo "$(GO) vet -tags pamhelper ./tests/pamhelper"; $(GO) vet -tags pamhelper ./tests/pamhelper; \
 	else echo "no PAM headers (libpam0g-dev): the PAM tests skip, and tests/pamhelper is not vetted"; fi
 	$(GO) vet -tags slurmbroker ./tests/
+	$(GO) vet -tags containerbroker ./tests/
 	$(GO) build -o $(BUILDDIR)/.testsummary ./tests/testsummary
 	$(GO) test -race -count=1 -timeout 20m -json ./... 2>&1 | $(BUILDDIR)/.testsummary
 
@@ -281,6 +306,8 @@ install: build units completions
 	install -m 0755 $(BUILDDIR)/npurun-supervise $(DESTDIR)$(SUPERVISOR)
 	install -m 0755 $(BUILDDIR)/npurun-slurm $(DESTDIR)$(SLURM_SCRIPT)
 	if [ "$(SPANK)" != no ] && [ -e $(BUILDDIR)/spank_npurun.so ]; then install -d $(DESTDIR)$(SPANKDIR) && install -m 0644 $(BUILDDIR)/spank_npurun.so $(DESTDIR)$(SPANKDIR)/spank_npurun.so; fi
+	install -m 0755 $(BUILDDIR)/npurun-runtime $(DESTDIR)$(RUNTIME)
+	install -m 0755 $(BUILDDIR)/npurun-runtime-create $(DESTDIR)$(RUNTIME_CREATE)
 	install -m 0644 $(BUILDDIR)/pam_npurun.so $(DESTDIR)$(PAMDIR)/pam_npurun.so
 	install -m 0644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/
 	install -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
@@ -330,6 +357,8 @@ uninstall: build units completions
 	@$(call remove_same,$(DESTDIR)$(SLURM_SCRIPT),$(BUILDDIR)/npurun-slurm)
 	@if [ -e $(BUILDDIR)/spank_npurun.so ]; then $(call remove_same,$(DESTDIR)$(SPANKDIR)/spank_npurun.so,$(BUILDDIR)/spank_npurun.so); fi
 	@rmdir '$(DESTDIR)$(SPANKDIR)' 2>/dev/null || true
+	@$(call remove_same,$(DESTDIR)$(RUNTIME),$(BUILDDIR)/npurun-runtime)
+	@$(call remove_same,$(DESTDIR)$(RUNTIME_CREATE),$(BUILDDIR)/npurun-runtime-create)
 	@rmdir '$(DESTDIR)$(LIBEXECDIR)/npurun' 2>/dev/null || true
 	@$(call remove_same,$(DESTDIR)$(PAMDIR)/pam_npurun.so,$(BUILDDIR)/pam_npurun.so)
 	@$(foreach p,$(MAN1),$(call remove_same,$(DESTDIR)$(MANDIR)/man1/$(notdir $(p)),$(p));)

@@ -53,6 +53,36 @@ func NodeAccess(vendor npu.Vendor, devDir string, ids []int) (groups, worldOpen 
 	return groups, worldOpen
 }
 
+// EngineSockets are the container engines' sockets whose group
+// may run containers as root: Docker's, and rootful Podman's API.
+var EngineSockets = []string{"/var/run/docker.sock", "/run/docker.sock", "/run/podman/podman.sock"}
+
+// EngineGroups returns the groups that may run containers as root: docker
+// (Debian's docker.io makes it, and gives its socket to it) where it
+// exists, and the group of each engine socket that others than root may
+// open through its group bits: what policy.Config.EngineWarnings checks
+// [restrict] against.
+func EngineGroups(sockets []string) []string {
+	var groups []string
+	if _, err := user.LookupGroup("docker"); err == nil {
+		groups = append(groups, "docker")
+	}
+	for _, p := range sockets {
+		var st syscall.Stat_t
+		if syscall.Stat(p, &st) != nil || st.Mode&0o060 == 0 || st.Gid == 0 {
+			continue
+		}
+		name := strconv.FormatUint(uint64(st.Gid), 10)
+		if g, err := user.LookupGroupId(name); err == nil {
+			name = g.Name
+		}
+		if !slices.Contains(groups, name) {
+			groups = append(groups, name)
+		}
+	}
+	return groups
+}
+
 // Member tells whether user belongs to group, as its primary group or a
 // supplementary one (through NSS).
 func Member(name, group string) bool {

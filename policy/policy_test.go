@@ -128,6 +128,9 @@ func TestParseGood(t *testing.T) {
 			if tt.want.Slurm.Mode == "" {
 				tt.want.Slurm = Slurm{Mode: ModeSplit, GRES: DefaultSlurmGRES, PollInterval: DefaultSlurmPollInterval}
 			}
+			if tt.want.Containers.Unleased == "" {
+				tt.want.Containers = Containers{Unleased: DefaultContainersUnleased, StateDir: DefaultContainersStateDir}
+			}
 			got.file, got.idx = "", nil // for Warnings; see TestWarnings
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", got, tt.want)
@@ -160,7 +163,7 @@ func TestParseBad(t *testing.T) {
 		{
 			name: "unknown table",
 			conf: "[devices]\nvendor = \"auto\"\n[device]\nids = \"1\"\n",
-			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, user.NAME, group.NAME)"},
+			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, user.NAME, group.NAME)"},
 		},
 		{
 			name: "key outside a table",

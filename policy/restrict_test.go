@@ -145,3 +145,36 @@ func TestRestrictWarnings(t *testing.T) {
 		t.Errorf("without [restrict]: %v, want no warning", ws)
 	}
 }
+
+// TestEngineWarnings: a restricted account in a container engine's group
+// (docker) runs containers as root: check-config says so.
+func TestEngineWarnings(t *testing.T) {
+	conf := restrictBase + "\n[restrict]\nusers = [\"guest\"]\ngroups = [\"students\"]\n"
+	c, err := Parse("npurun.conf", []byte(conf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inGroup := map[string][]string{"docker": {"guest", "alice", "root"}}
+	member := func(user, group string) bool { return slices.Contains(inGroup[group], user) }
+	members := func(group string) []string {
+		if group == "students" {
+			return []string{"alice", "bob", "root"}
+		}
+		return nil
+	}
+	var got []string
+	for _, w := range c.EngineWarnings([]string{"docker"}, member, members) {
+		got = append(got, w.Error())
+	}
+	want := []string{
+		`npurun.conf:10: [restrict] users: warning: restricted user "guest" is in group "docker", which may run containers as root (root in all but name): it opens any device without a lease: take them out of it (gpasswd -d USER GROUP), see pam_npurun(8)`,
+		`npurun.conf:11: [restrict] groups: warning: members of restricted group "students" are in group "docker", which may run containers as root (root in all but name): it opens any device without a lease (alice): take them out of it (gpasswd -d USER GROUP), see pam_npurun(8)`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("EngineWarnings =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	plain, _ := Parse("npurun.conf", []byte(restrictBase))
+	if ws := plain.EngineWarnings([]string{"docker"}, member, members); len(ws) != 0 {
+		t.Errorf("without [restrict]: %v", ws)
+	}
+}

@@ -84,19 +84,43 @@ func (c *Config) RestrictWarnings(nodeGroups, worldOpen []string, member func(us
 	for _, node := range worldOpen {
 		warn("[restrict]", []string{"restrict"}, "%s may be opened by every account: restricted accounts reach it without a lease (make it mode 0660)", node)
 	}
+	ws = append(ws, c.memberWarnings(nodeGroups, "may open the device nodes without a lease", member, members)...)
+	return ws
+}
+
+// EngineWarnings returns a warning for each restricted account that is a
+// member of a container engine's group (engineGroups: docker, and the
+// groups that own an engine's socket): such a member runs containers as
+// root, which may open any device node, mount any file, and so is root in
+// all but name; [restrict] holds nothing against it.
+func (c *Config) EngineWarnings(engineGroups []string, member func(user, group string) bool, members func(group string) []string) Errors {
+	if !c.Restrict.Active() {
+		return nil
+	}
+	return c.memberWarnings(engineGroups, "may run containers as root (root in all but name): it opens any device without a lease", member, members)
+}
+
+// memberWarnings warns of the restricted accounts that are members of one
+// of groups, which does what says; member and members as for
+// RestrictWarnings.
+func (c *Config) memberWarnings(groups []string, what string, member func(user, group string) bool, members func(group string) []string) Errors {
+	var ws Errors
+	warn := func(key string, path []string, format string, args ...any) {
+		ws = append(ws, Error{File: c.file, Line: c.idx.line(path...), Key: key, Msg: "warning: " + fmt.Sprintf(format, args...)})
+	}
 	hint := "take them out of it (gpasswd -d USER GROUP), see pam_npurun(8)"
-	for _, g := range nodeGroups {
+	for _, g := range groups {
 		if member != nil {
 			for _, u := range c.Restrict.Users {
 				if member(u, g) {
-					warn("[restrict] users", []string{"restrict", "users"}, "restricted user %q is in group %q, which may open the device nodes without a lease: %s", u, g, hint)
+					warn("[restrict] users", []string{"restrict", "users"}, "restricted user %q is in group %q, which %s: %s", u, g, what, hint)
 				}
 			}
 		}
 		if members != nil {
 			for _, rg := range c.Restrict.Groups {
 				if rg == g {
-					warn("[restrict] groups", []string{"restrict", "groups"}, "restricted group %q itself may open the device nodes without a lease", rg)
+					warn("[restrict] groups", []string{"restrict", "groups"}, "restricted group %q itself %s", rg, what)
 					continue
 				}
 				var both []string
@@ -106,7 +130,7 @@ func (c *Config) RestrictWarnings(nodeGroups, worldOpen []string, member func(us
 					}
 				}
 				if len(both) > 0 {
-					warn("[restrict] groups", []string{"restrict", "groups"}, "members of restricted group %q are in group %q, which may open the device nodes without a lease (%s): %s", rg, g, strings.Join(both, ", "), hint)
+					warn("[restrict] groups", []string{"restrict", "groups"}, "members of restricted group %q are in group %q, which %s (%s): %s", rg, g, what, strings.Join(both, ", "), hint)
 				}
 			}
 		}

@@ -23,12 +23,15 @@ import (
 // usageHead is what --help prints before the options.
 const usageHead = `Usage:
   npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
+  npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
   npurun --login [-q] [--socket PATH]
 
 Wait for free accelerator devices, lease them from npubroker, set
 NPURUN_DEVICES and the vendor's visible-device variable, and become COMMAND.
 The lease lasts until COMMAND and every process it started have exited.
+A docker or podman run gets the lease in its container, with the devices'
+nodes, and holds it for the container's life.
 
 Options:
 `
@@ -44,6 +47,8 @@ var options = []completion.Option{
 	{Long: "no-wait", Help: "fail at once with status 75 if nothing is free"},
 	{Long: "timeout", Value: "DURATION", Help: "give up after this long (e.g. 10m), with status 75"},
 	{Long: "no-device", Help: "run without a lease, with every device hidden"},
+	{Long: "container", Value: "ENGINE", Words: []string{"docker", "podman"},
+		Help: "COMMAND is this engine's (docker or podman), whatever its name:\nits run's container gets the lease (automatic for docker, podman)"},
 	{Long: "login", Help: "become the login shell under the login lease (sshd's\nForceCommand for restricted accounts; see pam_npurun(8))"},
 	{Short: 'v', Long: "verbose", Help: "report queue progress even when standard error is not a terminal"},
 	{Short: 'q', Long: "quiet", Help: "report nothing while waiting"},
@@ -188,6 +193,11 @@ func (c *command) set(opt *completion.Option, name, value string) error {
 		o.Timeout = d
 	case "no-device":
 		o.NoDevice = true
+	case "container":
+		if !slices.Contains([]string{"docker", "podman"}, value) {
+			return badUsage("--container takes docker or podman, not "+strconv.Quote(value), "")
+		}
+		o.Container = value
 	case "login":
 		o.Login = true
 	case "verbose":
@@ -213,7 +223,7 @@ func (c *command) set(opt *completion.Option, name, value string) error {
 func (c *command) check() error {
 	o := &c.o
 	if o.Login {
-		if len(c.argv) > 0 || o.NoDevice || c.nSet || len(o.Devices) > 0 || o.Pool != "" || o.NoWait || o.Timeout != 0 || o.Verbose {
+		if len(c.argv) > 0 || o.NoDevice || o.Container != "" || c.nSet || len(o.Devices) > 0 || o.Pool != "" || o.NoWait || o.Timeout != 0 || o.Verbose {
 			return badUsage("--login takes no command and no other option but -q and --socket",
 				"the policy's [restrict] says what a login gets; sshd passes a command in SSH_ORIGINAL_COMMAND")
 		}
@@ -224,6 +234,8 @@ func (c *command) check() error {
 		return badUsage("no command given", "npurun python train.py")
 	case o.NoDevice && (c.nSet || len(o.Devices) > 0 || o.Pool != ""):
 		return badUsage("--no-device takes no device, count or pool", "")
+	case o.NoDevice && o.Container != "":
+		return badUsage("--no-device and --container exclude each other", "")
 	case o.N < 0 || (o.N == 0 && c.nSet):
 		hint := ""
 		if o.N == 0 {

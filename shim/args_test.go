@@ -85,12 +85,15 @@ func TestParseArgsRefuses(t *testing.T) {
 func TestUsage(t *testing.T) {
 	want := `Usage:
   npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
+  npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
   npurun --login [-q] [--socket PATH]
 
 Wait for free accelerator devices, lease them from npubroker, set
 NPURUN_DEVICES and the vendor's visible-device variable, and become COMMAND.
 The lease lasts until COMMAND and every process it started have exited.
+A docker or podman run gets the lease in its container, with the devices'
+nodes, and holds it for the container's life.
 
 Options:
   -n, --devices N          number of devices (default 1)
@@ -100,6 +103,8 @@ Options:
       --no-wait            fail at once with status 75 if nothing is free
       --timeout DURATION   give up after this long (e.g. 10m), with status 75
       --no-device          run without a lease, with every device hidden
+      --container ENGINE   COMMAND is this engine's (docker or podman), whatever its name:
+                           its run's container gets the lease (automatic for docker, podman)
       --login              become the login shell under the login lease (sshd's
                            ForceCommand for restricted accounts; see pam_npurun(8))
   -v, --verbose            report queue progress even when standard error is not a terminal

@@ -1,14 +1,11 @@
 package shim
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/npu"
@@ -25,7 +22,7 @@ type lease struct {
 // lock file of its device at the broker that serves socket (the broker
 // keeps them in "locks" beside its socket), and hold an exclusive flock.
 func inheritedLease(socket string) (*lease, bool) {
-	dir := socket[:strings.LastIndexByte(socket, '/')+1] + "locks"
+	dir := client.LockDir(socket)
 	v := os.Getenv(client.LeaseVar)
 	if v == "" {
 		return nil, false
@@ -35,39 +32,13 @@ func inheritedLease(socket string) (*lease, bool) {
 		dev, fdText, ok := strings.Cut(part, ":")
 		id, err1 := strconv.Atoi(dev)
 		fd, err2 := strconv.Atoi(fdText)
-		if !ok || err1 != nil || err2 != nil || fd < 0 || !holdsLock(fd, id, dir) {
+		if !ok || err1 != nil || err2 != nil || fd < 0 || !client.HoldsLock(fd, id, dir) {
 			return nil, false
 		}
 		l.devices = append(l.devices, id)
 		l.fds = append(l.fds, fd)
 	}
 	return l, len(l.devices) > 0
-}
-
-// holdsLock tells whether descriptor fd is device id's current lock file
-// in dir, and this open file holds an exclusive flock on it. The broker
-// puts a fresh lock file in place whenever a lease ends, so a descriptor
-// kept from an earlier lease, or a look-alike file elsewhere, is another
-// file. /proc/self/fdinfo lists the locks of the open file behind the
-// descriptor only.
-func holdsLock(fd, id int, dir string) bool {
-	var have, cur unix.Stat_t
-	if unix.Fstat(fd, &have) != nil || unix.Stat(dir+"/npu"+strconv.Itoa(id)+".lock", &cur) != nil {
-		return false
-	}
-	if have.Dev != cur.Dev || have.Ino != cur.Ino {
-		return false
-	}
-	info, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
-	if err != nil {
-		return false
-	}
-	for _, line := range bytes.Split(info, []byte("\n")) {
-		if bytes.HasPrefix(line, []byte("lock:")) && bytes.Contains(line, []byte("FLOCK")) && bytes.Contains(line, []byte("WRITE")) {
-			return true
-		}
-	}
-	return false
 }
 
 // covers tells whether a nested request fits in the inherited lease.

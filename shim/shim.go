@@ -41,6 +41,11 @@ type Options struct {
 	Verbose  bool
 	Quiet    bool
 	Login    bool // npurun --login: a login shell under the login lease
+
+	// Container names the engine (docker, podman) of a command whose
+	// program has another name; a docker or podman command is one
+	// anyway (containerEngine).
+	Container string
 }
 
 // Run acquires a lease and executes argv under it. It returns only when it
@@ -59,6 +64,9 @@ func Run(o Options, argv []string) int {
 		// runs). NPURUN_LEASE stays too, so that an npurun below does not
 		// ask the broker for devices its ancestor holds.
 		return execute(argv, npu.HiddenEnv(), nil)
+	}
+	if engine := containerEngine(o, argv); engine != "" {
+		return runContainer(o, engine, argv)
 	}
 	if lease, ok := inheritedLease(client.SocketPath(o.Socket)); ok {
 		if v, set := os.LookupEnv("NPURUN_DEVICES"); set && v == "" {

@@ -135,9 +135,12 @@ func (l *lease) takeSublease(o Options, w subleaseWaiter) (*sublease, int, error
 	}
 	what := npu.Unknown.Format(l.devices)
 
-	// The line: one collector at a time.
-	var line int
-	for {
+	// The line: one collector at a time. A request that does not wait
+	// collects nothing over time, so it takes no place in the line: it
+	// tries the devices once, beside a collector that may be taking its
+	// own (two npurun --no-wait -n 1 started together both run).
+	line := -1
+	for !o.NoWait {
 		fd, holder, err := bindOrConnect(subleaseName(ids[0], depth, true))
 		if err != nil {
 			return fail(ExitFailure, fmt.Errorf("inside a lease of %s: %w", what, err))
@@ -150,10 +153,6 @@ func (l *lease) takeSublease(o Options, w subleaseWaiter) (*sublease, int, error
 			holder.close()
 			return fail(ExitFailure, fmt.Errorf("inside a lease of %s: its sub-leases' line is held by pid %d of uid %d, another account", what, holder.cred.Pid, holder.cred.Uid))
 		}
-		if o.NoWait {
-			holder.close()
-			return fail(ExitTempFail, fmt.Errorf("inside a lease of %s: another npurun is taking its devices", what))
-		}
 		w.say(fmt.Sprintf("waiting for %s of the lease of %s: another npurun is taking its devices", wanted(o, want), what))
 		err = awaitRelease([]*subHolder{holder}, deadline)
 		holder.close()
@@ -161,7 +160,9 @@ func (l *lease) takeSublease(o Options, w subleaseWaiter) (*sublease, int, error
 			return fail(ExitTempFail, fmt.Errorf("inside a lease of %s: gave up after %s waiting for %s", what, quantity.Duration(o.Timeout), wanted(o, want)))
 		}
 	}
-	defer unix.Close(line)
+	if line >= 0 {
+		defer unix.Close(line)
+	}
 
 	held := map[int]int{} // device -> socket
 	defer func() {

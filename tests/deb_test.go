@@ -534,7 +534,7 @@ func debInner(t *testing.T, dir string) {
 			}
 		}
 	}
-	for _, p := range []string{"/usr/bin/npurun", "/usr/bin/task-submit", "/usr/sbin/npubroker", "/usr/libexec/npurun/npurun-supervise",
+	for _, p := range []string{"/usr/bin/npurun", "/usr/bin/task-submit", "/usr/sbin/npubroker", "/usr/libexec/npurun/npurun-supervise", "/usr/libexec/npurun/npurun-runtime", "/usr/libexec/npurun/npurun-runtime-create", "/usr/share/man/man8/npurun-runtime.8.gz",
 		"/lib/systemd/system/npubroker.service", "/lib/systemd/system/npubroker.socket", "/etc/npurun/npurun.conf",
 		"/usr/share/pam-configs/npurun", "/usr/share/man/man8/pam_npurun.8.gz", "/usr/share/man/man1/npurun.1.gz",
 		"/etc/systemd/system/sockets.target.wants/npubroker.socket", "/etc/systemd/system/multi-user.target.wants/npubroker.service",

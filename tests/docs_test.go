@@ -104,6 +104,15 @@ var docNotRun = map[string]string{
 	"ssh student@box":                    "a login over ssh with the PAM module: TestSSHD (e2e_sshd_test.go) runs it",
 	"ssh student@box python x.py":        "a command over ssh: TestSSHD runs it",
 	"ssh student@box npurun python x.py": "npurun over ssh: TestSSHD runs it",
+	// Containers: a dockerd and podman of the test's own run these with a
+	// busybox image (tests/e2e_container_test.go), not the documents' images.
+	"npurun -n 2 docker run --rm -v $PWD:/w ascend-train:8.0 python /w/train.py":       "a container: TestContainerDockerForeground runs npurun docker run --rm -v DIR:/m",
+	"npurun docker run -d --name serve ascend-infer:8.0 ./serve.sh":                    "a container: TestContainerDockerDetached runs npurun docker run -d --name",
+	"npurun podman run --rm ascend-infer:8.0 python3 infer.py":                         "a container: TestContainerPodman runs npurun podman run",
+	"task-submit -n 4 --time 6h -- docker run --rm ascend-train:8.0 torchrun train.py": "a container as a task: TestContainerTask runs task-submit --time -- docker run --rm",
+	"docker run --device /dev/davinci1 ascend-infer:8.0 ./serve.sh":                    "a container without npurun: TestContainerWithoutLease checks this error",
+	"npurun podman run --rm --rootfs /srv/rootfs python3 infer.py":                     "a container: TestContainerPodman runs npurun podman run --rootfs",
+	"docker kill serve": "a container: TestContainerDockerDetached runs docker kill",
 }
 
 // docScene runs some of the examples, in order, on a stage of its own.

@@ -20,7 +20,7 @@ var liveInstallPaths = []string{
 	"/etc/systemd/system/npubroker.service", "/usr/lib/systemd/system/npubroker.service",
 	"/usr/local/lib/systemd/system/npubroker.service",
 	"/usr/local/bin/npurun", "/usr/local/bin/task-submit", "/usr/local/sbin/npubroker",
-	"/usr/local/libexec/npurun", "/usr/local/libexec/npurun/npurun-supervise",
+	"/usr/local/libexec/npurun", "/usr/local/libexec/npurun/npurun-supervise", "/usr/local/libexec/npurun/npurun-runtime", "/usr/local/libexec/npurun/npurun-runtime-create",
 	"/usr/local/share/man/man1/npurun.1", "/lib/security",
 	"/usr/local/share/bash-completion/completions/npurun", "/usr/local/share/zsh/site-functions/_npurun",
 	"/usr/local/share/fish/vendor_completions.d/npurun.fish",
@@ -102,7 +102,7 @@ func TestMakeInstallPrefix(t *testing.T) {
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm"} {
+	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
 		copyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
 	}
 	vars := []string{"PREFIX=" + prefix, "BUILDDIR=" + build}
@@ -126,7 +126,7 @@ func TestMakeInstallPrefix(t *testing.T) {
 		t.Fatalf("make install: %v\n%s", err, out)
 	}
 	checkLive("make install")
-	for _, p := range []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "libexec/npurun/npurun-supervise", "libexec/npurun/npurun-slurm", "share/man/man1/npurun.1",
+	for _, p := range []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "libexec/npurun/npurun-supervise", "libexec/npurun/npurun-slurm", "libexec/npurun/npurun-runtime", "libexec/npurun/npurun-runtime-create", "share/man/man1/npurun.1", "share/man/man8/npurun-runtime.8",
 		"share/man/man1/task-submit.1", "share/man/man5/npurun.conf.5", "share/man/man8/npubroker.8",
 		"lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket", "etc/npurun/npurun.conf"} {
 		if _, err := os.Stat(filepath.Join(prefix, p)); err != nil {
@@ -172,7 +172,7 @@ func TestMakeInstallPrefix(t *testing.T) {
 		t.Fatalf("make uninstall: %v\n%s", err, out)
 	}
 	checkLive("make uninstall")
-	gone := []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "libexec/npurun/npurun-supervise", "libexec/npurun",
+	gone := []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "libexec/npurun/npurun-supervise", "libexec/npurun/npurun-runtime", "libexec/npurun/npurun-runtime-create", "libexec/npurun",
 		"share/man/man1/npurun.1", "lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket"}
 	for _, c := range completionFiles("share/zsh/site-functions") {
 		gone = append(gone, c.path)
@@ -204,7 +204,7 @@ func TestMakeInstallStaged(t *testing.T) {
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm"} {
+	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
 		copyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
 	}
 	for _, tc := range []struct {
@@ -253,7 +253,7 @@ func TestMakeUninstallOtherPrefix(t *testing.T) {
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm"} {
+	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
 		copyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
 	}
 	units := filepath.Join(tmp, "units")
@@ -296,7 +296,7 @@ func TestMakeUninstallPAMConfigured(t *testing.T) {
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm"} {
+	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
 		copyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
 	}
 	dest := filepath.Join(tmp, "stage")

@@ -211,12 +211,12 @@ func awaitUnlocked(t testing.TB, path string, within time.Duration) {
 			t.Fatal(err)
 		}
 	case <-time.After(within):
-		t.Fatalf("%s still locked after %s; holders: %v", path, within, lockHolders(path))
+		t.Fatalf("%s still locked after %s; holders: %v", path, within, pathHolders(path))
 	}
 }
 
-// lockHolders are the processes with path open, each as "PID CMDLINE".
-func lockHolders(path string) []string {
+// pathHolders are the processes with path open, each as "PID CMDLINE".
+func pathHolders(path string) []string {
 	var out []string
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -297,13 +297,13 @@ func TestSpankJobHoldsLease(t *testing.T) {
 			}
 			// The extern step holds the lease, and the stub no copy.
 			var extern string
-			for _, h := range lockHolders(s.lockPath(6)) {
+			for _, h := range pathHolders(s.lockPath(6)) {
 				if strings.HasSuffix(h, fmt.Sprintf("slurmstepd: [%d.extern]", id)) {
 					extern = h
 				}
 			}
 			if extern == "" {
-				t.Fatalf("no extern step of job %d among the holders %v", id, lockHolders(s.lockPath(6)))
+				t.Fatalf("no extern step of job %d among the holders %v", id, pathHolders(s.lockPath(6)))
 			}
 			var ops []string
 			for _, r := range broker.Requests()[before:] {
@@ -339,9 +339,9 @@ func TestSpankJobHoldsLease(t *testing.T) {
 				// plugin keeps the step's copies close-on-exec): it would
 				// hold the lease for ever.
 				if !locked(t, s.lockPath(6)) || !locked(t, s.lockPath(5)) {
-					t.Errorf("the lease ended with the extern step, while the job's script holds it: %v", lockHolders(s.lockPath(6)))
+					t.Errorf("the lease ended with the extern step, while the job's script holds it: %v", pathHolders(s.lockPath(6)))
 				}
-				for _, h := range lockHolders(s.lockPath(6)) {
+				for _, h := range pathHolders(s.lockPath(6)) {
 					if sleeper > 0 && strings.HasPrefix(h, strconv.Itoa(sleeper)+" ") {
 						t.Errorf("the extern step's sleep holds the lease: %s", h)
 					}

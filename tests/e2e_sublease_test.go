@@ -135,3 +135,47 @@ func TestSubleasesNested(t *testing.T) {
 	}
 	p.mustSucceed()
 }
+
+// TestSubleaseNoWaitBesideCollector: a request that does not wait takes
+// no place in the sub-leases' line. A sibling waits in the line for
+// device 1 (held), and npurun --no-wait -d 3 still takes device 3, which
+// is free, at once; --no-wait -d 1 is refused naming the holder.
+func TestSubleaseNoWaitBesideCollector(t *testing.T) {
+	b := StartBroker(t, FakeConfig(4))
+	dir := SharedDir(t)
+	fifo := filepath.Join(dir, "hold")
+	makeFIFO(t, fifo)
+	release, err := os.OpenFile(fifo, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release.Close()
+	np := b.Bin.Npurun
+	p := startProc(t, "outer", b.Npurun("-d", "1,3", "sh", "-c",
+		np+` -d 1 sh -c 'echo HOLDER $$; read x < `+fifo+`' & `+
+			`read a; `+np+` -v -d 1 sh -c 'echo COLLECTED $NPURUN_DEVICES' & `+
+			`read b; `+
+			np+` --no-wait -d 3 sh -c 'echo FREE $NPURUN_DEVICES'; echo "FREEDONE $?"; `+
+			np+` --no-wait -d 1 true; echo "BUSYDONE $?"; wait`))
+	holder := pidOf(t, p.waitLine("HOLDER"))
+	if _, err := p.stdin.Write([]byte("a\n")); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLine(fmt.Sprintf("waiting for device 1 of the lease of devices 1,3: held by device 1: pid %d", holder))
+	if _, err := p.stdin.Write([]byte("b\n")); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLine("FREE 3")
+	if line := p.waitLine("FREEDONE "); line != "FREEDONE 0" {
+		t.Errorf("--no-wait for a free device beside a waiting collector: %s", line)
+	}
+	if line := p.waitLine("BUSYDONE "); line != "BUSYDONE 75" {
+		t.Errorf("--no-wait for a held device: %s", line)
+	}
+	if _, err := release.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	p.waitLine("COLLECTED 1")
+	p.stdin.Close()
+	p.mustSucceed()
+}

@@ -23,8 +23,8 @@ import (
 // Binaries are the commands under test, built once per test run into a
 // directory every user can read (tests run commands as other users too).
 type Binaries struct {
-	Dir, Broker, Npurun, TaskSubmit, Supervisor, Workload string
-	Slurm                                                 string // npurun-slurm, Slurm's Prolog and Epilog
+	Dir, Broker, Npurun, TaskSubmit, Supervisor, Workload, Runtime string
+	Slurm                                                          string // npurun-slurm, Slurm's Prolog and Epilog
 }
 
 var buildOnce = sync.OnceValues(func() (*Binaries, error) {
@@ -47,10 +47,20 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 	}
 	// The broker as the Makefile builds it, with cgo: its user lookups go
 	// through NSS. (Built without, the tests ran another broker than ships.)
-	cmd = exec.Command("go", "build", "-trimpath", "-o", dir+"/", "github.com/npurun/npurun/cmd/npubroker")
+	// npurun-runtime-create likewise: it names a container's owner by uid.
+	cmd = exec.Command("go", "build", "-trimpath", "-o", dir+"/", "github.com/npurun/npurun/cmd/npubroker", "github.com/npurun/npurun/cmd/npurun-runtime-create")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build: %v\n%s", err, out)
+	}
+	// npurun-runtime, the engine's runtime, is C (as the Makefile builds it).
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "cc"
+	}
+	cmd = exec.Command(cc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O2", "-o", filepath.Join(dir, "npurun-runtime"), filepath.Join("..", "container", "front", "npurun-runtime.c"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build npurun-runtime: %v\n%s", err, out)
 	}
 	return &Binaries{
 		Dir:        dir,
@@ -60,6 +70,7 @@ var buildOnce = sync.OnceValues(func() (*Binaries, error) {
 		Supervisor: filepath.Join(dir, "npurun-supervise"),
 		Workload:   filepath.Join(dir, "workload"),
 		Slurm:      filepath.Join(dir, "npurun-slurm"),
+		Runtime:    filepath.Join(dir, "npurun-runtime"),
 	}, nil
 })
 
@@ -71,6 +82,7 @@ func TestMain(m *testing.M) {
 	if spankDir != "" {
 		os.RemoveAll(spankDir)
 	}
+	removeRootfs()
 	os.Exit(code)
 }
 

@@ -1,7 +1,9 @@
 package client
 
 import (
+	"bytes"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 
@@ -60,4 +62,37 @@ func LeaseEntry(devices, fds []int) string {
 		b.WriteString(strconv.Itoa(id) + ":" + strconv.Itoa(fds[i]))
 	}
 	return b.String()
+}
+
+// LockDir is where the broker serving socket keeps its lock files: the
+// directory "locks" beside the socket.
+func LockDir(socket string) string {
+	return socket[:strings.LastIndexByte(socket, '/')+1] + "locks"
+}
+
+// HoldsLock tells whether descriptor fd is device id's current lock file
+// in dir (LockDir), and this open file holds an exclusive flock on it.
+// The broker puts a fresh lock file in place whenever a lease ends, so a
+// descriptor kept from an earlier lease, or a look-alike file elsewhere,
+// is another file. /proc/self/fdinfo lists the locks of the open file
+// behind the descriptor only. A nested npurun checks the lease it
+// inherits with it, and npurun-runtime the lease it is handed.
+func HoldsLock(fd, id int, dir string) bool {
+	var have, cur unix.Stat_t
+	if unix.Fstat(fd, &have) != nil || unix.Stat(dir+"/npu"+strconv.Itoa(id)+".lock", &cur) != nil {
+		return false
+	}
+	if have.Dev != cur.Dev || have.Ino != cur.Ino {
+		return false
+	}
+	info, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+	if err != nil {
+		return false
+	}
+	for _, line := range bytes.Split(info, []byte("\n")) {
+		if bytes.HasPrefix(line, []byte("lock:")) && bytes.Contains(line, []byte("FLOCK")) && bytes.Contains(line, []byte("WRITE")) {
+			return true
+		}
+	}
+	return false
 }

@@ -39,6 +39,7 @@ const (
 	KindTask   = "task"   // a task-submit task
 	KindLogin  = "login"  // a login session's lease (pam_npurun)
 	KindHeld   = ""       // found held at the broker's start, with no record of its grant
+	// KindContainer (container.go): held by a container's processes
 )
 
 // States of a device on the board.
@@ -85,22 +86,23 @@ type DeviceState struct {
 // processes /proc shows holding it. Where the two disagree, Holders is
 // the truth.
 type LeaseInfo struct {
-	ID          uint64   `json:"id"`
-	Kind        string   `json:"kind"` // KindInline, KindTask, KindLogin, or "" (KindHeld)
-	User        string   `json:"user"` // granted to
-	UID         uint32   `json:"uid"`
-	PID         int      `json:"pid,omitempty"`  // the process it was granted to (a task's supervisor)
-	Task        uint64   `json:"task,omitempty"` // a task lease's task
-	Service     string   `json:"service,omitempty"`
-	TTY         string   `json:"tty,omitempty"`
-	RHost       string   `json:"rhost,omitempty"`
-	Claimed     bool     `json:"claimed,omitempty"` // service, tty and rhost are the user's own claim (a session request not made by root), not the PAM module's
-	Devices     []int    `json:"devices"`
-	Since       int64    `json:"since"`             // Unix ms
-	Adopted     bool     `json:"adopted,omitempty"` // held since before the broker's start
-	Holders     []Holder `json:"holders"`           // root holders first, then their descendants
-	MoreHolders int      `json:"more_holders,omitempty"`
-	Checked     int64    `json:"checked,omitempty"` // Unix ms of the last look in /proc
+	ID          uint64        `json:"id"`
+	Kind        string        `json:"kind"` // KindInline, KindTask, KindLogin, or "" (KindHeld)
+	User        string        `json:"user"` // granted to
+	UID         uint32        `json:"uid"`
+	PID         int           `json:"pid,omitempty"`  // the process it was granted to (a task's supervisor)
+	Task        uint64        `json:"task,omitempty"` // a task lease's task
+	Service     string        `json:"service,omitempty"`
+	TTY         string        `json:"tty,omitempty"`
+	RHost       string        `json:"rhost,omitempty"`
+	Claimed     bool          `json:"claimed,omitempty"` // service, tty and rhost are the user's own claim (a session request not made by root), not the PAM module's
+	Devices     []int         `json:"devices"`
+	Since       int64         `json:"since"`               // Unix ms
+	Adopted     bool          `json:"adopted,omitempty"`   // held since before the broker's start
+	Container   *ContainerRef `json:"container,omitempty"` // KindContainer: the container holding it
+	Holders     []Holder      `json:"holders"`             // root holders first, then their descendants
+	MoreHolders int           `json:"more_holders,omitempty"`
+	Checked     int64         `json:"checked,omitempty"` // Unix ms of the last look in /proc
 
 	// The Slurm job holding it (KindSlurm), or the placeholder allocation
 	// its devices came from ([slurm] mode "allocate").
@@ -115,6 +117,8 @@ type Holder struct {
 	UID     uint32 `json:"uid"`
 	Command string `json:"command,omitempty"` // left out where the policy hides others' commands
 	Started int64  `json:"started"`           // Unix ms
+
+	Container *ContainerRef `json:"container,omitempty"` // the container the process is in, from its cgroup
 }
 
 // Line is one pool's waiters.
@@ -155,6 +159,8 @@ type Unleased struct {
 	Since      int64  `json:"since"` // Unix ms: when its user's use of the node began (through gaps shorter than the grace window)
 	Restricted bool   `json:"restricted"`
 	Action     string `json:"action"` // "report", or the signal sent: "term", "kill"
+
+	Container *ContainerRef `json:"container,omitempty"` // the container the process is in, from its cgroup
 }
 
 // ScanInfo tells how fresh the background scan is.

@@ -26,7 +26,8 @@ package client
 // A client cancels a wait by closing the connection. After a grant the same
 // connection may ask again. The task exchange is in tasks.go; status and
 // usage, who holds what and who used how much, in status.go; Slurm's
-// Prolog, Epilog and SPANK plugin, in slurm.go.
+// Prolog, Epilog and SPANK plugin, in slurm.go; containers, and the
+// leases they hold, in container.go.
 //
 // Sessions: pam_npurun.so (as root, on behalf of the user logging in) and
 // npurun --login (as the user) ask what a login session gets. The broker
@@ -124,6 +125,9 @@ type Request struct {
 
 	// a Slurm job (slurm.go)
 	Job *SlurmJob `json:"job,omitempty"`
+	// containers (container.go): acquire on a container's behalf, and
+	// the container op; root only
+	Container *ContainerRef `json:"container,omitempty"`
 }
 
 // Reply is a message from the broker.

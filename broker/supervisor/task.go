@@ -16,7 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/container"
 	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/npu"
 )
 
 // reasonCancelled is the Status reason of a task the broker cancelled.
@@ -73,12 +75,19 @@ func runTask(spec *client.Spec, p *prepared, leases []*os.File, cancel <-chan os
 	if err := becomeSubreaper(); err != nil {
 		logf(log, "npurun: task %d: become its processes' subreaper: %v; what leaves its process group may outlive it\n", spec.ID, err)
 	}
-	pid, err := startCommand(spec, p, leases)
+	pid, la, err := startCommand(spec, p, leases)
 	closeFiles(leases)
 	started(err == nil)
 	if err != nil {
 		logf(log, "npurun: task %d did not start: %v\n", spec.ID, err)
 		return startFailure(err)
+	}
+	if la != nil {
+		defer la.Close() // a lease not handed over by the end is nobody's
+		if la.Handover != nil {
+			go la.Handover.Serve(-1)
+			defer la.Handover.Stop()
+		}
 	}
 	end := supervise(pid, spec, cancel)
 	if end.left > 0 {
@@ -147,13 +156,23 @@ func cancelled(cancel <-chan os.Signal) bool {
 // with syscall.ForkExec: os/exec's Start does more (a Process with its
 // pidfd, the environment deduplicated) for nothing the supervisor uses,
 // some 50 µs on a task's start here.
-func startCommand(spec *client.Spec, p *prepared, leases []*os.File) (int, error) {
+func startCommand(spec *client.Spec, p *prepared, leases []*os.File) (int, *container.Launch, error) {
 	if p.pathErr != nil {
-		return 0, fmt.Errorf("start: %w", p.pathErr)
+		return 0, nil, fmt.Errorf("start: %w", p.pathErr)
 	}
 	log := p.log
 	lease := ""
-	if len(leases) > 0 {
+	argv := spec.Argv
+	files := []uintptr{p.null.Fd(), log.Fd(), log.Fd()}
+	la, err := containerLaunch(spec, leases)
+	if err != nil {
+		return 0, nil, fmt.Errorf("start: %w", err)
+	}
+	if la != nil {
+		// The container gets the lease, not the engine's command line.
+		argv, files = la.Argv, la.Files([3]uintptr{files[0], files[1], files[2]})
+		defer la.Started()
+	} else if len(leases) > 0 {
 		fds := make([]int, len(leases))
 		for i, f := range leases {
 			fds[i] = int(f.Fd())
@@ -162,7 +181,7 @@ func startCommand(spec *client.Spec, p *prepared, leases []*os.File) (int, error
 		// as they are; this process's go when the command has started.
 		placed, entry, err := client.PlaceLease(spec.Devices, fds)
 		if err != nil {
-			return 0, fmt.Errorf("start: %w", err)
+			return 0, nil, fmt.Errorf("start: %w", err)
 		}
 		defer closeAll(placed)
 		lease = entry
@@ -170,7 +189,7 @@ func startCommand(spec *client.Spec, p *prepared, leases []*os.File) (int, error
 	attr := &syscall.ProcAttr{
 		Dir:   spec.Cwd,
 		Env:   taskEnv(spec.Env, lease),
-		Files: []uintptr{p.null.Fd(), log.Fd(), log.Fd()},
+		Files: files,
 		Sys:   &syscall.SysProcAttr{Setpgid: true},
 	}
 	if spec.Umask != nil {
@@ -179,11 +198,37 @@ func startCommand(spec *client.Spec, p *prepared, leases []*os.File) (int, error
 		syscall.Umask(int(*spec.Umask & 0o777))
 	}
 	logf(log, "npurun: task %d started %s at %s\n", spec.ID, placement(spec.Devices), time.Now().Format(time.RFC3339))
-	pid, err := start(p.path, spec.Argv, attr, spec.Idle)
+	pid, err := start(p.path, argv, attr, spec.Idle)
 	if err != nil {
-		return 0, fmt.Errorf("start %s in %s: %w", p.path, spec.Cwd, err)
+		if la != nil {
+			la.Close()
+		}
+		return 0, nil, fmt.Errorf("start %s in %s: %w", p.path, spec.Cwd, err)
 	}
-	return pid, nil
+	return pid, la, nil
+}
+
+// containerLaunch prepares a task whose command is a container engine's
+// run (docker run, podman run) to hand its lease into the container, as
+// npurun does (package container): its life, and so its time limit, are
+// then the container's. nil for any other command, or a task without
+// devices.
+func containerLaunch(spec *client.Spec, leases []*os.File) (*container.Launch, error) {
+	engine := container.Detect(spec.Argv)
+	if engine == "" || len(leases) == 0 {
+		return nil, nil
+	}
+	r, err := container.Parse(engine, spec.Argv)
+	if err != nil {
+		return nil, fmt.Errorf("%w: npurun hands a task's lease to a container that %s run starts", err, engine)
+	}
+	fds := make([]int, len(leases))
+	for i, f := range leases {
+		fds[i] = int(f.Fd())
+	}
+	devDir := lookupEnv(spec.Env, "NPURUN_DEV_DIR")
+	l := container.Lease{Vendor: npu.VendorOf(spec.Env, devDir, spec.Devices), Devices: spec.Devices, FDs: fds, Env: spec.Env}
+	return container.Prepare(r, l, container.Options{DevDir: devDir, Runtime: lookupEnv(spec.Env, "NPURUN_DOCKER_RUNTIME"), Task: true})
 }
 
 // resolve finds the program of argv: a name with a slash as given

@@ -72,11 +72,12 @@ const checkConfigHelp = `Validate a configuration file (default ` + broker.Defau
 problem by file, line and key. Errors exit 1. Warnings, also on standard
 error, leave the status 0: a [user.NAME] or [group.NAME] for an account
 this machine does not know (yet), devices that [pools] puts in no pool, a
-[restrict]ed account still in a group that may open the device nodes, the
-configured devices missing from this machine (serve would not start),
-[slurm] gres_devices that disagree with Slurm's gres.conf (beside
-$SLURM_CONF, or [slurm] gres_conf): counts, and File= nodes that are not
-the mapped devices' nodes.
+[restrict]ed account still in a group that may open the device nodes, or
+in a container engine's (docker: root in all but name), the configured
+devices missing from this machine (serve would not start), [slurm]
+gres_devices that disagree with Slurm's gres.conf (beside $SLURM_CONF, or
+[slurm] gres_conf): counts, and File= nodes that are not the mapped
+devices' nodes.
 `
 
 func checkConfig(args []string) int {
@@ -134,6 +135,7 @@ func checkConfig(args []string) int {
 		groups, open := pam.NodeAccess(npu.Vendor(cfg.Vendor), cfg.DevDir, devices)
 		warnings = append(warnings, cfg.RestrictWarnings(groups, open, pam.Member, pam.Members)...)
 	}
+	warnings = append(warnings, cfg.EngineWarnings(pam.EngineGroups(pam.EngineSockets), pam.Member, pam.Members)...)
 	for _, w := range warnings {
 		fmt.Fprintln(os.Stderr, w.Error())
 	}
@@ -300,6 +302,9 @@ func serve(args []string) int {
 	if cfg.Restrict.Active() {
 		groups, open := pam.NodeAccess(inv.Vendor, inv.DevDir, inv.IDs)
 		for _, w := range cfg.RestrictWarnings(groups, open, pam.Member, pam.Members) {
+			lg.Print(w.Error())
+		}
+		for _, w := range cfg.EngineWarnings(pam.EngineGroups(pam.EngineSockets), pam.Member, pam.Members) {
 			lg.Print(w.Error())
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/container"
 	"github.com/npurun/npurun/shim"
 )
 
@@ -65,6 +66,11 @@ func submit(o *options) int {
 		warn("%v", err)
 		hint("the task would fail at its start: give a --log FILE you may write (nothing was submitted)")
 		return shim.ExitFailure
+	}
+	if err := checkContainer(&s); err != nil {
+		warn("%v", err)
+		hint("a task's container runs attached, its life the task's: drop -d (nothing was submitted)")
+		return shim.ExitUsage
 	}
 	if s.Token == "" {
 		if s.Token, err = newToken(); err != nil {
@@ -444,4 +450,24 @@ func exitCode(code string) int {
 		return shim.ExitUsage
 	}
 	return shim.ExitFailure
+}
+
+// checkContainer refuses, before it is submitted, a task the supervisor
+// would refuse at its start: a container engine's command with devices
+// that is not a run, or a detached run (the task would end at once, and
+// its container with it). The supervisor hands the lease into the
+// container (package container).
+func checkContainer(s *client.Submission) error {
+	engine := container.Detect(s.Argv)
+	if engine == "" || s.NoDevice {
+		return nil
+	}
+	r, err := container.Parse(engine, s.Argv)
+	if err != nil {
+		return fmt.Errorf("%w: a task's lease goes to a container that %s run starts", err, engine)
+	}
+	if r.Detach {
+		return fmt.Errorf("%s run --detach: a task's container runs attached, the task's life being the container's", engine)
+	}
+	return nil
 }

@@ -1,0 +1,76 @@
+package container
+
+import (
+	"bytes"
+	"strings"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// FromCgroup names the container a process is in from its
+// /proc/PID/cgroup, or returns nil for a process in none. From the host a
+// container's processes have host pids and uid 0 (or a mapped uid); their
+// control group is what names the container, in each engine's way:
+//
+//	docker, cgroupfs     /docker/ID
+//	docker, systemd      /system.slice/docker-ID.scope
+//	podman, cgroupfs     /libpod_parent/libpod-ID
+//	podman, systemd      /machine.slice/libpod-ID.scope(/container)
+//	containerd (CRI)     …/cri-containerd-ID.scope, or /kubepods/…/ID
+//	CRI-O                …/crio-ID.scope
+//
+// where ID is the container's 64 hex digits. The first line that names one
+// counts (every hierarchy names the same container).
+func FromCgroup(data []byte) *client.ContainerRef {
+	for line := range bytes.SplitSeq(data, []byte("\n")) {
+		// hierarchy-ID:controllers:path
+		i := bytes.IndexByte(line, ':')
+		if i < 0 {
+			continue
+		}
+		j := bytes.IndexByte(line[i+1:], ':')
+		if j < 0 {
+			continue
+		}
+		if c := fromPath(string(line[i+1+j+1:])); c != nil {
+			return c
+		}
+	}
+	return nil
+}
+
+// fromPath names the container of one cgroup path, nil for none.
+func fromPath(path string) *client.ContainerRef {
+	parts := strings.Split(path, "/")
+	for k, part := range parts {
+		for _, p := range [...]struct{ prefix, engine string }{
+			{"docker-", "docker"}, {"libpod-", "podman"}, {"cri-containerd-", "containerd"}, {"crio-", "cri-o"},
+		} {
+			if id, ok := strings.CutPrefix(strings.TrimSuffix(part, ".scope"), p.prefix); ok && isID(id) {
+				return &client.ContainerRef{Engine: p.engine, ID: id}
+			}
+		}
+		if isID(part) && k > 0 {
+			switch {
+			case parts[k-1] == "docker":
+				return &client.ContainerRef{Engine: "docker", ID: part}
+			case strings.HasPrefix(parts[1], "kubepods"):
+				return &client.ContainerRef{Engine: "containerd", ID: part}
+			}
+		}
+	}
+	return nil
+}
+
+// isID tells whether s is a container id: 64 lowercase hex digits.
+func isID(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}

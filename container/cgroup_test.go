@@ -1,0 +1,36 @@
+package container
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestFromCgroup(t *testing.T) {
+	id := strings.Repeat("c44f463c", 8)
+	for _, tc := range []struct {
+		name, data   string
+		engine, want string
+	}{
+		{"docker cgroupfs, v1 (as seen here)", "9:name=systemd:/docker/" + id + "\n8:pids:/docker/" + id + "\n0::/\n", "docker", id},
+		{"docker systemd", "0::/system.slice/docker-" + id + ".scope\n", "docker", id},
+		{"podman cgroupfs (as seen here)", "4:memory:/libpod_parent/libpod-" + id + "\n", "podman", id},
+		{"podman systemd, nested", "0::/machine.slice/libpod-" + id + ".scope/container\n", "podman", id},
+		{"containerd CRI", "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-" + id + ".scope\n", "containerd", id},
+		{"kubepods cgroupfs", "0::/kubepods/besteffort/pod1/" + id + "\n", "containerd", id},
+		{"cri-o", "0::/kubepods.slice/crio-" + id + ".scope\n", "cri-o", id},
+		{"the host", "0::/\n4:memory:/user.slice\n", "", ""},
+		{"conmon is no container", "4:memory:/libpod_parent/conmon\n", "", ""},
+		{"a short id is none", "0::/docker/abc\n", "", ""},
+		{"garbage", "nonsense\n::\n", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := FromCgroup([]byte(tc.data))
+			switch {
+			case tc.want == "" && c != nil:
+				t.Errorf("FromCgroup = %+v, want none", c)
+			case tc.want != "" && (c == nil || c.Engine != tc.engine || c.ID != tc.want):
+				t.Errorf("FromCgroup = %+v, want %s %s", c, tc.engine, tc.want)
+			}
+		})
+	}
+}

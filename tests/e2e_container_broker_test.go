@@ -1,0 +1,221 @@
+//go:build containerbroker
+
+package tests
+
+// The broker's side of issue 17 (containers), specified in
+// /work/briefs/containers-broker.md: a lease that a container holds is of
+// kind "container" and names the container; status names the container of
+// every holder and of every unleased use in one; a process that docker exec
+// starts in a container that holds a lease is not unleased use; usage
+// counts kind container. These tests need that side: run them with
+// `go test -tags containerbroker -run 'TestContainerBroker' ./tests/` as
+// root, once it is built (and ociruntime's brokerKnowsContainers is true).
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// openableDev makes a tree whose davinci0 and davinci1 are character
+// devices a container may open once allowed (/dev/kmsg's number, read by
+// root; /dev/loop-control's), and neither is in Docker's default device
+// rules: a container without --device gets EPERM. The control nodes are
+// numbers no driver has.
+func openableDev(t *testing.T) string {
+	t.Helper()
+	base := uint32(os.Getpid()%1000) * 200
+	return mkNodes(t, map[string]uint64{
+		"davinci0":        unix.Mkdev(1, 11),
+		"davinci1":        unix.Mkdev(10, 237),
+		"davinci_manager": unix.Mkdev(containerMajor, base+100),
+		"devmm_svm":       unix.Mkdev(containerMajor, base+101),
+		"hisi_hdc":        unix.Mkdev(containerMajor, base+102),
+	})
+}
+
+// deviceOf is device id's state on the board.
+func deviceOf(t *testing.T, bd *client.Board, id int) client.DeviceState {
+	t.Helper()
+	for _, d := range bd.Devices {
+		if d.ID == id {
+			return d
+		}
+	}
+	t.Fatalf("no npu %d on the board", id)
+	return client.DeviceState{}
+}
+
+// TestContainerBrokerStatus: the lease a container holds is of kind
+// container, names the container (engine, id, name) as soon as npurun
+// docker run -d returns (the runtime told the broker), and each holder
+// names it too; the table says so.
+func TestContainerBrokerStatus(t *testing.T) {
+	dev := containerDev(t, 1)
+	b := StartBroker(t, containerConfig(t, dev, 1, ""))
+	d := startDockerd(t, b, "")
+	code, out := exitCode(t, npurunIn(b, containerClient(b, dev), dockerBin, "-H", "unix://"+d.Sock, "run", "-d", "--name", "train", "local/mini", "sleep", "600"))
+	if code != 0 {
+		t.Fatalf("npurun docker run -d: exit %d\n%s", code, out)
+	}
+	cid := strings.TrimSpace(out)
+	bd := b.Board(t)
+	dv := deviceOf(t, bd, 0)
+	if dv.State != client.DeviceContainer || dv.Lease == nil || dv.Lease.Kind != client.KindContainer {
+		t.Fatalf("npu 0: %+v, want state and kind container", dv)
+	}
+	want := client.ContainerRef{Engine: "docker", ID: cid, Name: "train"}
+	if c := dv.Lease.Container; c == nil || *c != want {
+		t.Errorf("lease.container = %+v, want %+v", c, want)
+	}
+	if dv.Lease.User != "root" {
+		t.Errorf("lease.user = %q, want the npurun's user, root", dv.Lease.User)
+	}
+	w := watchBoards(t, b, nil)
+	w.next("the container's processes as the lease's holders", func(bd *client.Board) bool {
+		l := deviceOf(t, bd, 0).Lease
+		if l == nil || len(l.Holders) == 0 {
+			return false
+		}
+		for _, h := range l.Holders {
+			if h.Container == nil || h.Container.ID != cid {
+				return false
+			}
+		}
+		return true
+	})
+	table := b.Status(t)
+	if !strings.Contains(table, "container") || !strings.Contains(table, "train") {
+		t.Errorf("the table does not name the container:\n%s", table)
+	}
+}
+
+// TestContainerBrokerRestart: a container restarted by its engine holds a
+// lease of kind container for its owner, naming it.
+func TestContainerBrokerRestart(t *testing.T) {
+	dev := containerDev(t, 1)
+	b := StartBroker(t, containerConfig(t, dev, 1, ""))
+	d := startDockerd(t, b, "")
+	alice := newUser(t)
+	if err := os.Chown(d.Sock, int(alice.UID), -1); err != nil {
+		t.Fatal(err)
+	}
+	m := fifo(t)
+	env := append(containerClient(b, dev), "DOCKER_CONFIG="+SharedDir(t))
+	script := `n=$(cat /m/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /m/n; [ $n -eq 1 ] && read x < /m/go; exec sleep 600`
+	cmd := alice.as(npurunIn(b, env, dockerBin, "-H", "unix://"+d.Sock, "run", "-d", "--restart=always", "--name", "rs", "-v", m+":/m", "local/mini", "sh", "-c", script), m)
+	if code, out := exitCode(t, cmd); code != 0 {
+		t.Fatalf("npurun docker run: exit %d\n%s", code, out)
+	}
+	w := watchBoards(t, b, nil)
+	releaseProbe(t, m)
+	cid := d.DockerOut("inspect", "-f", "{{.Id}}", "rs")
+	w.next("the restarted container's lease, kind container, alice's", func(bd *client.Board) bool {
+		l := deviceOf(t, bd, 0).Lease
+		return l != nil && l.Kind == client.KindContainer && l.User == alice.Name && l.Container != nil && l.Container.ID == cid && l.Container.Name == "rs"
+	})
+}
+
+// TestContainerBrokerUnleased: a container started without npurun that
+// opens a device (unleased = "report", the runtime not in the way) is
+// reported, naming the container, though its processes are root's (exempt
+// from the report by default on the host).
+func TestContainerBrokerUnleased(t *testing.T) {
+	dev := openableDev(t)
+	b := StartBroker(t, containerConfig(t, dev, 2, "unleased = \"report\"\n\n[status]\nscan_interval = \"1s\"\nunleased_grace = \"1s\"\n"))
+	d := startDockerd(t, b, "")
+	out := d.DockerOut("run", "-d", "--name", "sneak", "--device", filepath.Join(dev, "davinci0")+":/dev/davinci0", "local/mini",
+		"sh", "-c", "exec 3</dev/davinci0; exec sleep 600")
+	cid := strings.TrimSpace(out)
+	w := watchBoards(t, b, nil)
+	bd, _ := w.nextWithin(2*eventTimeout, "the container's use of npu 0 reported", func(bd *client.Board) bool {
+		for _, u := range bd.Unleased {
+			if u.Device == 0 && u.Container != nil && u.Container.ID == cid {
+				return true
+			}
+		}
+		return false
+	})
+	for _, u := range bd.Unleased {
+		if u.Device == 0 && u.Container != nil && u.Container.Name != "sneak" {
+			t.Errorf("unleased use names the container %+v, want its name sneak", u.Container)
+		}
+	}
+	if table := b.Status(t); !strings.Contains(table, "sneak") {
+		t.Errorf("the table's UNLEASED USE does not name the container:\n%s", table)
+	}
+}
+
+// TestContainerBrokerExec: a process that docker exec starts in a
+// container holding a lease, and that opens the lease's device, is not
+// unleased use: its container holds the lease.
+func TestContainerBrokerExec(t *testing.T) {
+	dev := openableDev(t)
+	b := StartBroker(t, containerConfig(t, dev, 2, "\n[status]\nscan_interval = \"1s\"\nunleased_grace = \"1s\"\nunleased_exempt_users = []\n"))
+	d := startDockerd(t, b, "")
+	code, out := exitCode(t, npurunIn(b, containerClient(b, dev), "-d", "0", dockerBin, "-H", "unix://"+d.Sock, "run", "-d", "--name", "ex", "local/mini", "sleep", "600"))
+	if code != 0 {
+		t.Fatalf("npurun docker run -d: exit %d\n%s", code, out)
+	}
+	ex := startProc(t, "docker exec", d.Docker("exec", "ex", "sh", "-c", "exec 3</dev/davinci0; echo open; exec sleep 600"))
+	ex.waitLine("open")
+	// Two whole scans after the exec'd process opened the node: it would be
+	// reported by now, were it judged without its container.
+	w := watchBoards(t, b, nil)
+	first, _ := w.nextWithin(2*eventTimeout, "a scan", func(bd *client.Board) bool { return bd.Scan.Last > 0 })
+	w.nextWithin(2*eventTimeout, "two scans later", func(bd *client.Board) bool { return bd.Scan.Last > first.Scan.Last+int64(2*1000) })
+	for _, u := range b.Board(t).Unleased {
+		if u.Device == 0 {
+			t.Errorf("a process of the container holding npu 0 reported as unleased use: %+v", u)
+		}
+	}
+}
+
+// TestContainerBrokerUsage: a container's device time is counted under
+// kind container.
+func TestContainerBrokerUsage(t *testing.T) {
+	dev := containerDev(t, 1)
+	b := StartBroker(t, containerConfig(t, dev, 1, ""))
+	d := startDockerd(t, b, "")
+	if code, out := exitCode(t, npurunIn(b, containerClient(b, dev), dockerBin, "-H", "unix://"+d.Sock, "run", "--rm", "local/mini", "sleep", "1")); code != 0 {
+		t.Fatalf("npurun docker run: exit %d\n%s", code, out)
+	}
+	awaitFree(t, b, 0)
+	cmd := exec.Command(b.Bin.Broker, "usage", "--since", "1h", "--json")
+	cmd.Env = b.Env()
+	got, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("npubroker usage: %v", err)
+	}
+	if !strings.Contains(string(got), fmt.Sprintf("%q:%q", "kind", client.KindContainer)) {
+		t.Errorf("usage has no row of kind container:\n%s", got)
+	}
+}
+
+// TestContainerBrokerRestartBroker: the broker killed and restarted while a
+// container holds a lease finds it again as a container's (from its
+// holders' control groups) and names it.
+func TestContainerBrokerRestartBroker(t *testing.T) {
+	dev := containerDev(t, 1)
+	b := StartBroker(t, containerConfig(t, dev, 1, ""))
+	d := startDockerd(t, b, "")
+	code, out := exitCode(t, npurunIn(b, containerClient(b, dev), dockerBin, "-H", "unix://"+d.Sock, "run", "-d", "--name", "kept", "local/mini", "sleep", "600"))
+	if code != 0 {
+		t.Fatalf("npurun docker run -d: exit %d\n%s", code, out)
+	}
+	cid := strings.TrimSpace(out)
+	b.Kill()
+	b.Start()
+	w := watchBoards(t, b, nil)
+	w.next("npu 0 found held by container kept", func(bd *client.Board) bool {
+		l := deviceOf(t, bd, 0).Lease
+		return l != nil && l.Container != nil && l.Container.ID == cid
+	})
+}
