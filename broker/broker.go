@@ -55,14 +55,15 @@ type Options struct {
 // supervisors: taskView); Server.mu, then the lease table's (package
 // lease: the broker serves the line and delivers grants under Server.mu);
 // Server.mu, then access.mu (a grant opens its devices); either of those,
-// then accounts.mu; Server.mu, then the status room's mu (the broker tells
-// it of grants and changes: status.Ledger's Started, Changed), which is
-// always the last: the status room calls no room holding it, and reads
-// the table and the tasks (taskView) holding none of its own. The lease
-// table calls the broker (tableOwner) and its gate (access) holding no
-// lock of its own, so its lock is never held under theirs; a release goes
-// from there to the status room (Ended) without Server.mu. tasklife's
-// table runs under Server.mu itself.
+// then accounts.mu; Server.mu, then the status room's mu or its limitMu
+// (the broker tells it of grants and changes: status.Ledger's Started,
+// Changed; the two never together), which is always the last: the status
+// room calls no room holding it, and reads the table and the tasks
+// (taskView) holding none of its own. The lease table calls the broker
+// (tableOwner) and its gate (access) holding no lock of its own, so its
+// lock is never held under theirs; a release goes from there to the
+// status room (Ended) without Server.mu. tasklife's table runs under
+// Server.mu itself.
 type Server struct {
 	cfg   *policy.Config
 	inv   *npu.Inventory
