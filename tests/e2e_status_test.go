@@ -75,7 +75,7 @@ func TestStatusHolders(t *testing.T) {
 	pass := startProc(t, "passer", b.Npurun("-d", "1", b.Bin.Workload, "-pass", sock))
 	recv.waitLine("received")
 	pass.mustSucceed()
-	board, _ = w.next("the receiver holding npu1", func(bd *client.Board) bool {
+	board, _ = w.nextWithin(scanTimeout, "the receiver holding npu1", func(bd *client.Board) bool {
 		return slices.Equal(holderPIDs(bd, 1), []int{recv.cmd.Process.Pid})
 	})
 	if d := device(t, board, 1); d.State != client.DeviceLeased || d.Lease.PID != pass.cmd.Process.Pid {
@@ -93,7 +93,7 @@ func TestStatusHolders(t *testing.T) {
 	orphan := pidOf(t, p2.waitLine("child"))
 	t.Cleanup(func() { syscall.Kill(orphan, syscall.SIGKILL) })
 	p2.mustSucceed()
-	board, _ = w.next("the orphan holding npu2", func(bd *client.Board) bool {
+	board, _ = w.nextWithin(scanTimeout, "the orphan holding npu2", func(bd *client.Board) bool {
 		return slices.Equal(holderPIDs(bd, 2), []int{orphan})
 	})
 	if h := holderOf(t, board, 2, orphan); h.Command != "sleep 600" {
