@@ -19,6 +19,7 @@ import (
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/broker/status"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
@@ -76,6 +77,10 @@ type Server struct {
 	status *status.Ledger // what status reports: the ledger, holders, the scan, usage, metrics; its own lock
 
 	scanner *procscan.Scanner // reads /proc: for the status room, and at the end of a task's lease (taskend.go)
+
+	// slurm is a Slurm node's room ([slurm]; slurm.go): its own lock,
+	// after Server.mu; nil without [slurm].
+	slurm *slurmjobs.Room
 
 	socket       string
 	self         string         // this program, beside which npurun-supervise is looked for first
@@ -166,9 +171,15 @@ func New(o Options) (*Server, error) {
 	for i, p := range o.Config.Pools {
 		pools[i] = lease.Pool{Name: p.Name, IDs: p.IDs}
 	}
+	pools = slurmPools(s.cfg, s.inv.IDs, pools)
+	lockDir := filepath.Join(o.RunDir, "locks")
+	var external chan struct{} // the Slurm room's, in allocate mode
+	if s.cfg.Slurm.Active() && s.cfg.Slurm.Mode == policy.ModeAllocate {
+		external = make(chan struct{}, 1)
+	}
 	if s.table, err = lease.Open(lease.Config{
-		Dir: filepath.Join(o.RunDir, "locks"), IDs: s.inv.IDs, Pools: pools, DefaultPool: s.cfg.DefaultPool,
-		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf,
+		Dir: lockDir, IDs: s.inv.IDs, Pools: pools, DefaultPool: s.cfg.DefaultPool,
+		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf, External: external,
 	}); err != nil {
 		return nil, err
 	}
@@ -203,9 +214,16 @@ func New(o Options) (*Server, error) {
 	if err := s.claimState(stateDir); errors.Is(err, ErrClaimed) {
 		return nil, err
 	}
+	if err := s.openSlurm(stateDir, lockDir, []string{"SLURM_CONF=" + os.Getenv("SLURM_CONF")}, external); err != nil {
+		return nil, err
+	}
 	s.status = status.Open(status.Config{Policy: s.cfg, Inventory: s.inv, StateDir: stateDir, Scanner: s.scanner,
-		Table: s.table, Tasks: (*taskView)(s), Account: s.users.nameGroups, Log: s.log, Repeat: s.rlog.Printf}, found, s.table)
+		Table: (*tableView)(s), Tasks: (*taskView)(s), Account: s.users.nameGroups, Log: s.log, Repeat: s.rlog.Printf,
+		Jobs: s.slurmJobs()}, found, s.table)
 	s.table.Start(failed)
+	if s.slurm != nil {
+		s.slurm.Resume((*slurmOwner)(s))
+	}
 	if err := s.openTasks(stateDir); err != nil {
 		return nil, err
 	}
@@ -220,9 +238,13 @@ type tableOwner Server
 // Released records the end of lease l on device id in the status room
 // (the ledger, the accounting log), which knows itself which devices of l
 // are held, and takes an end heard before the lease's start (Started, under
-// Server.mu) as well: Server.mu is not needed.
-func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, _ bool) {
+// Server.mu) as well: Server.mu is not needed. The Slurm room hears of it
+// after.
+func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, last bool) {
 	o.status.Ended(l, id, at)
+	if o.slurm != nil {
+		o.slurm.Released(l, id, last)
+	}
 }
 
 // Freed serves the line: a device came into service. The tasks it grants
@@ -231,6 +253,9 @@ func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, _ bool) {
 // a lease's end to the next task's start (scheduleHereLocked).
 func (o *tableOwner) Freed() {
 	s := (*Server)(o)
+	if s.slurm != nil {
+		s.slurm.Freed() // a job's Prolog may wait for the device
+	}
 	s.mu.Lock()
 	starts := s.scheduleHereLocked()
 	s.mu.Unlock()

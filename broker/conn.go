@@ -411,6 +411,8 @@ func (c *conn) serve(req *client.Request) bool {
 		return s.taskOp(c, req)
 	case client.OpStatus, client.OpUsage:
 		return s.statusOp(c, req)
+	case client.OpSlurmProlog, client.OpSlurmEpilog, client.OpSlurmHold, client.OpSlurmTask:
+		return s.slurmOp(c, req)
 	default:
 		s.mu.Lock()
 		defer s.mu.Unlock()

@@ -64,6 +64,9 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 // against the inventory and the policy (lease.Table.Admit). It returns the
 // waiter to queue, or the reply that refuses it.
 func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int, pool string) (*lease.Waiter, *client.Reply) {
+	if err := s.slurmRefusal(devices); err != nil {
+		return nil, refusalReply(err)
+	}
 	w, err := s.table.Admit(lease.Request{Holder: h, N: n, Devices: devices, Pool: pool, Limit: s.cfg.LimitFor(acct.name, acct.groups)})
 	if err != nil {
 		return nil, refusalReply(err)
@@ -131,6 +134,9 @@ func (s *Server) unwaitLocked(c *conn) {
 }
 
 func busyMessage(w *lease.Waiter, v npu.Vendor) string {
+	if w.External {
+		return fmt.Sprintf("pool %q is Slurm's to allocate: a request waits in Slurm's queue, which --no-wait does not", w.Pool)
+	}
 	if w.Exact {
 		return v.Format(w.Cand) + " is in use"
 	}
@@ -152,13 +158,7 @@ func (s *Server) scheduleLocked() {
 		}
 		failed := false
 		for _, h := range hs {
-			var ok bool
-			if t := taskOf(h.W); t != nil {
-				ok = s.startTaskLocked(t, h, -1)
-			} else {
-				ok = s.grantLocked(connOf(h.W), h)
-			}
-			failed = failed || !ok
+			failed = !s.deliverLocked(h) || failed
 		}
 		s.progressLocked()
 		if !failed {
@@ -176,6 +176,20 @@ func (s *Server) scheduleLocked() {
 	if !s.loading {
 		s.warmLocked()
 	}
+}
+
+// deliverLocked delivers handover h to its waiter: a task's start, or a
+// grant to the client waiting on its connection. It tells whether it
+// did; if not, the devices are free again.
+func (s *Server) deliverLocked(h *lease.Handover) bool {
+	if t := taskOf(h.W); t != nil {
+		return s.startTaskLocked(t, h, -1)
+	}
+	if c := connOf(h.W); c != nil {
+		return s.grantLocked(c, h)
+	}
+	s.table.Return(h)
+	return false
 }
 
 // grantLocked delivers handover h to the client waiting on c: the locked
@@ -290,9 +304,13 @@ func (s *Server) reportLocked(now time.Time) time.Duration {
 		if c == nil || c.told.pos == p.Pos && p.W.Limit.MaxDevices == 0 {
 			continue
 		}
-		if wait := tellAfter(&c.told, p.Pos, p.Why, now); wait == 0 {
-			c.told = told{pos: p.Pos, why: p.Why, at: now}
-			c.sendLocked(&client.Reply{Type: client.TypeQueued, Pool: p.W.Pool, Position: p.Pos, Reason: p.Why, Ahead: p.Ahead})
+		why := s.slurmWhy(p.W, p.Why)
+		if p.W.External && why == "" {
+			continue // its placeholder is being submitted: nothing to say yet
+		}
+		if wait := tellAfter(&c.told, p.Pos, why, now); wait == 0 {
+			c.told = told{pos: p.Pos, why: why, at: now}
+			c.sendLocked(&client.Reply{Type: client.TypeQueued, Pool: p.W.Pool, Position: p.Pos, Reason: why, Ahead: p.Ahead})
 		} else if wait > 0 && (again == 0 || wait < again) {
 			again = wait
 		}

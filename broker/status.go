@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/status"
 )
 
@@ -22,6 +23,32 @@ func (s *Server) statusOp(c *conn, req *client.Request) bool {
 	default:
 		return s.usageOp(c, req.Usage)
 	}
+}
+
+// tableView is the lease table as the status room reads it
+// (status.Table): the table's copies, with what Slurm says of the
+// placeholder of a request that waits for Slurm's devices in place of the
+// line's reason (slurmWhy). The status room calls it holding no lock.
+type tableView Server
+
+var _ status.Table = (*tableView)(nil)
+
+// Snapshot copies the table.
+func (v *tableView) Snapshot() lease.Snapshot {
+	s := (*Server)(v)
+	snap := s.table.Snapshot()
+	if s.slurm != nil {
+		for i, p := range snap.Line {
+			snap.Line[i].Why = s.slurmWhy(p.W, p.Why)
+		}
+	}
+	return snap
+}
+
+// Reason says why w waits beyond its turn, if it does.
+func (v *tableView) Reason(w *lease.Waiter) string {
+	s := (*Server)(v)
+	return s.slurmWhy(w, s.table.Reason(w))
 }
 
 // watchGap is the least time between two boards of a watch: a burst of

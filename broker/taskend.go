@@ -24,46 +24,59 @@ import (
 // SIGTERM, then SIGKILL after kill_grace to those still holding. Each
 // process is signalled through a pidfd, once its start time is checked.
 
-// taskLease is what endTaskLeaseLocked found of an ended task's lease.
-type taskLease struct {
-	task    uint64
+// The same goes for any lease whose holder has ended while processes may
+// hold it still: a Slurm job whose Epilog came (broker/slurmjobs), a
+// placeholder allocation Slurm ended, a lease on devices Slurm gave
+// another job. endLeaseLocked is the one way a lease is ended so.
+
+// endingLease is what endLeaseLocked found of a lease to end.
+type endingLease struct {
+	why     string // what ended, for the log ("task 5 has ended")
 	l       *lease.Lease
 	devices []int
 	files   []procscan.FileID // the lease's lock files
 }
 
-// endTaskLeaseLocked ends the lease of task id, which has ended: the
-// restricted entries of its devices go at once, and the holders of its
-// lock files still there are signalled (outside the lock).
+// endTaskLeaseLocked ends the lease of task id, which has ended.
 func (s *Server) endTaskLeaseLocked(id uint64) {
-	tl := &taskLease{task: id}
-	tl.l, tl.devices, tl.files = s.status.TaskLease(id)
+	if l, _, _ := s.status.TaskLease(id); l != nil {
+		s.endLeaseLocked(l, fmt.Sprintf("task %d has ended", id))
+	}
+}
+
+// endLeaseLocked ends lease l, whose holder has ended (why says how): the
+// restricted entries of its devices still held go at once, and the
+// holders of their lock files still there are signalled (outside the
+// lock).
+func (s *Server) endLeaseLocked(l *lease.Lease, why string) {
+	tl := &endingLease{why: why, l: l}
+	tl.devices, tl.files = s.status.Held(l)
 	if len(tl.devices) == 0 {
 		return
 	}
 	for _, dev := range tl.devices {
 		if err := s.acc.Revoke(dev); err != nil {
-			s.log.Printf("task %d has ended: %v; they go when the lease's last holder is gone", id, err)
+			s.log.Printf("%s: %v; they go when the lease's last holder is gone", why, err)
 		}
 	}
-	go s.endTaskHolders(tl, s.cfg.Tasks.KillGrace)
+	go s.endHolders(tl, s.cfg.Tasks.KillGrace)
 }
 
-// endTaskHolders signals the processes that hold tl's lock files: SIGTERM,
+// endHolders signals the processes that hold tl's lock files: SIGTERM,
 // then, grace later, SIGKILL to those that still do.
-func (s *Server) endTaskHolders(tl *taskLease, grace time.Duration) {
-	if !s.signalTaskHolders(tl, unix.SIGTERM) {
+func (s *Server) endHolders(tl *endingLease, grace time.Duration) {
+	if !s.signalHolders(tl, unix.SIGTERM) {
 		return
 	}
-	time.AfterFunc(grace, func() { s.signalTaskHolders(tl, unix.SIGKILL) })
+	time.AfterFunc(grace, func() { s.signalHolders(tl, unix.SIGKILL) })
 }
 
-// signalTaskHolders sends sig to whoever holds tl's lock files still, and
+// signalHolders sends sig to whoever holds tl's lock files still, and
 // tells whether it found anyone. A lock file whose release its watcher
 // has seen (the common case: the task's processes are gone, and the
 // watcher waits for the broker's lock to record it) costs no scan of
 // /proc.
-func (s *Server) signalTaskHolders(tl *taskLease, sig unix.Signal) bool {
+func (s *Server) signalHolders(tl *endingLease, sig unix.Signal) bool {
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{}}
 	devOf := map[procscan.FileID]int{}
 	s.mu.Lock()
@@ -79,7 +92,7 @@ func (s *Server) signalTaskHolders(tl *taskLease, sig unix.Signal) bool {
 	}
 	res, err := s.scanner.Scan(targets)
 	if err != nil {
-		s.log.Printf("task %d has ended: find who holds its lease: %v", tl.task, err)
+		s.log.Printf("%s: find who holds its lease: %v", tl.why, err)
 		return false
 	}
 	found := false
@@ -91,7 +104,7 @@ func (s *Server) signalTaskHolders(tl *taskLease, sig unix.Signal) bool {
 			}
 			found = true
 			err := s.scanner.Signal(pid, pi.Start, sig)
-			what := fmt.Sprintf("task %d has ended: pid %d (%s: %s) still holds its lease of %s", tl.task, pid,
+			what := fmt.Sprintf("%s: pid %d (%s: %s) still holds its lease of %s", tl.why, pid,
 				s.status.Name(pi.UID), status.CommandLine(pi), s.inv.Vendor.Format([]int{devOf[fid]}))
 			switch {
 			case err == nil:

@@ -903,7 +903,7 @@ func (s *Server) waitReasonLocked(j *task) string {
 	case w.Limit.MaxRunning > 0 && s.running[j.UID] >= w.Limit.MaxRunning:
 		return fmt.Sprintf("%s runs %d of %s allowed (%s)", w.User, s.running[j.UID], quantity.Count(w.Limit.MaxRunning, "task", "tasks"), w.Limit.Source)
 	case !j.Sub.NoDevice:
-		return s.table.Reason(w)
+		return s.slurmWhy(w, s.table.Reason(w))
 	}
 	return ""
 }

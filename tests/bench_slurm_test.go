@@ -138,7 +138,8 @@ func benchFromExtern(pid int, paths []string) []int {
 // socket absent: their cost when they cannot reach a broker), and the
 // same against a stub of the broker's job-lease side (the Prolog through
 // a /bin/sh wrapper that names the stub's socket, which slurmd's Prolog
-// environment cannot). Each sample waits for the node to be idle first.
+// environment cannot), and against npubroker itself (split mode, every
+// device Slurm's). Each sample waits for the node to be idle first.
 // Target (issue 18): with the Prolog and plugin ≤ 1.1× without.
 func BenchmarkSlurmSrun(b *testing.B) {
 	benchNoNsPerOp(b)
@@ -153,8 +154,16 @@ func BenchmarkSlurmSrun(b *testing.B) {
 		b.Fatal(err)
 	}
 	prolog, epilog := filepath.Join(dir, "prolog"), filepath.Join(dir, "epilog")
-	c := startSlurm(b, slurmOptions{Devices: 4, Prolog: prolog, Epilog: epilog, PlugStack: "\n"})
+	dev := newDevTree(b, 4)
+	c := startSlurm(b, slurmOptions{Devices: 4, GresFirst: 0, DevDir: dev.Dir, Prolog: prolog, Epilog: epilog, PlugStack: "\n"})
 	plugstack := filepath.Join(c.Dir, "plugstack.conf")
+	// npubroker itself, every device Slurm's (split mode).
+	real := NewBroker(b, dev.config("0-3", fmt.Sprintf("[slurm]\ngres_devices = \"0-3\"\nnode = %q\ngres_conf = %q\n", c.Node, filepath.Join(c.Dir, "gres.conf"))), "SLURM_CONF="+c.Conf)
+	real.Start()
+	realWrapper := filepath.Join(dir, "npurun-slurm-broker")
+	if err := os.WriteFile(realWrapper, []byte("#!/bin/sh\nexec "+bin.Slurm+" --socket "+real.Socket+"\n"), 0o755); err != nil {
+		b.Fatal(err)
+	}
 	setup := func(script, stack string) {
 		for _, l := range []string{prolog, epilog} {
 			os.Remove(l)
@@ -196,11 +205,12 @@ func BenchmarkSlurmSrun(b *testing.B) {
 	bare := &benchSide{name: "bare (Prolog /bin/true, no plugin)", sample: srun("/bin/true", "\n")}
 	down := &benchSide{name: "npurun-slurm + plugin, no broker", sample: srun(bin.Slurm, "required "+plugin+" socket="+nowhere+"\n")}
 	served := &benchSide{name: "npurun-slurm (sh wrapper) + plugin, stub broker", sample: srun(wrapper, "required "+plugin+" socket="+broker.Socket+"\n")}
-	benchInterleave(2, bare, down, served)
-	for _, s := range []*benchSide{bare, down, served} {
+	leased := &benchSide{name: "npurun-slurm (sh wrapper) + plugin, npubroker", sample: srun(realWrapper, "required "+plugin+" socket="+real.Socket+"\n")}
+	benchInterleave(2, bare, down, served, leased)
+	for _, s := range []*benchSide{bare, down, served, leased} {
 		s.got = nil
 	}
-	benchInterleave(benchSrunSamples, bare, down, served)
+	benchInterleave(benchSrunSamples, bare, down, served, leased)
 	// The served runs took their leases: the stub saw every job's requests.
 	holds := 0
 	for _, r := range broker.Requests() {
@@ -211,15 +221,22 @@ func BenchmarkSlurmSrun(b *testing.B) {
 	if holds < benchSrunSamples {
 		b.Errorf("the stub was asked to hold %d times for %d served runs", holds, benchSrunSamples)
 	}
+	// And npubroker leased the jobs of its runs.
+	if leases := strings.Count(real.Log(), " holds npu "); leases < benchSrunSamples {
+		b.Errorf("npubroker leased %d jobs for %d runs:\n%s", leases, benchSrunSamples, real.Log())
+	}
 	b.ReportMetric(benchMs(bare.p50()), "bare-p50-ms")
 	b.ReportMetric(benchMs(down.p50()), "down-p50-ms")
 	b.ReportMetric(benchMs(served.p50()), "served-p50-ms")
 	b.ReportMetric(float64(down.p50())/float64(bare.p50()), "ratio-down")
 	b.ReportMetric(float64(served.p50())/float64(bare.p50()), "ratio-served")
+	b.ReportMetric(benchMs(leased.p50()), "npubroker-p50-ms")
+	b.ReportMetric(float64(leased.p50())/float64(bare.p50()), "ratio-npubroker")
 	benchSummary(b, fmt.Sprintf("srun --gres=gpu:1 /bin/true, %d runs each, interleaved (target ≤ 1.1× bare)", benchSrunSamples), [][]string{
 		{"", "p10 ms", "p50 ms", "p90 ms"},
-		bare.row(), down.row(), served.row(),
+		bare.row(), down.row(), served.row(), leased.row(),
 		{"no broker / bare, p50", ratio(down, bare)},
 		{"stub broker / bare, p50", ratio(served, bare)},
+		{"npubroker / bare, p50", ratio(leased, bare)},
 	})
 }

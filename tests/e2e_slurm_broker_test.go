@@ -1,17 +1,12 @@
-//go:build slurmbroker
-
 package tests
 
 // The broker's side of issue 18, end to end: a real private Slurm whose
 // Prolog and Epilog are npurun-slurm and whose plugstack loads
-// spank_npurun.so, against a real npubroker with [slurm]. These need the
-// broker side (the Slurm jobs' leases in the lease table, placeholders in
-// allocate mode; /work/briefs/slurm-broker.md), and run with
+// spank_npurun.so, against a real npubroker with [slurm] (the Slurm jobs'
+// leases, broker/slurmjobs; placeholders in allocate mode). Each starts
+// its own Slurm; run them alone with
 //
-//	go test -tags slurmbroker -run 'TestSlurmNode' ./tests/
-//
-// Once the broker serves them, drop the build tag so that make test runs
-// them (and flip slurmServed in cmd/npubroker/slurm.go, TestServeRefusesSlurm).
+//	CI=true go test -run 'TestSlurmNode' ./tests/
 
 import (
 	"encoding/json"
@@ -46,11 +41,15 @@ type slurmNodeOptions struct {
 	Mode      string // split or allocate
 	Config    string // more of npurun.conf (pools, [restrict], [tasks])
 	Partition string // more of Slurm's partition line
+	NoPlugin  bool   // plugstack.conf without spank_npurun.so: no extern step holds a lease, the broker holds it until the Epilog
 }
 
 func startSlurmNode(t testing.TB, o slurmNodeOptions) *slurmNode {
 	t.Helper()
-	plugin := spankPlugin(t)
+	plugin := ""
+	if !o.NoPlugin {
+		plugin = spankPlugin(t)
+	}
 	needSlurm(t)
 	dev := newDevTree(t, o.Devices)
 	first := o.Devices - o.Slurm
@@ -65,7 +64,11 @@ func startSlurmNode(t testing.TB, o slurmNodeOptions) *slurmNode {
 			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(c.Dir, "plugstack.conf"), []byte("required "+plugin+" socket="+b.Socket+" timeout=10\n"), 0o644); err != nil {
+	plugstack := ""
+	if plugin != "" {
+		plugstack = "required " + plugin + " socket=" + b.Socket + " timeout=10\n"
+	}
+	if err := os.WriteFile(filepath.Join(c.Dir, "plugstack.conf"), []byte(plugstack), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c.Env = append(c.Env, "NPURUN_SOCKET="+b.Socket)
@@ -222,11 +225,32 @@ func TestSlurmNodeRelease(t *testing.T) {
 					t.Fatalf("scancel: %v\n%s", err, out)
 				}
 			case "kill -9 steps":
+				// Every step daemon of the job: the extern step's holds
+				// the lease, the batch step's does not (its script does).
+				board = n.awaitBoard(t, "the job's extern step and script holding its lease", func(b *client.Board) bool {
+					l, _ := jobLease(b, id)
+					return l != nil && slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strings.Contains(h.Command, fmt.Sprintf("[%d.extern]", id)) }) &&
+						slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strings.Contains(h.Command, "slurm_script") })
+				})
 				l, _ := jobLease(board, id)
-				for _, h := range l.Holders {
-					if strings.Contains(h.Command, "slurmstepd") {
-						unix.Kill(h.PID, unix.SIGKILL)
-					}
+				daemons := stepDaemons(id)
+				if !slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return slices.Contains(daemons, h.PID) }) || len(daemons) < 2 {
+					t.Fatalf("job %d's step daemons %v: the extern step's should hold its lease: %+v", id, daemons, l.Holders)
+				}
+				for _, pid := range daemons {
+					unix.Kill(pid, unix.SIGKILL)
+				}
+				// Slurm ends a job whose steps are gone when the node
+				// next registers and the job, older than BatchStartTimeout
+				// and MessageTimeout, is not found there: by itself every
+				// 20 pings of SlurmdTimeout/3 (over half an hour by
+				// default); scontrol reconfigure has slurmd register now.
+				// Asked every 5 s (a pace, not a synchronisation) until
+				// the job leaves RUNNING; the lease must end with it.
+				deadline := time.Now().Add(2 * time.Minute)
+				for n.c.JobState(id) == "RUNNING" && time.Now().Before(deadline) {
+					n.c.Command("scontrol", "reconfigure").Run()
+					time.Sleep(5 * time.Second)
 				}
 			}
 			within := 30 * time.Second
@@ -246,6 +270,20 @@ func TestSlurmNodeRelease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stepDaemons are the slurmstepd processes of job id ("slurmstepd:
+// [ID.extern]", "[ID.batch]", …).
+func stepDaemons(id uint32) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err == nil && strings.HasPrefix(procCmdline(pid), fmt.Sprintf("slurmstepd: [%d.", id)) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // TestSlurmNodeRestricted: a restricted user's job opens its devices and
@@ -310,6 +348,73 @@ func TestSlurmNodeBrokerRestart(t *testing.T) {
 	})
 }
 
+// TestSlurmNodeRestartNoRecord: a broker that starts with neither the
+// job's record nor the accounting log (both lost) finds the job's lease
+// by its holders: the job's extern step, a root "slurmstepd: [N.extern]",
+// names the job, its batch script the user; it shows the lease as the
+// job's and frees it at the job's end.
+func TestSlurmNodeRestartNoRecord(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 2, Slurm: 2, Mode: "split"})
+	u := newUser(t)
+	proceed := filepath.Join(SharedDir(t), "proceed")
+	makeFIFO(t, proceed)
+	id := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "read x < "+proceed)
+	n.awaitBoard(t, "the job's lease held by its extern step and its batch script", func(b *client.Board) bool {
+		l, _ := jobLease(b, id)
+		return l != nil && slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strings.Contains(h.Command, fmt.Sprintf("[%d.extern]", id)) }) &&
+			slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return h.UID == u.UID })
+	})
+	n.b.Kill()
+	lost, _ := filepath.Glob(filepath.Join(n.b.StateDir, "usage.log*"))
+	jobs, _ := filepath.Glob(filepath.Join(n.b.StateDir, "slurm", "jobs", "*"))
+	if len(lost) == 0 || len(jobs) != 1 {
+		t.Fatalf("no accounting log (%v) or not one job record (%v) to lose", lost, jobs)
+	}
+	for _, f := range append(lost, jobs...) {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logAt := n.b.LogLen()
+	n.b.Start()
+	n.b.WaitLog(logAt, fmt.Sprintf("npu 0-1 is held by job %d of %s, whose lease has no record: taken up as the job's", id, u.Name))
+	board := n.awaitBoard(t, "the job's lease after the restart", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	if l, devices := jobLease(board, id); l.Kind != client.KindSlurm || l.User != u.Name || l.UID != u.UID || !slices.Equal(devices, []int{0, 1}) {
+		t.Errorf("after the restart: %+v on %v, want job %d of %s on [0 1]", l, devices, id, u.Name)
+	}
+	openFIFO(t, proceed, os.O_WRONLY).Close()
+	n.awaitBoard(t, "the job's devices free", func(b *client.Board) bool {
+		return device(t, b, 0).State == client.DeviceFree && device(t, b, 1).State == client.DeviceFree
+	})
+}
+
+// TestSlurmNodeRestartHeldAlone: without the plugin no extern step takes
+// a job's lease, and the broker holds it itself from the Prolog to the
+// Epilog. Killed (-9), it takes its copy with it: the next broker locks
+// the job's devices again from the job's record, and the Epilog ends the
+// lease.
+func TestSlurmNodeRestartHeldAlone(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 2, Slurm: 2, Mode: "split", NoPlugin: true})
+	u := newUser(t)
+	proceed := filepath.Join(SharedDir(t), "proceed")
+	makeFIFO(t, proceed)
+	id := n.c.Sbatch(&u, "--gres=gpu:1", "--wrap", "read x < "+proceed)
+	board := n.awaitBoard(t, "the job's lease", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	_, devices := jobLease(board, id)
+	n.b.Kill()
+	logAt := n.b.LogLen()
+	n.b.Start()
+	n.b.WaitLog(logAt, fmt.Sprintf("job %d of %s: %s locked again for its lease (the broker held it alone before this start)", id, u.Name, fmt.Sprintf("npu %d", devices[0])))
+	board = n.awaitBoard(t, "the job's lease after the restart", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	if l, again := jobLease(board, id); l.Kind != client.KindSlurm || l.User != u.Name || !slices.Equal(again, devices) {
+		t.Errorf("after the restart: %+v on %v, want %s's on %v", l, again, u.Name, devices)
+	}
+	openFIFO(t, proceed, os.O_WRONLY).Close()
+	n.awaitBoard(t, "the job's device free after its Epilog", func(b *client.Board) bool {
+		return device(t, b, devices[0]).State == client.DeviceFree
+	})
+}
+
 // TestSlurmNodeAllocate: allocate mode. An npurun for Slurm's devices
 // waits, as a placeholder Slurm allocation that squeue shows, while a job
 // holds every device, says Slurm's state, and starts when the job ends; a
@@ -322,7 +427,7 @@ func TestSlurmNodeAllocate(t *testing.T) {
 	makeFIFO(t, proceed)
 	job := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "read x < "+proceed)
 	n.c.AwaitJobState(job, "RUNNING", time.Minute)
-	p := startProc(t, "npurun", u.as(n.b.Npurun("-v", "-n", "1", "sh", "-c", `echo "ON $NPURUN_DEVICES"; read x`), n.b.Dir))
+	p := startProc(t, "npurun", u.as(n.b.Npurun("-v", "-n", "1", "sh", "-c", `echo "ON $NPURUN_DEVICES"; read x; exit 0`), n.b.Dir))
 	line := p.waitLine("npurun: waiting for")
 	if !strings.Contains(line, "Slurm job") || !strings.Contains(line, "PENDING") {
 		t.Errorf("the progress line does not show Slurm's state: %s", line)
@@ -351,6 +456,66 @@ func TestSlurmNodeAllocate(t *testing.T) {
 	pid, _ := strconv.ParseUint(placeholder, 10, 32)
 	n.c.AwaitJobGone(uint32(pid), time.Minute)
 	n.c.AwaitJobGone(job2, 2*time.Minute)
+}
+
+// TestSlurmNodeAllocateTask: allocate mode, a task for Slurm's devices
+// waits as a placeholder allocation of its user named after it, with its
+// time limit (rounded up to minutes), which
+// show tells with Slurm's state, while a job holds every device; it runs
+// on the device Slurm gives the placeholder once the job ends, and the
+// placeholder is gone after the task.
+func TestSlurmNodeAllocateTask(t *testing.T) {
+	needRoot(t)
+	// Made before the broker, so removed after it stops: the task's
+	// idle supervisor runs as u until then.
+	u := newUser(t)
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 2, Slurm: 2, Mode: "allocate"})
+	dir := SharedDir(t)
+	os.Chmod(dir, 0o777)
+	proceed, out := filepath.Join(dir, "proceed"), filepath.Join(dir, "out")
+	makeFIFO(t, proceed)
+	job := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "read x < "+proceed)
+	n.c.AwaitJobState(job, "RUNNING", time.Minute)
+	id := submitTask(t, n.b, &u, dir, "--time", "90s", "--log", filepath.Join(dir, "task.log"), "--", "sh", "-c", "echo ON=$NPURUN_DEVICES > "+out)
+	name := fmt.Sprintf("npurun-task-%d", id)
+	var placeholder, limit string
+	deadline := time.Now().Add(30 * time.Second)
+	for placeholder == "" && time.Now().Before(deadline) {
+		sq, _ := n.c.Command("squeue", "-h", "-o", "%i %j %u %T %l").Output()
+		for _, l := range strings.Split(strings.TrimSpace(string(sq)), "\n") {
+			if f := strings.Fields(l); len(f) == 5 && f[1] == name && f[2] == u.Name && f[3] == "PENDING" {
+				placeholder, limit = f[0], f[4]
+			}
+		}
+		if placeholder == "" {
+			time.Sleep(100 * time.Millisecond) // polling Slurm's queue
+		}
+	}
+	if placeholder == "" {
+		t.Fatalf("no pending placeholder %s of %s in squeue", name, u.Name)
+	}
+	if limit != "2:00" {
+		t.Errorf("placeholder %s of a task of --time 90s: time limit %s, want 2:00 (minutes, rounded up)", placeholder, limit)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	ti := showTask(t, n.b, id)
+	for !strings.Contains(ti.Reason, "PENDING") && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond) // the broker asks squeue every poll_interval
+		ti = showTask(t, n.b, id)
+	}
+	if ti.State != client.StatePending || !strings.Contains(ti.Reason, "Slurm job "+placeholder) || !strings.Contains(ti.Reason, "PENDING") {
+		t.Errorf("task %d while the job holds every device: %s, %q", id, ti.State, ti.Reason)
+	}
+	openFIFO(t, proceed, os.O_WRONLY).Close()
+	if r := waitTask(t, n.b, id); r.code != 0 {
+		t.Fatalf("task %d: %s", id, r)
+	}
+	got, _ := os.ReadFile(out)
+	if s := strings.TrimSpace(string(got)); s != "ON=0" && s != "ON=1" {
+		t.Errorf("task %d ran on %q", id, s)
+	}
+	pid, _ := strconv.ParseUint(placeholder, 10, 32)
+	n.c.AwaitJobGone(uint32(pid), time.Minute)
 }
 
 // TestSlurmNodeAllocateTimeLimit: a placeholder that Slurm ends by its

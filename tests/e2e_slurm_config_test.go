@@ -1,11 +1,14 @@
 package tests
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/npurun/npurun/broker/client"
 )
 
 // TestCheckConfigSlurm: check-config compares [slurm] gres_devices with
@@ -112,19 +115,40 @@ func TestCheckConfigSlurm(t *testing.T) {
 	}
 }
 
-// TestServeRefusesSlurm: until the broker serves a Slurm node (the broker
-// side of issue 18, slurmbroker tests), a configuration with [slurm]
-// does not start it: one that ignored the table would lease Slurm's
-// devices outside its jobs.
-func TestServeRefusesSlurm(t *testing.T) {
-	b := NewBroker(t, FakeConfig(4)+"[slurm]\ngres_devices = \"2-3\"\n")
-	cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--state-dir", b.StateDir, "--cgroup", "off", "--log", "stderr")
-	cmd.Env = append(os.Environ(), b.env...)
-	out, err := cmd.CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
-		t.Fatalf("serve with [slurm]: %v, want exit 1; output:\n%s", err, out)
+// TestServeSlurmSplit (once TestServeRefusesSlurm, while the broker did
+// not serve a Slurm node): a configuration with [slurm] starts the broker,
+// which warns at its start what check-config warns (here: no gres.conf to
+// compare gres_devices with), and in split mode leases Slurm's devices to Slurm jobs only: npurun
+// naming one is refused with the reason and what to do, the pool of every
+// device is the others, and Slurm's operations are root's alone.
+func TestServeSlurmSplit(t *testing.T) {
+	gres := filepath.Join(SharedDir(t), "gres.conf") // none: serve warns as check-config does
+	b := NewBroker(t, FakeConfig(4)+fmt.Sprintf("[slurm]\ngres_devices = \"2-3\"\ngres_conf = %q\n", gres))
+	b.Start()
+	b.WaitLog(0, "[slurm]: warning: read gres.conf: ")
+	out, err := b.Npurun("-d", "2", "true").CombinedOutput()
+	if want := `npurun: npu 2 is Slurm's ([slurm] mode "split"): ask Slurm for it (srun --gres=gpu:1)`; err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("npurun -d 2: %v\n%s\nwant: %s", err, out, want)
 	}
-	if want := "[slurm]: this npubroker does not yet serve a Slurm node: not started, so that Slurm's devices 2-3 are never leased outside its jobs"; !strings.Contains(string(out), want) {
-		t.Errorf("serve said:\n%s\nwant:\n%s", out, want)
+	out, err = b.Npurun("-n", "2", "sh", "-c", "echo $NPURUN_DEVICES").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "0,1" {
+		t.Errorf("npurun -n 2: %v, ran on %q, want 0,1", err, out)
+	}
+	out, err = b.Npurun("-n", "3", "true").CombinedOutput()
+	if want := `3 devices asked, pool "default" has only 2`; err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("npurun -n 3: %v\n%s\nwant: %s", err, out, want)
+	}
+	if os.Geteuid() != 0 {
+		return // a broker not run as root serves no Slurm operation to anyone: below, a user is refused
+	}
+	u := newUser(t)
+	prolog := u.as(exec.Command(b.Bin.Slurm, "prolog", "--socket", b.Socket), b.Dir)
+	prolog.Env = append(prolog.Env, "SLURM_JOB_ID=7", fmt.Sprintf("SLURM_JOB_UID=%d", u.UID), "SLURM_JOB_USER="+u.Name, "SLURM_JOB_GPUS=0")
+	out, err = prolog.CombinedOutput()
+	if want := "the broker refused: the Slurm operations are slurmd's and slurmstepd's (root only)"; err != nil || !strings.Contains(string(out), want) {
+		t.Errorf("a Prolog run by %s: %v\n%s\nwant: %s", u.Name, err, out, want)
+	}
+	if d := device(t, b.Board(t), 2); d.State != client.DeviceFree || d.Pool != "" {
+		t.Errorf("npu 2 after a user's Prolog: %+v", d)
 	}
 }

@@ -20,6 +20,10 @@ var (
 	ErrNoDevice   = errors.New("no such device") // a device this table does not manage
 	ErrNoPool     = errors.New("no such pool")
 	ErrDenied     = errors.New("denied") // the policy refuses it: a pool not open to its user, more than the pool has or the user may hold
+	// ErrGone is Claim's refusal of a request of an external pool that
+	// left the line (cancelled, its client gone) before its allocator's
+	// answer.
+	ErrGone = errors.New("the request left the line")
 )
 
 // Refusal is why a request is refused: one of the errors above, a message
@@ -72,6 +76,8 @@ func (t *Table) Admit(r Request) (*Waiter, error) {
 				return nil, refuse(ErrDenied, "", "%s is in no pool, so nobody may lease it", t.vendor.Format([]int{id}))
 			case !lim.AllowsPool(p):
 				return nil, refuse(ErrDenied, "", "%s is in pool %q, which %s does not open to %s", t.vendor.Format([]int{id}), p, lim.Source, r.Holder.User)
+			case t.external[p] != "":
+				return nil, refuse(ErrBadRequest, fmt.Sprintf("npurun -n %d --pool %s", len(ids), p), "%s picks the devices of pool %q: ask for a count (-n), not for %s", t.external[p], p, t.vendor.Format([]int{id}))
 			}
 			w.Pool = p
 		}
@@ -96,6 +102,7 @@ func (t *Table) Admit(r Request) (*Waiter, error) {
 			return nil, refuse(ErrDenied, "", "%s asked, pool %q has only %d", quantity.Count(w.N, "device", "devices"), w.Pool, len(ids))
 		}
 		w.Cand = ids
+		w.External = t.external[w.Pool] != ""
 	}
 	if lim.MaxDevices > 0 && w.N > lim.MaxDevices {
 		return nil, refuse(ErrDenied, "", "%s asked, the limit for %s is %d held at once (%s)", quantity.Count(w.N, "device", "devices"), r.Holder.User, lim.MaxDevices, lim.Source)

@@ -14,11 +14,13 @@
 // table must never touch a socket, a task, PAM or /proc, nor wait, fork,
 // write to disk or call its owner or gate while it holds its lock: the
 // owner's lock comes first, the table's second, and nothing the table
-// calls takes its own. Two changes are prepared for without reshaping
-// this API: a holder the broker does not start (a Slurm job, a container)
-// is a new Kind with what names it in Holder, asking through the same line
-// for the devices it names; a device that holds shares keeps a set of
-// leases (device.leases, Device.Leases: one whole lease today), each on a
-// lock file of its own, and Plan then sees room left instead of a free
-// flag.
+// calls takes its own. A holder the broker does not start is a Kind
+// with what names it in Holder: a Slurm job's lease (Slurm) is taken by
+// Claim on the devices Slurm picked, outside the line's order, as is the
+// grant of a request of a pool whose devices an allocator outside the
+// table picks (Pool.External: it waits in line, reserving nothing, until
+// it is claimed for). A change is prepared for without reshaping this
+// API: a device that holds shares keeps a set of leases (device.leases,
+// Device.Leases: one whole lease today), each on a lock file of its own,
+// and Plan then sees room left instead of a free flag.
 package lease

@@ -14,6 +14,11 @@ const (
 	Task   Kind = "task"   // a queued task, run by the broker under a supervisor
 	Login  Kind = "login"  // a login session's lease (pam_npurun, npurun --login)
 	Found  Kind = ""       // found held at the broker's start, with no record of its grant
+
+	// Slurm is a Slurm job's lease: Slurm picked its devices, its Prolog
+	// named them (Claim), and the job's processes hold it. It does not
+	// count against its user's max_devices: Slurm's limits are its own.
+	Slurm Kind = "slurm"
 )
 
 // Holder is who asks for a lease, and who it is granted to. The table
@@ -37,6 +42,11 @@ type Holder struct {
 	// are the user's own claim, not root's (the PAM module's).
 	Service, TTY, RHost string
 	Claimed             bool
+
+	// SlurmJob is the Slurm job: Kind Slurm's own, or, for a request of
+	// a pool Slurm allocates (Pool.External), the placeholder allocation
+	// its devices come from; 0 for none.
+	SlurmJob uint32
 }
 
 // FileID names a lock file: the device and inode of its file system.

@@ -22,6 +22,11 @@ type Waiter struct {
 	Queued time.Time
 	Ref    any // the owner's: what the grant goes to (a connection, a task)
 
+	// External: its pool's devices are picked outside the line
+	// (Pool.External): Plan skips it, reserving nothing, and Table.Claim
+	// serves it with the devices picked.
+	External bool
+
 	seq   uint64 // arrival order
 	round uint64 // fairness round, see Queue
 }
@@ -184,7 +189,7 @@ type Room struct {
 // reserves the free devices it could use (up to what it wants), so a later,
 // smaller request only backfills onto devices the earlier one cannot use
 // yet. A waiter whose user has no room reserves nothing, nor does a held
-// one.
+// one, nor an external one (Table.Claim serves it).
 func Plan(order []*Waiter, free []bool, room Room) []Grant {
 	avail := make([]bool, len(free))
 	n := 0
@@ -200,7 +205,7 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 		if n == 0 {
 			break
 		}
-		if w.Held {
+		if w.Held || w.External {
 			continue
 		}
 		if r, ok := room.Devices[w.UID]; ok && r-used[w.UID] < w.N {

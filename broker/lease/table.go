@@ -55,6 +55,13 @@ type Owner interface {
 type Pool struct {
 	Name string
 	IDs  []int // nil: every device
+
+	// External names the allocator that picks this pool's devices
+	// ("Slurm"), "" for the line's own. A request of an external pool
+	// waits in line, reserving nothing, until its allocator has picked
+	// its devices and the owner Claims them for it; one naming devices
+	// is refused.
+	External string
 }
 
 // Config configures a Table.
@@ -70,6 +77,10 @@ type Config struct {
 	// Repeat logs a line that a lasting cause repeats (out of
 	// descriptors, a full /run), at a bounded rate; nil: Log.
 	Repeat func(format string, args ...any)
+	// External, if not nil, is woken (a send that never waits) when a
+	// request of an external pool joins or leaves the line: its
+	// allocator's agent looks at Externals.
+	External chan<- struct{}
 }
 
 // Table is the lease table.
@@ -91,6 +102,7 @@ type Table struct {
 	pools       []Pool
 	poolIDs     map[string][]int
 	poolOf      map[int]string
+	external    map[string]string // pool -> Pool.External, for the external pools
 	defaultPool string
 
 	mu     sync.Mutex
@@ -100,6 +112,8 @@ type Table struct {
 	q      *Queue         // the line: requests of every holder kind
 	lastID uint64         // the last lease id handed out or noted
 	found  map[int]int    // devices held at Open, until Start: a descriptor of their lock file
+	ext    []*Waiter      // the external pools' requests in line, in arrival order
+	wake   chan<- struct{}
 }
 
 // device is one accelerator: its lock file and who holds it. A device
@@ -136,8 +150,8 @@ func (d *device) free() bool { return d.fd >= 0 && d.granting == nil }
 // what it knows of them. Nothing is in service until Start.
 func Open(c Config) (*Table, error) {
 	t := &Table{vendor: c.Vendor, gate: c.Gate, owner: c.Owner, log: c.Log, repeat: c.Repeat,
-		ids: slices.Clone(c.IDs), pools: slices.Clone(c.Pools), poolIDs: map[string][]int{}, poolOf: map[int]string{},
-		defaultPool: c.DefaultPool, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}}
+		ids: slices.Clone(c.IDs), pools: slices.Clone(c.Pools), poolIDs: map[string][]int{}, poolOf: map[int]string{}, external: map[string]string{},
+		defaultPool: c.DefaultPool, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External}
 	if t.log == nil {
 		t.log = log.New(discard{}, "", 0)
 	}
@@ -159,6 +173,9 @@ func Open(c Config) (*Table, error) {
 		}
 		t.pools[i].IDs = ids
 		t.poolIDs[p.Name] = ids
+		if p.External != "" {
+			t.external[p.Name] = p.External
+		}
 		for _, id := range ids {
 			t.poolOf[id] = p.Name
 		}
@@ -245,7 +262,7 @@ func (t *Table) Adopt(l *Lease) error {
 	for _, id := range l.Devices {
 		d := t.devs[id]
 		d.leases = []*Lease{l}
-		if l.User != "" {
+		if l.User != "" && counts(l.Kind) {
 			d.counted = true
 			t.held[l.UID]++
 		}
@@ -470,6 +487,7 @@ func (t *Table) Ended(id int, file FileID) bool {
 func (t *Table) Add(w *Waiter) {
 	t.mu.Lock()
 	t.q.Add(w)
+	t.joinedLocked(w)
 	t.mu.Unlock()
 }
 
@@ -478,6 +496,7 @@ func (t *Table) Add(w *Waiter) {
 func (t *Table) Readd(w *Waiter) {
 	t.mu.Lock()
 	t.q.Readd(w)
+	t.joinedLocked(w)
 	t.mu.Unlock()
 }
 
@@ -486,7 +505,44 @@ func (t *Table) Readd(w *Waiter) {
 func (t *Table) Remove(w *Waiter) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.q.Remove(w, false)
+	return t.removeLocked(w, false)
+}
+
+// removeLocked takes w out of the line (Queue.Remove).
+func (t *Table) removeLocked(w *Waiter, served bool) bool {
+	if !t.q.Remove(w, served) {
+		return false
+	}
+	if w.External {
+		if i := slices.Index(t.ext, w); i >= 0 {
+			t.ext = slices.Delete(t.ext, i, i+1)
+		}
+		t.wakeExternal()
+	}
+	return true
+}
+
+// joinedLocked notes that w joined the line.
+func (t *Table) joinedLocked(w *Waiter) {
+	if w.External {
+		t.ext = append(t.ext, w)
+		t.wakeExternal()
+	}
+}
+
+func (t *Table) wakeExternal() {
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Externals appends to out the requests of external pools in line, in
+// arrival order.
+func (t *Table) Externals(out []*Waiter) []*Waiter {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append(out, t.ext...)
 }
 
 // Hold holds w in its place (it is skipped, reserving nothing) or lets it
@@ -690,6 +746,9 @@ type Handover struct {
 	done   bool
 }
 
+// Files are the lock files of FDs, in the order of Devices.
+func (h *Handover) Files() []FileID { return h.files }
+
 // FDs are the locked descriptors to deliver, in the order of Devices:
 // the table's until Commit, the owner's after it (it closes them once
 // they are delivered: a holder that has them holds the lease).
@@ -719,7 +778,7 @@ func (t *Table) Schedule(running map[uint32]int) []*Handover {
 	}
 	hs := make([]*Handover, len(grants))
 	for i, g := range grants {
-		t.q.Remove(g.W, true)
+		t.removeLocked(g.W, true)
 		h := &Handover{W: g.W, Devices: g.Devices, fds: make([]int, len(g.Devices)),
 			files: make([]FileID, len(g.Devices)), freed: make([]time.Time, len(g.Devices))}
 		for j, id := range g.Devices {
@@ -731,6 +790,72 @@ func (t *Table) Schedule(running map[uint32]int) []*Handover {
 		hs[i] = h
 	}
 	return hs
+}
+
+// Busy is Claim's refusal of devices that are not free now. Leases hold
+// some of them (their holders may be ended, and the device then comes
+// free); the others are being handed over, or out of service for a
+// moment: the owner hears of each device that comes free (Owner.Freed).
+type Busy struct {
+	IDs    []int    // the devices not free, in the order asked
+	Leases []*Lease // the leases that hold some of them, each once
+}
+
+func (b *Busy) Error() string {
+	return fmt.Sprintf("npu %s not free", npu.FormatIDs(b.IDs))
+}
+
+// Claim serves w with exactly devices ids, outside the order of the
+// line: an allocator outside the table (Slurm) has picked them for w,
+// which waits in line (an external pool's request) or is a holder that
+// never waited (a Slurm job, whose Prolog names its devices). The
+// devices must be free now: else a *Busy says which are not, and who
+// holds them. w leaves the line if it is there (ErrGone: a request of an
+// external pool that left it meanwhile); the handover is the owner's to
+// deliver, then Commit or Return, as Schedule's.
+func (t *Table) Claim(w *Waiter, ids []int) (*Handover, error) {
+	if len(ids) == 0 || len(ids) > MaxDevices {
+		return nil, refuse(ErrBadRequest, "", "claim of %d devices", len(ids))
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var busy *Busy
+	for i, id := range ids {
+		if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
+			return nil, refuse(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
+		}
+		if slices.Contains(ids[:i], id) {
+			return nil, refuse(ErrBadRequest, "", "device named twice in %v", ids)
+		}
+		d := t.devs[id]
+		if d.free() {
+			continue
+		}
+		if busy == nil {
+			busy = &Busy{}
+		}
+		busy.IDs = append(busy.IDs, id)
+		for _, l := range d.leases {
+			if !slices.Contains(busy.Leases, l) {
+				busy.Leases = append(busy.Leases, l)
+			}
+		}
+	}
+	if busy != nil {
+		return nil, busy
+	}
+	if !t.removeLocked(w, true) && w.External {
+		return nil, ErrGone
+	}
+	h := &Handover{W: w, Devices: slices.Clone(ids), fds: make([]int, len(ids)),
+		files: make([]FileID, len(ids)), freed: make([]time.Time, len(ids))}
+	for j, id := range ids {
+		d := t.devs[id]
+		h.fds[j], h.files[j], h.freed[j] = d.fd, d.file, d.freed
+		d.fd, d.granting = -1, h
+		t.nfree--
+	}
+	return h, nil
 }
 
 // Allow opens h's devices to its holder (Gate.Allow), before their
@@ -756,11 +881,12 @@ func (t *Table) Commit(h *Handover) *Lease {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l.ID = t.newIDLocked(now)
+	counted := counts(l.Kind)
 	for _, id := range h.Devices {
 		d := t.devs[id]
 		d.granting = nil
 		d.leases = []*Lease{l}
-		d.counted = true
+		d.counted = counted
 		d.freed = time.Time{}
 		select {
 		case d.watch <- d.spare: // its watcher is idle: the device was free
@@ -772,9 +898,15 @@ func (t *Table) Commit(h *Handover) *Lease {
 		}
 		d.spare = -1
 	}
-	t.held[l.UID] += len(h.Devices)
+	if counted {
+		t.held[l.UID] += len(h.Devices)
+	}
 	return l
 }
+
+// counts tells whether a lease of kind counts against its holder's
+// devices (max_devices): a Slurm job's does not.
+func counts(k Kind) bool { return k != Slurm }
 
 // Return gives back a handover that could not be delivered (its client
 // gone, its task not started): its devices are free again, its waiter out
@@ -884,7 +1016,7 @@ func (t *Table) Snapshot() Snapshot {
 	}
 	done := map[string]bool{}
 	for _, w := range t.q.Waiters() {
-		if done[w.Pool] || t.capped(w) {
+		if done[w.Pool] || t.capped(w) || w.Held || w.External {
 			continue
 		}
 		var free []int

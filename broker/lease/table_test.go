@@ -807,3 +807,131 @@ func TestLockOrder(t *testing.T) {
 	close(stop)
 	readers.Wait()
 }
+
+// TestClaim: devices an allocator outside the line picked (Slurm) are
+// claimed as they are: a Slurm job's lease on free devices, counting
+// against nobody's max_devices; a device still held is refused with the
+// lease that holds it, and claimed once that lease has gone; a request
+// of an external pool waits in line, served by nothing but a claim,
+// reserving nothing meanwhile, and one naming devices of it is refused.
+func TestClaim(t *testing.T) {
+	o, _ := newTable(t, 3, nil, Pool{Name: "own", IDs: []int{0}}, Pool{Name: "slurm", IDs: []int{1, 2}, External: "Slurm"})
+	job := &Waiter{Holder: Holder{Kind: Slurm, UID: 5, User: "u5", SlurmJob: 42}, N: 2}
+	h, err := o.tbl.Claim(job, []int{2, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.tbl.Allow(h); err != nil {
+		t.Fatal(err)
+	}
+	l := o.tbl.Commit(h)
+	jobFDs := h.FDs()
+	if !slices.Equal(l.Devices, []int{2, 1}) || l.Kind != Slurm || l.SlurmJob != 42 || len(l.Files) != 2 {
+		t.Errorf("job 42's lease: %+v", l)
+	}
+	if n := o.tbl.Held(5); n != 0 {
+		t.Errorf("a Slurm job's lease counts %d devices against its user's max_devices", n)
+	}
+	for i, fd := range jobFDs {
+		if fdFile(t, fd) != l.Files[i] || !slices.Equal(h.Files(), l.Files) {
+			t.Errorf("descriptor %d is not on lease file %v", fd, l.Files[i])
+		}
+	}
+
+	// Another job given npu 1 while job 42 holds it.
+	_, err = o.tbl.Claim(&Waiter{Holder: Holder{Kind: Slurm, UID: 6, SlurmJob: 43}, N: 1}, []int{1})
+	var busy *Busy
+	if !errors.As(err, &busy) || !slices.Equal(busy.IDs, []int{1}) || len(busy.Leases) != 1 || busy.Leases[0] != l {
+		t.Fatalf("claim of a held device: %v (%+v)", err, busy)
+	}
+
+	// A request of the external pool waits with npu 0 and, later, npu 1
+	// free: the line serves it nothing, and keeps nothing for it.
+	w, chw := o.ask(t, 7, 1, "slurm", nil, policy.Limit{})
+	if w == nil || !w.External {
+		t.Fatalf("a request of pool slurm is not external: %+v", w)
+	}
+	none(t, o, chw, "the external pool's request, with its pool's npu 1 and 2 held")
+	for _, fd := range jobFDs {
+		unix.Close(fd)
+	}
+	for free := 0; free < 2; {
+		awaitEvent(t, o, "freed")
+		free = 0
+		for _, d := range o.tbl.Snapshot().Devices {
+			if d.ID > 0 && d.State == Free {
+				free++
+			}
+		}
+	}
+	none(t, o, chw, "the external pool's request, with npu 1 and 2 free")
+	for _, d := range o.tbl.Snapshot().Devices {
+		if d.State != Free {
+			t.Errorf("npu %d is %v, not free, while only an external request waits", d.ID, d.State)
+		}
+	}
+	w.SlurmJob = 44
+	h, err = o.tbl.Claim(w, []int{2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.tbl.Len() != 0 {
+		t.Error("the claimed request is still in line")
+	}
+	l2 := o.tbl.Commit(h)
+	if l2.Kind != Inline || l2.SlurmJob != 44 || o.tbl.Held(7) != 1 {
+		t.Errorf("the placeholder's lease: %+v, held %d", l2, o.tbl.Held(7))
+	}
+	for _, fd := range h.FDs() {
+		unix.Close(fd)
+	}
+
+	_, err = o.tbl.Admit(Request{Holder: Holder{UID: 7, User: "u7"}, Devices: []int{1}})
+	var r *Refusal
+	if !errors.Is(err, ErrBadRequest) || !errors.As(err, &r) || r.Msg != `Slurm picks the devices of pool "slurm": ask for a count (-n), not for npu 1` {
+		t.Errorf("a request naming an external pool's device: %v", err)
+	}
+	if _, err := o.tbl.Claim(job, []int{9}); !errors.Is(err, ErrNoDevice) {
+		t.Errorf("claim of npu 9: %v", err)
+	}
+}
+
+// TestExternal: the agent of an external pool's allocator is woken as its
+// requests join and leave the line and sees them (Externals); a request
+// that left the line before its devices were picked is not claimed for.
+func TestExternal(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "locks")
+	o := &owner{running: map[uint32]int{}, events: make(chan string, 1024)}
+	wake := make(chan struct{}, 1)
+	tbl, err := Open(Config{Dir: dir, IDs: ids(2), Pools: []Pool{{Name: "slurm", External: "Slurm"}}, DefaultPool: "slurm", Vendor: npu.Fake, Owner: o, External: wake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.tbl = tbl
+	tbl.Start(nil)
+	t.Cleanup(func() { o.quiet(t) })
+	woken := func() bool {
+		select {
+		case <-wake:
+			return true
+		default:
+			return false
+		}
+	}
+	a, _ := o.ask(t, 1, 1, "", nil, policy.Limit{})
+	b, _ := o.ask(t, 2, 1, "", nil, policy.Limit{})
+	if !woken() || !slices.Equal(tbl.Externals(nil), []*Waiter{a, b}) {
+		t.Fatalf("two external requests in line: woken, Externals %v", tbl.Externals(nil))
+	}
+	if !tbl.Remove(a) || !woken() || !slices.Equal(tbl.Externals(nil), []*Waiter{b}) {
+		t.Errorf("a left the line: Externals %v", tbl.Externals(nil))
+	}
+	if _, err := tbl.Claim(a, []int{0}); !errors.Is(err, ErrGone) {
+		t.Errorf("claim for a request gone: %v", err)
+	}
+	h, err := tbl.Claim(b, []int{1})
+	if err != nil || !woken() || len(tbl.Externals(nil)) != 0 {
+		t.Fatalf("claim for b: %v, Externals %v", err, tbl.Externals(nil))
+	}
+	tbl.Return(h)
+}

@@ -103,15 +103,26 @@ func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
 	}
 	switch l := d.Lease; {
 	case l != nil:
-		if l.Kind == client.KindTask {
+		first := 0
+		switch l.Kind {
+		case client.KindTask:
 			row[2] = "task " + strconv.FormatUint(l.Task, 10)
+		case client.KindSlurm:
+			row[2] = "job " + strconv.FormatUint(uint64(l.SlurmJob), 10)
+			// The job's own processes before its step daemons (root's).
+			for i, h := range l.Holders {
+				if h.UID == l.UID {
+					first = i
+					break
+				}
+			}
 		}
 		user, pid, cmd := l.User, "?", "(no holder found yet)"
 		if l.Kind == client.KindLogin {
 			pid, cmd = "-", origin(l)
 		}
 		if len(l.Holders) > 0 {
-			h := l.Holders[0]
+			h := l.Holders[first]
 			user, pid, cmd = h.User, strconv.Itoa(h.PID), orDash(h.Command)
 			if more := len(l.Holders) - 1 + l.MoreHolders; more > 0 {
 				cmd += fmt.Sprintf(" (+%d)", more)

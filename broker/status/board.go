@@ -195,6 +195,8 @@ func kindState(kind string) string {
 		return client.DeviceTask
 	case client.KindLogin:
 		return client.DeviceLogin
+	case client.KindSlurm:
+		return client.DeviceSlurm
 	}
 	return client.DeviceHeld
 }
@@ -206,7 +208,8 @@ func (g *Ledger) deviceName(id int) string {
 
 func leaseInfo(e *entry, id int, show func(uint32) bool) *client.LeaseInfo {
 	li := &client.LeaseInfo{ID: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, PID: e.pid, Task: e.Task,
-		Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed, Devices: e.Devices, Since: e.Since.UnixMilli(), Adopted: e.Adopted}
+		Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed, Devices: e.Devices, Since: e.Since.UnixMilli(), Adopted: e.Adopted,
+		SlurmJob: e.SlurmJob}
 	li.Holders, li.MoreHolders = holdersInfo(e, id, show)
 	if !e.checked.IsZero() {
 		li.Checked = e.checked.UnixMilli()
@@ -217,7 +220,7 @@ func leaseInfo(e *entry, id int, show func(uint32) bool) *client.LeaseInfo {
 // waiterInfo is waiter w, at place pos, waiting for why beyond its turn,
 // as the board shows it.
 func waiterInfo(w *lease.Waiter, pos int, why string) client.WaiterInfo {
-	wi := client.WaiterInfo{Position: pos, Kind: string(w.Kind), User: w.User, N: w.N, Since: w.Queued.UnixMilli(), Why: why, Task: w.Task}
+	wi := client.WaiterInfo{Position: pos, Kind: string(w.Kind), User: w.User, N: w.N, Since: w.Queued.UnixMilli(), Why: why, Task: w.Task, SlurmJob: w.SlurmJob}
 	if w.Exact {
 		wi.Devices = w.Cand
 	}

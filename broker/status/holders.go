@@ -188,7 +188,7 @@ func (g *Ledger) setHoldersLocked(e *entry, found map[int][]*procscan.Proc, at t
 	}
 	for _, h := range all {
 		key := "uid " + strconv.Itoa(h.PID)
-		if h.UID != e.UID && e.User != "" && !e.said[key] {
+		if h.UID != e.UID && e.User != "" && !e.said[key] && !(h.UID == 0 && e.kind() == client.KindSlurm) { // a job's step daemons are root's
 			e.said[key] = true
 			g.sayLocked("%s: the lease of %s is held by pid %d of %s: its descriptor was passed on", devs, e.User, h.PID, names[h.UID])
 		}

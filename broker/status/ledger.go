@@ -18,6 +18,7 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
@@ -58,6 +59,17 @@ type Tasks interface {
 	CPULine(max int) (first []*lease.Waiter, n int)
 }
 
+// Jobs is what the ledger asks a Slurm node's room (broker/slurmjobs) at
+// start, of held devices the accounting log does not know.
+type Jobs interface {
+	// Adoptable returns the leases of the jobs whose records name the
+	// held lock files (held: device id -> its held lock file); poolOf
+	// names a device's pool.
+	Adoptable(held map[int]lease.FileID, poolOf func(int) string) []*lease.Lease
+	// JobUser asks Slurm whose job id is.
+	JobUser(id uint32) (uid uint32, user string, err error)
+}
+
 // Adopter takes up, at start, the leases held from before (the lease
 // table, before it is in service): the ledger tells it the lease ids its
 // log used, asks it for new ones, and hands it each lease it adopts.
@@ -76,6 +88,7 @@ type Config struct {
 	Scanner   *procscan.Scanner // reads /proc
 	Table     Table
 	Tasks     Tasks
+	Jobs      Jobs // a Slurm node's jobs; nil without [slurm]
 	// Account looks uid up in the user database (for [restrict] and the
 	// exempt accounts of unleased use); known is false for an account
 	// the database does not know.
@@ -227,7 +240,7 @@ func Open(c Config, held map[int]lease.FileID, adopter Adopter) *Ledger {
 	for _, r := range recs {
 		adopter.NoteID(r.Lease)
 	}
-	g.adoptLeases(openLeases(recs), held, adopter)
+	g.adoptLeases(openLeases(recs), held, adopter, c.Jobs)
 	go g.usage.run()
 	go g.sumLoop()
 	go g.scanLoop()
@@ -322,7 +335,8 @@ func (g *Ledger) endLocked(e *entry, id int, now time.Time) {
 // record is e as a line of the accounting log.
 func (e *entry) record(ev string) usageRec {
 	r := usageRec{T: e.Since.UnixMilli(), Ev: ev, Lease: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, Pool: e.Pool,
-		Devices: e.Devices, Task: e.Task, PID: e.pid, PIDStart: e.pidStart, Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed}
+		Devices: e.Devices, Task: e.Task, PID: e.pid, PIDStart: e.pidStart, Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed,
+		SlurmJob: e.SlurmJob}
 	for _, f := range e.files {
 		r.FSDev = f.Dev
 		r.Inodes = append(r.Inodes, f.Ino)
@@ -348,6 +362,64 @@ func (g *Ledger) TaskLease(id uint64) (l *lease.Lease, devices []int, files []pr
 		}
 	}
 	return l, devices, files
+}
+
+// entryLocked is the ledger's entry of lease l while any of its devices
+// is held; nil once none is.
+func (g *Ledger) entryLocked(l *lease.Lease) *entry {
+	for _, id := range l.Devices {
+		if e := g.leases[id]; e != nil && e.Lease == l {
+			return e
+		}
+	}
+	return nil
+}
+
+// Held returns the devices lease l holds still, as far as the ledger has
+// heard, and their lock files.
+func (g *Ledger) Held(l *lease.Lease) (devices []int, files []procscan.FileID) {
+	g.mu.Lock()
+	defer g.unlock()
+	e := g.entryLocked(l)
+	if e == nil {
+		return nil, nil
+	}
+	for i, dev := range e.Devices {
+		if e.held[dev] && g.leases[dev] == e && i < len(e.files) {
+			devices = append(devices, dev)
+			files = append(files, e.files[i])
+		}
+	}
+	return devices, files
+}
+
+// FirstHolder notes process pid, started at start, as lease l's first
+// holder, where a look at its holders looks first (a Slurm job's extern
+// step, which holds the job's lease), and has the next status look again.
+func (g *Ledger) FirstHolder(l *lease.Lease, pid int, start uint64) {
+	g.mu.Lock()
+	defer g.unlock()
+	if e := g.entryLocked(l); e != nil {
+		e.pid, e.pidStart = pid, start
+		g.refreshed = time.Time{}
+	}
+}
+
+// Holders returns the processes that the last look at lease l's holders
+// showed holding its devices (copies); none once the ledger holds it no
+// more.
+func (g *Ledger) Holders(l *lease.Lease) []procscan.Proc {
+	g.mu.Lock()
+	defer g.unlock()
+	var out []procscan.Proc
+	if e := g.entryLocked(l); e != nil {
+		for _, id := range e.Devices {
+			for _, h := range e.holders[id] {
+				out = append(out, *h)
+			}
+		}
+	}
+	return out
 }
 
 // Holds tells whether device id of lease l is held still, as far as the
@@ -396,11 +468,11 @@ func (g *Ledger) uniqueLocked() []*entry {
 // device whose lock file is one that an open lease of the log names goes
 // on as that lease (holders, max_devices, the log); a held device the log
 // does not know becomes a lease found now, of whoever /proc shows holding
-// it. An open lease whose devices are free by now ended while the broker
+// it, unless it is a Slurm job's (jobs). An open lease whose devices are free by now ended while the broker
 // was down: its ends are written with the time it was found gone. Each
 // lease is adopted by the lease table, which releases it through its
 // watchers as any other. held maps device ids to their held lock file.
-func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]lease.FileID, a Adopter) {
+func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]lease.FileID, a Adopter, jobs Jobs) {
 	now := time.Now()
 	byFile := map[lease.FileID]*openLease{}
 	for _, ol := range open {
@@ -425,7 +497,7 @@ func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 			r := ol.rec
 			l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true,
 				Holder: lease.Holder{Kind: lease.Kind(r.Kind), UID: r.UID, User: r.User, PID: r.PID, PIDStart: r.PIDStart, Task: r.Task,
-					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed}}
+					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob}}
 			adopted[r.Lease] = l
 			order = append(order, l)
 		}
@@ -448,14 +520,39 @@ func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 				DurMS: now.UnixMilli() - ol.rec.T})
 		}
 	}
+	if jobs != nil && len(unknown) > 0 {
+		unknown = g.adoptJobs(unknown, held, a, jobs)
+	}
 	if len(unknown) > 0 {
-		g.findHolders(unknown, held, now, a)
+		g.findHolders(unknown, held, now, a, jobs)
 	}
 }
 
+// adoptJobs adopts the Slurm jobs' leases that the Slurm room's records
+// name among the held devices ids the accounting log does not know (its
+// records of their starts were summed or lost), and returns the devices
+// left unknown.
+func (g *Ledger) adoptJobs(ids []int, held map[int]lease.FileID, a Adopter, jobs Jobs) []int {
+	unknown := map[int]lease.FileID{}
+	for _, id := range ids {
+		unknown[id] = held[id]
+	}
+	for _, l := range jobs.Adoptable(unknown, a.PoolOf) {
+		e := newEntry(l)
+		g.usage.add(e.record("start"))
+		e.logged = true
+		g.adopt(e, a)
+		for _, id := range l.Devices {
+			delete(unknown, id)
+		}
+	}
+	return slices.Sorted(maps.Keys(unknown))
+}
+
 // findHolders makes a lease of each held device the log does not know,
-// for whoever a scan of /proc shows holding it.
-func (g *Ledger) findHolders(ids []int, held map[int]lease.FileID, now time.Time, a Adopter) {
+// for whoever a scan of /proc shows holding it: a Slurm job's where that
+// is the job's extern step (findJobs).
+func (g *Ledger) findHolders(ids []int, held map[int]lease.FileID, now time.Time, a Adopter, jobs Jobs) {
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{}}
 	for _, id := range ids {
 		if fid := held[id]; fid != (lease.FileID{}) {
@@ -483,6 +580,9 @@ func (g *Ledger) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 			break
 		}
 	}
+	if jobs != nil {
+		ids = g.findJobs(ids, held, res, now, a, jobs)
+	}
 	for _, id := range ids {
 		fid := held[id]
 		if fid == (lease.FileID{}) {
@@ -505,6 +605,65 @@ func (g *Ledger) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 		e.logged = true
 		g.adopt(e, a)
 	}
+}
+
+// findJobs makes a Slurm job's lease of the held devices ids, neither
+// the log nor the Slurm room's records know, whose holders (res) include
+// the job's extern step (a root "slurmstepd: [N.extern]"), one lease per
+// job; its user is the other holders', else Slurm's (squeue). It returns
+// the devices left.
+func (g *Ledger) findJobs(ids []int, held map[int]lease.FileID, res *procscan.Result, now time.Time, a Adopter, jobs Jobs) []int {
+	var left []int
+	found := map[uint32]*lease.Lease{}
+	for _, id := range ids {
+		fid := held[id]
+		var job uint32
+		var user, extern *procscan.Proc
+		for _, pid := range res.Files[procscan.FileID(fid)] {
+			pi := res.Info[pid]
+			switch {
+			case pi == nil:
+			case pi.UID != 0:
+				user = pi
+			case job == 0:
+				if job = slurmjobs.ExternJob(pi.UID, pi.Cmdline); job != 0 {
+					extern = pi
+				}
+			}
+		}
+		if fid == (lease.FileID{}) || job == 0 {
+			left = append(left, id)
+			continue
+		}
+		l := found[job]
+		if l == nil {
+			l = &lease.Lease{ID: a.NewID(), Holder: lease.Holder{Kind: lease.Slurm, SlurmJob: job, PID: extern.PID, PIDStart: extern.Start},
+				Since: now, Adopted: true, Pool: a.PoolOf(id)}
+			found[job] = l
+		}
+		l.Devices, l.Files = append(l.Devices, id), append(l.Files, fid)
+		if user != nil && l.User == "" {
+			l.UID, l.User = user.UID, g.names.name(user.UID)
+		}
+	}
+	for _, job := range slices.Sorted(maps.Keys(found)) {
+		l := found[job]
+		if l.User == "" {
+			uid, name, err := jobs.JobUser(job)
+			if err != nil {
+				g.log.Printf("job %d: its user: %v", job, err)
+			}
+			l.UID, l.User = uid, name
+		}
+		g.log.Printf("%s is held by job %d of %s, whose lease has no record: taken up as the job's", g.inv.Vendor.Format(l.Devices), job, l.User)
+		e := newEntry(l)
+		rec := e.record("start")
+		rec.Found = true
+		g.usage.add(rec)
+		e.logged = true
+		g.adopt(e, a)
+	}
+	return left
 }
 
 // maxFindScans bounds the scans findHolders does for the holders of the
@@ -537,6 +696,8 @@ func kindName(e *entry) string {
 	switch e.kind() {
 	case client.KindTask:
 		return fmt.Sprintf("task %d", e.Task)
+	case client.KindSlurm:
+		return fmt.Sprintf("job %d", e.SlurmJob)
 	case client.KindHeld:
 		return "grant unknown"
 	}

@@ -76,6 +76,7 @@ type usageRec struct {
 	TTY      string   `json:"tty,omitempty"`
 	RHost    string   `json:"rhost,omitempty"`
 	Claimed  bool     `json:"claimed,omitempty"` // service, tty and rhost are the user's own claim (a session request not made by root)
+	SlurmJob uint32   `json:"slurm_job,omitempty"`
 	WaitedMS int64    `json:"waited_ms,omitempty"`
 	Found    bool     `json:"found,omitempty"` // found held at a broker's start with no record: T is when found
 

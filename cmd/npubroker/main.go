@@ -235,14 +235,15 @@ func serve(args []string) int {
 		}
 		return 1
 	}
-	if err := slurmRefusal(*config, cfg); err != nil {
-		lg.Print(err)
-		return 1
-	}
 	inv, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi)
 	if err != nil {
 		lg.Print(err)
 		return 1
+	}
+	if cfg.Slurm.Active() {
+		for _, w := range slurmWarnings(*config, cfg, inv) { // as check-config says them
+			lg.Print(w.Error())
+		}
 	}
 	if *stateDir == "" && os.Geteuid() != 0 && cfg.Tasks.StateDir == policy.DefaultStateDir {
 		*stateDir = filepath.Join(*runDir, "spool")

@@ -53,19 +53,3 @@ func slurmWarnings(path string, cfg *policy.Config, inv *npu.Inventory) []policy
 	}
 	return ws
 }
-
-// slurmServed tells whether this broker carries out [slurm]. Until it
-// does (the lease table's Slurm holders, placeholders: see the broker's
-// side of issue 18), serve refuses a configuration with [slurm] rather
-// than lease Slurm's devices outside its jobs as if the table were not
-// there.
-const slurmServed = false
-
-// slurmRefusal is serve's reason not to start with cfg, or nil.
-func slurmRefusal(path string, cfg *policy.Config) error {
-	if !cfg.Slurm.Active() || slurmServed {
-		return nil
-	}
-	return fmt.Errorf("%s: [slurm]: this npubroker does not yet serve a Slurm node: not started, so that Slurm's devices %s are never leased outside its jobs (take [slurm] out to serve without Slurm)",
-		path, npu.FormatIDs(cfg.Slurm.Devices))
-}

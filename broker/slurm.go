@@ -1,0 +1,304 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/slurmjobs"
+	"github.com/npurun/npurun/broker/status"
+	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/policy"
+)
+
+// A Slurm node ([slurm]): the wiring of the Slurm room (broker/slurmjobs)
+// and the handlers of Slurm's operations. Every one comes from root:
+// Slurm's Prolog and Epilog run as root in slurmd, the SPANK plugin asks
+// from slurmstepd as root; the job's uid and user come from them.
+
+// slurmPools are the lease table's pools on a Slurm node: in split mode
+// the pool of every device ([pools] absent) is every device that is not
+// Slurm's, and Slurm's devices are in no pool (granted to Slurm jobs
+// only); in allocate mode a pool of Slurm's devices is Slurm's to
+// allocate (lease.Pool.External).
+func slurmPools(cfg *policy.Config, all []int, pools []lease.Pool) []lease.Pool {
+	if !cfg.Slurm.Active() {
+		return pools
+	}
+	for i := range pools {
+		switch p := cfg.Pools[i]; {
+		case cfg.Slurm.Mode == policy.ModeSplit && p.IDs == nil:
+			pools[i].IDs = append([]int{}, cfg.OwnDevices(all)...)
+		case cfg.Slurm.Mode == policy.ModeAllocate && cfg.SlurmPool(p, all):
+			pools[i].External = "Slurm"
+		}
+	}
+	return pools
+}
+
+// openSlurm opens the Slurm room, where the configuration has [slurm];
+// wake is the lease table's (lease.Config.External).
+func (s *Server) openSlurm(stateDir, lockDir string, env []string, wake chan struct{}) error {
+	sc := s.cfg.Slurm
+	if !sc.Active() {
+		return nil
+	}
+	room, err := slurmjobs.Open(slurmjobs.Config{Slurm: sc, Table: s.table, LockDir: lockDir, StateDir: stateDir, Vendor: s.inv.Vendor,
+		Owner: (*slurmOwner)(s), Log: s.log, Env: env, KillGrace: s.cfg.Tasks.KillGrace, Wake: wake})
+	if err != nil {
+		return fmt.Errorf("[slurm]: %w", err)
+	}
+	s.slurm = room
+	if own := s.cfg.OwnDevices(s.inv.IDs); sc.Mode == policy.ModeSplit && len(own) == 0 {
+		s.log.Printf("[slurm] mode %q: every device is Slurm's: npurun serves Slurm jobs' leases only", sc.Mode)
+	} else {
+		s.log.Printf("[slurm] mode %q: Slurm's devices are %s", sc.Mode, s.inv.Vendor.Format(sc.Devices))
+	}
+	return nil
+}
+
+// slurmRefusal refuses a request that names Slurm's devices in split
+// mode: they are leased to Slurm jobs only. nil where it does not.
+func (s *Server) slurmRefusal(devices []int) error {
+	sc := s.cfg.Slurm
+	if !sc.Active() || sc.Mode != policy.ModeSplit {
+		return nil
+	}
+	for _, id := range devices {
+		if sc.Manages(id) {
+			return &lease.Refusal{Err: lease.ErrNoDevice, Msg: fmt.Sprintf("%s is Slurm's ([slurm] mode %q): ask Slurm for it (srun --gres=%s:1)", s.inv.Vendor.Format([]int{id}), sc.Mode, sc.GRES)}
+		}
+	}
+	return nil
+}
+
+// slurmOp serves a Slurm operation; false closes the connection.
+func (s *Server) slurmOp(c *conn, req *client.Request) bool {
+	reply := func(r *client.Reply, fds ...int) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return c.sendLocked(r, fds...)
+	}
+	switch {
+	case c.uid != 0:
+		reply(errReply(client.CodeDenied, "the Slurm operations are slurmd's and slurmstepd's (root only)", ""))
+		return false
+	case req.Job == nil:
+		reply(errReply(client.CodeBadRequest, req.Op+" names no job", ""))
+		return false
+	case s.slurm == nil:
+		reply(errReply(client.CodeNoSlurm, "this broker has no [slurm] table: it knows nothing of Slurm's devices", "add [slurm] to npurun.conf (npurun.conf(5))"))
+		return true
+	}
+	job := *req.Job
+	switch req.Op {
+	case client.OpSlurmProlog:
+		s.users.lookupLease(job.UID) // the account, cached for its device access
+		devices, msg, err := s.slurm.Prolog(job, func(reason string) {
+			reply(&client.Reply{Type: client.TypeQueued, Reason: reason})
+		})
+		if err != nil {
+			s.log.Printf("Prolog of job %d of uid %d: %v", job.ID, job.UID, err)
+			reply(slurmError(err))
+			return true
+		}
+		s.log.Print(msg)
+		return reply(&client.Reply{Type: client.TypeOK, Devices: devices, Message: msg}) == nil
+	case client.OpSlurmHold, client.OpSlurmTask:
+		var g *slurmjobs.Grant
+		var err error
+		if req.Op == client.OpSlurmHold {
+			g, err = s.slurm.Hold(job.ID, int(c.pid))
+		} else {
+			g, err = s.slurm.Task(job.ID, int(c.pid))
+		}
+		if err != nil {
+			s.log.Printf("%s of job %d: %v", req.Op, job.ID, err)
+		}
+		if g == nil {
+			return reply(&client.Reply{Type: client.TypeIgnore}) == nil
+		}
+		r := &client.Reply{Type: client.TypeGrant, Devices: g.Devices, Vendor: string(s.inv.Vendor)}
+		if req.Op == client.OpSlurmTask {
+			r.Env = spankEnv(s.inv.Env(g.Devices))
+		}
+		err = reply(r, g.FDs...)
+		g.Done(err == nil)
+		return err == nil
+	case client.OpSlurmEpilog:
+		msg := s.slurm.Epilog(job)
+		return reply(&client.Reply{Type: client.TypeOK, Message: msg}) == nil
+	}
+	return false
+}
+
+// slurmError is the answer to a Slurm operation the room refused.
+func slurmError(err error) *client.Reply {
+	var r *slurmjobs.Refusal
+	if errors.As(err, &r) {
+		return errReply(r.Code, r.Msg, "")
+	}
+	return errReply(client.CodeBadRequest, err.Error(), "")
+}
+
+// spankVars are the variables the SPANK plugin sets in a task, and the
+// values it takes (slurm/spank/spank_npurun.c): nothing else is sent.
+var (
+	spankVars  = []string{"NPURUN_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"}
+	spankValue = regexp.MustCompile(`^[A-Za-z0-9_,.:-]*$`)
+)
+
+// spankEnv keeps of env what the plugin takes.
+func spankEnv(env []string) []string {
+	out := env[:0:0]
+	for _, e := range env {
+		name, value, _ := strings.Cut(e, "=")
+		for _, v := range spankVars {
+			if name == v && spankValue.MatchString(value) {
+				out = append(out, e)
+			}
+		}
+	}
+	return out
+}
+
+// slurmOwner is the broker as the Slurm room's owner.
+type slurmOwner Server
+
+// Begin commits a Slurm job's lease, or a placeholder's grant, and
+// records it, as grantLocked does an npurun's.
+func (o *slurmOwner) Begin(h *lease.Handover) *lease.Lease {
+	s := (*Server)(o)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.table.Commit(h)
+	s.status.Started(l, h)
+	return l
+}
+
+// End ends lease l's processes (endLeaseLocked).
+func (o *slurmOwner) End(l *lease.Lease, why string) {
+	s := (*Server)(o)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.endLeaseLocked(l, why)
+}
+
+// Extern notes the extern step of a job's lease as its first holder:
+// status looks there first.
+func (o *slurmOwner) Extern(l *lease.Lease, pid int, start uint64) {
+	o.status.FirstHolder(l, pid, start)
+}
+
+// Holders are the processes that hold l's lock files: those status last
+// saw, or else those a scan of /proc finds.
+func (o *slurmOwner) Holders(l *lease.Lease) []slurmjobs.Proc {
+	s := (*Server)(o)
+	var out []slurmjobs.Proc
+	for _, h := range s.status.Holders(l) {
+		out = append(out, slurmjobs.Proc{PID: h.PID, Start: h.Start})
+	}
+	if len(out) > 0 {
+		return out
+	}
+	targets := procscan.Targets{Files: map[procscan.FileID]bool{}}
+	for _, f := range l.Files {
+		targets.Files[procscan.FileID(f)] = true
+	}
+	res, err := s.scanner.Scan(targets)
+	if err != nil {
+		return nil
+	}
+	for _, pids := range res.Files {
+		for _, pid := range pids {
+			if pi := res.Info[pid]; pi != nil {
+				out = append(out, slurmjobs.Proc{PID: pid, Start: pi.Start})
+			}
+		}
+	}
+	return out
+}
+
+// Deliver delivers the devices Slurm picked for a placeholder to its
+// request, as scheduleLocked delivers the line's grants.
+func (o *slurmOwner) Deliver(h *lease.Handover) bool {
+	s := (*Server)(o)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ok := s.deliverLocked(h)
+	s.status.Changed()
+	s.progressLocked()
+	return ok
+}
+
+// Changed notes waiter w's placeholder job and has its progress told.
+func (o *slurmOwner) Changed(w *lease.Waiter, id uint32) {
+	s := (*Server)(o)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id != 0 {
+		w.SlurmJob = id
+	}
+	s.status.Changed()
+	s.progressAfterLocked(0)
+}
+
+// Refuse takes waiter w, whose placeholder Slurm refused or ended, out of
+// the line, and answers it.
+func (o *slurmOwner) Refuse(w *lease.Waiter, code, msg string) {
+	s := (*Server)(o)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch c, t := connOf(w), taskOf(w); {
+	case c != nil && c.w == w && c.login != nil:
+		s.log.Printf("login of %s: %s", w.User, msg)
+		s.busyLocked(c, c.login)
+	case c != nil && c.w == w:
+		s.table.Remove(w)
+		s.unwaitLocked(c)
+		c.sendLocked(errReply(code, msg, ""))
+	case t != nil && t.w == w && t.inLine:
+		s.removeLineLocked(t)
+		s.life.EndNow(t.Task, tasklife.Failed, "not started: "+msg)
+	default:
+		return
+	}
+	s.scheduleLocked()
+	s.progressLocked()
+}
+
+// TimeLimit is waiter w's time limit: a task's --time.
+func (o *slurmOwner) TimeLimit(w *lease.Waiter) time.Duration {
+	s := (*Server)(o)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t := taskOf(w); t != nil {
+		return time.Duration(t.TimeSec) * time.Second
+	}
+	return 0
+}
+
+// slurmWhy is what Slurm says of waiter w's placeholder, or why, what
+// the line says of w.
+func (s *Server) slurmWhy(w *lease.Waiter, why string) string {
+	if s.slurm != nil && w.External {
+		if r := s.slurm.Why(w); r != "" {
+			return r
+		}
+	}
+	return why
+}
+
+// slurmJobs is the Slurm room as the status room asks it at start
+// (status.Config.Jobs); nil without [slurm].
+func (s *Server) slurmJobs() status.Jobs {
+	if s.slurm == nil {
+		return nil
+	}
+	return s.slurm
+}
