@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
@@ -21,7 +20,7 @@ import (
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/broker/status"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
@@ -45,6 +44,7 @@ type Options struct {
 	StateDir  string // the task spool; "" for the config's
 	Socket    string // the socket path, told to tasks and their supervisors
 	Cgroup    string // where tasks' control groups go; "" for the config's ([tasks] cgroup)
+	Self      string // the broker's executable, beside which npurun-supervise is looked for first; "" for this program
 	Log       *log.Logger
 }
 
@@ -52,19 +52,26 @@ type Options struct {
 // handlers.
 //
 // Lock order, where two locks are held together: the status room's
-// refreshMu, then Server.mu (a look at the holders asks the tasks for
-// supervisors: taskView); Server.mu, then the lease table's (package
-// lease: the broker serves the line and delivers grants under Server.mu);
-// Server.mu, then access.mu (a grant opens its devices); either of those,
-// then accounts.mu; Server.mu, then the status room's mu or its limitMu
-// (the broker tells it of grants and changes: status.Ledger's Started,
-// Changed; the two never together), which is always the last: the status
-// room calls no room holding it, and reads the table and the tasks
-// (taskView) holding none of its own. The lease table calls the broker
-// (tableOwner) and its gate (access) holding no lock of its own, so its
-// lock is never held under theirs; a release goes from there to the
-// status room (Ended) without Server.mu. tasklife's table runs under
-// Server.mu itself.
+// refreshMu, then the task room's (a look at the holders asks the tasks
+// for supervisors: taskView); Server.mu, then the task room's (package
+// tasks: the broker serves the line under Server.mu, and the room starts
+// the tasks among its grants); Server.mu or the task room's, then the
+// Slurm room's (package slurmjobs, on a Slurm node: a waiting task's
+// reason is Slurm's placeholder's); any of those, then the lease table's
+// (package lease); any of those, then access.mu (a grant opens its
+// devices, a task's end closes them); any, then accounts.mu. The status
+// room's mu or its limitMu (the broker tells it of grants and changes:
+// status.Ledger's Started, Changed; the two never together) comes after
+// all of these: the status room calls no room holding it, and reads the
+// table and the tasks (tableView, taskView) holding none of its own. The
+// lease table calls the broker (tableOwner) and its gate (access) holding
+// no lock of its own, the Slurm room calls the broker (slurmOwner)
+// holding none of its own, and the task room calls the broker
+// (taskRoomOwner, a connection waiting for a task's end) holding none of
+// its own, so no room's lock is ever held under one that comes after it
+// here; a release goes from the table to the status room (Ended) without
+// Server.mu. The task room's journal (tasklife) and its runner share its
+// lock. TestRoomsLockOrder runs all of them at once under -race.
 type Server struct {
 	cfg   *policy.Config
 	inv   *npu.Inventory
@@ -74,29 +81,18 @@ type Server struct {
 
 	table  *lease.Table   // the devices, their lock files, the line, caps and grants: its own lock
 	acc    *access        // device access of restricted accounts (access.go), the table's gate: its own lock
+	rt     *tasks.Runtime // the tasks: their journal, line, start and end; its own lock
 	status *status.Ledger // what status reports: the ledger, holders, the scan, usage, metrics; its own lock
 
-	scanner *procscan.Scanner // reads /proc: for the status room, and at the end of a task's lease (taskend.go)
+	scanner *procscan.Scanner // reads /proc: for the status room, and for the task room at the end of a task's lease
 
 	// slurm is a Slurm node's room ([slurm]; slurm.go): its own lock,
-	// after Server.mu; nil without [slurm].
+	// after Server.mu's and the task room's; nil without [slurm].
 	slurm *slurmjobs.Room
 
-	socket       string
-	self         string         // this program, beside which npurun-supervise is looked for first
-	supBin       *supervisorBin // npurun-supervise, open: every task runs under it (supervisorbin.go); nil until found
-	unprivileged bool           // not root: tasks only for our own uid, no credential change
-	proc         procfs.FS
-	boot         string   // this boot's id, against pids of an earlier boot
-	cpuSlots     []int    // ids of the CPU slots: 0..cpu_slots-1
-	stateClaim   *os.File // held for the broker's life: no other broker replays this spool
-	cg           *cgroups // where tasks' control groups go; nil: none (see cgroup.go)
-	cgMode       string   // what was asked for: auto, off or a directory
-	cgReady      bool     // cg was set up (once the state directory is ours)
+	stateClaim *os.File // held for the broker's life: no other broker replays this spool
 
 	mu            sync.Mutex
-	here          bool          // tasks granted are launched by the scheduler's caller (scheduleHereLocked)
-	launches      []grantedTask // those tasks, meanwhile
 	places        []lease.Place // the line, as the last progress report read it (reused)
 	conns         int
 	fdKeep        int         // descriptors kept from connections (fdlimit.go), set once by New
@@ -109,24 +105,6 @@ type Server struct {
 	progressAt    time.Time                     // ... for then,
 	progressTimer *time.Timer                   // by this timer
 
-	// Tasks: the table (nil while the journal cannot be opened, taskErr
-	// says why) and, for each task not ended, what the broker holds.
-	life      *tasklife.Life
-	taskErr   error
-	jobs      map[uint64]*task
-	running   map[uint32]int // tasks starting or running per uid: the table's own count
-	cpuq      *lease.Queue   // --no-device tasks waiting for a CPU slot
-	cpuFree   []bool
-	loading   bool           // taking up the journal's tasks
-	warm      int            // supervisors started for tasks still waiting
-	arming    map[string]int // per pool: submissions being recorded armed (firstTaskLocked)
-	idle      idlePool       // idle supervisors, one per user at most (idle.go)
-	paused    *pause         // task starts are stopped, and why
-	pauseWait time.Duration  // how long the current pause waits before trying again
-
-	unresolved  map[uint64]*task // waiting tasks whose account could not be looked up (lookupLaterLocked)
-	lookupTimer bool             // a lookup of theirs is arranged
-	lookupWait  time.Duration    // how long it waits
 }
 
 // New prepares a broker: the lock directory, the lock files, and the
@@ -136,36 +114,25 @@ func New(o Options) (*Server, error) {
 		o.Log = StderrLog(os.Stderr)
 	}
 	s := &Server{
-		cfg:          o.Config,
-		inv:          o.Inventory,
-		log:          o.Log,
-		rlog:         &rateLog{log: o.Log},
-		socket:       o.Socket,
-		unprivileged: os.Geteuid() != 0,
-		userConns:    map[uint32]int{},
-		connsOf:      map[uint32]map[*conn]struct{}{},
-		unread:       map[uint32]int{},
-		leaseWaits:   map[uint32]int{},
-		jobs:         map[uint64]*task{},
-		running:      map[uint32]int{},
-		boot:         bootID(),
-		cpuq:         lease.NewQueue(),
-		cpuFree:      make([]bool, o.Config.Tasks.CPUSlots),
+		cfg:        o.Config,
+		inv:        o.Inventory,
+		log:        o.Log,
+		rlog:       &rateLog{log: o.Log},
+		userConns:  map[uint32]int{},
+		connsOf:    map[uint32]map[*conn]struct{}{},
+		unread:     map[uint32]int{},
+		leaseWaits: map[uint32]int{},
 	}
 	s.acc = newAccess(s)
-	for i := range s.cpuFree {
-		s.cpuFree[i] = true
-		s.cpuSlots = append(s.cpuSlots, i)
-	}
 	var err error
-	if s.proc, err = procfs.NewFS("/proc"); err != nil {
-		return nil, err
-	}
 	if s.scanner, err = procscan.New("/proc", os.Getpid()); err != nil {
 		return nil, fmt.Errorf("read /proc: %w", err)
 	}
-	if s.self, err = os.Executable(); err != nil {
-		return nil, fmt.Errorf("find own executable: %w", err)
+	self := o.Self
+	if self == "" {
+		if self, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("find own executable: %w", err)
+		}
 	}
 	pools := make([]lease.Pool, len(o.Config.Pools))
 	for i, p := range o.Config.Pools {
@@ -200,9 +167,9 @@ func New(o Options) (*Server, error) {
 	if err := s.writeSessionPolicy(o.RunDir); err != nil {
 		return nil, err
 	}
-	s.cgMode = o.Cgroup
-	if s.cgMode == "" {
-		s.cgMode = o.Config.Tasks.Cgroup
+	cgMode := o.Cgroup
+	if cgMode == "" {
+		cgMode = o.Config.Tasks.Cgroup
 	}
 	stateDir := o.StateDir
 	if stateDir == "" {
@@ -220,11 +187,22 @@ func New(o Options) (*Server, error) {
 	s.status = status.Open(status.Config{Policy: s.cfg, Inventory: s.inv, StateDir: stateDir, Scanner: s.scanner,
 		Table: (*tableView)(s), Tasks: (*taskView)(s), Account: s.users.nameGroups, Log: s.log, Repeat: s.rlog.Printf,
 		Jobs: s.slurmJobs()}, found, s.table)
+	// The task room, before the table is in service: a device that comes
+	// into service serves the line, tasks' and all.
+	tc := tasks.Config{
+		Policy: s.cfg, Inventory: s.inv, Table: s.table, Owner: (*taskRoomOwner)(s), Accounts: taskAccounts{&s.users},
+		Access: s.acc, Holders: s.scanner, Describe: s.describeHolder, Socket: o.Socket, Self: self, Cgroup: cgMode,
+		Claim: s.claimTasks, Log: s.log,
+	}
+	if s.slurm != nil {
+		tc.Outside = (*slurmOutside)(s) // Slurm's devices, its placeholders' reasons
+	}
+	s.rt = tasks.New(tc)
 	s.table.Start(failed)
 	if s.slurm != nil {
 		s.slurm.Resume((*slurmOwner)(s))
 	}
-	if err := s.openTasks(stateDir); err != nil {
+	if err := s.rt.Open(stateDir); err != nil {
 		return nil, err
 	}
 	s.fdReserve()
@@ -250,16 +228,16 @@ func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, last bool) {
 // Freed serves the line: a device came into service. The tasks it grants
 // are launched here, on the table's goroutine that freed the device: a
 // goroutine started for the launch would cost a wake-up on the path from
-// a lease's end to the next task's start (scheduleHereLocked).
+// a lease's end to the next task's start (tasks.Runtime.Schedule).
 func (o *tableOwner) Freed() {
 	s := (*Server)(o)
 	if s.slurm != nil {
 		s.slurm.Freed() // a job's Prolog may wait for the device
 	}
 	s.mu.Lock()
-	starts := s.scheduleHereLocked()
+	starts := s.serveLocked(true)
 	s.mu.Unlock()
-	s.launchAll(starts)
+	s.rt.Launch(starts)
 }
 
 // Listen opens the broker's socket at path. A socket file left by a broker
@@ -319,9 +297,9 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	s.status.ServeMetrics(ctx)
-	defer s.status.Stop()          // every lease it knows in the accounting log, written
-	defer s.letIdleGo(time.Second) // a broker that stops leaves no idle supervisor
-	defer s.disarmTasks()
+	defer s.status.Stop()         // every lease it knows in the accounting log, written
+	defer s.rt.Close(time.Second) // a broker that stops leaves no idle supervisor
+	defer s.rt.Stop()             // nor a task armed
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
@@ -338,17 +316,5 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 			continue
 		}
 		s.handle(c) // on this goroutine as far as it is quick
-	}
-}
-
-// disarmTasks, as the broker stops, disarms the waiting tasks durably
-// (tasklife): a clean stop starts nothing more, and a machine restarted
-// before the next broker must not take them for tasks that may have
-// started.
-func (s *Server) disarmTasks() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.life != nil {
-		s.life.Stop()
 	}
 }

@@ -7,10 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/internal/claim"
 	"github.com/npurun/npurun/internal/owndir"
 	"github.com/npurun/npurun/npu"
 )
@@ -21,11 +21,6 @@ const claimName = "broker.pid"
 
 // ErrClaimed means another broker uses the directory.
 var ErrClaimed = errors.New("another broker uses it")
-
-// claimWait is how long a starting broker waits for a claim to be let go:
-// a broker that was just killed may have left a child between fork and
-// exec, holding its descriptors for a moment.
-const claimWait = 2 * time.Second
 
 // Claim takes dir for this broker for as long as the returned file stays
 // open: an exclusive flock on dir/broker.pid, which then holds this
@@ -39,7 +34,7 @@ func Claim(dir string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("claim %s: %w", dir, err)
 	}
-	err = flockPatiently(int(f.Fd()))
+	err = claim.Lock(int(f.Fd()))
 	switch {
 	case errors.Is(err, unix.EWOULDBLOCK):
 		defer f.Close()
@@ -57,22 +52,6 @@ func Claim(dir string) (*os.File, error) {
 		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return f, nil
-}
-
-// flockPatiently takes an exclusive flock without blocking, trying again
-// for claimWait while another holds it; EWOULDBLOCK once that has passed.
-func flockPatiently(fd int) error {
-	deadline := time.Now().Add(claimWait)
-	for {
-		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if err == unix.EINTR {
-			continue
-		}
-		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func readPID(f *os.File) int {
@@ -94,11 +73,11 @@ func (s *Server) claimState(dir string) error {
 	if err := owndir.Make(dir, 0o700); err != nil {
 		return err
 	}
-	claim, err := Claim(dir)
+	f, err := Claim(dir)
 	if err != nil {
 		return err
 	}
-	s.stateClaim = claim
+	s.stateClaim = f
 	return nil
 }
 
@@ -247,7 +226,7 @@ func claimAt(dfd int, dir, name string) (*os.File, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s: not a regular file", f.Name())
 	}
-	switch err := flockPatiently(fd); {
+	switch err := claim.Lock(fd); {
 	case errors.Is(err, unix.EWOULDBLOCK):
 		defer f.Close()
 		if pid := readPID(f); pid > 0 {

@@ -25,11 +25,10 @@ type conn struct {
 	pid  int32
 	acct *account
 
-	w       *lease.Waiter // the request waiting, nil when none
-	told    told          // what it was last told of its place (reportLocked)
-	waiting []*task       // tasks whose end it waits for
-	closed  bool
-	unread  int // bytes sent that the client had not read when last looked at (SIOCOUTQ)
+	w      *lease.Waiter // the request waiting, nil when none
+	told   told          // what it was last told of its place (reportLocked)
+	closed bool
+	unread int // bytes sent that the client had not read when last looked at (SIOCOUTQ)
 
 	origin *Origin // a session's, or a request's on behalf of another user
 	login  *login  // a login session waiting for its lease
@@ -161,7 +160,7 @@ func (c *conn) finish() {
 		delete(s.connsOf, c.uid)
 	}
 	c.closed = true
-	s.forgetWaitsLocked(c)
+	s.rt.Unwatch(c) // the tasks whose end it waits for
 	if c.w != nil && s.table.Remove(c.w) {
 		s.unwaitLocked(c)
 		s.scheduleLocked() // its reservations are gone

@@ -3,11 +3,13 @@ package broker
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
@@ -111,12 +113,6 @@ func connOf(w *lease.Waiter) *conn {
 	return c
 }
 
-// taskOf is the task a waiter queues; nil for a connection's request.
-func taskOf(w *lease.Waiter) *task {
-	t, _ := w.Ref.(*task)
-	return t
-}
-
 // unwaitLocked clears c's waiting request (granted, refused or cancelled).
 // Waits count against the user they are for (not root's, for a request on
 // another user's behalf).
@@ -147,18 +143,31 @@ func busyMessage(w *lease.Waiter, v npu.Vendor) string {
 }
 
 // scheduleLocked grants what can be granted now: devices to leases and
-// tasks (the lease table plans, the broker delivers each grant and commits
-// or returns it), CPU slots to tasks that need no device.
+// tasks (the lease table plans; the task room starts the tasks among its
+// grants, the broker delivers each other grant and commits or returns
+// it), CPU slots to tasks that need no device.
 func (s *Server) scheduleLocked() {
+	s.serveLocked(false) // the task room launches the tasks granted
+}
+
+// serveLocked is scheduleLocked for a caller that launches the tasks
+// granted itself (here), with tasks.Runtime.Launch once it has let the
+// lock go: it returns them.
+func (s *Server) serveLocked(here bool) []tasks.Start {
 	s.status.Changed() // for status watchers: the line or the devices changed
+	var starts []tasks.Start
 	for {
-		hs := s.table.Schedule(s.running)
-		if len(hs) == 0 {
-			break
+		sv := s.rt.Schedule(here)
+		starts = append(starts, sv.Starts...)
+		for _, b := range sv.Begun {
+			s.status.Started(b.Lease, b.H)
 		}
-		failed := false
-		for _, h := range hs {
+		failed := sv.Again
+		for _, h := range sv.Others {
 			failed = !s.deliverLocked(h) || failed
+		}
+		if len(sv.Begun) == 0 && len(sv.Others) == 0 && !sv.Again {
+			break
 		}
 		s.progressLocked()
 		if !failed {
@@ -167,23 +176,19 @@ func (s *Server) scheduleLocked() {
 		// A client vanished before its grant, or a task could not start:
 		// their devices are free again and the next waiters may take them.
 	}
-	if s.cpuq.Len() > 0 && slices.Contains(s.cpuFree, true) {
-		for _, g := range lease.Plan(s.cpuq.Waiters(), s.cpuFree, s.table.RoomFor(s.cpuq, s.running)) {
-			s.cpuq.Remove(g.W, true)
-			s.startTaskLocked(taskOf(g.W), nil, g.Devices[0])
-		}
-	}
-	if !s.loading {
-		s.warmLocked()
-	}
+	return starts
 }
 
-// deliverLocked delivers handover h to its waiter: a task's start, or a
-// grant to the client waiting on its connection. It tells whether it
-// did; if not, the devices are free again.
+// deliverLocked delivers handover h to its waiter: a task's start (the
+// task room's: tasks.Runtime.Deliver), or a grant to the client waiting on
+// its connection. It tells whether it did; if not, the devices are free
+// again.
 func (s *Server) deliverLocked(h *lease.Handover) bool {
-	if t := taskOf(h.W); t != nil {
-		return s.startTaskLocked(t, h, -1)
+	if sv, mine := s.rt.Deliver(h); mine {
+		for _, b := range sv.Begun {
+			s.status.Started(b.Lease, b.H)
+		}
+		return !sv.Again
 	}
 	if c := connOf(h.W); c != nil {
 		return s.grantLocked(c, h)
@@ -349,4 +354,10 @@ func tellAfter(last *told, pos int, why string, now time.Time) time.Duration {
 		return wait
 	}
 	return 0
+}
+
+func closeFD(fd int) {
+	if fd >= 0 {
+		unix.Close(fd)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"sync"
@@ -20,20 +21,26 @@ import (
 )
 
 // TestRoomsLockOrder: a real broker on a real socket, its clients asking
-// for and releasing fake devices as fast as they are granted, while status
-// boards are drawn: the broker serves its line under Server.mu, taking
-// the lease table's lock within it and telling the status room of each
-// grant (its lock last), while the table's watchers report releases to
+// for and releasing fake devices as fast as they are granted, and
+// submitting tasks that take the same devices (and a CPU slot), waiting
+// for their ends, cancelling some and listing them, while status boards
+// are drawn: the broker serves its line under Server.mu, taking the task
+// room's lock and the lease table's within it, and tells the status room
+// of each grant (its lock last); the table's watchers report releases to
 // the status room and ask for the line to be served (Server.mu, holding
-// none of the table's), and the boards are drawn by the status room from
-// the table's snapshot and the tasks' view (Server.mu) holding none of
-// its own. Run with -race, it shows the rooms' locks free of races and of
-// deadlock (broker/status's TestRoomLockOrder runs the status room's side
-// with tasks, metrics and scans as well). Mutual exclusion is checked by the clients: each
-// marks every device it is granted with a file made O_EXCL, removed
-// before it lets the lease go.
+// neither of the others'); the task room starts tasks under real
+// supervisors, records their ends, and tells the connections that wait
+// for them (Server.mu, once its own lock is let go); the boards are drawn
+// by the status room from the table's snapshot and the task room's view
+// holding none of its own. Run with -race, it shows the rooms' locks free
+// of races and of deadlock (broker/status's TestRoomLockOrder runs the
+// status room's side with tasks, metrics and scans as well). Mutual
+// exclusion is checked by the workload: each client and each task marks
+// every device it is granted with a file made O_EXCL, removed before it
+// lets the lease go.
 func TestRoomsLockOrder(t *testing.T) {
 	const devices, clients, rounds = 3, 8, 20
+	const submitters, tasksEach = 3, 8
 	// A deadlock would hang the test (and its cleanup, which takes
 	// Server.mu): it fails with every goroutine's stack instead.
 	watchdog := time.AfterFunc(2*time.Minute, func() {
@@ -41,9 +48,17 @@ func TestRoomsLockOrder(t *testing.T) {
 		panic("TestRoomsLockOrder still runs after 2 minutes: the rooms' locks deadlock")
 	})
 	defer watchdog.Stop()
-	cfg, err := policy.Parse("npurun.conf", fmt.Appendf(nil, "[devices]\nvendor = \"fake\"\nids = \"0-%d\"\n", devices-1))
+	cfg, err := policy.Parse("npurun.conf", fmt.Appendf(nil, "[devices]\nvendor = \"fake\"\nids = \"0-%d\"\n[tasks]\ncpu_slots = 1\n", devices-1))
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The supervisor program, beside the broker's executable as a build
+	// directory has it.
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", filepath.Join(bin, client.SupervisorName), "../cmd/npurun-supervise")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the supervisor: %v\n%s", err, out)
 	}
 	inv, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi)
 	if err != nil {
@@ -56,7 +71,7 @@ func TestRoomsLockOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, err := New(Options{Config: cfg, Inventory: inv, RunDir: run, StateDir: filepath.Join(run, "spool"),
-		Socket: sock, Cgroup: "off", Log: log.New(io.Discard, "", 0)})
+		Socket: sock, Cgroup: "off", Self: filepath.Join(bin, "npubroker"), Log: log.New(io.Discard, "", 0)})
 	if err != nil {
 		ln.Close()
 		t.Fatal(err)
@@ -132,6 +147,66 @@ func TestRoomsLockOrder(t *testing.T) {
 				}
 				for _, fd := range fds {
 					unix.Close(fd) // the lease ends
+				}
+			}
+		}()
+	}
+	// Tasks, meanwhile: device tasks and --no-device ones, each waited
+	// for on its submitter's connection; every third device task is
+	// cancelled, whether it waits or runs by then.
+	logs := t.TempDir()
+	cwd, _ := os.Getwd()
+	// A task cancelled while it runs is sent SIGTERM: it removes its
+	// marks then too (else the next holder of its devices would find them
+	// and be taken for a second grant).
+	mark := `set -C; devs=$(echo "$NPURUN_DEVICES" | tr , " "); trap 'for d in $devs; do rm -f "$0/npu$d"; done; exit 143' TERM; ` +
+		`for d in $devs; do : > "$0/npu$d" || exit 3; done; sleep 0.01; for d in $devs; do rm "$0/npu$d"; done`
+	for i := range submitters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := client.Dial(sock)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			type sent struct {
+				id       uint64
+				cancel   bool
+				noDevice bool
+			}
+			var all []sent
+			for k := range tasksEach {
+				sub := &client.Submission{Argv: []string{"/bin/sh", "-c", mark, marks}, Cwd: cwd,
+					Env: []string{"PATH=/usr/bin:/bin"}, Log: filepath.Join(logs, fmt.Sprintf("%d-%d.log", i, k)),
+					N: 1 + k%2, NoDevice: k%4 == 3}
+				if sub.NoDevice {
+					sub.N = 0
+				}
+				r, err := c.Submit(sub)
+				if err != nil {
+					t.Errorf("submitter %d: task %d: %v", i, k, err)
+					return
+				}
+				all = append(all, sent{r.ID, !sub.NoDevice && k%3 == 0, sub.NoDevice})
+				if k%3 == 0 && !sub.NoDevice {
+					if _, err := c.Cancel(r.ID); err != nil {
+						t.Errorf("submitter %d: cancel task %d: %v", i, r.ID, err)
+					}
+				}
+			}
+			if _, err := c.List(false); err != nil {
+				t.Errorf("submitter %d: list: %v", i, err)
+			}
+			for _, st := range all {
+				ti, err := c.Wait(st.id)
+				switch {
+				case err != nil:
+					t.Errorf("submitter %d: wait for task %d: %v", i, st.id, err)
+				case ti.State == client.StateCancelled && st.cancel:
+				case ti.State != client.StateDone || ti.Exit == nil || *ti.Exit != 0:
+					t.Errorf("submitter %d: task %d (no device: %v) ended %s, exit %v (%s); want done, exit 0", i, st.id, st.noDevice, ti.State, ti.Exit, ti.Reason)
 				}
 			}
 		}()

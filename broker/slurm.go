@@ -12,7 +12,6 @@ import (
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/broker/status"
-	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/policy"
 )
 
@@ -181,12 +180,10 @@ func (o *slurmOwner) Begin(h *lease.Handover) *lease.Lease {
 	return l
 }
 
-// End ends lease l's processes (endLeaseLocked).
+// End ends lease l's processes: the task room ends a lease whose holder
+// has ended as it ends a task's (tasks.Runtime.EndLease).
 func (o *slurmOwner) End(l *lease.Lease, why string) {
-	s := (*Server)(o)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.endLeaseLocked(l, why)
+	(*Server)(o).rt.EndLease(l, why)
 }
 
 // Extern notes the extern step of a job's lease as its first holder:
@@ -249,12 +246,14 @@ func (o *slurmOwner) Changed(w *lease.Waiter, id uint32) {
 }
 
 // Refuse takes waiter w, whose placeholder Slurm refused or ended, out of
-// the line, and answers it.
+// the line, and answers it; a task's, the task room fails, not started.
 func (o *slurmOwner) Refuse(w *lease.Waiter, code, msg string) {
 	s := (*Server)(o)
+	task := s.rt.Refuse(w, msg)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch c, t := connOf(w), taskOf(w); {
+	switch c := connOf(w); {
+	case task:
 	case c != nil && c.w == w && c.login != nil:
 		s.log.Printf("login of %s: %s", w.User, msg)
 		s.busyLocked(c, c.login)
@@ -262,9 +261,6 @@ func (o *slurmOwner) Refuse(w *lease.Waiter, code, msg string) {
 		s.table.Remove(w)
 		s.unwaitLocked(c)
 		c.sendLocked(errReply(code, msg, ""))
-	case t != nil && t.w == w && t.inLine:
-		s.removeLineLocked(t)
-		s.life.EndNow(t.Task, tasklife.Failed, "not started: "+msg)
 	default:
 		return
 	}
@@ -274,13 +270,16 @@ func (o *slurmOwner) Refuse(w *lease.Waiter, code, msg string) {
 
 // TimeLimit is waiter w's time limit: a task's --time.
 func (o *slurmOwner) TimeLimit(w *lease.Waiter) time.Duration {
-	s := (*Server)(o)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if t := taskOf(w); t != nil {
-		return time.Duration(t.TimeSec) * time.Second
-	}
-	return 0
+	return (*Server)(o).rt.TimeLimit(w)
+}
+
+// slurmOutside is the Slurm room as the task room asks it of tasks'
+// requests (tasks.Outside), under the task room's lock.
+type slurmOutside Server
+
+func (o *slurmOutside) Refusal(devices []int) error { return (*Server)(o).slurmRefusal(devices) }
+func (o *slurmOutside) Why(w *lease.Waiter, why string) string {
+	return (*Server)(o).slurmWhy(w, why)
 }
 
 // slurmWhy is what Slurm says of waiter w's placeholder, or why, what

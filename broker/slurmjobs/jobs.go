@@ -21,10 +21,10 @@ package slurmjobs
 // A job without an extern step (slurm.conf without PrologFlags=Contain)
 // stays told until its Epilog: the broker's copy holds the lease.
 //
-// Lock order: the broker's lock, then the room's, then the lease
-// table's. The room calls its owner (Owner) holding no lock of its own,
-// and nothing slow (a disk write, /proc, pidfd_getfd, a Slurm command)
-// happens under its lock.
+// Lock order: the broker's lock (or the task room's, which asks Why of a
+// waiting task), then the room's, then the lease table's. The room calls
+// its owner (Owner) holding no lock of its own, and nothing slow (a disk
+// write, /proc, pidfd_getfd, a Slurm command) happens under its lock.
 
 import (
 	"errors"

@@ -344,26 +344,6 @@ func (e *entry) record(ev string) usageRec {
 	return r
 }
 
-// TaskLease returns the lease of task id while it holds any device, with
-// the devices it holds and their lock files.
-func (g *Ledger) TaskLease(id uint64) (l *lease.Lease, devices []int, files []procscan.FileID) {
-	g.mu.Lock()
-	defer g.unlock()
-	for _, e := range g.uniqueLocked() {
-		if e.kind() != client.KindTask || e.Task != id {
-			continue
-		}
-		for i, dev := range e.Devices {
-			if e.held[dev] && g.leases[dev] == e && i < len(e.files) {
-				l = e.Lease
-				devices = append(devices, dev)
-				files = append(files, e.files[i])
-			}
-		}
-	}
-	return l, devices, files
-}
-
 // entryLocked is the ledger's entry of lease l while any of its devices
 // is held; nil once none is.
 func (g *Ledger) entryLocked(l *lease.Lease) *entry {
@@ -373,24 +353,6 @@ func (g *Ledger) entryLocked(l *lease.Lease) *entry {
 		}
 	}
 	return nil
-}
-
-// Held returns the devices lease l holds still, as far as the ledger has
-// heard, and their lock files.
-func (g *Ledger) Held(l *lease.Lease) (devices []int, files []procscan.FileID) {
-	g.mu.Lock()
-	defer g.unlock()
-	e := g.entryLocked(l)
-	if e == nil {
-		return nil, nil
-	}
-	for i, dev := range e.Devices {
-		if e.held[dev] && g.leases[dev] == e && i < len(e.files) {
-			devices = append(devices, dev)
-			files = append(files, e.files[i])
-		}
-	}
-	return devices, files
 }
 
 // FirstHolder notes process pid, started at start, as lease l's first
@@ -420,15 +382,6 @@ func (g *Ledger) Holders(l *lease.Lease) []procscan.Proc {
 		}
 	}
 	return out
-}
-
-// Holds tells whether device id of lease l is held still, as far as the
-// ledger has heard.
-func (g *Ledger) Holds(l *lease.Lease, id int) bool {
-	g.mu.Lock()
-	defer g.unlock()
-	e := g.leases[id]
-	return e != nil && e.Lease == l && e.held[id]
 }
 
 // openRecords are the "open" records of the leases held now, for a fresh

@@ -17,6 +17,7 @@ import (
 
 	"github.com/npurun/npurun/broker"
 	"github.com/npurun/npurun/broker/report"
+	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
 	"github.com/npurun/npurun/policy"
@@ -128,7 +129,7 @@ func checkConfig(args []string) int {
 	if cfg.Slurm.Active() {
 		warnings = append(warnings, slurmWarnings(path, cfg, inv)...)
 	}
-	if err := broker.CheckSupervisor(); err != nil {
+	if err := tasks.CheckSupervisor(); err != nil {
 		warnings = append(warnings, policy.Error{File: path, Key: "[tasks]", Msg: fmt.Sprintf("warning: %v: npubroker serve would serve leases but refuse tasks", err)})
 	}
 	if cfg.Restrict.Active() && devices != nil {

@@ -1,6 +1,9 @@
-package broker
+package tasks
 
-import "os"
+import (
+	"log"
+	"os"
+)
 
 // Points where a broker stops for a test that must kill it inside a
 // window too narrow to hit by chance (tests/e2e_task_faults_test.go). The
@@ -11,7 +14,8 @@ const (
 	// yet sent.
 	hookBeforeGoAhead = "before-go-ahead"
 	// hookBeforeSubmitReply: a submission is recorded and its answer not
-	// yet sent (the broker's lock is held: it serves nothing more).
+	// yet sent (the task room's lock is held: no task starts, nor is any task
+	// operation served).
 	hookBeforeSubmitReply = "before-submit-reply"
 )
 
@@ -20,10 +24,10 @@ var testHookPoint = os.Getenv("NPUBROKER_TEST_HOOK")
 // testHook, at the point named by NPUBROKER_TEST_HOOK, says so in the log
 // and stops the calling goroutine for good (the test then kills the
 // broker); the rest of the broker serves on.
-func (s *Server) testHook(point string, id uint64) {
+func testHook(lg *log.Logger, point string, id uint64) {
 	if testHookPoint != point {
 		return
 	}
-	s.log.Printf("test hook %s: task %d stops here", point, id)
+	lg.Printf("test hook %s: task %d stops here", point, id)
 	select {}
 }

@@ -1,4 +1,4 @@
-package broker
+package tasks
 
 import (
 	"errors"
@@ -56,29 +56,29 @@ var errIdleGone = errors.New("the idle supervisor exited")
 // keepIdleLocked starts an idle supervisor for the user of sup, a
 // supervisor that has just started its task, with its credentials, unless
 // that user has one or maxIdle are kept already.
-func (s *Server) keepIdleLocked(sup *supervisor) {
-	if s.idle.m[sup.uid] != nil || len(s.idle.m) >= maxIdle || s.paused != nil || s.idle.closed {
+func (l *local) keepIdleLocked(sup *supervisor) {
+	if l.idle.m[sup.uid] != nil || len(l.idle.m) >= maxIdle || l.host.Paused() || l.idle.closed {
 		return
 	}
-	if s.idle.m == nil {
-		s.idle.m = map[uint32]*supervisor{}
+	if l.idle.m == nil {
+		l.idle.m = map[uint32]*supervisor{}
 	}
 	idle := &supervisor{uid: sup.uid, gid: sup.gid, gids: sup.gids, exited: make(chan struct{}), started: make(chan struct{})}
-	if s.cg != nil {
-		if s.idle.next == 0 {
+	if l.cg != nil {
+		if l.idle.next == 0 {
 			// Unique across restarts: a group a killed broker left
 			// may still be dying.
-			s.idle.next = uint64(time.Now().UnixNano())
+			l.idle.next = uint64(time.Now().UnixNano())
 		}
-		s.idle.next++
-		idle.group = s.idle.next
+		l.idle.next++
+		idle.group = l.idle.next
 	}
-	s.idle.m[idle.uid] = idle
+	l.idle.m[idle.uid] = idle
 	idle.expire = time.AfterFunc(idleFor, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.idle.m[idle.uid] == idle {
-			delete(s.idle.m, idle.uid)
+		l.host.Lock()
+		defer l.host.Unlock()
+		if l.idle.m[idle.uid] == idle {
+			delete(l.idle.m, idle.uid)
 			letGo(idle)
 		}
 	})
@@ -86,7 +86,7 @@ func (s *Server) keepIdleLocked(sup *supervisor) {
 		defer close(idle.started)
 		cgfd := -1
 		if idle.group != 0 {
-			fd, err := openGroup(s.cg.idleDir(idle.group))
+			fd, err := openGroup(l.cg.idleDir(idle.group))
 			if err == nil {
 				defer unix.Close(fd)
 				cgfd = fd
@@ -94,14 +94,14 @@ func (s *Server) keepIdleLocked(sup *supervisor) {
 			idle.err = err
 		}
 		if idle.err == nil {
-			idle.err = s.execSupervisor(idle, 0, cgfd)
+			idle.err = l.execSupervisor(idle, 0, cgfd)
 		}
 		if idle.err != nil {
 			close(idle.exited)
-			s.mu.Lock()
-			s.idleGoneLocked(idle)
-			s.reapIdleLocked(idle)
-			s.mu.Unlock()
+			l.host.Lock()
+			l.idleGoneLocked(idle)
+			l.reapIdleLocked(idle)
+			l.host.Unlock()
 		}
 	}()
 }
@@ -109,28 +109,28 @@ func (s *Server) keepIdleLocked(sup *supervisor) {
 // reapIdleLocked kills whatever is left in an idle supervisor's own group
 // and removes the group, in the background while processes are still
 // dying in it.
-func (s *Server) reapIdleLocked(sup *supervisor) {
-	if sup.group == 0 || s.cg == nil {
+func (l *local) reapIdleLocked(sup *supervisor) {
+	if sup.group == 0 || l.cg == nil {
 		return
 	}
-	d := s.cg.idleDir(sup.group)
+	d := l.cg.idleDir(sup.group)
 	sup.group = 0
 	killGroup(d) // at once: nothing of it runs on
-	go s.reapGroup(d, nil)
+	go l.reapGroup(d, nil)
 }
 
 // takeIdleLocked takes the idle supervisor of t's user for t, if there is
 // one of the same account; one of another is let go.
-func (s *Server) takeIdleLocked(t *task) *supervisor {
-	sup := s.idle.m[t.UID]
+func (l *local) takeIdleLocked(t *Task) *supervisor {
+	sup := l.idle.m[t.UID]
 	if sup == nil {
 		return nil
 	}
-	delete(s.idle.m, t.UID)
+	delete(l.idle.m, t.UID)
 	sup.expire.Stop()
-	if !s.unprivileged {
-		a := t.acct
-		if a == nil || !a.known || a.gid != sup.gid || !slices.Equal(a.gids, sup.gids) {
+	if !l.unpriv {
+		a := t.Account()
+		if a == nil || !a.Known || a.GID != sup.gid || !slices.Equal(a.GIDs, sup.gids) {
 			letGo(sup) // the account changed: its groups would be wrong
 			return nil
 		}
@@ -143,9 +143,9 @@ func (s *Server) takeIdleLocked(t *task) *supervisor {
 
 // idleGoneLocked forgets an idle supervisor that exited (its user may kill
 // it) or could not be started.
-func (s *Server) idleGoneLocked(sup *supervisor) {
-	if s.idle.m[sup.uid] == sup {
-		delete(s.idle.m, sup.uid)
+func (l *local) idleGoneLocked(sup *supervisor) {
+	if l.idle.m[sup.uid] == sup {
+		delete(l.idle.m, sup.uid)
 		sup.expire.Stop()
 	}
 }
@@ -163,24 +163,24 @@ func letGo(sup *supervisor) {
 
 // bindSupervisor gives an idle supervisor t: it is moved into t's control
 // group, then given t's Spec. On an error its socket is closed.
-func (s *Server) bindSupervisor(t *task, sup *supervisor, spec *client.Spec) error {
+func (l *local) bindSupervisor(t *Task, sup *supervisor, spec *client.Spec) error {
 	<-sup.started
 	if sup.err != nil {
 		return sup.err
 	}
-	if s.cg != nil {
+	if l.cg != nil {
 		sup.mu.Lock()
 		dead := sup.dead
 		var err error
 		if !dead {
-			err = s.cg.enter(t.ID, sup.pid)
+			err = l.cg.enter(t.ID, sup.pid)
 		}
 		sup.mu.Unlock()
 		// What else is in its own group (started by its user through it)
 		// is not the task's: it ends here.
-		s.mu.Lock()
-		s.reapIdleLocked(sup)
-		s.mu.Unlock()
+		l.host.Lock()
+		l.reapIdleLocked(sup)
+		l.host.Unlock()
 		switch {
 		case dead:
 			sup.sock.Close()
@@ -190,7 +190,7 @@ func (s *Server) bindSupervisor(t *task, sup *supervisor, spec *client.Spec) err
 			return fmt.Errorf("start supervisor: %w: %w", errCgroup, err)
 		}
 	}
-	return s.sendSpec(sup, spec)
+	return sendSpec(sup, spec)
 }
 
 // enter moves process pid into task id's group, making the group if it
@@ -213,22 +213,22 @@ func (cg *cgroups) enter(id uint64, pid int) error {
 // then kills what is left in their groups and removes the groups, waiting
 // up to d more for that: the broker is going, and a removal left to a
 // goroutine (reapGroup) would die with it, leaving the groups behind.
-func (s *Server) letIdleGo(d time.Duration) {
-	s.dropWarm(d)
-	s.mu.Lock()
-	s.idle.closed = true
+func (l *local) letIdleGo(d time.Duration) {
+	l.dropWarm(d)
+	l.host.Lock()
+	l.idle.closed = true
 	var all []*supervisor
 	var groups []string
-	for uid, sup := range s.idle.m {
-		delete(s.idle.m, uid)
+	for uid, sup := range l.idle.m {
+		delete(l.idle.m, uid)
 		sup.expire.Stop()
 		letGo(sup)
 		all = append(all, sup)
-		if sup.group != 0 && s.cg != nil {
-			groups = append(groups, s.cg.idleDir(sup.group))
+		if sup.group != 0 && l.cg != nil {
+			groups = append(groups, l.cg.idleDir(sup.group))
 		}
 	}
-	s.mu.Unlock()
+	l.host.Unlock()
 	deadline := time.After(d)
 wait:
 	for _, sup := range all {
@@ -252,7 +252,7 @@ wait:
 			}
 			left := time.Until(until)
 			if err != unix.EBUSY || left <= 0 {
-				s.log.Printf("remove control group %s: %v; the next broker start removes it", g, err)
+				l.log.Printf("remove control group %s: %v; the next broker start removes it", g, err)
 				break
 			}
 			if !waitGroupEmpty(g, left) {
@@ -264,10 +264,10 @@ wait:
 
 // reapLeftIdle removes the idle supervisors' groups a broker before this
 // one left (killed before it could).
-func (s *Server) reapLeftIdle() {
-	for _, n := range s.cg.idleGroups() {
-		d := s.cg.idleDir(n)
+func (l *local) reapLeftIdle() {
+	for _, n := range l.cg.idleGroups() {
+		d := l.cg.idleDir(n)
 		killGroup(d)
-		go s.reapGroup(d, nil)
+		go l.reapGroup(d, nil)
 	}
 }

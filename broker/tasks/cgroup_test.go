@@ -1,4 +1,4 @@
-package broker
+package tasks
 
 import (
 	"bytes"
@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/policy"
 )
 
 func TestCgroup2Mount(t *testing.T) {
@@ -197,7 +199,7 @@ func TestReapGroup(t *testing.T) {
 	parent := testGroup(t)
 	d := filepath.Join(parent, "g")
 	var logged bytes.Buffer
-	s := &Server{log: log.New(&logged, "", 0)}
+	s := New(Config{Policy: &policy.Config{}, Log: log.New(&logged, "", 0)}).run.(*local)
 
 	// Not ours: nothing is touched.
 	exited := startIn(t, d)

@@ -1,4 +1,4 @@
-package broker
+package tasks
 
 import (
 	"encoding/json"
@@ -6,9 +6,11 @@ import (
 	"io"
 	"log"
 	"math/rand/v2"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
@@ -20,7 +22,7 @@ import (
 // below what the show reply and the supervisor's Spec encode to, and not
 // far above, whatever the strings hold.
 func TestEncodedSizeBounds(t *testing.T) {
-	s := &Server{socket: "/run/npurun/broker.sock", cfg: &policy.Config{Tasks: policy.Tasks{CPUThreads: 4, IdlePriority: true}}}
+	rt := &Runtime{socket: "/run/npurun/broker.sock", cfg: &policy.Config{Tasks: policy.Tasks{CPUThreads: 4, IdlePriority: true}}}
 	pieces := []string{"a", "<", ">", "&", "\"", "\\", "\n", "\t", "\x01", "\x7f", "é", "\u2028", "\xff", "'", " ", "𝄞"}
 	rnd := rand.New(rand.NewPCG(1, 2))
 	text := func(n int) string {
@@ -51,21 +53,68 @@ func TestEncodedSizeBounds(t *testing.T) {
 		if sub.Shell != "" {
 			tk.Argv = []string{"/bin/sh", "-c", sub.Shell}
 		}
-		reply, err := json.Marshal(&client.Reply{V: client.Version, Type: client.TypeTasks, Tasks: []client.TaskInfo{info(tk, true, 1<<20)}})
+		reply, err := json.Marshal(&client.Reply{V: client.Version, Type: client.TypeTasks, Tasks: []client.TaskInfo{Info(tk, true, 1<<20)}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		spec, err := json.Marshal(s.specLocked(tk))
+		spec, err := json.Marshal(rt.specLocked(tk))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got := replyLen(tk); got < len(reply) || got > len(reply)+replyFrame {
 			t.Errorf("case %d: replyLen %d for a reply of %d bytes", i, got, len(reply))
 		}
-		if got := s.specLen(tk); got < len(spec) || got > len(spec)+specFrame+1024 {
+		if got := rt.specLen(tk); got < len(spec) || got > len(spec)+specFrame+1024 {
 			t.Errorf("case %d: specLen %d for a Spec of %d bytes", i, got, len(spec))
 		}
 	}
+}
+
+// testAccounts is a user database that answers what a test says.
+type testAccounts struct {
+	mu sync.Mutex
+	m  map[uint32]*Account
+}
+
+func (a *testAccounts) Lookup(uid uint32) *Account {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if acct := a.m[uid]; acct != nil {
+		return acct
+	}
+	return &Account{Name: "uid " + strconv.Itoa(int(uid)), Home: "/", Shell: "/bin/sh"}
+}
+
+func (a *testAccounts) store(uid uint32, acct *Account) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[uint32]*Account{}
+	}
+	a.m[uid] = acct
+}
+
+// serveCount is an owner that counts the times it is asked to serve the
+// line.
+type serveCount struct{ n atomic.Int64 }
+
+func (o *serveCount) Serve() { o.n.Add(1) }
+
+// testRuntime is a runtime over table, with its journal in a temporary
+// directory open (as Open does, without the runner), no task in it.
+func testRuntime(tb testing.TB, cfg *policy.Config, table *lease.Table, accts Accounts) *Runtime {
+	tb.Helper()
+	if accts == nil {
+		accts = &testAccounts{}
+	}
+	rt := New(Config{Policy: cfg, Table: table, Owner: &serveCount{}, Accounts: accts, Log: log.New(io.Discard, "", 0)})
+	life, err := tasklife.Open(tb.TempDir(), tasklife.Options{Lock: &rt.mu, Log: rt.log, Keep: 10, KeepPerUser: 10, Ended: rt.endedLocked})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { life.Close() })
+	rt.life, rt.running = life, life.RunningByUser()
+	return rt
 }
 
 // TestReplayedTaskWaitsForItsAccount: a task taken up from the journal
@@ -90,41 +139,37 @@ pools = ["interactive", "queue"]
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{cfg: cfg, cpuq: lease.NewQueue(), jobs: map[uint64]*task{},
-		log: log.New(io.Discard, "", 0), warm: maxWarm} // no supervisor is started ahead here
-	if s.table, err = lease.Open(lease.Config{Dir: t.TempDir(), IDs: []int{0, 1}, DefaultPool: cfg.DefaultPool,
-		Pools: []lease.Pool{{Name: "interactive", IDs: []int{0}}, {Name: "queue", IDs: []int{1}}}}); err != nil {
-		t.Fatal(err)
-	}
-	life, err := tasklife.Open(t.TempDir(), tasklife.Options{Lock: &s.mu, Log: s.log, Keep: 10, KeepPerUser: 10})
+	table, err := lease.Open(lease.Config{Dir: t.TempDir(), IDs: []int{0, 1}, DefaultPool: cfg.DefaultPool,
+		Pools: []lease.Pool{{Name: "interactive", IDs: []int{0}}, {Name: "queue", IDs: []int{1}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { life.Close() })
-	s.life = life
+	accts := &testAccounts{}
+	rt := testRuntime(t, cfg, table, accts)
+	life := rt.life
 	const uid = 4242
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	tk := &tasklife.Task{ID: life.NewID(), UID: uid, User: "alice", Slot: -1, Sub: client.Submission{Pool: "queue", Cwd: "/", Argv: []string{"true"}}}
 	if err := life.Submit(tk); err != nil {
 		t.Fatal(err)
 	}
-	j := &task{Task: tk} // as takeUpTasks makes it: no account yet
-	s.jobs[tk.ID] = j
+	j := &Task{Task: tk} // as takeUp makes it: no account yet
+	rt.jobs[tk.ID] = j
 	// The user database does not answer now.
-	s.users.store(uid, &account{name: "uid 4242", home: "/", at: time.Now(), err: errors.New("too many open files")})
-	s.settleLocked(j)
+	accts.store(uid, &Account{Name: "uid 4242", Home: "/", Err: errors.New("too many open files")})
+	rt.settleLocked(j)
 	if tk.State != tasklife.Pending || j.inLine {
 		t.Fatalf("task of an account that cannot be looked up now: %s (%s), in line %v; want pending, out of line", tk.State, tk.Reason, j.inLine)
 	}
-	if why := s.waitReasonLocked(j); !strings.Contains(why, "user database") {
+	if why := rt.waitReasonLocked(j); !strings.Contains(why, "user database") {
 		t.Errorf("it waits, saying %q; want it to name the user database", why)
 	}
 	// Now it answers: alice is in group lab, which opens pool "queue".
-	s.users.store(uid, &account{name: "alice", groups: []string{"lab"}, home: "/home/alice", known: true, hasShell: true, at: time.Now()})
-	s.mu.Unlock()
-	s.lookupAgain()
-	s.mu.Lock()
+	accts.store(uid, &Account{Name: "alice", Groups: []string{"lab"}, Home: "/home/alice", Known: true, Shell: "/bin/sh"})
+	rt.mu.Unlock()
+	rt.lookupAgain()
+	rt.mu.Lock()
 	if tk.State != tasklife.Pending || !j.inLine || j.w.Pool != "queue" || j.w.User != "alice" {
 		t.Errorf("once its account can be read: %s (%s), in line %v; want pending in line for pool queue as alice", tk.State, tk.Reason, j.inLine)
 	}

@@ -1,4 +1,4 @@
-package broker
+package tasks
 
 import (
 	"bufio"
@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/internal/claim"
 )
 
 // Each task runs in a control group of its own where the machine has
@@ -80,10 +82,6 @@ type cgroups struct {
 // ownerXattr marks a parent of tasks' groups with the state directory of
 // the broker that made them.
 const ownerXattr = "user.npurun.state_dir"
-
-// errCgroupSetup is control groups asked for by name that cannot be had:
-// the broker does not start.
-var errCgroupSetup = errors.New("cannot start")
 
 // cgroupPrefix names a task's group: task-ID.
 const cgroupPrefix = "task-"
@@ -202,7 +200,7 @@ func claimCgroup(parent, stateDir string) (*os.File, error) {
 	}
 	// A broker just killed may have left a child between clone and exec,
 	// holding the descriptor for a moment.
-	err = flockPatiently(int(f.Fd()))
+	err = claim.Lock(int(f.Fd()))
 	switch {
 	case errors.Is(err, unix.EWOULDBLOCK):
 		f.Close()
@@ -521,8 +519,8 @@ func (cg *cgroups) groups(prefix string) []uint64 {
 
 // reapCgroup kills what is left in an ended task's group and removes the
 // group once empty (reapGroup), unless the task is known again.
-func (s *Server) reapCgroup(id uint64) {
-	s.reapGroup(s.cg.dir(id), func() bool { return s.jobs[id] == nil })
+func (l *local) reapCgroup(id uint64) {
+	l.reapGroup(l.cg.dir(id), func() bool { return !l.host.Known(id) })
 }
 
 // How reapGroup tries again while processes are still dying in a group:
@@ -543,18 +541,18 @@ var (
 // is set it is called with the lock held before each try, and the group is
 // left alone (another owns it now) once it returns false; the removal is
 // then made under the lock too.
-func (s *Server) reapGroup(d string, ours func() bool) {
+func (l *local) reapGroup(d string, ours func() bool) {
 	wait := reapFirstWait
 	for try := 1; ; try++ {
 		var err error
 		if ours != nil {
-			s.mu.Lock()
+			l.host.Lock()
 			if !ours() {
-				s.mu.Unlock()
+				l.host.Unlock()
 				return
 			}
 			err = removeGroup(d)
-			s.mu.Unlock()
+			l.host.Unlock()
 		} else {
 			err = removeGroup(d)
 		}
@@ -562,13 +560,13 @@ func (s *Server) reapGroup(d string, ours func() bool) {
 		case err == nil:
 			return
 		case err != unix.EBUSY:
-			s.log.Printf("remove control group %s: %v", d, err)
+			l.log.Printf("remove control group %s: %v", d, err)
 			return
 		case try == reapTries:
-			s.log.Printf("control group %s still holds dying processes after %d tries: left in place, the next broker start removes it", d, try)
+			l.log.Printf("control group %s still holds dying processes after %d tries: left in place, the next broker start removes it", d, try)
 			return
 		case try == 6:
-			s.log.Printf("processes are still dying in control group %s; the broker goes on trying", d)
+			l.log.Printf("processes are still dying in control group %s; the broker goes on trying", d)
 		}
 		if !waitGroupEmpty(d, wait) {
 			// Empty, yet it cannot be removed (a group below it, which

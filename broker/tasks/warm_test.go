@@ -1,16 +1,12 @@
-package broker
+package tasks
 
 import (
 	"fmt"
-	"io"
-	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
-
-	"github.com/prometheus/procfs"
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
@@ -23,22 +19,17 @@ import (
 // the CPU queue, with a table that has a task waiting, as warmLocked sees
 // it on a scheduling pass. The tasks are in line order: the lease table's
 // line's, then s.cpuq's.
-func warmLine(tb testing.TB, n int) (*Server, []*task) {
+func warmLine(tb testing.TB, n int) (*Runtime, []*Task) {
 	tb.Helper()
-	s := &Server{cpuq: lease.NewQueue(), jobs: map[uint64]*task{}}
-	var err error
-	if s.table, err = lease.Open(lease.Config{Dir: tb.TempDir()}); err != nil {
-		tb.Fatal(err)
-	}
-	life, err := tasklife.Open(tb.TempDir(), tasklife.Options{Lock: &s.mu, Log: log.New(io.Discard, "", 0), Keep: 10, KeepPerUser: 10})
+	table, err := lease.Open(lease.Config{Dir: tb.TempDir()})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { life.Close() })
-	s.life = life
+	s := testRuntime(tb, &policy.Config{}, table, nil)
+	life := s.life
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var tasks []*task
+	var tasks []*Task
 	add := func(cpu bool, uid uint32, pool string, isTask bool) {
 		w := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid}, N: 1, Cand: []int{0}, Pool: pool}
 		if isTask {
@@ -46,7 +37,7 @@ func warmLine(tb testing.TB, n int) (*Server, []*task) {
 			if err := life.Submit(tk); err != nil {
 				tb.Fatal(err)
 			}
-			t := &task{Task: tk, w: w, inLine: true}
+			t := &Task{Task: tk, w: w, inLine: true}
 			w.Ref, w.Kind = t, lease.Task
 			s.jobs[tk.ID] = t
 			tasks = append(tasks, t)
@@ -69,7 +60,7 @@ func warmLine(tb testing.TB, n int) (*Server, []*task) {
 		}
 	}
 	// In line order: the table's line, then the CPU slots' queue.
-	var inLine []*task
+	var inLine []*Task
 	for _, p := range s.table.Line(nil) {
 		if t := taskOf(p.W); t != nil {
 			inLine = append(inLine, t)
@@ -92,12 +83,12 @@ func BenchmarkWarmLine(b *testing.B) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Each pool's first task is warm already.
+	l := s.run.(*local)
 	seen := map[string]bool{}
 	for _, t := range all {
 		if !seen[t.w.Pool] {
 			seen[t.w.Pool] = true
-			t.sup = &supervisor{}
-			s.warm++
+			l.warm[t] = &supervisor{ready: make(chan struct{})}
 		}
 	}
 	for b.Loop() {
@@ -111,7 +102,7 @@ func BenchmarkWarmLine(b *testing.B) {
 func TestWarmFirstTaskOfEachPool(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, client.SupervisorName)
-	build := exec.Command("go", "build", "-o", bin, "../cmd/npurun-supervise")
+	build := exec.Command("go", "build", "-o", bin, "../../cmd/npurun-supervise")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the supervisor: %v\n%s", err, out)
@@ -122,13 +113,11 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 	}
 	t.Cleanup(func() { sb.f.Close() })
 	s, _ := warmLine(t, 0)
-	s.supBin, s.unprivileged, s.cfg = sb, true, &policy.Config{}
-	if s.proc, err = procfs.NewFS("/proc"); err != nil {
-		t.Fatal(err)
-	}
+	l := s.run.(*local)
+	l.supBin, l.unpriv = sb, true
 
 	s.mu.Lock()
-	tasks := map[string]*task{}
+	tasks := map[string]*Task{}
 	add := func(name string, cpu bool, uid uint32, pool string, isTask, held bool) {
 		w := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid}, N: 1, Cand: []int{0}, Pool: pool, Held: held}
 		if isTask {
@@ -137,7 +126,7 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 			if err := s.life.Submit(tk); err != nil {
 				t.Fatal(err)
 			}
-			tasks[name] = &task{Task: tk, w: w, inLine: true}
+			tasks[name] = &Task{Task: tk, w: w, inLine: true}
 			w.Ref, w.Kind = tasks[name], lease.Task
 			s.jobs[tk.ID] = tasks[name]
 		}
@@ -160,17 +149,21 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 	add("secondC", true, 10, "cpu", true, false)
 	s.warmLocked()
 	s.warmLocked() // nothing more
-	warm := s.warm
+	warm := len(l.warm)
+	sups := map[*Task]*supervisor{}
+	for tk, sup := range l.warm {
+		sups[tk] = sup
+	}
 	s.mu.Unlock()
 
 	want := []string{"firstC", "firstI", "firstQ"}
 	var got []string
 	for name, tk := range tasks {
-		if tk.sup == nil {
+		sup := sups[tk]
+		if sup == nil {
 			continue
 		}
 		got = append(got, name)
-		sup := tk.sup
 		<-sup.ready
 		if sup.err != nil || sup.pid <= 0 {
 			t.Errorf("%s: supervisor pid %d: %v", name, sup.pid, sup.err)

@@ -1,0 +1,291 @@
+package tasks
+
+import (
+	"errors"
+	"log"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/policy"
+)
+
+// Owner is the runtime's owner (the broker): what the runtime asks of it,
+// always holding no lock of the runtime's.
+type Owner interface {
+	// Serve asks for the lease table's line to be served (the owner
+	// calls Schedule): a task came into line, was let go by a hold, or
+	// ended and so left room under its user's caps.
+	Serve()
+}
+
+// Watcher waits for tasks' ends (task-submit wait): a connection, for
+// the broker.
+type Watcher interface {
+	// TaskEnded tells that a task waited for has ended, as info shows
+	// it (full: the watcher was allowed to wait for it). It is called
+	// holding no lock of the runtime's.
+	TaskEnded(info client.TaskInfo)
+}
+
+// Account is what the user database says of a submitter, as the broker
+// looked it up.
+type Account struct {
+	Name   string
+	Groups []string // names, for the policy's limits
+	GID    uint32   // primary group
+	GIDs   []uint32 // supplementary groups, as initgroups sets them
+	Home   string
+	Shell  string // login shell, for a --run task
+	Known  bool   // found in the user database; else a stand-in
+	// Err is why the user database gave no answer now (out of
+	// descriptors, a name service unreachable), nil when it answered:
+	// what depends on the account waits until it does.
+	Err error
+	// ShellErr is why the login shell could not be looked up now.
+	ShellErr error
+}
+
+// Accounts looks up accounts: the broker's cache of the user database. A
+// task taken up from the journal is settled with its account under the
+// runtime's lock: Lookup must take no lock of the runtime's.
+type Accounts interface {
+	Lookup(uid uint32) *Account
+}
+
+// Access is device access of restricted accounts (the broker's access
+// room): a task's end closes its devices at once, before whoever holds
+// its lease still is gone.
+type Access interface {
+	Revoke(id int) error
+}
+
+// Holders finds who holds lock files and signals them: the broker's /proc
+// scanner (procscan.Scanner), shared with status.
+type Holders interface {
+	Scan(t procscan.Targets) (*procscan.Result, error)
+	Signal(pid int, start uint64, sig unix.Signal) error
+}
+
+// Outside is an allocator of devices outside the line (Slurm's, on a
+// Slurm node: the broker's Slurm room), as the runtime asks it of its
+// tasks' requests. It is called under the runtime's lock: it must take no
+// lock that comes before it (the broker's).
+type Outside interface {
+	// Refusal refuses a request that names devices that are not the
+	// line's to give; nil where it does not.
+	Refusal(devices []int) error
+	// Why is what the allocator says of waiter w, which waits in a pool
+	// of its (Waiter.External); why, what the line says, where it says
+	// nothing.
+	Why(w *lease.Waiter, why string) string
+}
+
+// Config configures a Runtime.
+type Config struct {
+	Policy    *policy.Config
+	Inventory *npu.Inventory
+	Table     *lease.Table // the line tasks wait in with every other request
+	Owner     Owner
+	Accounts  Accounts
+	Access    Access  // nil: no device access to close
+	Holders   Holders // nil: a task's lease is not chased after its end
+	// Describe writes a process holding a lease for the log: its user and
+	// command line, as status shows them.
+	Describe func(p *procscan.Proc) string
+	Socket   string // the broker's socket, told to tasks and supervisors
+	Self     string // the broker's executable, beside which the supervisor program is looked for first
+	Cgroup   string // where tasks' control groups go: auto, off or a directory
+	// Claim takes the state directory for the broker's life, once: two
+	// brokers replaying one journal would run the same task twice. An
+	// error wrapping ErrFatal (another broker's) stops the broker.
+	Claim func(dir string) error
+	Log   *log.Logger
+	// Outside allocates devices outside the line (Slurm); nil: none.
+	Outside Outside
+	// Runner runs the tasks granted; nil: the local one (supervisors on
+	// this machine, local.go).
+	Runner Runner
+}
+
+// ErrFatal marks an error of Open that must stop the broker: its state
+// directory is another broker's (Config.Claim), or control groups named
+// for its tasks cannot be had (Runner.Open).
+var ErrFatal = errors.New("cannot start")
+
+// Runtime is the task room.
+//
+// Lock order: the owner's lock (Server.mu), then mu, then an outside
+// allocator's (Outside: the Slurm room's), then the lease table's, then
+// the access room's. The owner calls Schedule, Unwatch and
+// the views holding its own lock; every other method is called holding
+// none, and the runtime calls its owner and its watchers holding none of
+// its own: what they are told is gathered under mu and told once it is
+// let go (unlock). The journal (tasklife) and the runner
+// share mu, and let it go while they wait (the disk, a process, /proc).
+type Runtime struct {
+	// Set by New, never changed.
+	cfg      *policy.Config
+	inv      *npu.Inventory
+	table    *lease.Table
+	owner    Owner
+	accounts Accounts
+	access   Access
+	holders  Holders
+	describe func(p *procscan.Proc) string
+	socket   string
+	claim    func(dir string) error
+	log      *log.Logger
+	run      Runner
+	outside  Outside // nil: none
+	boot     string  // this boot's id, against pids of an earlier boot
+	cpuSlots []int   // ids of the CPU slots: 0..cpu_slots-1
+	unpriv   bool    // not root: tasks only for our own uid, no credential change
+
+	mu sync.Mutex
+	// The task table (nil while the journal cannot be opened, taskErr
+	// says why) and, for each task not ended, what the runtime holds.
+	life       *tasklife.Life
+	taskErr    error
+	jobs       map[uint64]*Task
+	running    map[uint32]int // tasks starting or running per uid: the table's own count
+	cpuq       *lease.Queue   // --no-device tasks waiting for a CPU slot
+	cpuFree    []bool
+	loading    bool                // taking up the journal's tasks
+	arming     map[string]int      // per pool: submissions being recorded armed (firstTaskLocked)
+	paused     *pause              // task starts are stopped, and why
+	pauseWait  time.Duration       // how long the current pause waits before trying again
+	watching   map[Watcher][]*Task // the tasks each watcher waits for
+	unresolved map[uint64]*Task    // waiting tasks whose account could not be looked up (lookupLaterLocked)
+	lookupSet  bool                // a lookup of theirs is arranged
+	lookupWait time.Duration       // how long it waits
+	out        outbox              // what to tell once mu is let go
+}
+
+// outbox is what the runtime tells its owner and watchers once its lock
+// is let go.
+type outbox struct {
+	serve bool
+	ended []endNote
+}
+
+type endNote struct {
+	w    Watcher
+	info client.TaskInfo
+}
+
+// New makes the runtime; Open takes up the journal.
+func New(c Config) *Runtime {
+	rt := &Runtime{cfg: c.Policy, inv: c.Inventory, table: c.Table, owner: c.Owner, accounts: c.Accounts,
+		access: c.Access, holders: c.Holders, describe: c.Describe, socket: c.Socket, claim: c.Claim, log: c.Log,
+		boot: bootID(), unpriv: os.Geteuid() != 0,
+		jobs: map[uint64]*Task{}, running: map[uint32]int{}, cpuq: lease.NewQueue(),
+		cpuFree: make([]bool, c.Policy.Tasks.CPUSlots), watching: map[Watcher][]*Task{}}
+	for i := range rt.cpuFree {
+		rt.cpuFree[i] = true
+		rt.cpuSlots = append(rt.cpuSlots, i)
+	}
+	if rt.log == nil {
+		rt.log = log.Default()
+	}
+	if rt.describe == nil {
+		rt.describe = func(p *procscan.Proc) string { return p.Comm }
+	}
+	rt.run = c.Runner
+	rt.outside = c.Outside
+	if rt.run == nil {
+		rt.run = newLocal((*host)(rt), c.Self, c.Cgroup, rt.log, rt.boot, rt.unpriv)
+	}
+	return rt
+}
+
+// unlock lets mu go, then tells the watchers and the owner what happened
+// meanwhile. It is how every method called holding no lock of the
+// owner's ends; those the owner calls under its lock let mu go plainly.
+func (rt *Runtime) unlock() {
+	out := rt.out
+	rt.out = outbox{}
+	rt.mu.Unlock()
+	for _, e := range out.ended {
+		e.w.TaskEnded(e.info)
+	}
+	if out.serve {
+		rt.owner.Serve()
+	}
+}
+
+// serveLocked asks for the line to be served once mu is let go.
+func (rt *Runtime) serveLocked() { rt.out.serve = true }
+
+// Stop, as the broker stops, disarms the waiting tasks durably
+// (tasklife): a clean stop starts nothing more, and a machine restarted
+// before the next broker must not take them for tasks that may have
+// started.
+func (rt *Runtime) Stop() {
+	rt.mu.Lock()
+	defer rt.unlock()
+	if rt.life != nil {
+		rt.life.Stop()
+	}
+}
+
+// Close, as the broker stops, lets the runner's ready processes go (warm
+// and idle supervisors), waiting up to d.
+func (rt *Runtime) Close(d time.Duration) { rt.run.Close(d) }
+
+// What status reads: copies, each taken under mu.
+
+// Supervisor is the pid and start time of task id's supervisor, zero
+// while it has none: the process its lease is held by.
+func (rt *Runtime) Supervisor(id uint64) (pid int, start uint64) {
+	if rt == nil {
+		return 0, 0
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.life == nil {
+		return 0, 0
+	}
+	if t := rt.life.Get(id); t != nil {
+		return t.PID, t.PIDStart
+	}
+	return 0, 0
+}
+
+// Counts counts the tasks by state, as clients see the states.
+func (rt *Runtime) Counts() map[string]int {
+	n := map[string]int{}
+	if rt == nil {
+		return n
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.life == nil {
+		return n
+	}
+	rt.life.Each(func(t *tasklife.Task) bool {
+		n[t.Shown()]++
+		return true
+	})
+	return n
+}
+
+// CPULine is the line of the tasks that need no device, waiting for a CPU
+// slot: the first max of them in service order, and how many wait. A
+// Waiter is shared, not copied: of its fields only Held changes.
+func (rt *Runtime) CPULine(max int) (first []*lease.Waiter, n int) {
+	if rt == nil {
+		return nil, 0
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	ws := rt.cpuq.Waiters()
+	return append([]*lease.Waiter(nil), ws[:min(max, len(ws))]...), len(ws)
+}

@@ -1,0 +1,889 @@
+package tasks
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/npu"
+)
+
+// The operations of task-submit and of the supervisors: submit, show,
+// wait, cancel, list, and the supervisors' reports. Each is called by the
+// broker's protocol handler, which has read the request and the peer's
+// credentials, holding no lock; the answer is data and a Refusal, which
+// the handler turns into its reply.
+
+// What a task operation may be refused for: a Refusal wraps one, and the
+// broker maps it to its answer (errors.Is). A request the lease table
+// refuses (its pool, its devices) comes back as the table's
+// lease.Refusal.
+var (
+	ErrBadRequest = errors.New("bad request") // malformed: the connection is closed after the answer
+	ErrDenied     = errors.New("denied")      // the policy, or the asker's identity, refuses it
+	ErrTooMany    = errors.New("too many")    // a cap is reached
+	ErrNoSuchTask = errors.New("no such task")
+	ErrBusy       = errors.New("busy")  // not now: ask again
+	ErrSpool      = errors.New("spool") // the journal cannot be written now, or tasks are unavailable
+	// ErrLeft is a submission whose submitter left before it was
+	// recorded: it is not, and nobody reads an answer.
+	ErrLeft = errors.New("the submitter left")
+)
+
+// Refusal is why an operation is refused: one of the errors above, a
+// message for its user, and a hint where a next step helps.
+type Refusal struct {
+	Err  error
+	Msg  string
+	Hint string
+}
+
+func (r *Refusal) Error() string { return r.Msg }
+func (r *Refusal) Unwrap() error { return r.Err }
+
+func refuse(err error, hint string, format string, args ...any) *Refusal {
+	return &Refusal{Err: err, Msg: fmt.Sprintf(format, args...), Hint: hint}
+}
+
+// Caps on what one submission and one watcher may hold.
+const (
+	maxEnvBytes     = 32 << 10 // environment, all variables together
+	maxCommandBytes = 16 << 10 // argv, or the --run string
+	maxPathBytes    = 4096     // cwd, log
+	maxReasonBytes  = 1024     // a supervisor's reason
+	maxAfter        = 1024     // --after ids
+	maxWaitsPerConn = 64
+	maxTimeSec      = client.MaxTimeSec
+	// A task's show reply and its supervisor's Spec must fit in one
+	// message, with room for what is added later (a reason, devices).
+	replyRoom = 8 << 10
+	specRoom  = 1 << 10
+)
+
+// Info is t as asker may see it; full, for its owner and root, includes
+// its command, directory, environment, log and the reason it ended (which
+// names paths and programs). Another user sees that it exists, whose it
+// is, its state and how it ended. pos is its place in line.
+func Info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
+	ti := client.TaskInfo{
+		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
+		N: t.Sub.N, Pool: t.Sub.Pool, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
+		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
+		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended,
+	}
+	if len(t.Devices) == 0 && len(t.Sub.Devices) > 0 {
+		ti.Devices = t.Sub.Devices
+	}
+	if t.Status != nil {
+		ti.Exit, ti.Signal = t.Status.Exit, t.Status.Signal
+		ti.CPUMs, ti.MemPeak = t.Status.CPUMs, t.Status.MemPeak
+	}
+	if full {
+		ti.Command, ti.Cwd, ti.Env, ti.Log = command(t), t.Sub.Cwd, t.Sub.Env, t.Log
+		ti.Token = t.Sub.Token
+		ti.Reason = t.Reason
+		if t.Status != nil && t.Status.Reason != "" {
+			ti.Reason = t.Status.Reason
+		}
+	}
+	return ti
+}
+
+func command(t *tasklife.Task) string {
+	if t.Sub.Shell != "" {
+		return t.Sub.Shell
+	}
+	parts := make([]string, len(t.Sub.Argv))
+	for i, a := range t.Sub.Argv {
+		parts[i] = shellQuote(a)
+	}
+	return strings.Join(parts, " ")
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// Unavailable says why tasks cannot be taken up now (the journal cannot
+// be opened, the supervisor program is missing or untrusted), nil when
+// they can. A submission with a token (token) is asked to ask again, not
+// told of a spool: whether an earlier submission with the token was
+// recorded cannot be told now.
+func (rt *Runtime) Unavailable(token bool) error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.unavailableLocked(token)
+}
+
+func (rt *Runtime) unavailableLocked(token bool) error {
+	if rt.life != nil {
+		return nil
+	}
+	r := refuse(ErrSpool, "leases are served meanwhile; the broker tries again by itself (see npubroker(8))", "tasks are unavailable: %v", rt.taskErr)
+	if token {
+		r.Err = ErrBusy
+	}
+	return r
+}
+
+// taskFor is task id as asker uid may name it: its own, or anyone's for
+// root.
+func (rt *Runtime) taskFor(uid uint32, id uint64) (*tasklife.Task, error) {
+	if err := rt.unavailableLocked(false); err != nil {
+		return nil, err
+	}
+	t := rt.life.Get(id)
+	if t == nil || (t.UID != uid && uid != 0) {
+		return nil, refuse(ErrNoSuchTask, "", "no task %d", id)
+	}
+	return t, nil
+}
+
+// Show is task id as its owner (uid, or root) sees it, with its place in
+// line and why it waits.
+func (rt *Runtime) Show(uid uint32, id uint64) (client.TaskInfo, error) {
+	rt.mu.Lock()
+	defer rt.unlock()
+	t, err := rt.taskFor(uid, id)
+	if err != nil {
+		return client.TaskInfo{}, err
+	}
+	ti := Info(t, true, rt.positionLocked(rt.jobs[t.ID]))
+	if j := rt.jobs[t.ID]; j != nil && t.IsWaiting() {
+		ti.Reason = rt.waitReasonLocked(j)
+	}
+	return ti, nil
+}
+
+// Wait has w told of task id's end (Watcher.TaskEnded), for asker uid.
+// A task that has ended is returned at once; else nil, and w is told
+// later (once, however often it asks).
+func (rt *Runtime) Wait(w Watcher, uid uint32, id uint64) (*client.TaskInfo, error) {
+	rt.mu.Lock()
+	defer rt.unlock()
+	t, err := rt.taskFor(uid, id)
+	if err != nil {
+		return nil, err
+	}
+	j := rt.jobs[t.ID]
+	if t.IsEnded() || j == nil {
+		ti := Info(t, true, 0)
+		return &ti, nil
+	}
+	if slices.Contains(j.waits, w) {
+		return nil, nil
+	}
+	if len(rt.watching[w]) >= maxWaitsPerConn {
+		return nil, refuse(ErrTooMany, "", "one connection waits for at most %d tasks", maxWaitsPerConn)
+	}
+	j.waits = append(j.waits, w)
+	rt.watching[w] = append(rt.watching[w], j)
+	return nil, nil
+}
+
+// Unwatch forgets w, which is closed, in the tasks it waits for. The owner
+// may call it holding its lock.
+func (rt *Runtime) Unwatch(w Watcher) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for _, t := range rt.watching[w] {
+		if i := slices.Index(t.waits, w); i >= 0 {
+			t.waits = slices.Delete(t.waits, i, i+1)
+		}
+	}
+	delete(rt.watching, w)
+}
+
+// unwatchLocked forgets that w waits for t, which has ended.
+func (rt *Runtime) unwatchLocked(w Watcher, t *Task) {
+	ts := rt.watching[w]
+	if i := slices.Index(ts, t); i >= 0 {
+		ts = slices.Delete(ts, i, i+1)
+	}
+	if len(ts) == 0 {
+		delete(rt.watching, w)
+	} else {
+		rt.watching[w] = ts
+	}
+}
+
+// Cancel serves a cancel of task id by asker uid, named who. A waiting
+// task ends cancelled once that is recorded, and not otherwise; a
+// starting or running one is asked to stop. The answer says what became
+// of it.
+func (rt *Runtime) Cancel(uid uint32, who string, id uint64) (client.TaskInfo, error) {
+	rt.mu.Lock()
+	defer rt.unlock()
+	t, err := rt.taskFor(uid, id)
+	if err != nil {
+		return client.TaskInfo{}, err
+	}
+	j := rt.jobs[t.ID]
+	switch {
+	case t.Busy():
+		return client.TaskInfo{}, refuse(ErrBusy, "", "task %d is being cancelled already", t.ID)
+	case t.IsWaiting() && j != nil:
+		if err := rt.cancelLocked(j, who); err != nil {
+			return client.TaskInfo{}, refuse(ErrSpool, "", "the broker could not record the cancel, so task %d still waits: %v", t.ID, err)
+		}
+	case (t.State == tasklife.Starting || t.State == tasklife.Running) && j != nil:
+		j.cancelBy = who
+		rt.stopLocked(j)
+	}
+	return Info(t, true, 0), nil
+}
+
+// cancelLocked ends a waiting task as cancelled by who, once that is
+// recorded; meanwhile it keeps its place in line but is not started. If
+// the record cannot be made, it waits on as before.
+func (rt *Runtime) cancelLocked(j *Task, who string) error {
+	if j.w != nil {
+		rt.holdLocked(j, true)
+	}
+	err := rt.life.End(j.Task, tasklife.Cancelled, nil, "cancelled by "+who)
+	if err == nil {
+		return nil
+	}
+	rt.log.Printf("task %d: cancel: %v", j.ID, err)
+	if j.w != nil {
+		rt.holdLocked(j, rt.paused != nil)
+	}
+	rt.settleLocked(j) // its --after tasks may have ended meanwhile
+	rt.serveLocked()
+	return err
+}
+
+// Submitter is who submits: the peer's uid (SO_PEERCRED) and its account.
+type Submitter struct {
+	UID     uint32
+	Account *Account
+}
+
+// Submitted is the answer to a submission.
+type Submitted struct {
+	ID       uint64
+	State    string // as clients see it
+	Existing bool   // an earlier submission with the same token made it
+	Position int    // waiting in line: its place
+	Pool     string // waiting in line: its pool
+	Reason   string // starting, running, blocked or ended: says so
+}
+
+// Submit validates a submission, makes it durable, then queues it. What
+// depends on the submission alone is checked before the lock is taken: a
+// flood of oversized or malformed submissions costs the others nothing.
+// left tells whether the submitter has gone (a quick look at its socket:
+// it is called holding the lock); a submission it left is not recorded
+// (ErrLeft).
+func (rt *Runtime) Submit(by Submitter, sub *client.Submission, left func() bool) (*Submitted, error) {
+	if err := rt.Unavailable(sub != nil && sub.Token != ""); err != nil {
+		return nil, err
+	}
+	t, err := rt.resolve(by, sub)
+	if err != nil {
+		return nil, err
+	}
+	rt.mu.Lock()
+	defer rt.unlock()
+	// A repeat of a submission (its answer was lost) is answered with the
+	// task it made, before anything that could refuse it: a refusal must
+	// mean that no task was made.
+	if tok := t.Sub.Token; tok != "" {
+		old, recording := rt.life.ByToken(by.UID, tok)
+		switch {
+		case recording:
+			return nil, refuse(ErrBusy, "ask again", "a submission with the same token is being recorded")
+		case old != nil && (old.Sub.Shell != t.Sub.Shell || !slices.Equal(old.Sub.Argv, t.Sub.Argv) || old.Sub.Cwd != t.Sub.Cwd):
+			return nil, refuse(ErrBadRequest, "a token names one submission: give another", "token %q names task %d, another command or directory", tok, old.ID)
+		case old != nil:
+			return rt.submittedLocked(rt.jobs[old.ID], old, true), nil
+		}
+	}
+	if err := rt.admitLocked(by, t); err != nil {
+		return nil, err
+	}
+	if left() {
+		// Its submitter gave up on it (and may be asking again on
+		// another connection, with its token): it is not recorded. The
+		// check and the token's registration (Submit) are one step
+		// under the lock, so a repeat either finds it being recorded or
+		// finds it was not.
+		rt.log.Printf("task %d: its submitter left before it was recorded; not recorded", t.ID)
+		return nil, ErrLeft
+	}
+	// Durable before it is acknowledged or run; the lock is let go
+	// meanwhile. The first task waiting in its pool is armed with it (see
+	// warmUp).
+	submit, unarm := rt.life.Submit, func() {}
+	if pool := rt.taskPool(t); rt.firstTaskLocked(t) {
+		// Counted until it is in line: another submission meanwhile
+		// (the lock is let go for the disk) is not first.
+		submit = rt.life.SubmitArmed
+		if rt.arming == nil {
+			rt.arming = map[string]int{}
+		}
+		rt.arming[pool]++
+		unarm = func() {
+			if rt.arming[pool]--; rt.arming[pool] == 0 {
+				delete(rt.arming, pool)
+			}
+		}
+	}
+	if err := submit(t.Task); err != nil {
+		unarm()
+		rt.log.Printf("task %d: %v", t.ID, err)
+		return nil, refuse(ErrSpool, "the broker's state directory may be full; leases are not affected", "the broker could not record the task: %v", err)
+	}
+	rt.jobs[t.ID] = t
+	rt.settleLocked(t)
+	unarm()
+	testHook(rt.log, hookBeforeSubmitReply, t.ID)
+	// The answer says what became of it once the line is served: started
+	// at once, or its place in line.
+	rt.unlock()
+	rt.mu.Lock()
+	return rt.submittedLocked(rt.jobs[t.ID], t.Task, false), nil
+}
+
+// submittedLocked is the answer to a submission that made task t (j, what
+// the runtime holds for it, nil once it has ended); existing tells that an
+// earlier submission with the same token made it.
+func (rt *Runtime) submittedLocked(j *Task, t *tasklife.Task, existing bool) *Submitted {
+	rep := &Submitted{ID: t.ID, State: t.Shown(), Existing: existing}
+	switch t.State {
+	case tasklife.Pending:
+		if j != nil && j.inLine {
+			rep.Position, rep.Pool = rt.positionLocked(j), j.w.Pool
+		}
+	case tasklife.Starting, tasklife.Running:
+		rep.Reason = "starting"
+		if existing {
+			rep.Reason = "running"
+		}
+		if len(t.Devices) > 0 {
+			rep.Reason += " on " + rt.inv.Vendor.Format(t.Devices)
+		}
+	case tasklife.Blocked:
+		rep.Reason = "waits for task " + joinIDs(t.Sub.After)
+	default:
+		rep.Reason = t.State + ": " + t.Reason
+		if t.Status != nil && t.Status.Reason != "" && t.Reason == "" {
+			rep.Reason = t.State + ": " + t.Status.Reason
+		}
+	}
+	return rep
+}
+
+// cpuPool is the pool of the --no-device tasks' waiters, for CPU slots.
+const cpuPool = "cpu"
+
+// firstTaskLocked tells whether t, not yet submitted, would be the first
+// task waiting in its pool: none waits there, nor is being submitted armed.
+func (rt *Runtime) firstTaskLocked(t *Task) bool {
+	pool := rt.taskPool(t)
+	if rt.arming[pool] > 0 {
+		return false
+	}
+	if t.Sub.NoDevice {
+		return rt.cpuq.Tasks(pool) == 0
+	}
+	return rt.table.Tasks(pool) == 0
+}
+
+// taskPool is the pool t waits in.
+func (rt *Runtime) taskPool(t *Task) string {
+	if t.Sub.NoDevice {
+		return cpuPool
+	}
+	return rt.table.PoolName(t.Sub.Pool)
+}
+
+// unknownID stands for a task's id until it gets one: no id is longer, so
+// sizes counted with it bound those counted with the real one.
+const unknownID = ^uint64(0)
+
+// resolve checks a submission on its own, without the lock, and resolves
+// it into a task (no id yet, its default log named with unknownID).
+func (rt *Runtime) resolve(by Submitter, sub *client.Submission) (*Task, error) {
+	bad := func(format string, args ...any) (*Task, error) {
+		return nil, refuse(ErrBadRequest, "", format, args...)
+	}
+	acct := by.Account
+	switch {
+	case sub == nil:
+		return bad("submit without a task")
+	case (len(sub.Argv) == 0) == (sub.Shell == ""):
+		return bad("a task needs either a command or a shell string, not both or neither")
+	case !filepath.IsAbs(sub.Cwd):
+		return bad("working directory %q is not absolute", sub.Cwd)
+	case sub.Log != "" && !filepath.IsAbs(sub.Log):
+		return bad("log %q is not absolute", sub.Log)
+	case byteSize(sub.Env) > maxEnvBytes:
+		return bad("environment of %d bytes, more than %d", byteSize(sub.Env), maxEnvBytes)
+	case byteSize(sub.Argv)+len(sub.Shell) > maxCommandBytes:
+		return bad("command of %d bytes, more than %d", byteSize(sub.Argv)+len(sub.Shell), maxCommandBytes)
+	case len(sub.Cwd) > maxPathBytes || len(sub.Log) > maxPathBytes:
+		return bad("path longer than %d bytes", maxPathBytes)
+	case sub.TimeSec < 0:
+		return bad("negative time limit")
+	case sub.TimeSec > maxTimeSec:
+		// Checked before it is multiplied: 9223372037 s would wrap.
+		return bad("time limit of %d seconds is out of range (at most %d, a century)", sub.TimeSec, maxTimeSec)
+	case sub.N < 0:
+		return bad("bad device count %d", sub.N)
+	case sub.NoDevice && (sub.N != 0 || len(sub.Devices) > 0 || sub.Pool != ""):
+		return bad("a --no-device task takes no device, count or pool")
+	case len(sub.Name) > 200:
+		return bad("name longer than 200 bytes")
+	case len(sub.After) > maxAfter:
+		return bad("--after names %d tasks, more than %d", len(sub.After), maxAfter)
+	case len(sub.Token) > client.MaxToken || strings.IndexFunc(sub.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:
+		return bad("token of %d bytes: a token is at most %d bytes of printable ASCII, no space", len(sub.Token), client.MaxToken)
+	case acct.unanswered() != nil:
+		// Not an answer: the task would be recorded as "uid N", its log
+		// under "/" (issue 15.3), or run without some of its groups.
+		// Nothing is recorded; it is for the submitter to try again, as
+		// for any passing shortage.
+		return nil, refuse(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.unanswered())
+	case sub.Shell != "" && acct.ShellErr != nil:
+		return nil, refuse(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.ShellErr)
+	case sub.Log == "" && acct.Home == "":
+		return nil, refuse(ErrBadRequest, "give --log FILE", "%s has no home directory, and a task's log goes under it unless --log names another", acct.Name)
+	}
+	if rt.unpriv && by.UID != uint32(os.Geteuid()) {
+		return nil, refuse(ErrDenied, "", "this broker runs unprivileged as uid %d and can run tasks for that uid only", os.Geteuid())
+	}
+	t := &Task{acct: acct, Task: &tasklife.Task{
+		UID: by.UID, User: acct.Name, Sub: *sub, Submitted: time.Now().UnixMilli(), Slot: -1,
+	}}
+	t.Sub.Env = cleanEnv(sub.Env)
+	after := slices.Clone(sub.After)
+	slices.Sort(after)
+	t.Sub.After = slices.Compact(after)
+	if len(t.Sub.After) == 0 {
+		t.Sub.After = nil
+	}
+	if sub.Shell != "" {
+		t.Argv = []string{acct.Shell, "-c", sub.Shell}
+	} else {
+		t.Argv = slices.Clone(sub.Argv)
+	}
+	t.Log = sub.Log
+	if t.Log == "" {
+		// Its size is all that counts until it has its id and the tag.
+		t.Log = client.DefaultLog(acct.Home, unknownID, strings.Repeat("f", tasklife.TagLen))
+	}
+	if err := rt.checkSize(t.Task); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// unanswered is why the user database gave no answer about the account
+// now (Account.Err), nil when it answered.
+func (a *Account) unanswered() error { return a.Err }
+
+// admitLocked checks a resolved task against the policy and the
+// runtime's state, and gives it its id; it is not recorded yet.
+func (rt *Runtime) admitLocked(by Submitter, t *Task) error {
+	sub := &t.Sub
+	acct := by.Account
+	lim := rt.cfg.LimitFor(acct.Name, acct.Groups)
+	limit := time.Duration(sub.TimeSec) * time.Second
+	if limit == 0 {
+		limit = rt.cfg.Tasks.TimeLimit
+	}
+	if limit == 0 {
+		limit = rt.cfg.Tasks.MaxTime // a cap applies to tasks that name no limit too
+	}
+	if max := rt.cfg.Tasks.MaxTime; max > 0 && limit > max {
+		return refuse(ErrDenied, "", "time limit %s is longer than the %s allowed", quantity.Duration(limit), quantity.Duration(max))
+	}
+	t.TimeSec = int64(limit / time.Second)
+	if rt.life.Live() >= rt.cfg.Tasks.MaxTasks {
+		return refuse(ErrTooMany, "", "the broker holds %d tasks, its most", rt.cfg.Tasks.MaxTasks)
+	}
+	if n := rt.life.Waiting(by.UID); lim.MaxQueued > 0 && n >= lim.MaxQueued {
+		return refuse(ErrDenied, "", "%s has %s waiting, the limit (%s)", acct.Name, quantity.Count(n, "task", "tasks"), lim.Source)
+	}
+	for _, dep := range sub.After {
+		d := rt.life.Get(dep)
+		if d == nil || (d.UID != by.UID && by.UID != 0) {
+			return refuse(ErrNoSuchTask, "", "--after %d: no task %d", dep, dep)
+		}
+	}
+	// Check the request now, so that a bad one is refused, not queued.
+	if _, err := rt.waiterLocked(t); err != nil {
+		return err
+	}
+	t.ID = rt.life.NewID()
+	if sub.Log == "" {
+		t.Log = client.DefaultLog(acct.Home, t.ID, rt.life.Tag())
+	}
+	return nil
+}
+
+// checkSize refuses a task whose messages would not fit: its show reply,
+// and the Spec its supervisor reads, as encoded, where JSON writes a
+// control character, <, > or & as 6 bytes. The sizes are counted, not
+// encoded; replyLen and specLen bound the encodings from above
+// (TestEncodedSizeBounds).
+func (rt *Runtime) checkSize(t *tasklife.Task) error {
+	const why = "JSON writes each control character, <, > and & as 6 bytes"
+	if n := replyLen(t); n+replyRoom > client.MaxMessage {
+		return refuse(ErrBadRequest, "", "task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, client.MaxMessage-replyRoom, why)
+	}
+	if n := rt.specLen(t); n+specRoom > client.MaxMessage {
+		return refuse(ErrBadRequest, "", "task too large: what its supervisor is given takes %d bytes encoded, more than %d (%s)", n, client.MaxMessage-specRoom, why)
+	}
+	return nil
+}
+
+// Room for the field names, numbers and ids of a show reply and a Spec
+// beside their strings.
+const (
+	replyFrame = 1 << 10
+	specFrame  = 512
+)
+
+// replyLen bounds the size of t's show reply (full, with its environment).
+func replyLen(t *tasklife.Task) int {
+	return replyFrame + jsonListLen(t.Sub.Env) + jsonLen(command(t)) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) +
+		jsonLen(t.Sub.Name) + jsonLen(t.User) + jsonLen(t.Sub.Pool) + 21*len(t.Sub.After) + 12*len(t.Sub.Devices)
+}
+
+// specLen bounds the size of t's Spec, with the variables the runtime adds.
+func (rt *Runtime) specLen(t *tasklife.Task) int {
+	n := specFrame + jsonListLen(t.Sub.Env) + jsonListLen(t.Argv) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) + 2*jsonLen(rt.socket)
+	if t.Sub.NoDevice {
+		n += jsonListLen(npu.HiddenEnv()) + 3*(len("OPENBLAS_NUM_THREADS=")+24)
+	}
+	return n
+}
+
+// jsonLen is the length of s as encoding/json writes it, quotes included:
+// \" \\ \n \r \t take 2 bytes, other control characters, <, > and & (HTML
+// escaping), U+2028, U+2029 and each byte of invalid UTF-8 take 6.
+func jsonLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\' || c == '\n' || c == '\r' || c == '\t':
+				n += 2
+			case c < 0x20 || c == '<' || c == '>' || c == '&':
+				n += 6
+			default:
+				n++
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if (r == utf8.RuneError && size == 1) || r == '\u2028' || r == '\u2029' {
+			n += 6
+		} else {
+			n += size
+		}
+		i += size
+	}
+	return n
+}
+
+// jsonListLen is the length of a JSON array of strings.
+func jsonListLen(list []string) int {
+	n := 2
+	for _, s := range list {
+		n += jsonLen(s) + 1
+	}
+	return n
+}
+
+func byteSize(list []string) int {
+	n := 0
+	for _, s := range list {
+		n += len(s) + 1
+	}
+	return n
+}
+
+// leakVars are variables of the submitter's environment a task must not
+// inherit: they belong to a lease or a broker of the submitter's session,
+// and the task gets its own.
+var leakVars = []string{"NPURUN_LEASE", "NPURUN_DEVICES", "NPURUN_SOCKET", "NPURUN_TASK_ID",
+	"ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"}
+
+func cleanEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		name, _, ok := strings.Cut(kv, "=")
+		if ok && name != "" && !slices.Contains(leakVars, name) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// Done takes a supervisor's report of task id's end. Only the task's
+// supervisor may make it: the submitter's uid and the supervisor's pid,
+// from SO_PEERCRED (uid, pid). The supervisor is answered once the end is
+// recorded; if it cannot be, it is told so (ErrSpool) and reports again
+// later.
+func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *client.Status) error {
+	rt.mu.Lock()
+	defer rt.unlock()
+	if err := rt.unavailableLocked(false); err != nil {
+		return err
+	}
+	t := rt.life.Get(id)
+	ok := t != nil && st != nil && uid == t.UID &&
+		(t.State == tasklife.Running || t.State == tasklife.Lost) &&
+		t.PID != 0 && int(pid) == t.PID
+	if !ok {
+		return refuse(ErrDenied, "", "not the supervisor of a running task %d", id)
+	}
+	if len(st.Reason) > maxReasonBytes {
+		st.Reason = st.Reason[:maxReasonBytes] + "…"
+	}
+	// What the task used is the broker's to say, from its control group.
+	st.CPUMs, st.MemPeak = 0, 0
+	if j := rt.jobs[id]; j != nil {
+		cpu, peak := rt.run.Usage(j)
+		st.CPUMs, st.MemPeak = cpu.Milliseconds(), peak
+	}
+	state := tasklife.Failed
+	switch {
+	case st.Exit != nil && *st.Exit == 0 && st.Reason == "":
+		state = tasklife.Done
+	case st.Reason == "cancelled":
+		state = tasklife.Cancelled
+	}
+	if err := rt.life.End(t, state, st, ""); err != nil {
+		rt.log.Printf("task %d: %v", id, err)
+		return refuse(ErrSpool, "report again later", "the broker could not record the end of task %d: %v", id, err)
+	}
+	return nil
+}
+
+// NotStarted takes a supervisor's word that its task never got its
+// go-ahead: the broker that recorded its start died before sending it (or
+// this one could not send it). Only the supervisor of the task's start
+// record may say so (the submitter's uid and the supervisor's pid, from
+// SO_PEERCRED), and it will never run the task after saying it: so the
+// task, which never ran, goes back in line (at most once still holds), or
+// ends cancelled if a cancel came meanwhile. The supervisor is answered
+// once that is recorded; an error answer tells it there is nothing to undo
+// (its task's start was never recorded: ErrDenied), ErrBusy or ErrSpool
+// to ask again.
+func (rt *Runtime) NotStarted(uid uint32, pid int32, id uint64) error {
+	rt.mu.Lock()
+	defer rt.unlock()
+	if err := rt.unavailableLocked(false); err != nil {
+		return err
+	}
+	t := rt.life.Get(id)
+	j := rt.jobs[id]
+	if t == nil || j == nil || uid != t.UID || t.State != tasklife.Running || t.PID == 0 || int(pid) != t.PID {
+		return refuse(ErrDenied, "", "not the supervisor of a running task %d", id)
+	}
+	if j.launching {
+		// Its go-ahead is being sent (or failed): launch is not done
+		// with it yet.
+		return refuse(ErrBusy, "ask again", "task %d is being started", id)
+	}
+	slot := t.Slot
+	var err error
+	if j.cancel {
+		err = rt.life.End(t, tasklife.Cancelled, nil, "cancelled by "+j.cancelBy+" before it started")
+	} else if err = rt.life.Unstart(t, int(pid)); err == nil {
+		rt.log.Printf("task %d never got its go-ahead (its supervisor %d says so): it waits again", id, pid)
+		if slot >= 0 && slot < len(rt.cpuFree) {
+			rt.cpuFree[slot] = true
+		}
+		j.overran = false
+		rt.run.Unstarted(j)
+		if j.w != nil {
+			// This broker's own grant, whose go-ahead it could not
+			// send: back in the place it had.
+			rt.requeueLocked(j)
+			rt.serveLocked()
+		} else {
+			rt.settleLocked(j) // adopted at a restart: it queues anew
+		}
+	}
+	if err != nil {
+		rt.log.Printf("task %d: %v", id, err)
+		return refuse(ErrSpool, "ask again later", "the broker could not record that task %d never started: %v", id, err)
+	}
+	return nil
+}
+
+func joinIDs(ids []uint64) string {
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = strconv.FormatUint(id, 10)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// waitReasonLocked says why a waiting task waits beyond its turn, if it
+// does: the tasks it waits for, its user's cap on running tasks or on
+// devices, task starts paused.
+func (rt *Runtime) waitReasonLocked(j *Task) string {
+	if j.State == tasklife.Blocked {
+		var ids []uint64
+		for _, dep := range j.Sub.After {
+			if d := rt.life.Get(dep); d != nil && !d.IsEnded() {
+				ids = append(ids, dep)
+			}
+		}
+		return "waits for task " + joinIDs(ids) + " to succeed"
+	}
+	w := j.w
+	switch {
+	case j.lookupErr != nil:
+		return "waits until the user database can be read: " + j.lookupErr.Error()
+	case rt.paused != nil:
+		return "task starts are paused: " + rt.paused.why.Error()
+	case w == nil:
+		return ""
+	case w.Limit.MaxRunning > 0 && rt.running[j.UID] >= w.Limit.MaxRunning:
+		return fmt.Sprintf("%s runs %d of %s allowed (%s)", w.User, rt.running[j.UID], quantity.Count(w.Limit.MaxRunning, "task", "tasks"), w.Limit.Source)
+	case !j.Sub.NoDevice && rt.outside != nil:
+		return rt.outside.Why(w, rt.table.Reason(w))
+	case !j.Sub.NoDevice:
+		return rt.table.Reason(w)
+	}
+	return ""
+}
+
+// positionLocked is a waiting task's place in its line, 0 otherwise.
+func (rt *Runtime) positionLocked(t *Task) int {
+	if t == nil || !t.inLine {
+		return 0
+	}
+	if !t.Sub.NoDevice {
+		return rt.table.Position(t.w)
+	}
+	pos := 0
+	for _, w := range rt.cpuq.Waiters() {
+		if w.Pool == t.w.Pool {
+			pos++
+		}
+		if w == t.w {
+			return pos
+		}
+	}
+	return 0
+}
+
+// Listings are served a page at a time: the client asks for the next page
+// with the "next" of the last reply. Under the lock a page costs a bounded
+// walk (listScan ids at most, from where the last page stopped) and
+// shallow copies of at most listPage tasks; the broker puts their replies
+// together and encodes them outside the lock, and sends them from the
+// connection's goroutine. So a listing never holds the lock for long nor
+// keeps more than one page in memory.
+const (
+	listScan = 4096
+	listPage = 256
+)
+
+// Listed is a task copied for a page of a listing, with its place in line.
+type Listed struct {
+	Task tasklife.Task
+	Pos  int
+}
+
+// Page copies one page of a listing for asker uid: its tasks (everyone's
+// with all) with ids above after, oldest first. more tells that others
+// follow, from next.
+func (rt *Runtime) Page(uid uint32, all bool, after uint64) (page []Listed, next uint64, more bool, err error) {
+	rt.mu.Lock()
+	defer rt.unlock()
+	if err := rt.unavailableLocked(false); err != nil {
+		return nil, 0, false, err
+	}
+	scanned, size := 0, 0
+	var inLine []*lease.Waiter
+	rt.life.EachAfter(after, func(t *tasklife.Task) bool {
+		if scanned == listScan || len(page) == listPage || size > client.MaxMessage {
+			more = true
+			return false
+		}
+		scanned++
+		next = t.ID
+		if !all && t.UID != uid {
+			return true
+		}
+		page = append(page, Listed{Task: *t})
+		if j := rt.jobs[t.ID]; j != nil && j.inLine {
+			inLine = append(inLine, j.w)
+		}
+		// A guess at its size, on the high side, to stop copying before a
+		// message is full (the encoding decides: what does not fit goes
+		// in the next page).
+		size += 400 + len(t.Sub.Name) + len(t.User)
+		if t.UID == uid || uid == 0 {
+			size += len(t.Sub.Shell) + byteSize(t.Sub.Argv) + len(t.Sub.Cwd) + len(t.Log) + len(t.Reason)
+		}
+		return true
+	})
+	if len(inLine) > 0 {
+		pos := rt.positionsOfLocked(inLine)
+		for i := range page {
+			if j := rt.jobs[page[i].Task.ID]; j != nil && j.inLine {
+				page[i].Pos = pos[j.w]
+			}
+		}
+	}
+	return page, next, more, nil
+}
+
+// positionsOfLocked is the place in line of each of ws, walking each line
+// only as far as the last of them in it.
+func (rt *Runtime) positionsOfLocked(ws []*lease.Waiter) map[*lease.Waiter]int {
+	want := make(map[*lease.Waiter]int, len(ws))
+	inTable := make(map[*lease.Waiter]int, len(ws))
+	left := 0 // in the CPU slots' queue
+	for _, w := range ws {
+		if t := taskOf(w); t != nil && t.Sub.NoDevice {
+			want[w] = 0
+			left++
+		} else {
+			inTable[w] = 0
+		}
+	}
+	if len(inTable) > 0 {
+		rt.table.Positions(inTable)
+	}
+	n := map[string]int{}
+	for _, w := range rt.cpuq.Waiters() {
+		if left == 0 {
+			break
+		}
+		n[w.Pool]++
+		if _, ok := want[w]; ok {
+			want[w] = n[w.Pool]
+			left--
+		}
+	}
+	for w, pos := range inTable {
+		want[w] = pos
+	}
+	return want
+}
