@@ -274,9 +274,7 @@ func TestRevokeFailsClosed(t *testing.T) {
 	}
 	awaitTry("again")
 	awaitTry("yet again") // the waiter was in line for a whole retry
-	s.mu.Lock()
-	states, _ := s.deviceStatesLocked()
-	s.mu.Unlock()
+	states := s.status.States()
 	if states[0] != client.DeviceOut {
 		t.Errorf("npu 0 while its node's entries cannot be removed: %s, want %s", states[0], client.DeviceOut)
 	}

@@ -17,7 +17,9 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/slurmjobs"
+	"github.com/npurun/npurun/broker/status"
 	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -49,21 +51,27 @@ type Options struct {
 // Server is a running broker: the wiring of its rooms and the protocol
 // handlers.
 //
-// Lock order, where two locks are held together: ledger.refreshMu, then
-// Server.mu; Server.mu, then the task room's (package tasks: the broker
-// serves the line under Server.mu, and the room starts the tasks among
-// its grants); Server.mu or the task room's, then the Slurm room's
-// (package slurmjobs, on a Slurm node: a waiting task's reason is Slurm's
-// placeholder's); any of those, then the lease table's (package lease);
-// any of those, then access.mu (a grant opens its devices, a task's end
-// closes them); any, then accounts.mu. The lease table calls the broker
-// (tableOwner) and its gate (access) holding no lock of its own, the Slurm
-// room calls the broker (slurmOwner) holding none of its own, and the task
-// room calls the broker (taskRoomOwner, a connection waiting for a task's
-// end) holding none of its own, so no room's lock is ever held under one
-// that comes after it here. The task room's journal (tasklife) and its
-// runner share its lock.
-// TestRoomsLockOrder runs all of them at once under -race.
+// Lock order, where two locks are held together: the status room's
+// refreshMu, then the task room's (a look at the holders asks the tasks
+// for supervisors: taskView); Server.mu, then the task room's (package
+// tasks: the broker serves the line under Server.mu, and the room starts
+// the tasks among its grants); Server.mu or the task room's, then the
+// Slurm room's (package slurmjobs, on a Slurm node: a waiting task's
+// reason is Slurm's placeholder's); any of those, then the lease table's
+// (package lease); any of those, then access.mu (a grant opens its
+// devices, a task's end closes them); any, then accounts.mu. The status
+// room's mu or its limitMu (the broker tells it of grants and changes:
+// status.Ledger's Started, Changed; the two never together) comes after
+// all of these: the status room calls no room holding it, and reads the
+// table and the tasks (tableView, taskView) holding none of its own. The
+// lease table calls the broker (tableOwner) and its gate (access) holding
+// no lock of its own, the Slurm room calls the broker (slurmOwner)
+// holding none of its own, and the task room calls the broker
+// (taskRoomOwner, a connection waiting for a task's end) holding none of
+// its own, so no room's lock is ever held under one that comes after it
+// here; a release goes from the table to the status room (Ended) without
+// Server.mu. The task room's journal (tasklife) and its runner share its
+// lock. TestRoomsLockOrder runs all of them at once under -race.
 type Server struct {
 	cfg   *policy.Config
 	inv   *npu.Inventory
@@ -71,9 +79,12 @@ type Server struct {
 	rlog  *rateLog // log, for lines that a lasting cause repeats (lograte.go)
 	users accounts
 
-	table *lease.Table   // the devices, their lock files, the line, caps and grants: its own lock
-	acc   *access        // device access of restricted accounts (access.go), the table's gate: its own lock
-	rt    *tasks.Runtime // the tasks: their journal, line, start and end; its own lock
+	table  *lease.Table   // the devices, their lock files, the line, caps and grants: its own lock
+	acc    *access        // device access of restricted accounts (access.go), the table's gate: its own lock
+	rt     *tasks.Runtime // the tasks: their journal, line, start and end; its own lock
+	status *status.Ledger // what status reports: the ledger, holders, the scan, usage, metrics; its own lock
+
+	scanner *procscan.Scanner // reads /proc: for the status room, and for the task room at the end of a task's lease
 
 	// slurm is a Slurm node's room ([slurm]; slurm.go): its own lock,
 	// after Server.mu's and the task room's; nil without [slurm].
@@ -94,7 +105,6 @@ type Server struct {
 	progressAt    time.Time                     // ... for then,
 	progressTimer *time.Timer                   // by this timer
 
-	led ledger // leases as granted, their holders in /proc, unleased use, accounting (leases.go)
 }
 
 // New prepares a broker: the lock directory, the lock files, and the
@@ -114,7 +124,11 @@ func New(o Options) (*Server, error) {
 		leaseWaits: map[uint32]int{},
 	}
 	s.acc = newAccess(s)
-	self, err := o.Self, error(nil)
+	var err error
+	if s.scanner, err = procscan.New("/proc", os.Getpid()); err != nil {
+		return nil, fmt.Errorf("read /proc: %w", err)
+	}
+	self := o.Self
 	if self == "" {
 		if self, err = os.Executable(); err != nil {
 			return nil, fmt.Errorf("find own executable: %w", err)
@@ -170,14 +184,14 @@ func New(o Options) (*Server, error) {
 	if err := s.openSlurm(stateDir, lockDir, []string{"SLURM_CONF=" + os.Getenv("SLURM_CONF")}, external); err != nil {
 		return nil, err
 	}
-	if err := s.initLedger(stateDir, found); err != nil {
-		return nil, err
-	}
+	s.status = status.Open(status.Config{Policy: s.cfg, Inventory: s.inv, StateDir: stateDir, Scanner: s.scanner,
+		Table: (*tableView)(s), Tasks: (*taskView)(s), Account: s.users.nameGroups, Log: s.log, Repeat: s.rlog.Printf,
+		Jobs: s.slurmJobs()}, found, s.table)
 	// The task room, before the table is in service: a device that comes
 	// into service serves the line, tasks' and all.
 	tc := tasks.Config{
 		Policy: s.cfg, Inventory: s.inv, Table: s.table, Owner: (*taskRoomOwner)(s), Accounts: taskAccounts{&s.users},
-		Access: s.acc, Holders: s.led.scanner, Describe: s.describeHolder, Socket: o.Socket, Self: self, Cgroup: cgMode,
+		Access: s.acc, Holders: s.scanner, Describe: s.describeHolder, Socket: o.Socket, Self: self, Cgroup: cgMode,
 		Claim: s.claimTasks, Log: s.log,
 	}
 	if s.slurm != nil {
@@ -199,15 +213,15 @@ func New(o Options) (*Server, error) {
 // tells it, it hears holding no lock of the table's.
 type tableOwner Server
 
-// Released records the end of lease l on device id (the ledger, the
-// accounting log). The ledger knows itself which devices of l are held.
+// Released records the end of lease l on device id in the status room
+// (the ledger, the accounting log), which knows itself which devices of l
+// are held, and takes an end heard before the lease's start (Started, under
+// Server.mu) as well: Server.mu is not needed. The Slurm room hears of it
+// after.
 func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, last bool) {
-	s := (*Server)(o)
-	s.mu.Lock()
-	s.leaseEndLocked(l, id, at)
-	s.mu.Unlock()
-	if s.slurm != nil {
-		s.slurm.Released(l, id, last)
+	o.status.Ended(l, id, at)
+	if o.slurm != nil {
+		o.slurm.Released(l, id, last)
 	}
 }
 
@@ -282,11 +296,10 @@ func answers(path string) bool {
 func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	s.serveMetrics(ctx)
-	defer s.led.usage.flush(2 * time.Second)
-	defer s.writeSums(time.Time{}) // every lease it knows in the log, before the last flush
-	defer s.rt.Close(time.Second)  // a broker that stops leaves no idle supervisor
-	defer s.rt.Stop()              // nor a task armed
+	s.status.ServeMetrics(ctx)
+	defer s.status.Stop()         // every lease it knows in the accounting log, written
+	defer s.rt.Close(time.Second) // a broker that stops leaves no idle supervisor
+	defer s.rt.Stop()             // nor a task armed
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {

@@ -6,7 +6,7 @@ package broker
 // behalf (acquire with Request.Container: a lease of kind container). The
 // wire is broker/client/container.go; what status makes of it (the lease
 // re-kinded, holders and unleased use named by their cgroup) is the
-// ledger's. Neither op touches /proc or the disk before its answer: the
+// status room's (broker/status/containers.go). Neither op touches /proc or the disk before its answer: the
 // runtime asks on a container's create path.
 
 import (
@@ -85,12 +85,8 @@ func (s *Server) containerOp(c *conn, req *client.Request) bool {
 		if c.uid != 0 {
 			return reply(errReply(client.CodeDenied, fmt.Sprintf("uid %d may name only its own leases' containers, with their descriptors", c.uid), ""))
 		}
-		s.containerNamed(ref)
+		s.status.ContainerNamed(ref)
 		return reply(&client.Reply{Type: client.TypeOK})
 	}
-	s.mu.Lock()
-	rep := s.containLocked(c.uid, ref, req.Devices, files)
-	c.sendLocked(rep)
-	s.mu.Unlock()
-	return rep.Code != client.CodeBadRequest
+	return reply(s.status.Contain(c.uid, ref, req.Devices, files))
 }

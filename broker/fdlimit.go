@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/status"
 	"github.com/npurun/npurun/broker/tasks"
 )
 
@@ -52,7 +53,7 @@ func (s *Server) fdReserve() {
 		base = len(ents) - 1 // less ReadDir's own
 	}
 	procs := len(s.inv.IDs) + s.cfg.Tasks.CPUSlots + tasks.MaxReady
-	s.fdKeep = base + 2*len(s.inv.IDs) + 2*procs + maxMetricsConns + fdMargin
+	s.fdKeep = base + 2*len(s.inv.IDs) + 2*procs + status.MaxMetricsConns + fdMargin
 	if n := nofile(); n-s.fdKeep < minConns {
 		s.log.Printf("warning: RLIMIT_NOFILE is %d, and the broker keeps %d descriptors for its devices, tasks and itself: it serves %d connections at once at most; raise the limit (LimitNOFILE= in the service)", n, s.fdKeep, minConns)
 	}

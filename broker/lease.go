@@ -161,13 +161,13 @@ func (s *Server) scheduleLocked() {
 // granted itself (here), with tasks.Runtime.Launch once it has let the
 // lock go: it returns them.
 func (s *Server) serveLocked(here bool) []tasks.Start {
-	s.changedLocked() // for status watchers: the line or the devices changed
+	s.status.Changed() // for status watchers: the line or the devices changed
 	var starts []tasks.Start
 	for {
 		sv := s.rt.Schedule(here)
 		starts = append(starts, sv.Starts...)
 		for _, b := range sv.Begun {
-			s.leaseStartLocked(b.Lease, b.H)
+			s.status.Started(b.Lease, b.H)
 		}
 		failed := sv.Again
 		for _, h := range sv.Others {
@@ -193,7 +193,7 @@ func (s *Server) serveLocked(here bool) []tasks.Start {
 func (s *Server) deliverLocked(h *lease.Handover) bool {
 	if sv, mine := s.rt.Deliver(h); mine {
 		for _, b := range sv.Begun {
-			s.leaseStartLocked(b.Lease, b.H)
+			s.status.Started(b.Lease, b.H)
 		}
 		return !sv.Again
 	}
@@ -243,7 +243,7 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 	for _, fd := range h.FDs() {
 		closeFD(fd) // the client has it
 	}
-	s.leaseStartLocked(l, h)
+	s.status.Started(l, h)
 	return true
 }
 

@@ -25,15 +25,19 @@ import (
 // submitting tasks that take the same devices (and a CPU slot), waiting
 // for their ends, cancelling some and listing them, while status boards
 // are drawn: the broker serves its line under Server.mu, taking the task
-// room's lock and the lease table's within it; the table's watchers report
-// releases and ask for the line to be served (Server.mu, holding neither
-// of the others'); the task room starts tasks under real supervisors,
-// records their ends, and tells the connections that wait for them
-// (Server.mu, once its own lock is let go). Run with -race, it shows the
-// three rooms' locks free of races and of deadlock. Mutual exclusion is
-// checked by the workload: each client and each task marks every device
-// it is granted with a file made O_EXCL, removed before it lets the lease
-// go.
+// room's lock and the lease table's within it, and tells the status room
+// of each grant (its lock last); the table's watchers report releases to
+// the status room and ask for the line to be served (Server.mu, holding
+// neither of the others'); the task room starts tasks under real
+// supervisors, records their ends, and tells the connections that wait
+// for them (Server.mu, once its own lock is let go); the boards are drawn
+// by the status room from the table's snapshot and the task room's view
+// holding none of its own. Run with -race, it shows the rooms' locks free
+// of races and of deadlock (broker/status's TestRoomLockOrder runs the
+// status room's side with tasks, metrics and scans as well). Mutual
+// exclusion is checked by the workload: each client and each task marks
+// every device it is granted with a file made O_EXCL, removed before it
+// lets the lease go.
 func TestRoomsLockOrder(t *testing.T) {
 	const devices, clients, rounds = 3, 8, 20
 	const submitters, tasksEach = 3, 8
@@ -92,7 +96,7 @@ func TestRoomsLockOrder(t *testing.T) {
 				return
 			default:
 			}
-			b, _ := s.board(0)
+			b, _ := s.status.Board(0)
 			if len(b.Devices) != devices {
 				t.Errorf("board of %d devices", len(b.Devices))
 				return
@@ -215,20 +219,14 @@ func TestRoomsLockOrder(t *testing.T) {
 	// comes free in a scheduling pass, which tells the board's watchers.
 	deadline := time.After(20 * time.Second)
 	for {
-		s.mu.Lock()
-		states, _ := s.deviceStatesLocked()
+		_, changed := s.status.Watch(0)
+		states := s.status.States()
 		free := 0
 		for _, st := range states {
 			if st == client.DeviceFree {
 				free++
 			}
 		}
-		changed := s.led.changed
-		if changed == nil {
-			changed = make(chan struct{})
-			s.led.changed = changed
-		}
-		s.mu.Unlock()
 		if free == devices {
 			return
 		}

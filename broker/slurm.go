@@ -11,6 +11,7 @@ import (
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/slurmjobs"
+	"github.com/npurun/npurun/broker/status"
 	"github.com/npurun/npurun/policy"
 )
 
@@ -175,7 +176,7 @@ func (o *slurmOwner) Begin(h *lease.Handover) *lease.Lease {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.table.Commit(h)
-	s.leaseStartLocked(l, h)
+	s.status.Started(l, h)
 	return l
 }
 
@@ -188,13 +189,7 @@ func (o *slurmOwner) End(l *lease.Lease, why string) {
 // Extern notes the extern step of a job's lease as its first holder:
 // status looks there first.
 func (o *slurmOwner) Extern(l *lease.Lease, pid int, start uint64) {
-	s := (*Server)(o)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.ledgerEntryLocked(l); e != nil {
-		e.pid, e.pidStart = pid, start
-		s.led.refreshed = time.Time{}
-	}
+	o.status.FirstHolder(l, pid, start)
 }
 
 // Holders are the processes that hold l's lock files: those status last
@@ -202,15 +197,9 @@ func (o *slurmOwner) Extern(l *lease.Lease, pid int, start uint64) {
 func (o *slurmOwner) Holders(l *lease.Lease) []slurmjobs.Proc {
 	s := (*Server)(o)
 	var out []slurmjobs.Proc
-	s.mu.Lock()
-	if e := s.ledgerEntryLocked(l); e != nil {
-		for _, id := range e.Devices {
-			for _, h := range e.holders[id] {
-				out = append(out, slurmjobs.Proc{PID: h.PID, Start: h.Start})
-			}
-		}
+	for _, h := range s.status.Holders(l) {
+		out = append(out, slurmjobs.Proc{PID: h.PID, Start: h.Start})
 	}
-	s.mu.Unlock()
 	if len(out) > 0 {
 		return out
 	}
@@ -218,7 +207,7 @@ func (o *slurmOwner) Holders(l *lease.Lease) []slurmjobs.Proc {
 	for _, f := range l.Files {
 		targets.Files[procscan.FileID(f)] = true
 	}
-	res, err := s.led.scanner.Scan(targets)
+	res, err := s.scanner.Scan(targets)
 	if err != nil {
 		return nil
 	}
@@ -239,7 +228,7 @@ func (o *slurmOwner) Deliver(h *lease.Handover) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ok := s.deliverLocked(h)
-	s.changedLocked()
+	s.status.Changed()
 	s.progressLocked()
 	return ok
 }
@@ -252,7 +241,7 @@ func (o *slurmOwner) Changed(w *lease.Waiter, id uint32) {
 	if id != 0 {
 		w.SlurmJob = id
 	}
-	s.changedLocked()
+	s.status.Changed()
 	s.progressAfterLocked(0)
 }
 
@@ -304,16 +293,11 @@ func (s *Server) slurmWhy(w *lease.Waiter, why string) string {
 	return why
 }
 
-// ledgerEntryLocked is the ledger's entry of lease l while any of its
-// devices is held; nil once none is.
-func (s *Server) ledgerEntryLocked(l *lease.Lease) *ledgerEntry {
-	for _, id := range l.Devices {
-		if e := s.led.leases[id]; e != nil && e.Lease == l {
-			return e
-		}
+// slurmJobs is the Slurm room as the status room asks it at start
+// (status.Config.Jobs); nil without [slurm].
+func (s *Server) slurmJobs() status.Jobs {
+	if s.slurm == nil {
+		return nil
 	}
-	return nil
+	return s.slurm
 }
-
-// slurmJobName is how status names a Slurm job's lease.
-func slurmJobName(l *ledgerEntry) string { return fmt.Sprintf("job %d", l.SlurmJob) }

@@ -11,6 +11,7 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/status"
 	"github.com/npurun/npurun/broker/tasks"
 )
 
@@ -224,5 +225,5 @@ func (s *Server) claimTasks(dir string) error {
 // describeHolder writes a process holding a lease for the log, as status
 // does: its user and command line.
 func (s *Server) describeHolder(pi *procscan.Proc) string {
-	return fmt.Sprintf("%s: %s", s.led.names.name(pi.UID), commandLine(pi))
+	return fmt.Sprintf("%s: %s", s.status.Name(pi.UID), status.CommandLine(pi))
 }

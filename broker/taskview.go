@@ -1,25 +1,41 @@
 package broker
 
-import "github.com/npurun/npurun/broker/lease"
+import (
+	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/status"
+)
 
-// What status and the metrics read of the task room, in one place, each a
-// copy taken under the room's own lock (package tasks): the room may
-// change under these functions without touching their callers.
+// taskView is the task room as the status room reads it (status.Tasks):
+// the one seam between the two. Each call is a copy taken under the task
+// room's own lock (package tasks), none of the broker's; it reads s.rt at
+// the call, so the status room may be opened before the task room is.
+type taskView Server
 
-// taskSupervisorLocked returns the pid and start time of task id's
-// supervisor, zero while it has none.
-func (s *Server) taskSupervisorLocked(id uint64) (int, uint64) {
-	return s.rt.Supervisor(id)
+var _ status.Tasks = (*taskView)(nil)
+
+// Supervisor returns the pid and start time of task id's supervisor,
+// zero while it has none.
+func (v *taskView) Supervisor(id uint64) (int, uint64) {
+	if v.rt == nil {
+		return 0, 0
+	}
+	return v.rt.Supervisor(id)
 }
 
-// taskCountsLocked counts the tasks the broker knows by state, as clients
-// see the states.
-func (s *Server) taskCountsLocked() map[string]int {
-	return s.rt.Counts()
+// Counts counts the tasks the broker knows by state, as clients see the
+// states.
+func (v *taskView) Counts() map[string]int {
+	if v.rt == nil {
+		return map[string]int{}
+	}
+	return v.rt.Counts()
 }
 
-// cpuLineLocked is the line of the tasks waiting for a CPU slot: the
-// first max of them, and how many wait.
-func (s *Server) cpuLineLocked(max int) ([]*lease.Waiter, int) {
-	return s.rt.CPULine(max)
+// CPULine returns the first max tasks waiting for a CPU slot, in service
+// order, and how many wait.
+func (v *taskView) CPULine(max int) ([]*lease.Waiter, int) {
+	if v.rt == nil {
+		return nil, 0
+	}
+	return v.rt.CPULine(max)
 }

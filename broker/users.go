@@ -60,6 +60,13 @@ func (a *account) unanswered() error {
 // lookup returns what the broker knows of uid, its login shell included.
 func (a *accounts) lookup(uid uint32) *account { return a.get(uid, true) }
 
+// nameGroups is uid's name and groups, and whether the user database
+// knows it: the status room's look-up (status.Config.Account).
+func (a *accounts) nameGroups(uid uint32) (string, []string, bool) {
+	acct := a.lookup(uid)
+	return acct.name, acct.groups, acct.known
+}
+
 // lookupLease is lookup without the login shell, which only a task's
 // --run needs and which costs a getent, a fork and an exec (3 ms here):
 // an npurun's request, on its way to a grant, does without (issue 9).

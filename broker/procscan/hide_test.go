@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -327,5 +328,121 @@ func TestSignalAs(t *testing.T) {
 	}
 	if r, e, sv := unix.Getresuid(); r != 0 || e != 0 || sv != 0 {
 		t.Errorf("this thread's uids after: %d %d %d", r, e, sv)
+	}
+}
+
+// vforkSource is a program that opens its argument, then starts a child
+// that shares its memory (clone with CLONE_VM, as a vfork does) and has a
+// copy of its descriptors, as a child of the broker has between its fork
+// and its exec; it says the child's pid, and the child waits for standard
+// input to close.
+const vforkSource = `#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char stack[1 << 16];
+
+static int child(void *arg) {
+	char c;
+	while (read(0, &c, 1) > 0) {
+	}
+	_exit(0);
+}
+
+int main(int argc, char **argv) {
+	if (argc != 2 || open(argv[1], O_RDONLY | O_CLOEXEC) < 0)
+		return 1;
+	int pid = clone(child, stack + sizeof stack, CLONE_VM | SIGCHLD, 0);
+	if (pid < 0)
+		return 1;
+	printf("%d\n", pid);
+	fflush(stdout);
+	return waitpid(pid, 0, 0) == pid ? 0 : 1;
+}
+`
+
+// TestScanLeavesOutForks: a child that shares the memory of the scanner's
+// own process (as the broker's child does between its fork and its exec,
+// with a copy of every descriptor the broker holds: the lock files its
+// watchers wait on) is the scanner's own process for what it holds, and
+// is left out as that is; a child running a program of its own with the
+// file open is found. The end of a task's lease used to find the broker's
+// child so, at a task's launch, and signal it; status showed it as a
+// holder. To a scanner of another process, the child is a holder.
+func TestScanLeavesOutForks(t *testing.T) {
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("gcc not found, and CI=true")
+		}
+		t.Skip("needs gcc")
+	}
+	dir := t.TempDir()
+	src, bin := filepath.Join(dir, "vfork.c"), filepath.Join(dir, "vfork")
+	if err := os.WriteFile(src, []byte(vforkSource), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(gcc, "-Wall", "-Werror", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	f, id := tempFile(t)
+	cmd := exec.Command(bin, f.Name())
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		in.Close() // the child ends, then its parent
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("%s: %v", bin, err)
+		}
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	fork, perr := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || perr != nil {
+		t.Fatalf("%s said %q: %v", bin, line, err)
+	}
+	other := child(t, f, `echo ready >&4; exec 4>&-; exec sleep 600`)
+	targets := Targets{Files: map[FileID]bool{id: true}}
+
+	s, err := New("/proc", cmd.Process.Pid) // the program is self
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.UserBudget = 1 << 30 // the whole machine in one scan: other tests' processes are root's too
+	r, err := s.Scan(targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Sorted(slices.Values([]int{os.Getpid(), other.Process.Pid})) // the test has it open too
+	if got := slices.Sorted(slices.Values(r.Files[id])); !slices.Equal(got, want) || r.Info[fork] != nil {
+		t.Errorf("holders %v, want %v (the test, sleep): not %d (self) nor %d (self between fork and exec)", got, want, cmd.Process.Pid, fork)
+	}
+	tr := s.Tree([]int{fork, other.Process.Pid}, targets, 10)
+	if got := tr.Files[id]; !slices.Equal(got, []int{other.Process.Pid}) {
+		t.Errorf("Tree: holders %v, want only %d (sleep)", got, other.Process.Pid)
+	}
+
+	theirs, err := New("/proc", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs.UserBudget = 1 << 30
+	if r, err = theirs.Scan(targets); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Files[id]; !slices.Contains(got, fork) || !slices.Contains(got, cmd.Process.Pid) {
+		t.Errorf("a scanner of the test's own process: holders %v, want %d and %d among them", got, fork, cmd.Process.Pid)
 	}
 }

@@ -128,7 +128,7 @@ type Scanner struct {
 	fs   procfs.FS
 	root string
 	boot time.Time
-	self int // a pid left out of every scan (the broker's own)
+	self int // a pid left out of every scan (the broker's own), with its forks not yet exec'd (fork)
 
 	// UserBudget bounds the work of one scan for the processes of one
 	// user, and of one Tree: descriptors stat'ed, and lines of maps read
@@ -170,7 +170,11 @@ const mapsNext = -1
 const userHZ = 100
 
 // New returns a scanner of the proc file system mounted at root, which
-// leaves the process self out of every scan. Path prefixes, which earlier
+// leaves the process self out of every scan, and its children that share
+// its memory: a child between its fork and its exec (Go starts a program
+// with vfork) has a copy of every descriptor self holds, those it may not
+// keep closed only at the exec, and is self for what it holds. Path
+// prefixes, which earlier
 // versions looked at descriptors under only, are taken and not used: a
 // target is found by what it is, whatever its path.
 func New(root string, self int, _ ...string) (*Scanner, error) {
@@ -182,6 +186,22 @@ func New(root string, self int, _ ...string) (*Scanner, error) {
 		cursors: map[uint32]*cursor{}, kinds: map[FileID]uint64{}}
 	s.boot = bootTime(root, fs)
 	return s, nil
+}
+
+// kcmpVM is kcmp(2)'s KCMP_VM (linux/kcmp.h): whether two processes share
+// their memory.
+const kcmpVM = 1
+
+// fork tells whether pi is self between a fork and an exec: a child of
+// self that shares its memory (kcmp(2)). A child of the broker that holds
+// a lease (npurun-supervise) has exec'd: its memory is its own. Where
+// kcmp cannot tell (a kernel without it), nobody is.
+func (s *Scanner) fork(pi *Proc) bool {
+	if pi == nil || pi.PPID != s.self {
+		return false
+	}
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(s.self), uintptr(pi.PID), kcmpVM, 0, 0, 0)
+	return errno == 0 && r == 0
 }
 
 // bootTime is when the machine booted: now less the uptime, which has

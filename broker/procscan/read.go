@@ -89,6 +89,10 @@ func (lk *look) record(pid int) {
 		return
 	}
 	r := lk.r
+	if lk.s.fork(lk.s.info(r, pid)) {
+		delete(r.Info, pid) // what it holds is self's
+		return
+	}
 	for _, f := range lk.found {
 		if f.node == 0 {
 			r.Files[f.file] = appendOnce(r.Files[f.file], pid)
@@ -99,7 +103,6 @@ func (lk *look) record(pid int) {
 			r.Mapped[f.node] = appendOnce(r.Mapped[f.node], pid)
 		}
 	}
-	lk.s.info(r, pid)
 }
 
 // add records a target found in the process being read, once.

@@ -1,4 +1,4 @@
-package broker
+package status
 
 import (
 	"bytes"

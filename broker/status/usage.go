@@ -1,4 +1,4 @@
-package broker
+package status
 
 import (
 	"bufio"
@@ -658,4 +658,44 @@ func readSpan(f *os.File, size int64) (span, bool) {
 		}
 	}
 	return sp, sp.last != 0
+}
+
+// ErrBadQuery is the answer to a usage query without a start time in the
+// past.
+var ErrBadQuery = errors.New("usage needs a start time in the past")
+
+// usageReads bounds the usage queries reading the accounting log at once.
+var usageReads = make(chan struct{}, 2)
+
+// Usage sums the accounting log for npubroker usage, from q's start time
+// until now: the records written, the sums not written yet, and the
+// leases held now, counted until now.
+func (g *Ledger) Usage(q *client.UsageQuery) (*client.UsageReport, error) {
+	now := time.Now()
+	if q == nil || q.SinceMS < 0 || q.SinceMS > now.UnixMilli() {
+		return nil, ErrBadQuery
+	}
+	usageReads <- struct{}{}
+	g.usage.flush(time.Second)
+	files, cut, oldest, err := g.usage.readSince(time.UnixMilli(q.SinceMS))
+	<-usageReads
+	if err != nil {
+		return nil, fmt.Errorf("read the usage log: %w", err)
+	}
+	g.mu.Lock()
+	live := map[uint64]bool{}
+	for _, e := range g.leases {
+		live[e.ID] = true
+	}
+	// Leases past their user's rate that ended lately are not in the log
+	// yet: counted all the same.
+	files = append(files, g.sums.pending())
+	g.unlock()
+	rep := sumUsage(files, time.UnixMilli(q.SinceMS), now, q.User, func(id uint64) bool { return live[id] })
+	rep.Dropped = g.usage.dropped.Load()
+	rep.Oldest = 0
+	if cut {
+		rep.Oldest = oldest
+	}
+	return rep, nil
 }

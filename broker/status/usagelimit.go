@@ -1,4 +1,4 @@
-package broker
+package status
 
 import (
 	"time"
@@ -29,7 +29,7 @@ const (
 )
 
 // logLimit is each user's allowance of leases logged on their own: a
-// token bucket per uid, under Server.mu.
+// token bucket per uid, under Ledger.limitMu.
 type logLimit map[uint32]*bucket
 
 type bucket struct {
@@ -69,12 +69,12 @@ type sumKey struct {
 	user, kind, pool string
 }
 
-// usageSums are the sum records not written yet, under Server.mu.
+// usageSums are the sum records not written yet, under Ledger.mu.
 type usageSums map[sumKey]*usageRec
 
 // add counts device time of l, not logged on its own, that ended now (one
 // device's end), and l itself once its last device has ended.
-func (us usageSums) add(l *ledgerEntry, now time.Time) {
+func (us usageSums) add(l *entry, now time.Time) {
 	k := sumKey{uid: l.UID, user: l.User, kind: l.kind(), pool: l.Pool}
 	r := us[k]
 	if r == nil {
@@ -103,31 +103,40 @@ func (us usageSums) pending() []usageRec {
 
 // sumLoop writes the sums, and the starts of leases past the rate that
 // are still held, every usageSumEvery for the broker's life.
-func (s *Server) sumLoop() {
+func (g *Ledger) sumLoop() {
 	t := time.NewTicker(usageSumEvery)
 	defer t.Stop()
 	for range t.C {
-		s.writeSums(time.Now().Add(-usageSumEvery))
+		g.writeSums(time.Now().Add(-usageSumEvery))
 	}
 }
 
 // writeSums queues the sum records for the log, and the start of every
-// lease not logged that began before old. The broker calls it with a
-// zero old when it stops, so that every lease it knows is in the log.
-func (s *Server) writeSums(old time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, l := range s.uniqueLeasesLocked() {
+// lease not logged that began before old; with a zero old, every lease
+// not logged (Stop).
+func (g *Ledger) writeSums(old time.Time) {
+	g.mu.Lock()
+	for _, l := range g.uniqueLocked() {
 		if !l.logged && (old.IsZero() || l.Since.Before(old)) {
 			l.logged = true
-			s.led.usage.add(l.record("start"))
+			g.usage.add(l.record("start"))
 		}
 	}
-	for k, r := range s.led.sums {
-		s.led.usage.add(*r)
-		delete(s.led.sums, k)
+	for k, r := range g.sums {
+		g.usage.add(*r)
+		delete(g.sums, k)
 	}
-	s.led.logLimit.prune(time.Now())
+	g.unlock()
+	g.limitMu.Lock()
+	g.logLimit.prune(time.Now())
+	g.limitMu.Unlock()
+}
+
+// Stop, as the broker stops, puts every lease the ledger knows in the
+// accounting log, and waits a while for the log to be written.
+func (g *Ledger) Stop() {
+	g.writeSums(time.Time{})
+	g.usage.flush(2 * time.Second)
 }
 
 // usageSum adds r, a sum record, to rows: its leases, and its device time

@@ -1,4 +1,4 @@
-package broker
+package status
 
 import (
 	"io"
@@ -24,7 +24,7 @@ import (
 
 // manyHolders is a lease of device 0 held by n processes: n/2 roots, each
 // with one child that inherited the descriptor.
-func manyHolders(n int) *ledgerEntry {
+func manyHolders(n int) *entry {
 	uid := uint32(os.Getuid())
 	hs := make([]*procscan.Proc, 0, n)
 	for i := range n / 2 {
@@ -38,28 +38,36 @@ func manyHolders(n int) *ledgerEntry {
 }
 
 // BenchmarkHoldersInfo: the board's view of a device with 20,000 holder
-// processes, made under the broker's lock for every status.
+// processes, made under the ledger's lock for every status.
 func BenchmarkHoldersInfo(b *testing.B) {
-	s := &Server{}
 	l := manyHolders(20000)
 	show := func(uint32) bool { return true }
-	if hs, more := s.holdersInfo(l, 0, show); len(hs) != maxHolders || more != 20000-maxHolders || hs[0].PPID != 1 {
+	if hs, more := holdersInfo(l, 0, show); len(hs) != maxHolders || more != 20000-maxHolders || hs[0].PPID != 1 {
 		b.Fatalf("%d holders shown, %d more, first %+v", len(hs), more, hs[0])
 	}
 	for b.Loop() {
-		s.holdersInfo(l, 0, show)
+		holdersInfo(l, 0, show)
 	}
 }
 
 // BenchmarkSetHolders: taking a look's 20,000 holders of one device into
-// its lease, under the broker's lock after every scan.
+// its lease, under the ledger's lock after every scan.
 func BenchmarkSetHolders(b *testing.B) {
-	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0)}
+	g := testLedger(&npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, &policy.Config{})
 	l := manyHolders(20000)
 	found := l.holders
 	for b.Loop() {
-		s.setHoldersLocked(l, map[int][]*procscan.Proc{0: slices.Clone(found[0])}, time.Now(), nil)
+		g.setHoldersLocked(l, map[int][]*procscan.Proc{0: slices.Clone(found[0])}, time.Now(), nil)
 	}
+}
+
+// testLedger is a ledger of inv and cfg with nothing started: no
+// accounting log, no scan, no table and no tasks (a test sets those it
+// needs), logging nowhere.
+func testLedger(inv *npu.Inventory, cfg *policy.Config) *Ledger {
+	return &Ledger{cfg: cfg, inv: inv, log: log.New(io.Discard, "", 0), nodes: map[uint64]npu.Node{},
+		leases: map[int]*entry{}, early: map[*lease.Lease][]ended{}, seen: map[useKey]*use{}, streaks: map[streakKey]*streak{},
+		logLimit: logLimit{}, sums: usageSums{}, kick: make(chan struct{}, 1)}
 }
 
 // holdingTree starts a shell with file at descriptor 3 that starts n
@@ -116,7 +124,7 @@ func killAwait(t *testing.T, pid int) {
 	}
 }
 
-func holderPIDs(l *ledgerEntry, id int) []int {
+func holderPIDs(l *entry, id int) []int {
 	var out []int
 	for _, h := range l.holders[id] {
 		out = append(out, h.PID)
@@ -147,11 +155,11 @@ func TestCutLookKeepsHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	scanner.UserBudget = 1 << 30 // a full scan reads the n holders at once (and other tests' processes, root's too)
-	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0)}
+	g := testLedger(&npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, &policy.Config{})
 	l := newEntry(&lease.Lease{Holder: lease.Holder{Kind: lease.Inline, UID: uint32(os.Getuid()), User: "u", PID: sh.Process.Pid},
 		Devices: []int{0}, Files: []lease.FileID{lease.FileID(fid)}, Since: time.Now()})
-	s.led.leases = map[int]*ledgerEntry{0: l}
-	s.led.scanner = scanner
+	g.leases = map[int]*entry{0: l}
+	g.scanner = scanner
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{fid: true}}
 
 	fullScan := func() {
@@ -160,18 +168,18 @@ func TestCutLookKeepsHolders(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.mu.Lock()
-		s.holdersFromScanLocked(res, targets, nil)
-		s.mu.Unlock()
+		g.mu.Lock()
+		g.holdersFromScanLocked(res, targets, nil)
+		g.unlock()
 	}
 	look := func() []int {
 		t.Helper()
-		s.mu.Lock()
-		s.led.refreshed = time.Time{} // not the look of a moment ago
-		s.mu.Unlock()
-		s.refreshHolders()
-		s.mu.Lock()
-		defer s.mu.Unlock()
+		g.mu.Lock()
+		g.refreshed = time.Time{} // not the look of a moment ago
+		g.unlock()
+		g.Refresh()
+		g.mu.Lock()
+		defer g.unlock()
 		return holderPIDs(l, 0)
 	}
 
@@ -186,9 +194,9 @@ func TestCutLookKeepsHolders(t *testing.T) {
 	if got := look(); !slices.Equal(got, all) {
 		t.Fatalf("after a cut look: %d holders, want the %d of the full scan", len(got), len(all))
 	}
-	s.mu.Lock()
-	shown, more := s.holdersInfo(l, 0, func(uint32) bool { return false })
-	s.mu.Unlock()
+	g.mu.Lock()
+	shown, more := holdersInfo(l, 0, func(uint32) bool { return false })
+	g.unlock()
 	if len(shown)+more != n+1 || shown[0].PID != sh.Process.Pid {
 		t.Errorf("board: %d holders and %d more, first %d; want %d, the shell first", len(shown), more, shown[0].PID, n+1)
 	}
@@ -206,14 +214,13 @@ func TestCutLookKeepsHolders(t *testing.T) {
 }
 
 // BenchmarkUnleased: judging a scan in which the 20,000 holders of a
-// lease also have its device node open (as they do), under the broker's
+// lease also have its device node open (as they do), under the ledger's
 // lock after every scan.
 func BenchmarkUnleased(b *testing.B) {
 	l := manyHolders(20000)
-	s := &Server{inv: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, log: log.New(io.Discard, "", 0), cfg: &policy.Config{}}
-	s.led.leases = map[int]*ledgerEntry{0: l}
-	s.led.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
-	s.led.seen, s.led.streaks = map[useKey]*use{}, map[streakKey]*streak{}
+	g := testLedger(&npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, &policy.Config{})
+	g.leases = map[int]*entry{0: l}
+	g.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
 	res := &procscan.Result{At: time.Now(), Files: map[procscan.FileID][]int{}, Nodes: map[uint64][]int{}, Info: map[int]*procscan.Proc{}}
 	ancestors := map[int][]int{}
 	for _, h := range l.holders[0] {
@@ -224,8 +231,8 @@ func BenchmarkUnleased(b *testing.B) {
 	}
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{l.files[0]: true}, Nodes: map[uint64]bool{7: true}}
 	for b.Loop() {
-		if acts := s.unleasedLocked(res, targets, &judgement{ancestors: ancestors}); len(acts) != 0 || len(s.led.seen) != 0 {
-			b.Fatalf("holders taken for unleased use: %d", len(s.led.seen))
+		if acts := g.unleasedLocked(res, targets, &judgement{ancestors: ancestors}); len(acts) != 0 || len(g.seen) != 0 {
+			b.Fatalf("holders taken for unleased use: %d", len(g.seen))
 		}
 	}
 }
@@ -235,22 +242,20 @@ func BenchmarkUnleased(b *testing.B) {
 // the first: reported at the second. It used to count as a new use at
 // each scan, and was never reported.
 func TestUnleasedAcrossSlowScans(t *testing.T) {
-	s := &Server{inv: &npu.Inventory{Vendor: npu.Ascend, IDs: []int{0}}, log: log.New(io.Discard, "", 0),
-		cfg: &policy.Config{Status: policy.Status{UnleasedGrace: 3 * time.Second, UnleasedUse: policy.UnleasedReport}}}
-	s.led.leases = map[int]*ledgerEntry{}
-	s.led.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
-	s.led.seen, s.led.streaks = map[useKey]*use{}, map[streakKey]*streak{}
+	g := testLedger(&npu.Inventory{Vendor: npu.Ascend, IDs: []int{0}},
+		&policy.Config{Status: policy.Status{UnleasedGrace: 3 * time.Second, UnleasedUse: policy.UnleasedReport}})
+	g.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{}, Nodes: map[uint64]bool{7: true}}
 	p := &procscan.Proc{PID: 100, PPID: 1, UID: 1000, Start: 5, Cmdline: []string{"python", "x.py"}}
 	t0 := time.Now()
 	for i, at := range []time.Time{t0, t0.Add(5 * time.Second)} {
 		res := &procscan.Result{At: at, Files: map[procscan.FileID][]int{}, Nodes: map[uint64][]int{7: {100}}, Info: map[int]*procscan.Proc{100: p}}
-		s.unleasedLocked(res, targets, &judgement{ancestors: map[int][]int{}, names: map[uint32]string{1000: "alice"}})
-		if got, want := len(s.led.reported), i; got != want {
+		g.unleasedLocked(res, targets, &judgement{ancestors: map[int][]int{}, names: map[uint32]string{1000: "alice"}})
+		if got, want := len(g.reported), i; got != want {
 			t.Fatalf("scan %d, %s after the first: %d reported, want %d", i+1, at.Sub(t0), got, want)
 		}
 	}
-	if u := s.led.reported[0]; u.pid != 100 || u.dev != 0 || !u.since.Equal(t0) {
+	if u := g.reported[0]; u.pid != 100 || u.dev != 0 || !u.since.Equal(t0) {
 		t.Errorf("report: %+v, want pid 100 on npu 0 since the first scan", u)
 	}
 }
@@ -269,7 +274,7 @@ func TestCommandLineWholeRunes(t *testing.T) {
 		{"kernel", nil, "[kworker]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := commandLine(&procscan.Proc{Comm: "kworker", Cmdline: tc.args})
+			got := CommandLine(&procscan.Proc{Comm: "kworker", Cmdline: tc.args})
 			if got != tc.want || !utf8.ValidString(got) {
 				t.Errorf("got %q, want %q", got, tc.want)
 			}

@@ -1,4 +1,4 @@
-package broker
+package status
 
 import (
 	"errors"
@@ -121,16 +121,16 @@ type judgement struct {
 }
 
 // kickScan asks for a scan as soon as the CPU budget allows.
-func (s *Server) kickScan() {
+func (g *Ledger) kickScan() {
 	select {
-	case s.led.kick <- struct{}{}:
+	case g.kick <- struct{}{}:
 	default:
 	}
 }
 
 // scanLoop runs the background scan for the broker's life. It keeps to
 // one thread, so that the CPU time a scan costs is that thread's.
-func (s *Server) scanLoop() {
+func (g *Ledger) scanLoop() {
 	runtime.LockOSThread()
 	var lastEnd time.Time
 	var cost time.Duration
@@ -140,7 +140,7 @@ func (s *Server) scanLoop() {
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
-			case <-s.led.kick:
+			case <-g.kick:
 				t.Stop()
 				if early := lastEnd.Add(time.Duration(scanBudget-1) * cost); early.Before(next) {
 					next = early
@@ -149,12 +149,12 @@ func (s *Server) scanLoop() {
 			}
 		}
 		start, cpu := time.Now(), threadCPU()
-		s.scanOnce()
+		g.scanOnce()
 		lastEnd = time.Now()
 		if cost = threadCPU() - cpu; cpu == 0 || cost <= 0 {
 			cost = lastEnd.Sub(start) // no CPU time to be had: the wall time, which is more
 		}
-		next = start.Add(max(s.cfg.Status.ScanInterval, time.Duration(scanBudget)*cost))
+		next = start.Add(max(g.cfg.Status.ScanInterval, time.Duration(scanBudget)*cost))
 	}
 }
 
@@ -170,23 +170,23 @@ func threadCPU() time.Duration {
 
 // scanOnce scans /proc for the holders of every lease and for device
 // nodes used without a lease, then acts on what it found.
-func (s *Server) scanOnce() {
+func (g *Ledger) scanOnce() {
 	targets := procscan.Targets{Files: map[procscan.FileID]bool{}, Nodes: map[uint64]bool{}}
-	s.mu.Lock()
-	for rdev := range s.led.nodes {
+	for rdev := range g.nodes {
 		targets.Nodes[rdev] = true
 	}
-	for _, l := range s.uniqueLeasesLocked() {
-		for i, id := range l.Devices {
-			if l.held[id] {
-				targets.Files[l.files[i]] = true
+	g.mu.Lock()
+	for _, e := range g.uniqueLocked() {
+		for i, id := range e.Devices {
+			if e.held[id] {
+				targets.Files[e.files[i]] = true
 			}
 		}
 	}
-	s.mu.Unlock()
-	res, err := s.led.scanner.Scan(targets)
+	g.unlock()
+	res, err := g.scanner.Scan(targets)
 	if err != nil {
-		s.log.Printf("scan /proc: %v", err)
+		g.log.Printf("scan /proc: %v", err)
 		return
 	}
 	// What the judgement needs from /proc and the user database, read
@@ -196,11 +196,11 @@ func (s *Server) scanOnce() {
 	for _, pids := range res.Nodes {
 		for _, pid := range pids {
 			if _, done := j.ancestors[pid]; !done {
-				j.ancestors[pid] = s.led.scanner.Ancestors(res, pid)
+				j.ancestors[pid] = g.scanner.Ancestors(res, pid)
 			}
 			if pi := res.Info[pid]; pi != nil {
 				if _, done := j.restricted[pi.UID]; !done {
-					j.restricted[pi.UID], j.exempt[pi.UID] = s.unleasedAccount(pi.UID)
+					j.restricted[pi.UID], j.exempt[pi.UID] = g.unleasedAccount(pi.UID)
 				}
 			}
 		}
@@ -208,28 +208,28 @@ func (s *Server) scanOnce() {
 	for _, pi := range res.Info {
 		if pi != nil {
 			if _, done := j.names[pi.UID]; !done {
-				j.names[pi.UID] = s.led.names.name(pi.UID)
+				j.names[pi.UID] = g.names.name(pi.UID)
 			}
 		}
 	}
-	s.mu.Lock()
-	s.led.lastScan = &scanInfo{at: res.At, took: res.Took, procs: res.Procs}
-	s.led.metrics.scanned(res)
-	s.holdersFromScanLocked(res, targets, j.names)
-	acts := s.unleasedLocked(res, targets, j)
-	s.changedLocked() // the board tells when the last scan was, if nothing else
-	s.mu.Unlock()
+	g.metrics.scanned(res)
+	g.mu.Lock()
+	g.lastScan = &scanInfo{at: res.At, took: res.Took, procs: res.Procs}
+	g.holdersFromScanLocked(res, targets, j.names)
+	acts := g.unleasedLocked(res, targets, j)
+	g.changedLocked() // the board tells when the last scan was, if nothing else
+	g.unlock()
 	for _, u := range acts {
 		sig := unix.SIGTERM
 		if u.action == policy.UnleasedKill {
 			sig = unix.SIGKILL
 		}
-		err := s.led.scanner.SignalAs(u.pid, u.start, u.uid, sig)
+		err := g.scanner.SignalAs(u.pid, u.start, u.uid, sig)
 		switch {
 		case errors.Is(err, procscan.ErrNotTheirs):
-			s.log.Printf("%spid %d, %s's until now, %v: not sent %s", useSubject(&u), u.pid, u.user, err, unix.SignalName(sig))
+			g.log.Printf("%spid %d, %s's until now, %v: not sent %s", useSubject(&u), u.pid, u.user, err, unix.SignalName(sig))
 		case err != nil:
-			s.log.Printf("%spid %d (%s): %s: %v", useSubject(&u), u.pid, u.user, unix.SignalName(sig), err)
+			g.log.Printf("%spid %d (%s): %s: %v", useSubject(&u), u.pid, u.user, unix.SignalName(sig), err)
 		}
 	}
 }
@@ -237,8 +237,8 @@ func (s *Server) scanOnce() {
 // holdersFromScanLocked takes each lease's holders from a full scan. A
 // holder the scan did not read to the end (its user's work was cut
 // short) stays until a scan does.
-func (s *Server) holdersFromScanLocked(res *procscan.Result, targets procscan.Targets, names map[uint32]string) {
-	for _, l := range s.uniqueLeasesLocked() {
+func (g *Ledger) holdersFromScanLocked(res *procscan.Result, targets procscan.Targets, names map[uint32]string) {
+	for _, l := range g.uniqueLocked() {
 		found := map[int][]*procscan.Proc{}
 		scanned := true
 		for i, id := range l.Devices {
@@ -261,7 +261,7 @@ func (s *Server) holdersFromScanLocked(res *procscan.Result, targets procscan.Ta
 			}
 		}
 		if scanned {
-			s.setHoldersLocked(l, found, res.At, names)
+			g.setHoldersLocked(l, found, res.At, names)
 		}
 	}
 }
@@ -269,23 +269,23 @@ func (s *Server) holdersFromScanLocked(res *procscan.Result, targets procscan.Ta
 // unleasedLocked judges the device nodes used in res: it keeps the uses
 // seen and their accounts' streaks, reports those past the grace window,
 // and returns those the policy acts on now.
-func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, j *judgement) []use {
-	st := s.cfg.Status
+func (g *Ledger) unleasedLocked(res *procscan.Result, targets procscan.Targets, j *judgement) []use {
+	st := g.cfg.Status
 	seen := map[useKey]bool{}
 	// An account's use goes on through a gap shorter than the grace
 	// window, and always from one scan to the next, however far apart
 	// the pacing puts them.
 	gap := st.UnleasedGrace
-	if !s.led.lastJudged.IsZero() {
-		gap = max(gap, res.At.Sub(s.led.lastJudged))
+	if !g.lastJudged.IsZero() {
+		gap = max(gap, res.At.Sub(g.lastJudged))
 	}
-	s.led.lastJudged = res.At
+	g.lastJudged = res.At
 	// Whoever holds any lease, for the control nodes; and the accounts
 	// granted one since the scan began, whose control nodes wait for the
 	// next scan.
 	var anyLease map[int]bool
 	fresh := map[uint32]bool{}
-	for _, l := range s.uniqueLeasesLocked() {
+	for _, l := range g.uniqueLocked() {
 		for i, id := range l.Devices {
 			if l.held[id] && !targets.Files[l.files[i]] {
 				fresh[l.UID] = true
@@ -294,12 +294,12 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 	}
 	var acts []use
 	for rdev, pids := range res.Nodes {
-		nd, ok := s.led.nodes[rdev]
+		nd, ok := g.nodes[rdev]
 		if !ok {
 			continue
 		}
 		var holders map[int]bool
-		switch l := s.led.leases[nd.Device]; {
+		switch l := g.leases[nd.Device]; {
 		case nd.Control:
 			if anyLease == nil {
 				anyLease = map[int]bool{}
@@ -335,25 +335,25 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 			k := useKey{pid: pid, start: pi.Start, node: rdev}
 			seen[k] = true
 			sk := streakKey{uid: pi.UID, node: rdev, container: containerID(pi)}
-			sr := s.led.streaks[sk]
+			sr := g.streaks[sk]
 			if sr == nil || res.At.Sub(sr.last) > gap {
-				if sr == nil && len(s.led.streaks) >= maxUses {
+				if sr == nil && len(g.streaks) >= maxUses {
 					continue
 				}
 				sr = &streak{first: res.At}
-				s.led.streaks[sk] = sr
+				g.streaks[sk] = sr
 			}
 			sr.last = res.At
-			u := s.led.seen[k]
+			u := g.seen[k]
 			if u == nil || u.uid != pi.UID {
 				// New, or its process became another user's: judged as
 				// that user's from here.
-				if u == nil && len(s.led.seen) >= maxUses {
+				if u == nil && len(g.seen) >= maxUses {
 					continue
 				}
-				u = &use{useKey: k, dev: nd.Device, path: nd.Path, uid: pi.UID, user: j.names[pi.UID], command: commandLine(pi),
+				u = &use{useKey: k, dev: nd.Device, path: nd.Path, uid: pi.UID, user: j.names[pi.UID], command: CommandLine(pi),
 					restricted: j.restricted[pi.UID], action: policy.UnleasedReport, container: pi.Container}
-				s.led.seen[k] = u
+				g.seen[k] = u
 			}
 			u.since, u.now = sr.first, true
 			u.mapped = slices.Contains(res.Mapped[rdev], pid)
@@ -368,8 +368,8 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 				}
 				if !sr.logged || u.action != policy.UnleasedReport {
 					sr.logged = true
-					s.log.Printf("%spid %d (%s: %s)%s has %s %s without a lease%s, %s's use of it seen for %s%s",
-						useSubject(u), pid, u.user, u.command, s.inContainerLocked(u.container), nd.Path, how, controlNote(nd), u.user, quantity.Duration(res.At.Sub(sr.first)), actionNote(u))
+					g.sayLocked("%spid %d (%s: %s)%s has %s %s without a lease%s, %s's use of it seen for %s%s",
+						useSubject(u), pid, u.user, u.command, g.inContainerLocked(u.container), nd.Path, how, controlNote(nd), u.user, quantity.Duration(res.At.Sub(sr.first)), actionNote(u))
 				}
 			}
 			if u.reported && u.action != policy.UnleasedReport {
@@ -377,32 +377,32 @@ func (s *Server) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 			}
 		}
 	}
-	for k, u := range s.led.seen {
+	for k, u := range g.seen {
 		switch {
 		case seen[k]:
 		case !res.Looked(k.pid):
 			// Not read to the end (its user's work was cut short): kept,
 			// and its account's use goes on, until a scan that reads it.
 			u.now = false
-			if sr := s.led.streaks[streakKey{uid: u.uid, node: k.node, container: containerID(&procscan.Proc{Container: u.container})}]; sr != nil {
+			if sr := g.streaks[streakKey{uid: u.uid, node: k.node, container: containerID(&procscan.Proc{Container: u.container})}]; sr != nil {
 				sr.last = res.At
 			}
 		default:
-			delete(s.led.seen, k) // gone, or closed
+			delete(g.seen, k) // gone, or closed
 		}
 	}
-	for k, sr := range s.led.streaks {
+	for k, sr := range g.streaks {
 		if res.At.Sub(sr.last) > gap {
-			delete(s.led.streaks, k)
+			delete(g.streaks, k)
 		}
 	}
-	s.led.reported = s.led.reported[:0]
-	for _, u := range s.led.seen {
+	g.reported = g.reported[:0]
+	for _, u := range g.seen {
 		if u.reported {
-			s.led.reported = append(s.led.reported, u)
+			g.reported = append(g.reported, u)
 		}
 	}
-	slices.SortFunc(s.led.reported, func(a, b *use) int {
+	slices.SortFunc(g.reported, func(a, b *use) int {
 		if a.dev != b.dev {
 			return a.dev - b.dev
 		}
@@ -448,29 +448,29 @@ func actionNote(u *use) string {
 // ([status] unleased_exempt_users, unleased_exempt_groups), looking the
 // account up if need be. An account the user database does not know is
 // neither, unless its number is root's.
-func (s *Server) unleasedAccount(uid uint32) (restricted, exempt bool) {
+func (g *Ledger) unleasedAccount(uid uint32) (restricted, exempt bool) {
 	if uid == 0 {
-		return false, s.cfg.Status.Exempt("root", nil)
+		return false, g.cfg.Status.Exempt("root", nil)
 	}
-	acct := s.users.lookup(uid)
-	if !acct.known {
+	name, groups, known := g.account(uid)
+	if !known {
 		return false, false
 	}
-	return s.cfg.Restricted(acct.name, acct.groups), s.cfg.Status.Exempt(acct.name, acct.groups)
+	return g.cfg.Restricted(name, groups), g.cfg.Status.Exempt(name, groups)
 }
 
 // unleasedInfo is u as the board shows it.
-func (s *Server) unleasedInfo(u *use, showCommand bool) client.Unleased {
+func (g *Ledger) unleasedInfo(u *use, showCommand bool) client.Unleased {
 	out := client.Unleased{Device: u.dev, Node: u.path, PID: u.pid, User: u.user, UID: u.uid,
 		Since: u.since.UnixMilli(), Restricted: u.restricted, Action: u.action, Mapped: u.mapped}
 	if u.dev == npu.ControlNode {
 		out.Control = true
 	} else {
-		out.Name = s.deviceName(u.dev)
+		out.Name = g.deviceName(u.dev)
 	}
 	if showCommand {
 		out.Command = u.command
 	}
-	out.Container = s.led.containers.named(u.container, showCommand)
+	out.Container = g.containers.named(u.container, showCommand)
 	return out
 }

@@ -1,4 +1,4 @@
-package broker
+package status
 
 // What status knows of containers (issue 17): the lease a container holds
 // (re-kinded by the runtime's word, op container, or of kind container
@@ -72,16 +72,16 @@ func (c *containerNames) named(ref *client.ContainerRef, show bool) *client.Cont
 	return &r
 }
 
-// containerNamed keeps the name of a container the runtime told of
+// ContainerNamed keeps the name of a container the runtime told of
 // without a lease (op container from root, no descriptors).
-func (s *Server) containerNamed(ref *client.ContainerRef) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.led.containers.put(ref)
-	s.changedLocked()
+func (g *Ledger) ContainerNamed(ref *client.ContainerRef) {
+	g.mu.Lock()
+	defer g.unlock()
+	g.containers.put(ref)
+	g.changedLocked()
 }
 
-// containLocked makes the lease whose lock files are files (one a device
+// Contain makes the lease whose lock files are files (one a device
 // of devices, in that order) container ref's, at the word of uid: root
 // names any lease, another uid only those granted to it. Its user stays
 // who it was granted to. An inline lease, or one found at start, becomes
@@ -89,43 +89,45 @@ func (s *Server) containerNamed(ref *client.ContainerRef) {
 // and is named only. No /proc and no disk: the runtime waits for the
 // answer on a container's create path (the accounting record goes through
 // the log's queue).
-func (s *Server) containLocked(uid uint32, ref *client.ContainerRef, devices []int, files []procscan.FileID) *client.Reply {
-	v := s.inv.Vendor
-	var e *ledgerEntry
+func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, files []procscan.FileID) *client.Reply {
+	v := g.inv.Vendor
+	g.mu.Lock()
+	defer g.unlock()
+	var e *entry
 	for i, f := range files {
 		id := devices[i]
-		l := s.led.leases[id]
+		l := g.leases[id]
 		if l != nil && l.held[id] {
 			if lf, ok := l.fileOf(id); !ok || lf != f {
 				l = nil
 			}
 		}
 		if l == nil {
-			return errReply(client.CodeBadRequest, fmt.Sprintf("descriptor %d is not %s's current lease", i, v.Format([]int{id})), "")
+			return refusal(client.CodeBadRequest, fmt.Sprintf("descriptor %d is not %s's current lease", i, v.Format([]int{id})))
 		}
 		if e != nil && l != e {
-			return errReply(client.CodeBadRequest, fmt.Sprintf("descriptors 0 and %d are of two leases", i), "")
+			return refusal(client.CodeBadRequest, fmt.Sprintf("descriptors 0 and %d are of two leases", i))
 		}
 		e = l
 	}
 	for _, id := range heldIDs(e) {
 		if !slices.Contains(devices, id) {
-			return errReply(client.CodeBadRequest, fmt.Sprintf("the lease of %s holds %s too, whose descriptor was not sent", v.Format(devices), v.Format([]int{id})), "")
+			return refusal(client.CodeBadRequest, fmt.Sprintf("the lease of %s holds %s too, whose descriptor was not sent", v.Format(devices), v.Format([]int{id})))
 		}
 	}
 	if uid != 0 && e.UID != uid {
-		return errReply(client.CodeDenied, fmt.Sprintf("uid %d may name only its own leases' containers", uid), "")
+		return refusal(client.CodeDenied, fmt.Sprintf("uid %d may name only its own leases' containers", uid))
 	}
 	r := *ref
 	e.container = &r
-	s.led.containers.put(ref)
+	g.containers.put(ref)
 	if !e.contained && (e.Kind == lease.Inline || e.Kind == lease.Found) {
 		e.contained = true
 		if e.logged {
-			s.led.usage.add(usageRec{T: time.Now().UnixMilli(), Ev: "kind", Lease: e.ID, Kind: client.KindContainer, Container: &r})
+			g.usage.add(usageRec{T: time.Now().UnixMilli(), Ev: "kind", Lease: e.ID, Kind: client.KindContainer, Container: &r})
 		}
 	}
-	s.changedLocked()
+	g.changedLocked()
 	return &client.Reply{Type: client.TypeOK}
 }
 
@@ -179,9 +181,28 @@ func inHolderContainer(res *procscan.Result, holders map[int]bool, in *map[strin
 }
 
 // inContainerLocked says, for a log line, which container a process is in.
-func (s *Server) inContainerLocked(ref *client.ContainerRef) string {
+func (g *Ledger) inContainerLocked(ref *client.ContainerRef) string {
 	if ref == nil {
 		return ""
 	}
-	return fmt.Sprintf(" in %s container %s", ref.Engine, s.led.containers.named(ref, true).Short())
+	return fmt.Sprintf(" in %s container %s", ref.Engine, g.containers.named(ref, true).Short())
+}
+
+// refusal is the answer to an op the ledger refuses.
+func refusal(code, msg string) *client.Reply {
+	return &client.Reply{Type: client.TypeError, Code: code, Message: msg}
+}
+
+// nameContainersLocked gives the containers that lease li and its holders
+// name the names the runtime told, each a copy: hidden where show hides
+// the commands of its process's user (the lease's user for the lease's).
+func (g *Ledger) nameContainersLocked(li *client.LeaseInfo, show func(uint32) bool) {
+	if li == nil {
+		return
+	}
+	li.Container = g.containers.named(li.Container, show(li.UID))
+	for i := range li.Holders {
+		h := &li.Holders[i]
+		h.Container = g.containers.named(h.Container, show(h.UID))
+	}
 }

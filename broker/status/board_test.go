@@ -1,4 +1,4 @@
-package broker
+package status
 
 import (
 	"encoding/json"
@@ -21,7 +21,7 @@ func TestEncodeBoardFits(t *testing.T) {
 	for range 100 {
 		b.Unleased = append(b.Unleased, client.Unleased{Command: strings.Repeat("y", 200)})
 	}
-	data := encodeBoard(b)
+	data := EncodeBoard(b)
 	if len(data) > client.MaxMessage {
 		t.Fatalf("board of %d bytes, more than %d", len(data), client.MaxMessage)
 	}
@@ -29,7 +29,7 @@ func TestEncodeBoardFits(t *testing.T) {
 	if err := json.Unmarshal(data, &r); err != nil || r.Board == nil || !r.Board.Truncated || len(r.Board.Devices) == 0 {
 		t.Fatalf("cut board: %v, %+v", err, r.Board)
 	}
-	small := encodeBoard(&client.Board{Devices: []client.DeviceState{{ID: 0, Name: "npu0", State: client.DeviceFree}}})
+	small := EncodeBoard(&client.Board{Devices: []client.DeviceState{{ID: 0, Name: "npu0", State: client.DeviceFree}}})
 	if strings.Contains(string(small), "truncated") {
 		t.Errorf("a small board was cut: %s", small)
 	}

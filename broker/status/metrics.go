@@ -1,4 +1,4 @@
-package broker
+package status
 
 import (
 	"context"
@@ -19,8 +19,8 @@ import (
 )
 
 // The Prometheus endpoint, opt-in ([broker] metrics_listen): the state of
-// the devices, the lines and the tasks, read under the broker's lock at
-// each scrape, and counters and histograms kept as grants happen.
+// the devices, the lines and the tasks, copied from their rooms at each
+// scrape, and counters and histograms kept as grants happen.
 
 // metrics is the broker's registry and the instruments updated as things
 // happen.
@@ -41,7 +41,7 @@ var (
 	droppedDesc  = prometheus.NewDesc("npurun_usage_records_dropped_total", "Accounting log records that could not be written since the broker started.", nil, nil)
 )
 
-func newMetrics(s *Server) *metrics {
+func newMetrics(g *Ledger) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		grants: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "npurun_grants_total",
@@ -58,7 +58,7 @@ func newMetrics(s *Server) *metrics {
 	for _, kind := range []string{client.KindInline, client.KindTask, client.KindLogin, client.KindContainer} {
 		m.grants.WithLabelValues(kind)
 	}
-	m.reg.MustRegister(m.grants, m.wait, m.handoffH, m.scanDur, m.scanN, stateCollector{s},
+	m.reg.MustRegister(m.grants, m.wait, m.handoffH, m.scanDur, m.scanN, stateCollector{g},
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -75,8 +75,8 @@ func (m *metrics) scanned(res *procscan.Result) {
 	m.scanN.Set(float64(res.Procs))
 }
 
-// stateCollector reads the broker's state at each scrape.
-type stateCollector struct{ s *Server }
+// stateCollector reads the rooms' state at each scrape.
+type stateCollector struct{ g *Ledger }
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{devicesDesc, waitersDesc, unleasedDesc, tasksDesc, droppedDesc} {
@@ -85,25 +85,26 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.s
-	s.mu.Lock()
-	snap := s.table.Snapshot()
-	states, _ := s.deviceStates(snap)
+	g := c.g
+	snap := g.table.Snapshot()
+	_, ncpu := g.tasks.CPULine(0)
+	tasks := g.tasks.Counts()
+	g.mu.Lock()
+	states, _ := g.statesLocked(snap)
+	unleased := len(g.reported)
+	g.unlock()
 	byState := map[string]int{}
 	for _, st := range states {
 		byState[st]++
 	}
 	waiters := map[string]int{}
-	for _, p := range s.cfg.Pools {
+	for _, p := range g.cfg.Pools {
 		waiters[p.Name] = 0
 	}
 	for _, p := range snap.Line {
 		waiters[p.W.Pool]++
 	}
-	_, waiters["cpu"] = s.cpuLineLocked(0)
-	unleased := len(s.led.reported)
-	tasks := s.taskCountsLocked()
-	s.mu.Unlock()
+	waiters["cpu"] = ncpu
 	for _, st := range []string{client.DeviceFree, client.DeviceReserved, client.DeviceLeased, client.DeviceTask, client.DeviceLogin, client.DeviceSlurm, client.DeviceContainer, client.DeviceHeld, client.DeviceOut} {
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(byState[st]), st)
 	}
@@ -114,55 +115,56 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range []string{client.StatePending, client.StateBlocked, client.StateRunning, client.StateDone, client.StateFailed, client.StateCancelled, client.StateLost} {
 		ch <- prometheus.MustNewConstMetric(tasksDesc, prometheus.GaugeValue, float64(tasks[st]), st)
 	}
-	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(s.led.usage.dropped.Load()))
+	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(g.usage.dropped.Load()))
 }
 
 // listenMetrics opens [broker] metrics_listen, if set. A metrics endpoint
 // that cannot listen is said in the log, and leases go on.
-func (s *Server) listenMetrics() {
-	addr := s.cfg.MetricsListen
+func (g *Ledger) listenMetrics() {
+	addr := g.cfg.MetricsListen
 	if addr == "" {
 		return
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		s.log.Printf("metrics: %v; serving leases without metrics", err)
+		g.log.Printf("metrics: %v; serving leases without metrics", err)
 		return
 	}
-	s.led.metricsLn = ln
-	s.log.Printf("metrics on http://%s/metrics", ln.Addr())
+	g.metricsLn = ln
+	g.log.Printf("metrics on http://%s/metrics", ln.Addr())
 }
 
 // The metrics endpoint has no authentication, so whoever can reach it can
-// hold connections open: it serves maxMetricsConns at once (the others
+// hold connections open: it serves MaxMetricsConns at once (the others
 // wait in the kernel's backlog, costing the broker no descriptor), and
 // each must send its request within metricsReadTimeout, body included (a
 // POST that announces a body and sends none holds its connection no
 // longer), and is closed after metricsIdle without one.
 const (
-	maxMetricsConns    = 8
+	MaxMetricsConns    = 8
 	metricsReadTimeout = 5 * time.Second
 	metricsIdle        = 10 * time.Second
 )
 
-// serveMetrics serves the metrics until ctx is done.
-func (s *Server) serveMetrics(ctx context.Context) {
-	ln := s.led.metricsLn
+// ServeMetrics serves the metrics until ctx is done, if [broker]
+// metrics_listen is set.
+func (g *Ledger) ServeMetrics(ctx context.Context) {
+	ln := g.metricsLn
 	if ln == nil {
 		return
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.led.metrics.reg, promhttp.HandlerOpts{MaxRequestsInFlight: maxMetricsConns, Timeout: 10 * time.Second}))
+	mux.Handle("/metrics", promhttp.HandlerFor(g.metrics.reg, promhttp.HandlerOpts{MaxRequestsInFlight: MaxMetricsConns, Timeout: 10 * time.Second}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: metricsReadTimeout, ReadTimeout: metricsReadTimeout,
 		WriteTimeout: 15 * time.Second, IdleTimeout: metricsIdle, MaxHeaderBytes: 16 << 10,
-		ErrorLog: log.New(metricsErrors{s.rlog}, "metrics: ", 0)}
+		ErrorLog: log.New(metricsErrors{g.repeat}, "metrics: ", 0)}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
 	}()
 	go func() {
-		if err := srv.Serve(limitListener(ln, maxMetricsConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Printf("metrics: %v", err)
+		if err := srv.Serve(limitListener(ln, MaxMetricsConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			g.log.Printf("metrics: %v", err)
 		}
 	}()
 }
@@ -170,11 +172,13 @@ func (s *Server) serveMetrics(ctx context.Context) {
 // metricsErrors takes the HTTP server's error lines to the broker's log,
 // each said once in a while however often it repeats (an accept that
 // fails out of descriptors is tried again every few milliseconds).
-type metricsErrors struct{ r *rateLog }
+type metricsErrors struct {
+	repeat func(format string, args ...any)
+}
 
 func (m metricsErrors) Write(p []byte) (int, error) {
 	line, _, _ := strings.Cut(string(p), "; retrying in ") // the same line whatever the delay
-	m.r.Printf("%s", strings.TrimRight(line, "\n"))
+	m.repeat("%s", strings.TrimRight(line, "\n"))
 	return len(p), nil
 }
 
