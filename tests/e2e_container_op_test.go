@@ -5,6 +5,7 @@ package tests
 // descriptors as the runtime does after a hand-over.
 
 import (
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -22,11 +23,12 @@ func containerID(c byte) string { return strings.Repeat(string(c), 64) }
 // its user unchanged), and the accounting log counts it under kind
 // container; a descriptor that is no lease's, a name that is not one, a
 // caller naming another's lease or a container without a lease are
-// refused, and leave the leases as they were.
+// refused, and leave the leases as they were; under show_commands = "own"
+// other users see the container's id and not its name.
 func TestContainerOp(t *testing.T) {
 	needRoot(t)
 	alice := newUser(t)
-	b := StartBroker(t, FakeConfig(3))
+	b := StartBroker(t, FakeConfig(3)+"[status]\nshow_commands = \"own\"\n")
 
 	// root's lease, named: re-kinded.
 	id := containerID('a')
@@ -43,6 +45,18 @@ func TestContainerOp(t *testing.T) {
 	}
 	if table := b.Status(t); !strings.Contains(table, "container train (aaaaaaaaaaaa)") {
 		t.Errorf("the table does not name the container:\n%s", table)
+	}
+	// show_commands = "own": another user sees the container's id, not
+	// its name (a name can say what it runs, as a command does).
+	st := alice.as(exec.Command(b.Bin.Broker, "status", "--json"), "/")
+	st.Env = b.Env()
+	out, err := st.Output()
+	var seen client.Board
+	if err != nil || json.Unmarshal(out, &seen) != nil {
+		t.Fatalf("status --json as %s: %v\n%s", alice.Name, err, out)
+	}
+	if c := deviceOf(t, &seen, 0).Lease.Container; c == nil || c.ID != id || c.Name != "" {
+		t.Errorf("%s sees root's lease's container as %+v, want its id and no name", alice.Name, c)
 	}
 
 	// A descriptor of another file: refused, the lease stays inline.
