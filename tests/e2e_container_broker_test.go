@@ -227,3 +227,30 @@ func TestContainerBrokerRestartBroker(t *testing.T) {
 		return l != nil && l.Container != nil && l.Container.ID == cid
 	})
 }
+
+// TestContainerBrokerRestartNoRecord: a lease held by a container's
+// processes alone, which the accounting log does not know (the log lost
+// while the broker was down), is found at start as that container's (kind
+// container, from its holders' control groups) rather than as root's.
+func TestContainerBrokerRestartNoRecord(t *testing.T) {
+	dev := containerDev(t, 1)
+	b := StartBroker(t, containerConfig(t, dev, 1, ""))
+	d := startDockerd(t, b, "")
+	code, out := exitCode(t, npurunIn(b, containerClient(b, dev), dockerBin, "-H", "unix://"+d.Sock, "run", "-d", "--name", "lost", "local/mini", "sleep", "600"))
+	if code != 0 {
+		t.Fatalf("npurun docker run -d: exit %d\n%s", code, out)
+	}
+	cid := strings.TrimSpace(out)
+	b.Kill()
+	lost, _ := filepath.Glob(filepath.Join(b.StateDir, "usage.log*"))
+	for _, f := range lost {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Start()
+	l := deviceOf(t, b.Board(t), 0).Lease
+	if l == nil || l.Kind != client.KindContainer || l.Container == nil || l.Container.ID != cid || l.Container.Engine != "docker" || !l.Adopted {
+		t.Fatalf("npu 0 after a restart without its record: %+v, want a lease found held of kind container, container %s", l, cid)
+	}
+}
