@@ -88,5 +88,10 @@ func (s *Server) containerOp(c *conn, req *client.Request) bool {
 		s.status.ContainerNamed(ref)
 		return reply(&client.Reply{Type: client.TypeOK})
 	}
-	return reply(s.status.Contain(c.uid, ref, req.Devices, files))
+	// Under the broker's lock, as grants are delivered: the ledger has
+	// heard of the lease's start (Started) by now.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rep := s.status.Contain(c.uid, ref, req.Devices, files)
+	return c.sendLocked(rep) == nil && rep.Code != client.CodeBadRequest
 }
