@@ -177,10 +177,11 @@ $(BUILDDIR)/npurun-runtime-create: $(SOURCES)
 
 # The PAM module is C on purpose (a Go runtime loaded into sshd can hang:
 # see DESIGN.md), a thin client of the broker, built with warnings as
-# errors against libpam (Debian: libpam0g-dev).
+# errors against libpam (Debian: libpam0g-dev). Its wire code, shared with
+# the SPANK plugin, is c/npurun_wire.c, #included: one translation unit.
 PAM_CFLAGS = -std=gnu11 -Wall -Wextra -Werror -fPIC -shared
 pam_headers = echo '\#include <security/pam_modules.h>' | $(CC) -E - >/dev/null 2>&1
-$(BUILDDIR)/pam_npurun.so: pam/module/pam_npurun.c
+$(BUILDDIR)/pam_npurun.so: pam/module/pam_npurun.c c/npurun_wire.c
 	@mkdir -p $(BUILDDIR)
 	@if ! $(pam_headers); then \
 		echo "pam_npurun.so needs the PAM headers (security/pam_modules.h): install libpam0g-dev (Debian, Ubuntu) or pam-devel" >&2; \
@@ -199,7 +200,7 @@ spank:
 	elif $(spank_headers); then $(MAKE) --no-print-directory $(BUILDDIR)/spank_npurun.so; \
 	else echo "spank_npurun.so (Slurm's SPANK plugin) not built: no Slurm headers (slurm/spank.h); install libslurm-dev (Debian, Ubuntu) or slurm-devel to build it" >&2; fi
 
-$(BUILDDIR)/spank_npurun.so: slurm/spank/spank_npurun.c
+$(BUILDDIR)/spank_npurun.so: slurm/spank/spank_npurun.c c/npurun_wire.c
 	@mkdir -p $(BUILDDIR)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(SPANK_CFLAGS) -o $@ $< $(LDFLAGS)
 
@@ -210,7 +211,7 @@ $(BUILDDIR)/spank_npurun.so: slurm/spank/spank_npurun.c
 # $(BUILDDIR)/fuzz-corpus, a crash to ./crash-*.
 FUZZ_CC   ?= clang
 FUZZTIME  ?= 300
-fuzz-pam: pam/module/pam_npurun.c pam/module/fuzz/fuzz_pam_npurun.c
+fuzz-pam: pam/module/pam_npurun.c c/npurun_wire.c pam/module/fuzz/fuzz_pam_npurun.c
 	@mkdir -p $(BUILDDIR)/fuzz-corpus
 	$(FUZZ_CC) -g -O1 -Wall -Wextra -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 		-o $(BUILDDIR)/fuzz_pam_npurun pam/module/fuzz/fuzz_pam_npurun.c
@@ -222,7 +223,7 @@ fuzz-pam: pam/module/pam_npurun.c pam/module/fuzz/fuzz_pam_npurun.c
 # slurm/spank/fuzz/fuzz_spank_npurun.c (built with -DSTANDALONE by gcc, it
 # runs its seeds and their mutations without libFuzzer), its seeds
 # slurm/spank/fuzz/corpus. Not part of make test.
-fuzz-spank: slurm/spank/spank_npurun.c slurm/spank/fuzz/fuzz_spank_npurun.c
+fuzz-spank: slurm/spank/spank_npurun.c c/npurun_wire.c slurm/spank/fuzz/fuzz_spank_npurun.c
 	@mkdir -p $(BUILDDIR)/fuzz-spank-corpus
 	$(FUZZ_CC) -g -O1 -Wall -Wextra -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 		-o $(BUILDDIR)/fuzz_spank_npurun slurm/spank/fuzz/fuzz_spank_npurun.c

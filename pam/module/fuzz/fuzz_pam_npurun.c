@@ -1,7 +1,8 @@
 /*
  * libFuzzer harness for pam_npurun.c (make fuzz-pam; not part of make test).
  *
- * It includes the module's source, so that its static functions are
+ * It includes the module's source (and with it c/npurun_wire.c, the wire
+ * code the module shares with spank_npurun.c), so that its static functions are
  * reachable, and stands in for libpam with the stubs below, which check
  * what the module hands to PAM. The first input byte picks what is fuzzed:
  *

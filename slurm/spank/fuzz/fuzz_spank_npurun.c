@@ -1,6 +1,7 @@
 /*
  * Fuzz harness for spank_npurun.c (make fuzz-spank, with libFuzzer; not
- * part of make test). It includes the plugin's source, so that its static
+ * part of make test). It includes the plugin's source (and with it
+ * c/npurun_wire.c, the wire code it shares with pam_npurun.c), so that its static
  * functions are reachable, and stands in for slurmstepd's SPANK functions.
  * The first input byte picks what is fuzzed:
  *
