@@ -412,6 +412,8 @@ func (c *conn) serve(req *client.Request) bool {
 		return s.statusOp(c, req)
 	case client.OpSlurmProlog, client.OpSlurmEpilog, client.OpSlurmHold, client.OpSlurmTask:
 		return s.slurmOp(c, req)
+	case client.OpDrain, client.OpUndrain:
+		return s.drainOp(c, req)
 	default:
 		s.mu.Lock()
 		defer s.mu.Unlock()

@@ -128,6 +128,10 @@ type Request struct {
 	// containers (container.go): acquire on a container's behalf, and
 	// the container op; root only
 	Container *ContainerRef `json:"container,omitempty"`
+
+	// drain, undrain (drain.go); root only
+	Device string `json:"device,omitempty"` // "npu3", "gpu3" or "3"
+	Reason string `json:"reason,omitempty"`
 }
 
 // Reply is a message from the broker.
@@ -167,6 +171,9 @@ type Reply struct {
 	// status, usage (status.go)
 	Board *Board       `json:"board,omitempty"`
 	Usage *UsageReport `json:"usage,omitempty"`
+
+	// drained (drain.go)
+	Drain *DrainInfo `json:"drain,omitempty"`
 }
 
 // Ordinal writes a place in line as people read it: 1st, 2nd, 3rd, 11th.
