@@ -158,6 +158,9 @@ func (t *Table) Drain(id int, d Drain) (Drain, error) {
 	if len(d.Reason) > MaxDrainReason {
 		return Drain{}, refuse(ErrBadRequest, "", "a drain's reason is at most %d bytes, got %d", MaxDrainReason, len(d.Reason))
 	}
+	if i := strings.IndexFunc(d.Reason, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
+		return Drain{}, refuse(ErrBadRequest, "", "a drain's reason is one line of text: a control character at byte %d", i)
+	}
 	in, _, err := t.changeDrain(id, &d)
 	return in, err
 }

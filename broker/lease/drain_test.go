@@ -29,6 +29,9 @@ func TestDrain(t *testing.T) {
 	if _, err := o.tbl.Drain(7, Drain{By: "root"}); !errors.Is(err, ErrNoDevice) || !strings.Contains(err.Error(), "npu 7") {
 		t.Errorf("drain of npu 7: %v, want ErrNoDevice naming it", err)
 	}
+	if _, err := o.tbl.Drain(1, Drain{By: "root", Reason: "two\nlines"}); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("drain with a newline in its reason: %v, want ErrBadRequest", err)
+	}
 	d := o.tbl.Snapshot().Devices[2]
 	if d.State != Leased || d.Drain == nil || d.Drain.Reason != "ECC errors" || !d.Drain.Since.Equal(since) {
 		t.Errorf("npu2 drained under its lease: %+v, drain %+v; want leased, drained", d, d.Drain)
