@@ -64,8 +64,8 @@ func undrain(t testing.TB, b *Broker, dev string) client.DrainInfo {
 	return d
 }
 
-// deviceOf is device id on the board.
-func deviceOf(t testing.TB, b *client.Board, id int) client.DeviceState {
+// boardDevice is device id on the board.
+func boardDevice(t testing.TB, b *client.Board, id int) client.DeviceState {
 	t.Helper()
 	for _, d := range b.Devices {
 		if d.ID == id {
@@ -155,13 +155,13 @@ func TestDrainUnderLoad(t *testing.T) {
 	}
 
 	board := b.Board(t)
-	dev := deviceOf(t, board, 3)
+	dev := boardDevice(t, board, 3)
 	if dev.Drain == nil || !dev.Drain.Drained || dev.Drain.By != "root" || dev.Drain.Reason != "ECC errors" || dev.Drain.Since != d.Since || dev.Lease == nil {
 		t.Fatalf("status --json shows npu3 as %+v (drain %+v): want leased, drained by root since %d for ECC errors", dev, dev.Drain, d.Since)
 	}
 	h.release()
-	board = waitBoard(t, b, func(b *client.Board) bool { return deviceOf(t, b, 3).Lease == nil })
-	if dev := deviceOf(t, board, 3); dev.State != client.DeviceDrained || dev.Drain == nil {
+	board = waitBoard(t, b, func(b *client.Board) bool { return boardDevice(t, b, 3).Lease == nil })
+	if dev := boardDevice(t, board, 3); dev.State != client.DeviceDrained || dev.Drain == nil {
 		t.Fatalf("released npu3 shows as %q (drain %+v), want %q", dev.State, dev.Drain, client.DeviceDrained)
 	}
 	churn("free")
@@ -179,7 +179,7 @@ func TestDrainUnderLoad(t *testing.T) {
 	if code, out := exitCode(t, b.Npurun(append([]string{"-d", "3"}, w.args(b, "after", 0)...)...)); code != 0 {
 		t.Fatalf("npurun -d 3 after undrain: exit %d: %s", code, out)
 	}
-	if dev := deviceOf(t, b.Board(t), 3); dev.Drain != nil {
+	if dev := boardDevice(t, b.Board(t), 3); dev.Drain != nil {
 		t.Errorf("undrained npu3 still shows a drain: %+v", dev.Drain)
 	}
 	if u := undrain(t, b, "npu3"); u.Was {
@@ -219,7 +219,7 @@ func TestDrainAcrossRestart(t *testing.T) {
 	d := drain(t, b, "1", "fan noise")
 	check := func(when string, drained bool) {
 		t.Helper()
-		dev := deviceOf(t, b.Board(t), 1)
+		dev := boardDevice(t, b.Board(t), 1)
 		if !drained {
 			if dev.Drain != nil || dev.State != client.DeviceFree {
 				t.Fatalf("%s: npu1 shows as %q (drain %+v), want free", when, dev.State, dev.Drain)
@@ -281,14 +281,14 @@ func TestDrainRefused(t *testing.T) {
 	if code != 77 || !strings.Contains(errs, "root") {
 		t.Errorf("drain as %s: exit %d, stderr %q: want 77 and a message naming root", u.Name, code, errs)
 	}
-	if dev := deviceOf(t, b.Board(t), 1); dev.Drain != nil {
+	if dev := boardDevice(t, b.Board(t), 1); dev.Drain != nil {
 		t.Errorf("a refused drain drained npu1: %+v", dev.Drain)
 	}
 	drain(t, b, "npu1", "ECC errors")
 	if code, _, errs := drainCmd(t, b, as, "undrain", "npu1"); code != 77 || !strings.Contains(errs, "root") {
 		t.Errorf("undrain as %s: exit %d, stderr %q: want 77 and a message naming root", u.Name, code, errs)
 	}
-	if dev := deviceOf(t, b.Board(t), 1); dev.Drain == nil {
+	if dev := boardDevice(t, b.Board(t), 1); dev.Drain == nil {
 		t.Errorf("a refused undrain undrained npu1")
 	}
 	for _, name := range []string{"npu9", "bogus", "-1x"} {
