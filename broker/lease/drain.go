@@ -55,7 +55,10 @@ type drainFile struct {
 // maxDrainFile is the largest drain file read.
 const maxDrainFile = 1 << 20
 
-// readDrains reads the drain file at path: none if it does not exist.
+// readDrains reads the drain file at path: none if it does not exist, or
+// its directory is not one (a line in the log says so: the broker serves
+// leases without its state directory). A file that cannot be read, or
+// read as one, is an error.
 // Devices it names that are not managed here are left out, with a line in
 // the log.
 func (t *Table) readDrains(path string) (map[int]Drain, error) {
@@ -63,7 +66,13 @@ func (t *Table) readDrains(path string) (map[int]Drain, error) {
 		return nil, nil
 	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOENT) {
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return nil, nil
+	case errors.Is(err, unix.ENOTDIR):
+		// The state directory cannot be had now (it is a file): as the
+		// task journal, it does not keep leases from being served.
+		t.log.Printf("drain file %s: %v: no device is drained; drain again once the state directory is back", path, err)
 		return nil, nil
 	}
 	if err != nil {

@@ -117,6 +117,15 @@ func TestDrainFile(t *testing.T) {
 			t.Errorf("drain file %s: %v, want ErrDrainFile naming %s", bad, err, file)
 		}
 	}
+	os.Remove(file)
+	os.Symlink(filepath.Join(dir, "elsewhere"), file)
+	if tbl, err := open(); err == nil || !errors.Is(err, ErrDrainFile) {
+		if tbl != nil {
+			tbl.closeAll()
+		}
+		t.Errorf("a drain file that is a symbolic link: %v, want ErrDrainFile", err)
+	}
+	os.Remove(file)
 	os.WriteFile(file, []byte(`{"v":1,"drained":[{"id":9,"by":"root"}]}`), 0o644)
 	tbl3, err := open()
 	if err != nil {
