@@ -13,6 +13,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/procscan"
 )
 
 // conn is one client connection. Its goroutine reads requests; the
@@ -29,6 +30,8 @@ type conn struct {
 	told   told          // what it was last told of its place (reportLocked)
 	closed bool
 	unread int // bytes sent that the client had not read when last looked at (SIOCOUTQ)
+
+	passed []procscan.FileID // the files of the descriptors the request read last came with (op container)
 
 	origin *Origin // a session's, or a request's on behalf of another user
 	login  *login  // a login session waiting for its lease
@@ -220,18 +223,17 @@ func (c *conn) read() (*client.Request, error) {
 		if err == unix.EAGAIN {
 			return false
 		}
-		for _, f := range fds {
-			unix.Close(f) // clients send no descriptors
-		}
+		defer closeAll(fds) // kept by none: op container's are known by their files (passedFiles)
 		switch {
-		case len(fds) > 0:
-			rerr = &badRequest{"clients send no descriptors"}
 		case errors.Is(err, client.ErrTooLarge) || (err == nil && len(data) > client.MaxMessage):
 			rerr = &badRequest{fmt.Sprintf("message larger than %d bytes", client.MaxMessage)}
 		case err != nil:
 			rerr = err
 		default:
 			req, rerr = decode(data)
+			if rerr == nil {
+				c.passed, rerr = passedFiles(req, fds)
+			}
 		}
 		return true
 	}); e != nil {
@@ -412,6 +414,8 @@ func (c *conn) serve(req *client.Request) bool {
 		return s.statusOp(c, req)
 	case client.OpSlurmProlog, client.OpSlurmEpilog, client.OpSlurmHold, client.OpSlurmTask:
 		return s.slurmOp(c, req)
+	case client.OpContainer:
+		return s.containerOp(c, req)
 	case client.OpDrain, client.OpUndrain:
 		return s.drainOp(c, req)
 	default:

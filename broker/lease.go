@@ -38,7 +38,14 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.cfg.MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
-	w, rep := s.admitLocked(c.holder(lease.Inline, uid, acct), acct, req.N, req.Devices, req.Pool)
+	kind, rep := containerKind(req)
+	if rep != nil {
+		c.sendLocked(rep)
+		return false
+	}
+	h := c.holder(kind, uid, acct)
+	h.Container = req.Container
+	w, rep := s.admitLocked(h, acct, req.N, req.Devices, req.Pool)
 	if rep != nil {
 		c.sendLocked(rep)
 		return rep.Code != client.CodeBadRequest

@@ -1,5 +1,3 @@
-//go:build containerbroker
-
 package tests
 
 // The broker's side of issue 17 (containers), specified in
@@ -7,15 +5,14 @@ package tests
 // kind "container" and names the container; status names the container of
 // every holder and of every unleased use in one; a process that docker exec
 // starts in a container that holds a lease is not unleased use; usage
-// counts kind container. These tests need that side: run them with
-// `go test -tags containerbroker -run 'TestContainerBroker' ./tests/` as
-// root, once it is built (and ociruntime's brokerKnowsContainers is true).
+// counts kind container.
 
 import (
-	"fmt"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -25,16 +22,17 @@ import (
 )
 
 // openableDev makes a tree whose davinci0 and davinci1 are character
-// devices a container may open once allowed (/dev/kmsg's number, read by
-// root; /dev/loop-control's), and neither is in Docker's default device
-// rules: a container without --device gets EPERM. The control nodes are
-// numbers no driver has.
+// devices a container may open once allowed (/dev/loop-control's number,
+// which root opens without a capability; /dev/kmsg's, which a container
+// opens only with CAP_SYSLOG where kernel.dmesg_restrict is 1), and
+// neither is in Docker's default device rules: a container without
+// --device gets EPERM. The control nodes are numbers no driver has.
 func openableDev(t *testing.T) string {
 	t.Helper()
 	base := uint32(os.Getpid()%1000) * 200
 	return mkNodes(t, map[string]uint64{
-		"davinci0":        unix.Mkdev(1, 11),
-		"davinci1":        unix.Mkdev(10, 237),
+		"davinci0":        unix.Mkdev(10, 237),
+		"davinci1":        unix.Mkdev(1, 11),
 		"davinci_manager": unix.Mkdev(containerMajor, base+100),
 		"devmm_svm":       unix.Mkdev(containerMajor, base+101),
 		"hisi_hdc":        unix.Mkdev(containerMajor, base+102),
@@ -79,7 +77,9 @@ func TestContainerBrokerStatus(t *testing.T) {
 		t.Errorf("lease.user = %q, want the npurun's user, root", dv.Lease.User)
 	}
 	w := watchBoards(t, b, nil)
-	w.next("the container's processes as the lease's holders", func(bd *client.Board) bool {
+	// Found by the background scan (the process granted the lease is
+	// gone), which reads a bounded share of root's processes at a time.
+	w.nextWithin(scanTimeout, "the container's processes as the lease's holders", func(bd *client.Board) bool {
 		l := deviceOf(t, bd, 0).Lease
 		if l == nil || len(l.Holders) == 0 {
 			return false
@@ -124,13 +124,15 @@ func TestContainerBrokerRestart(t *testing.T) {
 }
 
 // TestContainerBrokerUnleased: a container started without npurun that
-// opens a device (unleased = "report", the runtime not in the way) is
+// opens a device (unleased = "report": the runtime lets it run) is
 // reported, naming the container, though its processes are root's (exempt
 // from the report by default on the host).
 func TestContainerBrokerUnleased(t *testing.T) {
 	dev := openableDev(t)
 	b := StartBroker(t, containerConfig(t, dev, 2, "unleased = \"report\"\n\n[status]\nscan_interval = \"1s\"\nunleased_grace = \"1s\"\n"))
-	d := startDockerd(t, b, "")
+	// npurun's runtime is Docker's default: it lets the container run
+	// (report) and tells the broker its name.
+	d := startDockerd(t, b, `"default-runtime": "npurun", `)
 	out := d.DockerOut("run", "-d", "--name", "sneak", "--device", filepath.Join(dev, "davinci0")+":/dev/davinci0", "local/mini",
 		"sh", "-c", "exec 3</dev/davinci0; exec sleep 600")
 	cid := strings.TrimSpace(out)
@@ -164,8 +166,8 @@ func TestContainerBrokerExec(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("npurun docker run -d: exit %d\n%s", code, out)
 	}
-	ex := startProc(t, "docker exec", d.Docker("exec", "ex", "sh", "-c", "exec 3</dev/davinci0; echo open; exec sleep 600"))
-	ex.waitLine("open")
+	ex := startProc(t, "docker exec", d.Docker("exec", "ex", "sh", "-c", "exec 3</dev/davinci0 && echo fd3-is-davinci0; exec sleep 600"))
+	ex.waitLine("fd3-is-davinci0")
 	// Two whole scans after the exec'd process opened the node: it would be
 	// reported by now, were it judged without its container.
 	w := watchBoards(t, b, nil)
@@ -194,8 +196,14 @@ func TestContainerBrokerUsage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("npubroker usage: %v", err)
 	}
-	if !strings.Contains(string(got), fmt.Sprintf("%q:%q", "kind", client.KindContainer)) {
-		t.Errorf("usage has no row of kind container:\n%s", got)
+	var rep client.UsageReport
+	if err := json.Unmarshal(got, &rep); err != nil {
+		t.Fatalf("npubroker usage --json: %v\n%s", err, got)
+	}
+	if !slices.ContainsFunc(rep.Rows, func(r client.UsageRow) bool {
+		return r.Kind == client.KindContainer && r.User == "root" && r.Leases == 1 && r.DeviceSeconds >= 1
+	}) {
+		t.Errorf("usage has no row of kind container for root's lease of at least 1s:\n%s", got)
 	}
 }
 
@@ -218,4 +226,31 @@ func TestContainerBrokerRestartBroker(t *testing.T) {
 		l := deviceOf(t, bd, 0).Lease
 		return l != nil && l.Container != nil && l.Container.ID == cid
 	})
+}
+
+// TestContainerBrokerRestartNoRecord: a lease held by a container's
+// processes alone, which the accounting log does not know (the log lost
+// while the broker was down), is found at start as that container's (kind
+// container, from its holders' control groups) rather than as root's.
+func TestContainerBrokerRestartNoRecord(t *testing.T) {
+	dev := containerDev(t, 1)
+	b := StartBroker(t, containerConfig(t, dev, 1, ""))
+	d := startDockerd(t, b, "")
+	code, out := exitCode(t, npurunIn(b, containerClient(b, dev), dockerBin, "-H", "unix://"+d.Sock, "run", "-d", "--name", "lost", "local/mini", "sleep", "600"))
+	if code != 0 {
+		t.Fatalf("npurun docker run -d: exit %d\n%s", code, out)
+	}
+	cid := strings.TrimSpace(out)
+	b.Kill()
+	lost, _ := filepath.Glob(filepath.Join(b.StateDir, "usage.log*"))
+	for _, f := range lost {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Start()
+	l := deviceOf(t, b.Board(t), 0).Lease
+	if l == nil || l.Kind != client.KindContainer || l.Container == nil || l.Container.ID != cid || l.Container.Engine != "docker" || !l.Adopted {
+		t.Fatalf("npu 0 after a restart without its record: %+v, want a lease found held of kind container, container %s", l, cid)
+	}
 }

@@ -126,6 +126,18 @@ func lineWith(text, substr string) string {
 	return ""
 }
 
+// lineWithField returns the first line of text that has field as one of
+// its whitespace-separated fields: a table's row of a pid, which a path
+// or an id elsewhere in the table may hold among its digits.
+func lineWithField(text, field string) string {
+	for _, l := range strings.Split(text, "\n") {
+		if slices.Contains(strings.Fields(l), field) {
+			return l
+		}
+	}
+	return ""
+}
+
 // TestStatusUsers: holders show with their own users, a descriptor passed
 // to another user's process is logged, and show_commands = "own" hides
 // other users' command lines from everyone but root and their owners.

@@ -127,7 +127,7 @@ func TestUnleasedMapped(t *testing.T) {
 	if u, _ := unleasedOf(board, pid); u.Device != 1 || !u.Mapped || u.User != alice.Name {
 		t.Errorf("report: %+v, want npu1, mapped, %s's", u, alice.Name)
 	}
-	if table := b.Status(t); !strings.Contains(lineWith(table, strconv.Itoa(pid)), dev+"/davinci1 mapped without a lease for") {
+	if table := b.Status(t); !strings.Contains(lineWithField(table, strconv.Itoa(pid)), dev+"/davinci1 mapped without a lease for") {
 		t.Errorf("table:\n%s", table)
 	}
 	w.next("the control process reported", func(bd *client.Board) bool { return slices.Contains(unleasedPIDs(bd, 0), ctlPID) })
@@ -219,8 +219,8 @@ func TestUnleasedControlNode(t *testing.T) {
 			t.Fatalf("pid %d, whose parent holds a lease, was reported: %+v", covered, bd.Unleased)
 		}
 	}
-	if table := b.Status(t); !strings.Contains(lineWith(table, strconv.Itoa(pid)), manager+" open without a lease for") ||
-		!strings.Contains(lineWith(table, strconv.Itoa(pid)), "control node") {
+	if table := b.Status(t); !strings.Contains(lineWithField(table, strconv.Itoa(pid)), manager+" open without a lease for") ||
+		!strings.Contains(lineWithField(table, strconv.Itoa(pid)), "control node") {
 		t.Errorf("table:\n%s", table)
 	}
 	leased.stdin.Close()

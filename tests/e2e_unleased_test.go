@@ -119,7 +119,7 @@ func TestUnleasedUse(t *testing.T) {
 		}
 	}
 	table := b.Status(t)
-	if !strings.Contains(table, "UNLEASED USE") || !strings.Contains(lineWith(table, strconv.Itoa(ctlPID)), dev+"/davinci1 open without a lease for") {
+	if !strings.Contains(table, "UNLEASED USE") || !strings.Contains(lineWithField(table, strconv.Itoa(ctlPID)), dev+"/davinci1 open without a lease for") {
 		t.Errorf("table:\n%s", table)
 	}
 	if !strings.Contains(b.Log(), "pid "+strconv.Itoa(ctlPID)+" ("+me(t)+": sleep 600) has "+dev+"/davinci1 open without a lease") {

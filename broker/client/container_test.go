@@ -49,3 +49,28 @@ func TestContain(t *testing.T) {
 		t.Error("the hand codec encodes an acquire naming a container, and drops the container")
 	}
 }
+
+// TestContainerRefCheck: what the broker takes as a container's engine, id
+// and name (a name is shown in tables: no control characters).
+func TestContainerRefCheck(t *testing.T) {
+	id := "3f2a9c1d0b7e3f2a9c1d0b7e3f2a9c1d0b7e3f2a9c1d0b7e3f2a9c1d0b7e3f2a"
+	for _, c := range []struct {
+		ref ContainerRef
+		ok  bool
+	}{
+		{ContainerRef{Engine: "docker", ID: id, Name: "train"}, true},
+		{ContainerRef{Engine: "cri-o", ID: "pod_1.a-b"}, true},
+		{ContainerRef{Engine: "", ID: id}, true},
+		{ContainerRef{Engine: "Docker", ID: id}, false},
+		{ContainerRef{Engine: "docker", ID: ""}, false},
+		{ContainerRef{Engine: "docker", ID: "a/b"}, false},
+		{ContainerRef{Engine: "docker", ID: string(make([]byte, 129))}, false},
+		{ContainerRef{Engine: "docker", ID: id, Name: "x\x1b[2J"}, false},
+		{ContainerRef{Engine: "docker", ID: id, Name: "x\u009b"}, false},
+		{ContainerRef{Engine: "docker", ID: id, Name: "\xff"}, false},
+	} {
+		if err := c.ref.Check(); (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok %v", c.ref, err, c.ok)
+		}
+	}
+}

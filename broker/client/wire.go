@@ -125,8 +125,9 @@ type Request struct {
 
 	// a Slurm job (slurm.go)
 	Job *SlurmJob `json:"job,omitempty"`
-	// containers (container.go): acquire on a container's behalf, and
-	// the container op; root only
+	// containers (container.go): acquire on a container's behalf (a
+	// label on the lease), and the container op (root names any lease,
+	// another uid only its own)
 	Container *ContainerRef `json:"container,omitempty"`
 
 	// drain, undrain (drain.go); root only

@@ -1,6 +1,10 @@
 package lease
 
-import "time"
+import (
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+)
 
 // Kind is what holds a lease. Its values are the wire protocol's
 // (client.KindInline, …), so that the broker passes them through as they
@@ -19,6 +23,13 @@ const (
 	// named them (Claim), and the job's processes hold it. It does not
 	// count against its user's max_devices: Slurm's limits are its own.
 	Slurm Kind = "slurm"
+
+	// Container is a container's lease: granted to npurun-runtime on the
+	// container's behalf (Holder.Container names it), held by the
+	// container's processes. It counts as any lease. (A lease granted to
+	// npurun and handed into a container keeps the kind it was granted
+	// with here; the status ledger re-kinds it when the runtime names it.)
+	Container Kind = "container"
 )
 
 // Holder is who asks for a lease, and who it is granted to. The table
@@ -47,6 +58,10 @@ type Holder struct {
 	// a pool Slurm allocates (Pool.External), the placeholder allocation
 	// its devices come from; 0 for none.
 	SlurmJob uint32
+
+	// Container is the container a lease of kind Container is for (a
+	// label that the runtime gave; the user is who asked); nil otherwise.
+	Container *client.ContainerRef
 }
 
 // FileID names a lock file: the device and inode of its file system.

@@ -15,6 +15,9 @@ import (
 
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/container"
 )
 
 // A process holds a lease while it has a descriptor of the lease's lock
@@ -68,6 +71,11 @@ type Proc struct {
 	Comm    string    // the kernel's name of the command (at most 15 bytes)
 	Cmdline []string  // nil for a kernel thread or a process that is exiting
 	Exe     string    // the executable's path, "" where it cannot be read
+
+	// Container is the container the process is in, from its
+	// /proc/PID/cgroup (container.FromCgroup; no name: the engine's names
+	// are the broker's to add); nil for a process in none.
+	Container *client.ContainerRef
 }
 
 // Result is what one scan found.
@@ -380,7 +388,36 @@ func (s *Scanner) Proc(pid int) (*Proc, error) {
 	if exe, err := p.Executable(); err == nil {
 		pi.Exe = exe
 	}
+	pi.Container = s.container(pid)
 	return pi, nil
+}
+
+// maxCgroup bounds what is read of a process's /proc/PID/cgroup: a line a
+// hierarchy, a dozen on a hybrid machine.
+const maxCgroup = 8192
+
+// container reads the container process pid is in; nil for none, or where
+// its control groups cannot be read.
+func (s *Scanner) container(pid int) *client.ContainerRef {
+	path := s.root + "/" + strconv.Itoa(pid) + "/cgroup"
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fd)
+	var buf [maxCgroup]byte
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Read(fd, buf[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || m <= 0 {
+			break
+		}
+		n += m
+	}
+	return container.FromCgroup(buf[:n])
 }
 
 // MaxCmdline bounds what a scan reads of a process's command line, in

@@ -190,3 +190,30 @@ func TestCommandErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestTableContainers: a container's lease is its user's, its command the
+// container's name and id before the first holder's command; a task whose
+// holders are in a container says which after its command; an unleased use
+// in a container names it; a name with control characters is cleaned.
+func TestTableContainers(t *testing.T) {
+	now := time.Now()
+	b := board(now)
+	id := "3f2a9c1d0b7e" + strings.Repeat("0", 52)
+	ctr := &client.ContainerRef{Engine: "docker", ID: id, Name: "train"}
+	b.Devices[0].State = client.DeviceContainer
+	b.Devices[0].Lease = &client.LeaseInfo{Kind: client.KindContainer, User: "alice", Container: ctr, Holders: []client.Holder{
+		{PID: 4121, User: "root", Command: "python train.py", Container: ctr}}}
+	b.Devices[3].Lease.Holders[0].Command = "sleep 60"
+	b.Devices[3].Lease.Holders[0].Container = &client.ContainerRef{Engine: "docker", ID: strings.Repeat("ab", 32)}
+	b.Unleased[0].Container = &client.ContainerRef{Engine: "docker", ID: strings.Repeat("cd", 32), Name: "sneak\x1b[2J"}
+	got := Table(b, 0, now)
+	for _, want := range []string{
+		"npu0    interactive  container  alice    4121  container train (3f2a9c1d0b7e): python train.py",
+		"npu12   queue        task 118   bob      5120  sleep 60 (container abababababab)",
+		"npu7  erin  777  sneak?[2J (cdcdcdcdcdcd): python hack.py",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+}

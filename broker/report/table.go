@@ -87,7 +87,11 @@ func Table(b *client.Board, width int, now time.Time) string {
 			case "kill":
 				note += "; sent SIGKILL"
 			}
-			rows = append(rows, []string{orDash(u.Name), u.User, strconv.Itoa(u.PID), orDash(u.Command), note})
+			cmd := orDash(u.Command)
+			if u.Container != nil {
+				cmd = containerName(u.Container) + ": " + cmd
+			}
+			rows = append(rows, []string{orDash(u.Name), u.User, strconv.Itoa(u.PID), cmd, note})
 		}
 		writeColumns(&out, rows, 3, width, "  ")
 	}
@@ -145,6 +149,7 @@ func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
 				cmd += fmt.Sprintf(" (+%d)", more)
 			}
 		}
+		user, cmd = inContainer(l, user, cmd)
 		row = append(row, orDash(user), pid, cmd, since)
 		if d.Drain != nil {
 			row[2] += ", drained"
@@ -158,6 +163,40 @@ func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
 		row = append(row, "", "", "", "")
 	}
 	return row
+}
+
+// inContainer is the user and command columns of lease l where a
+// container holds it: a lease of kind container is its user's (who asked,
+// not the container's root), and its command is the container's name
+// (and id) before its first holder's command; another kind's (a task's),
+// whose holders are in a container, has the container's name after.
+func inContainer(l *client.LeaseInfo, user, cmd string) (string, string) {
+	c := l.Container
+	if c == nil {
+		for _, h := range l.Holders {
+			if h.Container != nil {
+				c = h.Container
+				break
+			}
+		}
+	}
+	switch {
+	case c == nil:
+		return user, cmd
+	case l.Kind == client.KindContainer:
+		return l.User, "container " + containerName(c) + ": " + cmd
+	}
+	return user, cmd + " (container " + c.Short() + ")"
+}
+
+// containerName is c as the table names it: "train (3f2a9c1d0b7e)", or
+// its short id where its name is not known.
+func containerName(c *client.ContainerRef) string {
+	id := (&client.ContainerRef{ID: c.ID}).Short()
+	if c.Name == "" {
+		return Printable(id)
+	}
+	return Printable(c.Name) + " (" + id + ")"
 }
 
 func origin(l *client.LeaseInfo) string {

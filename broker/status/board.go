@@ -106,6 +106,7 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 			ds.Since = d.Leases[0].Since.UnixMilli()
 			ds.Lease = leaseInfo(newEntry(d.Leases[0]), id, show)
 		}
+		g.nameContainersLocked(ds.Lease, show)
 		if w := reserved[id]; w != nil {
 			wi := waiterInfo(w, 0, why[w])
 			ds.ReservedFor = &wi
@@ -205,6 +206,8 @@ func kindState(kind string) string {
 		return client.DeviceLogin
 	case client.KindSlurm:
 		return client.DeviceSlurm
+	case client.KindContainer:
+		return client.DeviceContainer
 	}
 	return client.DeviceHeld
 }
@@ -217,7 +220,7 @@ func (g *Ledger) deviceName(id int) string {
 func leaseInfo(e *entry, id int, show func(uint32) bool) *client.LeaseInfo {
 	li := &client.LeaseInfo{ID: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, PID: e.pid, Task: e.Task,
 		Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed, Devices: e.Devices, Since: e.Since.UnixMilli(), Adopted: e.Adopted,
-		SlurmJob: e.SlurmJob}
+		SlurmJob: e.SlurmJob, Container: e.container}
 	li.Holders, li.MoreHolders = holdersInfo(e, id, show)
 	if !e.checked.IsZero() {
 		li.Checked = e.checked.UnixMilli()

@@ -7,7 +7,9 @@
 // (or the Slurm room's job records, or found in /proc: a Slurm job's where
 // its extern step holds it) and handed to the lease table to adopt. The
 // broker tells it of each grant, release and change (Started, Ended,
-// Changed); it reads the lease table, the tasks and a Slurm node's jobs
+// Changed), and of npurun-runtime's word on a lease's container (Contain,
+// ContainerNamed: a label on the ledger's entry, never the lease table's
+// record); it reads the lease table, the tasks and a Slurm node's jobs
 // through the views it declares (Table, Tasks, Jobs), which hand it
 // copies. Its lock guards the ledger alone and is the last one taken: it
 // must never be held while the room calls another room, reads /proc,

@@ -256,6 +256,7 @@ func holdersInfo(e *entry, id int, show func(uid uint32) bool) ([]client.Holder,
 		if show(h.UID) {
 			ch.Command = CommandLine(h)
 		}
+		ch.Container = h.Container // named by the board (nameContainersLocked)
 		out = append(out, ch)
 	}
 	return out, more

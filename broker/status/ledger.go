@@ -151,6 +151,8 @@ type Ledger struct {
 
 	// the leases past their user's limit, summed (usagelimit.go)
 	sums usageSums
+
+	containers containerNames // container id -> its name, as the runtime told (containers.go)
 }
 
 // entry is one grant while any of its devices is held.
@@ -166,6 +168,11 @@ type entry struct {
 	who     map[uint32]string        // the names of the holders' users, as looked up with them
 	checked time.Time                // when that look was
 	said    map[string]bool          // disagreements already logged
+
+	// the container holding it: its grant's, or the runtime's word, which
+	// re-kinds an inline lease (contained; containers.go)
+	container *client.ContainerRef
+	contained bool
 }
 
 // ended is a device's end heard before its lease's start.
@@ -181,7 +188,7 @@ const maxEarly = 4096
 
 // newEntry is the ledger's entry for lease l, its devices all held.
 func newEntry(l *lease.Lease) *entry {
-	e := &entry{Lease: l, pid: l.PID, pidStart: l.PIDStart, held: make(map[int]bool, len(l.Devices))}
+	e := &entry{Lease: l, pid: l.PID, pidStart: l.PIDStart, held: make(map[int]bool, len(l.Devices)), container: l.Container}
 	for i, id := range l.Devices {
 		e.held[id] = true
 		if i < len(l.Files) {
@@ -192,7 +199,12 @@ func newEntry(l *lease.Lease) *entry {
 }
 
 // kind is e's kind as the wire and the accounting log name it.
-func (e *entry) kind() string { return string(e.Kind) }
+func (e *entry) kind() string {
+	if e.contained {
+		return client.KindContainer
+	}
+	return string(e.Kind)
+}
 
 // fileOf returns the lock file of device id in e.
 func (e *entry) fileOf(id int) (procscan.FileID, bool) {
@@ -336,7 +348,7 @@ func (g *Ledger) endLocked(e *entry, id int, now time.Time) {
 func (e *entry) record(ev string) usageRec {
 	r := usageRec{T: e.Since.UnixMilli(), Ev: ev, Lease: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, Pool: e.Pool,
 		Devices: e.Devices, Task: e.Task, PID: e.pid, PIDStart: e.pidStart, Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed,
-		SlurmJob: e.SlurmJob}
+		SlurmJob: e.SlurmJob, Container: e.container}
 	for _, f := range e.files {
 		r.FSDev = f.Dev
 		r.Inodes = append(r.Inodes, f.Ino)
@@ -450,7 +462,7 @@ func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 			r := ol.rec
 			l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true,
 				Holder: lease.Holder{Kind: lease.Kind(r.Kind), UID: r.UID, User: r.User, PID: r.PID, PIDStart: r.PIDStart, Task: r.Task,
-					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob}}
+					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob, Container: r.Container}}
 			adopted[r.Lease] = l
 			order = append(order, l)
 		}
@@ -550,6 +562,9 @@ func (g *Ledger) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 			l.UID, l.PID, l.PIDStart = pi.UID, pi.PID, pi.Start
 			l.User = g.names.name(pi.UID)
 			g.log.Printf("npu %d is held by a lease from before this start with no record of its grant: held by pid %d (%s)", id, pi.PID, l.User)
+			if ref := oneContainer(res, pids); ref != nil {
+				l.Kind, l.Container = lease.Container, ref
+			}
 		}
 		e := newEntry(l)
 		rec := e.record("start")

@@ -45,7 +45,7 @@ func newMetrics(g *Ledger) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		grants: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "npurun_grants_total",
-			Help: "Leases granted, by kind: inline (npurun), task, login."}, []string{"kind"}),
+			Help: "Leases granted, by kind: inline (npurun), task, login, slurm, container (granted on a container's behalf)."}, []string{"kind"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "npurun_grant_wait_seconds",
 			Help:    "Time from a request's arrival in line to its grant, by kind.",
 			Buckets: []float64{0.001, 0.01, 0.1, 1, 10, 60, 300, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600}}, []string{"kind"}),
@@ -55,7 +55,7 @@ func newMetrics(g *Ledger) *metrics {
 		scanDur: prometheus.NewGauge(prometheus.GaugeOpts{Name: "npurun_scan_duration_seconds", Help: "How long the last background /proc scan took."}),
 		scanN:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "npurun_scan_processes", Help: "Processes the last background /proc scan looked at."}),
 	}
-	for _, kind := range []string{client.KindInline, client.KindTask, client.KindLogin} {
+	for _, kind := range []string{client.KindInline, client.KindTask, client.KindLogin, client.KindContainer} {
 		m.grants.WithLabelValues(kind)
 	}
 	m.reg.MustRegister(m.grants, m.wait, m.handoffH, m.scanDur, m.scanN, stateCollector{g},
@@ -105,7 +105,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		waiters[p.W.Pool]++
 	}
 	waiters["cpu"] = ncpu
-	for _, st := range []string{client.DeviceFree, client.DeviceReserved, client.DeviceLeased, client.DeviceTask, client.DeviceLogin, client.DeviceSlurm, client.DeviceHeld, client.DeviceDrained, client.DeviceOut} {
+	for _, st := range []string{client.DeviceFree, client.DeviceReserved, client.DeviceLeased, client.DeviceTask, client.DeviceLogin, client.DeviceSlurm, client.DeviceContainer, client.DeviceHeld, client.DeviceDrained, client.DeviceOut} {
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(byState[st]), st)
 	}
 	for pool, n := range waiters {

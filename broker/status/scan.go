@@ -90,12 +90,17 @@ type use struct {
 	restricted bool
 	action     string // policy.UnleasedReport, UnleasedTerm, UnleasedKill
 	now        bool   // seen by the last scan (not only kept from an earlier one)
+
+	container *client.ContainerRef // the container the process is in; nil for none
 }
 
-// streakKey names one account's unleased use of one node.
+// streakKey names one account's unleased use of one node; in a
+// container, the container's (its processes are root's, whichever
+// container they are in).
 type streakKey struct {
-	uid  uint32
-	node uint64
+	uid       uint32
+	node      uint64
+	container string // the container's id; "" for a host process
 }
 
 // streak is how long an account's unleased use of a node has gone on:
@@ -315,17 +320,21 @@ func (g *Ledger) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 				holders[pid] = true
 			}
 		}
+		var inHolders map[string]bool // the containers holders are in (containers_status.go)
 		for _, pid := range pids {
 			pi := res.Info[pid]
-			if pi == nil || j.exempt[pi.UID] || nd.Control && fresh[pi.UID] {
+			if pi == nil || j.exempt[pi.UID] && pi.Container == nil || nd.Control && fresh[pi.UID] {
 				continue
 			}
 			if holders[pid] || slices.ContainsFunc(j.ancestors[pid], func(a int) bool { return holders[a] }) {
 				continue
 			}
+			if inHolderContainer(res, holders, &inHolders, pi) {
+				continue
+			}
 			k := useKey{pid: pid, start: pi.Start, node: rdev}
 			seen[k] = true
-			sk := streakKey{uid: pi.UID, node: rdev}
+			sk := streakKey{uid: pi.UID, node: rdev, container: containerID(pi)}
 			sr := g.streaks[sk]
 			if sr == nil || res.At.Sub(sr.last) > gap {
 				if sr == nil && len(g.streaks) >= maxUses {
@@ -343,7 +352,7 @@ func (g *Ledger) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 					continue
 				}
 				u = &use{useKey: k, dev: nd.Device, path: nd.Path, uid: pi.UID, user: j.names[pi.UID], command: CommandLine(pi),
-					restricted: j.restricted[pi.UID], action: policy.UnleasedReport}
+					restricted: j.restricted[pi.UID], action: policy.UnleasedReport, container: pi.Container}
 				g.seen[k] = u
 			}
 			u.since, u.now = sr.first, true
@@ -359,8 +368,8 @@ func (g *Ledger) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 				}
 				if !sr.logged || u.action != policy.UnleasedReport {
 					sr.logged = true
-					g.sayLocked("%spid %d (%s: %s) has %s %s without a lease%s, %s's use of it seen for %s%s",
-						useSubject(u), pid, u.user, u.command, nd.Path, how, controlNote(nd), u.user, quantity.Duration(res.At.Sub(sr.first)), actionNote(u))
+					g.sayLocked("%spid %d (%s: %s)%s has %s %s without a lease%s, %s's use of it seen for %s%s",
+						useSubject(u), pid, u.user, u.command, g.inContainerLocked(u.container), nd.Path, how, controlNote(nd), u.user, quantity.Duration(res.At.Sub(sr.first)), actionNote(u))
 				}
 			}
 			if u.reported && u.action != policy.UnleasedReport {
@@ -375,7 +384,7 @@ func (g *Ledger) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 			// Not read to the end (its user's work was cut short): kept,
 			// and its account's use goes on, until a scan that reads it.
 			u.now = false
-			if sr := g.streaks[streakKey{uid: u.uid, node: k.node}]; sr != nil {
+			if sr := g.streaks[streakKey{uid: u.uid, node: k.node, container: containerID(&procscan.Proc{Container: u.container})}]; sr != nil {
 				sr.last = res.At
 			}
 		default:
@@ -462,5 +471,6 @@ func (g *Ledger) unleasedInfo(u *use, showCommand bool) client.Unleased {
 	if showCommand {
 		out.Command = u.command
 	}
+	out.Container = g.containers.named(u.container, showCommand)
 	return out
 }

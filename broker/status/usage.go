@@ -58,7 +58,7 @@ const (
 // usageRec is one line of the accounting log.
 type usageRec struct {
 	T     int64  `json:"t"`     // Unix ms: a start's (and open's) start, an end's end
-	Ev    string `json:"ev"`    // "start", "open" (a start carried into a fresh file), "end"
+	Ev    string `json:"ev"`    // "start", "open" (a start carried into a fresh file), "end", "kind"
 	Lease uint64 `json:"lease"` // unique in the log
 
 	// start, open
@@ -79,6 +79,10 @@ type usageRec struct {
 	SlurmJob uint32   `json:"slurm_job,omitempty"`
 	WaitedMS int64    `json:"waited_ms,omitempty"`
 	Found    bool     `json:"found,omitempty"` // found held at a broker's start with no record: T is when found
+
+	// start, open, kind ("kind": the lease is a container's from T on,
+	// Kind and Container its new kind and container)
+	Container *client.ContainerRef `json:"container,omitempty"`
 
 	// end
 	Device *int   `json:"device,omitempty"`
@@ -355,6 +359,10 @@ func openLeases(recs []usageRec) map[uint64]*openLease {
 				}
 				open[r.Lease] = ol
 			}
+		case "kind":
+			if ol := open[r.Lease]; ol != nil {
+				ol.rec.Kind, ol.rec.Container = r.Kind, r.Container
+			}
 		case "end":
 			if ol := open[r.Lease]; ol != nil && r.Device != nil {
 				delete(ol.held, *r.Device)
@@ -405,6 +413,11 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 				}
 			case "sum":
 				sums = append(sums, r)
+			case "kind": // a lease counts under the kind it had last
+				if st, ok := starts[r.Lease]; ok {
+					st.Kind = r.Kind
+					starts[r.Lease] = st
+				}
 			}
 		}
 	}

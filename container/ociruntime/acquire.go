@@ -78,21 +78,13 @@ func closeAll(fds []int) {
 
 func closeFD(fd int) { unix.Close(fd) }
 
-// brokerKnowsContainers says whether the broker serves the container op
-// (its side of issue 17: a lease of kind container, named). Until it does
-// the runtime does not send it: a broker that predates it refuses it as a
-// bad request. Whoever builds that side sets it true.
-const brokerKnowsContainers = false
-
 // tellBroker tells the broker that container ref holds the lease of
 // devices at fds (none: ref exists, holding no lease). The container
 // starts whatever the broker says: the broker finds it by its holders'
-// control groups all the same, only later; a failure is the caller's to
+// control groups all the same, only later; a failure (a broker that
+// predates op container refuses it as a bad request) is the caller's to
 // log.
 func tellBroker(socket string, ref *client.ContainerRef, devices, fds []int) error {
-	if !brokerKnowsContainers {
-		return nil
-	}
 	c, err := client.Dial(socket)
 	if err != nil {
 		return err

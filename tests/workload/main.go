@@ -52,6 +52,9 @@ func main() {
 	root := flag.Bool("become-root", false, "as a set-user-ID copy owned by root: make every uid root's, then become sleep 600")
 	nSessions := flag.Int("sessions", -1, "ask for this many login sessions of its own, each ended at once (see sessions.go); with -hold, keep one more")
 	origin := flag.String("origin", "", "with -sessions: the sessions' SERVICE,TTY,RHOST")
+	containSpec := flag.String("contain", "", "tell the broker that container ENGINE/ID/NAME holds the lease of NPURUN_LEASE, as npurun-runtime does (op container), print its answer, and hold the lease until standard input closes (see contain.go)")
+	containFile := flag.String("contain-file", "", "with -contain: send this file's descriptor in place of the lease's first")
+	containNone := flag.Bool("contain-none", false, "with -contain: send no descriptor")
 	once := flag.String("once", "", "mark this run with a file made O_EXCL at this path; if it exists (this is a second run), make PATH.twice.PID and exit 3")
 	flag.Parse()
 	if os.Geteuid() != os.Getuid() && !*root {
@@ -81,6 +84,9 @@ func main() {
 		return
 	case *ask != "":
 		askBroker(*ask, *askUser)
+		return
+	case *containSpec != "":
+		contain(*containSpec, *containFile, *containNone)
 		return
 	case *relock:
 		relockLease()

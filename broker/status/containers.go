@@ -1,0 +1,208 @@
+package status
+
+// What status knows of containers (issue 17): the lease a container holds
+// (re-kinded by the runtime's word, op container, or of kind container
+// from its grant), and the names the runtime told, for the containers
+// that /proc/PID/cgroup finds holders and unleased use in (procscan reads
+// it with each process it reports). The broker never talks to an engine:
+// a container it was told no name of is shown by its id's first 12
+// characters.
+
+import (
+	"container/list"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/procscan"
+)
+
+// maxContainerNames bounds the names kept: the least recently told or
+// shown go first.
+const maxContainerNames = 4096
+
+// containerNames is container id -> name, as the runtime told them, under
+// the ledger's lock.
+type containerNames struct {
+	byID  map[string]*list.Element // of *client.ContainerRef
+	order list.List                // most recently used first
+}
+
+// put keeps ref's name (a ref without one keeps none).
+func (c *containerNames) put(ref *client.ContainerRef) {
+	if ref == nil || ref.Name == "" {
+		return
+	}
+	if c.byID == nil {
+		c.byID = map[string]*list.Element{}
+	}
+	r := *ref
+	if e := c.byID[r.ID]; e != nil {
+		e.Value = &r
+		c.order.MoveToFront(e)
+		return
+	}
+	c.byID[r.ID] = c.order.PushFront(&r)
+	for c.order.Len() > maxContainerNames {
+		last := c.order.Back()
+		delete(c.byID, last.Value.(*client.ContainerRef).ID)
+		c.order.Remove(last)
+	}
+}
+
+// named is ref as the board shows it: a copy, with the name the runtime
+// told where ref has none, and no name where show is false (a container's
+// name can say what it runs, as a command does). nil for nil.
+func (c *containerNames) named(ref *client.ContainerRef, show bool) *client.ContainerRef {
+	if ref == nil {
+		return nil
+	}
+	r := *ref
+	if r.Name == "" {
+		if e := c.byID[r.ID]; e != nil {
+			r.Name = e.Value.(*client.ContainerRef).Name
+			c.order.MoveToFront(e)
+		}
+	}
+	if !show {
+		r.Name = ""
+	}
+	return &r
+}
+
+// ContainerNamed keeps the name of a container the runtime told of
+// without a lease (op container from root, no descriptors).
+func (g *Ledger) ContainerNamed(ref *client.ContainerRef) {
+	g.mu.Lock()
+	defer g.unlock()
+	g.containers.put(ref)
+	g.changedLocked()
+}
+
+// Contain makes the lease whose lock files are files (one a device
+// of devices, in that order) container ref's, at the word of uid: root
+// names any lease, another uid only those granted to it. Its user stays
+// who it was granted to. An inline lease, or one found at start, becomes
+// of kind container; a task's, a session's or a Slurm job's keeps its kind
+// and is named only. No /proc and no disk: the runtime waits for the
+// answer on a container's create path (the accounting record goes through
+// the log's queue).
+func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, files []procscan.FileID) *client.Reply {
+	v := g.inv.Vendor
+	g.mu.Lock()
+	defer g.unlock()
+	var e *entry
+	for i, f := range files {
+		id := devices[i]
+		l := g.leases[id]
+		if l != nil && l.held[id] {
+			if lf, ok := l.fileOf(id); !ok || lf != f {
+				l = nil
+			}
+		}
+		if l == nil {
+			return refusal(client.CodeBadRequest, fmt.Sprintf("descriptor %d is not %s's current lease", i, v.Format([]int{id})))
+		}
+		if e != nil && l != e {
+			return refusal(client.CodeBadRequest, fmt.Sprintf("descriptors 0 and %d are of two leases", i))
+		}
+		e = l
+	}
+	for _, id := range heldIDs(e) {
+		if !slices.Contains(devices, id) {
+			return refusal(client.CodeBadRequest, fmt.Sprintf("the lease of %s holds %s too, whose descriptor was not sent", v.Format(devices), v.Format([]int{id})))
+		}
+	}
+	if uid != 0 && e.UID != uid {
+		return refusal(client.CodeDenied, fmt.Sprintf("uid %d may name only its own leases' containers", uid))
+	}
+	r := *ref
+	e.container = &r
+	g.containers.put(ref)
+	if !e.contained && (e.Kind == lease.Inline || e.Kind == lease.Found) {
+		e.contained = true
+		if e.logged {
+			g.usage.add(usageRec{T: time.Now().UnixMilli(), Ev: "kind", Lease: e.ID, Kind: client.KindContainer, Container: &r})
+		}
+	}
+	g.changedLocked()
+	return &client.Reply{Type: client.TypeOK}
+}
+
+// oneContainer is the container that every one of pids (in res) is in,
+// nil if any is in none or another: a lease found held at start by a
+// container's processes alone is that container's. Podman's conmon, which
+// keeps a copy of the descriptors it passed on, is outside the container
+// and does not count.
+func oneContainer(res *procscan.Result, pids []int) *client.ContainerRef {
+	var ref *client.ContainerRef
+	for _, pid := range pids {
+		pi := res.Info[pid]
+		switch {
+		case pi == nil:
+		case pi.Container == nil && pi.Comm == "conmon":
+		case pi.Container == nil, ref != nil && pi.Container.ID != ref.ID:
+			return nil
+		case ref == nil:
+			ref = pi.Container
+		}
+	}
+	return ref
+}
+
+// containerID is the id of the container pi is in; "" for none.
+func containerID(pi *procscan.Proc) string {
+	if pi.Container == nil {
+		return ""
+	}
+	return pi.Container.ID
+}
+
+// inHolderContainer tells whether pi is in a container that one of
+// holders (pids, in res) is in: a process that docker exec started in a
+// container holding the lease, or a child that lost the descriptor, uses
+// the container's lease. in caches the holders' containers, read at the
+// first use (nil until then).
+func inHolderContainer(res *procscan.Result, holders map[int]bool, in *map[string]bool, pi *procscan.Proc) bool {
+	if pi.Container == nil || len(holders) == 0 {
+		return false
+	}
+	if *in == nil {
+		*in = map[string]bool{}
+		for pid := range holders {
+			if h := res.Info[pid]; h != nil && h.Container != nil {
+				(*in)[h.Container.ID] = true
+			}
+		}
+	}
+	return (*in)[pi.Container.ID]
+}
+
+// inContainerLocked says, for a log line, which container a process is in.
+func (g *Ledger) inContainerLocked(ref *client.ContainerRef) string {
+	if ref == nil {
+		return ""
+	}
+	return fmt.Sprintf(" in %s container %s", ref.Engine, g.containers.named(ref, true).Short())
+}
+
+// refusal is the answer to an op the ledger refuses.
+func refusal(code, msg string) *client.Reply {
+	return &client.Reply{Type: client.TypeError, Code: code, Message: msg}
+}
+
+// nameContainersLocked gives the containers that lease li and its holders
+// name the names the runtime told, each a copy: hidden where show hides
+// the commands of its process's user (the lease's user for the lease's).
+func (g *Ledger) nameContainersLocked(li *client.LeaseInfo, show func(uint32) bool) {
+	if li == nil {
+		return
+	}
+	li.Container = g.containers.named(li.Container, show(li.UID))
+	for i := range li.Holders {
+		h := &li.Holders[i]
+		h.Container = g.containers.named(h.Container, show(h.UID))
+	}
+}

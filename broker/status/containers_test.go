@@ -1,0 +1,62 @@
+package status
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/procscan"
+)
+
+// TestContainerNames: the names the runtime told are kept for the
+// containers found by id alone, the least recently used going first past
+// the cap, and hidden where show says so.
+func TestContainerNames(t *testing.T) {
+	var c containerNames
+	for i := range maxContainerNames + 1 {
+		c.put(&client.ContainerRef{Engine: "docker", ID: fmt.Sprint(i), Name: fmt.Sprint("n", i)})
+		if i == 0 {
+			c.named(&client.ContainerRef{ID: "0"}, true) // used: kept past the cap
+		}
+		if i == 1 {
+			c.put(&client.ContainerRef{ID: "0", Name: "n0"})
+		}
+	}
+	if got := c.named(&client.ContainerRef{Engine: "docker", ID: "0"}, true); got.Name != "n0" {
+		t.Errorf("container 0, used lately: %+v, want its name n0", got)
+	}
+	if got := c.named(&client.ContainerRef{ID: "1"}, true); got.Name != "" {
+		t.Errorf("container 1, the least recently used past the cap: %+v, want no name", got)
+	}
+	if len(c.byID) != maxContainerNames {
+		t.Errorf("%d names kept, want %d", len(c.byID), maxContainerNames)
+	}
+	ref := &client.ContainerRef{Engine: "docker", ID: "7"}
+	if got := c.named(ref, false); got.Name != "" || got.ID != "7" || ref.Name != "" {
+		t.Errorf("hidden: %+v (the ref given: %+v), want the id, no name, the ref unchanged", got, ref)
+	}
+	if c.named(nil, true) != nil {
+		t.Error("no container named one")
+	}
+}
+
+// TestOneContainer: a lease found held at start is a container's when all
+// its holders are in that one container, podman's conmon (outside it)
+// aside.
+func TestOneContainer(t *testing.T) {
+	a, b := &client.ContainerRef{Engine: "podman", ID: "a"}, &client.ContainerRef{Engine: "podman", ID: "b"}
+	res := &procscan.Result{Info: map[int]*procscan.Proc{
+		10: {PID: 10, Container: a}, 11: {PID: 11, Container: a}, 12: {PID: 12, Comm: "conmon"},
+		13: {PID: 13, Container: b}, 14: {PID: 14, Comm: "sleep"},
+	}}
+	for _, c := range []struct {
+		pids []int
+		want *client.ContainerRef
+	}{
+		{[]int{10, 11}, a}, {[]int{12, 10}, a}, {[]int{10, 13}, nil}, {[]int{10, 14}, nil}, {[]int{12}, nil}, {nil, nil},
+	} {
+		if got := oneContainer(res, c.pids); got != c.want {
+			t.Errorf("holders %v: %+v, want %+v", c.pids, got, c.want)
+		}
+	}
+}

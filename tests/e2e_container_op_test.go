@@ -1,0 +1,114 @@
+package tests
+
+// Op container and acquire with a container, without an engine: the test
+// workload plays npurun-runtime (workload -contain), sending the lease's
+// descriptors as the runtime does after a hand-over.
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// containerID is a container id of 64 hex digits, as Docker's.
+func containerID(c byte) string { return strings.Repeat(string(c), 64) }
+
+// TestContainerOp: the runtime's word (op container, with the lease's
+// descriptors) makes an inline lease a container's (kind container, named,
+// its user unchanged), and the accounting log counts it under kind
+// container; a descriptor that is no lease's, a name that is not one, a
+// caller naming another's lease or a container without a lease are
+// refused, and leave the leases as they were; under show_commands = "own"
+// other users see the container's id and not its name.
+func TestContainerOp(t *testing.T) {
+	needRoot(t)
+	alice := newUser(t)
+	b := StartBroker(t, FakeConfig(3)+"[status]\nshow_commands = \"own\"\n")
+
+	// root's lease, named: re-kinded.
+	id := containerID('a')
+	p := startProc(t, "contain", b.Npurun("-d", "0", b.Bin.Workload, "-contain", "docker/"+id+"/train"))
+	p.waitLine("ok")
+	bd := b.Board(t)
+	d0 := deviceOf(t, bd, 0)
+	want := client.ContainerRef{Engine: "docker", ID: id, Name: "train"}
+	if d0.State != client.DeviceContainer || d0.Lease == nil || d0.Lease.Kind != client.KindContainer || d0.Lease.User != "root" {
+		t.Fatalf("npu 0 after op container: %+v, want state and kind container, user root", d0)
+	}
+	if c := d0.Lease.Container; c == nil || *c != want {
+		t.Errorf("lease.container = %+v, want %+v", c, want)
+	}
+	if table := b.Status(t); !strings.Contains(table, "container train (aaaaaaaaaaaa)") {
+		t.Errorf("the table does not name the container:\n%s", table)
+	}
+	// show_commands = "own": another user sees the container's id, not
+	// its name (a name can say what it runs, as a command does).
+	st := alice.as(exec.Command(b.Bin.Broker, "status", "--json"), "/")
+	st.Env = b.Env()
+	out, err := st.Output()
+	var seen client.Board
+	if err != nil || json.Unmarshal(out, &seen) != nil {
+		t.Fatalf("status --json as %s: %v\n%s", alice.Name, err, out)
+	}
+	if c := deviceOf(t, &seen, 0).Lease.Container; c == nil || c.ID != id || c.Name != "" {
+		t.Errorf("%s sees root's lease's container as %+v, want its id and no name", alice.Name, c)
+	}
+
+	// A descriptor of another file: refused, the lease stays inline.
+	q := startProc(t, "contain a file", b.Npurun("-d", "1", b.Bin.Workload, "-contain", "docker/"+containerID('b')+"/x", "-contain-file", "/dev/null"))
+	q.waitLine("bad-request: descriptor 0 is not npu 1's current lease")
+	if l := deviceOf(t, b.Board(t), 1).Lease; l == nil || l.Kind != client.KindInline || l.Container != nil {
+		t.Errorf("npu 1 after a descriptor that is no lease's: %+v, want an inline lease naming no container", l)
+	}
+	q.stdin.Close()
+	// A name that is not one.
+	r := startProc(t, "contain a bad name", b.Npurun("-d", "2", b.Bin.Workload, "-contain", "Docker!/"+containerID('c')+"/x"))
+	r.waitLine("bad-request: container engine")
+	// Another user, with root's lease's descriptors (inherited through
+	// setpriv): it may name only its own leases.
+	s := startProc(t, "contain another's", b.Npurun("-d", "1", "--", "setpriv", fmt.Sprintf("--reuid=%d", alice.UID), fmt.Sprintf("--regid=%d", alice.GID), "--clear-groups",
+		b.Bin.Workload, "-contain", "docker/"+containerID('d')+"/x"))
+	s.waitLine("denied: uid " + fmt.Sprint(alice.UID) + " may name only its own leases' containers")
+	// Without descriptors, as another user: denied too.
+	none := alice.as(exec.Command(b.Bin.Workload, "-contain", "docker/"+containerID('e')+"/x", "-contain-none"), "/")
+	none.Env = b.Env()
+	u := startProc(t, "contain none", none)
+	u.waitLine("denied:")
+	bd = b.Board(t)
+	for _, id := range []int{1, 2} { // s's and r's
+		if l := deviceOf(t, bd, id).Lease; l == nil || l.Kind != client.KindInline || l.Container != nil {
+			t.Errorf("npu %d after refused ops: %+v, want an inline lease naming no container", id, l)
+		}
+	}
+
+	// Alice names her own lease.
+	v := startProc(t, "alice's", alice.as(b.Npurun("-d", "2", "--", b.Bin.Workload, "-contain", "podman/"+containerID('f')+"/mine"), "/"))
+	r.stdin.Close()
+	v.waitLine("ok")
+	if l := deviceOf(t, b.Board(t), 2).Lease; l == nil || l.Kind != client.KindContainer || l.User != alice.Name || l.Container == nil || l.Container.Name != "mine" {
+		t.Errorf("npu 2 named by its own user: %+v, want kind container, user %s, container mine", l, alice.Name)
+	}
+
+	// Usage counts root's lease under kind container.
+	p.stdin.Close()
+	awaitFree(t, b, 0)
+	c, err := client.Dial(b.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rep, err := c.Usage(client.UsageQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(rep.Rows, func(r client.UsageRow) bool {
+		return r.Kind == client.KindContainer && r.User == "root" && r.Leases == 1
+	}) {
+		t.Errorf("usage has no row of kind container for root: %+v", rep.Rows)
+	}
+}
