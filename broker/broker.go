@@ -31,6 +31,10 @@ const (
 	DefaultConfig = "/etc/npurun/npurun.conf"
 )
 
+// DrainFile is the file of the state directory that keeps the drained
+// devices across restarts (lease.Config.DrainFile).
+const DrainFile = "drained.json"
+
 // progressDelay is how long position updates are gathered before they are
 // sent, so that a burst of grants costs one update per waiter, not one per
 // grant.
@@ -144,9 +148,14 @@ func New(o Options) (*Server, error) {
 	if s.cfg.Slurm.Active() && s.cfg.Slurm.Mode == policy.ModeAllocate {
 		external = make(chan struct{}, 1)
 	}
+	stateDir := o.StateDir
+	if stateDir == "" {
+		stateDir = o.Config.Tasks.StateDir
+	}
 	if s.table, err = lease.Open(lease.Config{
 		Dir: lockDir, IDs: s.inv.IDs, Pools: pools, DefaultPool: s.cfg.DefaultPool,
 		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf, External: external,
+		DrainFile: filepath.Join(stateDir, DrainFile),
 	}); err != nil {
 		return nil, err
 	}
@@ -170,10 +179,6 @@ func New(o Options) (*Server, error) {
 	cgMode := o.Cgroup
 	if cgMode == "" {
 		cgMode = o.Config.Tasks.Cgroup
-	}
-	stateDir := o.StateDir
-	if stateDir == "" {
-		stateDir = o.Config.Tasks.StateDir
 	}
 	// The state directory is this broker's for its life: the journal and
 	// the accounting log are read and written by one broker only. A

@@ -416,6 +416,8 @@ func (c *conn) serve(req *client.Request) bool {
 		return s.slurmOp(c, req)
 	case client.OpContainer:
 		return s.containerOp(c, req)
+	case client.OpDrain, client.OpUndrain:
+		return s.drainOp(c, req)
 	default:
 		s.mu.Lock()
 		defer s.mu.Unlock()

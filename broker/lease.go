@@ -313,7 +313,7 @@ func (s *Server) reportLocked(now time.Time) time.Duration {
 	s.places = s.table.Line(s.places[:0])
 	for _, p := range s.places {
 		c := connOf(p.W)
-		if c == nil || c.told.pos == p.Pos && p.W.Limit.MaxDevices == 0 {
+		if c == nil || c.told.pos == p.Pos && p.W.Limit.MaxDevices == 0 && p.Why == "" && c.told.why == "" {
 			continue
 		}
 		why := s.slurmWhy(p.W, p.Why)

@@ -37,7 +37,9 @@ import (
 // status room's side with tasks, metrics and scans as well). Mutual
 // exclusion is checked by the workload: each client and each task marks
 // every device it is granted with a file made O_EXCL, removed before it
-// lets the lease go.
+// lets the lease go. As root, npu2 is drained and undrained meanwhile
+// (the drain file written outside every room's lock, the line served on
+// undrain without Server.mu held).
 func TestRoomsLockOrder(t *testing.T) {
 	const devices, clients, rounds = 3, 8, 20
 	const submitters, tasksEach = 3, 8
@@ -103,6 +105,38 @@ func TestRoomsLockOrder(t *testing.T) {
 			}
 		}
 	}()
+	if os.Getuid() == 0 { // drain and undrain npu2, meanwhile (root's)
+		boards.Add(1)
+		go func() {
+			defer boards.Done()
+			c, err := client.Dial(sock)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			for n := 0; ; n++ {
+				select {
+				case <-done:
+					if _, err := c.Undrain("npu2"); err != nil {
+						t.Errorf("undrain: %v", err)
+					}
+					return
+				default:
+				}
+				var err error
+				if n%2 == 0 {
+					_, err = c.Drain("npu2", fmt.Sprintf("round %d", n))
+				} else {
+					_, err = c.Undrain("2")
+				}
+				if err != nil {
+					t.Errorf("drain round %d: %v", n, err)
+					return
+				}
+			}
+		}()
+	}
 	var wg sync.WaitGroup
 	for i := range clients {
 		wg.Add(1)

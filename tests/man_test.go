@@ -24,7 +24,7 @@ func manPages(b *Binaries) []struct {
 		moreHelp   []string
 	}{
 		{page: "npurun.1", bin: b.Npurun, helpStderr: true},
-		{page: "npubroker.8", bin: b.Broker, helpStderr: false, moreHelp: []string{"serve", "check-config", "status", "usage"}},
+		{page: "npubroker.8", bin: b.Broker, helpStderr: false, moreHelp: []string{"serve", "check-config", "status", "usage", "drain", "undrain"}},
 		{page: "spank_npurun.8", bin: b.Slurm, helpStderr: true},
 	}
 }

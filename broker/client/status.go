@@ -80,6 +80,7 @@ type DeviceState struct {
 	Since       int64       `json:"since,omitempty"` // Unix ms: the lease's start, or the reservation's
 	Lease       *LeaseInfo  `json:"lease,omitempty"`
 	ReservedFor *WaiterInfo `json:"reserved_for,omitempty"`
+	Drain       *DrainInfo  `json:"drain,omitempty"` // drained (drain.go): State is DeviceDrained, or a lease's that runs on
 }
 
 // LeaseInfo is a lease as the broker recorded its grant, joined with the

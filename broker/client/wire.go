@@ -129,6 +129,10 @@ type Request struct {
 	// label on the lease), and the container op (root names any lease,
 	// another uid only its own)
 	Container *ContainerRef `json:"container,omitempty"`
+
+	// drain, undrain (drain.go); root only
+	Device string `json:"device,omitempty"` // "npu3", "gpu3" or "3"
+	Reason string `json:"reason,omitempty"`
 }
 
 // Reply is a message from the broker.
@@ -168,6 +172,9 @@ type Reply struct {
 	// status, usage (status.go)
 	Board *Board       `json:"board,omitempty"`
 	Usage *UsageReport `json:"usage,omitempty"`
+
+	// drained (drain.go)
+	Drain *DrainInfo `json:"drain,omitempty"`
 }
 
 // Ordinal writes a place in line as people read it: 1st, 2nd, 3rd, 11th.

@@ -22,5 +22,10 @@
 // it is claimed for). A change is prepared for without reshaping this
 // API: a device that holds shares keeps a set of leases (device.leases,
 // Device.Leases: one whole lease today), each on a lock file of its own,
-// and Plan then sees room left instead of a free flag.
+// and Plan then sees room left instead of a free flag. A drained device
+// (Drain, Undrain: drain.go) is neither free for Plan nor leased: the
+// lease on it runs on, no new one is granted, a request that only it
+// could serve reserves nothing and is told why (Reason); the drains are
+// kept in a file (Config.DrainFile), written under drainMu, a lock of
+// its own taken before the table's and never held by a caller.
 package lease

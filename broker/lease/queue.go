@@ -179,6 +179,26 @@ type Grant struct {
 type Room struct {
 	Devices map[uint32]int // devices they may still hold
 	Tasks   map[uint32]int // tasks they may still run (counts only the waiters of tasks)
+
+	// Drained[id] tells that device id is drained (Table.Drain): a
+	// waiter whose devices not drained are fewer than it wants waits for
+	// an undrain, and reserves nothing meanwhile. nil: none is.
+	Drained []bool
+}
+
+// drainBlocked tells whether w waits for a drained device: fewer of its
+// candidates than it wants are not drained.
+func (w *Waiter) drainBlocked(drained []bool) bool {
+	if drained == nil {
+		return false
+	}
+	left := 0
+	for _, id := range w.Cand {
+		if id >= len(drained) || !drained[id] {
+			left++
+		}
+	}
+	return left < w.N
 }
 
 // Plan decides which waiters to serve now. order is the service order,
@@ -189,7 +209,9 @@ type Room struct {
 // reserves the free devices it could use (up to what it wants), so a later,
 // smaller request only backfills onto devices the earlier one cannot use
 // yet. A waiter whose user has no room reserves nothing, nor does a held
-// one, nor an external one (Table.Claim serves it).
+// one, nor an external one (Table.Claim serves it), nor one that waits
+// for a drained device (Room.Drained): it would keep the others' devices
+// for as long as the drain lasts.
 func Plan(order []*Waiter, free []bool, room Room) []Grant {
 	avail := make([]bool, len(free))
 	n := 0
@@ -205,7 +227,7 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 		if n == 0 {
 			break
 		}
-		if w.Held || w.External {
+		if w.Held || w.External || w.drainBlocked(room.Drained) {
 			continue
 		}
 		if r, ok := room.Devices[w.UID]; ok && r-used[w.UID] < w.N {

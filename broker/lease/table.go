@@ -77,6 +77,10 @@ type Config struct {
 	// Repeat logs a line that a lasting cause repeats (out of
 	// descriptors, a full /run), at a bounded rate; nil: Log.
 	Repeat func(format string, args ...any)
+	// DrainFile is where the drained devices are kept across restarts
+	// (drain.go): read by Open, written on each drain and undrain; ""
+	// keeps them in memory only.
+	DrainFile string
 	// External, if not nil, is woken (a send that never waits) when a
 	// request of an external pool joins or leaves the line: its
 	// allocator's agent looks at Externals.
@@ -104,6 +108,9 @@ type Table struct {
 	poolOf      map[int]string
 	external    map[string]string // pool -> Pool.External, for the external pools
 	defaultPool string
+	drainFile   string
+
+	drainMu sync.Mutex // orders the drain file's writes; before mu, never held by a caller of the table
 
 	mu     sync.Mutex
 	devs   []*device      // by physical id; nil where not managed
@@ -131,6 +138,7 @@ type device struct {
 	leases   []*Lease  // the leases held on it
 	counted  bool      // its lease counts against its holder's devices (held)
 	granting *Handover // the handover it is in, if any
+	drain    *Drain    // drained: granted to nobody until undrained (drain.go)
 	freed    time.Time // when its last lease ended; zero while leased, and once granted again
 
 	watch chan int // descriptors for the watcher to wait on, one a lease
@@ -142,7 +150,7 @@ type device struct {
 }
 
 // free tells whether d can be granted now.
-func (d *device) free() bool { return d.fd >= 0 && d.granting == nil }
+func (d *device) free() bool { return d.fd >= 0 && d.granting == nil && d.drain == nil }
 
 // Open opens the lock table: the lock directory, and each device's lock
 // file, tried without blocking. A device whose lock is taken is held by a
@@ -151,7 +159,7 @@ func (d *device) free() bool { return d.fd >= 0 && d.granting == nil }
 func Open(c Config) (*Table, error) {
 	t := &Table{vendor: c.Vendor, gate: c.Gate, owner: c.Owner, log: c.Log, repeat: c.Repeat,
 		ids: slices.Clone(c.IDs), pools: slices.Clone(c.Pools), poolIDs: map[string][]int{}, poolOf: map[int]string{}, external: map[string]string{},
-		defaultPool: c.DefaultPool, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External}
+		defaultPool: c.DefaultPool, drainFile: c.DrainFile, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External}
 	if t.log == nil {
 		t.log = log.New(discard{}, "", 0)
 	}
@@ -205,6 +213,15 @@ func Open(c Config) (*Table, error) {
 		if d.file, err = fileID(fd); err != nil {
 			t.log.Printf("npu %d: lock file: %v; its holders will not be found", id, err)
 		}
+	}
+	drains, err := t.readDrains(c.DrainFile)
+	if err != nil {
+		t.closeAll()
+		return nil, err
+	}
+	for id, d := range drains {
+		t.devs[id].drain = &d
+		t.log.Printf("npu %d is drained (by %s since %s: %s): no lease is granted on it until npubroker undrain", id, d.By, d.Since.Format(time.DateTime), d.Reason)
 	}
 	for _, id := range t.ids {
 		go t.watch(t.devs[id])
@@ -611,6 +628,7 @@ func (t *Table) roomLocked(q *Queue, running map[uint32]int) Room {
 			room.Tasks[uid] = lim.MaxRunning - running[uid]
 		}
 	})
+	room.Drained = t.drainedLocked()
 	return room
 }
 
@@ -653,7 +671,9 @@ func (t *Table) lineLocked(out []Place) []Place {
 		}
 		p.pos++
 		pl := Place{W: w, Pos: p.pos}
-		if t.capped(w) {
+		if r := t.drainedReasonLocked(w); r != "" {
+			pl.Why = r
+		} else if t.capped(w) {
 			k := capKey{w.UID, w.User, w.Limit.MaxDevices, w.Limit.Source}
 			r, ok := why[k]
 			if !ok {
@@ -684,6 +704,9 @@ func (t *Table) Reason(w *Waiter) string {
 }
 
 func (t *Table) reasonLocked(w *Waiter) string {
+	if r := t.drainedReasonLocked(w); r != "" {
+		return r
+	}
 	if t.capped(w) {
 		return fmt.Sprintf("%s holds %d of %s allowed (%s)", w.User, t.held[w.UID], quantity.Count(w.Limit.MaxDevices, "device", "devices"), w.Limit.Source)
 	}
@@ -968,6 +991,7 @@ const (
 	Reserved              // free, kept for the waiter For (see Snapshot)
 	Granting              // being handed over to For
 	Leased                // held by Leases
+	Drained               // drained and held by no lease (see Device.Drain)
 )
 
 // Device is a device as a Snapshot shows it.
@@ -979,6 +1003,7 @@ type Device struct {
 	For    *Waiter   // Reserved, Granting: the waiter it is kept for, or handed to
 	Freed  time.Time // when its last lease ended; zero if it has not since its grant
 	File   FileID    // its current lock file
+	Drain  *Drain    // drained: why, by whom, since when (in any State: a lease that held it when it was drained runs on)
 }
 
 // Snapshot is a copy of the table for status: the devices in id order and
@@ -1003,11 +1028,17 @@ func (t *Table) Snapshot() Snapshot {
 	for _, id := range t.ids {
 		d := t.devs[id]
 		sd := Device{ID: id, Pool: t.poolOf[id], Freed: d.freed, File: d.file}
+		if d.drain != nil {
+			dr := *d.drain
+			sd.Drain = &dr
+		}
 		switch {
 		case len(d.leases) > 0:
 			sd.State, sd.Leases = Leased, slices.Clone(d.leases)
 		case d.granting != nil:
 			sd.State, sd.For = Granting, d.granting.W
+		case d.drain != nil:
+			sd.State = Drained
 		case d.free():
 			sd.State = Free
 		}
@@ -1015,8 +1046,9 @@ func (t *Table) Snapshot() Snapshot {
 		s.Devices = append(s.Devices, sd)
 	}
 	done := map[string]bool{}
+	drained := t.drainedLocked()
 	for _, w := range t.q.Waiters() {
-		if done[w.Pool] || t.capped(w) || w.Held || w.External {
+		if done[w.Pool] || t.capped(w) || w.Held || w.External || w.drainBlocked(drained) {
 			continue
 		}
 		var free []int

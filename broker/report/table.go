@@ -19,11 +19,14 @@ import (
 //	npu1    interactive  free
 //	npu12   queue        task 118  bob      5120   torchrun train.py          40m
 //	npu13   queue        reserved  -        -      for task 121 (needs 2)     3m
+//	npu14   queue        drained   root     -      ECC errors                 1h
 //	WAITING  pool "queue": 2    pool "interactive": 0
 //	  1  task 121   carol  2 devices   4m
 //	  2  npurun     dave   1 device    1m  waits: dave holds 2 of 2 devices allowed ([limits])
 //	UNLEASED USE
 //	  npu7   erin   777   python hack.py   /dev/davinci7 open without a lease for 3m
+//	DRAINED
+//	  npu14  by root since 2026-11-26 09:50  ECC errors
 func Table(b *client.Board, width int, now time.Time) string {
 	rows := [][]string{{"DEVICE", "POOL", "STATE", "USER", "PID", "COMMAND", "SINCE"}}
 	for _, d := range b.Devices {
@@ -92,6 +95,20 @@ func Table(b *client.Board, width int, now time.Time) string {
 		}
 		writeColumns(&out, rows, 3, width, "  ")
 	}
+	var drained [][]string
+	for _, d := range b.Devices {
+		if dr := d.Drain; dr != nil {
+			note := orDash(dr.Reason)
+			if d.Lease != nil {
+				note += " (its lease runs on to its end)"
+			}
+			drained = append(drained, []string{d.Name, "by " + dr.By + " since " + time.UnixMilli(dr.Since).Format("2006-01-02 15:04"), note})
+		}
+	}
+	if len(drained) > 0 {
+		out.WriteString("DRAINED\n")
+		writeColumns(&out, drained, 2, width, "  ")
+	}
 	if b.Truncated {
 		out.WriteString("(lists cut to fit one message: see --json for what the broker sent)\n")
 	}
@@ -134,6 +151,11 @@ func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
 		}
 		user, cmd = inContainer(l, user, cmd)
 		row = append(row, orDash(user), pid, cmd, since)
+		if d.Drain != nil {
+			row[2] += ", drained"
+		}
+	case d.Drain != nil:
+		row = append(row, orDash(d.Drain.By), "-", orDash(d.Drain.Reason), since)
 	case d.ReservedFor != nil:
 		w := d.ReservedFor
 		row = append(row, "-", "-", fmt.Sprintf("for %s (needs %d)", forWhom(w), w.N), since)

@@ -91,6 +91,12 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 	for _, d := range snap.Devices {
 		id := d.ID
 		ds := client.DeviceState{ID: id, Name: g.deviceName(id), Pool: d.Pool, State: states[id]}
+		if dr := d.Drain; dr != nil {
+			ds.Drain = &client.DrainInfo{Drained: true, By: dr.By, Reason: dr.Reason, Since: dr.Since.UnixMilli()}
+			if d.State == lease.Drained {
+				ds.Since = ds.Drain.Since
+			}
+		}
 		if e := g.leases[id]; e != nil {
 			ds.Since = e.Since.UnixMilli()
 			ds.Lease = leaseInfo(e, id, show)
@@ -177,6 +183,8 @@ func (g *Ledger) statesLocked(snap lease.Snapshot) (map[int]string, map[int]*lea
 			reserved[d.ID] = d.For
 		case d.State == lease.Free:
 			states[d.ID] = client.DeviceFree
+		case d.State == lease.Drained:
+			states[d.ID] = client.DeviceDrained
 		case d.State == lease.Granting:
 			states[d.ID] = kindState(string(d.For.Kind))
 		case d.State == lease.Leased:

@@ -105,7 +105,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		waiters[p.W.Pool]++
 	}
 	waiters["cpu"] = ncpu
-	for _, st := range []string{client.DeviceFree, client.DeviceReserved, client.DeviceLeased, client.DeviceTask, client.DeviceLogin, client.DeviceSlurm, client.DeviceContainer, client.DeviceHeld, client.DeviceOut} {
+	for _, st := range []string{client.DeviceFree, client.DeviceReserved, client.DeviceLeased, client.DeviceTask, client.DeviceLogin, client.DeviceSlurm, client.DeviceContainer, client.DeviceHeld, client.DeviceDrained, client.DeviceOut} {
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(byState[st]), st)
 	}
 	for pool, n := range waiters {

@@ -35,6 +35,7 @@ var valueCompletions = map[string]valueCompletion{
 	"log":       {"WHERE", completion.None, []string{broker.LogAuto, broker.LogStderr, broker.LogSyslog}},
 	"user":      {"USER", completion.Users, nil},
 	"since":     {"DUR", completion.None, nil},
+	"reason":    {"TEXT", completion.None, nil},
 }
 
 // completionCommand is npubroker's command line as the completion
@@ -54,6 +55,8 @@ func completionCommand() *completion.Command {
 			{Name: "check-config", Help: "validate a configuration file", Options: []completion.Option{help}, Args: completion.Files, MaxArgs: 1},
 			{Name: "status", Help: "who holds which device, the line, unleased use", Options: append(helpOptions(report.Status), help)},
 			{Name: "usage", Help: "device-hours per user and kind of lease", Options: append(helpOptions(report.Usage), help)},
+			{Name: "drain", Help: "take a device out of service (root)", Options: append(helpOptions(report.Drain), help), MaxArgs: 1},
+			{Name: "undrain", Help: "put a drained device back in service (root)", Options: append(helpOptions(report.Undrain), help), MaxArgs: 1},
 		},
 	}
 }

@@ -25,6 +25,8 @@ func TestCompletionOptions(t *testing.T) {
 		"status":       {{0, "json", false, completion.None}, {0, "socket", true, completion.Files}, {'w', "watch", false, completion.None}, {'h', "help", false, completion.None}},
 		"usage": {{0, "json", false, completion.None}, {0, "since", true, completion.None}, {0, "socket", true, completion.Files},
 			{0, "user", true, completion.Users}, {'h', "help", false, completion.None}},
+		"drain":   {{0, "json", false, completion.None}, {0, "reason", true, completion.None}, {0, "socket", true, completion.Files}, {'h', "help", false, completion.None}},
+		"undrain": {{0, "json", false, completion.None}, {0, "socket", true, completion.Files}, {'h', "help", false, completion.None}},
 	}
 	c := completionCommand()
 	if len(c.Subcommands) != len(want) {

@@ -30,6 +30,8 @@ const usage = `Usage:
   npubroker check-config [FILE]
   ` + report.StatusUsage + `
   ` + report.UsageUsage + `
+  ` + report.DrainUsage + `
+  ` + report.UndrainUsage + `
   npubroker --version
 
 Commands:
@@ -37,6 +39,8 @@ Commands:
   check-config  validate a configuration file and name every error's line
   status        who holds which device, the line, unleased use (any user)
   usage         device-hours per user and kind of lease (any user)
+  drain         take a device out of service: no new lease on it (root)
+  undrain       put a drained device back in service (root)
 `
 
 func main() {
@@ -56,6 +60,10 @@ func main() {
 		os.Exit(report.Status(os.Args[2:], report.OSEnv()))
 	case "usage":
 		os.Exit(report.Usage(os.Args[2:], report.OSEnv()))
+	case "drain":
+		os.Exit(report.Drain(os.Args[2:], report.OSEnv()))
+	case "undrain":
+		os.Exit(report.Undrain(os.Args[2:], report.OSEnv()))
 	case "--version", "version":
 		fmt.Println("npubroker", version)
 	case "--completion":

@@ -1,0 +1,114 @@
+package report
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// exitDenied is drain's and undrain's status where the broker refused
+// the caller (not root): EX_NOPERM, as npurun's refusals.
+const exitDenied = 77
+
+// DrainUsage and UndrainUsage are the drain commands' lines of
+// npubroker's usage.
+const (
+	DrainUsage   = "npubroker drain DEVICE [--reason TEXT] [--json] [--socket PATH]"
+	UndrainUsage = "npubroker undrain DEVICE [--json] [--socket PATH]"
+)
+
+const drainHelp = `Usage:
+  ` + DrainUsage + `
+  ` + UndrainUsage + `
+
+drain takes DEVICE (npu3, gpu3 or 3) out of service: no new lease is
+granted on it, to npurun, tasks or logins, while the lease that holds it,
+if one does, runs on to its end. The drain, with its reason, who drained
+it and since when, shows in npubroker status, in the progress line of a
+request that only the drained device could serve, and lasts across the
+broker's restarts until undrain puts the device back in service. Root
+only (a Slurm-managed device is drained in Slurm instead). Exit status:
+0 done, 1 refused (no such device), 2 usage, 69 no broker, 77 not root.
+
+Options:
+`
+
+// Drain runs `npubroker drain ARGS` and returns its exit status.
+func Drain(args []string, env Env) int { return drainCmd("drain", args, env) }
+
+// Undrain runs `npubroker undrain ARGS` and returns its exit status.
+func Undrain(args []string, env Env) int { return drainCmd("undrain", args, env) }
+
+func drainCmd(op string, args []string, env Env) int {
+	fs := pflag.NewFlagSet("npubroker "+op, pflag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	fs.Usage = func() {
+		fmt.Fprint(env.Stderr, drainHelp)
+		fs.PrintDefaults()
+	}
+	var reason *string
+	if op == "drain" {
+		reason = fs.String("reason", "", "why, shown in status and to the requests that wait for it")
+	}
+	asJSON := fs.Bool("json", false, "print the broker's answer as JSON")
+	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return exitOK
+		}
+		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
+		return exitUsage
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintf(env.Stderr, "npubroker: %s takes one device, such as npu3, got %d arguments\n", op, fs.NArg())
+		return exitUsage
+	}
+	c, code := dial(*socket, env)
+	if c == nil {
+		return code
+	}
+	defer c.Close()
+	var info *client.DrainInfo
+	var err error
+	if op == "drain" {
+		info, err = c.Drain(fs.Arg(0), *reason)
+	} else {
+		info, err = c.Undrain(fs.Arg(0))
+	}
+	if err != nil {
+		code := fail(env, err)
+		if e := (*client.Error)(nil); errors.As(err, &e) && e.Code == client.CodeDenied {
+			code = exitDenied
+		}
+		return code
+	}
+	if *asJSON {
+		return writeJSON(env, info, true)
+	}
+	writeDrain(env.Stdout, op, info)
+	return exitOK
+}
+
+// writeDrain says what drain or undrain did, for people.
+func writeDrain(w io.Writer, op string, d *client.DrainInfo) {
+	switch {
+	case op == "undrain" && !d.Was:
+		fmt.Fprintf(w, "%s was not drained\n", d.Device)
+	case op == "undrain":
+		fmt.Fprintf(w, "%s undrained: in service again\n", d.Device)
+	default:
+		fmt.Fprintf(w, "%s drained by %s since %s", d.Device, d.By, time.UnixMilli(d.Since).Format("2006-01-02 15:04:05"))
+		if d.Reason != "" {
+			fmt.Fprintf(w, ": %s", Printable(d.Reason))
+		}
+		fmt.Fprintln(w)
+		if d.Leased {
+			fmt.Fprintf(w, "its lease runs on to its end; no new lease is granted on %s\n", d.Device)
+		}
+	}
+}
