@@ -399,13 +399,25 @@ const maxCgroup = 8192
 // container reads the container process pid is in; nil for none, or where
 // its control groups cannot be read.
 func (s *Scanner) container(pid int) *client.ContainerRef {
-	path := s.root + "/" + strconv.Itoa(pid) + "/cgroup"
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
+	var buf [maxCgroup]byte
+	n, ok := s.readProcFile(pid, "cgroup", buf[:])
+	if !ok {
 		return nil
 	}
+	return container.FromCgroup(buf[:n])
+}
+
+// readProcFile reads the first len(buf) bytes of /proc/PID/name into buf
+// (a process's files there are read to their end or to the buffer's, never
+// past it): how many, and false where the file cannot be opened (the
+// process gone, or not ours to read).
+func (s *Scanner) readProcFile(pid int, name string, buf []byte) (int, bool) {
+	path := s.root + "/" + strconv.Itoa(pid) + "/" + name
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return 0, false
+	}
 	defer unix.Close(fd)
-	var buf [maxCgroup]byte
 	n := 0
 	for n < len(buf) {
 		m, err := unix.Read(fd, buf[n:])
@@ -417,7 +429,7 @@ func (s *Scanner) container(pid int) *client.ContainerRef {
 		}
 		n += m
 	}
-	return container.FromCgroup(buf[:n])
+	return n, true
 }
 
 // MaxCmdline bounds what a scan reads of a process's command line, in
@@ -429,23 +441,10 @@ const MaxCmdline = 4096
 // bytes only, cut at a UTF-8 boundary; nil for a kernel thread, a process
 // that is exiting or gone.
 func (s *Scanner) cmdline(pid int) []string {
-	path := s.root + "/" + strconv.Itoa(pid) + "/cmdline"
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil
-	}
-	defer unix.Close(fd)
 	var buf [MaxCmdline]byte
-	n := 0
-	for n < len(buf) {
-		m, err := unix.Read(fd, buf[n:])
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil || m <= 0 {
-			break
-		}
-		n += m
+	n, ok := s.readProcFile(pid, "cmdline", buf[:])
+	if !ok {
+		return nil
 	}
 	data := buf[:n]
 	if n == len(buf) {
