@@ -771,16 +771,35 @@ func lowerFirst(s string) string {
 }
 
 // parseIDs reads a device list such as "0-3,8" as npu.ParseIDs does (this
-// package imports nothing of the project).
+// package imports nothing of the project): sorted, each id once.
 func parseIDs(s string) ([]int, error) {
 	seen := map[int]bool{}
 	if strings.TrimSpace(s) == "" {
 		return nil, nil
 	}
+	err := idRanges(s, "device id", func(a, b int) error {
+		for id := a; id <= b; id++ {
+			seen[id] = true
+		}
+		if len(seen) > maxIDs {
+			return fmt.Errorf("too many device ids in %q (at most %d)", s, maxIDs)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return slices.Sorted(maps.Keys(seen)), nil
+}
+
+// idRanges calls fn with each part of the list s ("0-3,8": 0 to 3, then 8
+// to 8), in the order written, a range of at most maxIDs ids; noun names
+// an id in the errors ("device id").
+func idRanges(s, noun string, fn func(a, b int) error) error {
 	for part := range strings.SplitSeq(s, ",") {
 		part = strings.TrimSpace(part)
 		if strings.HasPrefix(part, "-") {
-			return nil, fmt.Errorf("negative device id %q", part)
+			return fmt.Errorf("negative %s %q", noun, part)
 		}
 		lo, hi, isRange := strings.Cut(part, "-")
 		a, errA := atoi(lo)
@@ -790,20 +809,17 @@ func parseIDs(s string) ([]int, error) {
 		}
 		switch {
 		case !isRange && errA != nil:
-			return nil, fmt.Errorf("bad device id %q", part)
+			return fmt.Errorf("bad %s %q", noun, part)
 		case isRange && (errA != nil || errB != nil || b < a):
-			return nil, fmt.Errorf("bad range %q", part)
+			return fmt.Errorf("bad range %q", part)
 		case b-a >= maxIDs:
-			return nil, fmt.Errorf("too many device ids in %q (at most %d)", s, maxIDs)
+			return fmt.Errorf("too many %ss in %q (at most %d)", noun, s, maxIDs)
 		}
-		for id := a; id <= b; id++ {
-			seen[id] = true
-		}
-		if len(seen) > maxIDs {
-			return nil, fmt.Errorf("too many device ids in %q (at most %d)", s, maxIDs)
+		if err := fn(a, b); err != nil {
+			return err
 		}
 	}
-	return slices.Sorted(maps.Keys(seen)), nil
+	return nil
 }
 
 func atoi(s string) (int, error) {

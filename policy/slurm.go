@@ -248,31 +248,20 @@ func (c *Config) OwnDevices(all []int) []int {
 // 6, 7, 4, 5), each id once.
 func parseOrdered(s string) ([]int, error) {
 	var ids []int
-	for part := range strings.SplitSeq(s, ",") {
-		part = strings.TrimSpace(part)
-		if strings.HasPrefix(part, "-") {
-			return nil, fmt.Errorf("negative id %q", part)
-		}
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, errA := atoi(lo)
-		b, errB := a, error(nil)
-		if isRange {
-			b, errB = atoi(hi)
-		}
-		switch {
-		case !isRange && errA != nil:
-			return nil, fmt.Errorf("bad id %q", part)
-		case isRange && (errA != nil || errB != nil || b < a):
-			return nil, fmt.Errorf("bad range %q", part)
-		case b-a >= maxIDs || len(ids)+b-a >= maxIDs:
-			return nil, fmt.Errorf("too many ids in %q (at most %d)", s, maxIDs)
+	err := idRanges(s, "id", func(a, b int) error {
+		if len(ids)+b-a >= maxIDs {
+			return fmt.Errorf("too many ids in %q (at most %d)", s, maxIDs)
 		}
 		for id := a; id <= b; id++ {
 			if slices.Contains(ids, id) {
-				return nil, fmt.Errorf("%d is listed twice", id)
+				return fmt.Errorf("%d is listed twice", id)
 			}
 			ids = append(ids, id)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return ids, nil
 }
