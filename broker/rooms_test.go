@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/testfs"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
@@ -165,20 +166,7 @@ func TestRoomsLockOrder(t *testing.T) {
 					t.Errorf("client %d round %d: %+v with %d descriptors", i, r, rep, len(fds))
 					return
 				}
-				var made []string
-				for _, id := range rep.Devices {
-					m := filepath.Join(marks, fmt.Sprintf("npu%d", id))
-					f, err := os.OpenFile(m, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-					if err != nil {
-						t.Errorf("client %d granted npu%d while another holds it: %v", i, id, err)
-						continue
-					}
-					f.Close()
-					made = append(made, m)
-				}
-				for _, m := range made {
-					os.Remove(m)
-				}
+				testfs.Mark(t, marks, fmt.Sprintf("client %d", i), rep.Devices)()
 				for _, fd := range fds {
 					unix.Close(fd) // the lease ends
 				}

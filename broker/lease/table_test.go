@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/internal/testfs"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
@@ -780,20 +781,7 @@ func TestLockOrder(t *testing.T) {
 					t.Errorf("holder %d round %d: no grant", h, r)
 					return
 				}
-				var made []string
-				for _, id := range g.l.Devices {
-					m := filepath.Join(marks, fmt.Sprintf("npu%d", id))
-					f, err := os.OpenFile(m, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-					if err != nil {
-						t.Errorf("holder %d granted npu%d while another holds it: %v", h, id, err)
-						continue
-					}
-					f.Close()
-					made = append(made, m)
-				}
-				for _, m := range made {
-					os.Remove(m)
-				}
+				testfs.Mark(t, marks, fmt.Sprintf("holder %d", h), g.l.Devices)()
 				g.release()
 			}
 		}()

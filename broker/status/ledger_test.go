@@ -17,6 +17,7 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/testfs"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
@@ -342,20 +343,7 @@ func TestRoomLockOrder(t *testing.T) {
 					t.Errorf("holder %d round %d: no grant", h, n)
 					return
 				}
-				var made []string
-				for _, id := range hd.l.Devices {
-					m := filepath.Join(marks, fmt.Sprintf("npu%d", id))
-					f, err := os.OpenFile(m, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-					if err != nil {
-						t.Errorf("holder %d granted npu%d while another holds it: %v", h, id, err)
-						continue
-					}
-					f.Close()
-					made = append(made, m)
-				}
-				for _, m := range made {
-					os.Remove(m)
-				}
+				testfs.Mark(t, marks, fmt.Sprintf("holder %d", h), hd.l.Devices)()
 				hd.release()
 			}
 		}()
