@@ -155,7 +155,7 @@ func New(o Options) (*Server, error) {
 	if s.table, err = lease.Open(lease.Config{
 		Dir: lockDir, IDs: s.inv.IDs, Pools: pools, DefaultPool: s.cfg.DefaultPool,
 		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf, External: external,
-		DrainFile: filepath.Join(stateDir, DrainFile),
+		DrainFile: filepath.Join(stateDir, DrainFile), Capacity: s.shareCapacities(pools),
 	}); err != nil {
 		return nil, err
 	}

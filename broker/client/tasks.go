@@ -109,6 +109,7 @@ type Submission struct {
 	N        int      `json:"n,omitempty"`
 	Devices  []int    `json:"devices,omitempty"`
 	Pool     string   `json:"pool,omitempty"`
+	Mem      int64    `json:"mem,omitempty"` // a share of each device: the device memory declared, in MiB (--mem); 0: whole devices
 	NoDevice bool     `json:"no_device,omitempty"`
 	TimeSec  int64    `json:"time_sec,omitempty"` // --time, seconds, at most MaxTimeSec; 0: the policy's
 	Name     string   `json:"name,omitempty"`
@@ -140,6 +141,7 @@ type TaskInfo struct {
 	Log       string   `json:"log,omitempty"`
 	N         int      `json:"n,omitempty"`
 	Pool      string   `json:"pool,omitempty"`
+	Mem       int64    `json:"mem,omitempty"` // a share of each device: the device memory declared, in MiB
 	NoDevice  bool     `json:"no_device,omitempty"`
 	Devices   []int    `json:"devices,omitempty"` // granted, once running
 	After     []uint64 `json:"after,omitempty"`

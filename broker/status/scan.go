@@ -319,6 +319,16 @@ func (g *Ledger) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 			for _, pid := range res.Files[fid] {
 				holders[pid] = true
 			}
+		case len(g.shares[nd.Device]) > 0:
+			// A device of shares: the holders of any of them use it
+			// under a lease (sharing packs, it does not isolate).
+			holders = map[int]bool{}
+			for _, e := range g.shares[nd.Device] {
+				fid, _ := e.fileOf(nd.Device)
+				for _, pid := range res.Files[fid] {
+					holders[pid] = true
+				}
+			}
 		}
 		var inHolders map[string]bool // the containers holders are in (containers_status.go)
 		for _, pid := range pids {

@@ -79,6 +79,11 @@ type usageRec struct {
 	SlurmJob uint32   `json:"slurm_job,omitempty"`
 	WaitedMS int64    `json:"waited_ms,omitempty"`
 	Found    bool     `json:"found,omitempty"` // found held at a broker's start with no record: T is when found
+	// A share's (npurun --mem): the memory it declared, in MiB, and the
+	// fraction of each device it weighs in device-hours (its declaration
+	// over what the device's shares may declare together).
+	Mem   int64   `json:"mem,omitempty"`
+	Share float64 `json:"share,omitempty"`
 
 	// start, open, kind ("kind": the lease is a container's from T on,
 	// Kind and Container its new kind and container)
@@ -459,6 +464,9 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 		}
 		if !counted {
 			continue
+		}
+		if st.Share > 0 && st.Share < 1 {
+			ms = int64(float64(ms) * st.Share) // a share weighs its part of the device
 		}
 		row := rowOf(key{st.User, sumKind(st.Kind), st.Pool})
 		row.Leases++

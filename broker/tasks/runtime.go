@@ -64,7 +64,7 @@ type Accounts interface {
 // room): a task's end closes its devices at once, before whoever holds
 // its lease still is gone.
 type Access interface {
-	Revoke(id int) error
+	Revoke(id int, keep []uint32) error
 }
 
 // Holders finds who holds lock files and signals them: the broker's /proc

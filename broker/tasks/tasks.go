@@ -77,7 +77,7 @@ const (
 func Info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	ti := client.TaskInfo{
 		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
-		N: t.Sub.N, Pool: t.Sub.Pool, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
+		N: t.Sub.N, Pool: t.Sub.Pool, Mem: t.Sub.Mem, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
 		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
 		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended,
 	}

@@ -176,6 +176,9 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 		line("devices", deviceCell(t))
 	}
 	line("pool", t.Pool)
+	if t.Mem > 0 {
+		line("memory", quantity.Size(t.Mem)+" declared (a share of each device)")
+	}
 	line("after", joinIDs(t.After))
 	if t.TimeSec > 0 {
 		line("time limit", quantity.Duration(time.Duration(t.TimeSec)*time.Second))

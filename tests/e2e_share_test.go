@@ -1,0 +1,188 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// shareConfig is n fake devices, every one shared, each with capacity
+// (a size such as "16G") for its shares and no margin.
+func shareConfig(n int, capacity string) string {
+	return FakeConfig(n) + fmt.Sprintf("[share]\npools = \"all\"\ncapacity = %q\nmargin = \"0\"\n", capacity)
+}
+
+// TestSharePacking: a mixed set of shares, started at once on two devices
+// of 16 GiB, all run, several at a time on one device, and never more
+// than 16 GiB declared on a device: each run checks that itself, summing
+// the declarations of the runs on its device under a lock of their own.
+// A share larger than any device is refused at once.
+func TestSharePacking(t *testing.T) {
+	b := StartBroker(t, shareConfig(2, "16G"))
+	w := newWorkload(t)
+	sizes := []int{3, 5, 7, 9, 2, 4, 6, 8, 1, 3, 5, 10, 12, 2}
+	var wg sync.WaitGroup
+	fails := make(chan string, len(sizes))
+	for i, gib := range sizes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tag := fmt.Sprintf("s%d-%dG", i, gib)
+			args := append([]string{"--mem", fmt.Sprintf("%dG", gib)}, w.args(b, tag, 150*time.Millisecond)...)
+			args = append(args, "-mem", fmt.Sprint(gib*1024), "-capacity", fmt.Sprint(16*1024))
+			if code, out := exitCode(t, b.Npurun(args...)); code != 0 {
+				fails <- fmt.Sprintf("%s: exit %d: %s", tag, code, out)
+			}
+		}()
+	}
+	wg.Wait()
+	close(fails)
+	for f := range fails {
+		t.Error(f)
+	}
+	runs := w.runs(t)
+	if len(runs) != len(sizes) {
+		t.Fatalf("%d runs logged, want %d", len(runs), len(sizes))
+	}
+	// Packing happened: some two runs overlapped on one device.
+	overlap := false
+	for i, a := range runs {
+		for _, c := range runs[i+1:] {
+			if a.Devices == c.Devices && a.Start < c.End && c.Start < a.End {
+				overlap = true
+			}
+		}
+	}
+	if !overlap {
+		t.Errorf("no two shares ran at once on one device: %+v", runs)
+	}
+
+	code, out := exitCode(t, b.Npurun("--mem", "17G", "true"))
+	if code != 77 || !strings.Contains(out, "npurun: 17G asked, the largest share a device of pool \"default\" holds is 16G") {
+		t.Errorf("17G of 16G devices: exit %d, %q; want 77 and the largest share said", code, out)
+	}
+	code, out = exitCode(t, b.Npurun("--mem", "12X", "true"))
+	if code != 2 || !strings.Contains(out, `npurun: bad size "12X" for --mem: unknown unit "X" (K, M, G or T)`) {
+		t.Errorf("--mem 12X: exit %d, %q; want 2 and the bad size said", code, out)
+	}
+}
+
+// TestShareBestFit: a share goes on the device with the least room that
+// holds it, keeping a large free space whole; the grant says what else
+// the device holds, and status lists each share with its declaration.
+func TestShareBestFit(t *testing.T) {
+	b := StartBroker(t, shareConfig(2, "16G"))
+	first := hold(t, b, "first", "-v", "--mem", "10G")
+	if !strings.Contains(first.Output(), "held 0") {
+		t.Fatalf("first share: %q, want npu 0", first.Output())
+	}
+	if !strings.Contains(first.Output(), "npurun: granted 10G of npu 0 (0 other shares, 10G of 16G declared)") {
+		t.Errorf("first share's grant message: %q", first.Output())
+	}
+	// npu 0 has 6G left, npu 1 16G: 4G fits both, and goes to npu 0.
+	second := hold(t, b, "second", "-v", "--mem", "4G")
+	if !strings.Contains(second.Output(), "held 0") {
+		t.Fatalf("second share: %q, want npu 0 (best fit), not the free npu 1", second.Output())
+	}
+	if !strings.Contains(second.Output(), "npurun: granted 4G of npu 0 (1 other share, 14G of 16G declared)") {
+		t.Errorf("second share's grant message: %q", second.Output())
+	}
+	// 8G fits only npu 1.
+	third := hold(t, b, "third", "--mem", "8G")
+	if !strings.Contains(third.Output(), "held 1") {
+		t.Fatalf("third share: %q, want npu 1", third.Output())
+	}
+	st := b.Status(t)
+	for _, want := range []string{"MEM", "2 shares", "10G", "4G", "8G"} {
+		if !strings.Contains(st, want) {
+			t.Errorf("status lacks %q:\n%s", want, st)
+		}
+	}
+	first.release()
+	second.release()
+	third.release()
+}
+
+// TestShareWholeWaiter: a whole-device request waiting behind shares is
+// not passed by later shares: the device takes no new share until the
+// whole lease has had it.
+func TestShareWholeWaiter(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	w := newWorkload(t)
+	a := hold(t, b, "share-a", "--mem", "4G")
+	whole := queue(t, b, "whole", w.args(b, "whole", 5*time.Millisecond)...)
+	// 4G of 12G free would fit: it waits behind the whole request.
+	later := queue(t, b, "later", append([]string{"--mem", "4G"}, w.args(b, "later", 0)...)...)
+	a.release()
+	whole.mustSucceed()
+	later.mustSucceed()
+	if got := tags(w.runs(t)); strings.Join(got, " ") != "whole later" {
+		t.Fatalf("service order %v, want [whole later]", got)
+	}
+}
+
+// TestShareLockFiles: every share has a lock file of its own, made fresh
+// for it and removed when it ends; a descriptor kept from an ended share
+// reaches its old file, never the one a later share holds; a nested
+// npurun inside a share runs under it without asking again.
+func TestShareLockFiles(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	locks := filepath.Join(b.RunDir, "locks")
+	inode := `echo "held $NPURUN_DEVICES $(stat -L -c %i /proc/$$/fd/20)"; read x; exit 0`
+	a := startProc(t, "a", b.Npurun("--mem", "4G", "sh", "-c", inode))
+	aLine := a.waitLine("held")
+	c := startProc(t, "c", b.Npurun("--mem", "4G", "sh", "-c", inode))
+	cLine := c.waitLine("held")
+	if aLine == cLine {
+		t.Fatalf("two shares on one lock file: %q", aLine)
+	}
+	for _, f := range []string{"npu0.s0.lock", "npu0.s1.lock"} {
+		if _, err := os.Lstat(filepath.Join(locks, f)); err != nil {
+			t.Errorf("share lock file: %v", err)
+		}
+	}
+	a.stdin.Close()
+	a.mustSucceed()
+	// Its slot's next share is on a fresh file.
+	d := startProc(t, "d", b.Npurun("--mem", "4G", "sh", "-c", inode))
+	dLine := d.waitLine("held")
+	if dLine == aLine || dLine == cLine {
+		t.Fatalf("a later share on an earlier share's file: %q, earlier %q and %q", dLine, aLine, cLine)
+	}
+	c.stdin.Close()
+	c.mustSucceed()
+	d.stdin.Close()
+	d.mustSucceed()
+	if ents, _ := os.ReadDir(locks); len(ents) != 1 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("lock directory after the shares: %v, want npu0.lock alone", names)
+	}
+
+	// A client that keeps its share's descriptor after unlocking it (the
+	// broker sees the share end) relocks its own old file at once, while
+	// the next share holds a file of its own.
+	r := startProc(t, "relock", b.Npurun("--mem", "12G", b.Bin.Workload, "-relock"))
+	r.waitLine("unlocked npu0")
+	next := startProc(t, "next", b.Npurun("--mem", "12G", "sh", "-c", inode))
+	next.waitLine("held")
+	r.stdin.Write([]byte("x"))
+	r.waitLine("relocked npu0")
+	r.stdin.Close()
+	r.mustSucceed()
+	next.stdin.Close()
+	next.mustSucceed()
+
+	// Nested: 12G of 16G, and a second 12G could not fit: the inner
+	// npurun must take the outer share as its own.
+	code, out := exitCode(t, b.Npurun("--mem", "12G", b.Bin.Npurun, "--no-wait", "--mem", "12G", "true"))
+	if code != 0 {
+		t.Fatalf("nested npurun inside a share: exit %d, %s", code, out)
+	}
+}
