@@ -186,3 +186,30 @@ func TestShareLockFiles(t *testing.T) {
 		t.Fatalf("nested npurun inside a share: exit %d, %s", code, out)
 	}
 }
+
+// TestShareTask: a task's --mem is a share as an npurun's: two tasks of
+// 8G run at once on one device of 16G, each checking the declarations on
+// it, and show says the declaration.
+func TestShareTask(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	w := newWorkload(t)
+	var ids []string
+	for _, tag := range []string{"t1", "t2"} {
+		args := append([]string{"--mem", "8G", "--"}, w.args(b, tag, 300*time.Millisecond)...)
+		args = append(args, "-mem", "8192", "-capacity", "16384")
+		ids = append(ids, fmt.Sprint(submitTask(t, b, nil, w.Markers, args...)))
+	}
+	for _, id := range ids {
+		if code, out := exitCode(t, b.TaskSubmit("wait", id)); code != 0 {
+			t.Fatalf("task %s: exit %d: %s", id, code, out)
+		}
+	}
+	runs := w.runs(t)
+	if len(runs) != 2 || !(runs[0].Start < runs[1].End && runs[1].Start < runs[0].End) {
+		t.Errorf("two shares of 8G on 16G did not run at once: %+v", runs)
+	}
+	code, out := exitCode(t, b.TaskSubmit("show", ids[0]))
+	if code != 0 || !strings.Contains(out, "memory: 8G declared (a share of each device)") {
+		t.Errorf("show: exit %d:\n%s", code, out)
+	}
+}
