@@ -225,9 +225,10 @@ func (w *Waiter) drainBlocked(drained []bool) bool {
 // waiter that cannot be served closes devices to new shares as it
 // reserves free ones: a whole-device waiter, beyond the free devices it
 // reserves, as many of its devices with shares as it still lacks (those
-// with the least declared: the first to empty); a share, the device with
-// most room of those it could use. So a stream of shares serves a waiter
-// ahead of it within one round.
+// with the least declared: the first to empty); the first share in line
+// that waits (the head: EASY backfilling; the shares behind it fill the
+// rest), the device with most room of those it could use. So a stream of
+// shares serves a waiter ahead of it within one round.
 func Plan(order []*Waiter, free []bool, room Room) []Grant {
 	avail := make([]bool, len(free))
 	n := 0
@@ -246,6 +247,7 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 	}
 	var used, started map[uint32]int
 	var grants []Grant
+	shareHeld := false // a share waiting keeps a device already
 	for _, w := range order {
 		if n == 0 && shares == 0 {
 			break
@@ -287,8 +289,12 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 				shares--
 			}
 		}
-		if !ok && shareRoom != nil {
+		if !ok && shareRoom != nil && (w.Mem == 0 || !shareHeld) {
+			// A whole-device waiter keeps what it waits for, as any; of
+			// the shares, the first that waits only (the head: EASY
+			// backfilling), so that the shares behind it fill the rest.
 			shares -= closeToShares(w, len(got), shareRoom, avail, &n)
+			shareHeld = shareHeld || w.Mem > 0
 		}
 		if ok {
 			grants = append(grants, Grant{W: w, Devices: got})

@@ -35,9 +35,10 @@ import (
 // Plan places a share by best fit: on the candidate device with the
 // least room left that fits it, so large free spaces stay whole. A waiter
 // that cannot be served now closes the devices it would take first to
-// new shares (a whole-device waiter: those with shares, fewest first
-// after the free ones it reserves as always; a share: the one with most
-// room), so a stream of small shares never starves it.
+// new shares (a whole-device waiter: those with shares, least declared
+// first, after the free ones it reserves as always; the first share in
+// line that waits: the one with most room), so a stream of small shares
+// never starves it.
 
 // share is one share of a device: a lease's declaration of Mem MiB, on a
 // lock file of its own.

@@ -91,6 +91,19 @@ func TestPlanShares(t *testing.T) {
 			room: []int64{40, 50},
 			want: []string{"small:[0]"},
 		},
+		{
+			name: "only the first share that waits closes a device",
+			order: []*Waiter{
+				shareWaiter("big1", 1, 60, 1, 0, 1, 2),
+				shareWaiter("big2", 2, 60, 1, 0, 1, 2),
+				shareWaiter("small", 3, 35, 1, 0, 1, 2),
+			},
+			free: freeSet(3),
+			room: []int64{40, 50, 30},
+			// big1 closes npu 1; big2 closes none (were it to, npu 0);
+			// small fits npu 0 alone.
+			want: []string{"small:[0]"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := granted(Plan(tc.order, tc.free, Room{Share: tc.room}))
