@@ -3,9 +3,11 @@ package tests
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -212,4 +214,102 @@ func TestShareTask(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "memory: 8G declared (a share of each device)") {
 		t.Errorf("show: exit %d:\n%s", code, out)
 	}
+}
+
+// fakeSMI writes an npu-smi that prints, for `npu-smi info`, the process
+// table of the real tool's layout with the rows the test puts in its
+// file (set), and fails anything else (so `info -m` leaves the logical
+// ids as they are).
+type fakeSMI struct {
+	t          testing.TB
+	bin, table string
+}
+
+func newFakeSMI(t testing.TB) *fakeSMI {
+	dir := SharedDir(t)
+	f := &fakeSMI{t: t, bin: filepath.Join(dir, "npu-smi"), table: filepath.Join(dir, "procs")}
+	script := "#!/bin/sh\n[ \"$*\" = info ] || exit 1\n" +
+		"echo '+---------------------------+---------------+----------------------------------------------------+'\n" +
+		"echo '| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |'\n" +
+		"echo '+===========================+===============+====================================================+'\n" +
+		"cat " + f.table + "\n" +
+		"echo '+===========================+===============+====================================================+'\n"
+	if err := os.WriteFile(f.bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.set()
+	return f
+}
+
+// set makes the table's rows: pid, MiB on npu 0, in pairs.
+func (f *fakeSMI) set(pidMiB ...int) {
+	var b strings.Builder
+	for i := 0; i+1 < len(pidMiB); i += 2 {
+		fmt.Fprintf(&b, "| 0       0                 | %-13d | python                   | %-23d |\n", pidMiB[i], pidMiB[i+1])
+	}
+	if b.Len() == 0 {
+		b.WriteString("| No running processes found in NPU 0                                                            |\n")
+	}
+	tmp := f.table + ".new"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, f.table); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// TestShareOverDeclared: the broker joins what the vendor's tool shows
+// each process using to the shares' holders: a share over its declaration
+// is shown in status and logged; with over_declared = "term", its
+// holders are sent SIGTERM.
+func TestShareOverDeclared(t *testing.T) {
+	for _, policy := range []string{"report", "term"} {
+		t.Run(policy, func(t *testing.T) {
+			smi := newFakeSMI(t)
+			conf := fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0\"\nnpu_smi = %q\n[status]\nscan_interval = \"1s\"\n[share]\npools = \"all\"\ncapacity = \"16G\"\nmargin = \"0\"\nover_declared = %q\n", smi.bin, policy)
+			b := StartBroker(t, conf)
+			h := hold(t, b, "holder", "--mem", "4G")
+			pid := h.cmd.Process.Pid // npurun became the holder's sh
+			smi.set(pid, 6000)
+			b.WaitLog(0, "uses 5.9G, over its declaration of 4G")
+			if policy == "report" {
+				if st := b.Status(t); !strings.Contains(st, "4G / 5.9G  over!") {
+					t.Errorf("status does not show the share over its declaration:\n%s", st)
+				}
+				h.release()
+				return
+			}
+			if code, sig := h.wait(); sig != syscall.SIGTERM {
+				t.Fatalf("holder over its declaration with term: exit %d, signal %v; want SIGTERM", code, sig)
+			}
+		})
+	}
+}
+
+// TestShareExternalUse: a process on a shared device that holds no lease
+// counts against the device's room for shares at its observed peak until
+// it exits: a share that would fit the rest waits, and is granted once it
+// has gone.
+func TestShareExternalUse(t *testing.T) {
+	smi := newFakeSMI(t)
+	conf := fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0\"\nnpu_smi = %q\n[status]\nscan_interval = \"1s\"\n[share]\npools = \"all\"\ncapacity = \"16G\"\nmargin = \"0\"\n", smi.bin)
+	b := StartBroker(t, conf)
+	outside := startProc(t, "outside", exec.Command("sh", "-c", "echo ready; read x; exit 0"))
+	outside.waitLine("ready")
+	pid := outside.cmd.Process.Pid
+	smi.set(pid, 12*1024)
+	b.WaitLog(0, fmt.Sprintf("npu 0: pid %d uses 12G of its memory without a lease", pid))
+	// Its peak counts even when the tool shows it using less.
+	smi.set(pid, 1024)
+	code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "8G", "true"))
+	if code != 75 {
+		t.Fatalf("8G beside 12G used outside any lease, on 16G: exit %d, %s; want 75 (no room)", code, out)
+	}
+	w := newWorkload(t)
+	waiting := queue(t, b, "share", append([]string{"--mem", "8G"}, w.args(b, "share", 0)...)...)
+	outside.stdin.Close()
+	outside.mustSucceed()
+	smi.set()
+	waiting.mustSucceed()
 }

@@ -123,8 +123,13 @@ type LeaseInfo struct {
 	SlurmJob uint32 `json:"slurm_job,omitempty"`
 
 	// A share's: the memory it declared of each device, in MiB (0: a
-	// whole lease).
-	Mem int64 `json:"mem,omitempty"`
+	// whole lease); what its processes use now and used at most, as the
+	// vendor's tool shows them (MiB); Over: it was seen over its
+	// declaration.
+	Mem  int64 `json:"mem,omitempty"`
+	Used int64 `json:"used,omitempty"`
+	Peak int64 `json:"peak,omitempty"`
+	Over bool  `json:"over,omitempty"`
 }
 
 // Holder is a process that holds a lease's lock descriptor.

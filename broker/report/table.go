@@ -29,11 +29,13 @@ import (
 //	  npu14  by root since 2026-11-26 09:50  ECC errors
 //
 // Where a device holds shares (npurun --mem), a MEM column says what each
-// share declared, and each share has a row of its own under its device's:
+// share declared and what it uses, as the vendor's tool shows it, and
+// each share has a row of its own under its device's:
 //
-//	DEVICE  POOL   STATE     USER   PID   COMMAND          MEM           SINCE
-//	npu3    share  3 shares  alice  4121  python eval.py   12G           3m
-//	                         bob    5120  python serve.py  16G           2h
+//	DEVICE  POOL   STATE     USER   PID   COMMAND          MEM                SINCE
+//	npu3    share  3 shares  alice  4121  python eval.py   12G / 9.8G         3m
+//	                         bob    5120  python serve.py  16G / 15.1G        2h
+//	                         carol  5200  python ft.py     12G / 13.9G  over! 40m
 func Table(b *client.Board, width int, now time.Time) string {
 	shared := false
 	for _, d := range b.Devices {
@@ -398,7 +400,14 @@ func shareRows(b *client.Board, d client.DeviceState, now time.Time) [][]string 
 		} else {
 			row[0], row[1], row[2] = "", "", ""
 		}
-		rows = append(rows, append(row[:len(row)-1:len(row)-1], quantity.Size(l.Mem), row[len(row)-1]))
+		mem := quantity.Size(l.Mem)
+		if l.Used > 0 || l.Peak > 0 {
+			mem += " / " + quantity.Size(l.Used)
+		}
+		if l.Over {
+			mem += "  over!"
+		}
+		rows = append(rows, append(row[:len(row)-1:len(row)-1], mem, row[len(row)-1]))
 	}
 	return rows
 }

@@ -231,6 +231,9 @@ func leaseInfo(e *entry, id int, show func(uint32) bool) *client.LeaseInfo {
 	li := &client.LeaseInfo{ID: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, PID: e.pid, Task: e.Task,
 		Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed, Devices: e.Devices, Since: e.Since.UnixMilli(), Adopted: e.Adopted,
 		SlurmJob: e.SlurmJob, Container: e.container, Mem: e.Mem}
+	if m := e.mem; m != nil {
+		li.Used, li.Peak, li.Over = m.used, m.peak, m.over
+	}
 	li.Holders, li.MoreHolders = holdersInfo(e, id, show)
 	if !e.checked.IsZero() {
 		li.Checked = e.checked.UnixMilli()

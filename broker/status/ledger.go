@@ -42,6 +42,9 @@ type Table interface {
 	// Reason says why w waits beyond its turn (its user's cap), if it
 	// does.
 	Reason(w *lease.Waiter) string
+	// SetExternal tells the table what processes outside any lease use
+	// of device id, in MiB, to count against its room for shares.
+	SetExternal(id int, mib int64)
 }
 
 // Tasks is what the ledger reads of the tasks: read-only, each call
@@ -135,6 +138,9 @@ type Ledger struct {
 	mu        sync.Mutex
 	leases    map[int]*entry           // by device id, while held: whole leases
 	shares    map[int][]*entry         // by device id, while held: the shares of a device (lease.Lease.Mem), in grant order
+	extPeak   map[int]map[int]int64    // device -> pid -> MiB: the peak of each process outside any lease on a shared device (memory.go)
+	extSet    map[int]int64            // device -> MiB: what the table was told of outside use
+	capacity  map[int]int64            // device -> what its shares may declare, MiB: from Open's snapshot
 	early     map[*lease.Lease][]ended // ends heard before their lease's start (Ended)
 	refreshed time.Time                // when the holders were last looked at
 	notes     []string                 // log lines said under mu, logged by unlock
@@ -174,6 +180,8 @@ type entry struct {
 	// re-kinds an inline lease (contained; containers.go)
 	container *client.ContainerRef
 	contained bool
+
+	mem *memUse // a share's use of its device's memory, as the vendor's tool showed it (memory.go)
 }
 
 // ended is a device's end heard before its lease's start.
@@ -254,6 +262,12 @@ func Open(c Config, held map[int]lease.FileID, adopter Adopter) *Ledger {
 		adopter.NoteID(r.Lease)
 	}
 	g.adoptLeases(openLeases(recs), held, adopter, c.Jobs)
+	g.capacity = map[int]int64{}
+	for _, d := range g.table.Snapshot().Devices {
+		if d.Capacity > 0 {
+			g.capacity[d.ID] = d.Capacity
+		}
+	}
 	go g.usage.run()
 	go g.sumLoop()
 	go g.scanLoop()
@@ -336,7 +350,11 @@ func (g *Ledger) endLocked(e *entry, id int, now time.Time) {
 	g.dropLocked(id, e)
 	delete(e.held, id)
 	if e.logged {
-		g.usage.add(usageRec{T: now.UnixMilli(), Ev: "end", Lease: e.ID, Device: &id, How: endReleased, DurMS: now.Sub(e.Since).Milliseconds()})
+		rec := usageRec{T: now.UnixMilli(), Ev: "end", Lease: e.ID, Device: &id, How: endReleased, DurMS: now.Sub(e.Since).Milliseconds()}
+		if e.mem != nil {
+			rec.Peak = e.mem.peak
+		}
+		g.usage.add(rec)
 	} else {
 		g.sums.add(e, now)
 	}

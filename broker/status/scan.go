@@ -219,6 +219,7 @@ func (g *Ledger) scanOnce() {
 	acts := g.unleasedLocked(res, targets, j)
 	g.changedLocked() // the board tells when the last scan was, if nothing else
 	g.unlock()
+	g.memoryOnce(res)
 	for _, u := range acts {
 		sig := unix.SIGTERM
 		if u.action == policy.UnleasedKill {

@@ -93,6 +93,7 @@ type usageRec struct {
 	Device *int   `json:"device,omitempty"`
 	How    string `json:"how,omitempty"`
 	DurMS  int64  `json:"dur_ms,omitempty"`
+	Peak   int64  `json:"peak,omitempty"` // a share's: the most device memory its processes were seen to use, MiB
 
 	// sum (Lease 0; Kind, User, UID, Pool as a start's): leases of one
 	// user, kind and pool past the user's rate, that ended between From
