@@ -313,3 +313,47 @@ func TestShareExternalUse(t *testing.T) {
 	smi.set()
 	waiting.mustSucceed()
 }
+
+// TestShareRestart: a broker killed while shares are held finds them at
+// its restart, from their lock files, with what they declared: a share
+// that fits beside them is granted, one that does not waits until a held
+// share ends, and the device is never over its capacity (the runs check).
+func TestShareRestart(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	w := newWorkload(t)
+	h := hold(t, b, "held", "--mem", "10G")
+	b.Kill()
+	b.Start()
+	b.WaitLog(0, "npu 0 holds a share of 10240 MiB from before this start")
+	fits := append([]string{"--mem", "6G"}, w.args(b, "fits", 0)...)
+	fits = append(fits, "-mem", "6144", "-capacity", "16384")
+	if code, out := exitCode(t, b.Npurun(append([]string{"--no-wait"}, fits...)...)); code != 0 {
+		t.Fatalf("6G beside a found share of 10G on 16G: exit %d, %s", code, out)
+	}
+	if code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "7G", "true")); code != 75 {
+		t.Fatalf("7G beside a found share of 10G on 16G: exit %d, %s; want 75", code, out)
+	}
+	waiting := queue(t, b, "after", append([]string{"--mem", "7G"}, w.args(b, "after", 0)...)...)
+	h.release()
+	waiting.mustSucceed()
+}
+
+// TestShareDrained: a drained device takes no new share (its shares run
+// on), and takes them again once undrained.
+func TestShareDrained(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	h := hold(t, b, "held", "--mem", "4G")
+	if code, _, errs := drainCmd(t, b, nil, "drain", "npu0", "--reason", "ECC"); code != 0 {
+		t.Fatalf("drain: exit %d: %s", code, errs)
+	}
+	if code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "4G", "true")); code != 75 {
+		t.Fatalf("a share of a drained device: exit %d, %s; want 75", code, out)
+	}
+	if code, _, errs := drainCmd(t, b, nil, "undrain", "npu0"); code != 0 {
+		t.Fatalf("undrain: exit %d: %s", code, errs)
+	}
+	if code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "4G", "true")); code != 0 {
+		t.Fatalf("a share once undrained: exit %d, %s", code, out)
+	}
+	h.release()
+}
