@@ -357,3 +357,35 @@ func TestShareDrained(t *testing.T) {
 	}
 	h.release()
 }
+
+// TestShareRestrictedUsers: two restricted accounts holding shares of one
+// device each open its node while they hold a share, and only then: the
+// end of one's share takes its entry away and leaves the other's.
+func TestShareRestrictedUsers(t *testing.T) {
+	dev := newDevTree(t, 1)
+	alice, bob := newUser(t), newUser(t)
+	b := StartBroker(t, dev.config("0", fmt.Sprintf("[restrict]\nusers = [%q, %q]\n[share]\npools = \"all\"\ncapacity = \"16G\"\nmargin = \"0\"\n", alice.Name, bob.Name)))
+	node := dev.node("davinci0")
+	a := leaseAs(t, b, alice, "alice", "--mem", "4G")
+	if !canOpen(t, alice, node) || canOpen(t, bob, node) {
+		t.Fatalf("alice's share: alice opens it %v, bob %v; want true, false", canOpen(t, alice, node), canOpen(t, bob, node))
+	}
+	bb := leaseAs(t, b, bob, "bob", "--mem", "4G")
+	if !canOpen(t, alice, node) || !canOpen(t, bob, node) {
+		t.Fatalf("two shares: alice opens it %v, bob %v; want both", canOpen(t, alice, node), canOpen(t, bob, node))
+	}
+	a.release()
+	// 12G fits only once alice's share is gone, and the device takes no
+	// share while its node is being closed to her.
+	if code, out := exitCode(t, b.Npurun("--mem", "12G", "--timeout", "20s", "true")); code != 0 {
+		t.Fatalf("12G after alice's share: exit %d, %s", code, out)
+	}
+	if canOpen(t, alice, node) || !canOpen(t, bob, node) {
+		t.Fatalf("after alice's share: alice opens it %v, bob %v; want false, true", canOpen(t, alice, node), canOpen(t, bob, node))
+	}
+	bb.release()
+	waitFree(t, b, 0)
+	if canOpen(t, bob, node) {
+		t.Error("after bob's share bob still opens the node")
+	}
+}
