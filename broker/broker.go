@@ -199,6 +199,7 @@ func New(o Options) (*Server, error) {
 		Access: s.acc, Holders: s.scanner, Describe: s.describeHolder, Socket: o.Socket, Self: self, Cgroup: cgMode,
 		Claim: s.claimTasks, Log: s.log,
 	}
+	tc.DevicePeak = func(id uint64) int64 { return s.status.TaskPeak(id) }
 	if s.slurm != nil {
 		tc.Outside = (*slurmOutside)(s) // Slurm's devices, its placeholders' reasons
 	}

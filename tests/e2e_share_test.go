@@ -389,3 +389,38 @@ func TestShareRestrictedUsers(t *testing.T) {
 		t.Error("after bob's share bob still opens the node")
 	}
 }
+
+// TestShareTaskPeak: at a task's end its share's peak, as the vendor's
+// tool showed its processes, is recorded, and show says whether its
+// declaration was too low.
+func TestShareTaskPeak(t *testing.T) {
+	smi := newFakeSMI(t)
+	conf := fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0\"\nnpu_smi = %q\n[status]\nscan_interval = \"1s\"\n[share]\npools = \"all\"\ncapacity = \"16G\"\nmargin = \"0\"\n", smi.bin)
+	b := StartBroker(t, conf)
+	dir := SharedDir(t)
+	pidFIFO, goFIFO := filepath.Join(dir, "pid"), filepath.Join(dir, "go")
+	for _, f := range []string{pidFIFO, goFIFO} {
+		if err := syscall.Mkfifo(f, 0o666); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := submitTask(t, b, nil, dir, "--mem", "8G", "--", "sh", "-c", `echo $$ > "$1"; read x < "$2"`, "sh", pidFIFO, goFIFO)
+	data, err := os.ReadFile(pidFIFO) // returns once the task has written its pid
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.TrimSpace(string(data))
+	var n int
+	fmt.Sscan(pid, &n)
+	smi.set(n, 10*1024)
+	b.WaitLog(0, "uses 10G, over its declaration of 8G")
+	if err := os.WriteFile(goFIFO, []byte("go\n"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := exitCode(t, b.TaskSubmit("wait", fmt.Sprint(id))); code != 0 {
+		t.Fatalf("wait: exit %d: %s", code, out)
+	}
+	if code, out := exitCode(t, b.TaskSubmit("show", fmt.Sprint(id))); code != 0 || !strings.Contains(out, "device memory peak: 10G of 8G declared: declared too low") {
+		t.Fatalf("show: exit %d:\n%s", code, out)
+	}
+}

@@ -155,6 +155,7 @@ type TaskInfo struct {
 	Reason    string   `json:"reason,omitempty"`   // why it failed, was cancelled or lost
 	CPUMs     int64    `json:"cpu_ms,omitempty"`   // CPU time its processes used, where it had a control group
 	MemPeak   int64    `json:"mem_peak,omitempty"` // their peak memory in bytes, where the memory controller measured it
+	DevPeak   int64    `json:"device_peak,omitempty"` // a share's: the most device memory its processes were seen to use, MiB
 	Token     string   `json:"token,omitempty"`    // its submission's token (the submitter's and root's to see)
 }
 
@@ -182,6 +183,9 @@ type Status struct {
 	// supervisor.
 	CPUMs   int64 `json:"cpu_ms,omitempty"`
 	MemPeak int64 `json:"mem_peak,omitempty"`
+	// A share's (--mem): the most device memory its processes were seen
+	// to use, in MiB, from the vendor's tool through the broker's scan.
+	DevicePeak int64 `json:"device_peak,omitempty"`
 }
 
 // Spec is what the broker gives a task's supervisor on its standard input.

@@ -141,6 +141,7 @@ type Ledger struct {
 	extPeak   map[int]map[int]int64    // device -> pid -> MiB: the peak of each process outside any lease on a shared device (memory.go)
 	extSet    map[int]int64            // device -> MiB: what the table was told of outside use
 	capacity  map[int]int64            // device -> what its shares may declare, MiB: from Open's snapshot
+	taskPeaks map[uint64]int64         // task id -> the peak of its share, once ended (memory.go)
 	early     map[*lease.Lease][]ended // ends heard before their lease's start (Ended)
 	refreshed time.Time                // when the holders were last looked at
 	notes     []string                 // log lines said under mu, logged by unlock
@@ -349,6 +350,7 @@ func (g *Ledger) Ended(l *lease.Lease, id int, at time.Time) {
 func (g *Ledger) endLocked(e *entry, id int, now time.Time) {
 	g.dropLocked(id, e)
 	delete(e.held, id)
+	g.notePeakLocked(e)
 	if e.logged {
 		rec := usageRec{T: now.UnixMilli(), Ev: "end", Lease: e.ID, Device: &id, How: endReleased, DurMS: now.Sub(e.Since).Milliseconds()}
 		if e.mem != nil {

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
@@ -181,3 +182,38 @@ func (g *Ledger) shareOfLocked(p npu.ProcMem, ancestors []int, nodeOf map[int]in
 // sharedLocked tells whether device id may hold shares, as the last board
 // showed it.
 func (g *Ledger) sharedLocked(id int) bool { return g.capacity[id] > 0 }
+
+// maxTaskPeaks bounds the peaks of ended task shares kept for TaskPeak.
+const maxTaskPeaks = 4096
+
+// TaskPeak is the most device memory the share of task id was seen to
+// use, in MiB: of its share held now, or of one that ended lately; 0 if
+// unknown. The task room asks at the task's end (its supervisor's
+// report, made while it still holds the share).
+func (g *Ledger) TaskPeak(id uint64) int64 {
+	g.mu.Lock()
+	defer g.unlock()
+	var peak int64
+	for _, list := range g.shares {
+		for _, e := range list {
+			if e.Kind == lease.Task && e.Task == id && e.mem != nil {
+				peak = max(peak, e.mem.peak)
+			}
+		}
+	}
+	return max(peak, g.taskPeaks[id])
+}
+
+// notePeakLocked keeps the peak of ended share e, if a task's.
+func (g *Ledger) notePeakLocked(e *entry) {
+	if e.Kind != lease.Task || e.mem == nil || e.mem.peak == 0 {
+		return
+	}
+	if g.taskPeaks == nil {
+		g.taskPeaks = map[uint64]int64{}
+	}
+	if len(g.taskPeaks) >= maxTaskPeaks {
+		clear(g.taskPeaks) // a report comes at its task's end: old ones are not asked for
+	}
+	g.taskPeaks[e.Task] = max(g.taskPeaks[e.Task], e.mem.peak)
+}

@@ -110,6 +110,10 @@ type Config struct {
 	Log   *log.Logger
 	// Outside allocates devices outside the line (Slurm); nil: none.
 	Outside Outside
+	// DevicePeak is the most device memory the processes of task id's
+	// share were seen to use, in MiB (the status room's, from the vendor's
+	// tool); 0 where unknown. nil: never known.
+	DevicePeak func(id uint64) int64
 	// Runner runs the tasks granted; nil: the local one (supervisors on
 	// this machine, local.go).
 	Runner Runner
@@ -145,6 +149,7 @@ type Runtime struct {
 	log      *log.Logger
 	run      Runner
 	outside  Outside // nil: none
+	devPeak  func(id uint64) int64 // Config.DevicePeak
 	boot     string  // this boot's id, against pids of an earlier boot
 	cpuSlots []int   // ids of the CPU slots: 0..cpu_slots-1
 	unpriv   bool    // not root: tasks only for our own uid, no credential change
@@ -184,7 +189,7 @@ type endNote struct {
 // New makes the runtime; Open takes up the journal.
 func New(c Config) *Runtime {
 	rt := &Runtime{cfg: c.Policy, inv: c.Inventory, table: c.Table, owner: c.Owner, accounts: c.Accounts,
-		access: c.Access, holders: c.Holders, describe: c.Describe, socket: c.Socket, claim: c.Claim, log: c.Log,
+		access: c.Access, holders: c.Holders, describe: c.Describe, socket: c.Socket, claim: c.Claim, log: c.Log, devPeak: c.DevicePeak,
 		boot: bootID(), unpriv: os.Geteuid() != 0,
 		jobs: map[uint64]*Task{}, running: map[uint32]int{}, cpuq: lease.NewQueue(),
 		cpuFree: make([]bool, c.Policy.Tasks.CPUSlots), watching: map[Watcher][]*Task{}}

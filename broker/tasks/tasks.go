@@ -86,7 +86,7 @@ func Info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	}
 	if t.Status != nil {
 		ti.Exit, ti.Signal = t.Status.Exit, t.Status.Signal
-		ti.CPUMs, ti.MemPeak = t.Status.CPUMs, t.Status.MemPeak
+		ti.CPUMs, ti.MemPeak, ti.DevPeak = t.Status.CPUMs, t.Status.MemPeak, t.Status.DevicePeak
 	}
 	if full {
 		ti.Command, ti.Cwd, ti.Env, ti.Log = command(t), t.Sub.Cwd, t.Sub.Env, t.Log
@@ -660,10 +660,13 @@ func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *client.Status) err
 		st.Reason = st.Reason[:maxReasonBytes] + "…"
 	}
 	// What the task used is the broker's to say, from its control group.
-	st.CPUMs, st.MemPeak = 0, 0
+	st.CPUMs, st.MemPeak, st.DevicePeak = 0, 0, 0
 	if j := rt.jobs[id]; j != nil {
 		cpu, peak := rt.run.Usage(j)
 		st.CPUMs, st.MemPeak = cpu.Milliseconds(), peak
+	}
+	if t.Sub.Mem > 0 && rt.devPeak != nil {
+		st.DevicePeak = rt.devPeak(id)
 	}
 	state := tasklife.Failed
 	switch {

@@ -208,6 +208,9 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 	if t.MemPeak > 0 {
 		line("memory peak", formatBytes(t.MemPeak))
 	}
+	if t.Mem > 0 && t.DevPeak > 0 {
+		line("device memory peak", quantity.Size(t.DevPeak)+" of "+quantity.Size(t.Mem)+" declared: "+declaration(t.Mem, t.DevPeak))
+	}
 	line("log", quoteIfNeeded(t.Log))
 	if t.Position > 0 {
 		line("position", client.Ordinal(t.Position)+" in line")
@@ -346,4 +349,17 @@ func formatBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// declaration judges a share's declaration of mem MiB against the peak its
+// processes were seen to use: too low if they used more, too high if less
+// than half of it.
+func declaration(mem, peak int64) string {
+	switch {
+	case peak > mem:
+		return "declared too low (its neighbours' room was used; declare " + quantity.Size(peak+peak/4) + ")"
+	case 2*peak < mem:
+		return "declared too high (" + quantity.Size(peak+peak/4) + " would do)"
+	}
+	return "about right"
 }
