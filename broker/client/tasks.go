@@ -150,13 +150,13 @@ type TaskInfo struct {
 	Submitted int64    `json:"submitted"`          // Unix milliseconds
 	Started   int64    `json:"started,omitempty"`
 	Ended     int64    `json:"ended,omitempty"`
-	Exit      *int     `json:"exit,omitempty"`     // exit code, when it exited
-	Signal    string   `json:"signal,omitempty"`   // or the signal that ended it
-	Reason    string   `json:"reason,omitempty"`   // why it failed, was cancelled or lost
-	CPUMs     int64    `json:"cpu_ms,omitempty"`   // CPU time its processes used, where it had a control group
-	MemPeak   int64    `json:"mem_peak,omitempty"` // their peak memory in bytes, where the memory controller measured it
+	Exit      *int     `json:"exit,omitempty"`        // exit code, when it exited
+	Signal    string   `json:"signal,omitempty"`      // or the signal that ended it
+	Reason    string   `json:"reason,omitempty"`      // why it failed, was cancelled or lost
+	CPUMs     int64    `json:"cpu_ms,omitempty"`      // CPU time its processes used, where it had a control group
+	MemPeak   int64    `json:"mem_peak,omitempty"`    // their peak memory in bytes, where the memory controller measured it
 	DevPeak   int64    `json:"device_peak,omitempty"` // a share's: the most device memory its processes were seen to use, MiB
-	Token     string   `json:"token,omitempty"`    // its submission's token (the submitter's and root's to see)
+	Token     string   `json:"token,omitempty"`       // its submission's token (the submitter's and root's to see)
 }
 
 // ExitStatus is the status a shell would give for the task: its exit

@@ -148,11 +148,11 @@ type Runtime struct {
 	claim    func(dir string) error
 	log      *log.Logger
 	run      Runner
-	outside  Outside // nil: none
+	outside  Outside               // nil: none
 	devPeak  func(id uint64) int64 // Config.DevicePeak
-	boot     string  // this boot's id, against pids of an earlier boot
-	cpuSlots []int   // ids of the CPU slots: 0..cpu_slots-1
-	unpriv   bool    // not root: tasks only for our own uid, no credential change
+	boot     string                // this boot's id, against pids of an earlier boot
+	cpuSlots []int                 // ids of the CPU slots: 0..cpu_slots-1
+	unpriv   bool                  // not root: tasks only for our own uid, no credential change
 
 	mu sync.Mutex
 	// The task table (nil while the journal cannot be opened, taskErr
