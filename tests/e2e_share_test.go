@@ -424,3 +424,55 @@ func TestShareTaskPeak(t *testing.T) {
 		t.Fatalf("show: exit %d:\n%s", code, out)
 	}
 }
+
+// TestShareOOMRetry: a task that fails with an out-of-memory message of
+// the device's runtime in its log is submitted again, its declaration
+// raised (1.25× of 8G: 10G, no peak being known), and the retry waits in
+// the journal across a broker's restart until it fits; a failure of
+// another kind uses no retry.
+func TestShareOOMRetry(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	dir := SharedDir(t)
+	// 7G held: the first run's 8G fits, the retry's 10G does not yet.
+	h := hold(t, b, "held", "--mem", "7G")
+	script := `if [ -e ran ]; then echo "second run, $NPURUN_DEVICES"; exit 0; fi
+touch ran; echo "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB" >&2; exit 1`
+	id := submitTask(t, b, nil, dir, "--mem", "8G", "--oom-retries", "1", "--", "sh", "-c", script)
+	if code, out := exitCode(t, b.TaskSubmit("wait", fmt.Sprint(id))); code == 0 {
+		t.Fatalf("the first run succeeded: %s", out)
+	}
+	first := showTask(t, b, id)
+	var retry uint64
+	if _, err := fmt.Sscanf(first.Reason, "out of device memory: retried as task %d with --mem 10G", &retry); err != nil || first.State != "failed" {
+		t.Fatalf("the first run: %s, %q; want failed and its retry named", first.State, first.Reason)
+	}
+	check := func(when string) {
+		t.Helper()
+		r := showTask(t, b, retry)
+		if r.State != "pending" || r.Mem != 10*1024 || r.RetryOf != id || r.OOMRetries != 0 {
+			t.Fatalf("%s: retry %d is %s, mem %d, retry of %d, %d retries left; want pending, 10240, %d, 0", when, retry, r.State, r.Mem, r.RetryOf, r.OOMRetries, id)
+		}
+	}
+	check("before the restart")
+	b.Kill()
+	b.Start()
+	check("after the restart")
+	h.release()
+	if code, out := exitCode(t, b.TaskSubmit("wait", fmt.Sprint(retry))); code != 0 {
+		t.Fatalf("the retry: exit %d: %s", code, out)
+	}
+
+	// Another failure: no retry.
+	other := submitTask(t, b, nil, dir, "--mem", "2G", "--oom-retries", "2", "--", "sh", "-c", `echo "ValueError: bad input" >&2; exit 1`)
+	if code, _ := exitCode(t, b.TaskSubmit("wait", fmt.Sprint(other))); code == 0 {
+		t.Fatal("the failing task succeeded")
+	}
+	if r := showTask(t, b, other); strings.Contains(r.Reason, "retried") {
+		t.Errorf("a failure not out of memory was retried: %q", r.Reason)
+	}
+	for _, ti := range listTasks(t, b, nil, true) {
+		if ti.RetryOf == other {
+			t.Errorf("task %d retries task %d, which did not run out of memory", ti.ID, other)
+		}
+	}
+}

@@ -162,6 +162,14 @@ func appendSubmit(b []byte, r *Request) []byte {
 		key("mem")
 		b = strconv.AppendInt(b, t.Mem, 10)
 	}
+	if t.OOMRetries != 0 {
+		key("oom_retries")
+		b = strconv.AppendInt(b, int64(t.OOMRetries), 10)
+	}
+	if t.RetryOf != 0 {
+		key("retry_of")
+		b = strconv.AppendUint(b, t.RetryOf, 10)
+	}
 	if t.NoDevice {
 		key("no_device")
 		b = append(b, "true"...)

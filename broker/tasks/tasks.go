@@ -77,7 +77,7 @@ const (
 func Info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	ti := client.TaskInfo{
 		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
-		N: t.Sub.N, Pool: t.Sub.Pool, Mem: t.Sub.Mem, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
+		N: t.Sub.N, Pool: t.Sub.Pool, Mem: t.Sub.Mem, OOMRetries: t.Sub.OOMRetries, RetryOf: t.Sub.RetryOf, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
 		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
 		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended,
 	}
@@ -675,9 +675,24 @@ func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *client.Status) err
 	case st.Reason == "cancelled":
 		state = tasklife.Cancelled
 	}
-	if err := rt.life.End(t, state, st, ""); err != nil {
+	retry := state == tasklife.Failed && st.OOM && t.Sub.Mem > 0 && t.Sub.OOMRetries > 0 && rt.jobs[id] != nil
+	var sub client.Submission
+	var acct *Account
+	var nid uint64
+	reason := ""
+	if retry {
+		sub, acct = t.Sub, rt.jobs[id].acct
+		sub.Env = slices.Clone(sub.Env)
+		sub.Mem = oomRaise(sub.Mem, st.DevicePeak)
+		nid = rt.life.NewID()
+		reason = oomReason(nid, sub.Mem)
+	}
+	if err := rt.life.End(t, state, st, reason); err != nil {
 		rt.log.Printf("task %d: %v", id, err)
 		return refuse(ErrSpool, "report again later", "the broker could not record the end of task %d: %v", id, err)
+	}
+	if retry {
+		rt.oomRetryLocked(t, nid, sub, acct)
 	}
 	return nil
 }

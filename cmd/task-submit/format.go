@@ -179,6 +179,12 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 	if t.Mem > 0 {
 		line("memory", quantity.Size(t.Mem)+" declared (a share of each device)")
 	}
+	if t.OOMRetries > 0 {
+		line("oom retries", strconv.Itoa(t.OOMRetries)+" left")
+	}
+	if t.RetryOf != 0 {
+		line("retry of", "task "+strconv.FormatUint(t.RetryOf, 10)+" (out of device memory)")
+	}
 	line("after", joinIDs(t.After))
 	if t.TimeSec > 0 {
 		line("time limit", quantity.Duration(time.Duration(t.TimeSec)*time.Second))

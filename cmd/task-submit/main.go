@@ -23,7 +23,7 @@ import (
 var version = "dev"
 
 const usage = `Usage:
-  task-submit [-n N | -d LIST | --no-device] [-p POOL] [--mem SIZE] [--time DURATION] [--name NAME] [--after ID[,ID...]] [--log FILE] [--token TOKEN] [--json] (--run STRING | -- COMMAND [ARG...])
+  task-submit [-n N | -d LIST | --no-device] [-p POOL] [--mem SIZE [--oom-retries N]] [--time DURATION] [--name NAME] [--after ID[,ID...]] [--log FILE] [--token TOKEN] [--json] (--run STRING | -- COMMAND [ARG...])
   task-submit list [--all] [--json]
   task-submit show [--json] ID
   task-submit logs [-f] ID
@@ -146,6 +146,7 @@ func submitFlags(o *options, a *submitArgs) *flagSet {
 	fs.switchVar(&o.sub.NoDevice, 0, "no-device", "take no device; run when a CPU slot is free")
 	fs.stringVar(&o.sub.Pool, 'p', "pool", "POOL", "pool to take devices from (default: the policy's default pool)").completes(completion.Pools)
 	fs.stringVar(&a.mem, 'm', "mem", "SIZE", "a share of each device, of SIZE of its memory (12G, 512M; a bare number is GiB)")
+	fs.countVar(&o.sub.OOMRetries, 0, "oom-retries", "N", "with --mem: submit the task again, up to N times, if it fails out of device memory, declaring 1.25x its peak", "retry count", "--oom-retries takes a number of retries, such as --oom-retries 2")
 	fs.durationVar(&a.limit, 0, "time", "DURATION", "time limit, e.g. 6h, 90m or 1d, after which the task is killed (default: the policy's)", maxTime)
 	fs.stringVar(&o.sub.Name, 0, "name", "NAME", "name to list the task by instead of its command")
 	fs.listVar(&a.after, 0, "after", "ID[,ID...]", "start only once these tasks have succeeded", true).completes(completion.Tasks)
@@ -237,6 +238,10 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("--no-device takes no device, count or pool")
 	case s.NoDevice && fs.changed["mem"]:
 		return nil, usagef("--no-device and --mem exclude each other")
+	case fs.changed["oom-retries"] && (s.OOMRetries < 0 || s.OOMRetries > 100):
+		return nil, usagef("--oom-retries takes 0 to 100 retries")
+	case s.OOMRetries > 0 && !fs.changed["mem"]:
+		return nil, &usageError{msg: "--oom-retries needs --mem: a retry raises the declaration of a share", hint: "task-submit --mem 20G --oom-retries 2 -- COMMAND"}
 	case s.N < 0:
 		return nil, usagef("bad device count %d: -n takes 1 or more", s.N)
 	case s.N == 0 && fs.changed["devices"]:
