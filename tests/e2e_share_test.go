@@ -325,6 +325,11 @@ func TestShareRestart(t *testing.T) {
 	b.Kill()
 	b.Start()
 	b.WaitLog(0, "npu 0 holds a share of 10240 MiB from before this start")
+	// The accounting log's record names its holder: status shows it so.
+	board := b.Board(t)
+	if sh := board.Devices[0].Shares; len(sh) != 1 || sh[0].Kind != "inline" || sh[0].User != "root" || sh[0].Mem != 10240 || !sh[0].Adopted {
+		t.Errorf("after the restart, status shows the shares %+v; want root's inline share of 10240 MiB, adopted", sh)
+	}
 	fits := append([]string{"--mem", "6G"}, w.args(b, "fits", 0)...)
 	fits = append(fits, "-mem", "6144", "-capacity", "16384")
 	if code, out := exitCode(t, b.Npurun(append([]string{"--no-wait"}, fits...)...)); code != 0 {

@@ -390,3 +390,35 @@ func (t *Table) ShareMessage(h *Handover) string {
 	return fmt.Sprintf("granted %s of %s (%s, %s of %s declared)", sizeOf(h.W.Mem), t.vendor.Format(h.Devices),
 		quantity.Count(others, "other share", "other shares"), sizeOf(declared), sizeOf(capacity))
 }
+
+// AdoptShare puts l in the place of found, a share found held at Open
+// (its Lease in a Snapshot): l must be on found's device and lock file,
+// with its declaration; its holder counts against its devices from now
+// on, as any lease's. The owner's records (an accounting log) name l.
+func (t *Table) AdoptShare(found, l *Lease) error {
+	if len(found.Devices) != 1 || len(l.Devices) != 1 || l.Devices[0] != found.Devices[0] || len(l.Files) != 1 || l.Files[0] != found.Files[0] || l.Mem != found.Mem {
+		return fmt.Errorf("adopt share %d: not the share found on its device and file", l.ID)
+	}
+	id := found.Devices[0]
+	if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
+		return fmt.Errorf("adopt share %d: no npu %d here", l.ID, id)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d := t.devs[id]
+	for _, s := range d.shares {
+		if s.lease != found {
+			continue
+		}
+		s.lease, s.uid = l, l.UID
+		if i := slices.Index(d.leases, found); i >= 0 {
+			d.leases[i] = l
+		}
+		if counts(l.Kind) && l.User != "" {
+			t.held[l.UID]++
+		}
+		t.lastID = max(t.lastID, l.ID)
+		return nil
+	}
+	return fmt.Errorf("adopt share %d: npu %d holds no such share, or it has ended", l.ID, id)
+}

@@ -81,6 +81,10 @@ type Adopter interface {
 	NewID() uint64
 	PoolOf(id int) string
 	Adopt(l *lease.Lease) error
+	// AdoptShare puts l, the record of a share found held at start
+	// (Snapshot's found), in found's place: same device, file and
+	// declaration, and who holds it as the accounting log says.
+	AdoptShare(found, l *lease.Lease) error
 }
 
 // Config configures a Ledger.
@@ -544,6 +548,7 @@ func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 			g.log.Printf("npu %d: lease of %s (%s) from before this start goes on", id, l.User, kindName(e))
 		}
 	}
+	g.adoptShares(byFile, a) // before the ends of the leases gone: a share held is not
 	for _, ol := range open {
 		for _, id := range slices.Sorted(maps.Keys(ol.held)) {
 			id := id

@@ -3,6 +3,7 @@ package status
 import (
 	"errors"
 	"slices"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -216,4 +217,59 @@ func (g *Ledger) notePeakLocked(e *entry) {
 		clear(g.taskPeaks) // a report comes at its task's end: old ones are not asked for
 	}
 	g.taskPeaks[e.Task] = max(g.taskPeaks[e.Task], e.mem.peak)
+}
+
+// adoptShares takes up, at start, the shares the lease table found held
+// (their lock files, with their declarations): one whose file an open
+// lease of the accounting log names goes on as that lease (its holder,
+// its record), and that lease is not ended; any other is a share found
+// now, of whoever the scans show holding it.
+func (g *Ledger) adoptShares(byFile map[lease.FileID]*openLease, a Adopter) {
+	for _, d := range g.table.Snapshot().Devices {
+		for _, found := range d.Leases {
+			if found.Mem == 0 || !found.Adopted || found.Kind != lease.Found || len(found.Files) != 1 {
+				continue
+			}
+			id, fid := found.Devices[0], found.Files[0]
+			l := found
+			logged := false
+			if ol := byFile[fid]; ol != nil && ol.held[id] {
+				r := ol.rec
+				l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true, Devices: []int{id}, Files: []lease.FileID{fid},
+					Mem: found.Mem, Share: r.Share,
+					Holder: lease.Holder{Kind: lease.Kind(r.Kind), UID: r.UID, User: r.User, PID: r.PID, PIDStart: r.PIDStart, Task: r.Task,
+						Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob, Container: r.Container}}
+				if err := a.AdoptShare(found, l); err != nil {
+					g.log.Print(err) // it ended meanwhile: its end is found's, below
+					l = found
+				} else {
+					delete(ol.held, id)
+					logged = true
+				}
+			}
+			e := newEntry(l)
+			if !logged {
+				rec := e.record("start")
+				rec.Found = true
+				g.usage.add(rec)
+			}
+			e.logged = true
+			g.mu.Lock()
+			ends := g.early[l] // it ended already
+			delete(g.early, l)
+			g.putLocked(id, e)
+			for _, x := range ends {
+				g.endLocked(e, x.id, x.at)
+			}
+			g.unlock()
+			g.log.Printf("npu %d: share of %s (%s, %s) from before this start goes on", id, orFound(l.User), kindName(e), quantity.Size(l.Mem))
+		}
+	}
+}
+
+func orFound(user string) string {
+	if user == "" {
+		return "an unknown holder"
+	}
+	return user
 }
