@@ -141,10 +141,10 @@ func (t *Table) SetExternal(id int, mib int64) {
 		return
 	}
 	t.mu.Lock()
-	grew := mib < t.devs[id].external
+	roomGrew := mib < t.devs[id].external
 	t.devs[id].external = max(mib, 0)
 	t.mu.Unlock()
-	if grew {
+	if roomGrew {
 		t.owner.Freed()
 	}
 }

@@ -2,8 +2,15 @@ package lease
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/policy"
 )
 
 func shareWaiter(name string, uid uint32, mem int64, n int, cand ...int) *Waiter {
@@ -155,4 +162,85 @@ func TestPlanSharesWholeServed(t *testing.T) {
 		}
 	}
 	t.Fatal("the whole-device waiter was never served")
+}
+
+// newShareTable is newTable of one device of capacity MiB for shares.
+func newShareTable(t *testing.T, capacity int64) (*owner, string) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "locks")
+	o := &owner{running: map[uint32]int{}, events: make(chan string, 1024)}
+	tbl, err := Open(Config{Dir: dir, IDs: ids(1), Pools: []Pool{{Name: "default"}}, DefaultPool: "default", Vendor: npu.Fake, Owner: o, Capacity: map[int]int64{0: capacity}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.tbl = tbl
+	tbl.Start(nil)
+	t.Cleanup(func() { o.quiet(t) })
+	return o, dir
+}
+
+// askShare queues a share of mem MiB for uid and serves the line.
+func (o *owner) askShare(t *testing.T, uid uint32, mem int64) chan grant {
+	t.Helper()
+	ch := make(chan grant, 1)
+	w, err := o.tbl.Admit(Request{Holder: Holder{Kind: Inline, UID: uid, User: fmt.Sprintf("u%d", uid)}, Mem: mem})
+	if err != nil {
+		t.Fatalf("admit a share of %d MiB: %v", mem, err)
+	}
+	w.Ref = ch
+	o.mu.Lock()
+	o.tbl.Add(w)
+	o.serveLocked()
+	o.mu.Unlock()
+	return ch
+}
+
+// TestShareFiles: each share is on a lock file of its own, made for it
+// with its declaration inside, and removed at its end; a share's holder
+// that keeps its descriptor and locks it again takes its own old file,
+// never a later share's; the device's own lock file is a whole lease's
+// once the last share has ended, and not before.
+func TestShareFiles(t *testing.T) {
+	o, dir := newShareTable(t, 16<<10)
+	a := got(t, o.askShare(t, 1, 4<<10), "share a")
+	b := got(t, o.askShare(t, 2, 4<<10), "share b")
+	if a.l.Mem != 4<<10 || a.l.Files[0] == b.l.Files[0] {
+		t.Fatalf("shares a and b: %+v, %+v: want each its own file", a.l, b.l)
+	}
+	for _, g := range []grant{a, b} {
+		if f := fdFile(t, g.fds[0]); f != g.l.Files[0] {
+			t.Errorf("share %d's descriptor is on %v, its record says %v", g.l.ID, f, g.l.Files[0])
+		}
+	}
+	data, err := os.ReadFile(SharePath(dir, 0, 0))
+	if err != nil || string(data) != "4096\n" {
+		t.Fatalf("share a's file: %q, %v; want its declaration", data, err)
+	}
+	whole := make(chan grant, 1)
+	o.askTo(t, whole, 3, 1, "", nil, policy.Limit{})
+	none(t, o, whole, "a whole lease beside shares")
+
+	// a keeps its descriptor: unlocked, its share ends, and its file goes.
+	if err := unix.Flock(a.fds[0], unix.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	awaitEvent(t, o, fmt.Sprintf("released %d", a.l.ID))
+	awaitEvent(t, o, "freed")
+	if _, err := os.Lstat(SharePath(dir, 0, 0)); !os.IsNotExist(err) {
+		t.Fatalf("an ended share's file is still there: %v", err)
+	}
+	// The whole request waits for b; b's end gives it the device.
+	none(t, o, whole, "a whole lease beside one share")
+	b.release()
+	w := got(t, whole, "the whole lease after the last share")
+	if f := fdFile(t, w.fds[0]); f != pathFile(t, LockPath(dir, 0)) {
+		t.Fatalf("the whole lease is on %v, not the device's file", f)
+	}
+	// a's old descriptor locks its own old file at once: it reaches
+	// neither the whole lease's file nor any share's.
+	if err := unix.Flock(a.fds[0], unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatalf("a's kept descriptor: %v; want its own old, unlinked file, free", err)
+	}
+	unix.Close(a.fds[0])
+	w.release()
 }
