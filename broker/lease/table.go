@@ -129,11 +129,10 @@ type Table struct {
 	wake   chan<- struct{}
 }
 
-// device is one accelerator: its lock file and who holds it. A device
-// holds a set of leases: one whole lease today. A device of shares would
-// hold several, each with a lock file of its own, free while its capacity
-// allows one more; Plan would then see room, not a free flag, and nothing
-// else of this API changes shape.
+// device is one accelerator: its lock file and who holds it: one whole
+// lease on that file, or, on a device that may be shared, shares, each on
+// a lock file of its own (share.go), while the device's own file stays
+// the table's.
 type device struct {
 	id    int
 	path  string
