@@ -11,20 +11,82 @@ import (
 )
 
 // Memory is each device's memory in MiB as the vendor's tool tells it
-// (nvidia-smi --query-gpu=index,memory.total); nil where it cannot say
-// (the fake vendor, a tool missing or failing, Ascend: [share] capacity
-// says). It is asked once, at the broker's start, for shared devices.
+// (nvidia-smi --query-gpu=index,memory.total; npu-smi info's HBM total);
+// nil where it cannot say (the fake vendor, a tool missing or failing:
+// [share] capacity says). It is asked once, at the broker's start, for
+// shared devices.
 func Memory(v Vendor, npuSmi string, ids []int) map[int]int64 {
-	if v != NVIDIA {
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), npuSmiTimeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits").Output()
-	if err != nil {
-		return nil
+	switch v {
+	case NVIDIA:
+		out, err := exec.CommandContext(ctx, "nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits").Output()
+		if err != nil {
+			return nil
+		}
+		return ParseGPUMemory(out)
+	case Ascend:
+		bin := npuSmi
+		if bin == "" {
+			bin = "npu-smi"
+		}
+		out, err := exec.CommandContext(ctx, bin, "info").Output()
+		if err != nil {
+			return nil
+		}
+		return ParseNPUSmiHBM(out)
 	}
-	return ParseGPUMemory(out)
+	return nil
+}
+
+// ParseNPUSmiHBM reads each device's HBM from the devices' table of
+// `npu-smi info`: the chip row under each NPU row ends with its
+// HBM-Usage(MB), "used / total":
+//
+//	| 0     910B3               | OK            | 96.5        40                0    / 0             |
+//	| 0                         | 0000:C1:00.0  | 0           0    / 0          13178/ 65536         |
+//
+// The NPU is read as the device's physical id (chip 0, as the process
+// table is: ParseNPUSmiProcesses), the total in MiB.
+func ParseNPUSmiHBM(out []byte) map[int]int64 {
+	m := map[int]int64{}
+	in := false
+	npuID := -1
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case strings.Contains(line, "HBM-Usage"):
+			in = true
+			continue
+		case strings.Contains(line, "Process id"):
+			return m
+		case !in || !strings.HasPrefix(line, "|"):
+			continue
+		}
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 {
+			continue
+		}
+		first := strings.Fields(cells[1])
+		switch {
+		case len(first) >= 2: // an NPU row: its id and name
+			if id, err := strconv.Atoi(first[0]); err == nil {
+				npuID = id
+			}
+		case len(first) == 1 && first[0] == "0" && npuID >= 0: // its chip 0's row
+			usage := cells[3]
+			slash := strings.LastIndexByte(usage, '/')
+			if slash < 0 {
+				continue
+			}
+			if total, err := strconv.ParseInt(strings.TrimSpace(usage[slash+1:]), 10, 64); err == nil && total > 0 {
+				m[npuID] = total
+			}
+			npuID = -1
+		}
+	}
+	return m
 }
 
 // ParseGPUMemory reads nvidia-smi --query-gpu=index,memory.total

@@ -28,3 +28,13 @@ func TestParseComputeApps(t *testing.T) {
 		t.Fatalf("ParseGPUMemory = %v", m)
 	}
 }
+
+func TestParseNPUSmiHBM(t *testing.T) {
+	out, err := os.ReadFile("testdata/npu-smi-info-910b.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ParseNPUSmiHBM(out); len(got) != 2 || got[0] != 65536 || got[1] != 65536 {
+		t.Fatalf("ParseNPUSmiHBM = %v, want npu 0 and 1 of 65536 MiB", got)
+	}
+}
