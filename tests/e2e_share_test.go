@@ -481,3 +481,31 @@ touch ran; echo "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB" >&
 		}
 	}
 }
+
+// TestShareAscendCapacity: without [share] capacity an Ascend device's
+// memory is npu-smi info's HBM total (64 GiB here), less the margin (1G
+// by default): 63G fits, 64G is refused at once.
+func TestShareAscendCapacity(t *testing.T) {
+	dev := newDevTree(t, 1)
+	table, err := os.ReadFile("../npu/testdata/npu-smi-info-910b.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := filepath.Join(dev.Dir, "info.txt")
+	if err := os.WriteFile(info, table, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	smi := filepath.Join(dev.Dir, "npu-smi")
+	if err := os.WriteFile(smi, []byte("#!/bin/sh\n[ \"$*\" = info ] || exit 1\nexec cat "+info+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf := fmt.Sprintf("[devices]\nvendor = \"ascend\"\nids = \"0\"\ndev_dir = %q\nnpu_smi = %q\n[share]\npools = \"all\"\n", dev.Dir, smi)
+	b := StartBroker(t, conf)
+	if code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "63G", "true")); code != 0 {
+		t.Fatalf("63G of a 64G device with a 1G margin: exit %d, %s", code, out)
+	}
+	code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "64G", "true"))
+	if code != 77 || !strings.Contains(out, "the largest share a device of pool \"default\" holds is 63G") {
+		t.Fatalf("64G: exit %d, %s; want 77, 63G the largest", code, out)
+	}
+}
