@@ -166,9 +166,13 @@ func New(o Options) (*Server, error) {
 	// is put in service, and one whose node cannot be is not, until it
 	// is.
 	found := s.table.Found()
+	shared := map[int]bool{} // shares found held: their users' entries stay
+	for _, d := range s.table.Snapshot().Devices {
+		shared[d.ID] = len(d.Leases) > 0
+	}
 	var free []int
 	for _, id := range s.inv.IDs {
-		if _, held := found[id]; !held {
+		if _, held := found[id]; !held && !shared[id] {
 			free = append(free, id)
 		}
 	}

@@ -379,6 +379,12 @@ func TestShareRestrictedUsers(t *testing.T) {
 	if !canOpen(t, alice, node) || !canOpen(t, bob, node) {
 		t.Fatalf("two shares: alice opens it %v, bob %v; want both", canOpen(t, alice, node), canOpen(t, bob, node))
 	}
+	// A broker's restart takes nobody's access from a share held.
+	b.Kill()
+	b.Start()
+	if !canOpen(t, alice, node) || !canOpen(t, bob, node) {
+		t.Fatalf("two shares after a restart: alice opens it %v, bob %v; want both", canOpen(t, alice, node), canOpen(t, bob, node))
+	}
 	a.release()
 	// 12G fits only once alice's share is gone, and the device takes no
 	// share while its node is being closed to her.
