@@ -68,6 +68,16 @@ func TestTaskHoldRelease(t *testing.T) {
 	if ls := listTasks(t, b, nil, false); findTask(ls, a) == nil || !findTask(ls, a).Held {
 		t.Errorf("list --json after the restart does not show task %d held: %+v", a, ls)
 	}
+	var why []string
+	for _, ln := range b.Board(t).Waiting {
+		for _, w := range ln.Waiters {
+			why = append(why, fmt.Sprintf("%d:%s", w.Task, w.Why))
+		}
+	}
+	held := "held by its owner (task-submit release lets it start)"
+	if want := []string{fmt.Sprintf("%d:%s", a, held), fmt.Sprintf("%d:%s", bb, held), fmt.Sprintf("%d:", c)}; !slicesEqual(why, want) {
+		t.Errorf("status's line: %q, want %q", why, want)
+	}
 	taskOp(t, b, "release", idStr(bb))
 	h.release()
 	waitTask(t, b, c)

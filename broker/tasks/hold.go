@@ -60,6 +60,31 @@ func (rt *Runtime) Hold(uid uint32, id uint64, held bool) (client.TaskInfo, erro
 	return ti, nil
 }
 
+// HeldWhy is why a task its owner holds waits, as status shows it.
+const HeldWhy = "held by its owner (task-submit release lets it start)"
+
+// HeldByOwner tells which of tasks ids wait held by their owner (Hold).
+func (rt *Runtime) HeldByOwner(ids ...uint64) map[uint64]bool {
+	if rt == nil || len(ids) == 0 {
+		return nil
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.life == nil {
+		return nil
+	}
+	var held map[uint64]bool
+	for _, id := range ids {
+		if t := rt.life.Get(id); t != nil && t.Held && t.IsWaiting() {
+			if held == nil {
+				held = map[uint64]bool{}
+			}
+			held[id] = true
+		}
+	}
+	return held
+}
+
 // Requeue submits ended task id of by again, as a new task with a new id:
 // its command, directory, devices, pool, time limit, name, log and notify
 // command as it was submitted, and what a submission takes from where it
