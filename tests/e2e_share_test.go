@@ -437,10 +437,10 @@ func TestShareTaskPeak(t *testing.T) {
 }
 
 // TestShareOOMRetry: a task that fails with an out-of-memory message of
-// the device's runtime in its log is submitted again, its declaration
-// raised (1.25× of 8G: 10G, no peak being known), and the retry waits in
-// the journal across a broker's restart until it fits; a failure of
-// another kind uses no retry.
+// the device's runtime in its log is submitted again (as a requeue is,
+// from the task it retries), its declaration raised (1.25× of 8G: 10G, no
+// peak being known), and the retry waits in the journal across a broker's
+// restart until it fits; a failure of another kind uses no retry.
 func TestShareOOMRetry(t *testing.T) {
 	b := StartBroker(t, shareConfig(1, "16G"))
 	dir := SharedDir(t)
@@ -452,16 +452,21 @@ touch ran; echo "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB" >&
 	if code, out := exitCode(t, b.TaskSubmit("wait", fmt.Sprint(id))); code == 0 {
 		t.Fatalf("the first run succeeded: %s", out)
 	}
-	first := showTask(t, b, id)
+	if first := showTask(t, b, id); first.State != "failed" || first.Reason != "out of device memory: retried with --mem 10G" {
+		t.Fatalf("the first run: %s, %q; want failed, retried with --mem 10G", first.State, first.Reason)
+	}
+	said := fmt.Sprintf("task %d ran out of device memory: retried as task ", id)
+	b.WaitLog(0, said)
 	var retry uint64
-	if _, err := fmt.Sscanf(first.Reason, "out of device memory: retried as task %d with --mem 10G", &retry); err != nil || first.State != "failed" {
-		t.Fatalf("the first run: %s, %q; want failed and its retry named", first.State, first.Reason)
+	log := b.Log()
+	if _, err := fmt.Sscanf(log[strings.Index(log, said)+len(said):], "%d with --mem 10G", &retry); err != nil {
+		t.Fatalf("the broker's log does not name the retry: %v\n%s", err, log)
 	}
 	check := func(when string) {
 		t.Helper()
 		r := showTask(t, b, retry)
-		if r.State != "pending" || r.Mem != 10*1024 || r.RetryOf != id || r.OOMRetries != 0 {
-			t.Fatalf("%s: retry %d is %s, mem %d, retry of %d, %d retries left; want pending, 10240, %d, 0", when, retry, r.State, r.Mem, r.RetryOf, r.OOMRetries, id)
+		if r.State != "pending" || r.Mem != 10*1024 || r.RetryOf != id || r.From != id || r.OOMRetries != 0 {
+			t.Fatalf("%s: retry %d is %s, mem %d, retry of %d, from %d, %d retries left; want pending, 10240, %d, %d, 0", when, retry, r.State, r.Mem, r.RetryOf, r.From, r.OOMRetries, id, id)
 		}
 	}
 	check("before the restart")
