@@ -355,7 +355,8 @@ func TestGroupLookupFailsClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &access{cfg: cfg, inv: &npu.Inventory{Vendor: npu.Ascend}, users: &accounts{}}
+	s := &access{inv: &npu.Inventory{Vendor: npu.Ascend}, users: &accounts{}}
+	s.setPolicy(cfg)
 	_, _, lookupErr := accountGroups(ids, func(string) (*user.Group, error) { return nil, nssDown })
 	s.users.store(2001, &account{name: "stu1", known: true, groupsErr: lookupErr, at: time.Now()})
 	s.users.store(2002, &account{name: "staff1", known: true, groups: []string{"staff"}, at: time.Now()})
@@ -375,7 +376,8 @@ func TestGroupLookupFailsClosed(t *testing.T) {
 	if cfg, err = policy.Parse("npurun.conf", []byte("[devices]\nvendor = \"ascend\"\n\n[restrict]\nusers = [\"stu9\"]\n")); err != nil {
 		t.Fatal(err)
 	}
-	s.cfg = cfg
+	s.pol.Store(nil) // a broker started with this policy, not reloaded to it
+	s.setPolicy(cfg)
 	if s.managed(2001) {
 		t.Error("with [restrict] naming no group, an account whose groups failed is taken as restricted")
 	}

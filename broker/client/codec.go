@@ -682,7 +682,7 @@ func (s *scanner) bool() (bool, error) {
 // encoding/json does; false for a reply with fields beyond it (tasks,
 // status, usage), which the caller encodes with the Codec.
 func AppendReply(b []byte, r *Reply) ([]byte, bool) {
-	if r.ID != 0 || r.State != "" || len(r.Tasks) > 0 || r.More || r.Next != 0 || r.Existing || r.Board != nil || r.Usage != nil || r.Drain != nil {
+	if r.ID != 0 || r.State != "" || len(r.Tasks) > 0 || r.More || r.Next != 0 || r.Existing || r.Board != nil || r.Usage != nil || r.Drain != nil || r.Reload != nil {
 		return nil, false
 	}
 	b = append(b, `{"v":`...)

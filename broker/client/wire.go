@@ -175,6 +175,9 @@ type Reply struct {
 
 	// drained (drain.go)
 	Drain *DrainInfo `json:"drain,omitempty"`
+
+	// reloaded (reload.go)
+	Reload *ReloadInfo `json:"reload,omitempty"`
 }
 
 // Ordinal writes a place in line as people read it: 1st, 2nd, 3rd, 11th.

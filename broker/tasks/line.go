@@ -31,7 +31,7 @@ func (rt *Runtime) waiterLocked(t *Task) (*lease.Waiter, error) {
 			return nil, refuse(ErrDenied, "", "this broker has no CPU slots for --no-device tasks ([tasks] cpu_slots = 0)")
 		}
 		w := &lease.Waiter{Holder: taskHolder(t), N: 1, Cand: rt.cpuSlots, Pool: cpuPool, Ref: t,
-			Limit: rt.cfg.LimitFor(acct.Name, acct.Groups), Queued: time.Now()}
+			Limit: rt.policy().LimitFor(acct.Name, acct.Groups), Queued: time.Now()}
 		return w, nil
 	}
 	if rt.outside != nil {
@@ -40,7 +40,7 @@ func (rt *Runtime) waiterLocked(t *Task) (*lease.Waiter, error) {
 		}
 	}
 	w, err := rt.table.Admit(lease.Request{Holder: taskHolder(t), N: t.Sub.N, Devices: t.Sub.Devices, Pool: t.Sub.Pool,
-		Limit: rt.cfg.LimitFor(acct.Name, acct.Groups)})
+		Limit: rt.policy().LimitFor(acct.Name, acct.Groups)})
 	if err != nil {
 		return nil, err
 	}

@@ -501,20 +501,20 @@ func (a *Account) unanswered() error { return a.Err }
 func (rt *Runtime) admitLocked(by Submitter, t *Task) error {
 	sub := &t.Sub
 	acct := by.Account
-	lim := rt.cfg.LimitFor(acct.Name, acct.Groups)
+	lim := rt.policy().LimitFor(acct.Name, acct.Groups)
 	limit := time.Duration(sub.TimeSec) * time.Second
 	if limit == 0 {
-		limit = rt.cfg.Tasks.TimeLimit
+		limit = rt.policy().Tasks.TimeLimit
 	}
 	if limit == 0 {
-		limit = rt.cfg.Tasks.MaxTime // a cap applies to tasks that name no limit too
+		limit = rt.policy().Tasks.MaxTime // a cap applies to tasks that name no limit too
 	}
-	if max := rt.cfg.Tasks.MaxTime; max > 0 && limit > max {
+	if max := rt.policy().Tasks.MaxTime; max > 0 && limit > max {
 		return refuse(ErrDenied, "", "time limit %s is longer than the %s allowed", quantity.Duration(limit), quantity.Duration(max))
 	}
 	t.TimeSec = int64(limit / time.Second)
-	if rt.life.Live() >= rt.cfg.Tasks.MaxTasks {
-		return refuse(ErrTooMany, "", "the broker holds %d tasks, its most", rt.cfg.Tasks.MaxTasks)
+	if rt.life.Live() >= rt.policy().Tasks.MaxTasks {
+		return refuse(ErrTooMany, "", "the broker holds %d tasks, its most", rt.policy().Tasks.MaxTasks)
 	}
 	if n := rt.life.Waiting(by.UID); lim.MaxQueued > 0 && n >= lim.MaxQueued {
 		return refuse(ErrDenied, "", "%s has %s waiting, the limit (%s)", acct.Name, quantity.Count(n, "task", "tasks"), lim.Source)
