@@ -50,7 +50,7 @@ func reloadPools(extra string) string {
 
 // TestReload: npubroker reload takes up a new configuration without a
 // restart: a request waiting in line that it refuses is told so and ends
-// with exit 77, the lease it would not grant runs on; a file that does
+// with exit 77 (a task fails, not started, saying why), the lease it would not grant runs on; a file that does
 // not validate is refused with its line, one that changes the device
 // list is refused by name, and nothing changes; SIGHUP reloads too, and
 // says so in the log; a user other than root may not reload.
@@ -60,13 +60,14 @@ func TestReload(t *testing.T) {
 	h := hold(t, b, "holder", "-n", "2", "--pool", "a")
 	waiter := queue(t, b, "waiter", "--pool", "a", "true")
 	other := queue(t, b, "other", "-d", "1", "true") // npu 1, of pool a
+	task := submitTask(t, b, nil, "/", "-p", "a", "--", "true")
 
 	// root may use pool b only: the waiter (1 of a) and the other (npu 1,
 	// of a) are refused; the holder's 2 devices of a run on.
 	writeConf(t, b, reloadPools("\n[user.root]\npools = [\"b\"]\n"))
 	code, info, errs := reload(t, b)
-	if code != 0 || info.Refused != 2 || info.Config != b.Conf || !strings.Contains(strings.Join(info.Changed, " "), "[user.NAME]") {
-		t.Fatalf("reload: exit %d, %+v, %s; want 0, 2 waiters refused, [user.NAME] changed", code, info, errs)
+	if code != 0 || info.Refused != 3 || info.Config != b.Conf || !strings.Contains(strings.Join(info.Changed, " "), "[user.NAME]") {
+		t.Fatalf("reload: exit %d, %+v, %s; want 0, 3 waiters refused (2 npurun, a task), [user.NAME] changed", code, info, errs)
 	}
 	for _, p := range []*proc{waiter, other} {
 		if st, _ := p.wait(); st != 77 {
@@ -81,6 +82,9 @@ func TestReload(t *testing.T) {
 	}
 	if !strings.Contains(other.Output(), `npu 1 is in pool "a", which user root does not open to root`) {
 		t.Errorf("the request for npu 1 was not told which pool:\n%s", other.Output())
+	}
+	if r := waitTask(t, b, task); r.code != 1 || !strings.Contains(r.stderr, `not started: the broker's configuration, reloaded, refuses it: pool "a" is not open to root (user root)`) {
+		t.Errorf("task %d waiting for pool a, refused by the reload: %s; want it failed, not started, saying why", task, r)
 	}
 	if h.exited() {
 		t.Fatalf("the holder's lease, which the new configuration would not grant, ended:\n%s", h.Output())
