@@ -259,7 +259,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool {
