@@ -322,7 +322,11 @@ func (s *Server) reportLocked(now time.Time) time.Duration {
 		}
 		if wait := tellAfter(&c.told, p.Pos, why, now); wait == 0 {
 			c.told = told{pos: p.Pos, why: why, at: now}
-			c.sendLocked(&client.Reply{Type: client.TypeQueued, Pool: p.W.Pool, Position: p.Pos, Reason: why, Ahead: p.Ahead})
+			r := &client.Reply{Type: client.TypeQueued, Pool: p.W.Pool, Position: p.Pos, Reason: why, Ahead: p.Ahead}
+			if !p.Start.IsZero() {
+				r.Start = p.Start.UnixMilli()
+			}
+			c.sendLocked(r)
 		} else if wait > 0 && (again == 0 || wait < again) {
 			again = wait
 		}

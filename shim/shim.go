@@ -334,6 +334,7 @@ func (w *waiter) progress(r *client.Reply) {
 	if r.Reason != "" {
 		msg += "; " + r.Reason
 	}
+	msg += "; " + client.StartBy(r.Start, time.Now())
 	w.place = msg // for a --timeout's message, even with -q
 	w.say("waiting for " + msg)
 }

@@ -213,6 +213,8 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 			r.Ahead, err = s.strings()
 		case "reason":
 			r.Reason, err = s.string()
+		case "start":
+			r.Start, err = s.int()
 		case "devices":
 			r.Devices, err = s.ints()
 		case "vendor":
@@ -259,7 +261,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool {
@@ -693,6 +695,7 @@ func AppendReply(b []byte, r *Reply) ([]byte, bool) {
 	b = appendInt(b, `,"position":`, int64(r.Position))
 	b = appendStrings(b, `,"ahead":`, r.Ahead)
 	b = appendField(b, `,"reason":`, r.Reason)
+	b = appendInt(b, `,"start":`, r.Start)
 	b = appendInt(b, `,"wait_ms":`, r.WaitMS)
 	if len(r.Devices) > 0 {
 		b = append(b, `,"devices":`...)

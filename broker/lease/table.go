@@ -625,6 +625,11 @@ type Place struct {
 	Pos   int      // in its pool's line: 1 is next
 	Ahead []string // the users of the waiters ahead of it in its pool, MaxAhead at most, first come first
 	Why   string   // why it waits beyond its turn, if it does (its user's cap)
+	// Start is when it starts at the latest, by the limits of the leases
+	// it waits for and of the requests ahead of it (Estimate); zero where
+	// that is unknown: one of them has no limit, or it waits beyond its
+	// turn.
+	Start time.Time
 }
 
 // Line appends the line, in service order, to out.
@@ -647,7 +652,8 @@ func (t *Table) lineLocked(out []Place) []Place {
 	}
 	st := map[string]*standing{}
 	var why map[capKey]string // a user's reason, said once however many of their requests wait
-	for _, w := range t.q.Waiters() {
+	starts := t.estimatesLocked(time.Now())
+	for i, w := range t.q.Waiters() {
 		p := st[w.Pool]
 		if p == nil {
 			p = &standing{}
@@ -655,6 +661,9 @@ func (t *Table) lineLocked(out []Place) []Place {
 		}
 		p.pos++
 		pl := Place{W: w, Pos: p.pos}
+		if starts[i] != never {
+			pl.Start = time.Unix(0, starts[i])
+		}
 		if r := t.drainedReasonLocked(w); r != "" {
 			pl.Why = r
 		} else if t.capped(w) {

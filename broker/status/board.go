@@ -131,7 +131,11 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 		}
 		ln.Count++
 		if len(ln.Waiters) < maxWaitersShown {
-			ln.Waiters = append(ln.Waiters, waiterInfo(p.W, ln.Count, p.Why))
+			wi := waiterInfo(p.W, ln.Count, p.Why)
+			if !p.Start.IsZero() {
+				wi.Start = p.Start.UnixMilli()
+			}
+			ln.Waiters = append(ln.Waiters, wi)
 		}
 	}
 	if ncpu > 0 {

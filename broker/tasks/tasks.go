@@ -805,8 +805,9 @@ const (
 
 // Listed is a task copied for a page of a listing, with its place in line.
 type Listed struct {
-	Task tasklife.Task
-	Pos  int
+	Task  tasklife.Task
+	Pos   int
+	Start time.Time // when it starts at the latest, waiting for devices (lease.Place.Start); zero: unknown
 }
 
 // Page copies one page of a listing for asker uid: its tasks (everyone's
@@ -845,9 +846,18 @@ func (rt *Runtime) Page(uid uint32, all bool, after uint64) (page []Listed, next
 	})
 	if len(inLine) > 0 {
 		pos := rt.positionsOfLocked(inLine)
+		starts := make(map[*lease.Waiter]time.Time, len(inLine))
+		for _, w := range inLine {
+			if t := taskOf(w); t != nil && !t.Sub.NoDevice {
+				starts[w] = time.Time{}
+			}
+		}
+		if len(starts) > 0 {
+			rt.table.Starts(starts)
+		}
 		for i := range page {
 			if j := rt.jobs[page[i].Task.ID]; j != nil && j.inLine {
-				page[i].Pos = pos[j.w]
+				page[i].Pos, page[i].Start = pos[j.w], starts[j.w]
 			}
 		}
 	}
