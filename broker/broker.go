@@ -310,6 +310,9 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	s.status.ServeMetrics(ctx)
+	hctx, endHealth := context.WithCancel(ctx)
+	defer endHealth()
+	go s.watchHealth(hctx)        // [devices] health_interval
 	defer s.status.Stop()         // every lease it knows in the accounting log, written
 	defer s.rt.Close(time.Second) // a broker that stops leaves no idle supervisor
 	defer s.rt.Stop()             // nor a task armed

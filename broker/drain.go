@@ -61,12 +61,8 @@ func (s *Server) drainOp(c *conn, req *client.Request) bool {
 			s.log.Printf("%s undrained", name)
 		}
 	}
-	s.status.Changed()
-	s.mu.Lock()
-	s.progressLocked() // the waiters' reasons change
-	err = c.sendLocked(&client.Reply{Type: client.TypeDrained, Drain: info})
-	s.mu.Unlock()
-	return err == nil
+	s.drainChanged()
+	return reply(&client.Reply{Type: client.TypeDrained, Drain: info})
 }
 
 // deviceByName is the device a name means: "npu3", "gpu3" (the

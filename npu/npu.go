@@ -35,6 +35,8 @@ type Inventory struct {
 	IDs     []int       // physical ids managed, ascending
 	DevDir  string      // "/dev" normally; a fake tree in tests
 	Logical map[int]int // physical -> logical (Ascend); identity when unknown
+	Card    map[int]int // physical -> npu-smi's NPU ID, the card (Ascend), where npu-smi said; nil otherwise
+	NPUSmi  string      // npu-smi as configured ("" means npu-smi in PATH)
 	Note    string      // a one-time notice for the broker log, "" if none
 }
 
@@ -67,7 +69,7 @@ func Discover(vendor Vendor, ids []int, devDir, npuSmi string) (*Inventory, erro
 			return nil, fmt.Errorf("negative device id %d", id)
 		}
 	}
-	inv := &Inventory{Vendor: vendor, DevDir: devDir}
+	inv := &Inventory{Vendor: vendor, DevDir: devDir, NPUSmi: npuSmi}
 	switch vendor {
 	case Fake:
 		if len(ids) == 0 {
@@ -99,9 +101,10 @@ func Discover(vendor Vendor, ids []int, devDir, npuSmi string) (*Inventory, erro
 	inv.IDs = ids
 	inv.Logical = identity(ids)
 	if vendor == Ascend {
-		m, note := logicalMap(npuSmi, ids, devDir)
+		m, chips, note := logicalMap(npuSmi, ids, devDir)
 		if m != nil {
 			inv.Logical = m
+			inv.Card = cards(m, chips)
 		}
 		inv.Note = note
 	}
@@ -139,26 +142,26 @@ func Found(vendor Vendor, devDir string) []int {
 // the davinciN nodes of devDir in ascending order, but only when there are
 // as many of each, with a note: a listing that skips a card (a container,
 // a failed card) would otherwise shift every id after it.
-func logicalMap(npuSmi string, ids []int, devDir string) (map[int]int, string) {
+func logicalMap(npuSmi string, ids []int, devDir string) (map[int]int, []Chip, string) {
 	const fallback = "logical ids taken equal to physical ids"
 	bin := npuSmi
 	if bin == "" {
 		p, err := exec.LookPath("npu-smi")
 		if err != nil {
-			return nil, "npu-smi not found: " + fallback
+			return nil, nil, "npu-smi not found: " + fallback
 		}
 		bin = p
 	}
 	out, err := runNPUSmi(bin, "info", "-m")
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Sprintf("npu-smi not found at %s: %s", bin, fallback)
+			return nil, nil, fmt.Sprintf("npu-smi not found at %s: %s", bin, fallback)
 		}
-		return nil, fmt.Sprintf("run %s info -m: %v: %s", bin, err, fallback)
+		return nil, nil, fmt.Sprintf("run %s info -m: %v: %s", bin, err, fallback)
 	}
 	chips, hasPhy, err := ParseNPUSmiTable(out)
 	if err != nil {
-		return nil, fmt.Sprintf("read %s info -m: %v: %s", bin, err, fallback)
+		return nil, nil, fmt.Sprintf("read %s info -m: %v: %s", bin, err, fallback)
 	}
 	if hasPhy {
 		all := make(map[int]int, len(chips))
@@ -169,19 +172,19 @@ func logicalMap(npuSmi string, ids []int, devDir string) (map[int]int, string) {
 		for _, id := range ids {
 			l, ok := all[id]
 			if !ok {
-				return nil, fmt.Sprintf("read %s info -m: no chip with physical id %d: %s", bin, id, fallback)
+				return nil, nil, fmt.Sprintf("read %s info -m: no chip with physical id %d: %s", bin, id, fallback)
 			}
 			m[id] = l
 		}
-		return m, ""
+		return m, chips, ""
 	}
 	m, err := remapIDs(bin, ids, chips)
 	if err == nil {
-		return m, ""
+		return m, chips, ""
 	}
 	nodes := scanNodes(devDir, "davinci")
 	if len(nodes) != len(chips) {
-		return nil, fmt.Sprintf("%v; %s info -m lists %d chips and %s has %d davinci nodes: %s", err, bin, len(chips), devDir, len(nodes), fallback)
+		return nil, nil, fmt.Sprintf("%v; %s info -m lists %d chips and %s has %d davinci nodes: %s", err, bin, len(chips), devDir, len(nodes), fallback)
 	}
 	all := make(map[int]int, len(chips))
 	for k, c := range chips {
@@ -191,11 +194,27 @@ func logicalMap(npuSmi string, ids []int, devDir string) (map[int]int, string) {
 	for _, id := range ids {
 		l, ok := all[id]
 		if !ok {
-			return nil, fmt.Sprintf("%v; no davinci%d among the nodes: %s", err, id, fallback)
+			return nil, nil, fmt.Sprintf("%v; no davinci%d among the nodes: %s", err, id, fallback)
 		}
 		m[id] = l
 	}
-	return m, fmt.Sprintf("%v; logical ids taken from %s info -m in listing order, matched to the davinci nodes in ascending order", err, bin)
+	return m, chips, fmt.Sprintf("%v; logical ids taken from %s info -m in listing order, matched to the davinci nodes in ascending order", err, bin)
+}
+
+// cards maps each physical id of m to its card, npu-smi's NPU ID: the
+// chip of its logical id in chips. A physical id whose chip is not listed
+// is left out.
+func cards(m map[int]int, chips []Chip) map[int]int {
+	card := make(map[int]int, len(m))
+	for phys, logical := range m {
+		for _, c := range chips {
+			if c.Logical == logical {
+				card[phys] = c.NPU
+				break
+			}
+		}
+	}
+	return card
 }
 
 // remapIDs asks npu-smi for the logical id of each physical id, and checks

@@ -185,8 +185,11 @@ func TestDiscover(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Discover: %v", err)
 			}
-			if !reflect.DeepEqual(got, tt.want) {
-				t.Errorf("Discover = %+v, want %+v", got, tt.want)
+			want := *tt.want
+			want.NPUSmi = tt.npuSmi
+			want.Card = got.Card // TestDiscoverAscendIDs checks the cards
+			if !reflect.DeepEqual(got, &want) {
+				t.Errorf("Discover = %+v, want %+v", got, &want)
 			}
 		})
 	}
@@ -460,7 +463,8 @@ func TestDiscoverAscendIDs(t *testing.T) {
 		nodes     []int
 		ids       []int // managed; nil: all nodes
 		want      map[int]int
-		wantNote  string // substring; "" for none
+		wantCard  map[int]int // nil: not checked
+		wantNote  string      // substring; "" for none
 		wantCalls []string
 	}{
 		{
@@ -469,12 +473,12 @@ func TestDiscoverAscendIDs(t *testing.T) {
 		},
 		{
 			name: "910C, a subset of the dies", table: testdata(t, "npu-smi-m-910c.txt"), remap: remapFixtures(t, "910c", seq(0, 15)...),
-			nodes: seq(0, 15), ids: []int{3, 12, 13}, want: map[int]int{3: 3, 12: 12, 13: 13},
+			nodes: seq(0, 15), ids: []int{3, 12, 13}, want: map[int]int{3: 3, 12: 12, 13: 13}, wantCard: map[int]int{3: 1, 12: 6, 13: 6},
 			wantCalls: []string{"info_-m", "info_-t_phyid-remap_-p_3", "info_-t_phyid-remap_-p_12", "info_-t_phyid-remap_-p_13"},
 		},
 		{
 			name: "container with cards 8 and 9", table: testdata(t, "npu-smi-m-container.txt"), remap: remapFixtures(t, "container", 8, 9),
-			nodes: []int{8, 9}, want: map[int]int{8: 0, 9: 1},
+			nodes: []int{8, 9}, want: map[int]int{8: 0, 9: 1}, wantCard: map[int]int{8: 8, 9: 9},
 			wantCalls: []string{"info_-m", "info_-t_phyid-remap_-p_8", "info_-t_phyid-remap_-p_9"},
 		},
 		{
@@ -523,6 +527,9 @@ func TestDiscoverAscendIDs(t *testing.T) {
 			}
 			if !reflect.DeepEqual(inv.Logical, tt.want) {
 				t.Errorf("Logical = %v, want %v (note %q)", inv.Logical, tt.want, inv.Note)
+			}
+			if tt.wantCard != nil && !reflect.DeepEqual(inv.Card, tt.wantCard) {
+				t.Errorf("Card = %v, want %v", inv.Card, tt.wantCard)
 			}
 			switch {
 			case tt.wantNote == "" && inv.Note != "":

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
@@ -30,10 +31,13 @@ const maxIDs = 4096
 
 // Config is a validated configuration file.
 type Config struct {
-	Vendor            string // as written; "auto" when absent
-	IDs               []int  // nil when absent
-	DevDir            string // "/dev" when absent
-	NPUSmi            string // "" when absent: npu-smi in PATH
+	Vendor            string        // as written; "auto" when absent
+	IDs               []int         // nil when absent
+	DevDir            string        // "/dev" when absent
+	NPUSmi            string        // "" when absent: npu-smi in PATH
+	NVIDIASmi         string        // "" when absent: nvidia-smi in PATH
+	HealthInterval    time.Duration // [devices] health_interval: how often the vendor's tool is asked; 0: never
+	FakeHealth        string        // [devices] fake_health: the fake vendor's health file
 	MaxConnections    int
 	MaxWaitingPerUser int
 	DefaultPool       string
@@ -343,6 +347,31 @@ func (p *parser) duration(table []string, t map[string]any, key string) (time.Du
 	return d, true
 }
 
+// MinHealthInterval is the shortest [devices] health_interval.
+const MinHealthInterval = time.Second
+
+// health reads [devices] health_interval and fake_health: the fake
+// vendor's health is its file's, and only its.
+func (p *parser) health(table []string, t map[string]any, c *Config) {
+	if d, ok := p.duration(table, t, "health_interval"); ok {
+		if d != 0 && d < MinHealthInterval {
+			p.errorf(table, "health_interval", "must be at least %v, not %v", MinHealthInterval, d)
+		} else {
+			c.HealthInterval = d
+		}
+	}
+	s, ok := p.str(table, t, "fake_health")
+	switch {
+	case !ok:
+	case c.Vendor != "fake":
+		p.errorf(table, "fake_health", "is the fake vendor's health file: vendor %q asks its own tool", c.Vendor)
+	case !filepath.IsAbs(s):
+		p.errorf(table, "fake_health", "must be an absolute path, not %q", s)
+	default:
+		c.FakeHealth = s
+	}
+}
+
 func (p *parser) ids(table []string, t map[string]any, key string) ([]int, string, bool) {
 	s, ok := p.str(table, t, key)
 	if !ok {
@@ -396,7 +425,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	devices := []string{"devices"}
 	var idsText string
 	if t, ok := p.table(nil, raw, "devices"); ok {
-		p.unknown(devices, t, "vendor", "ids", "dev_dir", "npu_smi")
+		p.unknown(devices, t, "vendor", "ids", "dev_dir", "npu_smi", "nvidia_smi", "health_interval", "fake_health")
 		if v, ok := p.str(devices, t, "vendor"); ok {
 			switch v {
 			case "ascend", "nvidia", "fake", "auto":
@@ -421,6 +450,10 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 		if s, ok := p.str(devices, t, "npu_smi"); ok {
 			c.NPUSmi = s
 		}
+		if s, ok := p.str(devices, t, "nvidia_smi"); ok {
+			c.NVIDIASmi = s
+		}
+		p.health(devices, t, c)
 	}
 
 	// [pools], in file order.

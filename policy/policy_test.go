@@ -524,3 +524,27 @@ func TestParseIDs(t *testing.T) {
 		})
 	}
 }
+
+// TestParseHealth: [devices] health_interval and fake_health, and what
+// is wrong with them, named by line.
+func TestParseHealth(t *testing.T) {
+	c, err := Parse("npurun.conf", []byte("[devices]\nvendor = \"fake\"\nids = \"0-3\"\nhealth_interval = \"30s\"\nfake_health = \"/run/health\"\n"))
+	if err != nil || c.HealthInterval != 30*time.Second || c.FakeHealth != "/run/health" {
+		t.Fatalf("got %v, %q, %v", c.HealthInterval, c.FakeHealth, err)
+	}
+	c, err = Parse("npurun.conf", []byte("[devices]\nvendor = \"nvidia\"\nnvidia_smi = \"/opt/bin/nvidia-smi\"\n"))
+	if err != nil || c.HealthInterval != 0 || c.NVIDIASmi != "/opt/bin/nvidia-smi" {
+		t.Fatalf("no health_interval: got %v, %q, %v", c.HealthInterval, c.NVIDIASmi, err)
+	}
+	for conf, want := range map[string]string{
+		"[devices]\nvendor = \"fake\"\nids = \"0\"\nhealth_interval = \"soon\"\n": "npurun.conf:4: [devices] health_interval:",
+		"[devices]\nvendor = \"ascend\"\nfake_health = \"/run/health\"\n":         "npurun.conf:3: [devices] fake_health: is the fake vendor's health file",
+		"[devices]\nvendor = \"fake\"\nids = \"0\"\nfake_health = \"health\"\n":   "npurun.conf:4: [devices] fake_health: must be an absolute path",
+		"[devices]\nvendor = \"fake\"\nids = \"0\"\nhealth_interval = 5\n":        "npurun.conf:4: [devices] health_interval: must be a string",
+	} {
+		_, err := Parse("npurun.conf", []byte(conf))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want %q", conf, err, want)
+		}
+	}
+}

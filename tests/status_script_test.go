@@ -2,15 +2,20 @@ package tests
 
 import (
 	"bufio"
+	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/rogpeppe/go-internal/testscript"
+
+	"github.com/npurun/npurun/broker/client"
 )
 
 // TestStatusScripts runs the scripts of testdata/status: npubroker status
@@ -20,7 +25,7 @@ import (
 //	broker start CONF   start `npubroker serve` on CONF in $WORK, stopped at the end
 //	broker kill         kill it with SIGKILL (broker start starts it again)
 //	hold NAME ARGS...   run `npurun ARGS... sh -c 'echo held; read x'` until it holds
-//	release NAME        end NAME's command and wait for it
+//	release NAME        end NAME's command, wait for it, and for the broker to show its lease gone
 //
 // The binaries are on PATH, and NPURUN_SOCKET names the broker's socket.
 func TestStatusScripts(t *testing.T) {
@@ -156,6 +161,43 @@ func scriptRelease(ts *testscript.TestScript, neg bool, args []string) {
 	if neg || len(args) != 1 || state(ts).holders[args[0]] == nil {
 		ts.Fatalf("usage: release NAME (of a hold)")
 	}
-	state(ts).holders[args[0]].stop(ts, nil)
+	p := state(ts).holders[args[0]]
+	p.stop(ts, nil)
 	delete(state(ts).holders, args[0])
+	awaitLeaseGone(ts, p.cmd.Process.Pid)
+}
+
+// awaitLeaseGone waits, through a status watch, for the broker to show no
+// lease granted to pid: a holder's exit reaches the broker through its
+// lock's release, after the holder's parent has seen it.
+func awaitLeaseGone(ts *testscript.TestScript, pid int) {
+	cmd := exec.Command(filepath.Join(state(ts).bin, "npubroker"), "status", "--watch", "--json")
+	cmd.Env = append(os.Environ(), "NPURUN_SOCKET="+ts.Getenv("NPURUN_SOCKET"))
+	out, err := cmd.StdoutPipe()
+	ts.Check(err)
+	ts.Check(cmd.Start())
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	gone := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(nil, 1<<22)
+		for sc.Scan() {
+			var b client.Board
+			if err := json.Unmarshal(sc.Bytes(), &b); err != nil {
+				gone <- fmt.Errorf("status --watch --json printed a line that does not parse: %v", err)
+				return
+			}
+			if !slices.ContainsFunc(b.Devices, func(d client.DeviceState) bool { return d.Lease != nil && d.Lease.PID == pid }) {
+				gone <- nil
+				return
+			}
+		}
+		gone <- fmt.Errorf("status --watch ended: %v", sc.Err())
+	}()
+	select {
+	case err := <-gone:
+		ts.Check(err)
+	case <-time.After(eventTimeout):
+		ts.Fatalf("the broker still shows a lease of pid %d %s after it ended", pid, eventTimeout)
+	}
 }
