@@ -87,6 +87,9 @@ type Server struct {
 	cfgPath string     // the configuration file a reload reads; "" for none
 	runDir  string     // where the session-policy file goes
 	reload  sync.Mutex // one reload at a time; taken before every other lock, and never under one
+	// healthWake tells watchHealth that a reload may have changed
+	// [devices] health_interval (a send that never waits).
+	healthWake chan struct{}
 
 	inv   *npu.Inventory
 	log   *log.Logger
@@ -136,6 +139,7 @@ func New(o Options) (*Server, error) {
 		unread:     map[uint32]int{},
 		leaseWaits: map[uint32]int{},
 		cfgPath:    o.ConfigPath,
+		healthWake: make(chan struct{}, 1),
 		runDir:     o.RunDir,
 	}
 	s.cfg.Store(o.Config)

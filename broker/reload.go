@@ -20,7 +20,8 @@ var ErrReloadRefused = errors.New("configuration not taken")
 // that changes what a running broker cannot (policy.NeedsRestart, named),
 // is refused and nothing changes. Otherwise the rooms are handed the new
 // policy one at a time, each its own way: the broker's (limits, waits,
-// sessions), the access gate's ([restrict]), the status room's ([status]);
+// sessions, the health checks), the access gate's ([restrict]), the
+// status room's ([status]);
 // then, under Server.mu and the task room's lock (the lock order's), the
 // lease table's line is checked again against the new pools and limits
 // (lease.Table.Reconfigure) while no request can join it under the old
@@ -100,6 +101,10 @@ func (s *Server) Reload() (*client.ReloadInfo, error) {
 	info.Refused = len(refused)
 	if err := s.writeSessionPolicy(s.runDir); err != nil {
 		s.log.Printf("reload %s: %v", path, err)
+	}
+	select {
+	case s.healthWake <- struct{}{}: // [devices] health_interval, from the next round
+	default:
 	}
 	s.mu.Lock()
 	s.scheduleLocked() // the new pools and limits may let waiters through

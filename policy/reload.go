@@ -7,7 +7,8 @@ import (
 
 // NeedsRestart names what differs between c, the configuration a broker
 // runs with, and n, one it is asked to reload, that a running broker
-// cannot take up: the device list ([devices]: the lock files, the watchers
+// cannot take up: the device list ([devices] vendor, ids, dev_dir,
+// npu_smi: the lock files, the watchers
 // and the device claims are made at start), the state directory and what
 // was set up in it or beside it ([tasks] state_dir, cgroup, cpu_slots,
 // keep_ended, keep_ended_per_user; [usage]), the metrics endpoint
@@ -16,8 +17,9 @@ import (
 // named as the file names it ("[devices] ids"); none: n may be taken up.
 // The socket and the run directory are command-line options, not the
 // file's, and never change. Everything else is reloaded: the pools,
-// [limits], [user.NAME], [group.NAME], [restrict], [status], [broker]
-// max_connections, max_waiting_per_user and default_pool, [tasks]
+// [limits], [user.NAME], [group.NAME], [restrict], [status], [devices]
+// health_interval, nvidia_smi and fake_health (from the health checks'
+// next round), [broker] max_connections, max_waiting_per_user and default_pool, [tasks]
 // time_limit, max_time, max_tasks, kill_grace, cpu_threads,
 // idle_priority, and [containers] (npurun-runtime's, read by it).
 func (c *Config) NeedsRestart(n *Config) []string {
@@ -54,7 +56,8 @@ func (c *Config) Changed(n *Config) []string {
 			out = append(out, name)
 		}
 	}
-	diff("[devices]", []any{c.Vendor, c.IDs, c.DevDir, c.NPUSmi}, []any{n.Vendor, n.IDs, n.DevDir, n.NPUSmi})
+	diff("[devices]", []any{c.Vendor, c.IDs, c.DevDir, c.NPUSmi, c.NVIDIASmi, c.HealthInterval, c.FakeHealth},
+		[]any{n.Vendor, n.IDs, n.DevDir, n.NPUSmi, n.NVIDIASmi, n.HealthInterval, n.FakeHealth})
 	diff("[pools]", c.Pools, n.Pools)
 	diff("[broker]", []any{c.MaxConnections, c.MaxWaitingPerUser, c.DefaultPool, c.MetricsListen},
 		[]any{n.MaxConnections, n.MaxWaitingPerUser, n.DefaultPool, n.MetricsListen})

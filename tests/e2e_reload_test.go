@@ -127,6 +127,19 @@ func TestReload(t *testing.T) {
 	h.release()
 	waiter.mustSucceed()
 
+	// [devices] health_interval, off at start, turned on by a reload:
+	// the fake vendor's file says npu3 is unhealthy, and the health check
+	// drains it.
+	health := filepath.Join(SharedDir(t), "health")
+	if err := os.WriteFile(health, []byte("3 Critical HBM uncorrectable ECC\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writeConf(t, b, strings.Replace(reloadPools(""), "\n[pools]", fmt.Sprintf("health_interval = \"1s\"\nfake_health = %q\n\n[pools]", health), 1))
+	if code, info, errs := reload(t, b); code != 0 || !strings.Contains(strings.Join(info.Changed, " "), "[devices]") {
+		t.Fatalf("reload turning the health checks on: exit %d, %+v, %s", code, info, errs)
+	}
+	waitBoard(t, b, func(bd *client.Board) bool { return healthDrained(bd, 3, "HBM uncorrectable ECC") })
+
 	// Not root: refused, 77.
 	u := newUser(t)
 	code, _, errs = drainCmd(t, b, func(c *exec.Cmd) *exec.Cmd { return u.as(c, "/") }, "reload")
