@@ -140,6 +140,15 @@ func TestReload(t *testing.T) {
 	}
 	waitBoard(t, b, func(bd *client.Board) bool { return healthDrained(bd, 3, "HBM uncorrectable ECC") })
 
+	// [restrict]: the session-policy file the PAM module reads follows.
+	writeConf(t, b, reloadPools("\n[restrict]\nusers = [\"npurun-tnobody\"]\non_broker_down = \"deny\"\n"))
+	if code, _, errs := reload(t, b); code != 0 {
+		t.Fatalf("reload of a [restrict]: exit %d: %s", code, errs)
+	}
+	if data, err := os.ReadFile(filepath.Join(b.RunDir, client.SessionPolicyFile)); err != nil || !strings.Contains(string(data), "on_broker_down deny") {
+		t.Errorf("session-policy file after a reload to on_broker_down = \"deny\": %v\n%s", err, data)
+	}
+
 	// Not root: refused, 77.
 	u := newUser(t)
 	code, _, errs = drainCmd(t, b, func(c *exec.Cmd) *exec.Cmd { return u.as(c, "/") }, "reload")
