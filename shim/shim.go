@@ -334,9 +334,8 @@ func (w *waiter) progress(r *client.Reply) {
 	if r.Reason != "" {
 		msg += "; " + r.Reason
 	}
-	msg += "; " + client.StartBy(r.Start, time.Now())
 	w.place = msg // for a --timeout's message, even with -q
-	w.say("waiting for " + msg)
+	w.say("waiting for " + msg + "; " + client.StartBy(r.Start, time.Now()))
 }
 
 // say shows a progress line: rewritten in place on a terminal, a line per
