@@ -248,3 +248,30 @@ func TestReloadUnderLoad(t *testing.T) {
 	}
 	t.Logf("%d runs, %d tasks; %d reloads taken, %d refused", clients*each, tasks, reloads, refusals)
 }
+
+// TestReloadRunningCap: a reload that raises max_running_tasks lets a
+// --no-device task that waited for its user's cap start at once, as it
+// does a device task's (the CPU slots' line counts its users under the
+// new limits too).
+func TestReloadRunningCap(t *testing.T) {
+	needRoot(t)
+	b := StartBroker(t, taskConfig(1)+"\n[limits]\nmax_running_tasks = 1\n")
+	dir := SharedDir(t)
+	up := filepath.Join(dir, "up")
+	makeFIFO(t, up)
+	// It runs once it opens the pipe: it holds its place under the cap.
+	first := submitTask(t, b, nil, dir, "--no-device", "--", "sh", "-c", `exec 3>"$1"; exec sleep 600`, "sh", up)
+	openFIFO(t, up, os.O_RDONLY)
+	second := submitTask(t, b, nil, dir, "--no-device", "--", "true")
+	if st := showTask(t, b, second).State; st != client.StatePending {
+		t.Fatalf("second task %s, want pending behind max_running_tasks = 1", st)
+	}
+	writeConf(t, b, taskConfig(1)+"\n[limits]\nmax_running_tasks = 2\n")
+	if code, _, errs := reload(t, b); code != 0 {
+		t.Fatalf("reload: exit %d: %s", code, errs)
+	}
+	if r := waitTask(t, b, second); r.code != 0 {
+		t.Errorf("second task after the reload: %s, want it run (exit 0)", r)
+	}
+	runTaskCmd(t, b.TaskSubmit("cancel", idStr(first)))
+}

@@ -126,10 +126,8 @@ func (t *Table) Reconfigure(pools []Pool, defaultPool string, limitOf func(uid u
 		}
 		w.Cand = nw.Cand
 	}
-	for uid := range t.q.lim {
-		if lim, ok := limits[uid]; ok {
-			t.q.lim[uid] = lim
-		}
+	for uid, lim := range limits {
+		t.q.SetLimit(uid, lim)
 	}
 	t.pc.Store(pc)
 	return refused, nil

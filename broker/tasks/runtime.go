@@ -298,7 +298,8 @@ func (rt *Runtime) CPULine(max int) (first []*lease.Waiter, n int) {
 func (rt *Runtime) policy() *policy.Config { return rt.cfg.Load() }
 
 // SetPolicy takes up a reloaded configuration: the tasks submitted from
-// now on are checked against its limits and time limits, and those
+// now on are checked against its limits and time limits, those waiting
+// for a CPU slot are counted under its limits, and those
 // launched from now on run with its [tasks] settings (kill_grace,
 // cpu_threads, idle_priority); what the room set up at start (the CPU
 // slots, the journal's keep_ended, the control groups) stays, which is why
@@ -310,6 +311,13 @@ func (rt *Runtime) SetPolicy(cfg *policy.Config, then func()) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	rt.cfg.Store(cfg)
+	// The CPU slots' line counts its users under the new limits
+	// (max_running_tasks), as the lease table's does (then).
+	for _, w := range rt.cpuq.Waiters() {
+		if t := taskOf(w); t != nil && t.acct != nil {
+			rt.cpuq.SetLimit(w.UID, cfg.LimitFor(t.acct.Name, t.acct.Groups))
+		}
+	}
 	if then != nil {
 		then()
 	}
