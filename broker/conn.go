@@ -408,7 +408,8 @@ func (c *conn) serve(req *client.Request) bool {
 		return s.acquire(c, req)
 	case client.OpSession:
 		return s.session(c, req)
-	case client.OpSubmit, client.OpList, client.OpShow, client.OpCancel, client.OpWait, client.OpTaskDone, client.OpNotStarted:
+	case client.OpSubmit, client.OpList, client.OpShow, client.OpCancel, client.OpWait, client.OpTaskDone, client.OpNotStarted,
+		client.OpHold, client.OpRelease, client.OpRequeue, client.OpHistory:
 		return s.taskOp(c, req)
 	case client.OpStatus, client.OpUsage:
 		return s.statusOp(c, req)

@@ -8,6 +8,7 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/status"
+	"github.com/npurun/npurun/broker/tasks"
 )
 
 // statusOp serves status (once, or watched) and usage, from the status
@@ -37,6 +38,19 @@ var _ status.Table = (*tableView)(nil)
 func (v *tableView) Snapshot() lease.Snapshot {
 	s := (*Server)(v)
 	snap := s.table.Snapshot()
+	var ids []uint64
+	for _, p := range snap.Line {
+		if p.Why == "" && p.W.Task != 0 {
+			ids = append(ids, p.W.Task)
+		}
+	}
+	if held := s.rt.HeldByOwner(ids...); len(held) > 0 {
+		for i, p := range snap.Line {
+			if p.Why == "" && held[p.W.Task] {
+				snap.Line[i].Why = tasks.HeldWhy
+			}
+		}
+	}
 	if s.slurm != nil {
 		for i, p := range snap.Line {
 			snap.Line[i].Why = s.slurmWhy(p.W, p.Why)
@@ -48,7 +62,16 @@ func (v *tableView) Snapshot() lease.Snapshot {
 // Reason says why w waits beyond its turn, if it does.
 func (v *tableView) Reason(w *lease.Waiter) string {
 	s := (*Server)(v)
-	return s.slurmWhy(w, s.table.Reason(w))
+	return s.slurmWhy(w, s.heldWhy(w, s.table.Reason(w)))
+}
+
+// heldWhy is why, or, for a task its owner holds (task-submit hold), that
+// it is held: the line passes over it, so the board says why.
+func (s *Server) heldWhy(w *lease.Waiter, why string) string {
+	if why == "" && w.Task != 0 && s.rt.HeldByOwner(w.Task)[w.Task] {
+		return tasks.HeldWhy
+	}
+	return why
 }
 
 // watchGap is the least time between two boards of a watch: a burst of

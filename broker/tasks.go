@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -22,7 +23,7 @@ import (
 
 // taskOp serves the task operations.
 func (s *Server) taskOp(c *conn, req *client.Request) bool {
-	if err := s.rt.Unavailable(req.Op == client.OpSubmit && req.Task != nil && req.Task.Token != ""); err != nil {
+	if err := s.rt.Unavailable((req.Op == client.OpSubmit || req.Op == client.OpRequeue) && req.Task != nil && req.Task.Token != ""); err != nil {
 		s.answer(c, nil, err)
 		return true
 	}
@@ -43,7 +44,9 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 		s.answer(c, &client.Reply{Type: client.TypeOK}, err)
 		return !errors.Is(err, tasks.ErrDenied)
 	case client.OpList:
-		return s.list(c, req.All, req.After)
+		return s.list(c, req.All, req.After, tasks.Filter{Ended: req.Ended, Since: req.Since})
+	case client.OpHistory:
+		return s.history(c, req.All, req.Since)
 	case client.OpShow:
 		ti, err := s.rt.Show(c.uid, req.ID)
 		s.answer(c, tasksReply(ti), err)
@@ -59,6 +62,16 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 	case client.OpCancel:
 		ti, err := s.rt.Cancel(c.uid, c.acct.name, req.ID)
 		s.answer(c, tasksReply(ti), err)
+	case client.OpHold, client.OpRelease:
+		ti, err := s.rt.Hold(c.uid, req.ID, req.Op == client.OpHold)
+		s.answer(c, tasksReply(ti), err)
+	case client.OpRequeue:
+		sub, err := s.rt.Requeue(tasks.Submitter{UID: c.uid, Account: c.acct.forTasks()}, req.ID, req.Task, c.peerGone)
+		if errors.Is(err, tasks.ErrLeft) {
+			return false
+		}
+		s.answer(c, submittedReply(sub), err)
+		return !errors.Is(err, tasks.ErrBadRequest) && !errors.Is(err, lease.ErrBadRequest)
 	}
 	return true
 }
@@ -124,17 +137,48 @@ func (c *conn) TaskEnded(ti client.TaskInfo) {
 // connection's goroutine. A page is built only once the client has read
 // the last one, and what one user's connections leave unread together is
 // capped (readyForListing).
-func (s *Server) list(c *conn, all bool, after uint64) bool {
+func (s *Server) list(c *conn, all bool, after uint64, f tasks.Filter) bool {
 	if err := c.readyForListing(); err != nil {
 		return false
 	}
-	page, next, more, err := s.rt.Page(c.uid, all, after)
+	page, next, more, err := s.rt.Page(c.uid, all, after, f)
 	if err != nil {
 		s.answer(c, nil, err)
 		return true
 	}
 	full := func(t *tasks.Listed) bool { return t.Task.UID == c.uid || c.uid == 0 }
 	return c.sendPage(page, full, next, more) == nil
+}
+
+// maxHistory bounds the tasks of one history reply: each takes a few
+// hundred bytes at most, and they fit in one message.
+const maxHistory = 160
+
+// history serves the tasks that the accounting log (the status room's)
+// shows ended from since on, of the asker (everyone's with all), and that
+// the task room keeps no more (list, with Ended, lists those it keeps):
+// their ids, users, pools, devices, starts and ends; the newest
+// maxHistory of them, More set when there were others.
+func (s *Server) history(c *conn, all bool, since int64) bool {
+	if since < 0 || since > time.Now().UnixMilli() {
+		s.answer(c, errReply(client.CodeBadRequest, "history needs a start time in the past", ""), nil)
+		return false
+	}
+	tls, more, err := s.status.TaskHistory(c.uid, all, time.UnixMilli(since), maxHistory)
+	if err != nil {
+		s.answer(c, errReply("usage-log", err.Error(), ""), nil)
+		return true
+	}
+	rep := &client.Reply{Type: client.TypeTasks, More: more, Tasks: []client.TaskInfo{}}
+	for _, tl := range tls {
+		if s.rt.Keeps(tl.Task, tl.Started) {
+			continue
+		}
+		rep.Tasks = append(rep.Tasks, client.TaskInfo{ID: tl.Task, User: tl.User, UID: tl.UID, State: client.StateEnded,
+			Pool: tl.Pool, Devices: tl.Devices, Started: tl.Started, Ended: tl.Ended, Source: client.SourceAccounting})
+	}
+	s.answer(c, rep, nil)
+	return true
 }
 
 // sendPage encodes a page of a listing and sends it as one "tasks" reply,

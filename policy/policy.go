@@ -84,6 +84,7 @@ type Tasks struct {
 	TimeLimit    time.Duration // a task's limit when it asks for none; 0: none
 	MaxTime      time.Duration // the longest --time allowed; 0: no cap
 	Cgroup       string        // "auto", "off", or the cgroup v2 directory tasks' control groups are made in
+	Notify       string        // the notify command of a task that names none (and no --no-notify); "": none
 }
 
 // Restrict is the [restrict] table: the accounts that reach a device only
@@ -544,7 +545,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	// [tasks]
 	tasks := []string{"tasks"}
 	if t, ok := p.table(nil, raw, "tasks"); ok {
-		p.unknown(tasks, t, "state_dir", "cpu_slots", "cpu_threads", "idle_priority", "max_tasks", "keep_ended", "keep_ended_per_user", "kill_grace", "time_limit", "max_time", "cgroup")
+		p.unknown(tasks, t, "state_dir", "cpu_slots", "cpu_threads", "idle_priority", "max_tasks", "keep_ended", "keep_ended_per_user", "kill_grace", "time_limit", "max_time", "cgroup", "notify")
 		if s, ok := p.str(tasks, t, "state_dir"); ok {
 			if !strings.HasPrefix(s, "/") {
 				p.errorf(tasks, "state_dir", "must be an absolute path, not %q", s)
@@ -588,6 +589,13 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 				p.errorf(tasks, "cgroup", "must be \"auto\", \"off\" or an absolute path, not %q", s)
 			} else {
 				c.Tasks.Cgroup = s
+			}
+		}
+		if s, ok := p.str(tasks, t, "notify"); ok {
+			if strings.ContainsFunc(s, func(r rune) bool { return r < ' ' && r != '\t' }) {
+				p.errorf(tasks, "notify", "must be one line of shell, not %q", s)
+			} else {
+				c.Tasks.Notify = s
 			}
 		}
 		if c.Tasks.MaxTime > 0 && c.Tasks.TimeLimit > c.Tasks.MaxTime {

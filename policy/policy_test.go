@@ -442,6 +442,7 @@ time_limit = "6h"
 max_time = "3d"
 keep_ended_per_user = 20
 cgroup = "/sys/fs/cgroup/npurun"
+notify = "notify-send \"task $NPURUN_TASK_ID $NPURUN_TASK_STATE\""
 
 [limits]
 max_queued_tasks = 50
@@ -458,7 +459,7 @@ max_queued_tasks = 0
 	}
 	want := Tasks{StateDir: "/srv/spool", CPUSlots: 3, CPUThreads: 4, MaxTasks: DefaultMaxTasks, KeepEnded: DefaultKeepEnded,
 		KeepEndedPer: 20, KillGrace: 5 * time.Second, TimeLimit: 6 * time.Hour, MaxTime: 72 * time.Hour,
-		Cgroup: "/sys/fs/cgroup/npurun"}
+		Cgroup: "/sys/fs/cgroup/npurun", Notify: `notify-send "task $NPURUN_TASK_ID $NPURUN_TASK_STATE"`}
 	if c.Tasks != want {
 		t.Errorf("Tasks = %+v, want %+v", c.Tasks, want)
 	}

@@ -21,7 +21,7 @@ import (
 // appendRequest encodes an acquire, session, ping or submit request; ok is
 // false for any other request, which the caller encodes with the Codec.
 func appendRequest(b []byte, r *Request) ([]byte, bool) {
-	if r.Status != nil || r.ID != 0 || r.All || r.After != 0 || r.Watch || r.Usage != nil || r.Container != nil || r.Device != "" || r.Reason != "" {
+	if r.Status != nil || r.ID != 0 || r.All || r.After != 0 || r.Ended || r.Since != 0 || r.Watch || r.Usage != nil || r.Container != nil || r.Device != "" || r.Reason != "" {
 		return nil, false
 	}
 	if r.Job != nil || IsSlurmOp(r.Op) {
@@ -181,6 +181,14 @@ func appendSubmit(b []byte, r *Request) []byte {
 	if t.Token != "" {
 		key("token")
 		b = appendJSONString(b, t.Token)
+	}
+	if t.Notify != "" {
+		key("notify")
+		b = appendJSONString(b, t.Notify)
+	}
+	if t.NoNotify {
+		key("no_notify")
+		b = append(b, "true"...)
 	}
 	return append(b, "}}"...)
 }

@@ -112,7 +112,8 @@ var submitSamples = []Submission{
 	{Argv: []string{"python", "train.py", "--lr", "0.1"}, Cwd: "/home/alice/x", Env: []string{"PATH=/usr/bin", "HOME=/home/alice"}},
 	{Shell: "cd /tmp && ./run <in >out 2>&1 & wait", Cwd: "/", Env: []string{}, N: 2, Pool: "queue", TimeSec: 3600, Name: "sweep 1", After: []uint64{5, 18446744073709551615}, Log: "/tmp/l og"},
 	{Argv: []string{"x"}, Cwd: "/", Devices: []int{0, 7}, Log: "/tmp/\"quoted\"\n\x01\x7f é \xff \u2028"},
-	{Argv: []string{""}, Cwd: "", NoDevice: true, Env: []string{"A=<&>"}},
+	{Argv: []string{""}, Cwd: "", NoDevice: true, Env: []string{"A=<&>"}, Notify: "notify-send \"$NPURUN_TASK_ID\" <&>"},
+	{Argv: []string{"x"}, Cwd: "/", NoNotify: true},
 	{Argv: []string{}, Cwd: "/", Devices: []int{}, After: []uint64{}},
 }
 

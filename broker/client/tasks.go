@@ -66,6 +66,16 @@ const (
 	OpNotStarted = "task-not-started"
 )
 
+// Task operations beyond submit, list, show, cancel and wait.
+const (
+	OpHold    = "hold"    // a waiting task keeps its place but is not started
+	OpRelease = "release" // a held task may start again
+	OpRequeue = "requeue" // an ended task submitted again: Request.ID, and Request.Task for the asker's environment, umask and token
+	// OpHistory is the tasks the accounting log shows ended from
+	// Request.Since on that the broker keeps no more (list --ended).
+	OpHistory = "task-history"
+)
+
 // Task reply types.
 const (
 	TypeSubmitted = "submitted"
@@ -120,7 +130,47 @@ type Submission struct {
 	// keeps it, and makes no other. At most MaxToken bytes of printable
 	// ASCII, no space.
 	Token string `json:"token,omitempty"`
+	// Notify is a command line run by /bin/sh as the submitter once the
+	// task has ended (the Notify* variables in its environment); "": the policy's
+	// ([tasks] notify), unless NoNotify.
+	Notify   string `json:"notify,omitempty"`
+	NoNotify bool   `json:"no_notify,omitempty"`
 }
+
+// The variables of a task's notify command beside HOME, USER, LOGNAME,
+// SHELL and PATH: the task's id, its state as list shows it (done,
+// failed, cancelled), its exit status as wait gives it (128+N for signal
+// N), the signal that ended it, its name and its log.
+const (
+	NotifyID     = "NPURUN_TASK_ID"
+	NotifyState  = "NPURUN_TASK_STATE"
+	NotifyExit   = "NPURUN_TASK_EXIT"
+	NotifySignal = "NPURUN_TASK_SIGNAL"
+	NotifyName   = "NPURUN_TASK_NAME"
+	NotifyLog    = "NPURUN_TASK_LOG"
+)
+
+// NotifyFor bounds a notify command's run: SIGKILL to its process group
+// after it.
+const NotifyFor = time.Minute
+
+// EndState is the state a task ends in by its supervisor's report st:
+// done for exit status 0 without a reason, cancelled for the broker's
+// cancel, failed otherwise. The broker records it; the supervisor tells
+// the notify command.
+func EndState(st *Status) string {
+	switch {
+	case st.Exit != nil && *st.Exit == 0 && st.Reason == "":
+		return StateDone
+	case st.Reason == ReasonCancelled:
+		return StateCancelled
+	}
+	return StateFailed
+}
+
+// ReasonCancelled is a supervisor's reason for a task the broker
+// cancelled.
+const ReasonCancelled = "cancelled"
 
 // MaxToken bounds a submission's token.
 const MaxToken = 128
@@ -155,6 +205,9 @@ type TaskInfo struct {
 	CPUMs     int64    `json:"cpu_ms,omitempty"`   // CPU time its processes used, where it had a control group
 	MemPeak   int64    `json:"mem_peak,omitempty"` // their peak memory in bytes, where the memory controller measured it
 	Token     string   `json:"token,omitempty"`    // its submission's token (the submitter's and root's to see)
+	Held      bool     `json:"held,omitempty"`     // waiting, held in its place: task-submit release lets it start
+	From      uint64   `json:"from,omitempty"`     // requeued from this ended task
+	Source    string   `json:"source,omitempty"`   // history: SourceAccounting for a task the broker keeps no more
 }
 
 // ExitStatus is the status a shell would give for the task: its exit
@@ -199,6 +252,8 @@ type Spec struct {
 	Idle     bool     `json:"idle,omitempty"`     // nice 19 and the idle I/O class
 	Socket   string   `json:"socket"`             // where to report
 	Umask    *uint32  `json:"umask,omitempty"`    // the command's, the submitter's; nil: left as it is
+	Notify   string   `json:"notify,omitempty"`   // run by /bin/sh once the task's end is reported; "": none
+	Name     string   `json:"name,omitempty"`     // the task's --name, for the notify command
 	// Drop, in place of a go-ahead, tells a supervisor that its task will
 	// not start under it: it exits having run nothing.
 	Drop bool `json:"drop,omitempty"`
@@ -362,12 +417,69 @@ func (c *Conn) List(all bool) ([]TaskInfo, error) {
 	}
 }
 
+// StateEnded is the state of a task that the accounting log alone
+// remembers: it ended, how is not known.
+const StateEnded = "ended"
+
+// SourceAccounting marks a task of a history known from the accounting
+// log alone.
+const SourceAccounting = "accounting"
+
+// ListEnded returns the asker's tasks (everyone's with all) that ended
+// from since on: those the broker keeps, a page at a time, then those the
+// accounting log alone remembers. cut tells that the broker left some of
+// the latter out (it sends a bounded number of them).
+func (c *Conn) ListEnded(all bool, since time.Time) (ts []TaskInfo, cut bool, err error) {
+	req := &Request{Op: OpList, All: all, Ended: true, Since: since.UnixMilli()}
+	for {
+		r, err := c.tasks(req)
+		if err != nil {
+			return nil, false, err
+		}
+		ts = append(ts, r.Tasks...)
+		if !r.More {
+			break
+		}
+		if r.Next <= req.After {
+			return nil, false, fmt.Errorf("list: page after task %d goes on from task %d", req.After, r.Next)
+		}
+		req = &Request{Op: OpList, All: all, Ended: true, Since: since.UnixMilli(), After: r.Next}
+	}
+	r, err := c.tasks(&Request{Op: OpHistory, All: all, Since: since.UnixMilli()})
+	if err != nil {
+		return nil, false, err
+	}
+	return append(ts, r.Tasks...), r.More, nil
+}
+
 // Show returns one task.
 func (c *Conn) Show(id uint64) (*TaskInfo, error) { return c.one(&Request{Op: OpShow, ID: id}) }
 
 // Cancel cancels a task: a pending one is removed, a running one is sent
 // SIGTERM (SIGKILL after a grace period). It returns the task as it stands.
 func (c *Conn) Cancel(id uint64) (*TaskInfo, error) { return c.one(&Request{Op: OpCancel, ID: id}) }
+
+// Hold holds a waiting task in its place in line: it is not started
+// until Release. It returns the task as it stands.
+func (c *Conn) Hold(id uint64) (*TaskInfo, error) { return c.one(&Request{Op: OpHold, ID: id}) }
+
+// Release lets a held task start again, in the place it kept.
+func (c *Conn) Release(id uint64) (*TaskInfo, error) { return c.one(&Request{Op: OpRelease, ID: id}) }
+
+// Requeue submits ended task id again, its command, directory and
+// options as they were, as a new task; s carries what a submission takes
+// from where it is made (the environment, the umask) and its token. The
+// reply is a submission's.
+func (c *Conn) Requeue(id uint64, s *Submission) (*Reply, error) {
+	r, err := c.call(&Request{Op: OpRequeue, ID: id, Task: s})
+	if err != nil {
+		return nil, err
+	}
+	if r.Type != TypeSubmitted {
+		return nil, fmt.Errorf("unexpected reply %q to requeue", r.Type)
+	}
+	return r, nil
+}
 
 // Wait blocks until the task has ended and returns it.
 func (c *Conn) Wait(id uint64) (*TaskInfo, error) { return c.one(&Request{Op: OpWait, ID: id}) }

@@ -114,11 +114,13 @@ type Request struct {
 	Login   bool   `json:"login,omitempty"` // an interactive login shell: wants the login lease
 
 	// tasks
-	Task   *Submission `json:"task,omitempty"`   // submit
-	ID     uint64      `json:"id,omitempty"`     // show, cancel, wait, task-done
-	All    bool        `json:"all,omitempty"`    // list: everyone's
-	After  uint64      `json:"after,omitempty"`  // list: the page after this task id (a reply's "next")
-	Status *Status     `json:"status,omitempty"` // task-done
+	Task   *Submission `json:"task,omitempty"`     // submit
+	ID     uint64      `json:"id,omitempty"`       // show, cancel, wait, task-done
+	All    bool        `json:"all,omitempty"`      // list: everyone's
+	After  uint64      `json:"after,omitempty"`    // list: the page after this task id (a reply's "next")
+	Ended  bool        `json:"ended,omitempty"`    // list: the ended tasks alone, from SinceMS on
+	Since  int64       `json:"since_ms,omitempty"` // list --ended, task-history: Unix ms
+	Status *Status     `json:"status,omitempty"`   // task-done
 
 	// status, usage (status.go)
 	Watch bool        `json:"watch,omitempty"` // status: again after every change

@@ -97,7 +97,11 @@ func Main(args []string) int {
 	started := keepBroker(spec.ID)
 	st := runTask(spec, prep, leases, cancel, started)
 	started(false) // if it was not said yet: the command never started
-	return report(spec, st)
+	code := report(spec, st)
+	if code == 0 && spec.Notify != "" {
+		notify(spec, st) // once its end is recorded (notify.go)
+	}
+	return code
 }
 
 // catchSignals makes SIGHUP and SIGINT harmless and returns the channel on

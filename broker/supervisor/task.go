@@ -22,7 +22,7 @@ import (
 )
 
 // reasonCancelled is the Status reason of a task the broker cancelled.
-const reasonCancelled = "cancelled"
+const reasonCancelled = client.ReasonCancelled
 
 // The idle I/O class of ioprio_set(2), which x/sys/unix does not name.
 const (

@@ -69,6 +69,11 @@ package tasklife
 //     user while the task is kept: ByToken finds it, live and after a
 //     replay, and a submission being recorded with it is known as such.
 //     Tokens are kept with their tasks only, and forgotten with them.
+//   - A waiting task may be held (Hold: a "hold" record): it keeps its
+//     place in line and settles as ever, but is never granted until a
+//     release (a "hold" record with held false). A hold disarms it, and a
+//     held task is not armed: it may wait for long. An end, or a start,
+//     ends the hold.
 //   - Ended tasks are forgotten oldest end first: beyond keep-per-user for
 //     their user, and beyond keep in all (the user who has the most ended
 //     tasks kept loses one first, so one user's churn cannot push out
@@ -157,6 +162,9 @@ type Task struct {
 	StartMono int64          `json:"start_mono,omitempty"` // CLOCK_MONOTONIC ms at its start, in that boot
 	Status    *client.Status `json:"status,omitempty"`
 	Reason    string         `json:"reason,omitempty"`
+	Held      bool           `json:"held,omitempty"`   // waiting: held by its owner (Hold), never granted until released
+	From      uint64         `json:"from,omitempty"`   // submitted again from this ended task (requeue)
+	Notify    string         `json:"notify,omitempty"` // resolved: its own, or the policy's at its submission
 
 	busy   bool   // its cancel is being recorded: nothing else may move it
 	endSeq uint64 // order of its end among the ended tasks kept
@@ -229,6 +237,7 @@ type Record struct {
 	Reason    string         `json:"reason,omitempty"`
 	Pad       string         `json:"pad,omitempty"` // a probe's size
 	Tag       string         `json:"tag,omitempty"` // ids: the journal's tag
+	Held      bool           `json:"held,omitempty"`
 }
 
 // The records of the journal.
@@ -241,6 +250,7 @@ const (
 	opArm     = "arm"     // a waiting task armed in a boot: its start need not be synced before its go-ahead
 	opUnstart = "unstart" // a running task's supervisor never got its go-ahead: the task waits again
 	opDisarm  = "disarm"  // every task disarmed: the broker stopped cleanly, or started in the boot they were armed in
+	opHold    = "hold"    // a waiting task held in its place (held), or released
 )
 
 // Options configure a Life.
@@ -475,7 +485,7 @@ func (l *Life) writeDisarm() error {
 // not wait for the disk (see the rules above). It does nothing when t is
 // armed already, no longer waiting, or the boot is unknown.
 func (l *Life) Arm(t *Task) error {
-	if l.boot == "" || l.closing || !t.IsWaiting() || t.ArmBoot == l.boot || t.busy {
+	if l.boot == "" || l.closing || !t.IsWaiting() || t.ArmBoot == l.boot || t.busy || t.Held {
 		return nil
 	}
 	rec := &Record{Op: opArm, ID: t.ID, Boot: l.boot}
@@ -711,12 +721,33 @@ func (l *Life) Settle(t *Task) bool {
 // Grant gives a pending task its devices (or CPU slot): it is starting.
 // Nothing is recorded: on disk it stays pending until Start.
 func (l *Life) Grant(t *Task, devices []int, slot int, now time.Time) error {
+	if t.Held {
+		return fmt.Errorf("grant task %d: it is held", t.ID)
+	}
 	if t.State != Pending || t.busy {
 		return fmt.Errorf("grant task %d: it is %s", t.ID, t.State)
 	}
 	l.move(t, Starting)
 	t.Started, t.Devices, t.Slot = now.UnixMilli(), devices, slot
 	return nil
+}
+
+// Hold records that waiting task t is held in its place (held) or
+// released, then applies it. It does nothing when t is so already. On an
+// error nothing has changed. The caller keeps a task it holds from being
+// granted while the record is written (its waiter held first).
+func (l *Life) Hold(t *Task, held bool) error {
+	if !t.IsWaiting() || t.busy {
+		return fmt.Errorf("hold task %d: it is %s", t.ID, t.Shown())
+	}
+	if t.Held == held {
+		return nil
+	}
+	rec := &Record{Op: opHold, ID: t.ID, Held: held}
+	if err := l.write(rec); err != nil {
+		return err
+	}
+	return l.applied(rec)
 }
 
 // Ungrant puts a starting task back to pending: its start could not be
@@ -941,6 +972,13 @@ func (l *Life) apply(r *Record) error {
 		for _, t := range l.tasks {
 			t.ArmBoot = ""
 		}
+	case opHold:
+		if t := l.tasks[r.ID]; t != nil && t.IsWaiting() {
+			t.Held = r.Held
+			if t.Held {
+				t.ArmBoot = "" // it may wait for long: see the rules above
+			}
+		}
 	case opProbe:
 	default:
 		return fmt.Errorf("unknown record %q", r.Op)
@@ -1002,7 +1040,7 @@ func (l *Life) applyStart(r *Record) {
 	if t == nil || (t.State != Pending && t.State != Starting) {
 		return
 	}
-	t.ArmBoot = ""
+	t.ArmBoot, t.Held = "", false
 	l.move(t, Running)
 	t.Started, t.Devices, t.Slot = r.Time, r.Devices, r.Slot
 	t.PID, t.PIDStart, t.Boot, t.StartMono = r.PID, r.PIDStart, r.Boot, r.StartMono
@@ -1031,7 +1069,7 @@ func (l *Life) applyEnd(r *Record) {
 	if t.IsWaiting() || t.State == Starting {
 		l.unname(t)
 	}
-	t.ArmBoot = ""
+	t.ArmBoot, t.Held = "", false
 	l.move(t, r.State)
 	t.Ended, t.Reason = r.Time, r.Reason
 	if r.Status != nil {

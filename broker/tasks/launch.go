@@ -179,17 +179,18 @@ func (rt *Runtime) retryStarts() {
 	rt.serveLocked()
 }
 
-// holdTasksLocked holds (or releases) every task waiting in line. A task
-// being cancelled stays held.
+// holdTasksLocked holds (or releases) every task waiting in line, as
+// task starts are paused (resumed). A task being cancelled, or one its
+// owner holds, stays held.
 func (rt *Runtime) holdTasksLocked(hold bool) {
 	for _, w := range rt.cpuq.Waiters() {
 		if t := taskOf(w); t != nil {
-			w.Held = hold || t.Busy()
+			w.Held = hold || rt.heldLocked(t)
 		}
 	}
 	for _, t := range rt.jobs {
 		if t.inLine && !t.Sub.NoDevice {
-			rt.table.Hold(t.w, hold || t.Busy())
+			rt.table.Hold(t.w, hold || rt.heldLocked(t))
 		}
 	}
 }
@@ -210,7 +211,7 @@ func (rt *Runtime) specLocked(t *tasklife.Task) *client.Spec {
 	return &client.Spec{
 		ID: t.ID, UID: t.UID, Argv: t.Argv, Cwd: t.Sub.Cwd, Env: env, Log: t.Log, Umask: t.Sub.Umask,
 		TimeSec: t.TimeSec, GraceSec: int64(rt.policy().Tasks.KillGrace / time.Second),
-		Idle: t.Sub.NoDevice && rt.policy().Tasks.IdlePriority, Socket: rt.socket,
+		Idle: t.Sub.NoDevice && rt.policy().Tasks.IdlePriority, Socket: rt.socket, Notify: t.Notify, Name: t.Sub.Name,
 	}
 }
 

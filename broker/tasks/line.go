@@ -166,7 +166,7 @@ func (rt *Runtime) requeueLocked(t *Task) {
 // max_waiting_per_user, which is for npurun's requests: a user's queued
 // tasks never lock them out of an interactive npurun.)
 func (rt *Runtime) addLineLocked(t *Task, readd bool) {
-	t.w.Held = rt.paused != nil || t.Busy() // not in line yet: nobody else reads it
+	t.w.Held = rt.heldLocked(t) // not in line yet: nobody else reads it
 	t.inLine = true
 	switch {
 	case t.Sub.NoDevice && readd:
@@ -179,6 +179,11 @@ func (rt *Runtime) addLineLocked(t *Task, readd bool) {
 		rt.table.Add(t.w)
 	}
 }
+
+// heldLocked tells whether t's waiter is to be held in its place in line:
+// task starts are paused, its cancel is being recorded, or its owner
+// holds it (task-submit hold).
+func (rt *Runtime) heldLocked(t *Task) bool { return rt.paused != nil || t.Busy() || t.Held }
 
 // holdLocked holds t's waiter in its place in line (skipped, reserving
 // nothing), or lets it be served again.

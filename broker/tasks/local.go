@@ -84,6 +84,8 @@ type localTask struct {
 	cgroup bool // its control group may exist (cgroup.go)
 	heard  bool // running: its supervisor spoke since its go-ahead (or was adopted), so it catches SIGTERM
 	ended  bool // its group was killed at its end (Ended): nothing of it is left
+	// exited is closed once its supervisor has exited (nil: none known)
+	exited <-chan struct{}
 }
 
 func newLocal(h Host, self, cgMode string, lg *log.Logger, boot string, unpriv bool) *local {
@@ -179,8 +181,11 @@ func (l *local) Adopt(t *Task) bool {
 	}
 	l.of(t).heard = true // running long enough to be adopted: it catches SIGTERM
 	pid, start := t.PID, t.PIDStart
+	exited := make(chan struct{})
+	l.of(t).exited = exited
 	go func() {
 		waitExit(l.proc, pid, start)
+		close(exited)
 		l.host.Lock()
 		l.host.Gone(t, pid)
 		l.host.Unlock()
@@ -311,6 +316,7 @@ func (l *local) spawnLocked(t *Task, spec *client.Spec) (*supervisor, func()) {
 		sup = &supervisor{exited: make(chan struct{})}
 	}
 	sup.t, sup.ready = t, make(chan struct{})
+	l.of(t).exited = sup.exited
 	return sup, func() {
 		defer close(sup.ready)
 		if sup.started != nil {
@@ -594,19 +600,44 @@ func (l *local) Usage(t *Task) (time.Duration, int64) {
 }
 
 // Ended lets t's warm supervisor go, and kills what is left in t's
-// control group at once, removing the group once empty.
+// control group at once, removing the group once empty. A task that
+// ended by its supervisor's report and has a notify command is left to
+// its supervisor, which runs it now, in the group, for client.NotifyFor
+// at most: the group is killed once the supervisor has exited, or after
+// that and notifySlack.
 func (l *local) Ended(t *Task) {
 	l.Unwarm(t)
-	if lt := l.of(t); lt.cgroup {
-		// Nothing it started outlives it: killed now, the group removed
-		// once empty.
-		lt.ended = true
-		if err := l.cg.kill(t.ID); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			l.log.Printf("task %d: kill its control group: %v", t.ID, err)
-		}
-		go l.reapCgroup(t.ID)
+	lt := l.of(t)
+	if !lt.cgroup {
+		return
 	}
+	// Nothing it started outlives it: killed now, the group removed once
+	// empty.
+	lt.ended = true
+	id := t.ID
+	kill := func() {
+		if err := l.cg.kill(id); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			l.log.Printf("task %d: kill its control group: %v", id, err)
+		}
+	}
+	if exited := lt.exited; t.Notify != "" && t.Status != nil && exited != nil && !closed(exited) {
+		go func() {
+			select {
+			case <-exited:
+			case <-time.After(client.NotifyFor + notifySlack):
+			}
+			kill()
+			l.reapCgroup(id)
+		}()
+		return
+	}
+	kill()
+	go l.reapCgroup(id)
 }
+
+// notifySlack is how long past client.NotifyFor a supervisor running its
+// task's notify command may take to exit before its group is killed.
+const notifySlack = 10 * time.Second
 
 // Close drops the warm supervisors and lets the idle ones go (letIdleGo).
 func (l *local) Close(d time.Duration) { l.letIdleGo(d) }

@@ -60,6 +60,7 @@ const (
 	maxEnvBytes     = 32 << 10 // environment, all variables together
 	maxCommandBytes = 16 << 10 // argv, or the --run string
 	maxPathBytes    = 4096     // cwd, log
+	maxNotifyBytes  = 4096     // the notify command
 	maxReasonBytes  = 1024     // a supervisor's reason
 	maxAfter        = 1024     // --after ids
 	maxWaitsPerConn = 64
@@ -79,7 +80,7 @@ func Info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
 		N: t.Sub.N, Pool: t.Sub.Pool, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
 		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
-		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended,
+		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended, Held: t.Held, From: t.From,
 	}
 	if len(t.Devices) == 0 && len(t.Sub.Devices) > 0 {
 		ti.Devices = t.Sub.Devices
@@ -259,7 +260,7 @@ func (rt *Runtime) cancelLocked(j *Task, who string) error {
 	}
 	rt.log.Printf("task %d: cancel: %v", j.ID, err)
 	if j.w != nil {
-		rt.holdLocked(j, rt.paused != nil)
+		rt.holdLocked(j, rt.heldLocked(j))
 	}
 	rt.settleLocked(j) // its --after tasks may have ended meanwhile
 	rt.serveLocked()
@@ -289,6 +290,12 @@ type Submitted struct {
 // it is called holding the lock); a submission it left is not recorded
 // (ErrLeft).
 func (rt *Runtime) Submit(by Submitter, sub *client.Submission, left func() bool) (*Submitted, error) {
+	return rt.submit(by, sub, left, 0)
+}
+
+// submit is Submit, of a task submitted again from ended task from (0:
+// none).
+func (rt *Runtime) submit(by Submitter, sub *client.Submission, left func() bool, from uint64) (*Submitted, error) {
 	if err := rt.Unavailable(sub != nil && sub.Token != ""); err != nil {
 		return nil, err
 	}
@@ -296,6 +303,7 @@ func (rt *Runtime) Submit(by Submitter, sub *client.Submission, left func() bool
 	if err != nil {
 		return nil, err
 	}
+	t.From = from
 	rt.mu.Lock()
 	defer rt.unlock()
 	// A repeat of a submission (its answer was lost) is answered with the
@@ -435,6 +443,10 @@ func (rt *Runtime) resolve(by Submitter, sub *client.Submission) (*Task, error) 
 		return bad("environment of %d bytes, more than %d", byteSize(sub.Env), maxEnvBytes)
 	case byteSize(sub.Argv)+len(sub.Shell) > maxCommandBytes:
 		return bad("command of %d bytes, more than %d", byteSize(sub.Argv)+len(sub.Shell), maxCommandBytes)
+	case len(sub.Notify) > maxNotifyBytes:
+		return bad("notify command of %d bytes, more than %d", len(sub.Notify), maxNotifyBytes)
+	case sub.Notify != "" && sub.NoNotify:
+		return bad("a notify command and no notify exclude each other")
 	case len(sub.Cwd) > maxPathBytes || len(sub.Log) > maxPathBytes:
 		return bad("path longer than %d bytes", maxPathBytes)
 	case sub.TimeSec < 0:
@@ -481,7 +493,7 @@ func (rt *Runtime) resolve(by Submitter, sub *client.Submission) (*Task, error) 
 	} else {
 		t.Argv = slices.Clone(sub.Argv)
 	}
-	t.Log = sub.Log
+	t.Log, t.Notify = sub.Log, sub.Notify
 	if t.Log == "" {
 		// Its size is all that counts until it has its id and the tag.
 		t.Log = client.DefaultLog(acct.Home, unknownID, strings.Repeat("f", tasklife.TagLen))
@@ -513,6 +525,12 @@ func (rt *Runtime) admitLocked(by Submitter, t *Task) error {
 		return refuse(ErrDenied, "", "time limit %s is longer than the %s allowed", quantity.Duration(limit), quantity.Duration(max))
 	}
 	t.TimeSec = int64(limit / time.Second)
+	if t.Notify == "" && !sub.NoNotify && rt.policy().Tasks.Notify != "" {
+		t.Notify = rt.policy().Tasks.Notify // resolved now: its journal record keeps it
+		if err := rt.checkSize(t.Task); err != nil {
+			return err
+		}
+	}
 	if rt.life.Live() >= rt.policy().Tasks.MaxTasks {
 		return refuse(ErrTooMany, "", "the broker holds %d tasks, its most", rt.policy().Tasks.MaxTasks)
 	}
@@ -567,7 +585,8 @@ func replyLen(t *tasklife.Task) int {
 
 // specLen bounds the size of t's Spec, with the variables the runtime adds.
 func (rt *Runtime) specLen(t *tasklife.Task) int {
-	n := specFrame + jsonListLen(t.Sub.Env) + jsonListLen(t.Argv) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) + 2*jsonLen(rt.socket)
+	n := specFrame + jsonListLen(t.Sub.Env) + jsonListLen(t.Argv) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) + 2*jsonLen(rt.socket) +
+		jsonLen(t.Notify) + jsonLen(t.Sub.Name)
 	if t.Sub.NoDevice {
 		n += jsonListLen(npu.HiddenEnv()) + 3*(len("OPENBLAS_NUM_THREADS=")+24)
 	}
@@ -665,14 +684,7 @@ func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *client.Status) err
 		cpu, peak := rt.run.Usage(j)
 		st.CPUMs, st.MemPeak = cpu.Milliseconds(), peak
 	}
-	state := tasklife.Failed
-	switch {
-	case st.Exit != nil && *st.Exit == 0 && st.Reason == "":
-		state = tasklife.Done
-	case st.Reason == "cancelled":
-		state = tasklife.Cancelled
-	}
-	if err := rt.life.End(t, state, st, ""); err != nil {
+	if err := rt.life.End(t, client.EndState(st), st, ""); err != nil {
 		rt.log.Printf("task %d: %v", id, err)
 		return refuse(ErrSpool, "report again later", "the broker could not record the end of task %d: %v", id, err)
 	}
@@ -744,6 +756,9 @@ func joinIDs(ids []uint64) string {
 // does: the tasks it waits for, its user's cap on running tasks or on
 // devices, task starts paused.
 func (rt *Runtime) waitReasonLocked(j *Task) string {
+	if j.Held {
+		return fmt.Sprintf("held: it keeps its place in line, and 'task-submit release %d' lets it start", j.ID)
+	}
 	if j.State == tasklife.Blocked {
 		var ids []uint64
 		for _, dep := range j.Sub.After {
@@ -810,10 +825,22 @@ type Listed struct {
 	Start time.Time // when it starts at the latest, waiting for devices (lease.Place.Start); zero: unknown
 }
 
+// Filter narrows a listing: with Ended, to the ended tasks alone, those
+// that ended from Since (Unix ms) on.
+type Filter struct {
+	Ended bool
+	Since int64
+}
+
+// keeps tells whether f lists t.
+func (f Filter) keeps(t *tasklife.Task) bool {
+	return !f.Ended || (t.IsEnded() && t.Ended >= f.Since)
+}
+
 // Page copies one page of a listing for asker uid: its tasks (everyone's
-// with all) with ids above after, oldest first. more tells that others
-// follow, from next.
-func (rt *Runtime) Page(uid uint32, all bool, after uint64) (page []Listed, next uint64, more bool, err error) {
+// with all) with ids above after that f keeps, oldest first. more tells
+// that others follow, from next.
+func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter) (page []Listed, next uint64, more bool, err error) {
 	rt.mu.Lock()
 	defer rt.unlock()
 	if err := rt.unavailableLocked(false); err != nil {
@@ -828,7 +855,7 @@ func (rt *Runtime) Page(uid uint32, all bool, after uint64) (page []Listed, next
 		}
 		scanned++
 		next = t.ID
-		if !all && t.UID != uid {
+		if (!all && t.UID != uid) || !f.keeps(t) {
 			return true
 		}
 		page = append(page, Listed{Task: *t})
@@ -896,4 +923,17 @@ func (rt *Runtime) positionsOfLocked(ws []*lease.Waiter) map[*lease.Waiter]int {
 		want[w] = pos
 	}
 	return want
+}
+
+// Keeps tells whether the table keeps task id started at started (Unix
+// ms, within a minute: the accounting log's time of its lease): ids start
+// again with a new journal, so an id alone may name an older task.
+func (rt *Runtime) Keeps(id uint64, started int64) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.life == nil {
+		return false
+	}
+	t := rt.life.Get(id)
+	return t != nil && t.Started != 0 && t.Started-started < 60_000 && started-t.Started < 60_000
 }

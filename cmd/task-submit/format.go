@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -25,6 +27,7 @@ type submitted struct {
 	State    string `json:"state,omitempty"`
 	Token    string `json:"token,omitempty"`    // the submission's
 	Existing bool   `json:"existing,omitempty"` // the token named this task already: no other was made
+	From     uint64 `json:"from,omitempty"`     // requeue: the ended task it was made from
 }
 
 // submittedLine is submit's answer: the id, and the place in line when
@@ -73,9 +76,67 @@ func writeTable(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) erro
 		if all {
 			row = append(row, oneLine(t.User))
 		}
-		row = append(row, t.State, deviceCell(t), timeCell(t.Submitted, now), startCell(t, now))
+		row = append(row, stateCell(t), deviceCell(t), timeCell(t.Submitted, now), startCell(t, now))
 		rows = append(rows, row)
 	}
+	return writeRows(w, rows, ts)
+}
+
+// writeHistory writes list --ended's table: how each task ended, when it
+// started and ended. all adds the USER column.
+func writeHistory(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) error {
+	head := []string{"ID", "END", "DEVICES", "STARTED", "ENDED"}
+	if all {
+		head = []string{"ID", "USER", "END", "DEVICES", "STARTED", "ENDED"}
+	}
+	rows := [][]string{head}
+	for i := range ts {
+		t := &ts[i]
+		row := []string{strconv.FormatUint(t.ID, 10)}
+		if all {
+			row = append(row, oneLine(t.User))
+		}
+		row = append(row, endCell(t), deviceCell(t), timeCell(t.Started, now), timeCell(t.Ended, now))
+		rows = append(rows, row)
+	}
+	return writeRows(w, rows, ts)
+}
+
+// sortEnded orders a history by end, oldest first (ties by id).
+func sortEnded(ts []client.TaskInfo) {
+	slices.SortStableFunc(ts, func(a, b client.TaskInfo) int {
+		return cmp.Or(cmp.Compare(a.Ended, b.Ended), cmp.Compare(a.ID, b.ID))
+	})
+}
+
+// stateCell is a task's state in list's table: "held" for a task held in
+// its place.
+func stateCell(t *client.TaskInfo) string {
+	if t.Held {
+		return "held"
+	}
+	return t.State
+}
+
+// endCell is how a task ended in the history's table: "done", "exit 3",
+// "SIGKILL", "cancelled", "lost", or "ended" where only the accounting
+// log remembers it.
+func endCell(t *client.TaskInfo) string {
+	switch {
+	case t.State == client.StateDone:
+		return "done"
+	case t.Exit != nil && t.State == client.StateFailed:
+		return "exit " + strconv.Itoa(*t.Exit)
+	case t.Signal != "" && t.State == client.StateFailed:
+		return t.Signal
+	}
+	return t.State
+}
+
+// writeRows writes a table's rows (the first its head), and after each
+// the name or command of its task in ts, shortened to fit tableWidth.
+func writeRows(w io.Writer, rows [][]string, ts []client.TaskInfo) error {
+	head := rows[0]
 	// The last column starts where tabwriter will put it: after every
 	// other column at its widest, plus the padding.
 	start := 0
@@ -179,7 +240,7 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 	line("id", strconv.FormatUint(t.ID, 10))
 	line("name", quoteIfNeeded(t.Name))
 	line("user", t.User)
-	line("state", t.State)
+	line("state", stateCell(t))
 	if t.Command == "" {
 		line("command", "-")
 	} else {
@@ -193,6 +254,9 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 	}
 	line("pool", t.Pool)
 	line("after", joinIDs(t.After))
+	if t.From != 0 {
+		line("requeued from", strconv.FormatUint(t.From, 10))
+	}
 	if t.TimeSec > 0 {
 		line("time limit", quantity.Duration(time.Duration(t.TimeSec)*time.Second))
 	}
@@ -295,6 +359,20 @@ func waitStatus(t *client.TaskInfo) int {
 		s = 1
 	}
 	return s
+}
+
+// holdLine is the answer of hold and release, from the task as the
+// broker left it.
+func holdLine(t *client.TaskInfo) string {
+	switch {
+	case t.Held && t.Position > 0:
+		return fmt.Sprintf("task %d held (%s in line); 'task-submit release %d' lets it start", t.ID, client.Ordinal(t.Position), t.ID)
+	case t.Held:
+		return fmt.Sprintf("task %d held; 'task-submit release %d' lets it start", t.ID, t.ID)
+	case t.Position > 0:
+		return fmt.Sprintf("task %d released (%s in line)", t.ID, client.Ordinal(t.Position))
+	}
+	return fmt.Sprintf("task %d released: %s", t.ID, t.State)
 }
 
 // cancelLine is cancel's answer, from the task as the broker left it.

@@ -23,12 +23,15 @@ import (
 var version = "dev"
 
 const usage = `Usage:
-  task-submit [-n N | -d LIST | --no-device] [-p POOL] [--time DURATION] [--name NAME] [--after ID[,ID...]] [--log FILE] [--token TOKEN] [--json] (--run STRING | -- COMMAND [ARG...])
-  task-submit list [--all] [--json]
+  task-submit [-n N | -d LIST | --no-device] [-p POOL] [--time DURATION] [--name NAME] [--after ID[,ID...]] [--log FILE] [--notify CMD | --no-notify] [--token TOKEN] [--json] (--run STRING | -- COMMAND [ARG...])
+  task-submit list [--all] [--ended [--since DURATION]] [--json]
   task-submit show [--json] ID
   task-submit logs [-f] ID
   task-submit wait ID
   task-submit cancel ID
+  task-submit hold ID
+  task-submit release ID
+  task-submit requeue [--json] ID
 
 Queue a command with npubroker, which runs it as you, in this directory, with
 this environment and umask, once the devices it needs are free, writing its
@@ -52,6 +55,9 @@ var commands = []subcommand{
 	{"logs", false, completion.Tasks, "print a task's log (-f: follow it)"},
 	{"wait", false, completion.Tasks, "wait for a task to end and exit with its status"},
 	{"cancel", false, completion.LiveTasks, "cancel a task"},
+	{"hold", false, completion.LiveTasks, "keep a waiting task from starting; it keeps its place in line"},
+	{"release", false, completion.LiveTasks, "let a held task start again"},
+	{"requeue", true, completion.Tasks, "submit an ended task again, as a new task"},
 }
 
 // lookupCommand is the command named name, or nil.
@@ -69,9 +75,11 @@ type options struct {
 	cmd     string // "submit" or one of commands
 	socket  string
 	json    bool
-	all     bool   // list
-	follow  bool   // logs
-	id      uint64 // show, logs, wait, cancel
+	all     bool          // list
+	ended   bool          // list
+	since   time.Duration // list --ended
+	follow  bool          // logs
+	id      uint64        // show, logs, wait, cancel, hold, release, requeue
 	sub     client.Submission
 	version bool
 	// completion is the shell whose completion script was asked for
@@ -126,6 +134,13 @@ func main() {
 // negative).
 const maxTime = client.MaxTimeSec * time.Second
 
+// defaultSince is how far back list --ended looks without --since, and
+// maxSince the furthest it may (beyond it the accounting log is gone).
+const (
+	defaultSince = 7 * 24 * time.Hour
+	maxSince     = 100 * 365 * 24 * time.Hour
+)
+
 const socketHelp = "broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)"
 
 // submitArgs are the options of submitting that parse checks once all
@@ -149,6 +164,8 @@ func submitFlags(o *options, a *submitArgs) *flagSet {
 	fs.listVar(&a.after, 0, "after", "ID[,ID...]", "start only once these tasks have succeeded", true).completes(completion.Tasks)
 	fs.stringVar(&o.sub.Log, 0, "log", "FILE", "log file (default ~/.local/state/npurun/tasks/ID-TAG.log, TAG naming the broker's journal)").completes(completion.Files)
 	fs.stringVar(&a.run, 0, "run", "STRING", "command line run by your shell, instead of -- COMMAND [ARG...]")
+	fs.stringVar(&o.sub.Notify, 0, "notify", "CMD", "command line run by /bin/sh as you once the task has ended, with NPURUN_TASK_ID, NPURUN_TASK_STATE and NPURUN_TASK_EXIT set (default: the policy's [tasks] notify)")
+	fs.switchVar(&o.sub.NoNotify, 0, "no-notify", "run no notify command, not even the policy's")
 	fs.stringVar(&o.sub.Token, 0, "token", "TOKEN", "name this submission (default: a random one): submitted again with the same TOKEN, it makes no second task")
 	fs.switchVar(&o.json, 0, "json", "print the task's id, position and pool as JSON")
 	fs.stringVar(&o.socket, 0, "socket", "PATH", socketHelp).completes(completion.Files)
@@ -164,7 +181,11 @@ func commandFlags(o *options, cmd string) *flagSet {
 	switch cmd {
 	case "list":
 		fs.switchVar(&o.all, 0, "all", "everyone's tasks (others' commands are shown to root only)")
+		fs.switchVar(&o.ended, 0, "ended", "the tasks that have ended: those the broker keeps, then those its accounting log remembers")
+		fs.durationVar(&o.since, 0, "since", "DURATION", "with --ended: those that ended within DURATION, e.g. 7d or 12h (default 7d)", maxSince)
 		fs.switchVar(&o.json, 0, "json", "print the tasks as a JSON array")
+	case "requeue":
+		fs.switchVar(&o.json, 0, "json", "print the new task's id, position and pool as JSON")
 	case "show":
 		fs.switchVar(&o.json, 0, "json", "print the task as JSON")
 	case "logs":
@@ -240,6 +261,12 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("--time takes a positive duration, such as 6h, 90m or 1d")
 	case fs.changed["log"] && s.Log == "":
 		return nil, usagef("--log takes a file name")
+	case fs.changed["notify"] && strings.TrimSpace(s.Notify) == "":
+		return nil, &usageError{msg: "--notify takes a command line", hint: "for no notify command at all, use --no-notify"}
+	case s.Notify != "" && s.NoNotify:
+		return nil, usagef("--notify and --no-notify exclude each other")
+	case strings.ContainsFunc(s.Notify, func(r rune) bool { return unicode.IsControl(r) && r != '\t' }):
+		return nil, usagef("--notify takes one line of shell")
 	case strings.ContainsFunc(s.Name, unicode.IsControl):
 		return nil, usagef("--name takes one line of printable text")
 	case fs.changed["token"] && (s.Token == "" || len(s.Token) > client.MaxToken || strings.IndexFunc(s.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0):
@@ -272,8 +299,15 @@ func parseCommand(o *options, cmd string, args []string, stderr io.Writer) (*opt
 		return nil, helpOr(fs, stderr, err)
 	}
 	if cmd == "list" {
-		if len(fs.args) > 0 {
+		switch {
+		case len(fs.args) > 0:
 			return nil, usagef("list takes no arguments")
+		case fs.changed["since"] && !o.ended:
+			return nil, &usageError{msg: "--since is for --ended", hint: "task-submit list --ended --since 7d"}
+		case fs.changed["since"] && o.since <= 0:
+			return nil, usagef("--since takes a positive duration, such as 7d or 12h")
+		case o.ended && !fs.changed["since"]:
+			o.since = defaultSince
 		}
 		return o, nil
 	}

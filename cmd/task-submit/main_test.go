@@ -279,6 +279,8 @@ func TestHelpOptions(t *testing.T) {
       --after ID[,ID...]  start only once these tasks have succeeded
       --log FILE          log file (default ~/.local/state/npurun/tasks/ID-TAG.log, TAG naming the broker's journal)
       --run STRING        command line run by your shell, instead of -- COMMAND [ARG...]
+      --notify CMD        command line run by /bin/sh as you once the task has ended, with NPURUN_TASK_ID, NPURUN_TASK_STATE and NPURUN_TASK_EXIT set (default: the policy's [tasks] notify)
+      --no-notify         run no notify command, not even the policy's
       --token TOKEN       name this submission (default: a random one): submitted again with the same TOKEN, it makes no second task
       --json              print the task's id, position and pool as JSON
       --socket PATH       broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)
@@ -286,10 +288,12 @@ func TestHelpOptions(t *testing.T) {
   -h, --help              print this help and exit
 `},
 		{[]string{"list", "--help"}, `Options:
-      --all          everyone's tasks (others' commands are shown to root only)
-      --json         print the tasks as a JSON array
-      --socket PATH  broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)
-  -h, --help         print this help and exit
+      --all             everyone's tasks (others' commands are shown to root only)
+      --ended           the tasks that have ended: those the broker keeps, then those its accounting log remembers
+      --since DURATION  with --ended: those that ended within DURATION, e.g. 7d or 12h (default 7d)
+      --json            print the tasks as a JSON array
+      --socket PATH     broker socket (default $NPURUN_SOCKET or /run/npurun/broker.sock)
+  -h, --help            print this help and exit
 `},
 	} {
 		var b strings.Builder

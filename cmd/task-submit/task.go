@@ -36,6 +36,10 @@ func run(o *options) int {
 		return wait(o)
 	case "cancel":
 		return cancel(o)
+	case "hold", "release":
+		return holdOrRelease(o)
+	case "requeue":
+		return requeue(o)
 	}
 	warn("unknown command %q", o.cmd)
 	return shim.ExitUsage
@@ -133,9 +137,19 @@ func list(o *options) int {
 		return failure(err, 0)
 	}
 	defer c.Close()
-	ts, err := c.List(o.all)
+	var ts []client.TaskInfo
+	cut := false
+	if o.ended {
+		ts, cut, err = c.ListEnded(o.all, time.Now().Add(-o.since))
+		sortEnded(ts)
+	} else {
+		ts, err = c.List(o.all)
+	}
 	if err != nil {
 		return failure(err, 0)
+	}
+	if cut {
+		warn("older tasks the accounting log remembers were left out: give a shorter --since")
 	}
 	switch {
 	case o.json:
@@ -143,6 +157,8 @@ func list(o *options) int {
 			ts = []client.TaskInfo{} // "[]", not "null"
 		}
 		err = writeJSON(stdout, ts)
+	case len(ts) > 0 && o.ended:
+		err = writeHistory(stdout, ts, o.all, time.Now())
 	case len(ts) > 0:
 		err = writeTable(stdout, ts, o.all, time.Now())
 	}
@@ -286,6 +302,62 @@ func cancel(o *options) int {
 		return failure(err, o.id)
 	}
 	if _, err := fmt.Fprintln(stdout, cancelLine(t)); err != nil {
+		warn("%v", err)
+		return shim.ExitFailure
+	}
+	return 0
+}
+
+// holdOrRelease holds a waiting task in its place, or releases it.
+func holdOrRelease(o *options) int {
+	c, err := client.Dial(client.SocketPath(o.socket))
+	if err != nil {
+		return failure(err, o.id)
+	}
+	defer c.Close()
+	var t *client.TaskInfo
+	if o.cmd == "hold" {
+		t, err = c.Hold(o.id)
+	} else {
+		t, err = c.Release(o.id)
+	}
+	if err != nil {
+		return failure(err, o.id)
+	}
+	if _, err := fmt.Fprintln(stdout, holdLine(t)); err != nil {
+		warn("%v", err)
+		return shim.ExitFailure
+	}
+	return 0
+}
+
+// requeue submits an ended task again, from here: with this
+// environment and umask, as a submission takes them.
+func requeue(o *options) int {
+	s := client.Submission{Env: os.Environ()}
+	mask := uint32(syscall.Umask(0o022))
+	syscall.Umask(int(mask))
+	s.Umask = &mask
+	var err error
+	if s.Token, err = newToken(); err != nil {
+		warn("%v", err)
+		return shim.ExitFailure
+	}
+	c, err := client.Dial(client.SocketPath(o.socket))
+	if err != nil {
+		return failure(err, o.id)
+	}
+	defer c.Close()
+	r, err := c.Requeue(o.id, &s)
+	if err != nil {
+		return failure(err, o.id)
+	}
+	if o.json {
+		err = writeJSON(stdout, submitted{ID: r.ID, Position: r.Position, Pool: r.Pool, State: r.State, Token: s.Token, From: o.id})
+	} else {
+		_, err = fmt.Fprintf(stdout, "%s (again from task %d)\n", submittedLine(r), o.id)
+	}
+	if err != nil {
 		warn("%v", err)
 		return shim.ExitFailure
 	}

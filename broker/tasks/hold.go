@@ -1,0 +1,121 @@
+package tasks
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/tasklife"
+)
+
+// Hold and release, and requeue: what a user does with a task of theirs
+// beyond submitting and cancelling it.
+
+// Hold holds task id of asker uid (root: anyone's) in its place in line,
+// or releases it (held false): a held task waits, settles as any, keeps
+// its place, and is never started until released. The hold is in the
+// journal before it is answered, so a restart keeps it; while it is
+// written the task is held already, so that no grant comes meanwhile. If
+// it cannot be written, nothing has changed.
+func (rt *Runtime) Hold(uid uint32, id uint64, held bool) (client.TaskInfo, error) {
+	rt.mu.Lock()
+	defer rt.unlock()
+	t, err := rt.taskFor(uid, id)
+	if err != nil {
+		return client.TaskInfo{}, err
+	}
+	j := rt.jobs[t.ID]
+	verb := "held"
+	if !held {
+		verb = "released"
+	}
+	switch {
+	case t.Busy():
+		return client.TaskInfo{}, refuse(ErrBusy, "", "task %d is being cancelled", t.ID)
+	case !t.IsWaiting() || j == nil:
+		hint := ""
+		if t.Shown() == tasklife.Running {
+			hint = fmt.Sprintf("stop it with 'task-submit cancel %d'", t.ID)
+		}
+		return client.TaskInfo{}, refuse(ErrDenied, hint, "task %d is %s: only a waiting task can be %s", t.ID, t.Shown(), verb)
+	}
+	if held {
+		rt.holdLocked(j, true) // no grant while the hold is written
+	}
+	err = rt.life.Hold(t, held)
+	rt.holdLocked(j, rt.heldLocked(j))
+	if err != nil {
+		rt.log.Printf("task %d: %v", t.ID, err)
+		return client.TaskInfo{}, refuse(ErrSpool, "", "the broker could not record that task %d is %s, so nothing changed: %v", t.ID, verb, err)
+	}
+	if held {
+		rt.run.Unwarm(j) // it may wait for long: its readied start goes
+	} else {
+		rt.serveLocked()
+	}
+	ti := Info(t, true, rt.positionLocked(j))
+	if t.IsWaiting() {
+		ti.Reason = rt.waitReasonLocked(j)
+	}
+	return ti, nil
+}
+
+// HeldWhy is why a task its owner holds waits, as status shows it.
+const HeldWhy = "held by its owner (task-submit release lets it start)"
+
+// HeldByOwner tells which of tasks ids wait held by their owner (Hold).
+func (rt *Runtime) HeldByOwner(ids ...uint64) map[uint64]bool {
+	if rt == nil || len(ids) == 0 {
+		return nil
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.life == nil {
+		return nil
+	}
+	var held map[uint64]bool
+	for _, id := range ids {
+		if t := rt.life.Get(id); t != nil && t.Held && t.IsWaiting() {
+			if held == nil {
+				held = map[uint64]bool{}
+			}
+			held[id] = true
+		}
+	}
+	return held
+}
+
+// Requeue submits ended task id of by again, as a new task with a new id:
+// its command, directory, devices, pool, time limit, name, log and notify
+// command as it was submitted, and what a submission takes from where it
+// is made from s (the environment, which an ended task no longer keeps,
+// the umask, the token). Its --after tasks are not named again: they were
+// settled for the first one. Only the task's owner may requeue it: the new
+// task is the asker's (root's tasks are root's).
+func (rt *Runtime) Requeue(by Submitter, id uint64, s *client.Submission, left func() bool) (*Submitted, error) {
+	if s == nil {
+		return nil, refuse(ErrBadRequest, "", "requeue without the asker's environment")
+	}
+	rt.mu.Lock()
+	t, err := rt.taskFor(by.UID, id)
+	switch {
+	case err != nil:
+		rt.unlock()
+		if r := (*Refusal)(nil); errors.As(err, &r) && errors.Is(r, ErrNoSuchTask) {
+			r.Hint = "the broker keeps a user's latest ended tasks only (see 'task-submit list --ended')"
+		}
+		return nil, err
+	case t.UID != by.UID:
+		rt.unlock()
+		return nil, refuse(ErrDenied, "", "task %d is %s's: a task is submitted again as the user who asks, so only its owner may requeue it", t.ID, t.User)
+	case !t.IsEnded():
+		rt.unlock()
+		return nil, refuse(ErrDenied, "cancel it first, or wait for it to end", "task %d is %s: only an ended task can be requeued", t.ID, t.Shown())
+	}
+	sub := t.Sub
+	rt.unlock()
+	sub.Argv = append([]string(nil), sub.Argv...)
+	sub.Devices = append([]int(nil), sub.Devices...)
+	sub.Env, sub.Umask, sub.Token, sub.After = s.Env, s.Umask, s.Token, nil
+	return rt.submit(by, &sub, left, id)
+}
