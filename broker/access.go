@@ -6,6 +6,7 @@ import (
 	"log"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -41,7 +42,7 @@ import (
 // Server.mu (a grant opens its devices in the scheduling pass), never the
 // other way round, and never under the lease table's lock.
 type access struct {
-	cfg   *policy.Config
+	pol   atomic.Pointer[accessPolicy] // replaced, never changed, by setPolicy
 	inv   *npu.Inventory
 	users *accounts
 	log   *log.Logger
@@ -54,13 +55,46 @@ type access struct {
 }
 
 func newAccess(s *Server) *access {
-	return &access{cfg: s.cfg, inv: s.inv, users: &s.users, log: s.log, rlog: s.rlog, removeUsers: npu.RemoveUsers}
+	a := &access{inv: s.inv, users: &s.users, log: s.log, rlog: s.rlog, removeUsers: npu.RemoveUsers}
+	a.setPolicy(s.policy())
+	return a
+}
+
+// accessPolicy is what access decides from: the policy now (cfg: who
+// gets an entry with a lease), and ever, whose [restrict] names every
+// account and group that any policy of this broker's life restricted
+// (whose entries are the broker's to remove). A reload that lifts a
+// restriction so leaves no entry of a lease it granted behind.
+type accessPolicy struct {
+	cfg  *policy.Config
+	ever *policy.Config
+}
+
+// setPolicy takes up cfg (at start, and at each reload).
+func (a *access) setPolicy(cfg *policy.Config) {
+	ever := &policy.Config{Restrict: cfg.Restrict}
+	if old := a.pol.Load(); old != nil {
+		ever.Restrict.Users = union(old.ever.Restrict.Users, cfg.Restrict.Users)
+		ever.Restrict.Groups = union(old.ever.Restrict.Groups, cfg.Restrict.Groups)
+	}
+	a.pol.Store(&accessPolicy{cfg: cfg, ever: ever})
+}
+
+func union(a, b []string) []string {
+	out := slices.Clone(a)
+	for _, s := range b {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // aclsManaged tells whether the broker manages device ACLs at all: only
-// for a policy that restricts someone, and a vendor with device nodes.
+// for a policy that restricts someone (or did, before a reload), and a
+// vendor with device nodes.
 func (a *access) aclsManaged() bool {
-	return a.cfg.Restrict.Active() && a.inv.Vendor != npu.Fake
+	return a.pol.Load().ever.Restrict.Active() && a.inv.Vendor != npu.Fake
 }
 
 // cachedAccount is what the broker knows of uid from its cache, whatever
@@ -108,7 +142,7 @@ func (a *access) restricted(uid uint32) bool {
 		return false
 	}
 	acct := a.cachedAccount(uid)
-	return acct != nil && acct.known && a.restrictedAccountOf(acct)
+	return acct != nil && acct.known && restrictedAccountOf(a.pol.Load().cfg, acct)
 }
 
 // managed tells whether an ACL entry for uid is the broker's: a restricted
@@ -120,24 +154,24 @@ func (a *access) managed(uid uint32) bool {
 		return false
 	}
 	acct := a.cachedAccount(uid)
-	return acct != nil && (!acct.known || a.restrictedAccountOf(acct))
+	return acct != nil && (!acct.known || restrictedAccountOf(a.pol.Load().ever, acct))
 }
 
-// restrictedAccountOf tells whether account a is restricted for its
+// restrictedAccountOf tells whether account acct is restricted, by cfg, for its
 // device access. An account the user database gave no full answer about
 // (account.unanswered: its groups, or its name, could not be read) is,
 // where [restrict] names a group (or, for an account without a name, a
 // user): it may be in that group, and taking it for unrestricted would
 // leave its entry on a device that is then granted to someone else. Fail
 // closed: its entries are removed, and a lease adds one.
-func (a *access) restrictedAccountOf(acct *account) bool {
-	if a.cfg.Restricted(acct.name, acct.groups) {
+func restrictedAccountOf(cfg *policy.Config, acct *account) bool {
+	if cfg.Restricted(acct.name, acct.groups) {
 		return true
 	}
 	if acct.unanswered() == nil || acct.name == "root" {
 		return false
 	}
-	return len(a.cfg.Restrict.Groups) > 0 || (!acct.known && len(a.cfg.Restrict.Users) > 0)
+	return len(cfg.Restrict.Groups) > 0 || (!acct.known && len(cfg.Restrict.Users) > 0)
 }
 
 // allowUser adds an ACL entry for uid to one node (npu.AllowUser); a test

@@ -355,7 +355,8 @@ func TestGroupLookupFailsClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &access{cfg: cfg, inv: &npu.Inventory{Vendor: npu.Ascend}, users: &accounts{}}
+	s := &access{inv: &npu.Inventory{Vendor: npu.Ascend}, users: &accounts{}}
+	s.setPolicy(cfg)
 	_, _, lookupErr := accountGroups(ids, func(string) (*user.Group, error) { return nil, nssDown })
 	s.users.store(2001, &account{name: "stu1", known: true, groupsErr: lookupErr, at: time.Now()})
 	s.users.store(2002, &account{name: "staff1", known: true, groups: []string{"staff"}, at: time.Now()})
@@ -375,8 +376,46 @@ func TestGroupLookupFailsClosed(t *testing.T) {
 	if cfg, err = policy.Parse("npurun.conf", []byte("[devices]\nvendor = \"ascend\"\n\n[restrict]\nusers = [\"stu9\"]\n")); err != nil {
 		t.Fatal(err)
 	}
-	s.cfg = cfg
+	s.pol.Store(nil) // a broker started with this policy, not reloaded to it
+	s.setPolicy(cfg)
 	if s.managed(2001) {
 		t.Error("with [restrict] naming no group, an account whose groups failed is taken as restricted")
+	}
+}
+
+// TestReloadKeepsManaged: a reload that lifts a restriction gives no new
+// entries to the account it freed, but its entries stay the broker's to
+// remove (a lease granted before the reload added one, and its end must
+// take it away); a reload that restricts an account gives it entries
+// from its next grant.
+func TestReloadKeepsManaged(t *testing.T) {
+	parse := func(text string) *policy.Config {
+		t.Helper()
+		cfg, err := policy.Parse("npurun.conf", []byte("[devices]\nvendor = \"ascend\"\n"+text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	a := &access{inv: &npu.Inventory{Vendor: npu.Ascend}, users: &accounts{}}
+	a.setPolicy(parse("[restrict]\nusers = [\"stu1\"]\n"))
+	a.users.store(2001, &account{name: "stu1", known: true, at: time.Now()})
+	a.users.store(2002, &account{name: "stu2", known: true, groups: []string{"students"}, at: time.Now()})
+	if !a.restricted(2001) || !a.managed(2001) || a.restricted(2002) || a.managed(2002) {
+		t.Fatal("before the reload: want stu1 restricted and managed, stu2 neither")
+	}
+	a.setPolicy(parse("[restrict]\ngroups = [\"students\"]\n"))
+	if a.restricted(2001) {
+		t.Error("stu1, whose restriction the reload lifted, is given entries")
+	}
+	if !a.managed(2001) {
+		t.Error("stu1's entries, added under the policy before the reload, are not the broker's to remove after it")
+	}
+	if !a.restricted(2002) || !a.managed(2002) {
+		t.Error("stu2, restricted by the reload (group students), is not given entries")
+	}
+	a.setPolicy(parse(""))
+	if !a.aclsManaged() || !a.managed(2001) || !a.managed(2002) {
+		t.Error("with no [restrict] after a reload, the entries of earlier policies are left behind")
 	}
 }

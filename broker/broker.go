@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -42,14 +43,17 @@ const progressDelay = 50 * time.Millisecond
 
 // Options configure a Server.
 type Options struct {
-	Config    *policy.Config
-	Inventory *npu.Inventory
-	RunDir    string // lock files go to RunDir/locks
-	StateDir  string // the task spool; "" for the config's
-	Socket    string // the socket path, told to tasks and their supervisors
-	Cgroup    string // where tasks' control groups go; "" for the config's ([tasks] cgroup)
-	Self      string // the broker's executable, beside which npurun-supervise is looked for first; "" for this program
-	Log       *log.Logger
+	Config *policy.Config
+	// ConfigPath is the file Config was read from, read again by a
+	// reload (SIGHUP, npubroker reload); "" refuses reloads.
+	ConfigPath string
+	Inventory  *npu.Inventory
+	RunDir     string // lock files go to RunDir/locks
+	StateDir   string // the task spool; "" for the config's
+	Socket     string // the socket path, told to tasks and their supervisors
+	Cgroup     string // where tasks' control groups go; "" for the config's ([tasks] cgroup)
+	Self       string // the broker's executable, beside which npurun-supervise is looked for first; "" for this program
+	Log        *log.Logger
 }
 
 // Server is a running broker: the wiring of its rooms and the protocol
@@ -77,7 +81,16 @@ type Options struct {
 // Server.mu. The task room's journal (tasklife) and its runner share its
 // lock. TestRoomsLockOrder runs all of them at once under -race.
 type Server struct {
-	cfg   *policy.Config
+	// cfg is the policy, read without a lock (policy) and replaced, never
+	// changed, by a reload (reload.go), which hands each room its copy.
+	cfg     atomic.Pointer[policy.Config]
+	cfgPath string     // the configuration file a reload reads; "" for none
+	runDir  string     // where the session-policy file goes
+	reload  sync.Mutex // one reload at a time; taken before every other lock, and never under one
+	// healthWake tells watchHealth that a reload may have changed
+	// [devices] health_interval (a send that never waits).
+	healthWake chan struct{}
+
 	inv   *npu.Inventory
 	log   *log.Logger
 	rlog  *rateLog // log, for lines that a lasting cause repeats (lograte.go)
@@ -118,7 +131,6 @@ func New(o Options) (*Server, error) {
 		o.Log = StderrLog(os.Stderr)
 	}
 	s := &Server{
-		cfg:        o.Config,
 		inv:        o.Inventory,
 		log:        o.Log,
 		rlog:       &rateLog{log: o.Log},
@@ -126,7 +138,11 @@ func New(o Options) (*Server, error) {
 		connsOf:    map[uint32]map[*conn]struct{}{},
 		unread:     map[uint32]int{},
 		leaseWaits: map[uint32]int{},
+		cfgPath:    o.ConfigPath,
+		healthWake: make(chan struct{}, 1),
+		runDir:     o.RunDir,
 	}
+	s.cfg.Store(o.Config)
 	s.acc = newAccess(s)
 	var err error
 	if s.scanner, err = procscan.New("/proc", os.Getpid()); err != nil {
@@ -138,14 +154,10 @@ func New(o Options) (*Server, error) {
 			return nil, fmt.Errorf("find own executable: %w", err)
 		}
 	}
-	pools := make([]lease.Pool, len(o.Config.Pools))
-	for i, p := range o.Config.Pools {
-		pools[i] = lease.Pool{Name: p.Name, IDs: p.IDs}
-	}
-	pools = slurmPools(s.cfg, s.inv.IDs, pools)
+	pools := tablePools(s.policy(), s.inv.IDs)
 	lockDir := filepath.Join(o.RunDir, "locks")
 	var external chan struct{} // the Slurm room's, in allocate mode
-	if s.cfg.Slurm.Active() && s.cfg.Slurm.Mode == policy.ModeAllocate {
+	if s.policy().Slurm.Active() && s.policy().Slurm.Mode == policy.ModeAllocate {
 		external = make(chan struct{}, 1)
 	}
 	stateDir := o.StateDir
@@ -153,7 +165,7 @@ func New(o Options) (*Server, error) {
 		stateDir = o.Config.Tasks.StateDir
 	}
 	if s.table, err = lease.Open(lease.Config{
-		Dir: lockDir, IDs: s.inv.IDs, Pools: pools, DefaultPool: s.cfg.DefaultPool,
+		Dir: lockDir, IDs: s.inv.IDs, Pools: pools, DefaultPool: s.policy().DefaultPool,
 		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf, External: external,
 		DrainFile: filepath.Join(stateDir, DrainFile), Capacity: s.shareCapacities(pools),
 	}); err != nil {
@@ -193,13 +205,13 @@ func New(o Options) (*Server, error) {
 	if err := s.openSlurm(stateDir, lockDir, []string{"SLURM_CONF=" + os.Getenv("SLURM_CONF")}, external); err != nil {
 		return nil, err
 	}
-	s.status = status.Open(status.Config{Policy: s.cfg, Inventory: s.inv, StateDir: stateDir, Scanner: s.scanner,
+	s.status = status.Open(status.Config{Policy: s.policy(), Inventory: s.inv, StateDir: stateDir, Scanner: s.scanner,
 		Table: (*tableView)(s), Tasks: (*taskView)(s), Account: s.users.nameGroups, Log: s.log, Repeat: s.rlog.Printf,
 		Jobs: s.slurmJobs()}, found, s.table)
 	// The task room, before the table is in service: a device that comes
 	// into service serves the line, tasks' and all.
 	tc := tasks.Config{
-		Policy: s.cfg, Inventory: s.inv, Table: s.table, Owner: (*taskRoomOwner)(s), Accounts: taskAccounts{&s.users},
+		Policy: s.policy(), Inventory: s.inv, Table: s.table, Owner: (*taskRoomOwner)(s), Accounts: taskAccounts{&s.users},
 		Access: s.acc, Holders: s.scanner, Describe: s.describeHolder, Socket: o.Socket, Self: self, Cgroup: cgMode,
 		Claim: s.claimTasks, Log: s.log,
 	}
@@ -331,3 +343,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 		s.handle(c) // on this goroutine as far as it is quick
 	}
 }
+
+// policy is the configuration in force: the one read at start, or the
+// last a reload took.
+func (s *Server) policy() *policy.Config { return s.cfg.Load() }

@@ -134,7 +134,7 @@ func (s *Server) open(nc *net.UnixConn) *conn {
 		}
 		nc.Close()
 		return nil
-	case s.userConns[c.uid] >= s.cfg.MaxWaitingPerUser+spareConns && c.uid != 0:
+	case s.userConns[c.uid] >= s.policy().MaxWaitingPerUser+spareConns && c.uid != 0:
 		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("uid %d already has %d connections to the broker", c.uid, s.userConns[c.uid]), ""))
 		s.mu.Unlock()
 		nc.Close()
@@ -419,6 +419,8 @@ func (c *conn) serve(req *client.Request) bool {
 		return s.containerOp(c, req)
 	case client.OpDrain, client.OpUndrain:
 		return s.drainOp(c, req)
+	case client.OpReload:
+		return s.reloadOp(c, req)
 	default:
 		s.mu.Lock()
 		defer s.mu.Unlock()

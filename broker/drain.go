@@ -31,8 +31,8 @@ func (s *Server) drainOp(c *conn, req *client.Request) bool {
 		return reply(refusalReply(err))
 	}
 	name := s.inv.Vendor.Noun() + strconv.Itoa(id)
-	if s.cfg.Slurm.Active() && s.cfg.Slurm.Manages(id) {
-		return reply(errReply(client.CodeDenied, fmt.Sprintf("%s is Slurm's ([slurm] mode %q): drain it in Slurm, not here", name, s.cfg.Slurm.Mode), "scontrol update nodename=<this node> state=drain reason=…"))
+	if s.policy().Slurm.Active() && s.policy().Slurm.Manages(id) {
+		return reply(errReply(client.CodeDenied, fmt.Sprintf("%s is Slurm's ([slurm] mode %q): drain it in Slurm, not here", name, s.policy().Slurm.Mode), "scontrol update nodename=<this node> state=drain reason=…"))
 	}
 	info := &client.DrainInfo{Device: name}
 	if req.Op == client.OpDrain {

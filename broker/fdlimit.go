@@ -52,7 +52,7 @@ func (s *Server) fdReserve() {
 	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
 		base = len(ents) - 1 // less ReadDir's own
 	}
-	procs := len(s.inv.IDs) + s.cfg.Tasks.CPUSlots + tasks.MaxReady
+	procs := len(s.inv.IDs) + s.policy().Tasks.CPUSlots + tasks.MaxReady
 	s.fdKeep = base + 2*len(s.inv.IDs) + 2*procs + status.MaxMetricsConns + fdMargin
 	if n := nofile(); n-s.fdKeep < minConns {
 		s.log.Printf("warning: RLIMIT_NOFILE is %d, and the broker keeps %d descriptors for its devices, tasks and itself: it serves %d connections at once at most; raise the limit (LimitNOFILE= in the service)", n, s.fdKeep, minConns)
@@ -90,8 +90,8 @@ func nofile() int {
 // reserve. fromLimit tells that the limit decided.
 func (s *Server) connCap() (n int, fromLimit bool) {
 	room := max(s.nofile.get()-s.fdKeep, minConns)
-	if room < s.cfg.MaxConnections {
+	if room < s.policy().MaxConnections {
 		return room, true
 	}
-	return s.cfg.MaxConnections, false
+	return s.policy().MaxConnections, false
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/policy"
 )
 
 // HealthBy is who a drain for a device's ill health is by, in status.
@@ -21,23 +22,34 @@ const maxHealthWait = 30 * time.Second
 // drains a device that says it is unhealthy, with the tool's words as
 // the reason (checkHealth). It never undrains: a device comes back when
 // an administrator undrains it. It runs on a goroutine of its own, the
-// tool outside every lock.
+// tool outside every lock. A reload (healthWake) may change the interval,
+// start the checks (at once) or stop them.
 func (s *Server) watchHealth(ctx context.Context) {
-	every := s.cfg.HealthInterval
-	if every <= 0 {
-		return
-	}
 	said := map[int]string{} // what was last logged of each device, to log a change once
-	t := time.NewTimer(0)
-	defer t.Stop()
+	next := time.Now()       // at once first
 	for {
+		every := s.policy().HealthInterval
+		var tick <-chan time.Time
+		var t *time.Timer
+		if every > 0 {
+			t = time.NewTimer(time.Until(next))
+			tick = t.C
+		}
 		select {
 		case <-ctx.Done():
+			if t != nil {
+				t.Stop()
+			}
 			return
-		case <-t.C:
+		case <-s.healthWake:
+			if t != nil {
+				t.Stop()
+			}
+			continue
+		case <-tick:
 		}
 		s.checkHealth(ctx, said)
-		t.Reset(every)
+		next = time.Now().Add(every)
 	}
 }
 
@@ -49,9 +61,10 @@ func (s *Server) watchHealth(ctx context.Context) {
 // overwritten), and one the health check drained stays drained when it
 // says it is well again. Each device's finding is logged when it changes.
 func (s *Server) checkHealth(ctx context.Context, said map[int]string) {
-	wait := min(s.cfg.HealthInterval, maxHealthWait)
+	cfg := s.policy()
+	wait := min(max(cfg.HealthInterval, policy.MinHealthInterval), maxHealthWait)
 	cctx, cancel := context.WithTimeout(ctx, wait)
-	got, errs := s.inv.CheckHealth(cctx, s.inv.IDs, npu.HealthTools{NVIDIASmi: s.cfg.NVIDIASmi, FakeFile: s.cfg.FakeHealth})
+	got, errs := s.inv.CheckHealth(cctx, s.inv.IDs, npu.HealthTools{NVIDIASmi: cfg.NVIDIASmi, FakeFile: cfg.FakeHealth})
 	cancel()
 	if ctx.Err() != nil {
 		return
@@ -66,7 +79,7 @@ func (s *Server) checkHealth(ctx context.Context, said map[int]string) {
 		switch {
 		case !answered:
 			line = "health of " + name + ": no answer: " + errs[id].Error()
-		case h.Unhealthy && s.cfg.Slurm.Active() && s.cfg.Slurm.Manages(id):
+		case h.Unhealthy && cfg.Slurm.Active() && cfg.Slurm.Manages(id):
 			line = name + " is unhealthy (" + h.Words + "): it is Slurm's, drain it in Slurm"
 		case h.Unhealthy:
 			if _, already := drained[id]; already {

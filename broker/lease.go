@@ -34,8 +34,8 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		c.sendLocked(errReply(client.CodeBadRequest, fmt.Sprintf("asked for %d devices but named %d", req.N, len(req.Devices)), ""))
 		return false
 	}
-	if s.leaseWaits[uid] >= s.cfg.MaxWaitingPerUser {
-		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.cfg.MaxWaitingPerUser, "request", "requests")), ""))
+	if s.leaseWaits[uid] >= s.policy().MaxWaitingPerUser {
+		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.policy().MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
 	kind, rep := containerKind(req)
@@ -76,7 +76,7 @@ func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int
 	if err := s.slurmRefusal(devices); err != nil {
 		return nil, refusalReply(err)
 	}
-	w, err := s.table.Admit(lease.Request{Holder: h, N: n, Devices: devices, Pool: pool, Limit: s.cfg.LimitFor(acct.name, acct.groups), Mem: mem})
+	w, err := s.table.Admit(lease.Request{Holder: h, N: n, Devices: devices, Pool: pool, Limit: s.policy().LimitFor(acct.name, acct.groups), Mem: mem})
 	if err != nil {
 		return nil, refusalReply(err)
 	}
@@ -324,7 +324,11 @@ func (s *Server) reportLocked(now time.Time) time.Duration {
 		}
 		if wait := tellAfter(&c.told, p.Pos, why, now); wait == 0 {
 			c.told = told{pos: p.Pos, why: why, at: now}
-			c.sendLocked(&client.Reply{Type: client.TypeQueued, Pool: p.W.Pool, Position: p.Pos, Reason: why, Ahead: p.Ahead})
+			r := &client.Reply{Type: client.TypeQueued, Pool: p.W.Pool, Position: p.Pos, Reason: why, Ahead: p.Ahead}
+			if !p.Start.IsZero() {
+				r.Start = p.Start.UnixMilli()
+			}
+			c.sendLocked(r)
 		} else if wait > 0 && (again == 0 || wait < again) {
 			again = wait
 		}

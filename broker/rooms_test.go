@@ -38,7 +38,9 @@ import (
 // status room's side with tasks, metrics and scans as well). Mutual
 // exclusion is checked by the workload: each client and each task marks
 // every device it is granted with a file made O_EXCL, removed before it
-// lets the lease go. As root, npu2 is drained and undrained meanwhile
+// lets the lease go. The configuration is reloaded meanwhile, two in
+// turn (the rooms handed theirs one at a time, the line checked again
+// under Server.mu and the task room's lock). As root, npu2 is drained and undrained meanwhile
 // (the drain file written outside every room's lock, the line served on
 // undrain without Server.mu held).
 func TestRoomsLockOrder(t *testing.T) {
@@ -51,7 +53,12 @@ func TestRoomsLockOrder(t *testing.T) {
 		panic("TestRoomsLockOrder still runs after 2 minutes: the rooms' locks deadlock")
 	})
 	defer watchdog.Stop()
-	cfg, err := policy.Parse("npurun.conf", fmt.Appendf(nil, "[devices]\nvendor = \"fake\"\nids = \"0-%d\"\n[tasks]\ncpu_slots = 1\n", devices-1))
+	confText := fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0-%d\"\n[tasks]\ncpu_slots = 1\n", devices-1)
+	confFile := filepath.Join(t.TempDir(), "npurun.conf")
+	if err := os.WriteFile(confFile, []byte(confText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := policy.Load(confFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +80,7 @@ func TestRoomsLockOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Options{Config: cfg, Inventory: inv, RunDir: run, StateDir: filepath.Join(run, "spool"),
+	s, err := New(Options{Config: cfg, ConfigPath: confFile, Inventory: inv, RunDir: run, StateDir: filepath.Join(run, "spool"),
 		Socket: sock, Cgroup: "off", Self: filepath.Join(bin, "npubroker"), Log: log.New(io.Discard, "", 0)})
 	if err != nil {
 		ln.Close()
@@ -102,6 +109,29 @@ func TestRoomsLockOrder(t *testing.T) {
 			b, _ := s.status.Board(0)
 			if len(b.Devices) != devices {
 				t.Errorf("board of %d devices", len(b.Devices))
+				return
+			}
+		}
+	}()
+	boards.Add(1)
+	go func() { // reload, meanwhile: two configurations in turn (reload.go)
+		defer boards.Done()
+		for n := 0; ; n++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			text := confText
+			if n%2 == 1 {
+				text += fmt.Sprintf("[limits]\nmax_devices = %d\n[status]\nscan_interval = \"7s\"\n", devices)
+			}
+			if err := os.WriteFile(confFile, []byte(text), 0o644); err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := s.Reload(); err != nil {
+				t.Errorf("reload: %v", err)
 				return
 			}
 		}

@@ -92,7 +92,7 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 	if !ok {
 		return true
 	}
-	d := pam.Decide(s.cfg, pam.Account{Name: acct.name, Groups: acct.groups}, req.Login)
+	d := pam.Decide(s.policy(), pam.Account{Name: acct.name, Groups: acct.groups}, req.Login)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c.w != nil {
@@ -108,8 +108,8 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 		c.sendLocked(&client.Reply{Type: client.TypeHide, Env: npu.HiddenEnv()})
 		return true
 	}
-	if s.leaseWaits[uid] >= s.cfg.MaxWaitingPerUser {
-		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.cfg.MaxWaitingPerUser, "request", "requests")), ""))
+	if s.leaseWaits[uid] >= s.policy().MaxWaitingPerUser {
+		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.policy().MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
 	w, rep := s.admitLocked(c.holder(lease.Login, uid, acct), acct, d.N, nil, d.Pool, 0)
@@ -167,7 +167,7 @@ func (s *Server) busyLocked(c *conn, l *login) {
 // Without [restrict] there is no such file (one left by an earlier
 // configuration is removed), and the module lets every session be.
 func (s *Server) writeSessionPolicy(runDir string) error {
-	r := s.cfg.Restrict
+	r := s.policy().Restrict
 	path := filepath.Join(runDir, client.SessionPolicyFile)
 	if !r.Active() {
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -12,13 +12,13 @@ import (
 // tool, less the margin. A device whose memory is known from neither is
 // not shared, and the log says so.
 func (s *Server) shareCapacities(pools []lease.Pool) map[int]int64 {
-	if len(s.cfg.Share.Pools) == 0 {
+	if len(s.policy().Share.Pools) == 0 {
 		return nil
 	}
 	var vendor map[int]int64
 	out := map[int]int64{}
 	for _, p := range pools {
-		if !s.cfg.Share.Shares(p.Name) || p.External != "" {
+		if !s.policy().Share.Shares(p.Name) || p.External != "" {
 			continue
 		}
 		ids := p.IDs
@@ -26,20 +26,20 @@ func (s *Server) shareCapacities(pools []lease.Pool) map[int]int64 {
 			ids = s.inv.IDs
 		}
 		for _, id := range ids {
-			c := s.cfg.Share.CapacityOf(id)
+			c := s.policy().Share.CapacityOf(id)
 			if c == 0 {
 				if vendor == nil {
-					vendor = npu.Memory(s.inv.Vendor, s.cfg.NPUSmi, s.inv.IDs)
+					vendor = npu.Memory(s.inv.Vendor, s.policy().NPUSmi, s.inv.IDs)
 				}
 				c = vendor[id]
 			}
 			switch {
 			case c == 0:
 				s.log.Printf("npu %d: its memory is unknown (the vendor's tool does not say, [share] gives no capacity); it is not shared", id)
-			case c <= s.cfg.Share.Margin:
-				s.log.Printf("npu %d: its memory, %s, is no more than the margin kept free ([share] margin = %q); it is not shared", id, quantity.Size(c), quantity.Size(s.cfg.Share.Margin))
+			case c <= s.policy().Share.Margin:
+				s.log.Printf("npu %d: its memory, %s, is no more than the margin kept free ([share] margin = %q); it is not shared", id, quantity.Size(c), quantity.Size(s.policy().Share.Margin))
 			default:
-				out[id] = c - s.cfg.Share.Margin
+				out[id] = c - s.policy().Share.Margin
 			}
 		}
 	}

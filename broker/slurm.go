@@ -43,17 +43,17 @@ func slurmPools(cfg *policy.Config, all []int, pools []lease.Pool) []lease.Pool 
 // openSlurm opens the Slurm room, where the configuration has [slurm];
 // wake is the lease table's (lease.Config.External).
 func (s *Server) openSlurm(stateDir, lockDir string, env []string, wake chan struct{}) error {
-	sc := s.cfg.Slurm
+	sc := s.policy().Slurm
 	if !sc.Active() {
 		return nil
 	}
 	room, err := slurmjobs.Open(slurmjobs.Config{Slurm: sc, Table: s.table, LockDir: lockDir, StateDir: stateDir, Vendor: s.inv.Vendor,
-		Owner: (*slurmOwner)(s), Log: s.log, Env: env, KillGrace: s.cfg.Tasks.KillGrace, Wake: wake})
+		Owner: (*slurmOwner)(s), Log: s.log, Env: env, KillGrace: s.policy().Tasks.KillGrace, Wake: wake})
 	if err != nil {
 		return fmt.Errorf("[slurm]: %w", err)
 	}
 	s.slurm = room
-	if own := s.cfg.OwnDevices(s.inv.IDs); sc.Mode == policy.ModeSplit && len(own) == 0 {
+	if own := s.policy().OwnDevices(s.inv.IDs); sc.Mode == policy.ModeSplit && len(own) == 0 {
 		s.log.Printf("[slurm] mode %q: every device is Slurm's: npurun serves Slurm jobs' leases only", sc.Mode)
 	} else {
 		s.log.Printf("[slurm] mode %q: Slurm's devices are %s", sc.Mode, s.inv.Vendor.Format(sc.Devices))
@@ -64,7 +64,7 @@ func (s *Server) openSlurm(stateDir, lockDir string, env []string, wake chan str
 // slurmRefusal refuses a request that names Slurm's devices in split
 // mode: they are leased to Slurm jobs only. nil where it does not.
 func (s *Server) slurmRefusal(devices []int) error {
-	sc := s.cfg.Slurm
+	sc := s.policy().Slurm
 	if !sc.Active() || sc.Mode != policy.ModeSplit {
 		return nil
 	}

@@ -190,6 +190,9 @@ func (c *conn) sendPage(page []tasks.Listed, full func(*tasks.Listed) bool, next
 	const tail = `],"more":true,"next":18446744073709551615}`
 	for i := range page {
 		ti := tasks.Info(&page[i].Task, full(&page[i]), page[i].Pos)
+		if st := page[i].Start; !st.IsZero() {
+			ti.Start = st.UnixMilli()
+		}
 		ti.Env = nil
 		b, err := json.Marshal(&ti)
 		if err != nil {

@@ -366,6 +366,7 @@ static int npurun_parse_reply(const unsigned char *data, size_t len, struct repl
 		static const char *const keys[] = {
 			"v", "type", "code", "message", "hint", "reason", "pool", "vendor",
 			"env", "devices", "ahead", "position", "waited_ms", "wait_ms",
+			"start",
 		};
 		unsigned bit = 0;
 		int ok;
@@ -397,7 +398,8 @@ static int npurun_parse_reply(const unsigned char *data, size_t len, struct repl
 #else
 			ok = read_int(&r, &rp->wait_ms) == 0;
 #endif
-		else if (strcmp(key, "position") == 0 || strcmp(key, "waited_ms") == 0)
+		else if (strcmp(key, "position") == 0 || strcmp(key, "waited_ms") == 0 ||
+			 strcmp(key, "start") == 0)
 			ok = read_int(&r, &v) == 0;
 		else /* hint, reason, pool, vendor */
 			ok = read_string(&r, scratch, sizeof scratch) == 0;

@@ -336,7 +336,7 @@ func (w *waiter) progress(r *client.Reply) {
 		msg += "; " + r.Reason
 	}
 	w.place = msg // for a --timeout's message, even with -q
-	w.say("waiting for " + msg)
+	w.say("waiting for " + msg + "; " + client.StartBy(r.Start, time.Now()))
 }
 
 // say shows a progress line: rewritten in place on a terminal, a line per

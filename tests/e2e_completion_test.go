@@ -225,7 +225,7 @@ func TestCompletionBash(t *testing.T) {
 		{words: []string{"task-submit", "-n", "2", "--", "tru"}, some: true, want: []string{"true"}},
 		{words: []string{"task-submit", "--run", "sh", ""}, want: []string{"list", "show", "logs", "wait", "cancel", "hold", "release", "requeue"}},
 
-		{words: []string{"npubroker", ""}, want: []string{"serve", "check-config", "status", "usage", "drain", "undrain"}},
+		{words: []string{"npubroker", ""}, want: []string{"serve", "check-config", "status", "usage", "drain", "undrain", "reload"}},
 		{words: []string{"npubroker", "status", "--"}, want: []string{"--json", "--socket", "--watch", "--help"}},
 		{words: []string{"npubroker", "usage", "--"}, want: []string{"--json", "--since", "--socket", "--user", "--help"}},
 		{words: []string{"npubroker", "serve", "--log", ""}, want: []string{"auto", "stderr", "syslog"}},

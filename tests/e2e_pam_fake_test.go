@@ -114,7 +114,9 @@ func startFakeBroker(t *testing.T, answer func(n int) fakeAnswer) *fakeBroker {
 			for i := range a.queued {
 				q := `{"v":1,"type":"queued","pool":"p","position":2}`
 				if i == 0 && a.waitFor > 0 {
-					q = fmt.Sprintf(`{"v":1,"type":"queued","pool":"p","position":2,"wait_ms":%d}`, a.waitFor)
+					// As the broker sends it: with the estimated
+					// start, where one is known.
+					q = fmt.Sprintf(`{"v":1,"type":"queued","pool":"p","position":2,"start":1795693438084,"wait_ms":%d}`, a.waitFor)
 				}
 				c.Write([]byte(q))
 			}

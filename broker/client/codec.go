@@ -237,6 +237,8 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 			r.Ahead, err = s.strings()
 		case "reason":
 			r.Reason, err = s.string()
+		case "start":
+			r.Start, err = s.int()
 		case "devices":
 			r.Devices, err = s.ints()
 		case "vendor":
@@ -283,7 +285,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool {
@@ -708,7 +710,7 @@ func (s *scanner) bool() (bool, error) {
 // encoding/json does; false for a reply with fields beyond it (tasks,
 // status, usage), which the caller encodes with the Codec.
 func AppendReply(b []byte, r *Reply) ([]byte, bool) {
-	if r.ID != 0 || r.State != "" || len(r.Tasks) > 0 || r.More || r.Next != 0 || r.Existing || r.Board != nil || r.Usage != nil || r.Drain != nil {
+	if r.ID != 0 || r.State != "" || len(r.Tasks) > 0 || r.More || r.Next != 0 || r.Existing || r.Board != nil || r.Usage != nil || r.Drain != nil || r.Reload != nil {
 		return nil, false
 	}
 	b = append(b, `{"v":`...)
@@ -719,6 +721,7 @@ func AppendReply(b []byte, r *Reply) ([]byte, bool) {
 	b = appendInt(b, `,"position":`, int64(r.Position))
 	b = appendStrings(b, `,"ahead":`, r.Ahead)
 	b = appendField(b, `,"reason":`, r.Reason)
+	b = appendInt(b, `,"start":`, r.Start)
 	b = appendInt(b, `,"wait_ms":`, r.WaitMS)
 	if len(r.Devices) > 0 {
 		b = append(b, `,"devices":`...)

@@ -161,6 +161,7 @@ type WaiterInfo struct {
 	Devices  []int  `json:"devices,omitempty"` // exactly these (npurun -d)
 	Since    int64  `json:"since"`             // Unix ms
 	Why      string `json:"why,omitempty"`     // why it waits beyond its turn: its user is at max_devices; a placeholder's Slurm state and reason
+	Start    int64  `json:"start,omitempty"`   // when it starts at the latest (Unix ms), by the time limits of what holds and waits ahead; absent: unknown (and for the cpu line)
 
 	// The placeholder Slurm allocation it waits in ([slurm] mode "allocate").
 	SlurmJob uint32 `json:"slurm_job,omitempty"`

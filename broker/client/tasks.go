@@ -204,6 +204,7 @@ type TaskInfo struct {
 	After      []uint64 `json:"after,omitempty"`
 	TimeSec    int64    `json:"time_sec,omitempty"`
 	Position   int      `json:"position,omitempty"` // place in line while pending
+	Start      int64    `json:"start,omitempty"`    // while pending for devices: when it starts at the latest (Unix ms), by the time limits of what holds them and waits ahead; absent: unknown
 	Submitted  int64    `json:"submitted"`          // Unix milliseconds
 	Started    int64    `json:"started,omitempty"`
 	Ended      int64    `json:"ended,omitempty"`

@@ -55,6 +55,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -148,6 +149,7 @@ type Reply struct {
 	Position int      `json:"position,omitempty"` // 1 is next in line
 	Ahead    []string `json:"ahead,omitempty"`    // users ahead, nearest first, at most a few
 	Reason   string   `json:"reason,omitempty"`   // why it waits although first, e.g. a limit
+	Start    int64    `json:"start,omitempty"`    // when it starts at the latest (Unix ms), by the time limits of what holds and waits ahead; absent: unknown
 	WaitMS   int64    `json:"wait_ms,omitempty"`  // session: the final answer comes within this long
 
 	// grant
@@ -178,6 +180,9 @@ type Reply struct {
 
 	// drained (drain.go)
 	Drain *DrainInfo `json:"drain,omitempty"`
+
+	// reloaded (reload.go)
+	Reload *ReloadInfo `json:"reload,omitempty"`
 }
 
 // Ordinal writes a place in line as people read it: 1st, 2nd, 3rd, 11th.
@@ -193,6 +198,24 @@ func Ordinal(n int) string {
 		suffix = "rd"
 	}
 	return strconv.Itoa(n) + suffix
+}
+
+// StartBy says when a waiting request starts at the latest, as people
+// read it: "starts by 14:05" (a date before the time where it is not
+// today), "starts now", or "start unknown" for 0 (something it waits for
+// has no time limit). startMS is Unix ms.
+func StartBy(startMS int64, now time.Time) string {
+	if startMS == 0 {
+		return "start unknown"
+	}
+	at := time.UnixMilli(startMS)
+	if !at.After(now) {
+		return "starts now"
+	}
+	if y, m, d := at.Date(); y == now.Year() && m == now.Month() && d == now.Day() {
+		return "starts by " + at.Format("15:04")
+	}
+	return "starts by " + at.Format("Jan 2 15:04")
 }
 
 // Error is an error reply from the broker, usable with errors.As.

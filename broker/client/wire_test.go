@@ -235,3 +235,21 @@ func TestDialNoBroker(t *testing.T) {
 		t.Fatalf("Dial of a missing socket: %v, want ErrNoBroker", err)
 	}
 }
+
+// TestStartBy: an estimated start as people read it.
+func TestStartBy(t *testing.T) {
+	now := time.Date(2026, 11, 26, 11, 0, 0, 0, time.Local)
+	for _, tc := range []struct {
+		at   int64
+		want string
+	}{
+		{0, "start unknown"},
+		{now.Add(-time.Second).UnixMilli(), "starts now"},
+		{now.Add(90 * time.Minute).UnixMilli(), "starts by 12:30"},
+		{now.Add(26 * time.Hour).UnixMilli(), "starts by Nov 27 13:00"},
+	} {
+		if got := StartBy(tc.at, now); got != tc.want {
+			t.Errorf("StartBy(%d): %q, want %q", tc.at, got, tc.want)
+		}
+	}
+}

@@ -56,6 +56,12 @@ type Request struct {
 // limit, and returns the waiter that queues it (not yet in line), or a
 // Refusal.
 func (t *Table) Admit(r Request) (*Waiter, error) {
+	return t.admit(t.pc.Load(), r)
+}
+
+// admit is Admit against the pools pc: the one check of a request, on its
+// arrival and again at each Reconfigure.
+func (t *Table) admit(pc *poolSet, r Request) (*Waiter, error) {
 	lim := r.Limit
 	w := &Waiter{Holder: r.Holder, Limit: lim, Queued: time.Now()}
 	if len(r.Devices) > 0 {
@@ -71,14 +77,14 @@ func (t *Table) Admit(r Request) (*Waiter, error) {
 			if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
 				return nil, refuse(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
 			}
-			p, inPool := t.poolOf[id]
+			p, inPool := pc.poolOf[id]
 			switch {
 			case !inPool:
 				return nil, refuse(ErrDenied, "", "%s is in no pool, so nobody may lease it", t.vendor.Format([]int{id}))
 			case !lim.AllowsPool(p):
 				return nil, refuse(ErrDenied, "", "%s is in pool %q, which %s does not open to %s", t.vendor.Format([]int{id}), p, lim.Source, r.Holder.User)
-			case t.external[p] != "":
-				return nil, refuse(ErrBadRequest, fmt.Sprintf("npurun -n %d --pool %s", len(ids), p), "%s picks the devices of pool %q: ask for a count (-n), not for %s", t.external[p], p, t.vendor.Format([]int{id}))
+			case pc.external[p] != "":
+				return nil, refuse(ErrBadRequest, fmt.Sprintf("npurun -n %d --pool %s", len(ids), p), "%s picks the devices of pool %q: ask for a count (-n), not for %s", pc.external[p], p, t.vendor.Format([]int{id}))
 			}
 			w.Pool = p
 		}
@@ -91,10 +97,10 @@ func (t *Table) Admit(r Request) (*Waiter, error) {
 		if w.N < 0 {
 			return nil, refuse(ErrBadRequest, "", "bad device count %d", r.N)
 		}
-		w.Pool = t.PoolName(r.Pool)
-		ids, ok := t.poolIDs[w.Pool]
+		w.Pool = pc.name(r.Pool)
+		ids, ok := pc.poolIDs[w.Pool]
 		if !ok {
-			return nil, refuse(ErrNoPool, "pools: "+t.poolList(), "no pool %q here", r.Pool)
+			return nil, refuse(ErrNoPool, "pools: "+pc.list(), "no pool %q here", r.Pool)
 		}
 		if !lim.AllowsPool(w.Pool) {
 			return nil, refuse(ErrDenied, "", "pool %q is not open to %s (%s)", w.Pool, r.Holder.User, lim.Source)
@@ -103,7 +109,7 @@ func (t *Table) Admit(r Request) (*Waiter, error) {
 			return nil, refuse(ErrDenied, "", "%s asked, pool %q has only %d", quantity.Count(w.N, "device", "devices"), w.Pool, len(ids))
 		}
 		w.Cand = ids
-		w.External = t.external[w.Pool] != ""
+		w.External = pc.external[w.Pool] != ""
 	}
 	if r.Mem < 0 {
 		return nil, refuse(ErrBadRequest, "", "bad memory size %d", r.Mem)
@@ -120,24 +126,7 @@ func (t *Table) Admit(r Request) (*Waiter, error) {
 }
 
 // PoolName resolves the pool a request names: "" is the default pool.
-func (t *Table) PoolName(name string) string {
-	if name == "" {
-		return t.defaultPool
-	}
-	return name
-}
+func (t *Table) PoolName(name string) string { return t.pc.Load().name(name) }
 
 // PoolOf is the pool of device id, "" if it is in none.
-func (t *Table) PoolOf(id int) string { return t.poolOf[id] }
-
-// poolList names the pools, in the configuration's order.
-func (t *Table) poolList() string {
-	s := ""
-	for i, p := range t.pools {
-		if i > 0 {
-			s += ", "
-		}
-		s += p.Name
-	}
-	return s
-}
+func (t *Table) PoolOf(id int) string { return t.pc.Load().poolOf[id] }

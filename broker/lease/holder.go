@@ -62,6 +62,12 @@ type Holder struct {
 	// Container is the container a lease of kind Container is for (a
 	// label that the runtime gave; the user is who asked); nil otherwise.
 	Container *client.ContainerRef
+
+	// Limit is the longest its lease may last, from its grant: a task's
+	// time limit and the grace of its kill; 0 where none is known (an
+	// npurun, a login, a Slurm job, a lease taken up at start). The
+	// line's estimated starts (Place.Start) are reckoned from it.
+	Limit time.Duration
 }
 
 // FileID names a lock file: the device and inode of its file system.

@@ -64,6 +64,14 @@ func (q *Queue) Limits(f func(uid uint32, lim policy.Limit)) {
 	}
 }
 
+// SetLimit sets the limit waiting user uid is counted under (a reload's
+// new policy), if they wait.
+func (q *Queue) SetLimit(uid uint32, lim policy.Limit) {
+	if _, ok := q.lim[uid]; ok {
+		q.lim[uid] = lim
+	}
+}
+
 // Len is the number of waiters.
 func (q *Queue) Len() int { return len(q.order) }
 

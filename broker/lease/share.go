@@ -276,7 +276,7 @@ func (t *Table) findShares(dir string) error {
 			// Not knowing what it declared, count the whole device.
 			mem = d.capacity
 		}
-		l := &Lease{Pool: t.poolOf[id], Devices: []int{id}, Files: []FileID{file}, Mem: mem, Since: time.Now(), Adopted: true}
+		l := &Lease{Pool: t.pc.Load().poolOf[id], Devices: []int{id}, Files: []FileID{file}, Mem: mem, Since: time.Now(), Adopted: true}
 		l.ID = t.newIDLocked(time.Now())
 		s := &share{lease: l, slot: slot, mem: mem, path: path, file: file, fd: -1, spare: fd}
 		d.shares = append(d.shares, s)
@@ -291,7 +291,7 @@ func (t *Table) findShares(dir string) error {
 // even when empty (a request that could never fit is refused at once).
 func (t *Table) admitShare(w *Waiter, mem int64) error {
 	if w.External {
-		return refuse(ErrBadRequest, "", "pool %q is %s's to allocate, and holds no shares", w.Pool, t.external[w.Pool])
+		return refuse(ErrBadRequest, "", "pool %q is %s's to allocate, and holds no shares", w.Pool, t.pc.Load().external[w.Pool])
 	}
 	var fit []int
 	var largest int64

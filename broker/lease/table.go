@@ -101,20 +101,19 @@ type Config struct {
 // order (TestLockOrder).
 type Table struct {
 	// Set by Open, never changed.
-	vendor      npu.Vendor
-	gate        Gate
-	owner       Owner
-	log         *log.Logger
-	repeat      func(format string, args ...any)
-	ids         []int
-	pools       []Pool
-	poolIDs     map[string][]int
-	poolOf      map[int]string
-	external    map[string]string // pool -> Pool.External, for the external pools
-	defaultPool string
-	drainFile   string
-	dir         string
-	sharing     bool // some device may hold shares
+	vendor    npu.Vendor
+	gate      Gate
+	owner     Owner
+	log       *log.Logger
+	repeat    func(format string, args ...any)
+	ids       []int
+	drainFile string
+	dir       string
+	sharing   bool // some device may hold shares
+
+	// pc is the pools, read without a lock (Admit, PoolName, PoolOf) and
+	// replaced, never changed, by Reconfigure under mu.
+	pc atomic.Pointer[poolSet]
 
 	drainMu sync.Mutex // orders the drain file's writes; before mu, never held by a caller of the table
 
@@ -174,8 +173,7 @@ func (d *device) free() bool {
 // what it knows of them. Nothing is in service until Start.
 func Open(c Config) (*Table, error) {
 	t := &Table{vendor: c.Vendor, gate: c.Gate, owner: c.Owner, log: c.Log, repeat: c.Repeat,
-		ids: slices.Clone(c.IDs), pools: slices.Clone(c.Pools), poolIDs: map[string][]int{}, poolOf: map[int]string{}, external: map[string]string{},
-		defaultPool: c.DefaultPool, drainFile: c.DrainFile, dir: c.Dir, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External}
+		ids: slices.Clone(c.IDs), drainFile: c.DrainFile, dir: c.Dir, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External}
 	if t.log == nil {
 		t.log = log.New(discard{}, "", 0)
 	}
@@ -185,25 +183,11 @@ func Open(c Config) (*Table, error) {
 	if t.owner == nil {
 		t.owner = noOwner{}
 	}
-	for i, p := range c.Pools {
-		ids := p.IDs
-		if ids == nil {
-			ids = t.ids
-		}
-		for _, id := range ids {
-			if !slices.Contains(t.ids, id) {
-				return nil, fmt.Errorf("pool %q names npu %d, which is not among the devices managed (%s)", p.Name, id, npu.FormatIDs(t.ids))
-			}
-		}
-		t.pools[i].IDs = ids
-		t.poolIDs[p.Name] = ids
-		if p.External != "" {
-			t.external[p.Name] = p.External
-		}
-		for _, id := range ids {
-			t.poolOf[id] = p.Name
-		}
+	pc, err := newPoolSet(t.ids, c.Pools, c.DefaultPool)
+	if err != nil {
+		return nil, err
 	}
+	t.pc.Store(pc)
 	if err := owndir.Make(c.Dir, DirMode); err != nil {
 		return nil, err
 	}
@@ -685,6 +669,11 @@ type Place struct {
 	Pos   int      // in its pool's line: 1 is next
 	Ahead []string // the users of the waiters ahead of it in its pool, MaxAhead at most, first come first
 	Why   string   // why it waits beyond its turn, if it does (its user's cap)
+	// Start is when it starts at the latest, by the limits of the leases
+	// it waits for and of the requests ahead of it (Estimate); zero where
+	// that is unknown: one of them has no limit, or it waits beyond its
+	// turn.
+	Start time.Time
 }
 
 // Line appends the line, in service order, to out.
@@ -707,7 +696,8 @@ func (t *Table) lineLocked(out []Place) []Place {
 	}
 	st := map[string]*standing{}
 	var why map[capKey]string // a user's reason, said once however many of their requests wait
-	for _, w := range t.q.Waiters() {
+	starts := t.estimatesLocked(time.Now())
+	for i, w := range t.q.Waiters() {
 		p := st[w.Pool]
 		if p == nil {
 			p = &standing{}
@@ -715,10 +705,14 @@ func (t *Table) lineLocked(out []Place) []Place {
 		}
 		p.pos++
 		pl := Place{W: w, Pos: p.pos}
+		if starts[i] != never {
+			pl.Start = time.Unix(0, starts[i])
+		}
 		if r := t.drainedReasonLocked(w); r != "" {
 			pl.Why = r
 		} else if t.capped(w) {
-			k := capKey{w.UID, w.User, w.Limit.MaxDevices, w.Limit.Source}
+			lim := t.limitLocked(w)
+			k := capKey{w.UID, w.User, lim.MaxDevices, lim.Source}
 			r, ok := why[k]
 			if !ok {
 				if why == nil {
@@ -752,14 +746,16 @@ func (t *Table) reasonLocked(w *Waiter) string {
 		return r
 	}
 	if t.capped(w) {
-		return fmt.Sprintf("%s holds %d of %s allowed (%s)", w.User, t.held[w.UID], quantity.Count(w.Limit.MaxDevices, "device", "devices"), w.Limit.Source)
+		lim := t.limitLocked(w)
+		return fmt.Sprintf("%s holds %d of %s allowed (%s)", w.User, t.held[w.UID], quantity.Count(lim.MaxDevices, "device", "devices"), lim.Source)
 	}
 	return ""
 }
 
 // capped tells whether w's user holds too many devices for w now.
 func (t *Table) capped(w *Waiter) bool {
-	return w.Limit.MaxDevices > 0 && t.held[w.UID]+w.N > w.Limit.MaxDevices
+	lim := t.limitLocked(w)
+	return lim.MaxDevices > 0 && t.held[w.UID]+w.N > lim.MaxDevices
 }
 
 // Position is w's place in its pool's line; 0 if it is not in line.
@@ -1143,7 +1139,7 @@ func (t *Table) Snapshot() Snapshot {
 	at := map[int]int{} // id -> index in s.Devices
 	for _, id := range t.ids {
 		d := t.devs[id]
-		sd := Device{ID: id, Pool: t.poolOf[id], Freed: d.freed, File: d.file, Capacity: d.capacity, Declared: d.declared(), External: d.external}
+		sd := Device{ID: id, Pool: t.pc.Load().poolOf[id], Freed: d.freed, File: d.file, Capacity: d.capacity, Declared: d.declared(), External: d.external}
 		if d.drain != nil {
 			dr := *d.drain
 			sd.Drain = &dr

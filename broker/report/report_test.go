@@ -59,7 +59,7 @@ func board(now time.Time) *client.Board {
 		Waiting: []client.Line{
 			{Pool: "interactive", Count: 0, Waiters: []client.WaiterInfo{}},
 			{Pool: "queue", Count: 2, Waiters: []client.WaiterInfo{
-				{Position: 1, Kind: client.KindTask, Task: 121, User: "carol", N: 2, Since: ms(4 * time.Minute)},
+				{Position: 1, Kind: client.KindTask, Task: 121, User: "carol", N: 2, Since: ms(4 * time.Minute), Start: ms(-30 * time.Minute)},
 				{Position: 2, Kind: client.KindInline, User: "dave", N: 1, Devices: []int{13}, Since: ms(time.Minute)},
 			}},
 		},
@@ -79,8 +79,8 @@ func TestTable(t *testing.T) {
 		"npu12   queue        task 118  bob      5120  -",
 		"npu13   queue        reserved  -        -     for task 121 (needs 2)",
 		`WAITING  pool "interactive": 0    pool "queue": 2` + "\n",
-		"  1  task 121  carol  2 devices  4m\n",
-		"  2  npurun    dave   npu 13     1m\n",
+		"  1  task 121  carol  2 devices  4m  " + client.StartBy(now.Add(30*time.Minute).UnixMilli(), now) + "\n",
+		"  2  npurun    dave   npu 13     1m  start unknown\n",
 		"UNLEASED USE\n  npu7  erin  777  python hack.py  /dev/davinci7 open without a lease for 3m; sent SIGTERM\n",
 	} {
 		if !strings.Contains(got, want) {

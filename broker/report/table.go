@@ -72,6 +72,9 @@ func Table(b *client.Board, width int, now time.Time) string {
 				row = append(row, ln.Pool)
 			}
 			row = append(row, strconv.Itoa(w.Position), what(w), w.User, wanted(b, w), quantity.Approx(now.Sub(time.UnixMilli(w.Since))))
+			if ln.Pool != "cpu" || w.Start != 0 {
+				row = append(row, client.StartBy(w.Start, now))
+			}
 			if w.Why != "" {
 				row = append(row, "waits: "+w.Why)
 			}

@@ -78,7 +78,7 @@ func (g *Ledger) Board(asker uint32) (*client.Board, uint64) {
 func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Waiter, ncpu int, cpuWhy []string) *client.Board {
 	now := time.Now()
 	show := func(uid uint32) bool {
-		return asker == 0 || uid == asker || g.cfg.Status.ShowCommands == policy.ShowCommandsAll
+		return asker == 0 || uid == asker || g.policy().Status.ShowCommands == policy.ShowCommandsAll
 	}
 	b := &client.Board{Time: now.UnixMilli(), Vendor: string(g.inv.Vendor), Devices: []client.DeviceState{}, Waiting: []client.Line{}, Unleased: []client.Unleased{}}
 	states, reserved := g.statesLocked(snap)
@@ -128,7 +128,7 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 		b.Devices = append(b.Devices, ds)
 	}
 	lines := map[string]*client.Line{}
-	for _, p := range g.cfg.Pools {
+	for _, p := range g.policy().Pools {
 		b.Waiting = append(b.Waiting, client.Line{Pool: p.Name, Waiters: []client.WaiterInfo{}})
 	}
 	for i := range b.Waiting {
@@ -141,7 +141,11 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 		}
 		ln.Count++
 		if len(ln.Waiters) < maxWaitersShown {
-			ln.Waiters = append(ln.Waiters, waiterInfo(p.W, ln.Count, p.Why))
+			wi := waiterInfo(p.W, ln.Count, p.Why)
+			if !p.Start.IsZero() {
+				wi.Start = p.Start.UnixMilli()
+			}
+			ln.Waiters = append(ln.Waiters, wi)
 		}
 	}
 	if ncpu > 0 {
@@ -158,7 +162,7 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 		}
 		b.Unleased = append(b.Unleased, g.unleasedInfo(u, show(u.uid)))
 	}
-	b.Scan = client.ScanInfo{IntervalMS: g.cfg.Status.ScanInterval.Milliseconds(), GraceMS: g.cfg.Status.UnleasedGrace.Milliseconds()}
+	b.Scan = client.ScanInfo{IntervalMS: g.policy().Status.ScanInterval.Milliseconds(), GraceMS: g.policy().Status.UnleasedGrace.Milliseconds()}
 	if ls := g.lastScan; ls != nil {
 		b.Scan.Last = ls.at.UnixMilli()
 		b.Scan.TookMS = float64(ls.took.Microseconds()) / 1000

@@ -65,9 +65,11 @@ func BenchmarkSetHolders(b *testing.B) {
 // accounting log, no scan, no table and no tasks (a test sets those it
 // needs), logging nowhere.
 func testLedger(inv *npu.Inventory, cfg *policy.Config) *Ledger {
-	return &Ledger{cfg: cfg, inv: inv, log: log.New(io.Discard, "", 0), nodes: map[uint64]npu.Node{},
+	g := &Ledger{inv: inv, log: log.New(io.Discard, "", 0), nodes: map[uint64]npu.Node{},
 		leases: map[int]*entry{}, shares: map[int][]*entry{}, early: map[*lease.Lease][]ended{}, seen: map[useKey]*use{}, streaks: map[streakKey]*streak{},
 		logLimit: logLimit{}, sums: usageSums{}, kick: make(chan struct{}, 1)}
+	g.cfg.Store(cfg)
+	return g
 }
 
 // holdingTree starts a shell with file at descriptor 3 that starts n

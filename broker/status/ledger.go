@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -115,8 +116,10 @@ type Config struct {
 // either (log lines said under mu wait in notes until it is let go:
 // unlock).
 type Ledger struct {
+	// cfg is the policy: replaced, never changed, by SetPolicy.
+	cfg atomic.Pointer[policy.Config]
+
 	// Set by Open, never changed.
-	cfg       *policy.Config
 	inv       *npu.Inventory
 	log       *log.Logger
 	repeat    func(format string, args ...any)
@@ -235,10 +238,11 @@ func (e *entry) fileOf(id int) (procscan.FileID, bool) {
 // lease adopted or recorded as found, with the accounting log's writer,
 // the background scan and the sums' writer started.
 func Open(c Config, held map[int]lease.FileID, adopter Adopter) *Ledger {
-	g := &Ledger{cfg: c.Policy, inv: c.Inventory, log: c.Log, repeat: c.Repeat, table: c.Table, tasks: c.Tasks,
+	g := &Ledger{inv: c.Inventory, log: c.Log, repeat: c.Repeat, table: c.Table, tasks: c.Tasks,
 		account: c.Account, scanner: c.Scanner, nodes: map[uint64]npu.Node{}, kick: make(chan struct{}, 1),
 		leases: map[int]*entry{}, shares: map[int][]*entry{}, early: map[*lease.Lease][]ended{}, seen: map[useKey]*use{},
 		streaks: map[streakKey]*streak{}, logLimit: logLimit{}, sums: usageSums{}}
+	g.cfg.Store(c.Policy)
 	if g.repeat == nil {
 		g.repeat = g.log.Printf
 	}
@@ -252,13 +256,13 @@ func Open(c Config, held map[int]lease.FileID, adopter Adopter) *Ledger {
 		g.nodes[nd.Number] = nd
 	}
 
-	path := usagePath(g.cfg.Usage.Log, c.StateDir)
-	if g.cfg.Usage.Log != "" {
+	path := usagePath(g.policy().Usage.Log, c.StateDir)
+	if g.policy().Usage.Log != "" {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			g.log.Printf("usage log %s: %v", path, err)
 		}
 	}
-	g.usage = newUsageLog(path, g.cfg.Usage.MaxSize, g.cfg.Usage.Keep, g.log, g.openRecords)
+	g.usage = newUsageLog(path, g.policy().Usage.MaxSize, g.policy().Usage.Keep, g.log, g.openRecords)
 	recs, err := readUsage(path)
 	if err != nil {
 		g.log.Printf("usage log: %v; leases held from before this start are recorded as found", err)
@@ -805,3 +809,13 @@ func CommandLine(pi *procscan.Proc) string {
 
 // maxCommand bounds a command line on the board.
 const maxCommand = 256
+
+// policy is the configuration in force (SetPolicy).
+func (g *Ledger) policy() *policy.Config { return g.cfg.Load() }
+
+// SetPolicy takes up a reloaded configuration: [status] (the scan's
+// interval and grace, who is exempt, whose commands are shown) and the
+// pools the board and the metrics name, from the next look at them. What
+// the room opened at start ([usage]'s log, [broker] metrics_listen) stays,
+// which is why a reload refuses a change to them.
+func (g *Ledger) SetPolicy(cfg *policy.Config) { g.cfg.Store(cfg) }

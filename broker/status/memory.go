@@ -34,10 +34,10 @@ type memUse struct {
 // memoryOnce reads the processes' device memory after scan res and acts
 // on it. It holds no lock while the tool runs.
 func (g *Ledger) memoryOnce(res *procscan.Result) {
-	if len(g.cfg.Share.Pools) == 0 {
+	if len(g.policy().Share.Pools) == 0 {
 		return
 	}
-	procs, ok, err := npu.ProcessMemory(g.inv.Vendor, g.cfg.NPUSmi)
+	procs, ok, err := npu.ProcessMemory(g.inv.Vendor, g.policy().NPUSmi)
 	if !ok {
 		return
 	}
@@ -96,7 +96,7 @@ func (g *Ledger) memoryOnce(res *procscan.Result) {
 			if u > e.Mem && !e.mem.over {
 				e.mem.over = true
 				g.log.Printf("npu %s: the share of %s (lease %d) uses %s, over its declaration of %s", npu.FormatIDs(e.Devices), e.User, e.ID, quantity.Size(u), quantity.Size(e.Mem))
-				if g.cfg.Share.OverDeclared == policy.OverTerm {
+				if g.policy().Share.OverDeclared == policy.OverTerm {
 					for _, hs := range e.holders {
 						for _, h := range hs {
 							term = append(term, signal{h.PID, h.Start, h.UID})

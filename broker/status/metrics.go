@@ -98,7 +98,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		byState[st]++
 	}
 	waiters := map[string]int{}
-	for _, p := range g.cfg.Pools {
+	for _, p := range g.policy().Pools {
 		waiters[p.Name] = 0
 	}
 	for _, p := range snap.Line {
@@ -121,7 +121,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 // listenMetrics opens [broker] metrics_listen, if set. A metrics endpoint
 // that cannot listen is said in the log, and leases go on.
 func (g *Ledger) listenMetrics() {
-	addr := g.cfg.MetricsListen
+	addr := g.policy().MetricsListen
 	if addr == "" {
 		return
 	}

@@ -154,7 +154,7 @@ func (g *Ledger) scanLoop() {
 		if cost = threadCPU() - cpu; cpu == 0 || cost <= 0 {
 			cost = lastEnd.Sub(start) // no CPU time to be had: the wall time, which is more
 		}
-		next = start.Add(max(g.cfg.Status.ScanInterval, time.Duration(scanBudget)*cost))
+		next = start.Add(max(g.policy().Status.ScanInterval, time.Duration(scanBudget)*cost))
 	}
 }
 
@@ -271,7 +271,7 @@ func (g *Ledger) holdersFromScanLocked(res *procscan.Result, targets procscan.Ta
 // seen and their accounts' streaks, reports those past the grace window,
 // and returns those the policy acts on now.
 func (g *Ledger) unleasedLocked(res *procscan.Result, targets procscan.Targets, j *judgement) []use {
-	st := g.cfg.Status
+	st := g.policy().Status
 	seen := map[useKey]bool{}
 	// An account's use goes on through a gap shorter than the grace
 	// window, and always from one scan to the next, however far apart
@@ -461,13 +461,13 @@ func actionNote(u *use) string {
 // neither, unless its number is root's.
 func (g *Ledger) unleasedAccount(uid uint32) (restricted, exempt bool) {
 	if uid == 0 {
-		return false, g.cfg.Status.Exempt("root", nil)
+		return false, g.policy().Status.Exempt("root", nil)
 	}
 	name, groups, known := g.account(uid)
 	if !known {
 		return false, false
 	}
-	return g.cfg.Restricted(name, groups), g.cfg.Status.Exempt(name, groups)
+	return g.policy().Restricted(name, groups), g.policy().Status.Exempt(name, groups)
 }
 
 // unleasedInfo is u as the board shows it.

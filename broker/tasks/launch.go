@@ -202,16 +202,16 @@ func (rt *Runtime) specLocked(t *tasklife.Task) *client.Spec {
 	env := slices.Clone(t.Sub.Env)
 	if t.Sub.NoDevice {
 		env = append(env, npu.HiddenEnv()...)
-		threads := strconv.Itoa(rt.cfg.Tasks.CPUThreads)
+		threads := strconv.Itoa(rt.policy().Tasks.CPUThreads)
 		for _, v := range []string{"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"} {
-			env = capThreads(env, v, rt.cfg.Tasks.CPUThreads, threads)
+			env = capThreads(env, v, rt.policy().Tasks.CPUThreads, threads)
 		}
 	}
 	env = append(env, "NPURUN_TASK_ID="+strconv.FormatUint(t.ID, 10), "NPURUN_SOCKET="+rt.socket)
 	return &client.Spec{
 		ID: t.ID, UID: t.UID, Argv: t.Argv, Cwd: t.Sub.Cwd, Env: env, Log: t.Log, Umask: t.Sub.Umask,
-		TimeSec: t.TimeSec, GraceSec: int64(rt.cfg.Tasks.KillGrace / time.Second),
-		Idle: t.Sub.NoDevice && rt.cfg.Tasks.IdlePriority, Socket: rt.socket, Notify: t.Notify, Name: t.Sub.Name,
+		TimeSec: t.TimeSec, GraceSec: int64(rt.policy().Tasks.KillGrace / time.Second),
+		Idle: t.Sub.NoDevice && rt.policy().Tasks.IdlePriority, Socket: rt.socket, Notify: t.Notify, Name: t.Sub.Name,
 	}
 }
 
@@ -282,7 +282,7 @@ func (rt *Runtime) backstopLocked(t *Task) time.Duration {
 	if t.TimeSec <= 0 {
 		return 0
 	}
-	limit := time.Duration(t.TimeSec)*time.Second + rt.cfg.Tasks.KillGrace + overrunLimit
+	limit := time.Duration(t.TimeSec)*time.Second + rt.policy().Tasks.KillGrace + overrunLimit
 	var left time.Duration
 	if t.StartMono > 0 && t.Boot == rt.boot {
 		left = limit - (monoNow() - time.Duration(t.StartMono)*time.Millisecond)

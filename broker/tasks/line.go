@@ -30,8 +30,8 @@ func (rt *Runtime) waiterLocked(t *Task) (*lease.Waiter, error) {
 		if len(rt.cpuFree) == 0 {
 			return nil, refuse(ErrDenied, "", "this broker has no CPU slots for --no-device tasks ([tasks] cpu_slots = 0)")
 		}
-		w := &lease.Waiter{Holder: taskHolder(t), N: 1, Cand: rt.cpuSlots, Pool: cpuPool, Ref: t,
-			Limit: rt.cfg.LimitFor(acct.Name, acct.Groups), Queued: time.Now()}
+		w := &lease.Waiter{Holder: rt.taskHolder(t), N: 1, Cand: rt.cpuSlots, Pool: cpuPool, Ref: t,
+			Limit: rt.policy().LimitFor(acct.Name, acct.Groups), Queued: time.Now()}
 		return w, nil
 	}
 	if rt.outside != nil {
@@ -39,8 +39,8 @@ func (rt *Runtime) waiterLocked(t *Task) (*lease.Waiter, error) {
 			return nil, err
 		}
 	}
-	w, err := rt.table.Admit(lease.Request{Holder: taskHolder(t), N: t.Sub.N, Devices: t.Sub.Devices, Pool: t.Sub.Pool,
-		Limit: rt.cfg.LimitFor(acct.Name, acct.Groups), Mem: t.Sub.Mem})
+	w, err := rt.table.Admit(lease.Request{Holder: rt.taskHolder(t), N: t.Sub.N, Devices: t.Sub.Devices, Pool: t.Sub.Pool,
+		Limit: rt.policy().LimitFor(acct.Name, acct.Groups), Mem: t.Sub.Mem})
 	if err != nil {
 		return nil, err
 	}
@@ -48,9 +48,15 @@ func (rt *Runtime) waiterLocked(t *Task) (*lease.Waiter, error) {
 	return w, nil
 }
 
-// taskHolder is the holder of t's lease: its submitter, as recorded.
-func taskHolder(t *Task) lease.Holder {
-	return lease.Holder{Kind: lease.Task, UID: t.UID, User: t.User, Task: t.ID}
+// taskHolder is the holder of t's lease: its submitter, as recorded, and
+// the longest the lease may last (its time limit, then kill_grace's
+// SIGTERM to SIGKILL), if it has a limit.
+func (rt *Runtime) taskHolder(t *Task) lease.Holder {
+	h := lease.Holder{Kind: lease.Task, UID: t.UID, User: t.User, Task: t.ID}
+	if t.TimeSec > 0 {
+		h.Limit = time.Duration(t.TimeSec)*time.Second + rt.policy().Tasks.KillGrace
+	}
+	return h
 }
 
 // settleLocked puts a waiting task where it belongs: in line, or blocked

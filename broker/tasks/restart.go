@@ -59,7 +59,7 @@ func (rt *Runtime) takeUp(dir string) error {
 		return err
 	}
 	life, err := tasklife.Open(dir, tasklife.Options{
-		Lock: &rt.mu, Keep: rt.cfg.Tasks.KeepEnded, KeepPerUser: rt.cfg.Tasks.KeepEndedPer,
+		Lock: &rt.mu, Keep: rt.policy().Tasks.KeepEnded, KeepPerUser: rt.policy().Tasks.KeepEndedPer,
 		Ended: rt.endedLocked, Log: rt.log, Boot: rt.boot,
 	})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"log"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -135,8 +136,10 @@ var ErrFatal = errors.New("cannot start")
 // let go (unlock). The journal (tasklife) and the runner
 // share mu, and let it go while they wait (the disk, a process, /proc).
 type Runtime struct {
+	// cfg is the policy: replaced, never changed, by SetPolicy.
+	cfg atomic.Pointer[policy.Config]
+
 	// Set by New, never changed.
-	cfg      *policy.Config
 	inv      *npu.Inventory
 	table    *lease.Table
 	owner    Owner
@@ -188,11 +191,12 @@ type endNote struct {
 
 // New makes the runtime; Open takes up the journal.
 func New(c Config) *Runtime {
-	rt := &Runtime{cfg: c.Policy, inv: c.Inventory, table: c.Table, owner: c.Owner, accounts: c.Accounts,
+	rt := &Runtime{inv: c.Inventory, table: c.Table, owner: c.Owner, accounts: c.Accounts,
 		access: c.Access, holders: c.Holders, describe: c.Describe, socket: c.Socket, claim: c.Claim, log: c.Log, devPeak: c.DevicePeak,
 		boot: bootID(), unpriv: os.Geteuid() != 0,
 		jobs: map[uint64]*Task{}, running: map[uint32]int{}, cpuq: lease.NewQueue(),
 		cpuFree: make([]bool, c.Policy.Tasks.CPUSlots), watching: map[Watcher][]*Task{}}
+	rt.cfg.Store(c.Policy)
 	for i := range rt.cpuFree {
 		rt.cpuFree[i] = true
 		rt.cpuSlots = append(rt.cpuSlots, i)
@@ -293,4 +297,33 @@ func (rt *Runtime) CPULine(max int) (first []*lease.Waiter, n int) {
 	defer rt.mu.Unlock()
 	ws := rt.cpuq.Waiters()
 	return append([]*lease.Waiter(nil), ws[:min(max, len(ws))]...), len(ws)
+}
+
+// policy is the configuration in force (SetPolicy).
+func (rt *Runtime) policy() *policy.Config { return rt.cfg.Load() }
+
+// SetPolicy takes up a reloaded configuration: the tasks submitted from
+// now on are checked against its limits and time limits, those waiting
+// for a CPU slot are counted under its limits, and those
+// launched from now on run with its [tasks] settings (kill_grace,
+// cpu_threads, idle_priority); what the room set up at start (the CPU
+// slots, the journal's keep_ended, the control groups) stays, which is why
+// a reload refuses a change to them. then, if not nil, is called holding
+// the room's lock, after the change: a task that joins the line meanwhile
+// does so under one policy or the other, never between (the broker
+// reconfigures the lease table's line in then).
+func (rt *Runtime) SetPolicy(cfg *policy.Config, then func()) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.cfg.Store(cfg)
+	// The CPU slots' line counts its users under the new limits
+	// (max_running_tasks), as the lease table's does (then).
+	for _, w := range rt.cpuq.Waiters() {
+		if t := taskOf(w); t != nil && t.acct != nil {
+			rt.cpuq.SetLimit(w.UID, cfg.LimitFor(t.acct.Name, t.acct.Groups))
+		}
+	}
+	if then != nil {
+		then()
+	}
 }

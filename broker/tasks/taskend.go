@@ -65,7 +65,7 @@ func (rt *Runtime) endLease(held []lease.Holding, why string) {
 		}
 	}
 	if rt.holders != nil {
-		go rt.endHolders(tl, rt.cfg.Tasks.KillGrace)
+		go rt.endHolders(tl, rt.policy().Tasks.KillGrace)
 	}
 }
 

@@ -513,26 +513,26 @@ func (a *Account) unanswered() error { return a.Err }
 func (rt *Runtime) admitLocked(by Submitter, t *Task) error {
 	sub := &t.Sub
 	acct := by.Account
-	lim := rt.cfg.LimitFor(acct.Name, acct.Groups)
+	lim := rt.policy().LimitFor(acct.Name, acct.Groups)
 	limit := time.Duration(sub.TimeSec) * time.Second
 	if limit == 0 {
-		limit = rt.cfg.Tasks.TimeLimit
+		limit = rt.policy().Tasks.TimeLimit
 	}
 	if limit == 0 {
-		limit = rt.cfg.Tasks.MaxTime // a cap applies to tasks that name no limit too
+		limit = rt.policy().Tasks.MaxTime // a cap applies to tasks that name no limit too
 	}
-	if max := rt.cfg.Tasks.MaxTime; max > 0 && limit > max {
+	if max := rt.policy().Tasks.MaxTime; max > 0 && limit > max {
 		return refuse(ErrDenied, "", "time limit %s is longer than the %s allowed", quantity.Duration(limit), quantity.Duration(max))
 	}
 	t.TimeSec = int64(limit / time.Second)
-	if t.Notify == "" && !sub.NoNotify && rt.cfg.Tasks.Notify != "" {
-		t.Notify = rt.cfg.Tasks.Notify // resolved now: its journal record keeps it
+	if t.Notify == "" && !sub.NoNotify && rt.policy().Tasks.Notify != "" {
+		t.Notify = rt.policy().Tasks.Notify // resolved now: its journal record keeps it
 		if err := rt.checkSize(t.Task); err != nil {
 			return err
 		}
 	}
-	if rt.life.Live() >= rt.cfg.Tasks.MaxTasks {
-		return refuse(ErrTooMany, "", "the broker holds %d tasks, its most", rt.cfg.Tasks.MaxTasks)
+	if rt.life.Live() >= rt.policy().Tasks.MaxTasks {
+		return refuse(ErrTooMany, "", "the broker holds %d tasks, its most", rt.policy().Tasks.MaxTasks)
 	}
 	if n := rt.life.Waiting(by.UID); lim.MaxQueued > 0 && n >= lim.MaxQueued {
 		return refuse(ErrDenied, "", "%s has %s waiting, the limit (%s)", acct.Name, quantity.Count(n, "task", "tasks"), lim.Source)
@@ -838,8 +838,9 @@ const (
 
 // Listed is a task copied for a page of a listing, with its place in line.
 type Listed struct {
-	Task tasklife.Task
-	Pos  int
+	Task  tasklife.Task
+	Pos   int
+	Start time.Time // when it starts at the latest, waiting for devices (lease.Place.Start); zero: unknown
 }
 
 // Filter narrows a listing: with Ended, to the ended tasks alone, those
@@ -890,9 +891,18 @@ func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter) (page []Li
 	})
 	if len(inLine) > 0 {
 		pos := rt.positionsOfLocked(inLine)
+		starts := make(map[*lease.Waiter]time.Time, len(inLine))
+		for _, w := range inLine {
+			if t := taskOf(w); t != nil && !t.Sub.NoDevice {
+				starts[w] = time.Time{}
+			}
+		}
+		if len(starts) > 0 {
+			rt.table.Starts(starts)
+		}
 		for i := range page {
 			if j := rt.jobs[page[i].Task.ID]; j != nil && j.inLine {
-				page[i].Pos = pos[j.w]
+				page[i].Pos, page[i].Start = pos[j.w], starts[j.w]
 			}
 		}
 	}

@@ -22,7 +22,8 @@ import (
 // below what the show reply and the supervisor's Spec encode to, and not
 // far above, whatever the strings hold.
 func TestEncodedSizeBounds(t *testing.T) {
-	rt := &Runtime{socket: "/run/npurun/broker.sock", cfg: &policy.Config{Tasks: policy.Tasks{CPUThreads: 4, IdlePriority: true}}}
+	rt := &Runtime{socket: "/run/npurun/broker.sock"}
+	rt.cfg.Store(&policy.Config{Tasks: policy.Tasks{CPUThreads: 4, IdlePriority: true}})
 	pieces := []string{"a", "<", ">", "&", "\"", "\\", "\n", "\t", "\x01", "\x7f", "é", "\u2028", "\xff", "'", " ", "𝄞"}
 	rnd := rand.New(rand.NewPCG(1, 2))
 	text := func(n int) string {

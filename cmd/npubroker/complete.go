@@ -57,6 +57,7 @@ func completionCommand() *completion.Command {
 			{Name: "usage", Help: "device-hours per user and kind of lease", Options: append(helpOptions(report.Usage), help)},
 			{Name: "drain", Help: "take a device out of service (root)", Options: append(helpOptions(report.Drain), help), MaxArgs: 1},
 			{Name: "undrain", Help: "put a drained device back in service (root)", Options: append(helpOptions(report.Undrain), help), MaxArgs: 1},
+			{Name: "reload", Help: "read the configuration file again (root)", Options: append(helpOptions(report.Reload), help)},
 		},
 	}
 }

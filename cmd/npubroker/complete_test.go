@@ -27,6 +27,7 @@ func TestCompletionOptions(t *testing.T) {
 			{0, "user", true, completion.Users}, {'h', "help", false, completion.None}},
 		"drain":   {{0, "json", false, completion.None}, {0, "reason", true, completion.None}, {0, "socket", true, completion.Files}, {'h', "help", false, completion.None}},
 		"undrain": {{0, "json", false, completion.None}, {0, "socket", true, completion.Files}, {'h', "help", false, completion.None}},
+		"reload":  {{0, "json", false, completion.None}, {0, "socket", true, completion.Files}, {'h', "help", false, completion.None}},
 	}
 	c := completionCommand()
 	if len(c.Subcommands) != len(want) {

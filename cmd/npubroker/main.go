@@ -32,6 +32,7 @@ const usage = `Usage:
   ` + report.UsageUsage + `
   ` + report.DrainUsage + `
   ` + report.UndrainUsage + `
+  ` + report.ReloadUsage + `
   npubroker --version
 
 Commands:
@@ -41,6 +42,7 @@ Commands:
   usage         device-hours per user and kind of lease (any user)
   drain         take a device out of service: no new lease on it (root)
   undrain       put a drained device back in service (root)
+  reload        read the configuration file again, without a restart (root; also SIGHUP)
 `
 
 func main() {
@@ -64,6 +66,8 @@ func main() {
 		os.Exit(report.Drain(os.Args[2:], report.OSEnv()))
 	case "undrain":
 		os.Exit(report.Undrain(os.Args[2:], report.OSEnv()))
+	case "reload":
+		os.Exit(report.Reload(os.Args[2:], report.OSEnv()))
 	case "--version", "version":
 		fmt.Println("npubroker", version)
 	case "--completion":
@@ -206,7 +210,7 @@ func serve(args []string) int {
 	}
 	// Supervisors run in "/" and are told the socket's path: every path is
 	// made absolute here, once, against the directory the broker starts in.
-	for _, p := range []*string{runDir, socket, stateDir} {
+	for _, p := range []*string{runDir, socket, stateDir, config} {
 		if *p == "" {
 			continue
 		}
@@ -287,7 +291,7 @@ func serve(args []string) int {
 	if addr := ln.Addr().String(); filepath.Dir(addr) != filepath.Clean(*runDir) {
 		lg.Printf("warning: socket %s is not in the run directory %s: a nested npurun looks for the lock files beside the socket, so it will not recognise its parent's lease", addr, *runDir)
 	}
-	s, err := broker.New(broker.Options{Config: cfg, Inventory: inv, RunDir: *runDir, StateDir: *stateDir, Socket: ln.Addr().String(), Cgroup: *cgroup, Log: lg})
+	s, err := broker.New(broker.Options{Config: cfg, ConfigPath: *config, Inventory: inv, RunDir: *runDir, StateDir: *stateDir, Socket: ln.Addr().String(), Cgroup: *cgroup, Log: lg})
 	if err != nil {
 		ln.Close()
 		lg.Print(err)
@@ -306,7 +310,7 @@ func serve(args []string) int {
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
 		for range hup {
-			lg.Print("SIGHUP: the configuration is read only at start; restart the broker to apply a new one")
+			s.ReloadLogged("SIGHUP") // its outcome, in the log
 		}
 	}()
 	if cfg.Restrict.Active() {

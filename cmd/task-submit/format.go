@@ -76,7 +76,7 @@ func writeTable(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) erro
 		if all {
 			row = append(row, oneLine(t.User))
 		}
-		row = append(row, stateCell(t), deviceCell(t), timeCell(t.Submitted, now), timeCell(t.Started, now))
+		row = append(row, stateCell(t), deviceCell(t), timeCell(t.Submitted, now), startCell(t, now))
 		rows = append(rows, row)
 	}
 	return writeRows(w, rows, ts)
@@ -205,6 +205,22 @@ func timeCell(ms int64, now time.Time) string {
 		return t.Format("15:04:05")
 	}
 	return t.Format("Jan 02 15:04")
+}
+
+// startCell is list's STARTED: when the task started; for one pending
+// for devices, when it starts at the latest ("by 14:05:00", reckoned by
+// the broker from the time limits of what holds and waits ahead), or
+// "unknown" where something ahead has no limit.
+func startCell(t *client.TaskInfo, now time.Time) string {
+	switch {
+	case t.Started != 0 || t.State != client.StatePending || t.NoDevice:
+		return timeCell(t.Started, now)
+	case t.Start == 0:
+		return "unknown"
+	case t.Start <= now.UnixMilli():
+		return "now"
+	}
+	return "by " + timeCell(t.Start, now)
 }
 
 // fullTime is a time in Unix milliseconds as show gives it.

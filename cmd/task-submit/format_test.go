@@ -25,7 +25,7 @@ func TestTable(t *testing.T) {
 		{ID: 118, User: "alice", State: client.StateRunning, Devices: []int{3, 5}, N: 2,
 			Command: "python train.py --lr 3e-4", Submitted: ms(3, 9, 22, 15, 0), Started: ms(3, 10, 9, 30, 5)},
 		{ID: 119, User: "alice", State: client.StatePending, N: 2, Name: "big",
-			Command: "torchrun --nproc_per_node=2 train.py", Submitted: ms(3, 10, 11, 58, 2), Position: 4},
+			Command: "torchrun --nproc_per_node=2 train.py", Submitted: ms(3, 10, 11, 58, 2), Position: 4, Start: ms(3, 10, 14, 30, 0)},
 		{ID: 120, User: "alice", State: client.StatePending, Devices: []int{9},
 			Command: "python probe.py", Submitted: ms(3, 10, 11, 59, 0)},
 		{ID: 121, User: "alice", State: client.StateDone, NoDevice: true, Exit: exit(0),
@@ -38,8 +38,8 @@ func TestTable(t *testing.T) {
 	wantMine := lines(
 		"ID   STATE    DEVICES   SUBMITTED     STARTED       NAME/COMMAND",
 		"118  running  3,5       Mar 09 22:15  09:30:05      python train.py --lr 3e-4",
-		"119  pending  2 wanted  11:58:02      -             big",
-		"120  pending  device 9  11:59:00      -             python probe.py",
+		"119  pending  2 wanted  11:58:02      by 14:30:00   big",
+		"120  pending  device 9  11:59:00      unknown       python probe.py",
 		"121  done     -         Mar 01 08:00  Mar 01 08:01  ./run-experiment.sh --config configs/very/long/…",
 		"122  blocked  1 wanted  11:59:30      -             echo a echo b",
 	)
@@ -53,7 +53,7 @@ func TestTable(t *testing.T) {
 	wantEveryone := lines(
 		"ID   USER   STATE    DEVICES   SUBMITTED     STARTED   NAME/COMMAND",
 		"118  alice  running  3,5       Mar 09 22:15  09:30:05  python train.py --lr 3e-4",
-		"130  bob    pending  1 wanted  10:00:00      -         -",
+		"130  bob    pending  1 wanted  10:00:00      unknown   -",
 		"131  bob    running  7         10:00:01      10:05:00  sweep",
 	)
 

@@ -1,0 +1,136 @@
+package lease
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// never is the time a device comes free when no known time frees it: a
+// lease whose holder has no limit (Holder.Limit) holds it, or it is
+// drained.
+const never = math.MaxInt64
+
+// Estimate reckons when each waiter of line, in service order, starts at
+// the latest, as Slurm's backfill reckons a pending job's start from the
+// time limits of the jobs that run and of those ahead of it: free[id] is
+// when device id comes free (Unix ns: now for a free device, the end of
+// its lease's limit for a leased one, never where no limit is known;
+// it is used up), and each waiter takes, at the earliest time that many
+// of its candidates are free, the ones that come free first, which then
+// come free again its own limit later (never, without one). A waiter
+// that blocked says does not start by the line's turn (held, its user
+// at their cap, waiting for another allocator): its start is unknown and
+// it takes nothing. It returns each waiter's start (Unix ns, never
+// where unknown: something it waits for has no limit); a start in the
+// past is now. The line's Plan keeps, for a request ahead, the devices
+// it will take as they free up and backfills smaller requests only
+// onto others, so no later waiter delays an earlier one: with every limit
+// known, a waiter starts by its estimate, sooner where a holder ends
+// before its limit.
+func Estimate(now int64, free []int64, line []*Waiter, blocked func(*Waiter) bool) []int64 {
+	starts := make([]int64, len(line))
+	type slot struct {
+		at int64
+		id int
+	}
+	var c []slot
+	finite := 0 // devices that some known time frees
+	for _, at := range free {
+		if at != never {
+			finite++
+		}
+	}
+	for i, w := range line {
+		starts[i] = never
+		if finite == 0 || (blocked != nil && blocked(w)) || w.N <= 0 {
+			continue
+		}
+		c = c[:0]
+		for _, id := range w.Cand {
+			if id >= 0 && id < len(free) {
+				c = append(c, slot{max(free[id], now), id})
+			}
+		}
+		if len(c) < w.N {
+			continue
+		}
+		slices.SortFunc(c, func(a, b slot) int {
+			if a.at != b.at {
+				if a.at < b.at {
+					return -1
+				}
+				return 1
+			}
+			return a.id - b.id
+		})
+		start, end := c[w.N-1].at, int64(never)
+		if start != never {
+			starts[i] = start
+			if w.Holder.Limit > 0 {
+				end = start + int64(w.Holder.Limit)
+			}
+		}
+		for _, s := range c[:w.N] {
+			if free[s.id] != never && end == never {
+				finite--
+			}
+			free[s.id] = end
+		}
+	}
+	return starts
+}
+
+// freeTimesLocked is when each device comes free, for Estimate (by
+// physical id; never where unknown or not managed).
+func (t *Table) freeTimesLocked(now time.Time) []int64 {
+	free := make([]int64, len(t.devs))
+	n := now.UnixNano()
+	for id, d := range t.devs {
+		switch {
+		case d == nil || d.drain != nil:
+			free[id] = never
+		case len(d.leases) > 0:
+			end := n
+			for _, l := range d.leases {
+				if l.Limit <= 0 {
+					end = never
+					break
+				}
+				end = max(end, l.Since.Add(l.Limit).UnixNano())
+			}
+			free[id] = end
+		case d.granting != nil:
+			if lim := d.granting.W.Holder.Limit; lim > 0 {
+				free[id] = n + int64(lim)
+			} else {
+				free[id] = never
+			}
+		default: // free, or out of service for a moment (a fresh lock file on its way)
+			free[id] = n
+		}
+	}
+	return free
+}
+
+// estimatesLocked is Estimate of the line now: each waiter's start, in
+// service order.
+func (t *Table) estimatesLocked(now time.Time) []int64 {
+	drained := t.drainedLocked()
+	return Estimate(now.UnixNano(), t.freeTimesLocked(now), t.q.Waiters(), func(w *Waiter) bool {
+		return w.Held || w.External || t.capped(w) || w.drainBlocked(drained)
+	})
+}
+
+// Starts sets, for each waiter of want, when it starts at the latest
+// (Place.Start; zero where unknown or not in line).
+func (t *Table) Starts(want map[*Waiter]time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	starts := t.estimatesLocked(time.Now())
+	for i, w := range t.q.Waiters() {
+		if _, ok := want[w]; ok && starts[i] != never {
+			want[w] = time.Unix(0, starts[i])
+		}
+	}
+}

@@ -1,0 +1,158 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/policy"
+)
+
+// ErrReloadRefused is a reload's refusal: the file does not validate,
+// changes what needs a restart, or cannot be read. Nothing changed.
+var ErrReloadRefused = errors.New("configuration not taken")
+
+// Reload reads the configuration file again and takes it up without a
+// restart (SIGHUP, npubroker reload): a file that does not validate, or
+// that changes what a running broker cannot (policy.NeedsRestart, named),
+// is refused and nothing changes. Otherwise the rooms are handed the new
+// policy one at a time, each its own way: the broker's (limits, waits,
+// sessions, the health checks), the access gate's ([restrict]), the
+// status room's ([status]);
+// then, under Server.mu and the task room's lock (the lock order's), the
+// lease table's line is checked again against the new pools and limits
+// (lease.Table.Reconfigure) while no request can join it under the old
+// policy: a waiter the new policy refuses is told so (code denied: npurun
+// exits 77) and leaves the line, a task among them fails, not started.
+// No lease, connection or other waiter is touched: a lease the new policy
+// would not grant runs on to its end. That step, the only one that holds
+// the grants back, is a walk of the line (the benchmark
+// BenchmarkReloadPause measures it). Reloads are one at a time.
+func (s *Server) Reload() (*client.ReloadInfo, error) {
+	s.reload.Lock()
+	defer s.reload.Unlock()
+	path := s.cfgPath
+	if path == "" {
+		return nil, fmt.Errorf("%w: this broker was started without a configuration file to read again", ErrReloadRefused)
+	}
+	n, err := policy.Load(path)
+	if err != nil {
+		var perrs *policy.Errors
+		if errors.As(err, &perrs) {
+			lines := make([]string, len(*perrs))
+			for i, e := range *perrs {
+				lines[i] = e.Error()
+			}
+			return nil, fmt.Errorf("%w: %s", ErrReloadRefused, strings.Join(lines, "; "))
+		}
+		return nil, fmt.Errorf("%w: %w", ErrReloadRefused, err)
+	}
+	old := s.policy()
+	if names := old.NeedsRestart(n); len(names) > 0 {
+		return nil, fmt.Errorf("%w: %s: %s cannot change without a restart of the broker", ErrReloadRefused, path, strings.Join(names, ", "))
+	}
+	pools := tablePools(n, s.inv.IDs)
+	if err := s.table.CheckPools(pools, n.DefaultPool); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrReloadRefused, path, err)
+	}
+	info := &client.ReloadInfo{Config: path, Changed: old.Changed(n)}
+
+	// The limits of the users waiting come from the accounts they were
+	// looked up as when they asked: a cache, never NSS, under the locks.
+	limitOf := func(uid uint32, _ string) (policy.Limit, bool) {
+		acct := s.acc.cachedAccount(uid)
+		if acct == nil {
+			return policy.Limit{}, false
+		}
+		return n.LimitFor(acct.name, acct.groups), true
+	}
+	s.acc.setPolicy(n)
+	s.status.SetPolicy(n)
+	var refused []lease.Refused
+	var tableErr error
+	var tasksRefused []lease.Refused
+	s.mu.Lock()
+	s.cfg.Store(n)
+	s.rt.SetPolicy(n, func() {
+		refused, tableErr = s.table.Reconfigure(pools, n.DefaultPool, limitOf)
+	})
+	for _, r := range refused {
+		msg := "the broker's configuration, reloaded, refuses this request: " + r.Why.Msg
+		c := connOf(r.W)
+		if c == nil {
+			tasksRefused = append(tasksRefused, r)
+			continue
+		}
+		if c.w == r.W {
+			s.unwaitLocked(c)
+			c.sendLocked(errReply(client.CodeDenied, msg, r.Why.Hint))
+		}
+	}
+	s.mu.Unlock()
+	if tableErr != nil { // CheckPools took these pools: not seen
+		s.log.Printf("reload %s: the lease table kept its pools: %v", path, tableErr)
+	}
+	for _, r := range tasksRefused {
+		s.rt.Refuse(r.W, "the broker's configuration, reloaded, refuses it: "+r.Why.Msg)
+	}
+	info.Refused = len(refused)
+	if err := s.writeSessionPolicy(s.runDir); err != nil {
+		s.log.Printf("reload %s: %v", path, err)
+	}
+	select {
+	case s.healthWake <- struct{}{}: // [devices] health_interval, from the next round
+	default:
+	}
+	s.mu.Lock()
+	s.scheduleLocked() // the new pools and limits may let waiters through
+	s.progressLocked() // and the reasons they wait change
+	s.mu.Unlock()
+	return info, nil
+}
+
+// tablePools are the lease table's pools of configuration cfg, on a
+// machine of devices ids.
+func tablePools(cfg *policy.Config, ids []int) []lease.Pool {
+	pools := make([]lease.Pool, len(cfg.Pools))
+	for i, p := range cfg.Pools {
+		pools[i] = lease.Pool{Name: p.Name, IDs: p.IDs}
+	}
+	return slurmPools(cfg, ids, pools)
+}
+
+// reloadOp serves npubroker reload (root only): the answer says what was
+// taken, or why nothing was.
+func (s *Server) reloadOp(c *conn, req *client.Request) bool {
+	reply := func(r *client.Reply) bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return c.sendLocked(r) == nil
+	}
+	if c.uid != 0 {
+		return reply(errReply(client.CodeDenied, fmt.Sprintf("reload is root's: uid %d may not reload the broker's configuration", c.uid), "run it as root (sudo npubroker reload)"))
+	}
+	info, err := s.ReloadLogged("npubroker reload")
+	if err != nil {
+		return reply(errReply(client.CodeConfigRefused, err.Error(), "npubroker check-config "+s.cfgPath))
+	}
+	return reply(&client.Reply{Type: client.TypeReloaded, Reload: info})
+}
+
+// ReloadLogged is Reload, its outcome in the log: what asked for it (by).
+func (s *Server) ReloadLogged(by string) (*client.ReloadInfo, error) {
+	start := time.Now()
+	info, err := s.Reload()
+	if err != nil {
+		s.log.Printf("%s: %v", by, err)
+		return nil, err
+	}
+	changed := "nothing changed"
+	if len(info.Changed) > 0 {
+		changed = strings.Join(info.Changed, ", ") + " changed"
+	}
+	s.log.Printf("%s: reloaded %s in %s: %s; %d waiting requests refused by it", by, info.Config, time.Since(start).Round(time.Microsecond), changed, info.Refused)
+	return info, nil
+}
