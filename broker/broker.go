@@ -84,9 +84,12 @@ type Server struct {
 	// cfg is the policy, read without a lock (policy) and replaced, never
 	// changed, by a reload (reload.go), which hands each room its copy.
 	cfg     atomic.Pointer[policy.Config]
-	cfgPath string     // the configuration file a reload reads; "" for none
-	runDir  string     // where the session-policy file goes
-	reload  sync.Mutex // one reload at a time; taken before every other lock, and never under one
+	cfgPath string   // the configuration file a reload reads; "" for none
+	flagged struct { // what the command line set over the file's [tasks] (Options): a reload leaves them be
+		stateDir, cgroup bool
+	}
+	runDir string     // where the session-policy file goes
+	reload sync.Mutex // one reload at a time; taken before every other lock, and never under one
 	// healthWake tells watchHealth that a reload may have changed
 	// [devices] health_interval (a send that never waits).
 	healthWake chan struct{}
@@ -160,6 +163,7 @@ func New(o Options) (*Server, error) {
 	if s.policy().Slurm.Active() && s.policy().Slurm.Mode == policy.ModeAllocate {
 		external = make(chan struct{}, 1)
 	}
+	s.flagged.stateDir, s.flagged.cgroup = o.StateDir != "", o.Cgroup != ""
 	stateDir := o.StateDir
 	if stateDir == "" {
 		stateDir = o.Config.Tasks.StateDir

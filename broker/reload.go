@@ -51,6 +51,15 @@ func (s *Server) Reload() (*client.ReloadInfo, error) {
 		return nil, fmt.Errorf("%w: %w", ErrReloadRefused, err)
 	}
 	old := s.policy()
+	// What the command line set (--state-dir, --cgroup), the file's
+	// [tasks] does not: a change of it there changes nothing, and is no
+	// cause to refuse the rest.
+	if s.flagged.stateDir {
+		n.Tasks.StateDir = old.Tasks.StateDir
+	}
+	if s.flagged.cgroup {
+		n.Tasks.Cgroup = old.Tasks.Cgroup
+	}
 	if names := old.NeedsRestart(n); len(names) > 0 {
 		return nil, fmt.Errorf("%w: %s: %s cannot change without a restart of the broker", ErrReloadRefused, path, strings.Join(names, ", "))
 	}

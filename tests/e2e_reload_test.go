@@ -275,3 +275,28 @@ func TestReloadRunningCap(t *testing.T) {
 	}
 	runTaskCmd(t, b.TaskSubmit("cancel", idStr(first)))
 }
+
+// TestReloadFlagsOverFile: what the command line set (--state-dir,
+// --cgroup, as the harness starts every broker) is the broker's, not the
+// file's: a file whose [tasks] state_dir or cgroup differs is taken up
+// (its other changes apply), not refused as a change that needs a
+// restart; a change to [devices] ids still is.
+func TestReloadFlagsOverFile(t *testing.T) {
+	needRoot(t)
+	b := StartBroker(t, reloadPools(""))
+	writeConf(t, b, reloadPools("[tasks]\nstate_dir = \"/nonexistent/spool\"\ncgroup = \"auto\"\n[limits]\nmax_devices = 1\n"))
+	code, info, errs := reload(t, b)
+	if code != 0 {
+		t.Fatalf("reload of a file whose [tasks] state_dir and cgroup the command line overrides: exit %d: %s", code, errs)
+	}
+	if !strings.Contains(strings.Join(info.Changed, " "), "[limits]") {
+		t.Errorf("reload answered %+v, want [limits] among the changes", info)
+	}
+	if code, out := exitCode(t, b.Npurun("--no-wait", "-n", "2", "true")); code != 77 {
+		t.Errorf("npurun -n 2 under the reloaded max_devices = 1: exit %d, want 77: %s", code, out)
+	}
+	writeConf(t, b, strings.Replace(reloadPools(""), "0-3", "0-4", 1))
+	if code, _, errs := reload(t, b); code == 0 || !strings.Contains(errs, "[devices] ids") {
+		t.Errorf("reload of a changed device list: exit %d, stderr %q; want a refusal naming [devices] ids", code, errs)
+	}
+}
