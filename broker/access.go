@@ -206,17 +206,18 @@ func (a *access) Allow(uid uint32, ids []int) error {
 }
 
 // Revoke closes device id's node to every account whose entry the broker
-// manages (its lease has ended), and the shared control nodes to those of
-// them left with no device: one try, with the accounts cached. An error
+// manages (its lease has ended) but for keep (the users of the device's
+// shares that hold on), and the shared control nodes to those of them
+// left with no device: one try, with the accounts cached. An error
 // means that an entry may be left on the device's node: the device must
 // not be granted until a later try succeeds (Close).
-func (a *access) Revoke(id int) error {
+func (a *access) Revoke(id int, keep []uint32) error {
 	if !a.aclsManaged() {
 		return nil
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	removed, err := a.removeManagedLocked(id)
+	removed, err := a.removeManagedLocked(id, keep)
 	if len(removed) > 0 {
 		a.sweepSharedLocked()
 	}
@@ -225,11 +226,15 @@ func (a *access) Revoke(id int) error {
 
 // removeManagedLocked removes the managed entries from device id's nodes
 // and returns the uids whose entries it removed.
-func (a *access) removeManagedLocked(id int) ([]uint32, error) {
+func (a *access) removeManagedLocked(id int, keep []uint32) ([]uint32, error) {
 	var removed []uint32
 	var errs []error
+	managed := a.managed
+	if len(keep) > 0 {
+		managed = func(uid uint32) bool { return !slices.Contains(keep, uid) && a.managed(uid) }
+	}
 	for _, p := range a.inv.Nodes(id) {
-		uids, err := a.removeUsers(p, a.managed)
+		uids, err := a.removeUsers(p, managed)
 		switch {
 		case errors.Is(err, npu.ErrNoACL):
 			continue // no ACLs there, so no entry to remove
@@ -256,24 +261,24 @@ const revokeRetryMax = 5 * time.Second
 // Until then an account whose lease of id has ended may still open its
 // node, so the device stays out of service (the lease table grants it to
 // nobody meanwhile). It is called holding no lock.
-func (a *access) Close(id int, failed error) {
+func (a *access) Close(id int, keep []uint32, failed error) {
 	if failed == nil {
 		a.resolveNodeUsers([]int{id})
-		failed = a.Revoke(id)
+		failed = a.Revoke(id, keep)
 	}
 	if failed != nil {
-		a.revokeUntilDone(id, failed)
+		a.revokeUntilDone(id, keep, failed)
 	}
 }
 
 // revokeUntilDone tries device id's revoke again, with a growing wait,
 // until it succeeds. err is why the last try failed.
-func (a *access) revokeUntilDone(id int, err error) {
+func (a *access) revokeUntilDone(id int, keep []uint32, err error) {
 	for wait := 50 * time.Millisecond; err != nil; wait = min(2*wait, revokeRetryMax) {
 		a.rlog.Printf("%v; npu %d is out of service until the ACL entries of its node can be removed", err, id)
 		time.Sleep(wait)
 		a.resolveNodeUsers([]int{id})
-		err = a.Revoke(id)
+		err = a.Revoke(id, keep)
 	}
 	a.log.Printf("npu %d: the ACL entries of its node are removed; back in service", id)
 }
@@ -319,7 +324,7 @@ func (a *access) start(free []int) map[int]error {
 	defer a.mu.Unlock()
 	failed := map[int]error{}
 	for _, id := range free {
-		uids, err := a.removeManagedLocked(id)
+		uids, err := a.removeManagedLocked(id, nil)
 		if err != nil {
 			failed[id] = err
 		}

@@ -171,7 +171,7 @@ func New(o Options) (*Server, error) {
 	if s.table, err = lease.Open(lease.Config{
 		Dir: lockDir, IDs: s.inv.IDs, Pools: pools, DefaultPool: s.policy().DefaultPool,
 		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf, External: external,
-		DrainFile: filepath.Join(stateDir, DrainFile),
+		DrainFile: filepath.Join(stateDir, DrainFile), Capacity: s.shareCapacities(pools),
 	}); err != nil {
 		return nil, err
 	}
@@ -182,9 +182,13 @@ func New(o Options) (*Server, error) {
 	// is put in service, and one whose node cannot be is not, until it
 	// is.
 	found := s.table.Found()
+	shared := map[int]bool{} // shares found held: their users' entries stay
+	for _, d := range s.table.Snapshot().Devices {
+		shared[d.ID] = len(d.Leases) > 0
+	}
 	var free []int
 	for _, id := range s.inv.IDs {
-		if _, held := found[id]; !held {
+		if _, held := found[id]; !held && !shared[id] {
 			free = append(free, id)
 		}
 	}
@@ -215,6 +219,7 @@ func New(o Options) (*Server, error) {
 		Access: s.acc, Holders: s.scanner, Describe: s.describeHolder, Socket: o.Socket, Self: self, Cgroup: cgMode,
 		Claim: s.claimTasks, Log: s.log,
 	}
+	tc.DevicePeak = func(id uint64) int64 { return s.status.TaskPeak(id) }
 	if s.slurm != nil {
 		tc.Outside = (*slurmOutside)(s) // Slurm's devices, its placeholders' reasons
 	}

@@ -45,7 +45,7 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 	}
 	h := c.holder(kind, uid, acct)
 	h.Container = req.Container
-	w, rep := s.admitLocked(h, acct, req.N, req.Devices, req.Pool)
+	w, rep := s.admitLocked(h, acct, req.N, req.Devices, req.Pool, req.Mem)
 	if rep != nil {
 		c.sendLocked(rep)
 		return rep.Code != client.CodeBadRequest
@@ -72,11 +72,11 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 // admitLocked checks a request for n devices (or exactly devices) from pool
 // against the inventory and the policy (lease.Table.Admit). It returns the
 // waiter to queue, or the reply that refuses it.
-func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int, pool string) (*lease.Waiter, *client.Reply) {
+func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int, pool string, mem int64) (*lease.Waiter, *client.Reply) {
 	if err := s.slurmRefusal(devices); err != nil {
 		return nil, refusalReply(err)
 	}
-	w, err := s.table.Admit(lease.Request{Holder: h, N: n, Devices: devices, Pool: pool, Limit: s.policy().LimitFor(acct.name, acct.groups)})
+	w, err := s.table.Admit(lease.Request{Holder: h, N: n, Devices: devices, Pool: pool, Limit: s.policy().LimitFor(acct.name, acct.groups), Mem: mem})
 	if err != nil {
 		return nil, refusalReply(err)
 	}
@@ -227,6 +227,8 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 	}
 	if isLogin {
 		r.Message = pam.GrantMessage(s.inv.Vendor, h.Devices, h.W.Pool)
+	} else if h.Mem() > 0 {
+		r.Message = s.table.ShareMessage(h)
 	}
 	if err := c.sendLocked(r, h.FDs()...); err != nil {
 		// A client that has gone (its npurun killed while it waited, the

@@ -112,7 +112,7 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.policy().MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
-	w, rep := s.admitLocked(c.holder(lease.Login, uid, acct), acct, d.N, nil, d.Pool)
+	w, rep := s.admitLocked(c.holder(lease.Login, uid, acct), acct, d.N, nil, d.Pool, 0)
 	if rep != nil {
 		c.sendLocked(rep)
 		return true

@@ -59,6 +59,10 @@ func (v *tableView) Snapshot() lease.Snapshot {
 	return snap
 }
 
+// SetExternal tells the table what processes outside any lease use of
+// device id.
+func (v *tableView) SetExternal(id int, mib int64) { (*Server)(v).table.SetExternal(id, mib) }
+
 // Reason says why w waits beyond its turn, if it does.
 func (v *tableView) Reason(w *lease.Waiter) string {
 	s := (*Server)(v)

@@ -52,6 +52,7 @@ type Config struct {
 	Restrict          Restrict         // [restrict]
 	Slurm             Slurm            // [slurm]
 	Containers        Containers       // [containers]: npurun-runtime's
+	Share             Share            // [share]: devices that hold shares of their memory
 
 	file string    // the file name as given to Parse, for warnings
 	idx  lineIndex // where each table and key is, for warnings
@@ -411,12 +412,12 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		switch k {
-		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict", "slurm", "containers":
+		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict", "slurm", "containers", "share":
 			continue
 		}
 		if _, isTable := raw[k].(map[string]any); isTable {
 			p.errs = append(p.errs, Error{File: p.file, Line: p.idx.line(k), Key: "[" + k + "]",
-				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, user.NAME, group.NAME)"})
+				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, user.NAME, group.NAME)"})
 		} else {
 			p.errorf(nil, k, "unknown key (keys belong in a table such as [devices])")
 		}
@@ -611,6 +612,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	c.Restrict = p.restrict(raw, c, poolExists)
 	c.Slurm = p.slurm(raw, c)
 	p.containers(raw, c)
+	p.share(raw, c, poolExists)
 
 	// [limits], [user.NAME], [group.NAME]
 	c.Default = Limit{MaxQueued: DefaultMaxQueued, Source: "the default [limits]"}

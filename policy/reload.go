@@ -21,7 +21,8 @@ import (
 // health_interval, nvidia_smi and fake_health (from the health checks'
 // next round), [broker] max_connections, max_waiting_per_user and default_pool, [tasks]
 // time_limit, max_time, max_tasks, kill_grace, cpu_threads,
-// idle_priority, and [containers] (npurun-runtime's, read by it).
+// idle_priority, [containers] (npurun-runtime's, read by it) and [share]
+// over_declared.
 func (c *Config) NeedsRestart(n *Config) []string {
 	var out []string
 	diff := func(name string, a, b any) {
@@ -41,6 +42,10 @@ func (c *Config) NeedsRestart(n *Config) []string {
 	diff("[broker] metrics_listen", c.MetricsListen, n.MetricsListen)
 	diff("[usage]", c.Usage, n.Usage)
 	diff("[slurm]", c.Slurm, n.Slurm)
+	// Which devices hold shares, and how much, is the lease table's from
+	// its start; over_declared is read as it acts.
+	diff("[share] pools, capacity, capacities, margin", []any{c.Share.Pools, c.Share.Capacity, c.Share.Capacities, c.Share.Margin},
+		[]any{n.Share.Pools, n.Share.Capacity, n.Share.Capacities, n.Share.Margin})
 	if c.Slurm.Active() && !slices.EqualFunc(c.Pools, n.Pools, func(a, b Pool) bool { return a.Name == b.Name && slices.Equal(a.IDs, b.IDs) }) {
 		out = append(out, "[pools] (on a Slurm node)")
 	}
@@ -70,5 +75,6 @@ func (c *Config) Changed(n *Config) []string {
 	diff("[restrict]", c.Restrict, n.Restrict)
 	diff("[slurm]", c.Slurm, n.Slurm)
 	diff("[containers]", c.Containers, n.Containers)
+	diff("[share]", c.Share, n.Share)
 	return out
 }

@@ -22,8 +22,8 @@ import (
 
 // usageHead is what --help prints before the options.
 const usageHead = `Usage:
-  npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
-  npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
+  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
+  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
   npurun --login [-q] [--socket PATH]
 
@@ -44,6 +44,7 @@ var options = []completion.Option{
 	{Short: 'd', Long: "device", Value: "LIST", Many: true, Complete: completion.Devices,
 		Help: "exactly these devices: a LIST of physical ids and ranges,\nsuch as 3 or 0-3,8; waits for them alone (may be repeated)"},
 	{Short: 'p', Long: "pool", Value: "POOL", Complete: completion.Pools, Help: "pool to take devices from (default: the policy's default pool)"},
+	{Short: 'm', Long: "mem", Value: "SIZE", Help: "a share of each device, of SIZE of its memory (12G, 512M;\na bare number is GiB), on a device the policy shares"},
 	{Long: "no-wait", Help: "fail at once with status 75 if nothing is free"},
 	{Long: "timeout", Value: "DURATION", Help: "give up after this long (e.g. 10m), with status 75"},
 	{Long: "no-device", Help: "run without a lease, with every device hidden"},
@@ -183,6 +184,12 @@ func (c *command) set(opt *completion.Option, name, value string) error {
 		o.Devices = append(o.Devices, ids...)
 	case "pool":
 		o.Pool = value
+	case "mem":
+		mib, err := quantity.ParseSize(value)
+		if se := (*quantity.SizeError)(nil); errors.As(err, &se) {
+			return badUsage(se.For(name), "--mem takes a size of device memory, such as 12G or 512M")
+		}
+		o.Mem = mib
 	case "no-wait":
 		o.NoWait = true
 	case "timeout":
@@ -223,7 +230,7 @@ func (c *command) set(opt *completion.Option, name, value string) error {
 func (c *command) check() error {
 	o := &c.o
 	if o.Login {
-		if len(c.argv) > 0 || o.NoDevice || o.Container != "" || c.nSet || len(o.Devices) > 0 || o.Pool != "" || o.NoWait || o.Timeout != 0 || o.Verbose {
+		if len(c.argv) > 0 || o.NoDevice || o.Container != "" || c.nSet || len(o.Devices) > 0 || o.Pool != "" || o.NoWait || o.Timeout != 0 || o.Verbose || o.Mem != 0 {
 			return badUsage("--login takes no command and no other option but -q and --socket",
 				"the policy's [restrict] says what a login gets; sshd passes a command in SSH_ORIGINAL_COMMAND")
 		}
@@ -234,6 +241,8 @@ func (c *command) check() error {
 		return badUsage("no command given", "npurun python train.py")
 	case o.NoDevice && (c.nSet || len(o.Devices) > 0 || o.Pool != ""):
 		return badUsage("--no-device takes no device, count or pool", "")
+	case o.NoDevice && o.Mem != 0:
+		return badUsage("--no-device and --mem exclude each other", "")
 	case o.NoDevice && o.Container != "":
 		return badUsage("--no-device and --container exclude each other", "")
 	case o.N < 0 || (o.N == 0 && c.nSet):

@@ -84,8 +84,8 @@ func TestParseArgsRefuses(t *testing.T) {
 // page's SYNOPSIS follows the usage lines; tests/man_test.go).
 func TestUsage(t *testing.T) {
 	want := `Usage:
-  npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
-  npurun [-n N | -d LIST] [-p POOL] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
+  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
+  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
   npurun --login [-q] [--socket PATH]
 
@@ -100,6 +100,8 @@ Options:
   -d, --device LIST        exactly these devices: a LIST of physical ids and ranges,
                            such as 3 or 0-3,8; waits for them alone (may be repeated)
   -p, --pool POOL          pool to take devices from (default: the policy's default pool)
+  -m, --mem SIZE           a share of each device, of SIZE of its memory (12G, 512M;
+                           a bare number is GiB), on a device the policy shares
       --no-wait            fail at once with status 75 if nothing is free
       --timeout DURATION   give up after this long (e.g. 10m), with status 75
       --no-device          run without a lease, with every device hidden

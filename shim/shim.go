@@ -35,6 +35,7 @@ type Options struct {
 	N        int   // devices wanted (0: one, or as many as Devices names)
 	Devices  []int // exactly these
 	Pool     string
+	Mem      int64 // a share of each device, of this much memory in MiB (--mem); 0: whole devices
 	NoWait   bool
 	Timeout  time.Duration // 0: wait as long as it takes
 	NoDevice bool
@@ -135,7 +136,7 @@ type waiter struct {
 }
 
 func (w *waiter) request() *client.Request {
-	return &client.Request{Op: client.OpAcquire, N: w.o.N, Pool: w.o.Pool, Devices: w.o.Devices, NoWait: w.o.NoWait}
+	return &client.Request{Op: client.OpAcquire, N: w.o.N, Pool: w.o.Pool, Devices: w.o.Devices, NoWait: w.o.NoWait, Mem: w.o.Mem}
 }
 
 // acquire returns the grant and its descriptors, or nil and the exit
@@ -363,6 +364,11 @@ func (w *waiter) clear() {
 
 func (w *waiter) granted(r *client.Reply, waited time.Duration) {
 	w.clear()
+	if w.o.Mem > 0 && r.Message != "" && !w.o.Quiet && (w.tty || w.o.Verbose) {
+		// A share: what it was granted, and what else the device holds.
+		warn("%s", r.Message)
+		return
+	}
 	if w.o.Quiet || (w.last == "" && !w.o.Verbose) {
 		return
 	}

@@ -12,6 +12,8 @@ package tests
 //	BenchmarkMemory      broker VmRSS idle and with 10,000 waiters          ≤ 15 MiB, ≤ 100 MiB
 //	BenchmarkSlurmSrun   srun --gres=gpu:1 /bin/true with npurun-slurm and   ≤ 1.1× without
 //	                     spank_npurun.so, beside without (bench_slurm_test.go)
+//	BenchmarkShares      40 mixed jobs, whole devices vs shares: makespan   ≤ 0.5× whole, ≤ 1.15× bound
+//	                     share grant beside a whole grant (bench_share_test.go)  ≤ 1.1×
 
 import (
 	"bufio"

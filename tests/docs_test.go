@@ -113,6 +113,9 @@ var docNotRun = map[string]string{
 	"docker run --device /dev/davinci1 ascend-infer:8.0 ./serve.sh":                    "a container without npurun: TestContainerWithoutLease checks this error",
 	"npurun podman run --rm --rootfs /srv/rootfs python3 infer.py":                     "a container: TestContainerPodman runs npurun podman run --rootfs",
 	"docker kill serve": "a container: TestContainerDockerDetached runs docker kill",
+	// Shares: a broker whose [share] pool differs from the scenes' runs them.
+	"npurun -p share --mem 12G python eval.py":             "a share: TestShareBestFit (e2e_share_test.go) runs npurun --mem and checks its grant message",
+	"task-submit -p share --mem 20G -- python finetune.py": "a share as a task: TestShareTask (e2e_share_test.go) runs task-submit --mem",
 }
 
 // docScene runs some of the examples, in order, on a stage of its own.

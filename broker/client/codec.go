@@ -25,14 +25,14 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 		return nil, false
 	}
 	if r.Job != nil || IsSlurmOp(r.Op) {
-		if !IsSlurmOp(r.Op) || r.Job == nil || r.Task != nil || r.N != 0 || r.Pool != "" || r.Devices != nil || r.NoWait ||
+		if !IsSlurmOp(r.Op) || r.Job == nil || r.Task != nil || r.N != 0 || r.Pool != "" || r.Devices != nil || r.NoWait || r.Mem != 0 ||
 			r.User != "" || r.Service != "" || r.TTY != "" || r.RHost != "" || r.Login {
 			return nil, false
 		}
 		return appendSlurm(b, r), true
 	}
 	switch {
-	case r.Op == OpSubmit && r.Task != nil && r.N == 0 && r.Pool == "" && r.Devices == nil && !r.NoWait &&
+	case r.Op == OpSubmit && r.Task != nil && r.N == 0 && r.Pool == "" && r.Devices == nil && !r.NoWait && r.Mem == 0 &&
 		r.User == "" && r.Service == "" && r.TTY == "" && r.RHost == "" && !r.Login:
 		return appendSubmit(b, r), true
 	case (r.Op != OpAcquire && r.Op != OpPing && r.Op != OpSession) || r.Task != nil:
@@ -56,6 +56,10 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	}
 	if r.NoWait {
 		b = append(b, `,"no_wait":true`...)
+	}
+	if r.Mem != 0 {
+		b = append(b, `,"mem":`...)
+		b = strconv.AppendInt(b, r.Mem, 10)
 	}
 	for _, f := range [...]struct{ key, value string }{{"user", r.User}, {"service", r.Service}, {"tty", r.TTY}, {"rhost", r.RHost}} {
 		if f.value != "" {
@@ -153,6 +157,18 @@ func appendSubmit(b []byte, r *Request) []byte {
 	if t.Pool != "" {
 		key("pool")
 		b = appendJSONString(b, t.Pool)
+	}
+	if t.Mem != 0 {
+		key("mem")
+		b = strconv.AppendInt(b, t.Mem, 10)
+	}
+	if t.OOMRetries != 0 {
+		key("oom_retries")
+		b = strconv.AppendInt(b, int64(t.OOMRetries), 10)
+	}
+	if t.RetryOf != 0 {
+		key("retry_of")
+		b = strconv.AppendUint(b, t.RetryOf, 10)
 	}
 	if t.NoDevice {
 		key("no_device")
@@ -653,6 +669,8 @@ func DecodeRequest(data []byte) (*Request, bool) {
 			r.Devices, err = s.ints()
 		case "no_wait":
 			r.NoWait, err = s.bool()
+		case "mem":
+			r.Mem, err = s.int()
 		case "user":
 			r.User, err = s.string()
 		case "service":

@@ -15,6 +15,7 @@ var requestSamples = []struct {
 }{
 	{`{"v":1,"op":"acquire"}`, true},
 	{`{"v":1,"op":"acquire","n":2,"pool":"queue","no_wait":true}`, true},
+	{`{"v":1,"op":"acquire","n":2,"pool":"share","mem":12288}`, true},
 	{`{"v":1,"op":"acquire","devices":[9,3],"pool":"we\"ird\\ \n\u0001 é \ud83d\ude00 bad ` + "\xff" + `"}`, true},
 	{` { "v" : 1 , "op" : "ping" } `, true},
 	{`{"v":1,"op":"session","login":true}`, true},

@@ -72,6 +72,7 @@ func TestAppendRequestAgreesWithJSON(t *testing.T) {
 	for _, req := range []Request{
 		{V: 1, Op: OpAcquire},
 		{V: 1, Op: OpAcquire, N: 2, Pool: "queue", NoWait: true},
+		{V: 1, Op: OpAcquire, N: 2, Pool: "share", Mem: 12288},
 		{V: 1, Op: OpAcquire, Devices: []int{9, 3}, Pool: "we\"ird\\ \n\x01 é \xff"},
 		{V: 1, Op: OpPing},
 		{V: 1, Op: OpSession, Login: true},
@@ -110,7 +111,7 @@ func TestAppendRequestAgreesWithJSON(t *testing.T) {
 
 var submitSamples = []Submission{
 	{Argv: []string{"python", "train.py", "--lr", "0.1"}, Cwd: "/home/alice/x", Env: []string{"PATH=/usr/bin", "HOME=/home/alice"}},
-	{Shell: "cd /tmp && ./run <in >out 2>&1 & wait", Cwd: "/", Env: []string{}, N: 2, Pool: "queue", TimeSec: 3600, Name: "sweep 1", After: []uint64{5, 18446744073709551615}, Log: "/tmp/l og"},
+	{Shell: "cd /tmp && ./run <in >out 2>&1 & wait", Cwd: "/", Env: []string{}, N: 2, Pool: "queue", Mem: 20480, OOMRetries: 2, RetryOf: 17, TimeSec: 3600, Name: "sweep 1", After: []uint64{5, 18446744073709551615}, Log: "/tmp/l og"},
 	{Argv: []string{"x"}, Cwd: "/", Devices: []int{0, 7}, Log: "/tmp/\"quoted\"\n\x01\x7f é \xff \u2028"},
 	{Argv: []string{""}, Cwd: "", NoDevice: true, Env: []string{"A=<&>"}, Notify: "notify-send \"$NPURUN_TASK_ID\" <&>"},
 	{Argv: []string{"x"}, Cwd: "/", NoNotify: true},

@@ -77,13 +77,37 @@ func LockDir(socket string) string {
 // is another file. /proc/self/fdinfo lists the locks of the open file
 // behind the descriptor only. A nested npurun checks the lease it
 // inherits with it, and npurun-runtime the lease it is handed.
+//
+// A share of a device (npurun --mem) is on a lock file of its own,
+// npuN.sK.lock, made for it and removed when it ends: the descriptor's
+// own name (its /proc/self/fd link) says which, and that name must still
+// name the descriptor's file.
 func HoldsLock(fd, id int, dir string) bool {
 	var have, cur unix.Stat_t
-	if unix.Fstat(fd, &have) != nil || unix.Stat(dir+"/npu"+strconv.Itoa(id)+".lock", &cur) != nil {
+	if unix.Fstat(fd, &have) != nil {
 		return false
 	}
-	if have.Dev != cur.Dev || have.Ino != cur.Ino {
-		return false
+	prefix := "npu" + strconv.Itoa(id)
+	if unix.Stat(dir+"/"+prefix+".lock", &cur) != nil || have.Dev != cur.Dev || have.Ino != cur.Ino {
+		var buf [512]byte
+		n, err := unix.Readlink("/proc/self/fd/"+strconv.Itoa(fd), buf[:])
+		if err != nil || n <= 0 || n >= len(buf) {
+			return false
+		}
+		name := string(buf[:n])
+		slash := strings.LastIndexByte(name, '/')
+		base := name[slash+1:]
+		slot, ok := strings.CutPrefix(base, prefix+".s")
+		if !ok {
+			return false
+		}
+		slot, ok = strings.CutSuffix(slot, ".lock")
+		if !ok || slot == "" || strings.Trim(slot, "0123456789") != "" {
+			return false
+		}
+		if unix.Stat(dir+"/"+base, &cur) != nil || have.Dev != cur.Dev || have.Ino != cur.Ino {
+			return false
+		}
 	}
 	info, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
 	if err != nil {

@@ -81,7 +81,20 @@ type DeviceState struct {
 	Lease       *LeaseInfo  `json:"lease,omitempty"`
 	ReservedFor *WaiterInfo `json:"reserved_for,omitempty"`
 	Drain       *DrainInfo  `json:"drain,omitempty"` // drained (drain.go): State is DeviceDrained, or a lease's that runs on
+
+	// A device that holds shares (npurun --mem): State is DeviceShared
+	// while it holds any, Shares are their leases in grant order, and
+	// Capacity (what shares may declare together: its memory less the
+	// margin), Declared and External (what processes outside any lease
+	// use) are in MiB; Capacity is 0 for a device not shared.
+	Shares   []LeaseInfo `json:"shares,omitempty"`
+	Capacity int64       `json:"capacity,omitempty"`
+	Declared int64       `json:"declared,omitempty"`
+	External int64       `json:"external,omitempty"`
 }
+
+// DeviceShared is the state of a device that holds shares.
+const DeviceShared = "shared"
 
 // LeaseInfo is a lease as the broker recorded its grant, joined with the
 // processes /proc shows holding it. Where the two disagree, Holders is
@@ -108,6 +121,15 @@ type LeaseInfo struct {
 	// The Slurm job holding it (KindSlurm), or the placeholder allocation
 	// its devices came from ([slurm] mode "allocate").
 	SlurmJob uint32 `json:"slurm_job,omitempty"`
+
+	// A share's: the memory it declared of each device, in MiB (0: a
+	// whole lease); what its processes use now and used at most, as the
+	// vendor's tool shows them (MiB); Over: it was seen over its
+	// declaration.
+	Mem  int64 `json:"mem,omitempty"`
+	Used int64 `json:"used,omitempty"`
+	Peak int64 `json:"peak,omitempty"`
+	Over bool  `json:"over,omitempty"`
 }
 
 // Holder is a process that holds a lease's lock descriptor.

@@ -112,19 +112,25 @@ const MaxTimeSec = 100 * 365 * 24 * 3600
 // The submitter's identity is never part of it: the broker takes it from
 // SO_PEERCRED.
 type Submission struct {
-	Argv     []string `json:"argv,omitempty"`  // run as given (-- CMD ARGS)
-	Shell    string   `json:"shell,omitempty"` // or: a string run by the submitter's shell (--run)
-	Cwd      string   `json:"cwd"`
-	Env      []string `json:"env"`
-	N        int      `json:"n,omitempty"`
-	Devices  []int    `json:"devices,omitempty"`
-	Pool     string   `json:"pool,omitempty"`
-	NoDevice bool     `json:"no_device,omitempty"`
-	TimeSec  int64    `json:"time_sec,omitempty"` // --time, seconds, at most MaxTimeSec; 0: the policy's
-	Name     string   `json:"name,omitempty"`
-	After    []uint64 `json:"after,omitempty"`
-	Log      string   `json:"log,omitempty"`   // absolute path; "" for the default
-	Umask    *uint32  `json:"umask,omitempty"` // the submitter's; nil: the supervisor's (an older task-submit)
+	Argv    []string `json:"argv,omitempty"`  // run as given (-- CMD ARGS)
+	Shell   string   `json:"shell,omitempty"` // or: a string run by the submitter's shell (--run)
+	Cwd     string   `json:"cwd"`
+	Env     []string `json:"env"`
+	N       int      `json:"n,omitempty"`
+	Devices []int    `json:"devices,omitempty"`
+	Pool    string   `json:"pool,omitempty"`
+	Mem     int64    `json:"mem,omitempty"` // a share of each device: the device memory declared, in MiB (--mem); 0: whole devices
+	// OOMRetries (--oom-retries) is how often a task that failed out of
+	// device memory is submitted again, its declaration raised; RetryOf,
+	// the broker's, is the task a retry retries.
+	OOMRetries int      `json:"oom_retries,omitempty"`
+	RetryOf    uint64   `json:"retry_of,omitempty"`
+	NoDevice   bool     `json:"no_device,omitempty"`
+	TimeSec    int64    `json:"time_sec,omitempty"` // --time, seconds, at most MaxTimeSec; 0: the policy's
+	Name       string   `json:"name,omitempty"`
+	After      []uint64 `json:"after,omitempty"`
+	Log        string   `json:"log,omitempty"`   // absolute path; "" for the default
+	Umask      *uint32  `json:"umask,omitempty"` // the submitter's; nil: the supervisor's (an older task-submit)
 	// Token, the client's, names this submission: a repeat of it (same
 	// user, same token) is answered with the task it made, if the broker
 	// keeps it, and makes no other. At most MaxToken bytes of printable
@@ -179,35 +185,39 @@ const MaxToken = 128
 // Cwd, Env and Log are left out for another user's task unless the asker
 // is root.
 type TaskInfo struct {
-	ID        uint64   `json:"id"`
-	User      string   `json:"user"`
-	UID       uint32   `json:"uid"`
-	Name      string   `json:"name,omitempty"`
-	State     string   `json:"state"`
-	Command   string   `json:"command,omitempty"`
-	Cwd       string   `json:"cwd,omitempty"`
-	Env       []string `json:"env,omitempty"`
-	Log       string   `json:"log,omitempty"`
-	N         int      `json:"n,omitempty"`
-	Pool      string   `json:"pool,omitempty"`
-	NoDevice  bool     `json:"no_device,omitempty"`
-	Devices   []int    `json:"devices,omitempty"` // granted, once running
-	After     []uint64 `json:"after,omitempty"`
-	TimeSec   int64    `json:"time_sec,omitempty"`
-	Position  int      `json:"position,omitempty"` // place in line while pending
-	Start     int64    `json:"start,omitempty"`    // while pending for devices: when it starts at the latest (Unix ms), by the time limits of what holds them and waits ahead; absent: unknown
-	Submitted int64    `json:"submitted"`          // Unix milliseconds
-	Started   int64    `json:"started,omitempty"`
-	Ended     int64    `json:"ended,omitempty"`
-	Exit      *int     `json:"exit,omitempty"`     // exit code, when it exited
-	Signal    string   `json:"signal,omitempty"`   // or the signal that ended it
-	Reason    string   `json:"reason,omitempty"`   // why it failed, was cancelled or lost
-	CPUMs     int64    `json:"cpu_ms,omitempty"`   // CPU time its processes used, where it had a control group
-	MemPeak   int64    `json:"mem_peak,omitempty"` // their peak memory in bytes, where the memory controller measured it
-	Token     string   `json:"token,omitempty"`    // its submission's token (the submitter's and root's to see)
-	Held      bool     `json:"held,omitempty"`     // waiting, held in its place: task-submit release lets it start
-	From      uint64   `json:"from,omitempty"`     // requeued from this ended task
-	Source    string   `json:"source,omitempty"`   // history: SourceAccounting for a task the broker keeps no more
+	ID         uint64   `json:"id"`
+	User       string   `json:"user"`
+	UID        uint32   `json:"uid"`
+	Name       string   `json:"name,omitempty"`
+	State      string   `json:"state"`
+	Command    string   `json:"command,omitempty"`
+	Cwd        string   `json:"cwd,omitempty"`
+	Env        []string `json:"env,omitempty"`
+	Log        string   `json:"log,omitempty"`
+	N          int      `json:"n,omitempty"`
+	Pool       string   `json:"pool,omitempty"`
+	Mem        int64    `json:"mem,omitempty"`         // a share of each device: the device memory declared, in MiB
+	OOMRetries int      `json:"oom_retries,omitempty"` // retries left after a failure out of device memory
+	RetryOf    uint64   `json:"retry_of,omitempty"`    // the task this one retries
+	NoDevice   bool     `json:"no_device,omitempty"`
+	Devices    []int    `json:"devices,omitempty"` // granted, once running
+	After      []uint64 `json:"after,omitempty"`
+	TimeSec    int64    `json:"time_sec,omitempty"`
+	Position   int      `json:"position,omitempty"` // place in line while pending
+	Start      int64    `json:"start,omitempty"`    // while pending for devices: when it starts at the latest (Unix ms), by the time limits of what holds them and waits ahead; absent: unknown
+	Submitted  int64    `json:"submitted"`          // Unix milliseconds
+	Started    int64    `json:"started,omitempty"`
+	Ended      int64    `json:"ended,omitempty"`
+	Exit       *int     `json:"exit,omitempty"`        // exit code, when it exited
+	Signal     string   `json:"signal,omitempty"`      // or the signal that ended it
+	Reason     string   `json:"reason,omitempty"`      // why it failed, was cancelled or lost
+	CPUMs      int64    `json:"cpu_ms,omitempty"`      // CPU time its processes used, where it had a control group
+	MemPeak    int64    `json:"mem_peak,omitempty"`    // their peak memory in bytes, where the memory controller measured it
+	DevPeak    int64    `json:"device_peak,omitempty"` // a share's: the most device memory its processes were seen to use, MiB
+	Token      string   `json:"token,omitempty"`       // its submission's token (the submitter's and root's to see)
+	Held       bool     `json:"held,omitempty"`        // waiting, held in its place: task-submit release lets it start
+	From       uint64   `json:"from,omitempty"`        // requeued from this ended task
+	Source     string   `json:"source,omitempty"`      // history: SourceAccounting for a task the broker keeps no more
 }
 
 // ExitStatus is the status a shell would give for the task: its exit
@@ -234,6 +244,12 @@ type Status struct {
 	// supervisor.
 	CPUMs   int64 `json:"cpu_ms,omitempty"`
 	MemPeak int64 `json:"mem_peak,omitempty"`
+	// A share's (--mem): the most device memory its processes were seen
+	// to use, in MiB, from the vendor's tool through the broker's scan.
+	DevicePeak int64 `json:"device_peak,omitempty"`
+	// OOM: the supervisor found an out-of-memory message of the device's
+	// runtime in the tail of the log its run wrote (supervisor.OOMMessages).
+	OOM bool `json:"oom,omitempty"`
 }
 
 // Spec is what the broker gives a task's supervisor on its standard input.

@@ -105,6 +105,7 @@ type Request struct {
 	Pool    string `json:"pool,omitempty"`    // pool to take them from; "" is the default pool
 	Devices []int  `json:"devices,omitempty"` // exactly these physical ids
 	NoWait  bool   `json:"no_wait,omitempty"` // fail with "busy" instead of queueing
+	Mem     int64  `json:"mem,omitempty"`     // a share of each device: the device memory declared, in MiB (npurun --mem); 0: whole devices
 
 	// sessions (and acquire on behalf of another user)
 	User    string `json:"user,omitempty"`    // the account asked for; only uid 0 may name one

@@ -49,6 +49,7 @@ type Request struct {
 	Devices []int  // exactly these (npurun --device)
 	Pool    string // "": the default pool
 	Limit   policy.Limit
+	Mem     int64 // a share of each device, of this much memory in MiB (share.go); 0: whole devices
 }
 
 // Admit checks a request against the devices, the pools and its holder's
@@ -109,6 +110,14 @@ func (t *Table) admit(pc *poolSet, r Request) (*Waiter, error) {
 		}
 		w.Cand = ids
 		w.External = pc.external[w.Pool] != ""
+	}
+	if r.Mem < 0 {
+		return nil, refuse(ErrBadRequest, "", "bad memory size %d", r.Mem)
+	}
+	if r.Mem > 0 {
+		if err := t.admitShare(w, r.Mem); err != nil {
+			return nil, err
+		}
 	}
 	if lim.MaxDevices > 0 && w.N > lim.MaxDevices {
 		return nil, refuse(ErrDenied, "", "%s asked, the limit for %s is %d held at once (%s)", quantity.Count(w.N, "device", "devices"), r.Holder.User, lim.MaxDevices, lim.Source)

@@ -19,10 +19,11 @@
 // Claim on the devices Slurm picked, outside the line's order, as is the
 // grant of a request of a pool whose devices an allocator outside the
 // table picks (Pool.External: it waits in line, reserving nothing, until
-// it is claimed for). A change is prepared for without reshaping this
-// API: a device that holds shares keeps a set of leases (device.leases,
-// Device.Leases: one whole lease today), each on a lock file of its own,
-// and Plan then sees room left instead of a free flag. A drained device
+// it is claimed for). A device the configuration shares (Config.Capacity)
+// holds one whole lease or shares (share.go): leases that each declared
+// some of its memory (Request.Mem), each on a fresh lock file of its own,
+// packed by Plan from the room each device has left (Room.Share), best
+// fit; Device.Leases lists them. A drained device
 // (Drain, Undrain: drain.go) is neither free for Plan nor leased: the
 // lease on it runs on, no new one is granted, a request that only it
 // could serve reserves nothing and is told why (Reason); the drains are

@@ -99,7 +99,12 @@ type freshLock struct {
 
 // prepareLock makes a fresh lock file beside path, under a name of its
 // own, locks it and opens it a second time.
-func prepareLock(path string) (*freshLock, error) {
+func prepareLock(path string) (*freshLock, error) { return prepareLockWith(path, nil) }
+
+// prepareLockWith is prepareLock writing content into the fresh file
+// first (a share's declaration), through a descriptor of its own that
+// nobody else gets: those handed out are read-only.
+func prepareLockWith(path string, content []byte) (*freshLock, error) {
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".new")
 	if err := unix.Unlink(tmp); err != nil && !errors.Is(err, unix.ENOENT) {
 		return nil, fmt.Errorf("make lock file %s: %w", tmp, err)
@@ -123,6 +128,12 @@ func prepareLock(path string) (*freshLock, error) {
 	if f.file, err = fileID(locked); err != nil {
 		f.discard()
 		return nil, fmt.Errorf("stat %s: %w", tmp, err)
+	}
+	if content != nil {
+		if err := writeTo(tmp, f.file, content); err != nil {
+			f.discard()
+			return nil, fmt.Errorf("write %s: %w", tmp, err)
+		}
 	}
 	// The spare is a second open of the same file, a new open file that
 	// shares no lock with the first: opened by its name, and checked to be
@@ -172,6 +183,28 @@ func reopen(path string, file FileID) (int, error) {
 		return -1, errReplaced
 	}
 	return fd, nil
+}
+
+// writeTo writes content to the file at path, never following a link,
+// once it has checked that it is file.
+func writeTo(path string, file FileID, content []byte) error {
+	var fd int
+	var err error
+	for {
+		fd, err = unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if got, err := fileID(fd); err != nil || got != file {
+		return errReplaced
+	}
+	_, err = unix.Write(fd, content)
+	return err
 }
 
 func closeFD(fd int) {

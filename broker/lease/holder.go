@@ -86,6 +86,13 @@ type Lease struct {
 	Files   []FileID // the lock files, in the order of Devices
 	Since   time.Time
 	Adopted bool // held since before this broker's start
+	// Mem is what a share declared of each of its devices, in MiB; 0
+	// for a whole lease (share.go).
+	Mem int64
+	// Share is what a share weighs in accounting: Mem over what its
+	// device's shares may declare together (Device.Capacity), at most 1,
+	// of the first of Devices; 0 for a whole lease, which weighs 1.
+	Share float64
 }
 
 // FileOf returns the lock file of device id in l.

@@ -14,6 +14,7 @@ import (
 type Waiter struct {
 	Holder        // who asks: the grant's holder
 	N      int    // devices wanted
+	Mem    int64  // a share of each (share.go): the device memory it declares, in MiB; 0: whole devices
 	Cand   []int  // devices it may take, ascending: its pool's, or the explicit ones
 	Exact  bool   // it wants exactly Cand (npurun --device)
 	Held   bool   // keeps its place but is skipped, reserving nothing (a task whose start must wait); in a Table, set by Hold
@@ -192,6 +193,11 @@ type Room struct {
 	// waiter whose devices not drained are fewer than it wants waits for
 	// an undrain, and reserves nothing meanwhile. nil: none is.
 	Drained []bool
+
+	// Share[id] is the memory, in MiB, device id has left for a new
+	// share; below 0 where it can take none now (not shared, leased
+	// whole, drained, out of service). nil: no device is shared.
+	Share []int64
 }
 
 // drainBlocked tells whether w waits for a drained device: fewer of its
@@ -220,6 +226,17 @@ func (w *Waiter) drainBlocked(drained []bool) bool {
 // one, nor an external one (Table.Claim serves it), nor one that waits
 // for a drained device (Room.Drained): it would keep the others' devices
 // for as long as the drain lasts.
+//
+// A share (Waiter.Mem) goes where it fits best: on each of its devices,
+// the candidate with the least room left that holds it, so that large
+// free spaces stay whole; a free device is a candidate for shares too. A
+// waiter that cannot be served closes devices to new shares as it
+// reserves free ones: a whole-device waiter, beyond the free devices it
+// reserves, as many of its devices with shares as it still lacks (those
+// with the least declared: the first to empty); the first share in line
+// that waits (the head: EASY backfilling; the shares behind it fill the
+// rest), the device with most room of those it could use. So a stream of
+// shares serves a waiter ahead of it within one round.
 func Plan(order []*Waiter, free []bool, room Room) []Grant {
 	avail := make([]bool, len(free))
 	n := 0
@@ -229,10 +246,18 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 			n++
 		}
 	}
+	shareRoom := slices.Clone(room.Share)
+	shares := 0 // devices that may take a share now
+	for _, r := range shareRoom {
+		if r >= 0 {
+			shares++
+		}
+	}
 	var used, started map[uint32]int
 	var grants []Grant
+	shareHeld := false // a share waiting keeps a device already
 	for _, w := range order {
-		if n == 0 {
+		if n == 0 && shares == 0 {
 			break
 		}
 		if w.Held || w.External || w.drainBlocked(room.Drained) {
@@ -245,18 +270,39 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 			continue
 		}
 		var got []int
-		for _, id := range w.Cand {
-			if id < len(avail) && avail[id] {
-				got = append(got, id)
-				if len(got) == w.N && !w.Exact {
-					break
+		if w.Mem > 0 {
+			got = placeShares(w, shareRoom)
+		} else {
+			for _, id := range w.Cand {
+				if id < len(avail) && avail[id] {
+					got = append(got, id)
+					if len(got) == w.N && !w.Exact {
+						break
+					}
 				}
 			}
 		}
 		ok := len(got) == w.N && (!w.Exact || len(got) == len(w.Cand))
 		for _, id := range got {
-			avail[id] = false // taken, or reserved by a waiter ahead
-			n--
+			if avail[id] {
+				avail[id] = false // taken, or reserved by a waiter ahead
+				n--
+			}
+			switch {
+			case shareRoom == nil || shareRoom[id] < 0:
+			case ok && w.Mem > 0:
+				shareRoom[id] -= w.Mem
+			default: // leased whole, or reserved: closed to shares
+				shareRoom[id] = -1
+				shares--
+			}
+		}
+		if !ok && shareRoom != nil && (w.Mem == 0 || !shareHeld) {
+			// A whole-device waiter keeps what it waits for, as any; of
+			// the shares, the first that waits only (the head: EASY
+			// backfilling), so that the shares behind it fill the rest.
+			shares -= closeToShares(w, len(got), shareRoom, avail, &n)
+			shareHeld = shareHeld || w.Mem > 0
 		}
 		if ok {
 			grants = append(grants, Grant{W: w, Devices: got})
@@ -275,4 +321,66 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 		}
 	}
 	return grants
+}
+
+// placeShares picks, for share waiter w, a device for each share it
+// wants by best fit: of its candidates that can take a share of w.Mem,
+// the one with the least room; of the same room, the lowest id. An exact
+// request takes all its candidates or none.
+func placeShares(w *Waiter, shareRoom []int64) []int {
+	if w.Exact {
+		for _, id := range w.Cand {
+			if id >= len(shareRoom) || shareRoom[id] < w.Mem {
+				return nil
+			}
+		}
+		return slices.Clone(w.Cand)
+	}
+	var got []int
+	for len(got) < w.N {
+		best := -1
+		for _, id := range w.Cand {
+			if id >= len(shareRoom) || shareRoom[id] < w.Mem || slices.Contains(got, id) {
+				continue
+			}
+			if best < 0 || shareRoom[id] < shareRoom[best] {
+				best = id
+			}
+		}
+		if best < 0 {
+			break
+		}
+		got = append(got, best)
+	}
+	return got
+}
+
+// closeToShares closes to new shares the devices waiter w, not served,
+// would take first beyond the have it took or reserved: for a share,
+// those with most room; for a whole-device waiter, those with shares
+// whose declarations leave most room (they empty first). Free ones among
+// them are reserved (avail, n). It returns how many it closed.
+func closeToShares(w *Waiter, have int, shareRoom []int64, avail []bool, n *int) int {
+	closed := 0
+	for ; have < w.N; have++ {
+		best := -1
+		for _, id := range w.Cand {
+			if id >= len(shareRoom) || shareRoom[id] < 0 {
+				continue
+			}
+			if best < 0 || shareRoom[id] > shareRoom[best] {
+				best = id
+			}
+		}
+		if best < 0 {
+			break
+		}
+		shareRoom[best] = -1
+		closed++
+		if avail[best] {
+			avail[best] = false
+			*n--
+		}
+	}
+	return closed
 }

@@ -28,14 +28,14 @@ type Gate interface {
 	// it holding its own lock.
 	Allow(uid uint32, ids []int) error
 	// Revoke closes device id to the accounts whose lease of it has
-	// ended, or that a grant not delivered opened it to. One quick try,
-	// as Allow.
-	Revoke(id int) error
+	// ended, or that a grant not delivered opened it to, but for keep:
+	// the users of the shares it holds still. One quick try, as Allow.
+	Revoke(id int, keep []uint32) error
 	// Close closes device id, however long that takes: it returns once
 	// Revoke has succeeded (failed is why a try made already failed, nil
 	// if none was made). The table calls it holding no lock, from the
-	// device's own goroutine.
-	Close(id int, failed error)
+	// device's own goroutine (a share's, for a device of shares).
+	Close(id int, keep []uint32, failed error)
 }
 
 // Owner is the table's owner, told of what the table does on its own. The
@@ -81,6 +81,10 @@ type Config struct {
 	// (drain.go): read by Open, written on each drain and undrain; ""
 	// keeps them in memory only.
 	DrainFile string
+	// Capacity names the devices that may hold shares (share.go), with
+	// the memory their shares may declare together, in MiB: the
+	// device's capacity less the margin kept free.
+	Capacity map[int]int64
 	// External, if not nil, is woken (a send that never waits) when a
 	// request of an external pool joins or leaves the line: its
 	// allocator's agent looks at Externals.
@@ -104,6 +108,8 @@ type Table struct {
 	repeat    func(format string, args ...any)
 	ids       []int
 	drainFile string
+	dir       string
+	sharing   bool // some device may hold shares
 
 	// pc is the pools, read without a lock (Admit, PoolName, PoolOf) and
 	// replaced, never changed, by Reconfigure under mu.
@@ -122,11 +128,10 @@ type Table struct {
 	wake   chan<- struct{}
 }
 
-// device is one accelerator: its lock file and who holds it. A device
-// holds a set of leases: one whole lease today. A device of shares would
-// hold several, each with a lock file of its own, free while its capacity
-// allows one more; Plan would then see room, not a free flag, and nothing
-// else of this API changes shape.
+// device is one accelerator: its lock file and who holds it: one whole
+// lease on that file, or, on a device that may be shared, shares, each on
+// a lock file of its own (share.go), while the device's own file stays
+// the table's.
 type device struct {
 	id    int
 	path  string
@@ -146,10 +151,21 @@ type device struct {
 	// moment flock returns (before the table records the end); nil while
 	// it waits on a lease.
 	ended atomic.Pointer[FileID]
+
+	// Shares (share.go): capacity is what shares may declare on it
+	// together, in MiB (0: not shared); external what processes outside
+	// any lease use there; closing counts the ended shares whose gate
+	// is closing the device meanwhile (no new share until it has).
+	capacity int64
+	shares   []*share
+	external int64
+	closing  int
 }
 
 // free tells whether d can be granted now.
-func (d *device) free() bool { return d.fd >= 0 && d.granting == nil && d.drain == nil }
+func (d *device) free() bool {
+	return d.fd >= 0 && d.granting == nil && d.drain == nil && len(d.shares) == 0 && d.closing == 0
+}
 
 // Open opens the lock table: the lock directory, and each device's lock
 // file, tried without blocking. A device whose lock is taken is held by a
@@ -157,7 +173,7 @@ func (d *device) free() bool { return d.fd >= 0 && d.granting == nil && d.drain 
 // what it knows of them. Nothing is in service until Start.
 func Open(c Config) (*Table, error) {
 	t := &Table{vendor: c.Vendor, gate: c.Gate, owner: c.Owner, log: c.Log, repeat: c.Repeat,
-		ids: slices.Clone(c.IDs), drainFile: c.DrainFile, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External}
+		ids: slices.Clone(c.IDs), drainFile: c.DrainFile, dir: c.Dir, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External}
 	if t.log == nil {
 		t.log = log.New(discard{}, "", 0)
 	}
@@ -181,7 +197,8 @@ func Open(c Config) (*Table, error) {
 	}
 	t.devs = make([]*device, maxID+1)
 	for _, id := range t.ids {
-		d := &device{id: id, path: LockPath(c.Dir, id), fd: -1, spare: -1, watch: make(chan int, 1)}
+		d := &device{id: id, path: LockPath(c.Dir, id), fd: -1, spare: -1, watch: make(chan int, 1), capacity: c.Capacity[id]}
+		t.sharing = t.sharing || d.capacity > 0
 		fd, isFree, err := tryLock(d.path)
 		if err != nil {
 			t.closeAll()
@@ -198,6 +215,10 @@ func Open(c Config) (*Table, error) {
 			t.log.Printf("npu %d: lock file: %v; its holders will not be found", id, err)
 		}
 	}
+	if err := t.findShares(c.Dir); err != nil {
+		t.closeAll()
+		return nil, err
+	}
 	drains, err := t.readDrains(c.DrainFile)
 	if err != nil {
 		t.closeAll()
@@ -209,6 +230,9 @@ func Open(c Config) (*Table, error) {
 	}
 	for _, id := range t.ids {
 		go t.watch(t.devs[id])
+		for _, s := range t.devs[id].shares {
+			go t.watchShare(t.devs[id], s)
+		}
 	}
 	return t, nil
 }
@@ -222,6 +246,13 @@ func (t *Table) closeAll() {
 	}
 	for _, fd := range t.found {
 		closeFD(fd)
+	}
+	for _, d := range t.devs {
+		if d != nil {
+			for _, s := range d.shares {
+				closeFD(s.spare)
+			}
+		}
 	}
 }
 
@@ -318,7 +349,7 @@ func (t *Table) Start(closed map[int]error) {
 		old := old[id]
 		if err := closed[id]; err != nil && t.gate != nil {
 			go func() {
-				t.gate.Close(id, err)
+				t.gate.Close(id, nil, err)
 				t.renew(d, old, nil)
 			}()
 			continue
@@ -362,7 +393,7 @@ func (t *Table) watch(d *device) {
 			t.owner.Released(l, d.id, now, last[i])
 		}
 		if t.gate != nil {
-			t.gate.Close(d.id, nil) // before the device can be granted again; fail closed: granted to nobody meanwhile
+			t.gate.Close(d.id, nil, nil) // before the device can be granted again; fail closed: granted to nobody meanwhile
 		}
 		t.renew(d, fd, next)
 	}
@@ -478,8 +509,21 @@ func (t *Table) Ended(id int, file FileID) bool {
 	if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
 		return false
 	}
-	e := t.devs[id].ended.Load()
-	return e != nil && *e == file
+	d := t.devs[id]
+	if e := d.ended.Load(); e != nil && *e == file {
+		return true
+	}
+	if d.capacity <= 0 {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range d.shares {
+		if s.file == file {
+			return s.ended.Load()
+		}
+	}
+	return false
 }
 
 // The line.
@@ -763,7 +807,12 @@ type Handover struct {
 	freed  []time.Time // when each device's last lease ended
 	opened bool        // the gate was asked to open the devices
 	done   bool
+	shares []*share // a share's handover (W.Mem > 0): its share of each device
 }
+
+// Mem is what a share's handover declared on each device, in MiB; 0 for
+// a whole lease.
+func (h *Handover) Mem() int64 { return h.W.Mem }
 
 // Files are the lock files of FDs, in the order of Devices.
 func (h *Handover) Files() []FileID { return h.files }
@@ -782,16 +831,46 @@ func (h *Handover) Freed(i int) time.Time { return h.freed[i] }
 // running is the owner's count of each user's running tasks (their
 // max_running).
 func (t *Table) Schedule(running map[uint32]int) []*Handover {
+	hs := t.scheduleLocked(running)
+	// A share's lock file is made for it now, holding no lock.
+	out := hs[:0]
+	for _, h := range hs {
+		if h.shares == nil {
+			out = append(out, h)
+			continue
+		}
+		if err := t.makeShareFiles(h); err != nil {
+			t.repeat("%v; the request waits", err)
+			t.dropShares(h)
+			t.Readd(h.W)
+			continue
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+func (t *Table) scheduleLocked(running map[uint32]int) []*Handover {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.nfree == 0 || t.q.Len() == 0 {
+	if t.nfree == 0 && !t.sharing || t.q.Len() == 0 {
 		return nil
 	}
 	free := make([]bool, len(t.devs))
 	for id, d := range t.devs {
 		free[id] = d != nil && d.free()
 	}
-	grants := Plan(t.q.Waiters(), free, t.roomLocked(t.q, running))
+	room := t.roomLocked(t.q, running)
+	if t.sharing {
+		room.Share = make([]int64, len(t.devs))
+		for id, d := range t.devs {
+			room.Share[id] = -1
+			if d != nil {
+				room.Share[id] = d.shareRoom()
+			}
+		}
+	}
+	grants := Plan(t.q.Waiters(), free, room)
 	if len(grants) == 0 {
 		return nil
 	}
@@ -800,6 +879,18 @@ func (t *Table) Schedule(running map[uint32]int) []*Handover {
 		t.removeLocked(g.W, true)
 		h := &Handover{W: g.W, Devices: g.Devices, fds: make([]int, len(g.Devices)),
 			files: make([]FileID, len(g.Devices)), freed: make([]time.Time, len(g.Devices))}
+		if g.W.Mem > 0 {
+			h.shares = make([]*share, len(g.Devices))
+			for j, id := range g.Devices {
+				d := t.devs[id]
+				k := d.freeSlot()
+				s := &share{h: h, uid: g.W.UID, slot: k, mem: g.W.Mem, path: SharePath(t.dir, id, k), fd: -1, spare: -1}
+				d.shares = append(d.shares, s)
+				h.shares[j], h.fds[j], h.freed[j] = s, -1, d.freed
+			}
+			hs[i] = h
+			continue
+		}
 		for j, id := range g.Devices {
 			d := t.devs[id]
 			h.fds[j], h.files[j], h.freed[j] = d.fd, d.file, d.freed
@@ -896,11 +987,27 @@ func (t *Table) Commit(h *Handover) *Lease {
 	}
 	h.done = true
 	now := time.Now()
-	l := &Lease{Holder: h.W.Holder, Pool: h.W.Pool, Devices: slices.Clone(h.Devices), Files: h.files, Since: now}
+	l := &Lease{Holder: h.W.Holder, Pool: h.W.Pool, Devices: slices.Clone(h.Devices), Files: h.files, Since: now, Mem: h.W.Mem}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l.ID = t.newIDLocked(now)
 	counted := counts(l.Kind)
+	if h.shares != nil {
+		if c := t.devs[h.Devices[0]].capacity; c > 0 {
+			l.Share = min(float64(l.Mem)/float64(c), 1)
+		}
+		for i, id := range h.Devices {
+			d, s := t.devs[id], h.shares[i]
+			s.lease, s.h, s.fd = l, nil, -1 // the owner closes the locked descriptor once delivered
+			d.leases = append(d.leases, l)
+			d.freed = time.Time{}
+			go t.watchShare(d, s)
+		}
+		if counted {
+			t.held[l.UID] += len(h.Devices)
+		}
+		return l
+	}
 	for _, id := range h.Devices {
 		d := t.devs[id]
 		d.granting = nil
@@ -937,10 +1044,14 @@ func (t *Table) Return(h *Handover) {
 		panic("lease: handover committed or returned twice")
 	}
 	h.done = true
+	if h.shares != nil {
+		t.returnShares(h)
+		return
+	}
 	var failed map[int]error
 	if h.opened {
 		for _, id := range h.Devices {
-			if err := t.gate.Revoke(id); err != nil {
+			if err := t.gate.Revoke(id, nil); err != nil {
 				if failed == nil {
 					failed = map[int]error{}
 				}
@@ -969,7 +1080,7 @@ func (t *Table) Return(h *Handover) {
 // grant that was not delivered opened it; closing failed with err): its
 // lock file, locked at fd and never handed out, serves again once it is.
 func (t *Table) holdOut(d *device, fd int, err error) {
-	t.gate.Close(d.id, err)
+	t.gate.Close(d.id, nil, err)
 	t.mu.Lock()
 	d.fd = fd
 	t.nfree++
@@ -1000,6 +1111,11 @@ type Device struct {
 	Freed  time.Time // when its last lease ended; zero if it has not since its grant
 	File   FileID    // its current lock file
 	Drain  *Drain    // drained: why, by whom, since when (in any State: a lease that held it when it was drained runs on)
+
+	// Capacity is what shares may declare on it together, in MiB (its
+	// memory less the margin); 0: it is not shared. Declared is what its
+	// shares declared, External what processes outside any lease use.
+	Capacity, Declared, External int64
 }
 
 // Snapshot is a copy of the table for status: the devices in id order and
@@ -1023,7 +1139,7 @@ func (t *Table) Snapshot() Snapshot {
 	at := map[int]int{} // id -> index in s.Devices
 	for _, id := range t.ids {
 		d := t.devs[id]
-		sd := Device{ID: id, Pool: t.pc.Load().poolOf[id], Freed: d.freed, File: d.file}
+		sd := Device{ID: id, Pool: t.pc.Load().poolOf[id], Freed: d.freed, File: d.file, Capacity: d.capacity, Declared: d.declared(), External: d.external}
 		if d.drain != nil {
 			dr := *d.drain
 			sd.Drain = &dr
@@ -1033,6 +1149,8 @@ func (t *Table) Snapshot() Snapshot {
 			sd.State, sd.Leases = Leased, slices.Clone(d.leases)
 		case d.granting != nil:
 			sd.State, sd.For = Granting, d.granting.W
+		case len(d.shares) > 0 && d.shares[0].h != nil:
+			sd.State, sd.For = Granting, d.shares[0].h.W
 		case d.drain != nil:
 			sd.State = Drained
 		case d.free():

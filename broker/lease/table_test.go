@@ -597,7 +597,7 @@ func (g *gate) Allow(uid uint32, ids []int) error {
 	return nil
 }
 
-func (g *gate) Revoke(id int) error {
+func (g *gate) Revoke(id int, _ []uint32) error {
 	g.note(fmt.Sprintf("revoke %d", id))
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -607,7 +607,7 @@ func (g *gate) Revoke(id int) error {
 	return nil
 }
 
-func (g *gate) Close(id int, failed error) {
+func (g *gate) Close(id int, _ []uint32, failed error) {
 	g.note(fmt.Sprintf("close %d %v", id, failed != nil))
 	g.entered <- id
 	g.mu.Lock()

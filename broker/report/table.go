@@ -27,10 +27,30 @@ import (
 //	  npu7   erin   777   python hack.py   /dev/davinci7 open without a lease for 3m
 //	DRAINED
 //	  npu14  by root since 2026-11-26 09:50  ECC errors
+//
+// Where a device holds shares (npurun --mem), a MEM column says what each
+// share declared and what it uses, as the vendor's tool shows it, and
+// each share has a row of its own under its device's:
+//
+//	DEVICE  POOL   STATE     USER   PID   COMMAND          MEM                SINCE
+//	npu3    share  3 shares  alice  4121  python eval.py   12G / 9.8G         3m
+//	                         bob    5120  python serve.py  16G / 15.1G        2h
+//	                         carol  5200  python ft.py     12G / 13.9G  over! 40m
 func Table(b *client.Board, width int, now time.Time) string {
-	rows := [][]string{{"DEVICE", "POOL", "STATE", "USER", "PID", "COMMAND", "SINCE"}}
+	shared := false
 	for _, d := range b.Devices {
-		rows = append(rows, deviceRow(b, d, now))
+		shared = shared || d.Capacity > 0
+	}
+	rows := [][]string{{"DEVICE", "POOL", "STATE", "USER", "PID", "COMMAND", "SINCE"}}
+	if shared {
+		rows[0] = []string{"DEVICE", "POOL", "STATE", "USER", "PID", "COMMAND", "MEM", "SINCE"}
+	}
+	for _, d := range b.Devices {
+		if !shared {
+			rows = append(rows, deviceRow(b, d, now))
+			continue
+		}
+		rows = append(rows, shareRows(b, d, now)...)
 	}
 	var out strings.Builder
 	writeColumns(&out, rows, 5, width)
@@ -352,4 +372,45 @@ func Printable(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// shareRows are the rows of device d on a board with shared devices: its
+// own row with a MEM column (what its shares declared of what they may),
+// or, where it holds shares, one row for each, the first on the device's.
+func shareRows(b *client.Board, d client.DeviceState, now time.Time) [][]string {
+	if len(d.Shares) == 0 {
+		row := deviceRow(b, d, now)
+		mem := ""
+		if d.Capacity > 0 && d.Lease == nil {
+			mem = quantity.Size(d.Capacity) + " free"
+			if d.External > 0 {
+				mem = quantity.Size(max(d.Capacity-d.External, 0)) + " free"
+			}
+		}
+		return [][]string{append(row[:len(row)-1:len(row)-1], mem, row[len(row)-1])}
+	}
+	var rows [][]string
+	for i := range d.Shares {
+		l := &d.Shares[i]
+		one := d
+		one.Shares, one.Lease, one.ReservedFor, one.Since = nil, l, nil, l.Since
+		row := deviceRow(b, one, now)
+		if i == 0 {
+			row[2] = quantity.Count(len(d.Shares), "share", "shares")
+			if d.Drain != nil {
+				row[2] += ", drained"
+			}
+		} else {
+			row[0], row[1], row[2] = "", "", ""
+		}
+		mem := quantity.Size(l.Mem)
+		if l.Used > 0 || l.Peak > 0 {
+			mem += " / " + quantity.Size(l.Used)
+		}
+		if l.Over {
+			mem += "  over!"
+		}
+		rows = append(rows, append(row[:len(row)-1:len(row)-1], mem, row[len(row)-1]))
+	}
+	return rows
 }

@@ -107,6 +107,16 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 			ds.Lease = leaseInfo(newEntry(d.Leases[0]), id, show)
 		}
 		g.nameContainersLocked(ds.Lease, show)
+		if d.Capacity > 0 {
+			ds.Capacity, ds.Declared, ds.External = d.Capacity, d.Declared, d.External
+			for _, e := range g.shares[id] {
+				ds.Shares = append(ds.Shares, *leaseInfo(e, id, show))
+			}
+			if len(ds.Shares) > 0 {
+				ds.State = client.DeviceShared
+				ds.Since = ds.Shares[0].Since
+			}
+		}
 		if w := reserved[id]; w != nil {
 			wi := waiterInfo(w, 0, why[w])
 			ds.ReservedFor = &wi
@@ -224,7 +234,10 @@ func (g *Ledger) deviceName(id int) string {
 func leaseInfo(e *entry, id int, show func(uint32) bool) *client.LeaseInfo {
 	li := &client.LeaseInfo{ID: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, PID: e.pid, Task: e.Task,
 		Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed, Devices: e.Devices, Since: e.Since.UnixMilli(), Adopted: e.Adopted,
-		SlurmJob: e.SlurmJob, Container: e.container}
+		SlurmJob: e.SlurmJob, Container: e.container, Mem: e.Mem}
+	if m := e.mem; m != nil {
+		li.Used, li.Peak, li.Over = m.used, m.peak, m.over
+	}
 	li.Holders, li.MoreHolders = holdersInfo(e, id, show)
 	if !e.checked.IsZero() {
 		li.Checked = e.checked.UnixMilli()

@@ -116,7 +116,7 @@ func (g *Ledger) Refresh() {
 					found[id] = append(found[id], h)
 				}
 			}
-			if len(found[id]) == 0 && g.leases[id] == e {
+			if len(found[id]) == 0 && g.holdsLocked(id, e) {
 				lost = true // held, but not by anyone known: a full scan will tell
 			}
 		}

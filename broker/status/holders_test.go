@@ -66,7 +66,7 @@ func BenchmarkSetHolders(b *testing.B) {
 // needs), logging nowhere.
 func testLedger(inv *npu.Inventory, cfg *policy.Config) *Ledger {
 	g := &Ledger{inv: inv, log: log.New(io.Discard, "", 0), nodes: map[uint64]npu.Node{},
-		leases: map[int]*entry{}, early: map[*lease.Lease][]ended{}, seen: map[useKey]*use{}, streaks: map[streakKey]*streak{},
+		leases: map[int]*entry{}, shares: map[int][]*entry{}, early: map[*lease.Lease][]ended{}, seen: map[useKey]*use{}, streaks: map[streakKey]*streak{},
 		logLimit: logLimit{}, sums: usageSums{}, kick: make(chan struct{}, 1)}
 	g.cfg.Store(cfg)
 	return g

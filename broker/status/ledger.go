@@ -43,6 +43,9 @@ type Table interface {
 	// Reason says why w waits beyond its turn (its user's cap), if it
 	// does.
 	Reason(w *lease.Waiter) string
+	// SetExternal tells the table what processes outside any lease use
+	// of device id, in MiB, to count against its room for shares.
+	SetExternal(id int, mib int64)
 }
 
 // Tasks is what the ledger reads of the tasks: read-only, each call
@@ -79,6 +82,10 @@ type Adopter interface {
 	NewID() uint64
 	PoolOf(id int) string
 	Adopt(l *lease.Lease) error
+	// AdoptShare puts l, the record of a share found held at start
+	// (Snapshot's found), in found's place: same device, file and
+	// declaration, and who holds it as the accounting log says.
+	AdoptShare(found, l *lease.Lease) error
 }
 
 // Config configures a Ledger.
@@ -136,7 +143,12 @@ type Ledger struct {
 	logLimit logLimit
 
 	mu        sync.Mutex
-	leases    map[int]*entry           // by device id, while held
+	leases    map[int]*entry           // by device id, while held: whole leases
+	shares    map[int][]*entry         // by device id, while held: the shares of a device (lease.Lease.Mem), in grant order
+	extPeak   map[int]map[int]int64    // device -> pid -> MiB: the peak of each process outside any lease on a shared device (memory.go)
+	extSet    map[int]int64            // device -> MiB: what the table was told of outside use
+	capacity  map[int]int64            // device -> what its shares may declare, MiB: from Open's snapshot
+	taskPeaks map[uint64]int64         // task id -> the peak of its share, once ended (memory.go)
 	early     map[*lease.Lease][]ended // ends heard before their lease's start (Ended)
 	refreshed time.Time                // when the holders were last looked at
 	notes     []string                 // log lines said under mu, logged by unlock
@@ -176,6 +188,8 @@ type entry struct {
 	// re-kinds an inline lease (contained; containers.go)
 	container *client.ContainerRef
 	contained bool
+
+	mem *memUse // a share's use of its device's memory, as the vendor's tool showed it (memory.go)
 }
 
 // ended is a device's end heard before its lease's start.
@@ -226,7 +240,7 @@ func (e *entry) fileOf(id int) (procscan.FileID, bool) {
 func Open(c Config, held map[int]lease.FileID, adopter Adopter) *Ledger {
 	g := &Ledger{inv: c.Inventory, log: c.Log, repeat: c.Repeat, table: c.Table, tasks: c.Tasks,
 		account: c.Account, scanner: c.Scanner, nodes: map[uint64]npu.Node{}, kick: make(chan struct{}, 1),
-		leases: map[int]*entry{}, early: map[*lease.Lease][]ended{}, seen: map[useKey]*use{},
+		leases: map[int]*entry{}, shares: map[int][]*entry{}, early: map[*lease.Lease][]ended{}, seen: map[useKey]*use{},
 		streaks: map[streakKey]*streak{}, logLimit: logLimit{}, sums: usageSums{}}
 	g.cfg.Store(c.Policy)
 	if g.repeat == nil {
@@ -257,6 +271,12 @@ func Open(c Config, held map[int]lease.FileID, adopter Adopter) *Ledger {
 		adopter.NoteID(r.Lease)
 	}
 	g.adoptLeases(openLeases(recs), held, adopter, c.Jobs)
+	g.capacity = map[int]int64{}
+	for _, d := range g.table.Snapshot().Devices {
+		if d.Capacity > 0 {
+			g.capacity[d.ID] = d.Capacity
+		}
+	}
 	go g.usage.run()
 	go g.sumLoop()
 	go g.scanLoop()
@@ -308,7 +328,7 @@ func (g *Ledger) Started(l *lease.Lease, h *lease.Handover) {
 	delete(g.early, l)
 	for _, id := range l.Devices {
 		if !slices.ContainsFunc(ends, func(x ended) bool { return x.id == id }) {
-			g.leases[id] = e
+			g.putLocked(id, e)
 		}
 	}
 	for _, x := range ends {
@@ -324,8 +344,8 @@ func (g *Ledger) Started(l *lease.Lease, h *lease.Handover) {
 func (g *Ledger) Ended(l *lease.Lease, id int, at time.Time) {
 	g.mu.Lock()
 	defer g.unlock()
-	e := g.leases[id]
-	if e == nil || e.Lease != l {
+	e := g.heldLocked(id, l)
+	if e == nil {
 		if len(g.early) < maxEarly || g.early[l] != nil {
 			g.early[l] = append(g.early[l], ended{id: id, at: at})
 		}
@@ -336,12 +356,15 @@ func (g *Ledger) Ended(l *lease.Lease, id int, at time.Time) {
 
 // endLocked records the end of device id of e at now.
 func (g *Ledger) endLocked(e *entry, id int, now time.Time) {
-	if g.leases[id] == e {
-		delete(g.leases, id)
-	}
+	g.dropLocked(id, e)
 	delete(e.held, id)
+	g.notePeakLocked(e)
 	if e.logged {
-		g.usage.add(usageRec{T: now.UnixMilli(), Ev: "end", Lease: e.ID, Device: &id, How: endReleased, DurMS: now.Sub(e.Since).Milliseconds()})
+		rec := usageRec{T: now.UnixMilli(), Ev: "end", Lease: e.ID, Device: &id, How: endReleased, DurMS: now.Sub(e.Since).Milliseconds()}
+		if e.mem != nil {
+			rec.Peak = e.mem.peak
+		}
+		g.usage.add(rec)
 	} else {
 		g.sums.add(e, now)
 	}
@@ -352,7 +375,7 @@ func (g *Ledger) endLocked(e *entry, id int, now time.Time) {
 func (e *entry) record(ev string) usageRec {
 	r := usageRec{T: e.Since.UnixMilli(), Ev: ev, Lease: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, Pool: e.Pool,
 		Devices: e.Devices, Task: e.Task, PID: e.pid, PIDStart: e.pidStart, Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed,
-		SlurmJob: e.SlurmJob, Container: e.container}
+		SlurmJob: e.SlurmJob, Container: e.container, Mem: e.Mem, Share: e.Share}
 	for _, f := range e.files {
 		r.FSDev = f.Dev
 		r.Inodes = append(r.Inodes, f.Ino)
@@ -364,11 +387,53 @@ func (e *entry) record(ev string) usageRec {
 // is held; nil once none is.
 func (g *Ledger) entryLocked(l *lease.Lease) *entry {
 	for _, id := range l.Devices {
-		if e := g.leases[id]; e != nil && e.Lease == l {
+		if e := g.heldLocked(id, l); e != nil {
 			return e
 		}
 	}
 	return nil
+}
+
+// heldLocked is the entry of lease l on device id: its whole lease or one
+// of its shares; nil if l holds it not (or no more).
+func (g *Ledger) heldLocked(id int, l *lease.Lease) *entry {
+	if e := g.leases[id]; e != nil && e.Lease == l {
+		return e
+	}
+	for _, e := range g.shares[id] {
+		if e.Lease == l {
+			return e
+		}
+	}
+	return nil
+}
+
+// putLocked records e as held on device id: its whole lease, or a share.
+func (g *Ledger) putLocked(id int, e *entry) {
+	if e.Mem > 0 {
+		if !slices.Contains(g.shares[id], e) {
+			g.shares[id] = append(g.shares[id], e)
+		}
+		return
+	}
+	g.leases[id] = e
+}
+
+// dropLocked records that e holds device id no more.
+func (g *Ledger) dropLocked(id int, e *entry) {
+	if g.leases[id] == e {
+		delete(g.leases, id)
+	}
+	if i := slices.Index(g.shares[id], e); i >= 0 {
+		if g.shares[id] = slices.Delete(g.shares[id], i, i+1); len(g.shares[id]) == 0 {
+			delete(g.shares, id)
+		}
+	}
+}
+
+// holdsLocked tells whether e holds device id, whole or as a share.
+func (g *Ledger) holdsLocked(id int, e *entry) bool {
+	return g.leases[id] == e || slices.Contains(g.shares[id], e)
 }
 
 // FirstHolder notes process pid, started at start, as lease l's first
@@ -429,6 +494,11 @@ func (g *Ledger) uniqueLocked() []*entry {
 		if e := g.leases[id]; e != nil && !slices.Contains(out, e) {
 			out = append(out, e)
 		}
+		for _, e := range g.shares[id] {
+			if !slices.Contains(out, e) {
+				out = append(out, e)
+			}
+		}
 	}
 	return out
 }
@@ -482,6 +552,7 @@ func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 			g.log.Printf("npu %d: lease of %s (%s) from before this start goes on", id, l.User, kindName(e))
 		}
 	}
+	g.adoptShares(byFile, a) // before the ends of the leases gone: a share held is not
 	for _, ol := range open {
 		for _, id := range slices.Sorted(maps.Keys(ol.held)) {
 			id := id

@@ -219,6 +219,7 @@ func (g *Ledger) scanOnce() {
 	acts := g.unleasedLocked(res, targets, j)
 	g.changedLocked() // the board tells when the last scan was, if nothing else
 	g.unlock()
+	g.memoryOnce(res)
 	for _, u := range acts {
 		sig := unix.SIGTERM
 		if u.action == policy.UnleasedKill {
@@ -318,6 +319,16 @@ func (g *Ledger) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 			holders = make(map[int]bool, len(res.Files[fid]))
 			for _, pid := range res.Files[fid] {
 				holders[pid] = true
+			}
+		case len(g.shares[nd.Device]) > 0:
+			// A device of shares: the holders of any of them use it
+			// under a lease (sharing packs, it does not isolate).
+			holders = map[int]bool{}
+			for _, e := range g.shares[nd.Device] {
+				fid, _ := e.fileOf(nd.Device)
+				for _, pid := range res.Files[fid] {
+					holders[pid] = true
+				}
 			}
 		}
 		var inHolders map[string]bool // the containers holders are in (containers_status.go)

@@ -79,6 +79,11 @@ type usageRec struct {
 	SlurmJob uint32   `json:"slurm_job,omitempty"`
 	WaitedMS int64    `json:"waited_ms,omitempty"`
 	Found    bool     `json:"found,omitempty"` // found held at a broker's start with no record: T is when found
+	// A share's (npurun --mem): the memory it declared, in MiB, and the
+	// fraction of each device it weighs in device-hours (its declaration
+	// over what the device's shares may declare together).
+	Mem   int64   `json:"mem,omitempty"`
+	Share float64 `json:"share,omitempty"`
 
 	// start, open, kind ("kind": the lease is a container's from T on,
 	// Kind and Container its new kind and container)
@@ -88,6 +93,7 @@ type usageRec struct {
 	Device *int   `json:"device,omitempty"`
 	How    string `json:"how,omitempty"`
 	DurMS  int64  `json:"dur_ms,omitempty"`
+	Peak   int64  `json:"peak,omitempty"` // a share's: the most device memory its processes were seen to use, MiB
 
 	// sum (Lease 0; Kind, User, UID, Pool as a start's): leases of one
 	// user, kind and pool past the user's rate, that ended between From
@@ -459,6 +465,9 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 		}
 		if !counted {
 			continue
+		}
+		if st.Share > 0 && st.Share < 1 {
+			ms = int64(float64(ms) * st.Share) // a share weighs its part of the device
 		}
 		row := rowOf(key{st.User, sumKind(st.Kind), st.Pool})
 		row.Leases++

@@ -86,7 +86,11 @@ func (us usageSums) add(l *entry, now time.Time) {
 	}
 	r.From = min(r.From, l.Since.UnixMilli())
 	r.T = max(r.T, now.UnixMilli())
-	r.DevMS += now.Sub(l.Since).Milliseconds()
+	ms := now.Sub(l.Since).Milliseconds()
+	if l.Share > 0 && l.Share < 1 {
+		ms = int64(float64(ms) * l.Share) // a share weighs its part of the device
+	}
+	r.DevMS += ms
 	if len(l.held) == 0 {
 		r.Leases++
 	}

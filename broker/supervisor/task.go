@@ -72,6 +72,10 @@ func runTask(spec *client.Spec, p *prepared, leases []*os.File, cancel <-chan os
 		logf(log, "npurun: task %d cancelled before it started\n", spec.ID)
 		return &client.Status{Reason: reasonCancelled}
 	}
+	var logStart int64
+	if st, err := log.Stat(); err == nil {
+		logStart = st.Size()
+	}
 	if err := becomeSubreaper(); err != nil {
 		logf(log, "npurun: task %d: become its processes' subreaper: %v; what leaves its process group may outlive it\n", spec.ID, err)
 	}
@@ -101,6 +105,9 @@ func runTask(spec *client.Spec, p *prepared, leases []*os.File, cancel <-chan os
 		logf(log, "npurun: task %d: %d of its processes could not be ended\n", spec.ID, end.stuck)
 	}
 	st := endStatus(end)
+	if st.Exit == nil || *st.Exit != 0 || st.Reason != "" {
+		st.OOM = outOfMemory(log, logStart)
+	}
 	logf(log, "npurun: task %d ended: %s\n", spec.ID, describe(st))
 	return st
 }
@@ -122,7 +129,8 @@ func openLog(path string) (*os.File, error) {
 		}
 		return nil, fmt.Errorf("open log %s: %w", path, err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	// Read too: a run's end looks at what it wrote (outOfMemory).
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) {

@@ -40,7 +40,7 @@ func (rt *Runtime) waiterLocked(t *Task) (*lease.Waiter, error) {
 		}
 	}
 	w, err := rt.table.Admit(lease.Request{Holder: rt.taskHolder(t), N: t.Sub.N, Devices: t.Sub.Devices, Pool: t.Sub.Pool,
-		Limit: rt.policy().LimitFor(acct.Name, acct.Groups)})
+		Limit: rt.policy().LimitFor(acct.Name, acct.Groups), Mem: t.Sub.Mem})
 	if err != nil {
 		return nil, err
 	}

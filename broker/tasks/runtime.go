@@ -65,7 +65,7 @@ type Accounts interface {
 // room): a task's end closes its devices at once, before whoever holds
 // its lease still is gone.
 type Access interface {
-	Revoke(id int) error
+	Revoke(id int, keep []uint32) error
 }
 
 // Holders finds who holds lock files and signals them: the broker's /proc
@@ -111,6 +111,10 @@ type Config struct {
 	Log   *log.Logger
 	// Outside allocates devices outside the line (Slurm); nil: none.
 	Outside Outside
+	// DevicePeak is the most device memory the processes of task id's
+	// share were seen to use, in MiB (the status room's, from the vendor's
+	// tool); 0 where unknown. nil: never known.
+	DevicePeak func(id uint64) int64
 	// Runner runs the tasks granted; nil: the local one (supervisors on
 	// this machine, local.go).
 	Runner Runner
@@ -147,10 +151,11 @@ type Runtime struct {
 	claim    func(dir string) error
 	log      *log.Logger
 	run      Runner
-	outside  Outside // nil: none
-	boot     string  // this boot's id, against pids of an earlier boot
-	cpuSlots []int   // ids of the CPU slots: 0..cpu_slots-1
-	unpriv   bool    // not root: tasks only for our own uid, no credential change
+	outside  Outside               // nil: none
+	devPeak  func(id uint64) int64 // Config.DevicePeak
+	boot     string                // this boot's id, against pids of an earlier boot
+	cpuSlots []int                 // ids of the CPU slots: 0..cpu_slots-1
+	unpriv   bool                  // not root: tasks only for our own uid, no credential change
 
 	mu sync.Mutex
 	// The task table (nil while the journal cannot be opened, taskErr
@@ -187,7 +192,7 @@ type endNote struct {
 // New makes the runtime; Open takes up the journal.
 func New(c Config) *Runtime {
 	rt := &Runtime{inv: c.Inventory, table: c.Table, owner: c.Owner, accounts: c.Accounts,
-		access: c.Access, holders: c.Holders, describe: c.Describe, socket: c.Socket, claim: c.Claim, log: c.Log,
+		access: c.Access, holders: c.Holders, describe: c.Describe, socket: c.Socket, claim: c.Claim, log: c.Log, devPeak: c.DevicePeak,
 		boot: bootID(), unpriv: os.Geteuid() != 0,
 		jobs: map[uint64]*Task{}, running: map[uint32]int{}, cpuq: lease.NewQueue(),
 		cpuFree: make([]bool, c.Policy.Tasks.CPUSlots), watching: map[Watcher][]*Task{}}

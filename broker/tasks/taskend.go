@@ -60,7 +60,7 @@ func (rt *Runtime) endLease(held []lease.Holding, why string) {
 		if rt.access == nil {
 			continue
 		}
-		if err := rt.access.Revoke(h.Device); err != nil {
+		if err := rt.access.Revoke(h.Device, rt.table.Keep(h.Device, h.Lease)); err != nil {
 			rt.log.Printf("%s: %v; they go when the lease's last holder is gone", why, err)
 		}
 	}

@@ -25,7 +25,7 @@ type revokes struct {
 	ids []int
 }
 
-func (r *revokes) Revoke(id int) error {
+func (r *revokes) Revoke(id int, _ []uint32) error {
 	r.mu.Lock()
 	r.ids = append(r.ids, id)
 	r.mu.Unlock()

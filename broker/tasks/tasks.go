@@ -78,7 +78,7 @@ const (
 func Info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	ti := client.TaskInfo{
 		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
-		N: t.Sub.N, Pool: t.Sub.Pool, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
+		N: t.Sub.N, Pool: t.Sub.Pool, Mem: t.Sub.Mem, OOMRetries: t.Sub.OOMRetries, RetryOf: t.Sub.RetryOf, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
 		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
 		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended, Held: t.Held, From: t.From,
 	}
@@ -87,7 +87,7 @@ func Info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	}
 	if t.Status != nil {
 		ti.Exit, ti.Signal = t.Status.Exit, t.Status.Signal
-		ti.CPUMs, ti.MemPeak = t.Status.CPUMs, t.Status.MemPeak
+		ti.CPUMs, ti.MemPeak, ti.DevPeak = t.Status.CPUMs, t.Status.MemPeak, t.Status.DevicePeak
 	}
 	if full {
 		ti.Command, ti.Cwd, ti.Env, ti.Log = command(t), t.Sub.Cwd, t.Sub.Env, t.Log
@@ -679,14 +679,32 @@ func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *client.Status) err
 		st.Reason = st.Reason[:maxReasonBytes] + "…"
 	}
 	// What the task used is the broker's to say, from its control group.
-	st.CPUMs, st.MemPeak = 0, 0
+	st.CPUMs, st.MemPeak, st.DevicePeak = 0, 0, 0
 	if j := rt.jobs[id]; j != nil {
 		cpu, peak := rt.run.Usage(j)
 		st.CPUMs, st.MemPeak = cpu.Milliseconds(), peak
 	}
-	if err := rt.life.End(t, client.EndState(st), st, ""); err != nil {
+	if t.Sub.Mem > 0 && rt.devPeak != nil {
+		st.DevicePeak = rt.devPeak(id)
+	}
+	state := client.EndState(st)
+	retry := state == tasklife.Failed && st.OOM && t.Sub.Mem > 0 && t.Sub.OOMRetries > 0 && rt.jobs[id] != nil
+	var sub client.Submission
+	var by Submitter
+	reason := ""
+	if retry {
+		sub, by = t.Sub, Submitter{UID: t.UID, Account: rt.jobs[id].acct}
+		sub.Argv, sub.Env = slices.Clone(sub.Argv), slices.Clone(sub.Env)
+		sub.Devices = slices.Clone(sub.Devices)
+		sub.Mem = oomRaise(sub.Mem, st.DevicePeak)
+		reason = oomReason(sub.Mem)
+	}
+	if err := rt.life.End(t, state, st, reason); err != nil {
 		rt.log.Printf("task %d: %v", id, err)
 		return refuse(ErrSpool, "report again later", "the broker could not record the end of task %d: %v", id, err)
+	}
+	if retry {
+		go rt.oomRetry(by, id, sub) // the way a requeue is submitted; it takes the lock
 	}
 	return nil
 }

@@ -253,6 +253,15 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 		line("devices", deviceCell(t))
 	}
 	line("pool", t.Pool)
+	if t.Mem > 0 {
+		line("memory", quantity.Size(t.Mem)+" declared (a share of each device)")
+	}
+	if t.OOMRetries > 0 {
+		line("oom retries", strconv.Itoa(t.OOMRetries)+" left")
+	}
+	if t.RetryOf != 0 {
+		line("retry of", "task "+strconv.FormatUint(t.RetryOf, 10)+" (out of device memory)")
+	}
 	line("after", joinIDs(t.After))
 	if t.From != 0 {
 		line("requeued from", strconv.FormatUint(t.From, 10))
@@ -284,6 +293,9 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 	}
 	if t.MemPeak > 0 {
 		line("memory peak", formatBytes(t.MemPeak))
+	}
+	if t.Mem > 0 && t.DevPeak > 0 {
+		line("device memory peak", quantity.Size(t.DevPeak)+" of "+quantity.Size(t.Mem)+" declared: "+declaration(t.Mem, t.DevPeak))
 	}
 	line("log", quoteIfNeeded(t.Log))
 	if t.Position > 0 {
@@ -437,4 +449,17 @@ func formatBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// declaration judges a share's declaration of mem MiB against the peak its
+// processes were seen to use: too low if they used more, too high if less
+// than half of it.
+func declaration(mem, peak int64) string {
+	switch {
+	case peak > mem:
+		return "declared too low (its neighbours' room was used; declare " + quantity.Size(peak+peak/4) + ")"
+	case 2*peak < mem:
+		return "declared too high (" + quantity.Size(peak+peak/4) + " would do)"
+	}
+	return "about right"
 }

@@ -23,7 +23,7 @@ import (
 var version = "dev"
 
 const usage = `Usage:
-  task-submit [-n N | -d LIST | --no-device] [-p POOL] [--time DURATION] [--name NAME] [--after ID[,ID...]] [--log FILE] [--notify CMD | --no-notify] [--token TOKEN] [--json] (--run STRING | -- COMMAND [ARG...])
+  task-submit [-n N | -d LIST | --no-device] [-p POOL] [--mem SIZE [--oom-retries N]] [--time DURATION] [--name NAME] [--after ID[,ID...]] [--log FILE] [--notify CMD | --no-notify] [--token TOKEN] [--json] (--run STRING | -- COMMAND [ARG...])
   task-submit list [--all] [--ended [--since DURATION]] [--json]
   task-submit show [--json] ID
   task-submit logs [-f] ID
@@ -150,6 +150,7 @@ type submitArgs struct {
 	after   []string
 	run     string
 	devices []string
+	mem     string
 }
 
 // submitFlags are the options of submitting, set in o and a.
@@ -159,6 +160,8 @@ func submitFlags(o *options, a *submitArgs) *flagSet {
 	fs.listVar(&a.devices, 'd', "device", "LIST", "exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)", false).completes(completion.Devices)
 	fs.switchVar(&o.sub.NoDevice, 0, "no-device", "take no device; run when a CPU slot is free")
 	fs.stringVar(&o.sub.Pool, 'p', "pool", "POOL", "pool to take devices from (default: the policy's default pool)").completes(completion.Pools)
+	fs.stringVar(&a.mem, 'm', "mem", "SIZE", "a share of each device, of SIZE of its memory (12G, 512M; a bare number is GiB)")
+	fs.countVar(&o.sub.OOMRetries, 0, "oom-retries", "N", "with --mem: submit the task again, up to N times, if it fails out of device memory, declaring 1.25x its peak", "retry count", "--oom-retries takes a number of retries, such as --oom-retries 2")
 	fs.durationVar(&a.limit, 0, "time", "DURATION", "time limit, e.g. 6h, 90m or 1d, after which the task is killed (default: the policy's)", maxTime)
 	fs.stringVar(&o.sub.Name, 0, "name", "NAME", "name to list the task by instead of its command")
 	fs.listVar(&a.after, 0, "after", "ID[,ID...]", "start only once these tasks have succeeded", true).completes(completion.Tasks)
@@ -238,6 +241,13 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		s.Devices = append(s.Devices, ids...)
 	}
 	s.Devices = slices.Compact(slices.Sorted(slices.Values(s.Devices)))
+	if fs.changed["mem"] {
+		mib, err := quantity.ParseSize(a.mem)
+		if se := (*quantity.SizeError)(nil); errors.As(err, &se) {
+			return nil, &usageError{msg: se.For("--mem"), hint: "--mem takes a size of device memory, such as 12G or 512M"}
+		}
+		s.Mem = mib
+	}
 	switch {
 	case fs.changed["run"] && len(rest) > 0:
 		return nil, usagef("--run and a command after -- exclude each other")
@@ -247,6 +257,12 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("--run takes a command line")
 	case s.NoDevice && (fs.changed["devices"] || len(s.Devices) > 0 || s.Pool != ""):
 		return nil, usagef("--no-device takes no device, count or pool")
+	case s.NoDevice && fs.changed["mem"]:
+		return nil, usagef("--no-device and --mem exclude each other")
+	case fs.changed["oom-retries"] && (s.OOMRetries < 0 || s.OOMRetries > 100):
+		return nil, usagef("--oom-retries takes 0 to 100 retries")
+	case s.OOMRetries > 0 && !fs.changed["mem"]:
+		return nil, &usageError{msg: "--oom-retries needs --mem: a retry raises the declaration of a share", hint: "task-submit --mem 20G --oom-retries 2 -- COMMAND"}
 	case s.N < 0:
 		return nil, usagef("bad device count %d: -n takes 1 or more", s.N)
 	case s.N == 0 && fs.changed["devices"]:

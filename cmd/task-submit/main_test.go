@@ -274,6 +274,8 @@ func TestHelpOptions(t *testing.T) {
   -d, --device LIST       exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)
       --no-device         take no device; run when a CPU slot is free
   -p, --pool POOL         pool to take devices from (default: the policy's default pool)
+  -m, --mem SIZE          a share of each device, of SIZE of its memory (12G, 512M; a bare number is GiB)
+      --oom-retries N     with --mem: submit the task again, up to N times, if it fails out of device memory, declaring 1.25x its peak
       --time DURATION     time limit, e.g. 6h, 90m or 1d, after which the task is killed (default: the policy's)
       --name NAME         name to list the task by instead of its command
       --after ID[,ID...]  start only once these tasks have succeeded

@@ -55,6 +55,8 @@ func main() {
 	containSpec := flag.String("contain", "", "tell the broker that container ENGINE/ID/NAME holds the lease of NPURUN_LEASE, as npurun-runtime does (op container), print its answer, and hold the lease until standard input closes (see contain.go)")
 	containFile := flag.String("contain-file", "", "with -contain: send this file's descriptor in place of the lease's first")
 	containNone := flag.Bool("contain-none", false, "with -contain: send no descriptor")
+	mem := flag.Int64("mem", 0, "with -markers: a share of this many MiB of each device; the run checks, in the markers, that the shares running on its devices declare no more than -capacity together (see share.go)")
+	capacity := flag.Int64("capacity", 0, "with -mem: what the shares of a device may declare together, in MiB")
 	once := flag.String("once", "", "mark this run with a file made O_EXCL at this path; if it exists (this is a second run), make PATH.twice.PID and exit 3")
 	flag.Parse()
 	if os.Geteuid() != os.Getuid() && !*root {
@@ -105,7 +107,9 @@ func main() {
 	devs := os.Getenv("NPURUN_DEVICES")
 	start := time.Now().UnixNano()
 	var made []string
-	if *markers != "" && devs != "" {
+	if *mem > 0 && *markers != "" && devs != "" {
+		made = markShares(*markers, *tag, devs, *mem, *capacity)
+	} else if *markers != "" && devs != "" {
 		for _, id := range strings.Split(devs, ",") {
 			p := filepath.Join(*markers, "npu"+id)
 			f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)

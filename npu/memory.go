@@ -1,0 +1,212 @@
+package npu
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// Memory is each device's memory in MiB as the vendor's tool tells it
+// (nvidia-smi --query-gpu=index,memory.total; npu-smi info's HBM total);
+// nil where it cannot say (the fake vendor, a tool missing or failing:
+// [share] capacity says). It is asked once, at the broker's start, for
+// shared devices.
+func Memory(v Vendor, npuSmi string, ids []int) map[int]int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), npuSmiTimeout)
+	defer cancel()
+	switch v {
+	case NVIDIA:
+		out, err := exec.CommandContext(ctx, "nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits").Output()
+		if err != nil {
+			return nil
+		}
+		return ParseGPUMemory(out)
+	case Ascend:
+		bin := npuSmi
+		if bin == "" {
+			bin = "npu-smi"
+		}
+		out, err := exec.CommandContext(ctx, bin, "info").Output()
+		if err != nil {
+			return nil
+		}
+		return ParseNPUSmiHBM(out)
+	}
+	return nil
+}
+
+// ParseNPUSmiHBM reads each device's HBM from the devices' table of
+// `npu-smi info`: the chip row under each NPU row ends with its
+// HBM-Usage(MB), "used / total":
+//
+//	| 0     910B3               | OK            | 96.5        40                0    / 0             |
+//	| 0                         | 0000:C1:00.0  | 0           0    / 0          13178/ 65536         |
+//
+// The NPU is read as the device's physical id (chip 0, as the process
+// table is: ParseNPUSmiProcesses), the total in MiB.
+func ParseNPUSmiHBM(out []byte) map[int]int64 {
+	m := map[int]int64{}
+	in := false
+	npuID := -1
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case strings.Contains(line, "HBM-Usage"):
+			in = true
+			continue
+		case strings.Contains(line, "Process id"):
+			return m
+		case !in || !strings.HasPrefix(line, "|"):
+			continue
+		}
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 {
+			continue
+		}
+		first := strings.Fields(cells[1])
+		switch {
+		case len(first) >= 2: // an NPU row: its id and name
+			if id, err := strconv.Atoi(first[0]); err == nil {
+				npuID = id
+			}
+		case len(first) == 1 && first[0] == "0" && npuID >= 0: // its chip 0's row
+			usage := cells[3]
+			slash := strings.LastIndexByte(usage, '/')
+			if slash < 0 {
+				continue
+			}
+			if total, err := strconv.ParseInt(strings.TrimSpace(usage[slash+1:]), 10, 64); err == nil && total > 0 {
+				m[npuID] = total
+			}
+			npuID = -1
+		}
+	}
+	return m
+}
+
+// ParseGPUMemory reads nvidia-smi --query-gpu=index,memory.total
+// --format=csv,noheader,nounits: "0, 81559" a line, MiB.
+func ParseGPUMemory(out []byte) map[int]int64 {
+	m := map[int]int64{}
+	for id, mib := range csvPairs(out) {
+		if mib > 0 {
+			m[id] = mib
+		}
+	}
+	return m
+}
+
+// ProcMem is a process's use of device memory as the vendor's tool shows
+// it.
+type ProcMem struct {
+	Device int // physical id; -1 where the tool does not say (nvidia-smi --query-compute-apps)
+	PID    int
+	MiB    int64
+}
+
+// ProcessMemory reads what each process uses of device memory: Ascend
+// (and the fake vendor, when [devices] npu_smi names a tool) from
+// `npu-smi info`'s process table, NVIDIA from `nvidia-smi
+// --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`.
+// ok is false where there is no tool to ask.
+func ProcessMemory(v Vendor, npuSmi string) (procs []ProcMem, ok bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), npuSmiTimeout)
+	defer cancel()
+	switch v {
+	case NVIDIA:
+		out, err := exec.CommandContext(ctx, "nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits").Output()
+		if err != nil {
+			return nil, true, fmt.Errorf("nvidia-smi --query-compute-apps: %w", err)
+		}
+		return ParseComputeApps(out), true, nil
+	case Fake:
+		if npuSmi == "" {
+			return nil, false, nil
+		}
+	}
+	bin := npuSmi
+	if bin == "" {
+		bin = "npu-smi"
+	}
+	out, err := exec.CommandContext(ctx, bin, "info").Output()
+	if err != nil {
+		return nil, true, fmt.Errorf("%s info: %w", bin, err)
+	}
+	return ParseNPUSmiProcesses(out), true, nil
+}
+
+// ParseComputeApps reads nvidia-smi --query-compute-apps=pid,used_memory
+// --format=csv,noheader,nounits: "4121, 9800" a line, MiB. It names no
+// device (Device -1).
+func ParseComputeApps(out []byte) []ProcMem {
+	var procs []ProcMem
+	for pid, mib := range csvPairs(out) {
+		procs = append(procs, ProcMem{Device: -1, PID: pid, MiB: mib})
+	}
+	return procs
+}
+
+// ParseNPUSmiProcesses reads the process table of `npu-smi info` (after
+// the devices' table):
+//
+//	| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |
+//	+===========================+===============+====================================================+
+//	| 0       0                 | 4121          | python                   | 9800                    |
+//	| No running processes found in NPU 1                                                            |
+//
+// The NPU column is read as the device's physical id (one chip a card, as
+// the 910B's; the chip must be 0), the memory in MiB (the tool's "MB").
+func ParseNPUSmiProcesses(out []byte) []ProcMem {
+	var procs []ProcMem
+	in := false
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.Contains(line, "Process id") && strings.Contains(line, "Process memory") {
+			in = true
+			continue
+		}
+		if !in || !strings.HasPrefix(strings.TrimSpace(line), "|") {
+			continue
+		}
+		cells := strings.Split(strings.TrimSpace(line), "|")
+		if len(cells) < 6 {
+			continue
+		}
+		ids := strings.Fields(cells[1])
+		if len(ids) != 2 || ids[1] != "0" {
+			continue
+		}
+		dev, err1 := strconv.Atoi(ids[0])
+		pid, err2 := strconv.Atoi(strings.TrimSpace(cells[2]))
+		mib, err3 := strconv.ParseInt(strings.TrimSpace(cells[4]), 10, 64)
+		if err1 != nil || err2 != nil || err3 != nil || dev < 0 || pid <= 0 || mib < 0 {
+			continue
+		}
+		procs = append(procs, ProcMem{Device: dev, PID: pid, MiB: mib})
+	}
+	return procs
+}
+
+// csvPairs reads lines of two integers "a, b", in order.
+func csvPairs(out []byte) func(yield func(int, int64) bool) {
+	return func(yield func(int, int64) bool) {
+		sc := bufio.NewScanner(bytes.NewReader(out))
+		for sc.Scan() {
+			a, b, ok := strings.Cut(sc.Text(), ",")
+			if !ok {
+				continue
+			}
+			x, err1 := strconv.Atoi(strings.TrimSpace(a))
+			y, err2 := strconv.ParseInt(strings.TrimSpace(b), 10, 64)
+			if err1 == nil && err2 == nil && x >= 0 && y >= 0 && !yield(x, y) {
+				return
+			}
+		}
+	}
+}

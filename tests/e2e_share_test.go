@@ -1,0 +1,522 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// shareConfig is n fake devices, every one shared, each with capacity
+// (a size such as "16G") for its shares and no margin.
+func shareConfig(n int, capacity string) string {
+	return FakeConfig(n) + fmt.Sprintf("[share]\npools = \"all\"\ncapacity = %q\nmargin = \"0\"\n", capacity)
+}
+
+// TestSharePacking: a mixed set of shares, started at once on two devices
+// of 16 GiB, all run, several at a time on one device, and never more
+// than 16 GiB declared on a device: each run checks that itself, summing
+// the declarations of the runs on its device under a lock of their own.
+// A share larger than any device is refused at once.
+func TestSharePacking(t *testing.T) {
+	b := StartBroker(t, shareConfig(2, "16G"))
+	w := newWorkload(t)
+	sizes := []int{3, 5, 7, 9, 2, 4, 6, 8, 1, 3, 5, 10, 12, 2}
+	var wg sync.WaitGroup
+	fails := make(chan string, len(sizes))
+	for i, gib := range sizes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tag := fmt.Sprintf("s%d-%dG", i, gib)
+			args := append([]string{"--mem", fmt.Sprintf("%dG", gib)}, w.args(b, tag, 150*time.Millisecond)...)
+			args = append(args, "-mem", fmt.Sprint(gib*1024), "-capacity", fmt.Sprint(16*1024))
+			if code, out := exitCode(t, b.Npurun(args...)); code != 0 {
+				fails <- fmt.Sprintf("%s: exit %d: %s", tag, code, out)
+			}
+		}()
+	}
+	wg.Wait()
+	close(fails)
+	for f := range fails {
+		t.Error(f)
+	}
+	runs := w.runs(t)
+	if len(runs) != len(sizes) {
+		t.Fatalf("%d runs logged, want %d", len(runs), len(sizes))
+	}
+	// Packing happened: some two runs overlapped on one device.
+	overlap := false
+	for i, a := range runs {
+		for _, c := range runs[i+1:] {
+			if a.Devices == c.Devices && a.Start < c.End && c.Start < a.End {
+				overlap = true
+			}
+		}
+	}
+	if !overlap {
+		t.Errorf("no two shares ran at once on one device: %+v", runs)
+	}
+
+	code, out := exitCode(t, b.Npurun("--mem", "17G", "true"))
+	if code != 77 || !strings.Contains(out, "npurun: 17G asked, the largest share a device of pool \"default\" holds is 16G") {
+		t.Errorf("17G of 16G devices: exit %d, %q; want 77 and the largest share said", code, out)
+	}
+	code, out = exitCode(t, b.Npurun("--mem", "12X", "true"))
+	if code != 2 || !strings.Contains(out, `npurun: bad size "12X" for --mem: unknown unit "X" (K, M, G or T)`) {
+		t.Errorf("--mem 12X: exit %d, %q; want 2 and the bad size said", code, out)
+	}
+}
+
+// TestShareBestFit: a share goes on the device with the least room that
+// holds it, keeping a large free space whole; the grant says what else
+// the device holds, and status lists each share with its declaration.
+func TestShareBestFit(t *testing.T) {
+	b := StartBroker(t, shareConfig(2, "16G"))
+	first := hold(t, b, "first", "-v", "--mem", "10G")
+	if !strings.Contains(first.Output(), "held 0") {
+		t.Fatalf("first share: %q, want npu 0", first.Output())
+	}
+	if !strings.Contains(first.Output(), "npurun: granted 10G of npu 0 (0 other shares, 10G of 16G declared)") {
+		t.Errorf("first share's grant message: %q", first.Output())
+	}
+	// npu 0 has 6G left, npu 1 16G: 4G fits both, and goes to npu 0.
+	second := hold(t, b, "second", "-v", "--mem", "4G")
+	if !strings.Contains(second.Output(), "held 0") {
+		t.Fatalf("second share: %q, want npu 0 (best fit), not the free npu 1", second.Output())
+	}
+	if !strings.Contains(second.Output(), "npurun: granted 4G of npu 0 (1 other share, 14G of 16G declared)") {
+		t.Errorf("second share's grant message: %q", second.Output())
+	}
+	// 8G fits only npu 1.
+	third := hold(t, b, "third", "--mem", "8G")
+	if !strings.Contains(third.Output(), "held 1") {
+		t.Fatalf("third share: %q, want npu 1", third.Output())
+	}
+	st := b.Status(t)
+	for _, want := range []string{"MEM", "2 shares", "10G", "4G", "8G"} {
+		if !strings.Contains(st, want) {
+			t.Errorf("status lacks %q:\n%s", want, st)
+		}
+	}
+	first.release()
+	second.release()
+	third.release()
+}
+
+// TestShareWholeWaiter: a whole-device request waiting behind shares is
+// not passed by later shares: the device takes no new share until the
+// whole lease has had it.
+func TestShareWholeWaiter(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	w := newWorkload(t)
+	a := hold(t, b, "share-a", "--mem", "4G")
+	whole := queue(t, b, "whole", w.args(b, "whole", 5*time.Millisecond)...)
+	// 4G of 12G free would fit: it waits behind the whole request.
+	later := queue(t, b, "later", append([]string{"--mem", "4G"}, w.args(b, "later", 0)...)...)
+	a.release()
+	whole.mustSucceed()
+	later.mustSucceed()
+	if got := tags(w.runs(t)); strings.Join(got, " ") != "whole later" {
+		t.Fatalf("service order %v, want [whole later]", got)
+	}
+}
+
+// TestShareLockFiles: every share has a lock file of its own, made fresh
+// for it and removed when it ends; a descriptor kept from an ended share
+// reaches its old file, never the one a later share holds; a nested
+// npurun inside a share runs under it without asking again.
+func TestShareLockFiles(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	locks := filepath.Join(b.RunDir, "locks")
+	inode := `echo "held $NPURUN_DEVICES $(stat -L -c %i /proc/$$/fd/20)"; read x; exit 0`
+	a := startProc(t, "a", b.Npurun("--mem", "4G", "sh", "-c", inode))
+	aLine := a.waitLine("held")
+	c := startProc(t, "c", b.Npurun("--mem", "4G", "sh", "-c", inode))
+	cLine := c.waitLine("held")
+	if aLine == cLine {
+		t.Fatalf("two shares on one lock file: %q", aLine)
+	}
+	for _, f := range []string{"npu0.s0.lock", "npu0.s1.lock"} {
+		if _, err := os.Lstat(filepath.Join(locks, f)); err != nil {
+			t.Errorf("share lock file: %v", err)
+		}
+	}
+	a.stdin.Close()
+	a.mustSucceed()
+	// Its slot's next share is on a fresh file.
+	d := startProc(t, "d", b.Npurun("--mem", "4G", "sh", "-c", inode))
+	dLine := d.waitLine("held")
+	if dLine == aLine || dLine == cLine {
+		t.Fatalf("a later share on an earlier share's file: %q, earlier %q and %q", dLine, aLine, cLine)
+	}
+	c.stdin.Close()
+	c.mustSucceed()
+	d.stdin.Close()
+	d.mustSucceed()
+	if ents, _ := os.ReadDir(locks); len(ents) != 1 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("lock directory after the shares: %v, want npu0.lock alone", names)
+	}
+
+	// A client that keeps its share's descriptor after unlocking it (the
+	// broker sees the share end) relocks its own old file at once, while
+	// the next share holds a file of its own.
+	r := startProc(t, "relock", b.Npurun("--mem", "12G", b.Bin.Workload, "-relock"))
+	r.waitLine("unlocked npu0")
+	next := startProc(t, "next", b.Npurun("--mem", "12G", "sh", "-c", inode))
+	next.waitLine("held")
+	r.stdin.Write([]byte("x"))
+	r.waitLine("relocked npu0")
+	r.stdin.Close()
+	r.mustSucceed()
+	next.stdin.Close()
+	next.mustSucceed()
+
+	// Nested: 12G of 16G, and a second 12G could not fit: the inner
+	// npurun must take the outer share as its own.
+	code, out := exitCode(t, b.Npurun("--mem", "12G", b.Bin.Npurun, "--no-wait", "--mem", "12G", "true"))
+	if code != 0 {
+		t.Fatalf("nested npurun inside a share: exit %d, %s", code, out)
+	}
+}
+
+// TestShareTask: a task's --mem is a share as an npurun's: two tasks of
+// 8G run at once on one device of 16G, each checking the declarations on
+// it, and show says the declaration.
+func TestShareTask(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	w := newWorkload(t)
+	var ids []string
+	for _, tag := range []string{"t1", "t2"} {
+		args := append([]string{"--mem", "8G", "--"}, w.args(b, tag, 300*time.Millisecond)...)
+		args = append(args, "-mem", "8192", "-capacity", "16384")
+		ids = append(ids, fmt.Sprint(submitTask(t, b, nil, w.Markers, args...)))
+	}
+	for _, id := range ids {
+		if code, out := exitCode(t, b.TaskSubmit("wait", id)); code != 0 {
+			t.Fatalf("task %s: exit %d: %s", id, code, out)
+		}
+	}
+	runs := w.runs(t)
+	if len(runs) != 2 || !(runs[0].Start < runs[1].End && runs[1].Start < runs[0].End) {
+		t.Errorf("two shares of 8G on 16G did not run at once: %+v", runs)
+	}
+	code, out := exitCode(t, b.TaskSubmit("show", ids[0]))
+	if code != 0 || !strings.Contains(out, "memory: 8G declared (a share of each device)") {
+		t.Errorf("show: exit %d:\n%s", code, out)
+	}
+}
+
+// fakeSMI writes an npu-smi that prints, for `npu-smi info`, the process
+// table of the real tool's layout with the rows the test puts in its
+// file (set), and fails anything else (so `info -m` leaves the logical
+// ids as they are).
+type fakeSMI struct {
+	t          testing.TB
+	bin, table string
+}
+
+func newFakeSMI(t testing.TB) *fakeSMI {
+	dir := SharedDir(t)
+	f := &fakeSMI{t: t, bin: filepath.Join(dir, "npu-smi"), table: filepath.Join(dir, "procs")}
+	script := "#!/bin/sh\n[ \"$*\" = info ] || exit 1\n" +
+		"echo '+---------------------------+---------------+----------------------------------------------------+'\n" +
+		"echo '| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |'\n" +
+		"echo '+===========================+===============+====================================================+'\n" +
+		"cat " + f.table + "\n" +
+		"echo '+===========================+===============+====================================================+'\n"
+	if err := os.WriteFile(f.bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.set()
+	return f
+}
+
+// set makes the table's rows: pid, MiB on npu 0, in pairs.
+func (f *fakeSMI) set(pidMiB ...int) {
+	var b strings.Builder
+	for i := 0; i+1 < len(pidMiB); i += 2 {
+		fmt.Fprintf(&b, "| 0       0                 | %-13d | python                   | %-23d |\n", pidMiB[i], pidMiB[i+1])
+	}
+	if b.Len() == 0 {
+		b.WriteString("| No running processes found in NPU 0                                                            |\n")
+	}
+	tmp := f.table + ".new"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, f.table); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// TestShareOverDeclared: the broker joins what the vendor's tool shows
+// each process using to the shares' holders: a share over its declaration
+// is shown in status and logged; with over_declared = "term", its
+// holders are sent SIGTERM.
+func TestShareOverDeclared(t *testing.T) {
+	for _, policy := range []string{"report", "term"} {
+		t.Run(policy, func(t *testing.T) {
+			smi := newFakeSMI(t)
+			conf := fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0\"\nnpu_smi = %q\n[status]\nscan_interval = \"1s\"\n[share]\npools = \"all\"\ncapacity = \"16G\"\nmargin = \"0\"\nover_declared = %q\n", smi.bin, policy)
+			b := StartBroker(t, conf)
+			h := hold(t, b, "holder", "--mem", "4G")
+			pid := h.cmd.Process.Pid // npurun became the holder's sh
+			smi.set(pid, 6000)
+			b.WaitLog(0, "uses 5.9G, over its declaration of 4G")
+			if policy == "report" {
+				if st := b.Status(t); !strings.Contains(st, "4G / 5.9G  over!") {
+					t.Errorf("status does not show the share over its declaration:\n%s", st)
+				}
+				h.release()
+				return
+			}
+			if code, sig := h.wait(); sig != syscall.SIGTERM {
+				t.Fatalf("holder over its declaration with term: exit %d, signal %v; want SIGTERM", code, sig)
+			}
+		})
+	}
+}
+
+// TestShareExternalUse: a process on a shared device that holds no lease
+// counts against the device's room for shares at its observed peak until
+// it exits: a share that would fit the rest waits, and is granted once it
+// has gone.
+func TestShareExternalUse(t *testing.T) {
+	smi := newFakeSMI(t)
+	conf := fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0\"\nnpu_smi = %q\n[status]\nscan_interval = \"1s\"\n[share]\npools = \"all\"\ncapacity = \"16G\"\nmargin = \"0\"\n", smi.bin)
+	b := StartBroker(t, conf)
+	outside := startProc(t, "outside", exec.Command("sh", "-c", "echo ready; read x; exit 0"))
+	outside.waitLine("ready")
+	pid := outside.cmd.Process.Pid
+	smi.set(pid, 12*1024)
+	b.WaitLog(0, fmt.Sprintf("npu 0: pid %d uses 12G of its memory without a lease", pid))
+	// Its peak counts even when the tool shows it using less.
+	smi.set(pid, 1024)
+	code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "8G", "true"))
+	if code != 75 {
+		t.Fatalf("8G beside 12G used outside any lease, on 16G: exit %d, %s; want 75 (no room)", code, out)
+	}
+	w := newWorkload(t)
+	waiting := queue(t, b, "share", append([]string{"--mem", "8G"}, w.args(b, "share", 0)...)...)
+	outside.stdin.Close()
+	outside.mustSucceed()
+	smi.set()
+	waiting.mustSucceed()
+}
+
+// TestShareRestart: a broker killed while shares are held finds them at
+// its restart, from their lock files, with what they declared: a share
+// that fits beside them is granted, one that does not waits until a held
+// share ends, and the device is never over its capacity (the runs check).
+func TestShareRestart(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	w := newWorkload(t)
+	h := hold(t, b, "held", "--mem", "10G")
+	b.Kill()
+	b.Start()
+	b.WaitLog(0, "npu 0 holds a share of 10240 MiB from before this start")
+	// The accounting log's record names its holder: status shows it so.
+	board := b.Board(t)
+	if sh := board.Devices[0].Shares; len(sh) != 1 || sh[0].Kind != "inline" || sh[0].User != "root" || sh[0].Mem != 10240 || !sh[0].Adopted {
+		t.Errorf("after the restart, status shows the shares %+v; want root's inline share of 10240 MiB, adopted", sh)
+	}
+	fits := append([]string{"--mem", "6G"}, w.args(b, "fits", 0)...)
+	fits = append(fits, "-mem", "6144", "-capacity", "16384")
+	if code, out := exitCode(t, b.Npurun(append([]string{"--no-wait"}, fits...)...)); code != 0 {
+		t.Fatalf("6G beside a found share of 10G on 16G: exit %d, %s", code, out)
+	}
+	if code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "7G", "true")); code != 75 {
+		t.Fatalf("7G beside a found share of 10G on 16G: exit %d, %s; want 75", code, out)
+	}
+	waiting := queue(t, b, "after", append([]string{"--mem", "7G"}, w.args(b, "after", 0)...)...)
+	h.release()
+	waiting.mustSucceed()
+}
+
+// TestShareDrained: a drained device takes no new share (its shares run
+// on), and takes them again once undrained.
+func TestShareDrained(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	h := hold(t, b, "held", "--mem", "4G")
+	if code, _, errs := drainCmd(t, b, nil, "drain", "npu0", "--reason", "ECC"); code != 0 {
+		t.Fatalf("drain: exit %d: %s", code, errs)
+	}
+	if code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "4G", "true")); code != 75 {
+		t.Fatalf("a share of a drained device: exit %d, %s; want 75", code, out)
+	}
+	if code, _, errs := drainCmd(t, b, nil, "undrain", "npu0"); code != 0 {
+		t.Fatalf("undrain: exit %d: %s", code, errs)
+	}
+	if code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "4G", "true")); code != 0 {
+		t.Fatalf("a share once undrained: exit %d, %s", code, out)
+	}
+	h.release()
+}
+
+// TestShareRestrictedUsers: two restricted accounts holding shares of one
+// device each open its node while they hold a share, and only then: the
+// end of one's share takes its entry away and leaves the other's.
+func TestShareRestrictedUsers(t *testing.T) {
+	dev := newDevTree(t, 1)
+	alice, bob := newUser(t), newUser(t)
+	b := StartBroker(t, dev.config("0", fmt.Sprintf("[restrict]\nusers = [%q, %q]\n[share]\npools = \"all\"\ncapacity = \"16G\"\nmargin = \"0\"\n", alice.Name, bob.Name)))
+	node := dev.node("davinci0")
+	a := leaseAs(t, b, alice, "alice", "--mem", "4G")
+	if !canOpen(t, alice, node) || canOpen(t, bob, node) {
+		t.Fatalf("alice's share: alice opens it %v, bob %v; want true, false", canOpen(t, alice, node), canOpen(t, bob, node))
+	}
+	bb := leaseAs(t, b, bob, "bob", "--mem", "4G")
+	if !canOpen(t, alice, node) || !canOpen(t, bob, node) {
+		t.Fatalf("two shares: alice opens it %v, bob %v; want both", canOpen(t, alice, node), canOpen(t, bob, node))
+	}
+	// A broker's restart takes nobody's access from a share held.
+	b.Kill()
+	b.Start()
+	if !canOpen(t, alice, node) || !canOpen(t, bob, node) {
+		t.Fatalf("two shares after a restart: alice opens it %v, bob %v; want both", canOpen(t, alice, node), canOpen(t, bob, node))
+	}
+	a.release()
+	// 12G fits only once alice's share is gone, and the device takes no
+	// share while its node is being closed to her.
+	if code, out := exitCode(t, b.Npurun("--mem", "12G", "--timeout", "20s", "true")); code != 0 {
+		t.Fatalf("12G after alice's share: exit %d, %s", code, out)
+	}
+	if canOpen(t, alice, node) || !canOpen(t, bob, node) {
+		t.Fatalf("after alice's share: alice opens it %v, bob %v; want false, true", canOpen(t, alice, node), canOpen(t, bob, node))
+	}
+	bb.release()
+	waitFree(t, b, 0)
+	if canOpen(t, bob, node) {
+		t.Error("after bob's share bob still opens the node")
+	}
+}
+
+// TestShareTaskPeak: at a task's end its share's peak, as the vendor's
+// tool showed its processes, is recorded, and show says whether its
+// declaration was too low.
+func TestShareTaskPeak(t *testing.T) {
+	smi := newFakeSMI(t)
+	conf := fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0\"\nnpu_smi = %q\n[status]\nscan_interval = \"1s\"\n[share]\npools = \"all\"\ncapacity = \"16G\"\nmargin = \"0\"\n", smi.bin)
+	b := StartBroker(t, conf)
+	dir := SharedDir(t)
+	pidFIFO, goFIFO := filepath.Join(dir, "pid"), filepath.Join(dir, "go")
+	for _, f := range []string{pidFIFO, goFIFO} {
+		if err := syscall.Mkfifo(f, 0o666); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := submitTask(t, b, nil, dir, "--mem", "8G", "--", "sh", "-c", `echo $$ > "$1"; read x < "$2"`, "sh", pidFIFO, goFIFO)
+	data, err := os.ReadFile(pidFIFO) // returns once the task has written its pid
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.TrimSpace(string(data))
+	var n int
+	fmt.Sscan(pid, &n)
+	smi.set(n, 10*1024)
+	b.WaitLog(0, "uses 10G, over its declaration of 8G")
+	if err := os.WriteFile(goFIFO, []byte("go\n"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := exitCode(t, b.TaskSubmit("wait", fmt.Sprint(id))); code != 0 {
+		t.Fatalf("wait: exit %d: %s", code, out)
+	}
+	if code, out := exitCode(t, b.TaskSubmit("show", fmt.Sprint(id))); code != 0 || !strings.Contains(out, "device memory peak: 10G of 8G declared: declared too low") {
+		t.Fatalf("show: exit %d:\n%s", code, out)
+	}
+}
+
+// TestShareOOMRetry: a task that fails with an out-of-memory message of
+// the device's runtime in its log is submitted again (as a requeue is,
+// from the task it retries), its declaration raised (1.25× of 8G: 10G, no
+// peak being known), and the retry waits in the journal across a broker's
+// restart until it fits; a failure of another kind uses no retry.
+func TestShareOOMRetry(t *testing.T) {
+	b := StartBroker(t, shareConfig(1, "16G"))
+	dir := SharedDir(t)
+	// 7G held: the first run's 8G fits, the retry's 10G does not yet.
+	h := hold(t, b, "held", "--mem", "7G")
+	script := `if [ -e ran ]; then echo "second run, $NPURUN_DEVICES"; exit 0; fi
+touch ran; echo "RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB" >&2; exit 1`
+	id := submitTask(t, b, nil, dir, "--mem", "8G", "--oom-retries", "1", "--", "sh", "-c", script)
+	if code, out := exitCode(t, b.TaskSubmit("wait", fmt.Sprint(id))); code == 0 {
+		t.Fatalf("the first run succeeded: %s", out)
+	}
+	if first := showTask(t, b, id); first.State != "failed" || first.Reason != "out of device memory: retried with --mem 10G" {
+		t.Fatalf("the first run: %s, %q; want failed, retried with --mem 10G", first.State, first.Reason)
+	}
+	said := fmt.Sprintf("task %d ran out of device memory: retried as task ", id)
+	b.WaitLog(0, said)
+	var retry uint64
+	log := b.Log()
+	if _, err := fmt.Sscanf(log[strings.Index(log, said)+len(said):], "%d with --mem 10G", &retry); err != nil {
+		t.Fatalf("the broker's log does not name the retry: %v\n%s", err, log)
+	}
+	check := func(when string) {
+		t.Helper()
+		r := showTask(t, b, retry)
+		if r.State != "pending" || r.Mem != 10*1024 || r.RetryOf != id || r.From != id || r.OOMRetries != 0 {
+			t.Fatalf("%s: retry %d is %s, mem %d, retry of %d, from %d, %d retries left; want pending, 10240, %d, %d, 0", when, retry, r.State, r.Mem, r.RetryOf, r.From, r.OOMRetries, id, id)
+		}
+	}
+	check("before the restart")
+	b.Kill()
+	b.Start()
+	check("after the restart")
+	h.release()
+	if code, out := exitCode(t, b.TaskSubmit("wait", fmt.Sprint(retry))); code != 0 {
+		t.Fatalf("the retry: exit %d: %s", code, out)
+	}
+
+	// Another failure: no retry.
+	other := submitTask(t, b, nil, dir, "--mem", "2G", "--oom-retries", "2", "--", "sh", "-c", `echo "ValueError: bad input" >&2; exit 1`)
+	if code, _ := exitCode(t, b.TaskSubmit("wait", fmt.Sprint(other))); code == 0 {
+		t.Fatal("the failing task succeeded")
+	}
+	if r := showTask(t, b, other); strings.Contains(r.Reason, "retried") {
+		t.Errorf("a failure not out of memory was retried: %q", r.Reason)
+	}
+	for _, ti := range listTasks(t, b, nil, true) {
+		if ti.RetryOf == other {
+			t.Errorf("task %d retries task %d, which did not run out of memory", ti.ID, other)
+		}
+	}
+}
+
+// TestShareAscendCapacity: without [share] capacity an Ascend device's
+// memory is npu-smi info's HBM total (64 GiB here), less the margin (1G
+// by default): 63G fits, 64G is refused at once.
+func TestShareAscendCapacity(t *testing.T) {
+	dev := newDevTree(t, 1)
+	table, err := os.ReadFile("../npu/testdata/npu-smi-info-910b.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := filepath.Join(dev.Dir, "info.txt")
+	if err := os.WriteFile(info, table, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	smi := filepath.Join(dev.Dir, "npu-smi")
+	if err := os.WriteFile(smi, []byte("#!/bin/sh\n[ \"$*\" = info ] || exit 1\nexec cat "+info+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf := fmt.Sprintf("[devices]\nvendor = \"ascend\"\nids = \"0\"\ndev_dir = %q\nnpu_smi = %q\n[share]\npools = \"all\"\n", dev.Dir, smi)
+	b := StartBroker(t, conf)
+	if code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "63G", "true")); code != 0 {
+		t.Fatalf("63G of a 64G device with a 1G margin: exit %d, %s", code, out)
+	}
+	code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "64G", "true"))
+	if code != 77 || !strings.Contains(out, "the largest share a device of pool \"default\" holds is 63G") {
+		t.Fatalf("64G: exit %d, %s; want 77, 63G the largest", code, out)
+	}
+}
