@@ -64,7 +64,7 @@ func (s *Server) checkHealth(ctx context.Context, said map[int]string) {
 	cfg := s.policy()
 	wait := min(max(cfg.HealthInterval, policy.MinHealthInterval), maxHealthWait)
 	cctx, cancel := context.WithTimeout(ctx, wait)
-	got, errs := s.inv.CheckHealth(cctx, s.inv.IDs, npu.HealthTools{NVIDIASmi: cfg.NVIDIASmi, FakeFile: cfg.FakeHealth})
+	got, errs := s.inv.CheckHealth(cctx, s.inv.IDs, npu.Tools{NVIDIASmi: cfg.NVIDIASmi, FakeFile: cfg.FakeHealth})
 	cancel()
 	if ctx.Err() != nil {
 		return

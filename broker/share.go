@@ -29,7 +29,7 @@ func (s *Server) shareCapacities(pools []lease.Pool) map[int]int64 {
 			c := s.policy().Share.CapacityOf(id)
 			if c == 0 {
 				if vendor == nil {
-					vendor = npu.Memory(s.inv.Vendor, s.policy().NPUSmi, s.inv.IDs)
+					vendor = s.inv.Memory(npu.Tools{NVIDIASmi: s.policy().NVIDIASmi})
 				}
 				c = vendor[id]
 			}

@@ -20,8 +20,9 @@ type Health struct {
 	Words     string // the tool's words, for a drain's reason or the log: "" where it says all is well
 }
 
-// HealthTools names the programs and files CheckHealth asks.
-type HealthTools struct {
+// Tools names the vendor's programs and files that CheckHealth, Memory
+// and ProcessMemory ask.
+type Tools struct {
 	NPUSmi    string // Ascend: "" means the Inventory's, or npu-smi in PATH
 	NVIDIASmi string // NVIDIA: "" means nvidia-smi in PATH
 	FakeFile  string // the fake vendor's health file ([devices] fake_health)
@@ -52,7 +53,7 @@ const maxHealthWords = 400
 //     (nvidia-smi says such a GPU is lost) too.
 //   - Fake: the lines "ID STATUS [WORDS...]" of the health file, STATUS
 //     read as npu-smi's; a device not in it, or no file, is healthy.
-func (inv *Inventory) CheckHealth(ctx context.Context, ids []int, tools HealthTools) (map[int]Health, map[int]error) {
+func (inv *Inventory) CheckHealth(ctx context.Context, ids []int, tools Tools) (map[int]Health, map[int]error) {
 	switch inv.Vendor {
 	case Ascend:
 		bin := tools.NPUSmi
@@ -143,7 +144,8 @@ func (inv *Inventory) ascendHealth(ctx context.Context, ids []int, bin string) (
 	byCard := map[int][]int{}
 	var order []int
 	for _, id := range ids {
-		card, ok := inv.Card[id]
+		c, ok := inv.Chips[id]
+		card := c.NPU
 		if !ok {
 			// npu-smi did not say: one chip per card, numbered as the
 			// logical ids (Atlas 800T A2 and most 910B boxes).

@@ -103,10 +103,10 @@ esac
 		t.Fatal(err)
 	}
 	inv := &Inventory{Vendor: Ascend, Logical: map[int]int{0: 0, 1: 1, 4: 2, 5: 3, 6: 4},
-		Card: map[int]int{0: 0, 1: 1, 4: 1, 5: 2, 6: 3}, NPUSmi: smi}
+		Chips: map[int]Chip{0: {NPU: 0}, 1: {NPU: 1}, 4: {NPU: 1, Chip: 1}, 5: {NPU: 2}, 6: {NPU: 3}}, NPUSmi: smi}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	got, errs := inv.CheckHealth(ctx, []int{0, 1, 4, 5, 6}, HealthTools{})
+	got, errs := inv.CheckHealth(ctx, []int{0, 1, 4, 5, 6}, Tools{})
 	if got[0].Unhealthy || !got[1].Unhealthy || !got[4].Unhealthy || got[1].Words != "Health Status: Critical; Error Code: 80E01801" {
 		t.Errorf("answers: %+v", got)
 	}

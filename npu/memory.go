@@ -4,40 +4,64 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
 )
 
-// Memory is each device's memory in MiB as the vendor's tool tells it
-// (nvidia-smi --query-gpu=index,memory.total; npu-smi info's HBM total);
-// nil where it cannot say (the fake vendor, a tool missing or failing:
-// [share] capacity says). It is asked once, at the broker's start, for
-// shared devices.
-func Memory(v Vendor, npuSmi string, ids []int) map[int]int64 {
+// Memory is each device's memory in MiB, by physical id, as the
+// vendor's tool tells it (nvidia-smi --query-gpu=minor_number,memory.total;
+// npu-smi info's HBM total); nil where it cannot say (the fake vendor, a
+// tool missing or failing: [share] capacity says). It is asked once, at
+// the broker's start, for shared devices.
+func (inv *Inventory) Memory(tools Tools) map[int]int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), npuSmiTimeout)
 	defer cancel()
-	switch v {
+	switch inv.Vendor {
 	case NVIDIA:
-		out, err := exec.CommandContext(ctx, "nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits").Output()
+		out, err := runTool(ctx, tools.nvidiaSmi(), "--query-gpu=minor_number,memory.total", "--format=csv,noheader,nounits")
 		if err != nil {
 			return nil
 		}
 		return ParseGPUMemory(out)
 	case Ascend:
-		bin := npuSmi
-		if bin == "" {
-			bin = "npu-smi"
-		}
-		out, err := exec.CommandContext(ctx, bin, "info").Output()
+		out, err := runTool(ctx, inv.npuSmi(tools), "info")
 		if err != nil {
 			return nil
 		}
-		return ParseNPUSmiHBM(out)
+		m := map[int]int64{}
+		for c, mib := range ParseNPUSmiHBM(out) {
+			if phys, ok := inv.physicalOf(c.NPU, c.Chip); ok {
+				m[phys] = mib
+			}
+		}
+		return m
 	}
 	return nil
 }
+
+// npuSmi is the npu-smi to run: tools', else the configuration's, else
+// npu-smi in PATH.
+func (inv *Inventory) npuSmi(tools Tools) string {
+	switch {
+	case tools.NPUSmi != "":
+		return tools.NPUSmi
+	case inv.NPUSmi != "":
+		return inv.NPUSmi
+	}
+	return "npu-smi"
+}
+
+// nvidiaSmi is the nvidia-smi to run: tools', else nvidia-smi in PATH.
+func (tools Tools) nvidiaSmi() string {
+	if tools.NVIDIASmi != "" {
+		return tools.NVIDIASmi
+	}
+	return "nvidia-smi"
+}
+
+// ChipID is a chip as npu-smi's tables name it: its card's NPU ID and
+// the chip on the card.
+type ChipID struct{ NPU, Chip int }
 
 // ParseNPUSmiHBM reads each device's HBM from the devices' table of
 // `npu-smi info`: the chip row under each NPU row ends with its
@@ -46,10 +70,10 @@ func Memory(v Vendor, npuSmi string, ids []int) map[int]int64 {
 //	| 0     910B3               | OK            | 96.5        40                0    / 0             |
 //	| 0                         | 0000:C1:00.0  | 0           0    / 0          13178/ 65536         |
 //
-// The NPU is read as the device's physical id (chip 0, as the process
-// table is: ParseNPUSmiProcesses), the total in MiB.
-func ParseNPUSmiHBM(out []byte) map[int]int64 {
-	m := map[int]int64{}
+// Each chip's row is under its card's; the total is in MiB. Inventory's
+// physicalOf makes the chip a physical id.
+func ParseNPUSmiHBM(out []byte) map[ChipID]int64 {
+	m := map[ChipID]int64{}
 	in := false
 	npuID := -1
 	sc := bufio.NewScanner(bytes.NewReader(out))
@@ -74,23 +98,25 @@ func ParseNPUSmiHBM(out []byte) map[int]int64 {
 			if id, err := strconv.Atoi(first[0]); err == nil {
 				npuID = id
 			}
-		case len(first) == 1 && first[0] == "0" && npuID >= 0: // its chip 0's row
+		case len(first) == 1 && npuID >= 0: // a chip's row, under its card's
+			chip, err := strconv.Atoi(first[0])
 			usage := cells[3]
 			slash := strings.LastIndexByte(usage, '/')
-			if slash < 0 {
+			if err != nil || chip < 0 || slash < 0 {
 				continue
 			}
 			if total, err := strconv.ParseInt(strings.TrimSpace(usage[slash+1:]), 10, 64); err == nil && total > 0 {
-				m[npuID] = total
+				m[ChipID{npuID, chip}] = total
 			}
-			npuID = -1
 		}
 	}
 	return m
 }
 
-// ParseGPUMemory reads nvidia-smi --query-gpu=index,memory.total
-// --format=csv,noheader,nounits: "0, 81559" a line, MiB.
+// ParseGPUMemory reads nvidia-smi --query-gpu=minor_number,memory.total
+// --format=csv,noheader,nounits: "0, 81559" a line, MiB, by minor number
+// (the N of /dev/nvidiaN, the physical id; nvidia-smi's index is its own
+// order, which need not be the nodes').
 func ParseGPUMemory(out []byte) map[int]int64 {
 	m := map[int]int64{}
 	for id, mib := range csvPairs(out) {
@@ -104,7 +130,8 @@ func ParseGPUMemory(out []byte) map[int]int64 {
 // ProcMem is a process's use of device memory as the vendor's tool shows
 // it.
 type ProcMem struct {
-	Device int // physical id; -1 where the tool does not say (nvidia-smi --query-compute-apps)
+	Device int    // physical id; -1 where the tool does not say (nvidia-smi --query-compute-apps)
+	Chip   ChipID // npu-smi's name of the device (ParseNPUSmiProcesses)
 	PID    int
 	MiB    int64
 }
@@ -114,30 +141,32 @@ type ProcMem struct {
 // `npu-smi info`'s process table, NVIDIA from `nvidia-smi
 // --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`.
 // ok is false where there is no tool to ask.
-func ProcessMemory(v Vendor, npuSmi string) (procs []ProcMem, ok bool, err error) {
+func (inv *Inventory) ProcessMemory(tools Tools) (procs []ProcMem, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), npuSmiTimeout)
 	defer cancel()
-	switch v {
+	switch inv.Vendor {
 	case NVIDIA:
-		out, err := exec.CommandContext(ctx, "nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits").Output()
+		out, err := runTool(ctx, tools.nvidiaSmi(), "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
 		if err != nil {
-			return nil, true, fmt.Errorf("nvidia-smi --query-compute-apps: %w", err)
+			return nil, true, err
 		}
 		return ParseComputeApps(out), true, nil
 	case Fake:
-		if npuSmi == "" {
+		if tools.NPUSmi == "" && inv.NPUSmi == "" {
 			return nil, false, nil
 		}
 	}
-	bin := npuSmi
-	if bin == "" {
-		bin = "npu-smi"
-	}
-	out, err := exec.CommandContext(ctx, bin, "info").Output()
+	out, err := runTool(ctx, inv.npuSmi(tools), "info")
 	if err != nil {
-		return nil, true, fmt.Errorf("%s info: %w", bin, err)
+		return nil, true, err
 	}
-	return ParseNPUSmiProcesses(out), true, nil
+	procs = ParseNPUSmiProcesses(out)
+	for i := range procs {
+		if phys, ok := inv.physicalOf(procs[i].Chip.NPU, procs[i].Chip.Chip); ok {
+			procs[i].Device = phys
+		}
+	}
+	return procs, true, nil
 }
 
 // ParseComputeApps reads nvidia-smi --query-compute-apps=pid,used_memory
@@ -159,8 +188,9 @@ func ParseComputeApps(out []byte) []ProcMem {
 //	| 0       0                 | 4121          | python                   | 9800                    |
 //	| No running processes found in NPU 1                                                            |
 //
-// The NPU column is read as the device's physical id (one chip a card, as
-// the 910B's; the chip must be 0), the memory in MiB (the tool's "MB").
+// Each process is named with its chip (Device -1: Inventory's
+// ProcessMemory makes it a physical id), the memory in MiB (the tool's
+// "MB").
 func ParseNPUSmiProcesses(out []byte) []ProcMem {
 	var procs []ProcMem
 	in := false
@@ -179,16 +209,17 @@ func ParseNPUSmiProcesses(out []byte) []ProcMem {
 			continue
 		}
 		ids := strings.Fields(cells[1])
-		if len(ids) != 2 || ids[1] != "0" {
+		if len(ids) != 2 {
 			continue
 		}
-		dev, err1 := strconv.Atoi(ids[0])
+		card, err1 := strconv.Atoi(ids[0])
+		chip, err4 := strconv.Atoi(ids[1])
 		pid, err2 := strconv.Atoi(strings.TrimSpace(cells[2]))
 		mib, err3 := strconv.ParseInt(strings.TrimSpace(cells[4]), 10, 64)
-		if err1 != nil || err2 != nil || err3 != nil || dev < 0 || pid <= 0 || mib < 0 {
+		if err1 != nil || err2 != nil || err3 != nil || err4 != nil || card < 0 || chip < 0 || pid <= 0 || mib < 0 {
 			continue
 		}
-		procs = append(procs, ProcMem{Device: dev, PID: pid, MiB: mib})
+		procs = append(procs, ProcMem{Device: -1, Chip: ChipID{card, chip}, PID: pid, MiB: mib})
 	}
 	return procs
 }

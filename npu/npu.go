@@ -31,13 +31,13 @@ const npuSmiTimeout = 15 * time.Second
 
 // Inventory is the set of devices a broker manages.
 type Inventory struct {
-	Vendor  Vendor      // resolved: never Auto
-	IDs     []int       // physical ids managed, ascending
-	DevDir  string      // "/dev" normally; a fake tree in tests
-	Logical map[int]int // physical -> logical (Ascend); identity when unknown
-	Card    map[int]int // physical -> npu-smi's NPU ID, the card (Ascend), where npu-smi said; nil otherwise
-	NPUSmi  string      // npu-smi as configured ("" means npu-smi in PATH)
-	Note    string      // a one-time notice for the broker log, "" if none
+	Vendor  Vendor       // resolved: never Auto
+	IDs     []int        // physical ids managed, ascending
+	DevDir  string       // "/dev" normally; a fake tree in tests
+	Logical map[int]int  // physical -> logical (Ascend); identity when unknown
+	Chips   map[int]Chip // physical -> its chip in npu-smi info -m (Ascend: its card's NPU ID, the chip on it), where npu-smi said; nil otherwise
+	NPUSmi  string       // npu-smi as configured ("" means npu-smi in PATH)
+	Note    string       // a one-time notice for the broker log, "" if none
 }
 
 // Discover resolves the inventory of vendor's devices with the given
@@ -104,7 +104,7 @@ func Discover(vendor Vendor, ids []int, devDir, npuSmi string) (*Inventory, erro
 		m, chips, note := logicalMap(npuSmi, ids, devDir)
 		if m != nil {
 			inv.Logical = m
-			inv.Card = cards(m, chips)
+			inv.Chips = chipsOf(m, chips)
 		}
 		inv.Note = note
 	}
@@ -201,20 +201,37 @@ func logicalMap(npuSmi string, ids []int, devDir string) (map[int]int, []Chip, s
 	return m, chips, fmt.Sprintf("%v; logical ids taken from %s info -m in listing order, matched to the davinci nodes in ascending order", err, bin)
 }
 
-// cards maps each physical id of m to its card, npu-smi's NPU ID: the
-// chip of its logical id in chips. A physical id whose chip is not listed
-// is left out.
-func cards(m map[int]int, chips []Chip) map[int]int {
-	card := make(map[int]int, len(m))
+// chipsOf maps each physical id of m to its chip in chips: the chip of
+// its logical id, with the physical id. A physical id whose chip is not
+// listed is left out.
+func chipsOf(m map[int]int, chips []Chip) map[int]Chip {
+	out := make(map[int]Chip, len(m))
 	for phys, logical := range m {
 		for _, c := range chips {
 			if c.Logical == logical {
-				card[phys] = c.NPU
+				c.Phys = phys
+				out[phys] = c
 				break
 			}
 		}
 	}
-	return card
+	return out
+}
+
+// physicalOf is the physical id of the chip npu-smi's tables name as
+// card npuID, chip: from npu-smi info -m where it said (Chips), else the
+// NPU ID itself for chip 0 (one chip a card, as the 910B's, numbered as
+// its davinci node).
+func (inv *Inventory) physicalOf(npuID, chip int) (int, bool) {
+	if inv.Chips == nil {
+		return npuID, chip == 0
+	}
+	for phys, c := range inv.Chips {
+		if c.NPU == npuID && c.Chip == chip {
+			return phys, true
+		}
+	}
+	return -1, false
 }
 
 // remapIDs asks npu-smi for the logical id of each physical id, and checks

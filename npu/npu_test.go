@@ -187,7 +187,7 @@ func TestDiscover(t *testing.T) {
 			}
 			want := *tt.want
 			want.NPUSmi = tt.npuSmi
-			want.Card = got.Card // TestDiscoverAscendIDs checks the cards
+			want.Chips = got.Chips // TestDiscoverAscendIDs checks the chips
 			if !reflect.DeepEqual(got, &want) {
 				t.Errorf("Discover = %+v, want %+v", got, &want)
 			}
@@ -528,8 +528,17 @@ func TestDiscoverAscendIDs(t *testing.T) {
 			if !reflect.DeepEqual(inv.Logical, tt.want) {
 				t.Errorf("Logical = %v, want %v (note %q)", inv.Logical, tt.want, inv.Note)
 			}
-			if tt.wantCard != nil && !reflect.DeepEqual(inv.Card, tt.wantCard) {
-				t.Errorf("Card = %v, want %v", inv.Card, tt.wantCard)
+			if tt.wantCard != nil {
+				card := map[int]int{}
+				for phys, c := range inv.Chips {
+					card[phys] = c.NPU
+					if back, ok := inv.physicalOf(c.NPU, c.Chip); !ok || back != phys {
+						t.Errorf("physicalOf(%d, %d) = %d, %v; want %d", c.NPU, c.Chip, back, ok, phys)
+					}
+				}
+				if !reflect.DeepEqual(card, tt.wantCard) {
+					t.Errorf("cards = %v, want %v", card, tt.wantCard)
+				}
 			}
 			switch {
 			case tt.wantNote == "" && inv.Note != "":

@@ -37,7 +37,7 @@ func (g *Ledger) memoryOnce(res *procscan.Result) {
 	if len(g.policy().Share.Pools) == 0 {
 		return
 	}
-	procs, ok, err := npu.ProcessMemory(g.inv.Vendor, g.policy().NPUSmi)
+	procs, ok, err := g.inv.ProcessMemory(npu.Tools{NVIDIASmi: g.policy().NVIDIASmi})
 	if !ok {
 		return
 	}
