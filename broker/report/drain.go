@@ -81,11 +81,7 @@ func drainCmd(op string, args []string, env Env) int {
 		info, err = c.Undrain(fs.Arg(0))
 	}
 	if err != nil {
-		code := fail(env, err)
-		if e := (*client.Error)(nil); errors.As(err, &e) && e.Code == client.CodeDenied {
-			code = exitDenied
-		}
-		return code
+		return failRoot(env, err)
 	}
 	if *asJSON {
 		return writeJSON(env, info, true)

@@ -60,11 +60,7 @@ func Reload(args []string, env Env) int {
 	defer c.Close()
 	info, err := c.Reload()
 	if err != nil {
-		code := fail(env, err)
-		if e := (*client.Error)(nil); errors.As(err, &e) && e.Code == client.CodeDenied {
-			code = exitDenied
-		}
-		return code
+		return failRoot(env, err)
 	}
 	if *asJSON {
 		return writeJSON(env, info, true)

@@ -209,6 +209,16 @@ func dial(flag string, env Env) (*client.Conn, int) {
 	return c, exitOK
 }
 
+// failRoot is fail for a command that is root's (drain, reload): a
+// refusal of the caller (code denied) exits 77.
+func failRoot(env Env, err error) int {
+	code := fail(env, err)
+	if e := (*client.Error)(nil); errors.As(err, &e) && e.Code == client.CodeDenied {
+		code = exitDenied
+	}
+	return code
+}
+
 func fail(env Env, err error) int {
 	if errors.Is(err, client.ErrClosed) {
 		// A watch ends so when the broker stops: say it in words.

@@ -65,39 +65,34 @@ const tablePadding = 2
 // writeTable writes list's table. all adds the USER column; now decides
 // which times are today's.
 func writeTable(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) error {
-	head := []string{"ID", "STATE", "DEVICES", "SUBMITTED", "STARTED"}
-	if all {
-		head = []string{"ID", "USER", "STATE", "DEVICES", "SUBMITTED", "STARTED"}
-	}
-	rows := [][]string{head}
-	for i := range ts {
-		t := &ts[i]
-		row := []string{strconv.FormatUint(t.ID, 10)}
-		if all {
-			row = append(row, oneLine(t.User))
-		}
-		row = append(row, stateCell(t), deviceCell(t), timeCell(t.Submitted, now), startCell(t, now))
-		rows = append(rows, row)
-	}
-	return writeRows(w, rows, ts)
+	return writeTaskRows(w, ts, all, []string{"STATE", "DEVICES", "SUBMITTED", "STARTED"}, func(t *client.TaskInfo) []string {
+		return []string{stateCell(t), deviceCell(t), timeCell(t.Submitted, now), startCell(t, now)}
+	})
 }
 
 // writeHistory writes list --ended's table: how each task ended, when it
 // started and ended. all adds the USER column.
 func writeHistory(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) error {
-	head := []string{"ID", "END", "DEVICES", "STARTED", "ENDED"}
+	return writeTaskRows(w, ts, all, []string{"END", "DEVICES", "STARTED", "ENDED"}, func(t *client.TaskInfo) []string {
+		return []string{endCell(t), deviceCell(t), timeCell(t.Started, now), timeCell(t.Ended, now)}
+	})
+}
+
+// writeTaskRows writes a table of tasks: ID, USER where all, then the
+// columns head names, each task's cells as cells gives them.
+func writeTaskRows(w io.Writer, ts []client.TaskInfo, all bool, head []string, cells func(*client.TaskInfo) []string) error {
+	first := []string{"ID"}
 	if all {
-		head = []string{"ID", "USER", "END", "DEVICES", "STARTED", "ENDED"}
+		first = append(first, "USER")
 	}
-	rows := [][]string{head}
+	rows := [][]string{append(first, head...)}
 	for i := range ts {
 		t := &ts[i]
 		row := []string{strconv.FormatUint(t.ID, 10)}
 		if all {
 			row = append(row, oneLine(t.User))
 		}
-		row = append(row, endCell(t), deviceCell(t), timeCell(t.Started, now), timeCell(t.Ended, now))
-		rows = append(rows, row)
+		rows = append(rows, append(row, cells(t)...))
 	}
 	return writeRows(w, rows, ts)
 }
