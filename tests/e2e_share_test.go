@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/npurun/npurun/broker/client"
 )
 
 // shareConfig is n fake devices, every one shared, each with capacity
@@ -159,6 +161,10 @@ func TestShareLockFiles(t *testing.T) {
 	c.mustSucceed()
 	d.stdin.Close()
 	d.mustSucceed()
+	// The broker hears of a share's end through its lock's release, after
+	// the holder's parent does; it removes the file before the board
+	// shows the device free.
+	waitBoard(t, b, func(bd *client.Board) bool { return boardDevice(t, bd, 0).State == client.DeviceFree })
 	if ents, _ := os.ReadDir(locks); len(ents) != 1 {
 		var names []string
 		for _, e := range ents {
