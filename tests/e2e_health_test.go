@@ -59,6 +59,7 @@ func TestHealthDrainFake(t *testing.T) {
 		t.Errorf("npurun --no-wait -d 1 on npu1, drained for its health: exit %d, want 75: %s", code, out)
 	}
 	h.release() // its command ran on, and ends as it would have
+	waitBoard(t, b, func(bd *client.Board) bool { return boardDevice(t, bd, 1).Lease == nil })
 
 	// What does not parse drains nothing, and is logged.
 	mark = b.LogLen()
