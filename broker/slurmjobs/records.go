@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/internal/atomicfile"
 	"github.com/npurun/npurun/internal/owndir"
 )
 
@@ -216,47 +217,16 @@ func writeRecord(dir string, id uint32, rec any) error {
 	if err != nil {
 		return err
 	}
-	path := recordPath(dir, id)
-	tmp := filepath.Join(dir, "."+filepath.Base(path)+".new")
-	os.Remove(tmp)
-	fd, err := unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return fmt.Errorf("write job record %s: %w", tmp, err)
+	if err := atomicfile.Write(recordPath(dir, id), append(data, '\n'), 0o600); err != nil {
+		return fmt.Errorf("job record: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), tmp)
-	_, err = f.Write(append(data, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write job record %s: %w", path, err)
-	}
-	return syncDir(dir)
+	return nil
 }
 
 // remove removes job id's record, under rs.mu.
 func (rs *records) remove(id uint32) error {
 	if err := os.Remove(recordPath(rs.dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove job record: %w", err)
-	}
-	return nil
-}
-
-func syncDir(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Fsync(fd); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
 }
