@@ -78,6 +78,63 @@ func (q *Queue) Len() int { return len(q.order) }
 // Waiters returns the waiters in service order; callers must not modify it.
 func (q *Queue) Waiters() []*Waiter { return q.order }
 
+// Positions sets, for each waiter of want, its place in its pool's line
+// (left as it is where it is not in the queue). It walks the queue only
+// as far as the last of them, and looks up no map on the way: want's
+// waiters are put in service order first and met in turn, and only the
+// pools they wait in are counted. A listing asks this for each page, so
+// what a waiter passed costs is what a listing of the whole line costs,
+// times its pages.
+func (q *Queue) Positions(want map[*Waiter]int) {
+	ws := make([]*Waiter, 0, len(want))
+	for w := range want {
+		ws = append(ws, w)
+	}
+	slices.SortFunc(ws, order)
+	type count struct {
+		pool string
+		n    int
+	}
+	var pools []count
+	for _, w := range ws {
+		if !slices.ContainsFunc(pools, func(c count) bool { return c.pool == w.Pool }) {
+			pools = append(pools, count{pool: w.Pool})
+		}
+	}
+	k := 0
+	for _, o := range q.order {
+		for k < len(ws) && less(ws[k], o) {
+			k++ // not in this queue
+		}
+		if k == len(ws) {
+			return
+		}
+		n := 0
+		for i := range pools {
+			if pools[i].pool == o.Pool {
+				pools[i].n++
+				n = pools[i].n
+				break
+			}
+		}
+		// Those of ws in o's place: o, or waiters of another queue.
+		for ; k < len(ws) && !less(o, ws[k]); k++ {
+			if ws[k] == o {
+				want[o] = n
+			}
+		}
+	}
+}
+
+// index is w's index in the service order; -1 if it is not in the queue.
+func (q *Queue) index(w *Waiter) int {
+	i := sort.Search(len(q.order), func(i int) bool { return !less(q.order[i], w) })
+	if i >= len(q.order) || q.order[i] != w {
+		return -1
+	}
+	return i
+}
+
 // UserCount is how many waiters user uid has.
 func (q *Queue) UserCount(uid uint32) int { return q.count[uid] }
 
@@ -127,6 +184,17 @@ func less(a, b *Waiter) bool {
 	return a.seq < b.seq
 }
 
+// order is less as slices.SortFunc wants it.
+func order(a, b *Waiter) int {
+	switch {
+	case less(a, b):
+		return -1
+	case less(b, a):
+		return 1
+	}
+	return 0
+}
+
 // Add enqueues w.
 func (q *Queue) Add(w *Waiter) {
 	q.seq++
@@ -145,8 +213,8 @@ func (q *Queue) Add(w *Waiter) {
 // Remove takes w out of the queue (cancelled, or granted when served is
 // true, which advances the current round). It reports whether w was there.
 func (q *Queue) Remove(w *Waiter, served bool) bool {
-	i := sort.Search(len(q.order), func(i int) bool { return !less(q.order[i], w) })
-	if i >= len(q.order) || q.order[i] != w {
+	i := q.index(w)
+	if i < 0 {
 		return false
 	}
 	q.order = append(q.order[:i], q.order[i+1:]...)

@@ -834,6 +834,8 @@ func (rt *Runtime) positionLocked(t *Task) int {
 const (
 	listScan = 4096
 	listPage = 256
+
+	listedFrame = 160 // a listed task's keys and numbers, about (Page)
 )
 
 // Listed is a task copied for a page of a listing, with its place in line.
@@ -880,12 +882,14 @@ func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter) (page []Li
 		if j := rt.jobs[t.ID]; j != nil && j.inLine {
 			inLine = append(inLine, j.w)
 		}
-		// A guess at its size, on the high side, to stop copying before a
-		// message is full (the encoding decides: what does not fit goes
-		// in the next page).
-		size += 400 + len(t.Sub.Name) + len(t.User)
+		// A guess at its size, to stop copying once a message is full:
+		// its keys and numbers (a pending task's take some 100 bytes) and
+		// its strings as they are. The encoding decides: what does not
+		// fit goes in the next page. (A guess far on the high side filled
+		// a message only half, and a listing took twice the pages.)
+		size += listedFrame + len(t.Sub.Name) + len(t.User) + len(t.Sub.Pool) + 12*(len(t.Devices)+len(t.Sub.Devices)) + 21*len(t.Sub.After)
 		if t.UID == uid || uid == 0 {
-			size += len(t.Sub.Shell) + byteSize(t.Sub.Argv) + len(t.Sub.Cwd) + len(t.Log) + len(t.Reason)
+			size += len(t.Sub.Shell) + byteSize(t.Sub.Argv) + len(t.Sub.Cwd) + len(t.Log) + len(t.Reason) + len(t.Sub.Token)
 		}
 		return true
 	})
@@ -926,16 +930,8 @@ func (rt *Runtime) positionsOfLocked(ws []*lease.Waiter) map[*lease.Waiter]int {
 	if len(inTable) > 0 {
 		rt.table.Positions(inTable)
 	}
-	n := map[string]int{}
-	for _, w := range rt.cpuq.Waiters() {
-		if left == 0 {
-			break
-		}
-		n[w.Pool]++
-		if _, ok := want[w]; ok {
-			want[w] = n[w.Pool]
-			left--
-		}
+	if left > 0 {
+		rt.cpuq.Positions(want)
 	}
 	for w, pos := range inTable {
 		want[w] = pos
