@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -186,7 +185,8 @@ func (s *Server) history(c *conn, all bool, since int64) bool {
 // on. full tells which tasks the asker may see whole. Nobody's environment
 // is listed.
 func (c *conn) sendPage(page []tasks.Listed, full func(*tasks.Listed) bool, next uint64, more bool) error {
-	msg := []byte(`{"v":` + strconv.Itoa(client.Version) + `,"type":"` + client.TypeTasks + `","tasks":[`)
+	msg := make([]byte, 0, client.MaxMessage)
+	msg = append(msg, `{"v":`+strconv.Itoa(client.Version)+`,"type":"`+client.TypeTasks+`","tasks":[`...)
 	const tail = `],"more":true,"next":18446744073709551615}`
 	for i := range page {
 		ti := tasks.Info(&page[i].Task, full(&page[i]), page[i].Pos)
@@ -194,18 +194,16 @@ func (c *conn) sendPage(page []tasks.Listed, full func(*tasks.Listed) bool, next
 			ti.Start = st.UnixMilli()
 		}
 		ti.Env = nil
-		b, err := json.Marshal(&ti)
-		if err != nil {
-			return err
-		}
-		if i > 0 && len(msg)+1+len(b)+len(tail) > client.MaxMessage {
-			next, more = page[i-1].Task.ID, true
-			break
-		}
+		mark := len(msg)
 		if i > 0 {
 			msg = append(msg, ',')
 		}
-		msg = append(msg, b...)
+		msg = client.AppendTaskInfo(msg, &ti) // as encoding/json writes it, faster
+		if i > 0 && len(msg)+len(tail) > client.MaxMessage {
+			msg = msg[:mark]
+			next, more = page[i-1].Task.ID, true
+			break
+		}
 	}
 	msg = append(msg, ']')
 	if more {
