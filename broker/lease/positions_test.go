@@ -2,8 +2,8 @@ package lease
 
 import (
 	"math/rand/v2"
-	"time"
 	"testing"
+	"time"
 )
 
 // TestQueuePositions: Queue.Positions, which meets the waiters asked
