@@ -6,10 +6,11 @@ import (
 	"time"
 )
 
-// TestQueuePositions: Queue.Positions, which meets the waiters asked
-// about in service order, gives each the place a walk of the whole queue
-// counting every pool gives it, across users, pools and removals, and
-// leaves a waiter that is not in the queue alone.
+// TestQueuePositions: Queue.Positions, which counts the places once and
+// keeps them until the queue changes, gives each waiter the place a walk
+// of the whole queue counting every pool gives it, across users, pools,
+// removals and additions after places were counted, and leaves a waiter
+// that is not in the queue alone.
 func TestQueuePositions(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	pools := []string{"", "a", "b"}
@@ -21,36 +22,51 @@ func TestQueuePositions(t *testing.T) {
 			q.Add(w)
 			in = append(in, w)
 		}
+		check := func(when string) {
+			t.Helper()
+			truth := map[*Waiter]int{}
+			n := map[string]int{}
+			for _, w := range q.Waiters() {
+				n[w.Pool]++
+				truth[w] = n[w.Pool]
+			}
+			want := map[*Waiter]int{}
+			for range 1 + rng.IntN(40) {
+				want[in[rng.IntN(len(in))]] = 0
+			}
+			other := NewQueue() // a waiter of another queue: not in this one
+			stranger := &Waiter{N: 1, Pool: "a"}
+			other.Add(stranger)
+			want[stranger] = 0
+			q.Positions(want)
+			for w, pos := range want {
+				if pos != truth[w] {
+					t.Fatalf("round %d, %s: waiter seq %d in pool %q: position %d, want %d", round, when, w.seq, w.Pool, pos, truth[w])
+				}
+			}
+		}
+		check("first") // places counted: the changes below must undo them
 		for range 60 { // some leave, served or not
 			i := rng.IntN(len(in))
-			q.Remove(in[i], rng.IntN(2) == 0)
+			gone := in[i]
+			q.Remove(gone, rng.IntN(2) == 0)
 			in = append(in[:i], in[i+1:]...)
+			check("after a removal")
+			in = append(in, gone) // asked about, not in the queue
+			check("after a removal, asking about it")
+			in = in[:len(in)-1]
 		}
 		for range 20 {
 			w := &Waiter{Holder: Holder{UID: uint32(rng.IntN(4))}, N: 1, Pool: pools[rng.IntN(len(pools))]}
 			q.Add(w)
 			in = append(in, w)
+			check("after an addition")
 		}
-		truth := map[*Waiter]int{}
-		n := map[string]int{}
-		for _, w := range q.Waiters() {
-			n[w.Pool]++
-			truth[w] = n[w.Pool]
-		}
-		want := map[*Waiter]int{}
-		for range 1 + rng.IntN(40) {
-			want[in[rng.IntN(len(in))]] = 0
-		}
-		other := NewQueue() // a waiter of another queue: not in this one
-		stranger := &Waiter{N: 1, Pool: "a"}
-		other.Add(stranger)
-		want[stranger] = 0
-		q.Positions(want)
-		for w, pos := range want {
-			if pos != truth[w] {
-				t.Fatalf("round %d: waiter seq %d in pool %q: position %d, want %d", round, w.seq, w.Pool, pos, truth[w])
-			}
-		}
+		gone := in[rng.IntN(len(in))] // taken out to be granted, then put back
+		q.Remove(gone, false)
+		check("taken out")
+		q.Readd(gone)
+		check("put back")
 	}
 }
 

@@ -30,6 +30,7 @@ type Waiter struct {
 
 	seq   uint64 // arrival order
 	round uint64 // fairness round, see Queue
+	place int    // its place in its pool's line, while its queue's placed holds
 }
 
 // isTask tells whether w counts against its user's running tasks.
@@ -49,6 +50,8 @@ type Queue struct {
 	tasks map[string]int          // waiting tasks (Kind Task) per pool
 	round uint64                  // round of the last waiter served
 	seq   uint64
+
+	placed bool // each waiter's place is counted (Positions), and nothing moved since
 }
 
 // NewQueue returns an empty queue.
@@ -79,49 +82,22 @@ func (q *Queue) Len() int { return len(q.order) }
 func (q *Queue) Waiters() []*Waiter { return q.order }
 
 // Positions sets, for each waiter of want, its place in its pool's line
-// (left as it is where it is not in the queue). It walks the queue only
-// as far as the last of them, and looks up no map on the way: want's
-// waiters are put in service order first and met in turn, and only the
-// pools they wait in are counted. A listing asks this for each page, so
-// what a waiter passed costs is what a listing of the whole line costs,
-// times its pages.
+// (left as it is where it is not in the queue). A listing asks this for
+// each of its pages: the places of all the waiters are counted in one
+// walk, kept in the waiters, and used until the queue changes, so the
+// pages of a listing cost one walk of the line, not one each.
 func (q *Queue) Positions(want map[*Waiter]int) {
-	ws := make([]*Waiter, 0, len(want))
+	if !q.placed {
+		n := map[string]int{}
+		for _, w := range q.order {
+			n[w.Pool]++
+			w.place = n[w.Pool]
+		}
+		q.placed = true
+	}
 	for w := range want {
-		ws = append(ws, w)
-	}
-	slices.SortFunc(ws, order)
-	type count struct {
-		pool string
-		n    int
-	}
-	var pools []count
-	for _, w := range ws {
-		if !slices.ContainsFunc(pools, func(c count) bool { return c.pool == w.Pool }) {
-			pools = append(pools, count{pool: w.Pool})
-		}
-	}
-	k := 0
-	for _, o := range q.order {
-		for k < len(ws) && less(ws[k], o) {
-			k++ // not in this queue
-		}
-		if k == len(ws) {
-			return
-		}
-		n := 0
-		for i := range pools {
-			if pools[i].pool == o.Pool {
-				pools[i].n++
-				n = pools[i].n
-				break
-			}
-		}
-		// Those of ws in o's place: o, or waiters of another queue.
-		for ; k < len(ws) && !less(o, ws[k]); k++ {
-			if ws[k] == o {
-				want[o] = n
-			}
+		if q.index(w) >= 0 {
+			want[w] = w.place
 		}
 	}
 }
@@ -184,19 +160,9 @@ func less(a, b *Waiter) bool {
 	return a.seq < b.seq
 }
 
-// order is less as slices.SortFunc wants it.
-func order(a, b *Waiter) int {
-	switch {
-	case less(a, b):
-		return -1
-	case less(b, a):
-		return 1
-	}
-	return 0
-}
-
 // Add enqueues w.
 func (q *Queue) Add(w *Waiter) {
+	q.placed = false
 	q.seq++
 	w.seq = q.seq
 	w.round = max(q.next[w.UID], q.round)
@@ -218,6 +184,7 @@ func (q *Queue) Remove(w *Waiter, served bool) bool {
 		return false
 	}
 	q.order = append(q.order[:i], q.order[i+1:]...)
+	q.placed = false
 	q.countTask(w, -1)
 	if served {
 		q.round = max(q.round, w.round)
@@ -235,6 +202,7 @@ func (q *Queue) Remove(w *Waiter, served bool) bool {
 // limited again as Add does (Remove forgot the limit if this was the
 // user's last waiter); a limit from a later request of theirs stays.
 func (q *Queue) Readd(w *Waiter) {
+	q.placed = false
 	q.count[w.UID]++
 	q.next[w.UID] = max(q.next[w.UID], w.round+1)
 	q.countTask(w, 1)
