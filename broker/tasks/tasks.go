@@ -857,15 +857,17 @@ func (f Filter) keeps(t *tasklife.Task) bool {
 	return !f.Ended || (t.IsEnded() && t.Ended >= f.Since)
 }
 
-// Page copies one page of a listing for asker uid: its tasks (everyone's
-// with all) with ids above after that f keeps, oldest first. more tells
-// that others follow, from next.
-func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter) (page []Listed, next uint64, more bool, err error) {
+// Page copies one page of a listing for asker uid into page (emptied
+// first: its room is reused): its tasks (everyone's with all) with ids
+// above after that f keeps, oldest first. more tells that others follow,
+// from next.
+func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter, page []Listed) (_ []Listed, next uint64, more bool, err error) {
 	rt.mu.Lock()
 	defer rt.unlock()
 	if err := rt.unavailableLocked(false); err != nil {
-		return nil, 0, false, err
+		return page[:0], 0, false, err
 	}
+	page = page[:0]
 	scanned, size := 0, 0
 	var inLine []*lease.Waiter
 	rt.life.EachAfter(after, func(t *tasklife.Task) bool {
