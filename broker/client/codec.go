@@ -299,8 +299,9 @@ func mightFold(key string) bool { return mightFoldInto(key, replyKeys) }
 
 // scanner reads the JSON the broker writes. It accepts standard JSON.
 type scanner struct {
-	b []byte
-	i int
+	b    []byte
+	i    int
+	seen map[string]string // strings read by shared
 }
 
 func (s *scanner) ws() {

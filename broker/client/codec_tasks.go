@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"reflect"
 	"strconv"
 	"strings"
@@ -100,7 +101,9 @@ func (s *scanner) tasks() (ts []TaskInfo, unsure bool, err error) {
 	if s.peek() == 'n' {
 		return nil, false, s.literal("null")
 	}
-	ts = []TaskInfo{}
+	// Room for as many tasks as there are "id" keys: a guess, never
+	// wrong by more than the odd key of that name in a string.
+	ts = make([]TaskInfo, 0, bytes.Count(s.b[s.i:], []byte(`{"id":`)))
 	err = s.array(func() error {
 		if s.peek() == 'n' {
 			unsure = true
@@ -128,7 +131,7 @@ func (s *scanner) task(t *TaskInfo) (unsure bool, err error) {
 		case "id":
 			t.ID, err = s.uint()
 		case "user":
-			t.User, err = s.string()
+			t.User, err = s.shared()
 		case "uid":
 			u, err = s.uint()
 			if u > 1<<32-1 {
@@ -136,22 +139,22 @@ func (s *scanner) task(t *TaskInfo) (unsure bool, err error) {
 			}
 			t.UID = uint32(u)
 		case "name":
-			t.Name, err = s.string()
+			t.Name, err = s.shared()
 		case "state":
-			t.State, err = s.string()
+			t.State, err = s.shared()
 		case "command":
-			t.Command, err = s.string()
+			t.Command, err = s.shared()
 		case "cwd":
-			t.Cwd, err = s.string()
+			t.Cwd, err = s.shared()
 		case "env":
 			t.Env, err = s.strings()
 		case "log":
-			t.Log, err = s.string()
+			t.Log, err = s.shared()
 		case "n":
 			n, err = s.int()
 			t.N = int(n)
 		case "pool":
-			t.Pool, err = s.string()
+			t.Pool, err = s.shared()
 		case "mem":
 			t.Mem, err = s.int()
 		case "oom_retries":
@@ -183,7 +186,7 @@ func (s *scanner) task(t *TaskInfo) (unsure bool, err error) {
 			x := int(n)
 			t.Exit = &x
 		case "signal":
-			t.Signal, err = s.string()
+			t.Signal, err = s.shared()
 		case "reason":
 			t.Reason, err = s.string()
 		case "cpu_ms":
@@ -199,7 +202,7 @@ func (s *scanner) task(t *TaskInfo) (unsure bool, err error) {
 		case "from":
 			t.From, err = s.uint()
 		case "source":
-			t.Source, err = s.string()
+			t.Source, err = s.shared()
 		default:
 			unsure = unsure || mightFoldInto(key, taskKeys)
 			err = s.skip()
@@ -237,3 +240,36 @@ func mightFoldInto(key string, keys []string) bool {
 	}
 	return false
 }
+
+// shared reads a string as string does, but gives the same string for
+// the same text without escapes, up to a few hundred of them: the tasks
+// of a page mostly share their user, state, directory and log, and a
+// listing of thousands of tasks made each anew.
+func (s *scanner) shared() (string, error) {
+	if s.peek() != '"' {
+		return s.string()
+	}
+	end := s.i + 1
+	for end < len(s.b) && s.b[end] != '"' && s.b[end] != '\\' && s.b[end] >= 0x20 && s.b[end] < utf8.RuneSelf {
+		end++
+	}
+	if end >= len(s.b) || s.b[end] != '"' {
+		return s.string() // escapes, non-ASCII, or malformed: read the long way
+	}
+	text := s.b[s.i+1 : end]
+	v, ok := s.seen[string(text)]
+	if !ok {
+		v = string(text)
+		if s.seen == nil {
+			s.seen = map[string]string{}
+		}
+		if len(s.seen) < maxShared {
+			s.seen[v] = v
+		}
+	}
+	s.i = end + 1
+	return v, nil
+}
+
+// maxShared bounds the strings a scanner keeps for shared.
+const maxShared = 256
