@@ -134,3 +134,20 @@ func FuzzDecodeTasks(f *testing.F) {
 		}
 	})
 }
+
+// FuzzAppendTaskInfo: the hand encoding of any task is encoding/json's,
+// byte for byte.
+func FuzzAppendTaskInfo(f *testing.F) {
+	f.Add("alice", "python train.py <in >out & wait", "/home/alice", "sweep \u2028 é \xff \x01", int64(3), uint64(7))
+	f.Fuzz(func(t *testing.T, user, command, cwd, name string, n int64, id uint64) {
+		ti := TaskInfo{ID: id, User: user, Name: name, State: StatePending, Command: command, Cwd: cwd, Log: cwd + name,
+			N: int(n), Mem: n, Devices: []int{int(n)}, After: []uint64{id}, Submitted: n, Exit: intp(int(n)), Reason: command, Token: user}
+		want, err := json.Marshal(&ti)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := AppendTaskInfo(nil, &ti); string(got) != string(want) {
+			t.Fatalf("hand: %s\njson: %s", got, want)
+		}
+	})
+}

@@ -112,11 +112,24 @@ func command(t *tasklife.Task) string {
 }
 
 func shellQuote(s string) string {
-	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") == "" {
+	if s != "" && !strings.ContainsFunc(s, needsQuote) {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
+
+// needsQuote tells whether r is not among the characters a word of a
+// command shows unquoted (a list names each task's command).
+func needsQuote(r rune) bool {
+	return r >= utf8.RuneSelf || !bareChar[r]
+}
+
+var bareChar = func() (t [utf8.RuneSelf]bool) {
+	for _, c := range "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%" {
+		t[c] = true
+	}
+	return t
+}()
 
 // Unavailable says why tasks cannot be taken up now (the journal cannot
 // be opened, the supervisor program is missing or untrusted), nil when
