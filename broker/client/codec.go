@@ -762,6 +762,14 @@ func appendStrings(b []byte, key string, vs []string) []byte {
 	return append(b, ']')
 }
 
+// jsonPlain marks the bytes appendJSONString writes as they are.
+var jsonPlain = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+	}
+	return t
+}()
+
 // appendJSONString appends s as encoding/json writes a string: invalid
 // UTF-8 as U+FFFD, and <, >, &, U+2028 and U+2029 escaped.
 func appendJSONString(b []byte, s string) []byte {
@@ -770,7 +778,7 @@ func appendJSONString(b []byte, s string) []byte {
 	for i := 0; i < len(s); {
 		// A run of bytes written as they are goes in at once.
 		j := i
-		for j < len(s) && s[j] >= 0x20 && s[j] < utf8.RuneSelf && s[j] != '"' && s[j] != '\\' && s[j] != '<' && s[j] != '>' && s[j] != '&' {
+		for j < len(s) && jsonPlain[s[j]] {
 			j++
 		}
 		if j > i {
