@@ -762,23 +762,30 @@ func appendStrings(b []byte, key string, vs []string) []byte {
 	return append(b, ']')
 }
 
-// jsonPlain marks the bytes appendJSONString writes as they are.
-var jsonPlain = func() (t [256]bool) {
+// jsonPlain marks the bytes appendJSONString writes as they are;
+// jsonPlainNoHTML, those that encoding/json writes as they are without
+// its HTML escapes (Encoder.SetEscapeHTML(false)): <, > and & too.
+var jsonPlain, jsonPlainNoHTML = func() (t, u [256]bool) {
 	for c := 0x20; c < utf8.RuneSelf; c++ {
-		t[c] = c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+		u[c] = c != '"' && c != '\\'
+		t[c] = u[c] && c != '<' && c != '>' && c != '&'
 	}
-	return t
+	return t, u
 }()
 
 // appendJSONString appends s as encoding/json writes a string: invalid
 // UTF-8 as U+FFFD, and <, >, &, U+2028 and U+2029 escaped.
-func appendJSONString(b []byte, s string) []byte {
+func appendJSONString(b []byte, s string) []byte { return appendJSONStringPlain(b, s, &jsonPlain) }
+
+// appendJSONStringPlain is appendJSONString writing the bytes plain marks
+// as they are (jsonPlain, or jsonPlainNoHTML).
+func appendJSONStringPlain(b []byte, s string, plain *[256]bool) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
 	for i := 0; i < len(s); {
 		// A run of bytes written as they are goes in at once.
 		j := i
-		for j < len(s) && jsonPlain[s[j]] {
+		for j < len(s) && plain[s[j]] {
 			j++
 		}
 		if j > i {

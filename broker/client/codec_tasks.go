@@ -20,22 +20,44 @@ import (
 // AppendTaskInfo appends t encoded byte for byte as encoding/json's
 // Marshal encodes it: the fields in order, those marked omitempty left
 // out when empty, strings HTML-escaped.
-func AppendTaskInfo(b []byte, t *TaskInfo) []byte {
+func AppendTaskInfo(b []byte, t *TaskInfo) []byte { return appendTaskInfo(b, t, &jsonPlain) }
+
+// AppendTaskInfoNoHTML is AppendTaskInfo as an encoding/json Encoder
+// without HTML escapes (SetEscapeHTML(false)) writes t: <, > and & as
+// they are (task-submit list --json).
+func AppendTaskInfoNoHTML(b []byte, t *TaskInfo) []byte {
+	return appendTaskInfo(b, t, &jsonPlainNoHTML)
+}
+
+func appendTaskInfo(b []byte, t *TaskInfo, plain *[256]bool) []byte {
+	str := func(b []byte, key, v string) []byte {
+		if v == "" {
+			return b
+		}
+		return appendJSONStringPlain(append(b, key...), v, plain)
+	}
 	b = append(b, `{"id":`...)
 	b = strconv.AppendUint(b, t.ID, 10)
-	b = append(b, `,"user":`...)
-	b = appendJSONString(b, t.User)
+	b = appendJSONStringPlain(append(b, `,"user":`...), t.User, plain)
 	b = append(b, `,"uid":`...)
 	b = strconv.AppendUint(b, uint64(t.UID), 10)
-	b = appendField(b, `,"name":`, t.Name)
-	b = append(b, `,"state":`...)
-	b = appendJSONString(b, t.State)
-	b = appendField(b, `,"command":`, t.Command)
-	b = appendField(b, `,"cwd":`, t.Cwd)
-	b = appendStrings(b, `,"env":`, t.Env)
-	b = appendField(b, `,"log":`, t.Log)
+	b = str(b, `,"name":`, t.Name)
+	b = appendJSONStringPlain(append(b, `,"state":`...), t.State, plain)
+	b = str(b, `,"command":`, t.Command)
+	b = str(b, `,"cwd":`, t.Cwd)
+	if len(t.Env) > 0 {
+		b = append(b, `,"env":[`...)
+		for i, v := range t.Env {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONStringPlain(b, v, plain)
+		}
+		b = append(b, ']')
+	}
+	b = str(b, `,"log":`, t.Log)
 	b = appendInt(b, `,"n":`, int64(t.N))
-	b = appendField(b, `,"pool":`, t.Pool)
+	b = str(b, `,"pool":`, t.Pool)
 	b = appendInt(b, `,"mem":`, t.Mem)
 	b = appendInt(b, `,"oom_retries":`, int64(t.OOMRetries))
 	b = appendUint(b, `,"retry_of":`, t.RetryOf)
@@ -56,15 +78,15 @@ func AppendTaskInfo(b []byte, t *TaskInfo) []byte {
 	if t.Exit != nil {
 		b = strconv.AppendInt(append(b, `,"exit":`...), int64(*t.Exit), 10)
 	}
-	b = appendField(b, `,"signal":`, t.Signal)
-	b = appendField(b, `,"reason":`, t.Reason)
+	b = str(b, `,"signal":`, t.Signal)
+	b = str(b, `,"reason":`, t.Reason)
 	b = appendInt(b, `,"cpu_ms":`, t.CPUMs)
 	b = appendInt(b, `,"mem_peak":`, t.MemPeak)
 	b = appendInt(b, `,"device_peak":`, t.DevPeak)
-	b = appendField(b, `,"token":`, t.Token)
+	b = str(b, `,"token":`, t.Token)
 	b = appendBool(b, `,"held":true`, t.Held)
 	b = appendUint(b, `,"from":`, t.From)
-	b = appendField(b, `,"source":`, t.Source)
+	b = str(b, `,"source":`, t.Source)
 	return append(b, '}')
 }
 

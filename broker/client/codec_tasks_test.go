@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -32,6 +33,9 @@ func TestAppendTaskInfoAgreesWithJSON(t *testing.T) {
 		}
 		if got := AppendTaskInfo(nil, ti); string(got) != string(want) {
 			t.Errorf("task %+v\nhand: %s\njson: %s", *ti, got, want)
+		}
+		if got, want := AppendTaskInfoNoHTML(nil, ti), noHTML(t, ti); string(got) != want {
+			t.Errorf("task %+v without HTML escapes\nhand: %s\njson: %s", *ti, got, want)
 		}
 	}
 	for i := range taskSamples {
@@ -149,5 +153,20 @@ func FuzzAppendTaskInfo(f *testing.F) {
 		if got := AppendTaskInfo(nil, &ti); string(got) != string(want) {
 			t.Fatalf("hand: %s\njson: %s", got, want)
 		}
+		if got, want := AppendTaskInfoNoHTML(nil, &ti), noHTML(t, &ti); string(got) != want {
+			t.Fatalf("without HTML escapes\nhand: %s\njson: %s", got, want)
+		}
 	})
+}
+
+// noHTML is ti as an encoding/json Encoder without HTML escapes writes
+// it, less the newline.
+func noHTML(t *testing.T, ti *TaskInfo) string {
+	var b strings.Builder
+	e := json.NewEncoder(&b)
+	e.SetEscapeHTML(false)
+	if err := e.Encode(ti); err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSuffix(b.String(), "\n")
 }

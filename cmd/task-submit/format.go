@@ -52,6 +52,25 @@ func writeJSON(w io.Writer, v any) error {
 	return e.Encode(v)
 }
 
+// writeTasksJSON writes list --json's array of tasks as writeJSON does,
+// byte for byte, with the hand encoder (client.AppendTaskInfoNoHTML):
+// encoding/json's reflection took a third of list --json's time for
+// 10,000 tasks.
+func writeTasksJSON(w io.Writer, ts []client.TaskInfo) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	bw.WriteByte('[')
+	var b []byte
+	for i := range ts {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		b = client.AppendTaskInfoNoHTML(b[:0], &ts[i])
+		bw.Write(b)
+	}
+	bw.WriteString("]\n")
+	return bw.Flush()
+}
+
 // tableWidth is the width list's table is made to fit, by shortening the
 // last column.
 const tableWidth = 100

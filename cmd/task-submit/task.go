@@ -155,10 +155,7 @@ func list(o *options) int {
 	}
 	switch {
 	case o.json:
-		if ts == nil {
-			ts = []client.TaskInfo{} // "[]", not "null"
-		}
-		err = writeJSON(stdout, ts)
+		err = writeTasksJSON(stdout, ts) // "[]" for none, not "null"
 	case len(ts) > 0 && o.ended:
 		err = writeHistory(stdout, ts, o.all, time.Now())
 	case len(ts) > 0:
