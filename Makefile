@@ -289,7 +289,7 @@ demo: $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDI
 	@bash tests/demo.sh $(BUILDDIR)
 
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./tests/
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./tests/ ./broker/lease/
 
 man:
 	@ls man/*.[0-9]

@@ -12,6 +12,11 @@ package tests
 //	                              ≤ 1.15× the lower bound (memory-seconds over
 //	                                capacity, or the longest job)
 //	share grant (npurun --mem)    p50 ≤ 1.1× a whole-device grant
+//
+// BenchmarkPlanMakespan (broker/lease) replays the same workloads through
+// the line's rules in simulated time, beside the best order a search
+// finds knowing every run time: the share of the makespan that is the
+// broker's own cost, and how far from the bound any order gets.
 
 import (
 	"fmt"

@@ -37,8 +37,8 @@ import (
 // that cannot be served now closes the devices it would take first to
 // new shares (a whole-device waiter: those with shares, least declared
 // first, after the free ones it reserves as always; the first share in
-// line that waits: the one with most room), so a stream of small shares
-// never starves it.
+// line that waits, once SharePatience requests behind it have started:
+// the one with most room), so a stream of small shares never starves it.
 
 // share is one share of a device: a lease's declaration of Mem MiB, on a
 // lock file of its own.

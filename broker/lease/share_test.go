@@ -91,18 +91,28 @@ func TestPlanShares(t *testing.T) {
 		{
 			name: "a large share that does not fit closes the roomiest device",
 			order: []*Waiter{
-				shareWaiter("big", 1, 60, 1, 0, 1),
+				patient(shareWaiter("big", 1, 60, 1, 0, 1)),
 				shareWaiter("small", 2, 4, 1, 0, 1),
 			},
 			free: freeSet(2),
-			room: []int64{40, 50},
-			want: []string{"small:[0]"},
+			room: []int64{3, 50},
+			want: nil,
+		},
+		{
+			name: "until SharePatience requests have passed it, it closes none",
+			order: []*Waiter{
+				passedBy(shareWaiter("big", 1, 60, 1, 0, 1), SharePatience-1),
+				shareWaiter("small", 2, 4, 1, 0, 1),
+			},
+			free: freeSet(2),
+			room: []int64{3, 50},
+			want: []string{"small:[1]"},
 		},
 		{
 			name: "only the first share that waits closes a device",
 			order: []*Waiter{
-				shareWaiter("big1", 1, 60, 1, 0, 1, 2),
-				shareWaiter("big2", 2, 60, 1, 0, 1, 2),
+				patient(shareWaiter("big1", 1, 60, 1, 0, 1, 2)),
+				patient(shareWaiter("big2", 2, 60, 1, 0, 1, 2)),
 				shareWaiter("small", 3, 35, 1, 0, 1, 2),
 			},
 			free: freeSet(3),
@@ -119,6 +129,75 @@ func TestPlanShares(t *testing.T) {
 			}
 		})
 	}
+}
+
+// passedBy is w as if n requests behind it had started while it waited.
+func passedBy(w *Waiter, n int) *Waiter {
+	w.passed = n
+	return w
+}
+
+// patient is w once it has let SharePatience requests pass: it closes a
+// device for itself.
+func patient(w *Waiter) *Waiter { return passedBy(w, SharePatience) }
+
+// TestCountPassed: Schedule counts, for each share not served, the
+// requests served behind it, and only for shares.
+func TestCountPassed(t *testing.T) {
+	a, b, c, d, e := shareWaiter("a", 1, 60, 1, 0), waiter("b", 2, 1, 0), shareWaiter("c", 3, 60, 1, 0), shareWaiter("d", 4, 4, 1, 0), waiter("e", 5, 1, 0)
+	countPassed([]*Waiter{a, b, c, d, e}, []Grant{{W: b}, {W: d}})
+	for _, tc := range []struct {
+		w    *Waiter
+		want int
+	}{{a, 2}, {b, 0}, {c, 1}, {d, 0}, {e, 0}} {
+		if tc.w.passed != tc.want {
+			t.Errorf("%s passed by %d, want %d", tc.w.Pool, tc.w.passed, tc.want)
+		}
+	}
+}
+
+// TestPlanSharesHeadServed: a large share in front of a stream of small
+// ones is served once SharePatience of them have passed it and the
+// device it then closes has emptied: shares never starve a share. Each
+// round, the oldest share on each device ends.
+func TestPlanSharesHeadServed(t *testing.T) {
+	const capacity, small = 63, 8
+	room := []int64{capacity, capacity}
+	declared := map[int][]int64{}
+	q := NewQueue()
+	q.Add(shareWaiter("big", 1, 60, 1, 0, 1))
+	for i := range 200 {
+		q.Add(shareWaiter(fmt.Sprintf("s%d", i), uint32(10+i), small, 1, 0, 1))
+	}
+	// Patience spent, a device holds at most capacity/small shares
+	// that end one a round: then it has room for big.
+	within := SharePatience + capacity/small + 1
+	// The first round: a device each fills with small shares beside it.
+	room[0], room[1] = 50, 50
+	declared[0], declared[1] = []int64{13}, []int64{13}
+	for round := 0; round <= within; round++ {
+		free := freeSet(2)
+		order := q.Waiters()
+		gs := Plan(order, free, Room{Share: slices.Clone(room)})
+		countPassed(order, gs)
+		for _, g := range gs {
+			q.Remove(g.W, true)
+			if g.W.Pool == "big" {
+				return
+			}
+			for _, id := range g.Devices {
+				declared[id] = append(declared[id], g.W.Mem)
+				room[id] -= g.W.Mem
+			}
+		}
+		for id := range room {
+			if len(declared[id]) > 0 {
+				room[id] += declared[id][0]
+				declared[id] = declared[id][1:]
+			}
+		}
+	}
+	t.Fatalf("the large share was not served within %d rounds of a stream of small ones", within)
 }
 
 // TestPlanSharesWholeServed: with shares coming and going on every

@@ -860,9 +860,13 @@ func (t *Table) scheduleLocked(running map[uint32]int) []*Handover {
 			}
 		}
 	}
-	grants := Plan(t.q.Waiters(), free, room)
+	order := t.q.Waiters()
+	grants := Plan(order, free, room)
 	if len(grants) == 0 {
 		return nil
+	}
+	if t.sharing {
+		countPassed(order, grants)
 	}
 	hs := make([]*Handover, len(grants))
 	for i, g := range grants {
@@ -890,6 +894,28 @@ func (t *Table) scheduleLocked(running map[uint32]int) []*Handover {
 		hs[i] = h
 	}
 	return hs
+}
+
+// countPassed adds to each share in order that grants pass over (one
+// not served ahead of a served one) how many of them it lets pass: its
+// patience (SharePatience). It walks order only as far as the last
+// served.
+func countPassed(order []*Waiter, grants []Grant) {
+	served := make(map[*Waiter]bool, len(grants))
+	for _, g := range grants {
+		served[g.W] = true
+	}
+	behind := len(grants) // the served behind order[i]
+	for _, w := range order {
+		if behind == 0 {
+			return
+		}
+		if served[w] {
+			behind--
+		} else if w.Mem > 0 {
+			w.passed += behind
+		}
+	}
 }
 
 // Busy is Claim's refusal of devices that are not free now. Leases hold
