@@ -100,15 +100,25 @@ func TestShareBestFit(t *testing.T) {
 	if !strings.Contains(third.Output(), "held 1") {
 		t.Fatalf("third share: %q, want npu 1", third.Output())
 	}
+	// 10G fits neither now (2G and 8G left): it waits, and the line
+	// shows the share it waits for, not a whole device.
+	waiting := queue(t, b, "waiting", "--mem", "10G", "true")
+	if !strings.Contains(waiting.Output(), `npurun: waiting for 10G of 1 device in pool "default"`) {
+		t.Errorf("a waiting share's progress line: %q, want the share it waits for", waiting.Output())
+	}
 	st := b.Status(t)
-	for _, want := range []string{"MEM", "2 shares", "10G", "4G", "8G"} {
+	for _, want := range []string{"MEM", "2 shares", "10G", "4G", "8G", "10G of 1 device"} {
 		if !strings.Contains(st, want) {
 			t.Errorf("status lacks %q:\n%s", want, st)
 		}
 	}
+	if line := b.Board(t).Waiting; len(line) != 1 || len(line[0].Waiters) != 1 || line[0].Waiters[0].Mem != 10*1024 {
+		t.Errorf("status --json's line %+v, want one waiter with mem 10240 (MiB)", line)
+	}
 	first.release()
 	second.release()
 	third.release()
+	waiting.mustSucceed()
 }
 
 // TestShareWholeWaiter: a whole-device request waiting behind shares is

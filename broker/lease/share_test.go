@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -322,4 +323,43 @@ func TestShareFiles(t *testing.T) {
 	}
 	unix.Close(a.fds[0])
 	w.release()
+}
+
+// TestEstimateShares: the line's estimates leave devices with shares out:
+// a share waits on packing, not on a device coming free, and a device
+// holding shares takes new ones until a whole request closes it (Plan),
+// so neither a share nor a whole request waiting on such a device has a
+// known start, even with every limit known.
+func TestEstimateShares(t *testing.T) {
+	o, _ := newShareTable(t, 16<<10)
+	limited := Holder{Kind: Inline, UID: 1, User: "u1", Limit: time.Hour}
+	ask := func(req Request) (*Waiter, chan grant) {
+		ch := make(chan grant, 1)
+		w, err := o.tbl.Admit(req)
+		if err != nil {
+			t.Fatalf("admit %+v: %v", req, err)
+		}
+		w.Ref = ch
+		o.mu.Lock()
+		o.tbl.Add(w)
+		o.serveLocked()
+		o.mu.Unlock()
+		return w, ch
+	}
+	_, ach := ask(Request{Holder: limited, Mem: 12 << 10})
+	a := got(t, ach, "a share with a limit")
+	share, sch := ask(Request{Holder: limited, Mem: 8 << 10})
+	whole, wch := ask(Request{Holder: limited, N: 1})
+	none(t, o, sch, "a share that does not fit")
+	none(t, o, wch, "a whole request behind shares")
+	want := map[*Waiter]time.Time{share: {}, whole: {}}
+	o.tbl.Starts(want)
+	for w, at := range want {
+		if !at.IsZero() {
+			t.Errorf("waiter (mem %d MiB) estimated to start at %v, want unknown", w.Mem, at)
+		}
+	}
+	a.release()
+	got(t, sch, "the share, once a has ended").release()
+	got(t, wch, "the whole request, once the shares have ended").release()
 }
