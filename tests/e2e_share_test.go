@@ -381,7 +381,8 @@ func TestShareDrained(t *testing.T) {
 
 // TestShareRestrictedUsers: two restricted accounts holding shares of one
 // device each open its node while they hold a share, and only then: the
-// end of one's share takes its entry away and leaves the other's.
+// end of one's share takes its entry away and leaves the other's, also
+// when it ended while no broker ran.
 func TestShareRestrictedUsers(t *testing.T) {
 	dev := newDevTree(t, 1)
 	alice, bob := newUser(t), newUser(t)
@@ -395,15 +396,18 @@ func TestShareRestrictedUsers(t *testing.T) {
 	if !canOpen(t, alice, node) || !canOpen(t, bob, node) {
 		t.Fatalf("two shares: alice opens it %v, bob %v; want both", canOpen(t, alice, node), canOpen(t, bob, node))
 	}
-	// A broker's restart takes nobody's access from a share held.
+	// A broker's restart takes nobody's access from a share held, and
+	// takes it from the user of a share that ended while no broker ran.
 	b.Kill()
-	b.Start()
-	if !canOpen(t, alice, node) || !canOpen(t, bob, node) {
-		t.Fatalf("two shares after a restart: alice opens it %v, bob %v; want both", canOpen(t, alice, node), canOpen(t, bob, node))
-	}
 	a.release()
-	// 12G fits only once alice's share is gone, and the device takes no
-	// share while its node is being closed to her.
+	b.Start()
+	if canOpen(t, alice, node) || !canOpen(t, bob, node) {
+		t.Fatalf("after a restart, alice's share ended meanwhile: alice opens it %v, bob %v; want false, true", canOpen(t, alice, node), canOpen(t, bob, node))
+	}
+	if want := fmt.Sprintf("npu 0 holds shares: removed the ACL entries of uid %d, whose shares ended before this start", alice.UID); !strings.Contains(b.Log(), want) {
+		t.Errorf("the broker's log does not say %q:\n%s", want, b.Log())
+	}
+	// 12G fits only once alice's share is gone.
 	if code, out := exitCode(t, b.Npurun("--mem", "12G", "--timeout", "20s", "true")); code != 0 {
 		t.Fatalf("12G after alice's share: exit %d, %s", code, out)
 	}
