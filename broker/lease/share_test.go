@@ -157,34 +157,24 @@ func TestCountPassed(t *testing.T) {
 	}
 }
 
-// TestPlanSharesHeadServed: a large share in front of a stream of small
-// ones is served once SharePatience of them have passed it and the
-// device it then closes has emptied: shares never starve a share. Each
-// round, the oldest share on each device ends.
-func TestPlanSharesHeadServed(t *testing.T) {
-	const capacity, small = 63, 8
-	room := []int64{capacity, capacity}
-	declared := map[int][]int64{}
-	q := NewQueue()
-	q.Add(shareWaiter("big", 1, 60, 1, 0, 1))
-	for i := range 200 {
-		q.Add(shareWaiter(fmt.Sprintf("s%d", i), uint32(10+i), small, 1, 0, 1))
-	}
-	// Patience spent, a device holds at most capacity/small shares
-	// that end one a round: then it has room for big.
-	within := SharePatience + capacity/small + 1
-	// The first round: a device each fills with small shares beside it.
-	room[0], room[1] = 50, 50
-	declared[0], declared[1] = []int64{13}, []int64{13}
-	for round := 0; round <= within; round++ {
-		free := freeSet(2)
+// shareRounds serves q round by round on devices with room left and the
+// shares declared on each (oldest first): each round, Plan serves what
+// it can, as Table.Schedule does (countPassed too), then the oldest share
+// on each device ends. It returns the round in which the waiter of pool
+// target was served, -1 if none of rounds served it.
+func shareRounds(q *Queue, room []int64, declared map[int][]int64, rounds int, target string) int {
+	for round := 0; round < rounds; round++ {
+		free := freeSet(len(room))
+		for id := range room {
+			free[id] = len(declared[id]) == 0
+		}
 		order := q.Waiters()
 		gs := Plan(order, free, Room{Share: slices.Clone(room)})
 		countPassed(order, gs)
 		for _, g := range gs {
 			q.Remove(g.W, true)
-			if g.W.Pool == "big" {
-				return
+			if g.W.Pool == target {
+				return round
 			}
 			for _, id := range g.Devices {
 				declared[id] = append(declared[id], g.W.Mem)
@@ -198,7 +188,27 @@ func TestPlanSharesHeadServed(t *testing.T) {
 			}
 		}
 	}
-	t.Fatalf("the large share was not served within %d rounds of a stream of small ones", within)
+	return -1
+}
+
+// TestPlanSharesHeadServed: a large share in front of a stream of small
+// ones is served once SharePatience of them have passed it and the
+// device it then closes has emptied: shares never starve a share.
+func TestPlanSharesHeadServed(t *testing.T) {
+	const capacity, small = 63, 8
+	q := NewQueue()
+	q.Add(shareWaiter("big", 1, 60, 1, 0, 1))
+	for i := range 200 {
+		q.Add(shareWaiter(fmt.Sprintf("s%d", i), uint32(10+i), small, 1, 0, 1))
+	}
+	// Patience spent, a device holds at most capacity/small shares,
+	// which end one a round: then it has room for big.
+	within := SharePatience + capacity/small + 1
+	// A share of 13 on each device at first: big fits neither.
+	room, declared := []int64{capacity - 13, capacity - 13}, map[int][]int64{0: {13}, 1: {13}}
+	if round := shareRounds(q, room, declared, within+1, "big"); round < 0 {
+		t.Fatalf("the large share was not served within %d rounds of a stream of small ones", within)
+	}
 }
 
 // TestPlanSharesWholeServed: with shares coming and going on every
@@ -206,42 +216,18 @@ func TestPlanSharesHeadServed(t *testing.T) {
 // there when it came have ended: none lands on the devices it closed.
 func TestPlanSharesWholeServed(t *testing.T) {
 	const capacity = 63
-	room := []int64{capacity - 8, capacity - 8}
-	declared := map[int][]int64{0: {8}, 1: {8}} // shares on each device
 	q := NewQueue()
 	q.Add(waiter("whole", 1, 1, 0, 1))
 	for i := range 20 {
 		q.Add(shareWaiter(fmt.Sprintf("s%d", i), uint32(10+i), 8, 1, 0, 1))
 	}
-	for round := 0; round < 10; round++ {
-		free := freeSet(2)
-		for id := range room {
-			if len(declared[id]) == 0 {
-				free[id] = true
-			}
-		}
-		for _, g := range Plan(q.Waiters(), free, Room{Share: slices.Clone(room)}) {
-			q.Remove(g.W, true)
-			if g.W.Pool == "whole" {
-				if round > 1 {
-					t.Fatalf("the whole-device waiter was served in round %d, want 1 at the latest", round)
-				}
-				return
-			}
-			for _, id := range g.Devices {
-				declared[id] = append(declared[id], g.W.Mem)
-				room[id] -= g.W.Mem
-			}
-		}
-		// The oldest share on each device ends.
-		for id := range room {
-			if len(declared[id]) > 0 {
-				room[id] += declared[id][0]
-				declared[id] = declared[id][1:]
-			}
-		}
+	room, declared := []int64{capacity - 8, capacity - 8}, map[int][]int64{0: {8}, 1: {8}}
+	switch round := shareRounds(q, room, declared, 10, "whole"); {
+	case round < 0:
+		t.Fatal("the whole-device waiter was never served")
+	case round > 1:
+		t.Fatalf("the whole-device waiter was served in round %d, want 1 at the latest", round)
 	}
-	t.Fatal("the whole-device waiter was never served")
 }
 
 // newShareTable is newTable of one device of capacity MiB for shares.
