@@ -309,6 +309,27 @@ func (a *access) sweepSharedLocked() {
 	}
 }
 
+// startShared is start for device id, which holds shares from before
+// the start of users keep only (closeToSharers): its node loses the
+// managed entries of others. One try: an entry left stays until the
+// device's next share ends.
+func (a *access) startShared(id int, keep []uint32) {
+	if !a.aclsManaged() {
+		return
+	}
+	a.resolveNodeUsers([]int{id})
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	uids, err := a.removeManagedLocked(id, keep)
+	if err != nil {
+		a.log.Printf("%v; entries of users whose shares ended before this start may stay until its next share ends", err)
+	}
+	if len(uids) > 0 {
+		a.log.Printf("npu %d holds shares: removed the ACL entries of %s, whose shares ended before this start", id, quantity.List("uid", "uids", uids))
+		a.sweepSharedLocked()
+	}
+}
+
 // start is the broker's start: the accounts the ACLs name are looked up,
 // the nodes of free devices lose the managed entries, those of held
 // devices keep them, and the control nodes keep an entry only for users

@@ -212,6 +212,7 @@ func New(o Options) (*Server, error) {
 	s.status = status.Open(status.Config{Policy: s.policy(), Inventory: s.inv, StateDir: stateDir, Scanner: s.scanner,
 		Table: (*tableView)(s), Tasks: (*taskView)(s), Account: s.users.nameGroups, Log: s.log, Repeat: s.rlog.Printf,
 		Jobs: s.slurmJobs()}, found, s.table)
+	s.closeToSharers()
 	// The task room, before the table is in service: a device that comes
 	// into service serves the line, tasks' and all.
 	tc := tasks.Config{
@@ -233,6 +234,32 @@ func New(o Options) (*Server, error) {
 	}
 	s.fdReserve()
 	return s, nil
+}
+
+// closeToSharers closes, at start, each device that holds shares found
+// from before it to all but their users, once the accounting log has
+// named them (status.Open): a share that ended while no broker ran left
+// its user's entry, which no end to come would take, as the device's next
+// share end might be far off. A device with a share whose holder is not
+// known keeps its entries as they are, rather than take one from a share
+// held; so does one of a whole lease, until its end. It is called before
+// the table is in service, holding no lock.
+func (s *Server) closeToSharers() {
+	for _, d := range s.table.Snapshot().Devices {
+		var keep []uint32
+		known := len(d.Leases) > 0
+		for _, l := range d.Leases {
+			if l.Mem == 0 || l.User == "" {
+				known = false
+				break
+			}
+			keep = append(keep, l.UID)
+		}
+		if !known {
+			continue
+		}
+		s.acc.startShared(d.ID, keep)
+	}
 }
 
 // tableOwner is the broker as the lease table's owner: what the table

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"time"
 
@@ -311,17 +310,10 @@ func (w *waiter) cancelOnSignal() {
 }
 
 func (w *waiter) what() string {
-	n := w.o.N
-	if n == 0 {
-		n = 1
-	}
 	if len(w.o.Devices) > 0 {
-		return npu.Unknown.Format(w.o.Devices)
+		return client.Wanted(len(w.o.Devices), w.o.Mem, npu.Unknown.Format(w.o.Devices))
 	}
-	if n == 1 {
-		return "1 device"
-	}
-	return strconv.Itoa(n) + " devices"
+	return client.Wanted(max(w.o.N, 1), w.o.Mem, "")
 }
 
 func (w *waiter) progress(r *client.Reply) {

@@ -95,7 +95,10 @@ func TestNestedNarrowsLogical(t *testing.T) {
 				t.Fatalf("npurun -n 4 npurun %s: exit %d; output:\n%s", tc.inner, code, out)
 			}
 			nested := onLine(t, out)
-			code, out = exitCode(t, b.Npurun(append(strings.Fields(tc.direct), "--no-wait", "sh", "-c", showLease[len("sh -c '"):len(showLease)-1])...))
+			// It waits (bounded) rather than --no-wait: the broker
+			// hears of the lease just ended through its lock's
+			// release, a moment after npurun's exit.
+			code, out = exitCode(t, b.Npurun(append(strings.Fields(tc.direct), "--timeout", "20s", "sh", "-c", showLease[len("sh -c '"):len(showLease)-1])...))
 			if code != 0 {
 				t.Fatalf("npurun %s: exit %d; output:\n%s", tc.direct, code, out)
 			}

@@ -100,15 +100,25 @@ func TestShareBestFit(t *testing.T) {
 	if !strings.Contains(third.Output(), "held 1") {
 		t.Fatalf("third share: %q, want npu 1", third.Output())
 	}
+	// 10G fits neither now (2G and 8G left): it waits, and the line
+	// shows the share it waits for, not a whole device.
+	waiting := queue(t, b, "waiting", "--mem", "10G", "true")
+	if !strings.Contains(waiting.Output(), `npurun: waiting for 10G of 1 device in pool "default"`) {
+		t.Errorf("a waiting share's progress line: %q, want the share it waits for", waiting.Output())
+	}
 	st := b.Status(t)
-	for _, want := range []string{"MEM", "2 shares", "10G", "4G", "8G"} {
+	for _, want := range []string{"MEM", "2 shares", "10G", "4G", "8G", "10G of 1 device"} {
 		if !strings.Contains(st, want) {
 			t.Errorf("status lacks %q:\n%s", want, st)
 		}
 	}
+	if line := b.Board(t).Waiting; len(line) != 1 || len(line[0].Waiters) != 1 || line[0].Waiters[0].Mem != 10*1024 {
+		t.Errorf("status --json's line %+v, want one waiter with mem 10240 (MiB)", line)
+	}
 	first.release()
 	second.release()
 	third.release()
+	waiting.mustSucceed()
 }
 
 // TestShareWholeWaiter: a whole-device request waiting behind shares is
@@ -371,7 +381,8 @@ func TestShareDrained(t *testing.T) {
 
 // TestShareRestrictedUsers: two restricted accounts holding shares of one
 // device each open its node while they hold a share, and only then: the
-// end of one's share takes its entry away and leaves the other's.
+// end of one's share takes its entry away and leaves the other's, also
+// when it ended while no broker ran.
 func TestShareRestrictedUsers(t *testing.T) {
 	dev := newDevTree(t, 1)
 	alice, bob := newUser(t), newUser(t)
@@ -385,15 +396,18 @@ func TestShareRestrictedUsers(t *testing.T) {
 	if !canOpen(t, alice, node) || !canOpen(t, bob, node) {
 		t.Fatalf("two shares: alice opens it %v, bob %v; want both", canOpen(t, alice, node), canOpen(t, bob, node))
 	}
-	// A broker's restart takes nobody's access from a share held.
+	// A broker's restart takes nobody's access from a share held, and
+	// takes it from the user of a share that ended while no broker ran.
 	b.Kill()
-	b.Start()
-	if !canOpen(t, alice, node) || !canOpen(t, bob, node) {
-		t.Fatalf("two shares after a restart: alice opens it %v, bob %v; want both", canOpen(t, alice, node), canOpen(t, bob, node))
-	}
 	a.release()
-	// 12G fits only once alice's share is gone, and the device takes no
-	// share while its node is being closed to her.
+	b.Start()
+	if canOpen(t, alice, node) || !canOpen(t, bob, node) {
+		t.Fatalf("after a restart, alice's share ended meanwhile: alice opens it %v, bob %v; want false, true", canOpen(t, alice, node), canOpen(t, bob, node))
+	}
+	if want := fmt.Sprintf("npu 0 holds shares: removed the ACL entries of uid %d, whose shares ended before this start", alice.UID); !strings.Contains(b.Log(), want) {
+		t.Errorf("the broker's log does not say %q:\n%s", want, b.Log())
+	}
+	// 12G fits only once alice's share is gone.
 	if code, out := exitCode(t, b.Npurun("--mem", "12G", "--timeout", "20s", "true")); code != 0 {
 		t.Fatalf("12G after alice's share: exit %d, %s", code, out)
 	}

@@ -249,9 +249,12 @@ func TestTaskKilledBeforeGoAhead(t *testing.T) {
 			args := append(c.args, "--log", filepath.Join(dir, "log"), "--", "sh", "-c", `echo ran >> "$1"`, "sh", mark)
 			id := submitTask(t, b, nil, dir, args...)
 			b.WaitLog(0, fmt.Sprintf("test hook before-go-ahead: task %d stops here", id))
+			// This broker's child: another test's broker (or this
+			// test's previous one, its supervisor exiting) may run a
+			// task of the same id with the same program.
 			sup := 0
 			for _, p := range supervisors(b.Bin) {
-				if p.id == strconv.FormatUint(id, 10) {
+				if p.id == strconv.FormatUint(id, 10) && p.ppid == b.Pid() {
 					sup = p.pid
 				}
 			}

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,6 +41,22 @@ func usageReport(t testing.TB, b *Broker, args ...string) *client.UsageReport {
 		t.Fatalf("usage --json: %v\n%s", err, out)
 	}
 	return &rep
+}
+
+// waitUsageLog waits until a line of b's accounting log has each of
+// parts: the broker's writer has given it to the kernel.
+func waitUsageLog(t testing.TB, b *Broker, parts ...string) {
+	t.Helper()
+	path := filepath.Join(b.StateDir, "usage.log")
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		data, _ := os.ReadFile(path)
+		for _, line := range strings.Split(string(data), "\n") {
+			if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+				return
+			}
+		}
+	}
+	t.Fatalf("%s has no line with %q within 10 s", path, parts)
 }
 
 // TestUsageAcrossRestart: the device time npubroker usage sums matches the
@@ -80,6 +97,11 @@ func TestUsageAcrossRestart(t *testing.T) {
 	h1 := hold(t, b, "npu1", "-d", "1")
 	h2 := hold(t, b, "npu2", "-d", "2")
 	a1 := time.Now()
+	// The accounting log is written behind the grants, without fsync: a
+	// kill -9 keeps what the kernel was given, so the kill waits for
+	// that. (Killed sooner, npu2's lease, ended while no broker ran,
+	// would be in no record at all.)
+	waitUsageLog(t, b, `"ev":"start"`, `"devices":[2]`)
 	b.Kill()
 	h2.release()
 	restart := time.Now()

@@ -158,6 +158,7 @@ type WaiterInfo struct {
 	Task     uint64 `json:"task,omitempty"`
 	User     string `json:"user"`
 	N        int    `json:"n"`                 // devices wanted
+	Mem      int64  `json:"mem,omitempty"`     // a share of each (--mem), in MiB; 0: whole devices
 	Devices  []int  `json:"devices,omitempty"` // exactly these (npurun -d)
 	Since    int64  `json:"since"`             // Unix ms
 	Why      string `json:"why,omitempty"`     // why it waits beyond its turn: its user is at max_devices; a placeholder's Slurm state and reason

@@ -54,6 +54,7 @@ package client
 import (
 	"errors"
 	"fmt"
+	"github.com/npurun/npurun/internal/quantity"
 	"strconv"
 	"time"
 
@@ -198,6 +199,24 @@ func Ordinal(n int) string {
 		suffix = "rd"
 	}
 	return strconv.Itoa(n) + suffix
+}
+
+// Wanted says what a request asks for, as npurun's progress line and
+// status's line say it: n devices ("1 device", "2 devices"), or the n
+// named (named: "npu 2,3"; "" when none are), a share's declaration of
+// each in front ("12G of 1 device", "8G of each of npu 2,3").
+func Wanted(n int, mem int64, named string) string {
+	what := named
+	if what == "" {
+		what = quantity.Count(n, "device", "devices")
+	}
+	switch {
+	case mem <= 0:
+		return what
+	case n > 1:
+		return quantity.Size(mem) + " of each of " + what
+	}
+	return quantity.Size(mem) + " of " + what
 }
 
 // StartBy says when a waiting request starts at the latest, as people

@@ -253,3 +253,23 @@ func TestStartBy(t *testing.T) {
 		}
 	}
 }
+
+func TestWanted(t *testing.T) {
+	for _, tc := range []struct {
+		n     int
+		mem   int64
+		named string
+		want  string
+	}{
+		{1, 0, "", "1 device"},
+		{3, 0, "", "3 devices"},
+		{2, 0, "npu 2,3", "npu 2,3"},
+		{1, 12 * 1024, "", "12G of 1 device"},
+		{2, 8 * 1024, "", "8G of each of 2 devices"},
+		{2, 1536, "npu 2,3", "1.5G of each of npu 2,3"},
+	} {
+		if got := Wanted(tc.n, tc.mem, tc.named); got != tc.want {
+			t.Errorf("Wanted(%d, %d, %q) = %q, want %q", tc.n, tc.mem, tc.named, got, tc.want)
+		}
+	}
+}

@@ -90,6 +90,11 @@ func (t *Table) freeTimesLocked(now time.Time) []int64 {
 		switch {
 		case d == nil || d.drain != nil:
 			free[id] = never
+		case len(d.shares) > 0:
+			// New shares may land on it until a whole request closes
+			// it (Plan), and which one Plan closes is not the one
+			// that comes free first: no known time frees it.
+			free[id] = never
 		case len(d.leases) > 0:
 			end := n
 			for _, l := range d.leases {
@@ -123,7 +128,8 @@ func (t *Table) estimatesLocked(now time.Time, n int) []int64 {
 		line = line[:n]
 	}
 	return Estimate(now.UnixNano(), t.freeTimesLocked(now), line, func(w *Waiter) bool {
-		return w.Held || w.External || t.capped(w) || w.drainBlocked(drained)
+		// A share waits on packing, not on devices coming free.
+		return w.Held || w.External || w.Mem > 0 || t.capped(w) || w.drainBlocked(drained)
 	})
 }
 

@@ -262,12 +262,9 @@ func what(w client.WaiterInfo) string {
 
 func wanted(b *client.Board, w client.WaiterInfo) string {
 	if len(w.Devices) > 0 {
-		return vendorOf(b).Format(w.Devices)
+		return client.Wanted(len(w.Devices), w.Mem, vendorOf(b).Format(w.Devices))
 	}
-	if w.N == 1 {
-		return "1 device"
-	}
-	return strconv.Itoa(w.N) + " devices"
+	return client.Wanted(w.N, w.Mem, "")
 }
 
 func orDash(s string) string {

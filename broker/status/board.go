@@ -248,7 +248,7 @@ func leaseInfo(e *entry, id int, show func(uint32) bool) *client.LeaseInfo {
 // waiterInfo is waiter w, at place pos, waiting for why beyond its turn,
 // as the board shows it.
 func waiterInfo(w *lease.Waiter, pos int, why string) client.WaiterInfo {
-	wi := client.WaiterInfo{Position: pos, Kind: string(w.Kind), User: w.User, N: w.N, Since: w.Queued.UnixMilli(), Why: why, Task: w.Task, SlurmJob: w.SlurmJob}
+	wi := client.WaiterInfo{Position: pos, Kind: string(w.Kind), User: w.User, N: w.N, Mem: w.Mem, Since: w.Queued.UnixMilli(), Why: why, Task: w.Task, SlurmJob: w.SlurmJob}
 	if w.Exact {
 		wi.Devices = w.Cand
 	}
