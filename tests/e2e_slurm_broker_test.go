@@ -461,7 +461,8 @@ func TestSlurmNodeAllocate(t *testing.T) {
 // TestSlurmNodeAllocateTask: allocate mode, a task for Slurm's devices
 // waits as a placeholder allocation of its user named after it, with its
 // time limit (rounded up to minutes), which
-// show tells with Slurm's state, while a job holds every device; it runs
+// show tells with Slurm's state, while a job holds every device; held,
+// it lets go of its placeholder, and gets another once released; it runs
 // on the device Slurm gives the placeholder once the job ends, and the
 // placeholder is gone after the task.
 func TestSlurmNodeAllocateTask(t *testing.T) {
@@ -478,26 +479,37 @@ func TestSlurmNodeAllocateTask(t *testing.T) {
 	n.c.AwaitJobState(job, "RUNNING", time.Minute)
 	id := submitTask(t, n.b, &u, dir, "--time", "90s", "--log", filepath.Join(dir, "task.log"), "--", "sh", "-c", "echo ON=$NPURUN_DEVICES > "+out)
 	name := fmt.Sprintf("npurun-task-%d", id)
-	var placeholder, limit string
-	deadline := time.Now().Add(30 * time.Second)
-	for placeholder == "" && time.Now().Before(deadline) {
-		sq, _ := n.c.Command("squeue", "-h", "-o", "%i %j %u %T %l").Output()
-		for _, l := range strings.Split(strings.TrimSpace(string(sq)), "\n") {
-			if f := strings.Fields(l); len(f) == 5 && f[1] == name && f[2] == u.Name && f[3] == "PENDING" {
-				placeholder, limit = f[0], f[4]
+	// pending is the task's pending placeholder in Slurm's queue, other
+	// than not, and its time limit.
+	pending := func(not string) (string, string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) { // polling Slurm's queue
+			sq, _ := n.c.Command("squeue", "-h", "-o", "%i %j %u %T %l").Output()
+			for _, l := range strings.Split(strings.TrimSpace(string(sq)), "\n") {
+				if f := strings.Fields(l); len(f) == 5 && f[0] != not && f[1] == name && f[2] == u.Name && f[3] == "PENDING" {
+					return f[0], f[4]
+				}
 			}
 		}
-		if placeholder == "" {
-			time.Sleep(100 * time.Millisecond) // polling Slurm's queue
-		}
-	}
-	if placeholder == "" {
 		t.Fatalf("no pending placeholder %s of %s in squeue", name, u.Name)
+		return "", ""
 	}
+	placeholder, limit := pending("")
 	if limit != "2:00" {
 		t.Errorf("placeholder %s of a task of --time 90s: time limit %s, want 2:00 (minutes, rounded up)", placeholder, limit)
 	}
-	deadline = time.Now().Add(30 * time.Second)
+	// Held by its owner, the task lets go of its placeholder (Slurm
+	// would give it devices it refuses); released, it gets another.
+	if r := runTaskCmd(t, u.as(n.b.TaskSubmit("hold", idStr(id)), dir)); r.code != 0 {
+		t.Fatalf("task-submit hold %d: %s", id, r)
+	}
+	first, _ := strconv.ParseUint(placeholder, 10, 32)
+	n.c.AwaitJobGone(uint32(first), time.Minute)
+	if r := runTaskCmd(t, u.as(n.b.TaskSubmit("release", idStr(id)), dir)); r.code != 0 {
+		t.Fatalf("task-submit release %d: %s", id, r)
+	}
+	placeholder, _ = pending(placeholder)
+	deadline := time.Now().Add(30 * time.Second)
 	ti := showTask(t, n.b, id)
 	for !strings.Contains(ti.Reason, "PENDING") && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond) // the broker asks squeue every poll_interval

@@ -582,19 +582,29 @@ func (t *Table) wakeExternal() {
 	}
 }
 
-// Externals appends to out the requests of external pools in line, in
-// arrival order.
+// Externals appends to out the requests of external pools in line and
+// not held (Hold), in arrival order.
 func (t *Table) Externals(out []*Waiter) []*Waiter {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return append(out, t.ext...)
+	for _, w := range t.ext {
+		if !w.Held {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // Hold holds w in its place (it is skipped, reserving nothing) or lets it
-// be served again.
+// be served again. An external request held leaves Externals: its
+// allocator outside lets go of what it asked for it there.
 func (t *Table) Hold(w *Waiter, held bool) {
 	t.mu.Lock()
+	changed := w.Held != held
 	w.Held = held
+	if changed && w.External && slices.Contains(t.ext, w) {
+		t.wakeExternal()
+	}
 	t.mu.Unlock()
 }
 

@@ -191,7 +191,10 @@ func (ph *placeholders) run() {
 }
 
 // sync submits placeholders for the requests new in line and cancels
-// those of requests that left it without a grant.
+// those of requests that left it without a grant, or are held (a task
+// its owner holds, task starts paused): a held request would refuse the
+// devices Slurm gave it, while they kept another job from them. Released,
+// it gets a placeholder anew.
 func (ph *placeholders) sync() {
 	r := ph.r
 	ws := r.table.Externals(nil)
@@ -223,7 +226,7 @@ func (ph *placeholders) sync() {
 	r.mu.Unlock()
 	for _, p := range cancel {
 		if p.job != 0 {
-			ph.scancel(p.job, "its request left the line")
+			ph.scancel(p.job, "its request left the line or is held")
 		}
 	}
 	var ids []uint32
