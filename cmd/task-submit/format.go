@@ -258,18 +258,22 @@ func nameOrCommand(t *client.TaskInfo) string {
 
 // deviceCell is the devices granted to a task once it has started, else
 // what it asked for: "3,5", "2 wanted", "device 9", "devices 2-3", or "-"
-// for none. (The client does not know the vendor, so the noun is
-// npu.Unknown's.)
+// for none; a share's declaration of each after it: "3 (12G)". (The
+// client does not know the vendor, so the noun is npu.Unknown's.)
 func deviceCell(t *client.TaskInfo) string {
+	cell := strconv.Itoa(max(t.N, 1)) + " wanted"
 	switch {
 	case t.NoDevice:
 		return "-"
 	case len(t.Devices) > 0 && t.Started != 0:
-		return npu.FormatIDs(t.Devices)
+		cell = npu.FormatIDs(t.Devices)
 	case len(t.Devices) > 0:
-		return npu.Unknown.Format(t.Devices)
+		cell = npu.Unknown.Format(t.Devices)
 	}
-	return strconv.Itoa(max(t.N, 1)) + " wanted"
+	if t.Mem > 0 {
+		cell += " (" + quantity.Size(t.Mem) + ")" // a share of each
+	}
+	return cell
 }
 
 // timeCell is a time in Unix milliseconds as list shows it: the time of

@@ -109,6 +109,8 @@ func TestDeviceCell(t *testing.T) {
 		{"granted", client.TaskInfo{State: client.StateRunning, Devices: []int{2, 3}, N: 2, Started: 1}, "2-3"},
 		{"no device", client.TaskInfo{State: client.StateRunning, NoDevice: true, Started: 1}, "-"},
 		{"cancelled before it ran", client.TaskInfo{State: client.StateCancelled, N: 2}, "2 wanted"},
+		{"a share waiting", client.TaskInfo{State: client.StatePending, Mem: 12 << 10}, "1 wanted (12G)"},
+		{"a share granted", client.TaskInfo{State: client.StateRunning, Devices: []int{3}, N: 1, Mem: 1536, Started: 1}, "3 (1.5G)"},
 	}
 	for _, tt := range tests {
 		if got := deviceCell(&tt.t); got != tt.want {
