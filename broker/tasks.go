@@ -1,10 +1,10 @@
 package broker
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -141,13 +141,38 @@ func (s *Server) list(c *conn, all bool, after uint64, f tasks.Filter) bool {
 	if err := c.readyForListing(); err != nil {
 		return false
 	}
-	page, next, more, err := s.rt.Page(c.uid, all, after, f)
+	buf := listBufs.Get().(*listBuf)
+	defer buf.put()
+	var next uint64
+	var more bool
+	var err error
+	buf.page, next, more, err = s.rt.Page(c.uid, all, after, f, buf.page[:0])
 	if err != nil {
 		s.answer(c, nil, err)
 		return true
 	}
 	full := func(t *tasks.Listed) bool { return t.Task.UID == c.uid || c.uid == 0 }
-	return c.sendPage(page, full, next, more) == nil
+	return c.sendPage(buf, full, next, more) == nil
+}
+
+// listBuf is what serving a page of a listing takes: the page's tasks
+// copied, and its message. A listing of thousands of tasks takes dozens
+// of pages; made anew for each, they were most of what the broker
+// allocated for it, and the collections this set off in a broker with
+// thousands of tasks cost more than the listing itself.
+type listBuf struct {
+	page []tasks.Listed
+	msg  []byte
+}
+
+var listBufs = sync.Pool{New: func() any { return &listBuf{msg: make([]byte, 0, client.MaxMessage)} }}
+
+// put gives b back to listBufs, holding on to none of the tasks it copied.
+func (b *listBuf) put() {
+	clear(b.page)
+	b.page = b.page[:0]
+	b.msg = b.msg[:0]
+	listBufs.Put(b)
 }
 
 // maxHistory bounds the tasks of one history reply: each takes a few
@@ -181,12 +206,13 @@ func (s *Server) history(c *conn, all bool, since int64) bool {
 	return true
 }
 
-// sendPage encodes a page of a listing and sends it as one "tasks" reply,
+// sendPage encodes a page of a listing (buf's) and sends it as one "tasks" reply,
 // as many of its tasks as fit; more and next say where the listing goes
 // on. full tells which tasks the asker may see whole. Nobody's environment
 // is listed.
-func (c *conn) sendPage(page []tasks.Listed, full func(*tasks.Listed) bool, next uint64, more bool) error {
-	msg := []byte(`{"v":` + strconv.Itoa(client.Version) + `,"type":"` + client.TypeTasks + `","tasks":[`)
+func (c *conn) sendPage(buf *listBuf, full func(*tasks.Listed) bool, next uint64, more bool) error {
+	page := buf.page
+	msg := append(buf.msg[:0], `{"v":`+strconv.Itoa(client.Version)+`,"type":"`+client.TypeTasks+`","tasks":[`...)
 	const tail = `],"more":true,"next":18446744073709551615}`
 	for i := range page {
 		ti := tasks.Info(&page[i].Task, full(&page[i]), page[i].Pos)
@@ -194,18 +220,16 @@ func (c *conn) sendPage(page []tasks.Listed, full func(*tasks.Listed) bool, next
 			ti.Start = st.UnixMilli()
 		}
 		ti.Env = nil
-		b, err := json.Marshal(&ti)
-		if err != nil {
-			return err
-		}
-		if i > 0 && len(msg)+1+len(b)+len(tail) > client.MaxMessage {
-			next, more = page[i-1].Task.ID, true
-			break
-		}
+		mark := len(msg)
 		if i > 0 {
 			msg = append(msg, ',')
 		}
-		msg = append(msg, b...)
+		msg = client.AppendTaskInfo(msg, &ti) // as encoding/json writes it, faster
+		if i > 0 && len(msg)+len(tail) > client.MaxMessage {
+			msg = msg[:mark]
+			next, more = page[i-1].Task.ID, true
+			break
+		}
 	}
 	msg = append(msg, ']')
 	if more {
@@ -213,6 +237,7 @@ func (c *conn) sendPage(page []tasks.Listed, full func(*tasks.Listed) bool, next
 		msg = strconv.AppendUint(msg, next, 10)
 	}
 	msg = append(msg, '}')
+	buf.msg = msg
 	return c.sendListing(msg)
 }
 

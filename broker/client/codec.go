@@ -3,7 +3,6 @@ package client
 import (
 	"errors"
 	"strconv"
-	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -211,8 +210,8 @@ func appendSubmit(b []byte, r *Request) []byte {
 
 var errSyntax = errors.New("malformed reply")
 
-// decodeReply decodes a lease-exchange reply or a submitted one; ok is
-// false for other reply types (the caller then uses encoding/json), err
+// decodeReply decodes a lease-exchange reply, a submitted one or a tasks
+// one (codec_tasks.go); ok is false for other reply types (the caller then uses encoding/json), err
 // for malformed input.
 func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	s := &scanner{b: data}
@@ -261,6 +260,14 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 			r.State, err = s.string()
 		case "existing":
 			r.Existing, err = s.bool()
+		case "tasks":
+			var u bool
+			r.Tasks, u, err = s.tasks()
+			unsure = unsure || u
+		case "more":
+			r.More, err = s.bool()
+		case "next":
+			r.Next, err = s.uint()
 		default:
 			// encoding/json matches keys case-insensitively (with Unicode
 			// folding): leave anything that might match to it.
@@ -279,7 +286,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 		return nil, false, errSyntax
 	}
 	switch r.Type {
-	case TypeQueued, TypeGrant, TypeError, TypePong, TypeOK, TypeIgnore, TypeHide, TypeSubmitted:
+	case TypeQueued, TypeGrant, TypeError, TypePong, TypeOK, TypeIgnore, TypeHide, TypeSubmitted, TypeTasks:
 		return r, true, nil
 	}
 	return nil, false, nil
@@ -288,24 +295,13 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
-func mightFold(key string) bool {
-	for i := 0; i < len(key); i++ {
-		if key[i] >= utf8.RuneSelf {
-			return true
-		}
-	}
-	for _, k := range replyKeys {
-		if strings.EqualFold(key, k) {
-			return true
-		}
-	}
-	return false
-}
+func mightFold(key string) bool { return mightFoldInto(key, replyKeys) }
 
 // scanner reads the JSON the broker writes. It accepts standard JSON.
 type scanner struct {
-	b []byte
-	i int
+	b    []byte
+	i    int
+	seen map[string]string // strings read by shared
 }
 
 func (s *scanner) ws() {
@@ -766,12 +762,38 @@ func appendStrings(b []byte, key string, vs []string) []byte {
 	return append(b, ']')
 }
 
+// jsonPlain marks the bytes appendJSONString writes as they are;
+// jsonPlainNoHTML, those that encoding/json writes as they are without
+// its HTML escapes (Encoder.SetEscapeHTML(false)): <, > and & too.
+var jsonPlain, jsonPlainNoHTML = func() (t, u [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		u[c] = c != '"' && c != '\\'
+		t[c] = u[c] && c != '<' && c != '>' && c != '&'
+	}
+	return t, u
+}()
+
 // appendJSONString appends s as encoding/json writes a string: invalid
 // UTF-8 as U+FFFD, and <, >, &, U+2028 and U+2029 escaped.
-func appendJSONString(b []byte, s string) []byte {
+func appendJSONString(b []byte, s string) []byte { return appendJSONStringPlain(b, s, &jsonPlain) }
+
+// appendJSONStringPlain is appendJSONString writing the bytes plain marks
+// as they are (jsonPlain, or jsonPlainNoHTML).
+func appendJSONStringPlain(b []byte, s string, plain *[256]bool) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
 	for i := 0; i < len(s); {
+		// A run of bytes written as they are goes in at once.
+		j := i
+		for j < len(s) && plain[s[j]] {
+			j++
+		}
+		if j > i {
+			b = append(b, s[i:j]...)
+			if i = j; i == len(s) {
+				break
+			}
+		}
 		c := s[i]
 		if c >= utf8.RuneSelf {
 			r, size := utf8.DecodeRuneInString(s[i:])

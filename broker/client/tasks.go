@@ -415,15 +415,26 @@ func (c *Conn) one(req *Request) (*TaskInfo, error) {
 // List returns the asker's tasks, or everyone's with all, asking for them
 // a page at a time.
 func (c *Conn) List(all bool) ([]TaskInfo, error) {
-	var out []TaskInfo
+	// The pages are put together once, at the end: appended as they
+	// came, a listing of thousands of tasks was copied again and again.
+	var pages [][]TaskInfo
+	n := 0
 	req := &Request{Op: OpList, All: all}
 	for {
 		r, err := c.tasks(req)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, r.Tasks...)
+		pages = append(pages, r.Tasks)
+		n += len(r.Tasks)
 		if !r.More {
+			if n == 0 {
+				return nil, nil
+			}
+			out := make([]TaskInfo, 0, n)
+			for _, p := range pages {
+				out = append(out, p...)
+			}
 			return out, nil
 		}
 		if r.Next <= req.After {

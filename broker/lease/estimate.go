@@ -118,11 +118,16 @@ func (t *Table) freeTimesLocked(now time.Time) []int64 {
 	return free
 }
 
-// estimatesLocked is Estimate of the line now: each waiter's start, in
+// estimatesLocked is Estimate of the first n waiters of the line now
+// (all of them where n is below 0 or beyond it): each one's start, in
 // service order.
-func (t *Table) estimatesLocked(now time.Time) []int64 {
+func (t *Table) estimatesLocked(now time.Time, n int) []int64 {
 	drained := t.drainedLocked()
-	return Estimate(now.UnixNano(), t.freeTimesLocked(now), t.q.Waiters(), func(w *Waiter) bool {
+	line := t.q.Waiters()
+	if n >= 0 && n < len(line) {
+		line = line[:n]
+	}
+	return Estimate(now.UnixNano(), t.freeTimesLocked(now), line, func(w *Waiter) bool {
 		// A share waits on packing, not on devices coming free.
 		return w.Held || w.External || w.Mem > 0 || t.capped(w) || w.drainBlocked(drained)
 	})
@@ -133,9 +138,23 @@ func (t *Table) estimatesLocked(now time.Time) []int64 {
 func (t *Table) Starts(want map[*Waiter]time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	starts := t.estimatesLocked(time.Now())
-	for i, w := range t.q.Waiters() {
-		if _, ok := want[w]; ok && starts[i] != never {
+	// A waiter's start depends on those ahead of it alone: the line is
+	// reckoned only as far as the last of want's, and each is found in it
+	// by its place in service order (a listing asks this for each page).
+	at := make(map[*Waiter]int, len(want))
+	last := -1
+	for w := range want {
+		if i := t.q.index(w); i >= 0 {
+			at[w] = i
+			last = max(last, i)
+		}
+	}
+	if last < 0 {
+		return
+	}
+	starts := t.estimatesLocked(time.Now(), last+1)
+	for w, i := range at {
+		if starts[i] != never {
 			want[w] = time.Unix(0, starts[i])
 		}
 	}

@@ -30,6 +30,7 @@ type Waiter struct {
 
 	seq   uint64 // arrival order
 	round uint64 // fairness round, see Queue
+	place int    // its place in its pool's line, while its queue's placed holds
 
 	// passed counts the requests behind it in line served while it, a
 	// share, waited (Table.Schedule): at SharePatience it closes a
@@ -54,6 +55,8 @@ type Queue struct {
 	tasks map[string]int          // waiting tasks (Kind Task) per pool
 	round uint64                  // round of the last waiter served
 	seq   uint64
+
+	placed bool // each waiter's place is counted (Positions), and nothing moved since
 }
 
 // NewQueue returns an empty queue.
@@ -82,6 +85,36 @@ func (q *Queue) Len() int { return len(q.order) }
 
 // Waiters returns the waiters in service order; callers must not modify it.
 func (q *Queue) Waiters() []*Waiter { return q.order }
+
+// Positions sets, for each waiter of want, its place in its pool's line
+// (left as it is where it is not in the queue). A listing asks this for
+// each of its pages: the places of all the waiters are counted in one
+// walk, kept in the waiters, and used until the queue changes, so the
+// pages of a listing cost one walk of the line, not one each.
+func (q *Queue) Positions(want map[*Waiter]int) {
+	if !q.placed {
+		n := map[string]int{}
+		for _, w := range q.order {
+			n[w.Pool]++
+			w.place = n[w.Pool]
+		}
+		q.placed = true
+	}
+	for w := range want {
+		if q.index(w) >= 0 {
+			want[w] = w.place
+		}
+	}
+}
+
+// index is w's index in the service order; -1 if it is not in the queue.
+func (q *Queue) index(w *Waiter) int {
+	i := sort.Search(len(q.order), func(i int) bool { return !less(q.order[i], w) })
+	if i >= len(q.order) || q.order[i] != w {
+		return -1
+	}
+	return i
+}
 
 // UserCount is how many waiters user uid has.
 func (q *Queue) UserCount(uid uint32) int { return q.count[uid] }
@@ -134,6 +167,7 @@ func less(a, b *Waiter) bool {
 
 // Add enqueues w.
 func (q *Queue) Add(w *Waiter) {
+	q.placed = false
 	q.seq++
 	w.seq = q.seq
 	w.round = max(q.next[w.UID], q.round)
@@ -150,11 +184,12 @@ func (q *Queue) Add(w *Waiter) {
 // Remove takes w out of the queue (cancelled, or granted when served is
 // true, which advances the current round). It reports whether w was there.
 func (q *Queue) Remove(w *Waiter, served bool) bool {
-	i := sort.Search(len(q.order), func(i int) bool { return !less(q.order[i], w) })
-	if i >= len(q.order) || q.order[i] != w {
+	i := q.index(w)
+	if i < 0 {
 		return false
 	}
 	q.order = append(q.order[:i], q.order[i+1:]...)
+	q.placed = false
 	q.countTask(w, -1)
 	if served {
 		q.round = max(q.round, w.round)
@@ -172,6 +207,7 @@ func (q *Queue) Remove(w *Waiter, served bool) bool {
 // limited again as Add does (Remove forgot the limit if this was the
 // user's last waiter); a limit from a later request of theirs stays.
 func (q *Queue) Readd(w *Waiter) {
+	q.placed = false
 	q.count[w.UID]++
 	q.next[w.UID] = max(q.next[w.UID], w.round+1)
 	q.countTask(w, 1)

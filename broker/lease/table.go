@@ -706,7 +706,7 @@ func (t *Table) lineLocked(out []Place) []Place {
 	}
 	st := map[string]*standing{}
 	var why map[capKey]string // a user's reason, said once however many of their requests wait
-	starts := t.estimatesLocked(time.Now())
+	starts := t.estimatesLocked(time.Now(), -1)
 	for i, w := range t.q.Waiters() {
 		p := st[w.Pool]
 		if p == nil {
@@ -785,22 +785,12 @@ func (t *Table) Position(w *Waiter) int {
 }
 
 // Positions sets, for each waiter of want, its place in its pool's line
-// (0: not in line), walking the line only as far as the last of them.
+// (0: not in line), walking the line only as far as the last of them
+// (Queue.Positions).
 func (t *Table) Positions(want map[*Waiter]int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	left := len(want)
-	n := map[string]int{}
-	for _, w := range t.q.Waiters() {
-		if left == 0 {
-			break
-		}
-		n[w.Pool]++
-		if _, ok := want[w]; ok {
-			want[w] = n[w.Pool]
-			left--
-		}
-	}
+	t.q.Positions(want)
 }
 
 // Handover is a waiter served, whose devices are being handed over: they

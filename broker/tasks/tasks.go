@@ -112,11 +112,24 @@ func command(t *tasklife.Task) string {
 }
 
 func shellQuote(s string) string {
-	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") == "" {
+	if s != "" && !strings.ContainsFunc(s, needsQuote) {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
+
+// needsQuote tells whether r is not among the characters a word of a
+// command shows unquoted (a list names each task's command).
+func needsQuote(r rune) bool {
+	return r >= utf8.RuneSelf || !bareChar[r]
+}
+
+var bareChar = func() (t [utf8.RuneSelf]bool) {
+	for _, c := range "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%" {
+		t[c] = true
+	}
+	return t
+}()
 
 // Unavailable says why tasks cannot be taken up now (the journal cannot
 // be opened, the supervisor program is missing or untrusted), nil when
@@ -834,6 +847,8 @@ func (rt *Runtime) positionLocked(t *Task) int {
 const (
 	listScan = 4096
 	listPage = 256
+
+	listedFrame = 160 // a listed task's keys and numbers, about (Page)
 )
 
 // Listed is a task copied for a page of a listing, with its place in line.
@@ -855,15 +870,17 @@ func (f Filter) keeps(t *tasklife.Task) bool {
 	return !f.Ended || (t.IsEnded() && t.Ended >= f.Since)
 }
 
-// Page copies one page of a listing for asker uid: its tasks (everyone's
-// with all) with ids above after that f keeps, oldest first. more tells
-// that others follow, from next.
-func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter) (page []Listed, next uint64, more bool, err error) {
+// Page copies one page of a listing for asker uid into page (emptied
+// first: its room is reused): its tasks (everyone's with all) with ids
+// above after that f keeps, oldest first. more tells that others follow,
+// from next.
+func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter, page []Listed) (_ []Listed, next uint64, more bool, err error) {
 	rt.mu.Lock()
 	defer rt.unlock()
 	if err := rt.unavailableLocked(false); err != nil {
-		return nil, 0, false, err
+		return page[:0], 0, false, err
 	}
+	page = page[:0]
 	scanned, size := 0, 0
 	var inLine []*lease.Waiter
 	rt.life.EachAfter(after, func(t *tasklife.Task) bool {
@@ -880,12 +897,14 @@ func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter) (page []Li
 		if j := rt.jobs[t.ID]; j != nil && j.inLine {
 			inLine = append(inLine, j.w)
 		}
-		// A guess at its size, on the high side, to stop copying before a
-		// message is full (the encoding decides: what does not fit goes
-		// in the next page).
-		size += 400 + len(t.Sub.Name) + len(t.User)
+		// A guess at its size, to stop copying once a message is full:
+		// its keys and numbers (a pending task's take some 100 bytes) and
+		// its strings as they are. The encoding decides: what does not
+		// fit goes in the next page. (A guess far on the high side filled
+		// a message only half, and a listing took twice the pages.)
+		size += listedFrame + len(t.Sub.Name) + len(t.User) + len(t.Sub.Pool) + 12*(len(t.Devices)+len(t.Sub.Devices)) + 21*len(t.Sub.After)
 		if t.UID == uid || uid == 0 {
-			size += len(t.Sub.Shell) + byteSize(t.Sub.Argv) + len(t.Sub.Cwd) + len(t.Log) + len(t.Reason)
+			size += len(t.Sub.Shell) + byteSize(t.Sub.Argv) + len(t.Sub.Cwd) + len(t.Log) + len(t.Reason) + len(t.Sub.Token)
 		}
 		return true
 	})
@@ -926,16 +945,8 @@ func (rt *Runtime) positionsOfLocked(ws []*lease.Waiter) map[*lease.Waiter]int {
 	if len(inTable) > 0 {
 		rt.table.Positions(inTable)
 	}
-	n := map[string]int{}
-	for _, w := range rt.cpuq.Waiters() {
-		if left == 0 {
-			break
-		}
-		n[w.Pool]++
-		if _, ok := want[w]; ok {
-			want[w] = n[w.Pool]
-			left--
-		}
+	if left > 0 {
+		rt.cpuq.Positions(want)
 	}
 	for w, pos := range inTable {
 		want[w] = pos

@@ -52,6 +52,25 @@ func writeJSON(w io.Writer, v any) error {
 	return e.Encode(v)
 }
 
+// writeTasksJSON writes list --json's array of tasks as writeJSON does,
+// byte for byte, with the hand encoder (client.AppendTaskInfoNoHTML):
+// encoding/json's reflection took a third of list --json's time for
+// 10,000 tasks.
+func writeTasksJSON(w io.Writer, ts []client.TaskInfo) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	bw.WriteByte('[')
+	var b []byte
+	for i := range ts {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		b = client.AppendTaskInfoNoHTML(b[:0], &ts[i])
+		bw.Write(b)
+	}
+	bw.WriteString("]\n")
+	return bw.Flush()
+}
+
 // tableWidth is the width list's table is made to fit, by shortening the
 // last column.
 const tableWidth = 100
@@ -130,8 +149,26 @@ func endCell(t *client.TaskInfo) string {
 
 // writeRows writes a table's rows (the first its head), and after each
 // the name or command of its task in ts, shortened to fit tableWidth.
+// Its columns are as text/tabwriter lays them out (each cell padded to
+// its column's widest, in runes, plus tablePadding; the last cell not
+// part of a column), written straight out: tabwriter took a fifth of
+// list's time for 10,000 tasks. Cells holding what tabwriter reads as
+// more than text (tabs, line breaks, its escape byte) go through
+// tabwriter itself; list's cells never do (oneLine, valid UTF-8).
 func writeRows(w io.Writer, rows [][]string, ts []client.TaskInfo) error {
+	widths, lasts := layoutRows(rows, ts)
+	bw := bufio.NewWriterSize(w, 64<<10)
+	if !plainCells(rows, lasts) {
+		return writeRowsTabwriter(bw, rows, lasts)
+	}
+	return writeRowsPadded(bw, rows, widths, lasts)
+}
+
+// layoutRows is the width of each column of rows as tabwriter makes it,
+// and each row's last cell: its task's name or command, shortened to fit.
+func layoutRows(rows [][]string, ts []client.TaskInfo) (widths []int, lasts []string) {
 	head := rows[0]
+	widths = make([]int, len(head))
 	// The last column starts where tabwriter will put it: after every
 	// other column at its widest, plus the padding.
 	start := 0
@@ -140,19 +177,66 @@ func writeRows(w io.Writer, rows [][]string, ts []client.TaskInfo) error {
 		for _, row := range rows {
 			width = max(width, utf8.RuneCountInString(row[col]))
 		}
-		start += width + tablePadding
+		widths[col] = width + tablePadding
+		start += widths[col]
 	}
 	room := max(tableWidth-start, minCommandWidth)
+	lasts = make([]string, len(rows))
+	lasts[0] = "NAME/COMMAND"
+	for i := 1; i < len(rows); i++ {
+		lasts[i] = truncate(nameOrCommand(&ts[i-1]), room)
+	}
+	return widths, lasts
+}
 
-	// tabwriter writes each cell and each pad on its own: buffer them.
-	bw := bufio.NewWriterSize(w, 64<<10)
+// plainCells tells whether no cell holds a byte text/tabwriter reads as
+// other than text: a tab, a line break, its escape byte.
+func plainCells(rows [][]string, lasts []string) bool {
+	plain := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			switch s[i] {
+			case '\t', '\v', '\f', '\n', tabwriter.Escape:
+				return false
+			}
+		}
+		return true
+	}
+	for i, row := range rows {
+		for _, cell := range row {
+			if !plain(cell) {
+				return false
+			}
+		}
+		if !plain(lasts[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// writeRowsPadded writes rows as tabwriter would, cells padded with
+// spaces to widths, each row's last cell after them, into bw.
+func writeRowsPadded(bw *bufio.Writer, rows [][]string, widths []int, lasts []string) error {
+	const spaces = "                                                                "
+	for i, row := range rows {
+		for col, cell := range row {
+			bw.WriteString(cell)
+			for pad := widths[col] - utf8.RuneCountInString(cell); pad > 0; pad -= len(spaces) {
+				bw.WriteString(spaces[:min(pad, len(spaces))])
+			}
+		}
+		bw.WriteString(lasts[i])
+		bw.WriteByte('\n')
+	}
+	return bw.Flush()
+}
+
+// writeRowsTabwriter is writeRows through text/tabwriter, into bw.
+func writeRowsTabwriter(bw *bufio.Writer, rows [][]string, lasts []string) error {
+	// tabwriter writes each cell and each pad on its own: buffered.
 	tw := tabwriter.NewWriter(bw, 0, 8, tablePadding, ' ', 0)
 	for i, row := range rows {
-		last := "NAME/COMMAND"
-		if i > 0 {
-			last = truncate(nameOrCommand(&ts[i-1]), room)
-		}
-		fmt.Fprintf(tw, "%s\t%s\n", strings.Join(row, "\t"), last)
+		fmt.Fprintf(tw, "%s\t%s\n", strings.Join(row, "\t"), lasts[i])
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -345,6 +345,33 @@ func TestListJSON(t *testing.T) {
 	}
 }
 
+// TestTasksJSONAsEncoder: list --json written by the hand encoder is
+// what encoding/json's Encoder (writeJSON) writes, byte for byte: for no
+// tasks, and for tasks with every kind of field and character.
+func TestTasksJSONAsEncoder(t *testing.T) {
+	for _, ts := range [][]client.TaskInfo{
+		{},
+		{{ID: 1, User: "alice", State: client.StateDone, Command: "a && b <c> \"q\" \\ \u2028 é \xff \x01", Exit: exit(0), Submitted: 1}},
+		{{ID: 2, User: "bob", UID: 1001, State: client.StatePending, N: 2, Pool: "queue", Devices: []int{3}, After: []uint64{1}, Position: 4, Start: 5, Submitted: 6, Held: true},
+			{ID: 18446744073709551615, State: client.StateFailed, Signal: "SIGKILL", Reason: "time limit", Exit: exit(-1), Env: []string{"A=<b>"}, Source: client.SourceAccounting}},
+	} {
+		var hand, enc strings.Builder
+		if err := writeTasksJSON(&hand, ts); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeJSON(&enc, ts); err != nil {
+			t.Fatal(err)
+		}
+		if hand.String() != enc.String() {
+			t.Errorf("list --json:\nhand:    %s\nencoder: %s", hand.String(), enc.String())
+		}
+	}
+	var none strings.Builder
+	if err := writeTasksJSON(&none, nil); err != nil || none.String() != "[]\n" {
+		t.Errorf("list --json of no tasks = %q (%v), want \"[]\\n\"", none.String(), err)
+	}
+}
+
 func TestOrdinal(t *testing.T) {
 	for n, want := range map[int]string{1: "1st", 2: "2nd", 3: "3rd", 4: "4th", 11: "11th", 12: "12th", 13: "13th", 21: "21st", 22: "22nd", 111: "111th", 101: "101st"} {
 		if got := client.Ordinal(n); got != want {

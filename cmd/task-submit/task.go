@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -132,6 +133,7 @@ func submit(o *options) int {
 }
 
 func list(o *options) int {
+	listMemory()
 	c, err := client.Dial(client.SocketPath(o.socket))
 	if err != nil {
 		return failure(err, 0)
@@ -153,10 +155,7 @@ func list(o *options) int {
 	}
 	switch {
 	case o.json:
-		if ts == nil {
-			ts = []client.TaskInfo{} // "[]", not "null"
-		}
-		err = writeJSON(stdout, ts)
+		err = writeTasksJSON(stdout, ts) // "[]" for none, not "null"
 	case len(ts) > 0 && o.ended:
 		err = writeHistory(stdout, ts, o.all, time.Now())
 	case len(ts) > 0:
@@ -543,3 +542,20 @@ func checkContainer(s *client.Submission) error {
 	}
 	return nil
 }
+
+// listMemory leaves the garbage collector off for list until its heap
+// reaches listHeap: what list reads it keeps until it exits, so
+// collecting meanwhile is work for nothing, and it was a quarter of
+// list's time for 10,000 tasks. GOGC or GOMEMLIMIT in the environment
+// rule instead.
+func listMemory() {
+	if os.Getenv("GOGC") != "" || os.Getenv("GOMEMLIMIT") != "" {
+		return
+	}
+	debug.SetMemoryLimit(listHeap)
+	debug.SetGCPercent(-1)
+}
+
+// listHeap is the heap list grows to before it collects: some 50 times
+// what 10,000 tasks take.
+const listHeap = 256 << 20
