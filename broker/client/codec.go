@@ -562,30 +562,27 @@ func (s *scanner) uint() (uint64, error) {
 	return n, nil
 }
 
-func (s *scanner) strings() ([]string, error) {
+// arrayOf reads an array of what one reads, or null (nil).
+func arrayOf[T any](s *scanner, one func() (T, error)) ([]T, error) {
 	if s.peek() == 'n' {
 		return nil, s.literal("null")
 	}
-	out := []string{}
+	out := []T{}
 	err := s.array(func() error {
-		v, err := s.string()
+		v, err := one()
 		out = append(out, v)
 		return err
 	})
 	return out, err
 }
 
+func (s *scanner) strings() ([]string, error) { return arrayOf(s, s.string) }
+
 func (s *scanner) ints() ([]int, error) {
-	if s.peek() == 'n' {
-		return nil, s.literal("null")
-	}
-	out := []int{}
-	err := s.array(func() error {
+	return arrayOf(s, func() (int, error) {
 		v, err := s.int()
-		out = append(out, int(v))
-		return err
+		return int(v), err
 	})
-	return out, err
 }
 
 // skip reads past any value.

@@ -234,18 +234,7 @@ func (s *scanner) task(t *TaskInfo) (unsure bool, err error) {
 	return unsure, err
 }
 
-func (s *scanner) uints() ([]uint64, error) {
-	if s.peek() == 'n' {
-		return nil, s.literal("null")
-	}
-	out := []uint64{}
-	err := s.array(func() error {
-		v, err := s.uint()
-		out = append(out, v)
-		return err
-	})
-	return out, err
-}
+func (s *scanner) uints() ([]uint64, error) { return arrayOf(s, s.uint) }
 
 // mightFoldInto tells whether encoding/json could take key for one of
 // keys.

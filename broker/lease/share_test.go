@@ -248,17 +248,25 @@ func newShareTable(t *testing.T, capacity int64) (*owner, string) {
 // askShare queues a share of mem MiB for uid and serves the line.
 func (o *owner) askShare(t *testing.T, uid uint32, mem int64) chan grant {
 	t.Helper()
+	_, ch := o.request(t, Request{Holder: Holder{Kind: Inline, UID: uid, User: fmt.Sprintf("u%d", uid)}, Mem: mem})
+	return ch
+}
+
+// request queues req and serves the line: its waiter, and where its grant
+// goes.
+func (o *owner) request(t *testing.T, req Request) (*Waiter, chan grant) {
+	t.Helper()
 	ch := make(chan grant, 1)
-	w, err := o.tbl.Admit(Request{Holder: Holder{Kind: Inline, UID: uid, User: fmt.Sprintf("u%d", uid)}, Mem: mem})
+	w, err := o.tbl.Admit(req)
 	if err != nil {
-		t.Fatalf("admit a share of %d MiB: %v", mem, err)
+		t.Fatalf("admit %+v: %v", req, err)
 	}
 	w.Ref = ch
 	o.mu.Lock()
 	o.tbl.Add(w)
 	o.serveLocked()
 	o.mu.Unlock()
-	return ch
+	return w, ch
 }
 
 // TestShareFiles: each share is on a lock file of its own, made for it
@@ -319,19 +327,7 @@ func TestShareFiles(t *testing.T) {
 func TestEstimateShares(t *testing.T) {
 	o, _ := newShareTable(t, 16<<10)
 	limited := Holder{Kind: Inline, UID: 1, User: "u1", Limit: time.Hour}
-	ask := func(req Request) (*Waiter, chan grant) {
-		ch := make(chan grant, 1)
-		w, err := o.tbl.Admit(req)
-		if err != nil {
-			t.Fatalf("admit %+v: %v", req, err)
-		}
-		w.Ref = ch
-		o.mu.Lock()
-		o.tbl.Add(w)
-		o.serveLocked()
-		o.mu.Unlock()
-		return w, ch
-	}
+	ask := func(req Request) (*Waiter, chan grant) { return o.request(t, req) }
 	_, ach := ask(Request{Holder: limited, Mem: 12 << 10})
 	a := got(t, ach, "a share with a limit")
 	share, sch := ask(Request{Holder: limited, Mem: 8 << 10})
