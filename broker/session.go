@@ -11,6 +11,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/internal/atomicfile"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
@@ -194,21 +195,7 @@ func (s *Server) writeSessionPolicy(runDir string) error {
 		}
 		p.Groups = append(p.Groups, a)
 	}
-	tmp := path + ".new"
-	os.Remove(tmp)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return fmt.Errorf("write session policy: %w", err)
-	}
-	_, err = f.Write(p.Marshal())
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.Write(path, p.Marshal(), 0o644); err != nil {
 		return fmt.Errorf("write session policy: %w", err)
 	}
 	return nil
