@@ -304,9 +304,10 @@ func TestShareOverDeclared(t *testing.T) {
 }
 
 // TestShareExternalUse: a process on a shared device that holds no lease
-// counts against the device's room for shares at its observed peak until
-// it exits: a share that would fit the rest waits, and is granted once it
-// has gone.
+// counts against the device's room for shares with what the vendor's tool
+// shows it using now: a share that does not fit beside its use waits, and
+// is granted once it uses less, while it still runs (its peak does not
+// keep shares off the device).
 func TestShareExternalUse(t *testing.T) {
 	smi := newFakeSMI(t)
 	conf := fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0\"\nnpu_smi = %q\n[status]\nscan_interval = \"1s\"\n[share]\npools = \"all\"\ncapacity = \"16G\"\nmargin = \"0\"\n", smi.bin)
@@ -316,18 +317,21 @@ func TestShareExternalUse(t *testing.T) {
 	pid := outside.cmd.Process.Pid
 	smi.set(pid, 12*1024)
 	b.WaitLog(0, fmt.Sprintf("npu 0: pid %d uses 12G of its memory without a lease", pid))
-	// Its peak counts even when the tool shows it using less.
-	smi.set(pid, 1024)
 	code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "8G", "true"))
 	if code != 75 {
 		t.Fatalf("8G beside 12G used outside any lease, on 16G: exit %d, %s; want 75 (no room)", code, out)
 	}
 	w := newWorkload(t)
 	waiting := queue(t, b, "share", append([]string{"--mem", "8G"}, w.args(b, "share", 0)...)...)
+	// It frees most of it, and runs on: the share fits beside what it
+	// uses now.
+	smi.set(pid, 1024)
+	waiting.mustSucceed()
+	if outside.exited() {
+		t.Fatal("the outside process exited before the share was granted")
+	}
 	outside.stdin.Close()
 	outside.mustSucceed()
-	smi.set()
-	waiting.mustSucceed()
 }
 
 // TestShareRestart: a broker killed while shares are held finds them at
