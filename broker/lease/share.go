@@ -134,8 +134,9 @@ func (t *Table) Shareable(id int) (int64, bool) {
 }
 
 // SetExternal notes what processes outside any lease use on device id, in
-// MiB (their observed peak, for as long as they run): it counts against
-// the room for shares. The owner's scan sets it; 0 clears it.
+// MiB (what the vendor's tool shows them using now, scan by scan): it
+// counts against the room for shares. The owner's scan sets it; 0 clears
+// it.
 func (t *Table) SetExternal(id int, mib int64) {
 	if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
 		return
