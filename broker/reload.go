@@ -38,36 +38,10 @@ func (s *Server) Reload() (*client.ReloadInfo, error) {
 	if path == "" {
 		return nil, fmt.Errorf("%w: this broker was started without a configuration file to read again", ErrReloadRefused)
 	}
-	n, err := policy.Load(path)
+	n, pools, info, err := s.checkReload(path)
 	if err != nil {
-		var perrs *policy.Errors
-		if errors.As(err, &perrs) {
-			lines := make([]string, len(*perrs))
-			for i, e := range *perrs {
-				lines[i] = e.Error()
-			}
-			return nil, fmt.Errorf("%w: %s", ErrReloadRefused, strings.Join(lines, "; "))
-		}
-		return nil, fmt.Errorf("%w: %w", ErrReloadRefused, err)
+		return nil, err
 	}
-	old := s.policy()
-	// What the command line set (--state-dir, --cgroup), the file's
-	// [tasks] does not: a change of it there changes nothing, and is no
-	// cause to refuse the rest.
-	if s.flagged.stateDir {
-		n.Tasks.StateDir = old.Tasks.StateDir
-	}
-	if s.flagged.cgroup {
-		n.Tasks.Cgroup = old.Tasks.Cgroup
-	}
-	if names := old.NeedsRestart(n); len(names) > 0 {
-		return nil, fmt.Errorf("%w: %s: %s cannot change without a restart of the broker", ErrReloadRefused, path, strings.Join(names, ", "))
-	}
-	pools := tablePools(n, s.inv.IDs)
-	if err := s.table.CheckPools(pools, n.DefaultPool); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrReloadRefused, path, err)
-	}
-	info := &client.ReloadInfo{Config: path, Changed: old.Changed(n)}
 
 	// The limits of the users waiting come from the accounts they were
 	// looked up as when they asked: a cache, never NSS, under the locks.
@@ -122,6 +96,56 @@ func (s *Server) Reload() (*client.ReloadInfo, error) {
 	return info, nil
 }
 
+// CheckReload tells whether a reload would take the configuration file
+// at path, changing nothing (npubroker check-config, where this broker
+// runs): what it would change, or why it would be refused, as Reload
+// says it. Reloads and checks are one at a time.
+func (s *Server) CheckReload(path string) (*client.ReloadInfo, error) {
+	s.reload.Lock()
+	defer s.reload.Unlock()
+	_, _, info, err := s.checkReload(path)
+	return info, err
+}
+
+// checkReload validates the file at path as a reload of this broker takes
+// it: LoadConfig (the file, its devices and pools on this machine, as
+// serve and check-config take it), then against the running broker: what
+// needs a restart (policy.NeedsRestart, named) and the lease table's
+// pools. It returns the configuration, the table's pools of it, and what
+// it changes; an error wraps ErrReloadRefused.
+func (s *Server) checkReload(path string) (*policy.Config, []lease.Pool, *client.ReloadInfo, error) {
+	n, _, err := LoadConfig(path)
+	if err != nil {
+		var perrs *policy.Errors
+		if errors.As(err, &perrs) {
+			lines := make([]string, len(*perrs))
+			for i, e := range *perrs {
+				lines[i] = e.Error()
+			}
+			return nil, nil, nil, fmt.Errorf("%w: %s", ErrReloadRefused, strings.Join(lines, "; "))
+		}
+		return nil, nil, nil, fmt.Errorf("%w: %w", ErrReloadRefused, err)
+	}
+	old := s.policy()
+	// What the command line set (--state-dir, --cgroup), the file's
+	// [tasks] does not: a change of it there changes nothing, and is no
+	// cause to refuse the rest.
+	if s.flagged.stateDir {
+		n.Tasks.StateDir = old.Tasks.StateDir
+	}
+	if s.flagged.cgroup {
+		n.Tasks.Cgroup = old.Tasks.Cgroup
+	}
+	if names := old.NeedsRestart(n); len(names) > 0 {
+		return nil, nil, nil, fmt.Errorf("%w: %s: %s cannot change without a restart of the broker", ErrReloadRefused, path, strings.Join(names, ", "))
+	}
+	pools := tablePools(n, s.inv.IDs)
+	if err := s.table.CheckPools(pools, n.DefaultPool); err != nil {
+		return nil, nil, nil, fmt.Errorf("%w: %s: %w", ErrReloadRefused, path, err)
+	}
+	return n, pools, &client.ReloadInfo{Config: path, Changed: old.Changed(n)}, nil
+}
+
 // tablePools are the lease table's pools of configuration cfg, on a
 // machine of devices ids.
 func tablePools(cfg *policy.Config, ids []int) []lease.Pool {
@@ -133,7 +157,9 @@ func tablePools(cfg *policy.Config, ids []int) []lease.Pool {
 }
 
 // reloadOp serves npubroker reload (root only): the answer says what was
-// taken, or why nothing was.
+// taken, or why nothing was. With Check (npubroker check-config, a file's
+// path) it says what a reload of that file would change, or why it
+// would be refused, and takes nothing.
 func (s *Server) reloadOp(c *conn, req *client.Request) bool {
 	reply := func(r *client.Reply) bool {
 		s.mu.Lock()
@@ -142,6 +168,13 @@ func (s *Server) reloadOp(c *conn, req *client.Request) bool {
 	}
 	if c.uid != 0 {
 		return reply(errReply(client.CodeDenied, fmt.Sprintf("reload is root's: uid %d may not reload the broker's configuration", c.uid), "run it as root (sudo npubroker reload)"))
+	}
+	if req.Check != "" { // npubroker check-config: the same checks, nothing taken
+		info, err := s.CheckReload(req.Check)
+		if err != nil {
+			return reply(errReply(client.CodeConfigRefused, err.Error(), ""))
+		}
+		return reply(&client.Reply{Type: client.TypeReloaded, Reload: info})
 	}
 	info, err := s.ReloadLogged("npubroker reload")
 	if err != nil {

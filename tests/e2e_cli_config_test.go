@@ -11,7 +11,8 @@ import (
 
 // TestCheckConfigCommandLine: check-config has flags and help like the
 // other commands, and warns, with file and line, of what the broker
-// accepts but is probably a mistake, still exiting 0; errors still exit 1.
+// accepts but is probably a mistake, still exiting 0; errors still exit 1,
+// devices missing from this machine (serve would not start) among them.
 func TestCheckConfigCommandLine(t *testing.T) {
 	bin := bins(t)
 	dir := t.TempDir()
@@ -37,8 +38,8 @@ max_devices = 1
 `)
 	clean := write("clean.conf", FakeConfig(4)+"[pools]\na = \"0-1\"\nb = \"2-3\"\n[user.root]\nmax_devices = 2\n")
 	bad := write("bad.conf", FakeConfig(4)+"[pools]\na = \"0-1\"\n[user.npurun-tnosuch]\nmax_device = 1\n")
-	// Valid, but for a machine with devices this one lacks: serve would
-	// not start here.
+	// For a machine with devices this one lacks: serve would not start
+	// here, and check-config says so as an error.
 	devDir := filepath.Join(dir, "dev")
 	if err := os.Mkdir(devDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -56,8 +57,8 @@ max_devices = 1
 		noStdio bool     // nothing on standard output
 	}{
 		{name: "--help", args: []string{"--help"}, code: 0,
-			err: []string{"npubroker check-config [FILE]", "Warnings"}, errNot: []string{"read config"}, noStdio: true},
-		{name: "-h", args: []string{"-h"}, code: 0, err: []string{"npubroker check-config [FILE]"}, noStdio: true},
+			err: []string{"npubroker check-config [--socket PATH] [FILE]", "Warnings"}, errNot: []string{"read config"}, noStdio: true},
+		{name: "-h", args: []string{"-h"}, code: 0, err: []string{"npubroker check-config [--socket PATH] [FILE]"}, noStdio: true},
 		{name: "unknown flag", args: []string{"--frobnicate", clean}, code: 2, err: []string{"npubroker: unknown flag: --frobnicate"}, noStdio: true},
 		{name: "two files", args: []string{clean, warned}, code: 2, err: []string{"npubroker: check-config takes one file, got 2"}, noStdio: true},
 		{name: "clean", args: []string{clean}, code: 0, out: []string{clean + ": ok"}, errNot: []string{"warning"}},
@@ -67,10 +68,10 @@ max_devices = 1
 			warned + `:13: [group.npurun-tnosuch]: warning: no group "npurun-tnosuch" on this machine`,
 		}, errNot: []string{"[user.root]", "[group.root]"}},
 		{name: "errors still fail", args: []string{bad}, code: 1, err: []string{bad + ":7: [user.npurun-tnosuch] max_device: unknown key"}, noStdio: true},
-		{name: "no devices here", args: []string{elsewhere}, code: 0, out: []string{elsewhere + ": ok"}, err: []string{
-			elsewhere + ": [devices]: warning: no ascend devices: no davinciN nodes in " + devDir + ": npubroker serve would not start on this machine"}},
-		{name: "a device missing", args: []string{missing}, code: 0, out: []string{missing + ": ok"}, err: []string{
-			missing + ": [devices]: warning: no gpu 0: " + devDir + "/nvidia0 does not exist: npubroker serve would not start on this machine"}},
+		{name: "no devices here", args: []string{elsewhere}, code: 1, err: []string{
+			elsewhere + ": [devices]: no ascend devices: no davinciN nodes in " + devDir}, noStdio: true},
+		{name: "a device missing", args: []string{missing}, code: 1, err: []string{
+			missing + ": [devices]: no gpu 0: " + devDir + "/nvidia0 does not exist"}, noStdio: true},
 		{name: "no such file", args: []string{filepath.Join(dir, "nosuch.conf")}, code: 1, err: []string{
 			"npubroker: read config: open " + filepath.Join(dir, "nosuch.conf") + ": no such file or directory"}, noStdio: true},
 	} {
@@ -117,4 +118,64 @@ func TestBrokerLogsStop(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConfigOneValidation: check-config, serve and reload validate a file
+// the same way (broker.LoadConfig, and the running broker's own checks of
+// a reload): a device node that does not exist is refused by all three
+// with the same words; a [share] change while a share runs is refused by
+// reload (it needs a restart), which check-config, asking the broker
+// running, warns of, and taken by serve at the restart, the share going
+// on.
+func TestConfigOneValidation(t *testing.T) {
+	needRoot(t)
+	serve := func(t *testing.T, b *Broker) taskResult {
+		t.Helper()
+		cmd := exec.Command(b.Bin.Broker, "serve", "--config", b.Conf, "--run-dir", b.RunDir, "--socket", b.Socket, "--state-dir", b.StateDir, "--cgroup", "off", "--log", "stderr")
+		cmd.Env = append(os.Environ(), b.env...)
+		return runTaskCmd(t, cmd)
+	}
+
+	t.Run("device node missing", func(t *testing.T) {
+		dev := newDevTree(t, 2)
+		b := StartBroker(t, dev.config("0-1", ""))
+		node := dev.node("davinci1")
+		if err := os.Remove(node); err != nil {
+			t.Fatal(err)
+		}
+		want := b.Conf + ": [devices]: no npu 1: " + node + " does not exist"
+		if code, out, errs := drainCmd(t, b, nil, "check-config", b.Conf); code != 1 || !strings.Contains(errs, want) || out != "" {
+			t.Errorf("check-config: exit %d, %q, %q; want 1 and %q", code, out, errs, want)
+		}
+		if code, _, errs := reload(t, b); code != 1 || !strings.Contains(errs, want) {
+			t.Errorf("reload: exit %d, %q; want 1 and %q", code, errs, want)
+		}
+		b.Stop()
+		if r := serve(t, b); r.code != 1 || !strings.Contains(r.stderr, want) {
+			t.Errorf("serve: want exit 1 and %q; %s", want, r)
+		}
+	})
+
+	t.Run("share change with a share running", func(t *testing.T) {
+		b := StartBroker(t, shareConfig(1, "16G"))
+		h := hold(t, b, "share", "--mem", "5G")
+		writeConf(t, b, FakeConfig(1))
+		want := b.Conf + ": [share] pools, capacity, capacities, margin cannot change without a restart of the broker"
+		code, out, errs := drainCmd(t, b, nil, "check-config", b.Conf)
+		if code != 0 || !strings.Contains(out, b.Conf+": ok") || !strings.Contains(errs, b.Conf+": warning: npubroker reload of the broker running here refuses it: "+want) {
+			t.Errorf("check-config: exit %d, %q, %q; want 0, ok, and the reload's refusal %q as a warning", code, out, errs, want)
+		}
+		if code, _, errs := reload(t, b); code != 1 || !strings.Contains(errs, want) {
+			t.Errorf("reload: exit %d, %q; want 1 and %q", code, errs, want)
+		}
+		// serve takes it: the share runs on, the device whole once it ends.
+		b.Kill()
+		b.Start()
+		b.WaitLog(0, "npu 0 holds a share of 5120 MiB from before this start, and is not shared now")
+		if code, _, errs := drainCmd(t, b, nil, "check-config", b.Conf); code != 0 || strings.Contains(errs, "warning") {
+			t.Errorf("check-config of the file the broker runs: exit %d, %q; want 0, no warning", code, errs)
+		}
+		h.release()
+		waitFree(t, b, 0)
+	})
 }

@@ -304,9 +304,10 @@ func TestShareOverDeclared(t *testing.T) {
 }
 
 // TestShareExternalUse: a process on a shared device that holds no lease
-// counts against the device's room for shares at its observed peak until
-// it exits: a share that would fit the rest waits, and is granted once it
-// has gone.
+// counts against the device's room for shares with what the vendor's tool
+// shows it using now: a share that does not fit beside its use waits, and
+// is granted once it uses less, while it still runs (its peak does not
+// keep shares off the device).
 func TestShareExternalUse(t *testing.T) {
 	smi := newFakeSMI(t)
 	conf := fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0\"\nnpu_smi = %q\n[status]\nscan_interval = \"1s\"\n[share]\npools = \"all\"\ncapacity = \"16G\"\nmargin = \"0\"\n", smi.bin)
@@ -316,18 +317,21 @@ func TestShareExternalUse(t *testing.T) {
 	pid := outside.cmd.Process.Pid
 	smi.set(pid, 12*1024)
 	b.WaitLog(0, fmt.Sprintf("npu 0: pid %d uses 12G of its memory without a lease", pid))
-	// Its peak counts even when the tool shows it using less.
-	smi.set(pid, 1024)
 	code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "8G", "true"))
 	if code != 75 {
 		t.Fatalf("8G beside 12G used outside any lease, on 16G: exit %d, %s; want 75 (no room)", code, out)
 	}
 	w := newWorkload(t)
 	waiting := queue(t, b, "share", append([]string{"--mem", "8G"}, w.args(b, "share", 0)...)...)
+	// It frees most of it, and runs on: the share fits beside what it
+	// uses now.
+	smi.set(pid, 1024)
+	waiting.mustSucceed()
+	if outside.exited() {
+		t.Fatal("the outside process exited before the share was granted")
+	}
 	outside.stdin.Close()
 	outside.mustSucceed()
-	smi.set()
-	waiting.mustSucceed()
 }
 
 // TestShareRestart: a broker killed while shares are held finds them at
@@ -539,4 +543,84 @@ func TestShareAscendCapacity(t *testing.T) {
 	if code != 77 || !strings.Contains(out, "the largest share a device of pool \"default\" holds is 63G") {
 		t.Fatalf("64G: exit %d, %s; want 77, 63G the largest", code, out)
 	}
+}
+
+// TestShareRestartNotShared: a share held while the broker is killed
+// goes on after a restart that shares its device no more, with [share]
+// removed from the configuration or with the device's memory unknown at
+// the start (the vendor's tool failing once): its lock file is kept, no
+// new share lands beside it, and the device is granted whole only once
+// it has ended. The runs prove it themselves (the workload's markers: a
+// whole run beside a share's is a DOUBLE GRANT).
+func TestShareRestartNotShared(t *testing.T) {
+	needRoot(t) // the capacity case's device nodes
+	shareRun := func(t *testing.T, b *Broker, w workload, capacity int64) *proc {
+		t.Helper()
+		args := append([]string{"--mem", "5G"}, w.args(b, "share", 0)...)
+		p := startProc(t, "share", b.Npurun(append(args, "-mem", "5120", "-capacity", fmt.Sprint(capacity), "-wait-stdin")...))
+		p.waitLine("running share")
+		return p
+	}
+	after := func(t *testing.T, b *Broker, w workload, share *proc) {
+		t.Helper()
+		whole := append([]string{"-d", "0"}, w.args(b, "whole", 0)...)
+		if code, out := exitCode(t, b.Npurun(append([]string{"--no-wait"}, whole...)...)); code != 75 {
+			t.Fatalf("the whole device beside a share held from before the restart: exit %d, %s; want 75 (in use)", code, out)
+		}
+		if code, out := exitCode(t, b.Npurun("--no-wait", "--mem", "1G", "true")); code != 77 || !strings.Contains(out, "not shared") {
+			t.Fatalf("a new share of a device shared no more: exit %d, %s; want 77, not shared", code, out)
+		}
+		waiting := queue(t, b, "whole", whole...)
+		share.stdin.Close()
+		share.mustSucceed()
+		waiting.mustSucceed()
+		runs := w.runs(t)
+		if len(runs) != 2 || runs[0].Tag != "share" || runs[1].Tag != "whole" || runs[1].Start < runs[0].End {
+			t.Fatalf("runs %+v; want the share's, then the whole device's after it", runs)
+		}
+	}
+
+	t.Run("share removed", func(t *testing.T) {
+		b := StartBroker(t, shareConfig(1, "16G"))
+		w := newWorkload(t)
+		share := shareRun(t, b, w, 16*1024)
+		b.Kill()
+		if err := os.WriteFile(b.Conf, []byte(FakeConfig(1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		b.Start()
+		b.WaitLog(0, "npu 0 holds a share of 5120 MiB from before this start, and is not shared now")
+		if sh := b.Board(t).Devices[0].Shares; len(sh) != 1 || sh[0].Mem != 5120 {
+			t.Errorf("after the restart, status shows the shares %+v; want the share of 5120 MiB", sh)
+		}
+		after(t, b, w, share)
+	})
+
+	t.Run("capacity unknown", func(t *testing.T) {
+		dev := newDevTree(t, 1)
+		table, err := os.ReadFile("../npu/testdata/npu-smi-info-910b.txt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, fail := filepath.Join(dev.Dir, "info.txt"), filepath.Join(dev.Dir, "fail-once")
+		if err := os.WriteFile(info, table, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		smi := filepath.Join(dev.Dir, "npu-smi")
+		script := fmt.Sprintf("#!/bin/sh\n[ \"$*\" = info ] || exit 1\nif [ -e %s ]; then rm -f %s; exit 1; fi\nexec cat %s\n", fail, fail, info)
+		if err := os.WriteFile(smi, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		b := StartBroker(t, fmt.Sprintf("[devices]\nvendor = \"ascend\"\nids = \"0\"\ndev_dir = %q\nnpu_smi = %q\n[share]\npools = \"all\"\n", dev.Dir, smi))
+		w := newWorkload(t)
+		share := shareRun(t, b, w, 63*1024)
+		b.Kill()
+		if err := os.WriteFile(fail, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		b.Start()
+		b.WaitLog(0, "npu 0: its memory is unknown")
+		b.WaitLog(0, "npu 0 holds a share of 5120 MiB from before this start, and is not shared now")
+		after(t, b, w, share)
+	})
 }

@@ -20,7 +20,7 @@ import (
 // appendRequest encodes an acquire, session, ping or submit request; ok is
 // false for any other request, which the caller encodes with the Codec.
 func appendRequest(b []byte, r *Request) ([]byte, bool) {
-	if r.Status != nil || r.ID != 0 || r.All || r.After != 0 || r.Ended || r.Since != 0 || r.Watch || r.Usage != nil || r.Container != nil || r.Device != "" || r.Reason != "" {
+	if r.Status != nil || r.ID != 0 || r.All || r.After != 0 || r.Ended || r.Since != 0 || r.Watch || r.Usage != nil || r.Container != nil || r.Device != "" || r.Reason != "" || r.Check != "" {
 		return nil, false
 	}
 	if r.Job != nil || IsSlurmOp(r.Op) {

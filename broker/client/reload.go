@@ -12,6 +12,10 @@ package client
 //	  │ ◀── {"type":"reloaded","reload":{…}} ── │ taken: what changed, the waiters it refused
 //	  │ ◀── {"type":"error","code":"config-refused"|"denied",…}
 //
+// npubroker check-config, as root where a broker answers, sends
+// {"op":"reload","check":"/abs/FILE"}: the broker checks FILE as a reload
+// of its own would take it, takes nothing, and answers as above.
+//
 // A waiter that the new configuration refuses gets its own error reply,
 // code "denied", on its connection.
 
@@ -34,6 +38,20 @@ type ReloadInfo struct {
 // Reload asks the broker to read its configuration file again.
 func (c *Conn) Reload() (*ReloadInfo, error) {
 	r, err := c.call(&Request{Op: OpReload})
+	if err != nil {
+		return nil, err
+	}
+	if r.Type != TypeReloaded || r.Reload == nil {
+		return nil, fmt.Errorf("unexpected reply %q to reload", r.Type)
+	}
+	return r.Reload, nil
+}
+
+// CheckReload asks the broker whether a reload would take the
+// configuration file at path (absolute), taking nothing: what it would
+// change, or the broker's refusal (code config-refused).
+func (c *Conn) CheckReload(path string) (*ReloadInfo, error) {
+	r, err := c.call(&Request{Op: OpReload, Check: path})
 	if err != nil {
 		return nil, err
 	}

@@ -138,6 +138,10 @@ type Request struct {
 	// drain, undrain (drain.go); root only
 	Device string `json:"device,omitempty"` // "npu3", "gpu3" or "3"
 	Reason string `json:"reason,omitempty"`
+
+	// reload: check this configuration file as a reload would take it
+	// (an absolute path), and take nothing (npubroker check-config).
+	Check string `json:"check,omitempty"`
 }
 
 // Reply is a message from the broker.

@@ -69,7 +69,14 @@ func (pc *poolSet) list() string {
 // defaultPool: an error names a pool with a device the table does not
 // manage.
 func (t *Table) CheckPools(pools []Pool, defaultPool string) error {
-	_, err := newPoolSet(t.ids, pools, defaultPool)
+	return CheckPools(t.ids, pools, defaultPool)
+}
+
+// CheckPools tells whether a table of devices ids would take pools and
+// defaultPool (Open, Reconfigure): an error names a pool with a device
+// not among ids, or a default pool not among the pools.
+func CheckPools(ids []int, pools []Pool, defaultPool string) error {
+	_, err := newPoolSet(ids, pools, defaultPool)
 	return err
 }
 

@@ -134,8 +134,9 @@ func (t *Table) Shareable(id int) (int64, bool) {
 }
 
 // SetExternal notes what processes outside any lease use on device id, in
-// MiB (their observed peak, for as long as they run): it counts against
-// the room for shares. The owner's scan sets it; 0 clears it.
+// MiB (what the vendor's tool shows them using now, scan by scan): it
+// counts against the room for shares. The owner's scan sets it; 0 clears
+// it.
 func (t *Table) SetExternal(id int, mib int64) {
 	if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
 		return
@@ -242,7 +243,12 @@ func (t *Table) watchShare(d *device, s *share) {
 
 // findShares finds the shares held at Open in the lock directory: a share
 // file whose lock is taken is a share from before this start (its
-// declaration read from it), one whose lock is free is removed.
+// declaration read from it), one whose lock is free is removed. A held
+// share file is never removed, whatever the configuration says now: on a
+// device this start does not share ([share] no longer names it, or its
+// memory is unknown) the share goes on as any other, no new share lands
+// beside it, and the device is granted whole once its shares have ended.
+// One of a device this broker does not manage is left as it is.
 func (t *Table) findShares(dir string) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -254,33 +260,41 @@ func (t *Table) findShares(dir string) error {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
-		if id >= len(t.devs) || t.devs[id] == nil || t.devs[id].capacity <= 0 {
-			unix.Unlink(path)
-			continue
-		}
-		d := t.devs[id]
 		fd, isFree, err := tryLock(path)
 		if err != nil {
 			return err
 		}
-		file, err := fileID(fd)
-		if isFree || err != nil {
+		if isFree {
 			unix.Unlink(path)
 			unix.Close(fd)
 			continue
+		}
+		if id >= len(t.devs) || t.devs[id] == nil {
+			t.log.Printf("npu %d is not among this broker's devices, and a share of it is held (%s): left as it is", id, path)
+			unix.Close(fd)
+			continue
+		}
+		d := t.devs[id]
+		file, err := fileID(fd)
+		if err != nil {
+			t.log.Printf("npu %d: share lock file %s: %v; the share is kept until its release", id, path, err)
 		}
 		var buf [24]byte
 		n, _ := unix.Pread(fd, buf[:], 0)
 		mem, err := strconv.ParseInt(strings.TrimSpace(string(buf[:max(n, 0)])), 10, 64)
 		if err != nil || mem <= 0 {
 			// Not knowing what it declared, count the whole device.
-			mem = d.capacity
+			mem = max(d.capacity, 1)
 		}
 		l := &Lease{Pool: t.pc.Load().poolOf[id], Devices: []int{id}, Files: []FileID{file}, Mem: mem, Since: time.Now(), Adopted: true}
 		l.ID = t.newIDLocked(time.Now())
 		s := &share{lease: l, slot: slot, mem: mem, path: path, file: file, fd: -1, spare: fd}
 		d.shares = append(d.shares, s)
 		d.leases = append(d.leases, l)
+		if d.capacity <= 0 {
+			t.log.Printf("npu %d holds a share of %d MiB from before this start, and is not shared now (not in [share], or its memory unknown): no new share on it, and no whole lease until its shares end", id, mem)
+			continue
+		}
 		t.log.Printf("npu %d holds a share of %d MiB from before this start; waiting for its release", id, mem)
 	}
 	return nil

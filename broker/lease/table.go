@@ -513,9 +513,6 @@ func (t *Table) Ended(id int, file FileID) bool {
 	if e := d.ended.Load(); e != nil && *e == file {
 		return true
 	}
-	if d.capacity <= 0 {
-		return false
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, s := range d.shares {

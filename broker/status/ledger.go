@@ -145,7 +145,7 @@ type Ledger struct {
 	mu        sync.Mutex
 	leases    map[int]*entry           // by device id, while held: whole leases
 	shares    map[int][]*entry         // by device id, while held: the shares of a device (lease.Lease.Mem), in grant order
-	extPeak   map[int]map[int]int64    // device -> pid -> MiB: the peak of each process outside any lease on a shared device (memory.go)
+	extSeen   map[int]map[int]bool     // device -> pid: the processes outside any lease the last scan saw on a shared device (memory.go)
 	extSet    map[int]int64            // device -> MiB: what the table was told of outside use
 	capacity  map[int]int64            // device -> what its shares may declare, MiB: from Open's snapshot
 	taskPeaks map[uint64]int64         // task id -> the peak of its share, once ended (memory.go)

@@ -22,8 +22,11 @@ import (
 // kept, shown in status and written at its end; one over its declaration
 // is shown, logged the first time, and, with [share] over_declared =
 // "term", its holders are sent SIGTERM. A process on a shared device
-// that holds no lease counts against the device's room for shares at its
-// observed peak until it exits (Table.SetExternal).
+// that holds no lease counts against the device's room for shares with
+// what the tool shows it using now, scan by scan (Table.SetExternal): not
+// its peak, which would let a brief use keep shares off the device for as
+// long as the process lives. Unleased use as such is the unleased-use
+// policy's to report and act on ([status] unleased).
 
 // memUse is what the tool showed of one lease's processes.
 type memUse struct {
@@ -67,23 +70,25 @@ func (g *Ledger) memoryOnce(res *procscan.Result) {
 	var term []signal
 	external := map[int]int64{}
 	g.mu.Lock()
-	if g.extPeak == nil {
-		g.extPeak = map[int]map[int]int64{}
+	if g.extSeen == nil {
+		g.extSeen = map[int]map[int]bool{}
 	}
+	seen := map[int]map[int]bool{} // this scan's outside users, by device
 	used := map[*entry]int64{}
 	for _, p := range procs {
 		e, dev := g.shareOfLocked(p, ancestors[p.PID], nodeOf)
 		switch {
 		case e != nil:
 			used[e] += p.MiB
-		case dev >= 0 && len(g.shares[dev]) > 0 || dev >= 0 && g.leases[dev] == nil && g.sharedLocked(dev):
-			if g.extPeak[dev] == nil {
-				g.extPeak[dev] = map[int]int64{}
+		case (dev >= 0 && len(g.shares[dev]) > 0 || dev >= 0 && g.leases[dev] == nil && g.sharedLocked(dev)) && unix.Kill(p.PID, 0) != unix.ESRCH:
+			if !g.extSeen[dev][p.PID] {
+				g.log.Printf("npu %d: pid %d uses %s of its memory without a lease; what it uses counts against the room for shares while it uses it", dev, p.PID, quantity.Size(p.MiB))
 			}
-			if _, known := g.extPeak[dev][p.PID]; !known {
-				g.log.Printf("npu %d: pid %d uses %s of its memory without a lease; it counts against the room for shares, at its peak, until it exits", dev, p.PID, quantity.Size(p.MiB))
+			if seen[dev] == nil {
+				seen[dev] = map[int]bool{}
 			}
-			g.extPeak[dev][p.PID] = max(g.extPeak[dev][p.PID], p.MiB)
+			seen[dev][p.PID] = true
+			external[dev] += p.MiB
 		}
 	}
 	for _, list := range g.shares {
@@ -106,22 +111,8 @@ func (g *Ledger) memoryOnce(res *procscan.Result) {
 			}
 		}
 	}
-	// An outside process counts at its peak until it exits.
-	for dev, peaks := range g.extPeak {
-		for pid := range peaks {
-			if unix.Kill(pid, 0) == unix.ESRCH {
-				delete(peaks, pid)
-			}
-		}
-		var sum int64
-		for _, mib := range peaks {
-			sum += mib
-		}
-		if sum == 0 {
-			delete(g.extPeak, dev)
-		}
-		external[dev] = sum
-	}
+	// Said once a process, until the tool shows it no more.
+	g.extSeen = seen
 	prev := g.extSet
 	g.extSet = external
 	g.changedLocked()

@@ -52,7 +52,7 @@ func completionCommand() *completion.Command {
 		},
 		Subcommands: []completion.Subcommand{
 			{Name: "serve", Help: "run the broker", Options: append(pflagOptions(serveFS), help)},
-			{Name: "check-config", Help: "validate a configuration file", Options: []completion.Option{help}, Args: completion.Files, MaxArgs: 1},
+			{Name: "check-config", Help: "validate a configuration file", Options: []completion.Option{{Long: "socket", Value: "PATH", Complete: completion.Files, Help: "the socket of the broker whose reload to check the file against"}, help}, Args: completion.Files, MaxArgs: 1},
 			{Name: "status", Help: "who holds which device, the line, unleased use", Options: append(helpOptions(report.Status), help)},
 			{Name: "usage", Help: "device-hours per user and kind of lease", Options: append(helpOptions(report.Usage), help)},
 			{Name: "drain", Help: "take a device out of service (root)", Options: append(helpOptions(report.Drain), help), MaxArgs: 1},

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker"
+	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/report"
 	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/npu"
@@ -27,7 +28,7 @@ var version = "dev"
 
 const usage = `Usage:
   npubroker serve [--config FILE] [--socket PATH] [--run-dir DIR] [--state-dir DIR] [--cgroup DIR] [--log WHERE]
-  npubroker check-config [FILE]
+  npubroker check-config [--socket PATH] [FILE]
   ` + report.StatusUsage + `
   ` + report.UsageUsage + `
   ` + report.DrainUsage + `
@@ -81,16 +82,21 @@ func main() {
 	}
 }
 
-const checkConfigHelp = `Validate a configuration file (default ` + broker.DefaultConfig + `) and name every
-problem by file, line and key. Errors exit 1. Warnings, also on standard
+const checkConfigHelp = `Validate a configuration file (default ` + broker.DefaultConfig + `) as serve and
+reload take it up (one validation, broker.LoadConfig) and name every
+problem by file, line and key. Errors exit 1: the file's, and the devices
+it names missing from this machine (serve would not start: no device node
+of the vendor in dev_dir, one of ids missing). Warnings, also on standard
 error, leave the status 0: a [user.NAME] or [group.NAME] for an account
 this machine does not know (yet), devices that [pools] puts in no pool, a
 [restrict]ed account still in a group that may open the device nodes, or
-in a container engine's (docker: root in all but name), the configured
-devices missing from this machine (serve would not start), [slurm]
+in a container engine's (docker: root in all but name), [slurm]
 gres_devices that disagree with Slurm's gres.conf (beside $SLURM_CONF, or
 [slurm] gres_conf): counts, and File= nodes that are not the mapped
-devices' nodes.
+devices' nodes; and, run as root where a broker answers on the socket
+(--socket, else $NPURUN_SOCKET or the default), a file that its reload
+refuses (a change that needs a restart, named), by the broker's own
+checks.
 `
 
 func checkConfig(args []string) int {
@@ -98,6 +104,7 @@ func checkConfig(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprint(os.Stderr, usage, "\n", checkConfigHelp)
 	}
+	socket := fs.String("socket", "", "the socket of the broker whose reload to check the file against, where one runs (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
@@ -114,7 +121,10 @@ func checkConfig(args []string) int {
 		fmt.Fprintf(os.Stderr, "npubroker: check-config takes one file, got %d\n", fs.NArg())
 		return 2
 	}
-	cfg, err := policy.Load(path)
+	// The validation of serve and reload: the file, and its devices on
+	// this machine (a device node missing is an error, as serve does not
+	// start without it).
+	cfg, inv, err := broker.LoadConfig(path)
 	if err != nil {
 		if perrs := (*policy.Errors)(nil); errors.As(err, &perrs) {
 			fmt.Fprintln(os.Stderr, err) // each line names the file and line
@@ -123,21 +133,8 @@ func checkConfig(args []string) int {
 		}
 		return 1
 	}
-	devices := cfg.IDs
-	if devices == nil {
-		devices = npu.Found(npu.Vendor(cfg.Vendor), cfg.DevDir)
-		if len(devices) == 0 {
-			devices = nil // not on the machine it is for: no pools check
-		}
-	}
+	devices := inv.IDs
 	warnings := cfg.Warnings(devices, accountExists)
-	// The devices as serve finds them: a file that is fine but for another
-	// machine, or a machine whose devices are missing, still exits 0, with
-	// a warning.
-	inv, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi)
-	if err != nil {
-		warnings = append(warnings, policy.Error{File: path, Key: "[devices]", Msg: fmt.Sprintf("warning: %v: npubroker serve would not start on this machine", err)})
-	}
 	if cfg.Slurm.Active() {
 		warnings = append(warnings, slurmWarnings(path, cfg, inv)...)
 	}
@@ -149,11 +146,45 @@ func checkConfig(args []string) int {
 		warnings = append(warnings, cfg.RestrictWarnings(groups, open, pam.Member, pam.Members)...)
 	}
 	warnings = append(warnings, cfg.EngineWarnings(pam.EngineGroups(pam.EngineSockets), pam.Member, pam.Members)...)
+	if w, ok := reloadWarning(path, *socket); ok {
+		warnings = append(warnings, w)
+	}
 	for _, w := range warnings {
 		fmt.Fprintln(os.Stderr, w.Error())
 	}
 	fmt.Printf("%s: ok\n", path)
 	return 0
+}
+
+// reloadWarning asks the broker answering at socket (flag, else
+// $NPURUN_SOCKET or the default), where there is one and this is root,
+// whether a reload would take the file at path, by the broker's own
+// checks (Server.CheckReload): a file fine for serve that the running
+// broker's reload refuses (a change that needs a restart) is said as a
+// warning. No broker, or not root: nothing to say.
+func reloadWarning(path, socket string) (policy.Error, bool) {
+	if os.Geteuid() != 0 {
+		return policy.Error{}, false
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return policy.Error{}, false
+	}
+	c, err := client.Dial(client.SocketPath(socket))
+	if err != nil {
+		return policy.Error{}, false
+	}
+	defer c.Close()
+	_, err = c.CheckReload(abs)
+	var cerr *client.Error
+	switch {
+	case err == nil:
+		return policy.Error{}, false
+	case errors.As(err, &cerr) && cerr.Code == client.CodeConfigRefused:
+		msg, _ := strings.CutPrefix(cerr.Message, broker.ErrReloadRefused.Error()+": ")
+		return policy.Error{File: path, Msg: "warning: npubroker reload of the broker running here refuses it: " + msg}, true
+	}
+	return policy.Error{File: path, Msg: fmt.Sprintf("warning: not checked against the broker running here: %v", err)}, true
 }
 
 // accountExists tells whether this machine knows the user or group name
@@ -237,7 +268,7 @@ func serve(args []string) int {
 		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
 		return 1
 	}
-	cfg, err := policy.Load(*config)
+	cfg, inv, err := broker.LoadConfig(*config) // check-config's and reload's validation
 	if err != nil {
 		if perrs := (*policy.Errors)(nil); errors.As(err, &perrs) {
 			for _, e := range *perrs { // one line each: the log takes no newline inside a line
@@ -246,11 +277,6 @@ func serve(args []string) int {
 		} else {
 			lg.Print(err)
 		}
-		return 1
-	}
-	inv, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi)
-	if err != nil {
-		lg.Print(err)
 		return 1
 	}
 	if cfg.Slurm.Active() {

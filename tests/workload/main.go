@@ -57,6 +57,7 @@ func main() {
 	containNone := flag.Bool("contain-none", false, "with -contain: send no descriptor")
 	mem := flag.Int64("mem", 0, "with -markers: a share of this many MiB of each device; the run checks, in the markers, that the shares running on its devices declare no more than -capacity together (see share.go)")
 	capacity := flag.Int64("capacity", 0, "with -mem: what the shares of a device may declare together, in MiB")
+	waitStdin := flag.Bool("wait-stdin", false, "once the devices are marked, say \"running TAG\" and hold them until standard input closes (then -hold more)")
 	once := flag.String("once", "", "mark this run with a file made O_EXCL at this path; if it exists (this is a second run), make PATH.twice.PID and exit 3")
 	flag.Parse()
 	if os.Geteuid() != os.Getuid() && !*root {
@@ -110,16 +111,11 @@ func main() {
 	if *mem > 0 && *markers != "" && devs != "" {
 		made = markShares(*markers, *tag, devs, *mem, *capacity)
 	} else if *markers != "" && devs != "" {
-		for _, id := range strings.Split(devs, ",") {
-			p := filepath.Join(*markers, "npu"+id)
-			f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
-			if err != nil {
-				fmt.Fprintf(os.Stderr, "workload %s: DOUBLE GRANT of npu %s: %v\n", *tag, id, err)
-				os.Exit(3)
-			}
-			f.Close()
-			made = append(made, p)
-		}
+		made = markWhole(*markers, *tag, devs)
+	}
+	if *waitStdin {
+		fmt.Println("running", *tag)
+		io.Copy(io.Discard, os.Stdin)
 	}
 	time.Sleep(*hold)
 	for _, p := range made {
