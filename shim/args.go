@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/npurun/npurun/internal/completion"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
@@ -286,7 +287,7 @@ func Main(args []string, version string) int {
 		if ue.hint != "" {
 			hint("%s", ue.hint)
 		}
-		return ExitUsage
+		return exitcode.Usage
 	}
 	if cmd.o.Login {
 		return Login(cmd.o)

@@ -293,8 +293,8 @@ func TestDrainRefused(t *testing.T) {
 	}
 	for _, name := range []string{"npu9", "bogus", "-1x"} {
 		code, _, errs := drainCmd(t, b, nil, "drain", "--", name)
-		if code != 1 || !strings.Contains(errs, strings.TrimPrefix(name, "npu")) {
-			t.Errorf("drain %s: exit %d, stderr %q: want 1 and a message naming it", name, code, errs)
+		if code != 2 || !strings.Contains(errs, strings.TrimPrefix(name, "npu")) {
+			t.Errorf("drain %s: exit %d, stderr %q: want 2 (usage: a device the broker does not manage, as for npurun -d) and a message naming it", name, code, errs)
 		}
 	}
 	if code, _, errs := drainCmd(t, b, nil, "drain"); code != 2 {

@@ -4,6 +4,8 @@ import (
 	"errors"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/internal/exitcode"
 )
 
 // Hint is the next step to suggest to a person after err from Dial or a
@@ -31,4 +33,36 @@ func Hint(err error) string {
 func Systemd() bool {
 	var st unix.Stat_t
 	return unix.Stat("/run/systemd/system", &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR
+}
+
+// ExitStatus is the exit status of npurun, task-submit and npubroker's
+// client commands for err, an error from Dial or a request (the table is
+// package exitcode's): a broker's refusal by its code (busy and too-many,
+// such as its connection cap: try again later; denied: not allowed; a
+// request it calls malformed, an unknown pool or device: usage); no broker,
+// none that answers, or one that went away before it answered:
+// unavailable; anything else a failure.
+func ExitStatus(err error) int {
+	var be *Error
+	switch {
+	case err == nil:
+		return exitcode.OK
+	case errors.As(err, &be):
+		switch be.Code {
+		case CodeBusy, CodeTooMany, CodeSpool:
+			return exitcode.TempFail
+		case CodeDenied:
+			return exitcode.Denied
+		case CodeBadRequest, CodeNoSuchPool, CodeNoDevice:
+			return exitcode.Usage
+		}
+		return exitcode.Failure
+	case errors.Is(err, ErrSubmitUnknown):
+		return exitcode.Unknown
+	case errors.Is(err, ErrTimeout):
+		return exitcode.TempFail
+	case errors.Is(err, ErrNoBroker), errors.Is(err, ErrNoAnswer), Gone(err):
+		return exitcode.Unavailable
+	}
+	return exitcode.Failure
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/npurun/npurun/broker"
 	"github.com/npurun/npurun/broker/report"
 	"github.com/npurun/npurun/broker/tasks"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
 	"github.com/npurun/npurun/policy"
@@ -48,7 +49,7 @@ Commands:
 func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+		os.Exit(exitcode.Usage)
 	}
 	if shell, ok := strings.CutPrefix(os.Args[1], "--completion="); ok {
 		os.Exit(printCompletion([]string{shell}))
@@ -77,7 +78,7 @@ func main() {
 	default:
 		fmt.Fprintf(os.Stderr, "npubroker: unknown command %q\n", os.Args[1])
 		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+		os.Exit(exitcode.Usage)
 	}
 }
 
@@ -196,14 +197,14 @@ func serve(args []string) int {
 	config, runDir, socket, stateDir, cgroup, logTo := so.config, so.runDir, so.socket, so.stateDir, so.cgroup, so.logTo
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			return 0
+			return exitcode.OK
 		}
 		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
-		return 2
+		return exitcode.Usage
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "npubroker: serve takes no arguments, got %q\n", fs.Arg(0))
-		return 2
+		return exitcode.Usage
 	}
 	if *socket == "" {
 		*socket = filepath.Join(*runDir, "broker.sock")
@@ -217,25 +218,25 @@ func serve(args []string) int {
 		abs, err := filepath.Abs(*p)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "npubroker: %s: %v\n", *p, err)
-			return 1
+			return exitcode.Failure
 		}
 		*p = abs
 	}
 	if c := *cgroup; c != "" && c != "auto" && c != "off" && !filepath.IsAbs(c) {
 		fmt.Fprintf(os.Stderr, "npubroker: --cgroup takes an absolute directory, auto or off, not %q\n", c)
-		return 2
+		return exitcode.Usage
 	}
 	// Whatever descriptors the broker inherited (from a root shell, say)
 	// must not reach the supervisors it starts as other users.
 	unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	if l := *logTo; l != broker.LogAuto && l != broker.LogStderr && l != broker.LogSyslog {
 		fmt.Fprintf(os.Stderr, "npubroker: --log takes auto, stderr or syslog, not %q\n", l)
-		return 2
+		return exitcode.Usage
 	}
 	lg, _, err := broker.NewLog(*logTo)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
-		return 1
+		return exitcode.Failure
 	}
 	cfg, err := policy.Load(*config)
 	if err != nil {
@@ -246,12 +247,12 @@ func serve(args []string) int {
 		} else {
 			lg.Print(err)
 		}
-		return 1
+		return exitcode.Failure
 	}
 	inv, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi)
 	if err != nil {
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	if cfg.Slurm.Active() {
 		for _, w := range slurmWarnings(*config, cfg, inv) { // as check-config says them
@@ -264,12 +265,12 @@ func serve(args []string) int {
 	// One broker per run directory and per state directory, for life.
 	if err := os.MkdirAll(*runDir, 0o755); err != nil {
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	runClaim, err := broker.Claim(*runDir)
 	if err != nil {
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	defer runClaim.Close()
 	// And one broker per device, whatever its directories: before any
@@ -277,7 +278,7 @@ func serve(args []string) int {
 	devClaims, err := broker.ClaimDevices(inv, broker.ClaimDir())
 	if err != nil {
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	defer devClaims.Close()
 	ln, err := broker.Activated()
@@ -286,7 +287,7 @@ func serve(args []string) int {
 	}
 	if err != nil {
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	if addr := ln.Addr().String(); filepath.Dir(addr) != filepath.Clean(*runDir) {
 		lg.Printf("warning: socket %s is not in the run directory %s: a nested npurun looks for the lock files beside the socket, so it will not recognise its parent's lease", addr, *runDir)
@@ -295,7 +296,7 @@ func serve(args []string) int {
 	if err != nil {
 		ln.Close()
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -331,8 +332,8 @@ func serve(args []string) int {
 	}
 	if err := s.Serve(ctx, ln); err != nil {
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	lg.Print("stopped")
-	return 0
+	return exitcode.OK
 }

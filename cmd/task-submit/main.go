@@ -15,9 +15,9 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/internal/completion"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
-	"github.com/npurun/npurun/shim"
 )
 
 var version = "dev"
@@ -116,10 +116,10 @@ func main() {
 		if ue.hint != "" {
 			hint("%s", ue.hint)
 		}
-		os.Exit(shim.ExitUsage)
+		os.Exit(exitcode.Usage)
 	case err != nil:
 		warn("%v", err)
-		os.Exit(shim.ExitUsage)
+		os.Exit(exitcode.Usage)
 	case o.version:
 		fmt.Println("task-submit", version)
 		return
