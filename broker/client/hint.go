@@ -2,6 +2,7 @@ package client
 
 import (
 	"errors"
+	"os"
 
 	"golang.org/x/sys/unix"
 
@@ -9,17 +10,23 @@ import (
 )
 
 // Hint is the next step to suggest to a person after err from Dial or a
-// request: for ErrNoBroker, how to start the broker, as fits this machine
-// (systemctl where systemd runs it, npubroker serve where not); for
+// request: for ErrNoBroker, to root how to start the broker, as fits this
+// machine (systemctl where systemd runs it, npubroker serve where not),
+// and to anyone else to ask their administrator, who starts it; for
 // ErrNoAnswer, where its log is. It is "" for any other error. npurun,
 // task-submit and npubroker status all say it.
 func Hint(err error) string {
 	systemd := Systemd()
+	root := os.Geteuid() == 0
 	switch {
+	case errors.Is(err, ErrNoBroker) && !root:
+		return "the broker is not running: ask your administrator to start it, or point NPURUN_SOCKET at a running one"
 	case errors.Is(err, ErrNoBroker) && systemd:
 		return "start the broker with 'systemctl start npubroker', or point NPURUN_SOCKET at a running one"
 	case errors.Is(err, ErrNoBroker):
 		return "start the broker as root with 'npubroker serve' (npubroker(8), WITHOUT SYSTEMD), or point NPURUN_SOCKET at a running one"
+	case errors.Is(err, ErrNoAnswer) && !root:
+		return "the broker may be overloaded or stuck: try again later, or tell your administrator"
 	case errors.Is(err, ErrNoAnswer) && systemd:
 		return "the broker may be overloaded or stuck: see 'journalctl -u npubroker'"
 	case errors.Is(err, ErrNoAnswer):
