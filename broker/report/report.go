@@ -26,7 +26,7 @@ import (
 const StatusUsage = "npubroker status [--json] [--watch] [--socket PATH]"
 
 // UsageUsage is the usage command's line of npubroker's usage.
-const UsageUsage = "npubroker usage --since DUR [--user USER] [--json] [--socket PATH]"
+const UsageUsage = "npubroker usage [--since DUR] [--user USER] [--json] [--socket PATH]"
 
 const statusHelp = `Usage:
   ` + StatusUsage + `
@@ -46,7 +46,7 @@ const usageHelp = `Usage:
 
 Sum the device-hours of leases per user, kind of lease (inline: npurun;
 task; login) and pool, from the broker's accounting log, over the last DUR
-(such as 7d, 24h, 90m). Any user may ask.
+(such as 7d, 24h, 90m; 7d without --since). Any user may ask.
 
 Options:
 `
@@ -116,6 +116,10 @@ func Status(args []string, env Env) int {
 	}
 }
 
+// DefaultUsageSince is how far back usage counts without --since, as
+// task-submit list --ended looks back.
+const DefaultUsageSince = "7d"
+
 // Usage runs `npubroker usage ARGS` and returns its exit status.
 func Usage(args []string, env Env) int {
 	fs := pflag.NewFlagSet("npubroker usage", pflag.ContinueOnError)
@@ -124,16 +128,12 @@ func Usage(args []string, env Env) int {
 		fmt.Fprint(env.Stderr, usageHelp)
 		fs.PrintDefaults()
 	}
-	sinceText := fs.String("since", "", "how far back to count: a duration such as 7d, 24h or 90m (required)")
+	sinceText := fs.String("since", DefaultUsageSince, "how far back to count: a duration such as 7d, 24h or 90m")
 	user := fs.String("user", "", "only this user's leases")
 	asJSON := fs.Bool("json", false, "print the sums as JSON")
 	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
 	if code, done := parse(fs, args, env); done {
 		return code
-	}
-	if *sinceText == "" {
-		fmt.Fprintln(env.Stderr, "npubroker: usage needs --since, such as --since 7d")
-		return exitcode.Usage
 	}
 	since, err := ParseSince(*sinceText)
 	if err != nil {
