@@ -216,3 +216,28 @@ func TestTableContainers(t *testing.T) {
 		}
 	}
 }
+
+// TestTableSlurmJobUser: a Slurm job's lease whose holders are its step
+// daemons alone (root's slurmstepd, as under srun) is shown as the job's
+// user's, as --json's user says (issue 27.23: USER was root); a lease
+// whose descriptor another account's process holds is still its owner's,
+// that account named after the command.
+func TestTableSlurmJobUser(t *testing.T) {
+	now := time.Now()
+	b := board(now)
+	b.Devices[0].State = client.DeviceSlurm
+	b.Devices[0].Lease = &client.LeaseInfo{Kind: client.KindSlurm, SlurmJob: 42, User: "alice", UID: 1001, Holders: []client.Holder{
+		{PID: 300, UID: 0, User: "root", Command: "slurmstepd: [42.extern]"},
+		{PID: 301, UID: 0, User: "root", Command: "slurmstepd: [42.0]"}}}
+	b.Devices[3].Lease.UID = 1002
+	b.Devices[3].Lease.Holders[0].UID, b.Devices[3].Lease.Holders[0].User = 1003, "carol"
+	got := Table(b, 0, now)
+	for _, want := range []string{
+		"npu0    interactive  job 42    alice    300   slurmstepd: [42.extern] (+1)",
+		"npu12   queue        task 118  bob      5120  - (held by carol)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+}
