@@ -183,7 +183,7 @@ func commandFlags(o *options, cmd string) *flagSet {
 	fs := newFlags("task-submit "+cmd, true)
 	switch cmd {
 	case "list":
-		fs.switchVar(&o.all, 0, "all", "everyone's tasks (others' commands are shown to root only)")
+		fs.switchVar(&o.all, 0, "all", "everyone's tasks (others' commands as npubroker status shows them)")
 		fs.switchVar(&o.ended, 0, "ended", "the tasks that have ended: those the broker keeps, then those its accounting log remembers")
 		fs.durationVar(&o.since, 0, "since", "DURATION", "with --ended: those that ended within DURATION, e.g. 7d or 12h (default 7d)", maxSince)
 		fs.switchVar(&o.json, 0, "json", "print the tasks as a JSON array")

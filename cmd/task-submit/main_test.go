@@ -268,7 +268,7 @@ func TestHelpOptions(t *testing.T) {
   -h, --help              print this help and exit
 `},
 		{[]string{"list", "--help"}, `Options:
-      --all             everyone's tasks (others' commands are shown to root only)
+      --all             everyone's tasks (others' commands as npubroker status shows them)
       --ended           the tasks that have ended: those the broker keeps, then those its accounting log remembers
       --since DURATION  with --ended: those that ended within DURATION, e.g. 7d or 12h (default 7d)
       --json            print the tasks as a JSON array
