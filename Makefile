@@ -6,6 +6,9 @@
 #               written, never to the paths written into files  (empty)
 #   BINDIR      user commands: npurun, task-submit      ($(PREFIX)/bin)
 #   SBINDIR     the daemon: npubroker                   ($(PREFIX)/sbin)
+#               The path is built into npurun, whose status and usage
+#               commands run npubroker's for users without sbin in PATH
+#               (one beside npurun's own executable first: a build directory)
 #   LIBEXECDIR  programs run by the daemon, not people: npurun/npurun-supervise,
 #               each task's supervisor ($(PREFIX)/libexec). The path is built
 #               into npubroker, which runs a npurun-supervise found beside its
@@ -130,7 +133,7 @@ build: $(BINARIES) spank
 # to LDAP would be unknown to the broker.
 $(BUILDDIR)/npurun: $(SOURCES)
 	@mkdir -p $(BUILDDIR)
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npurun
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X github.com/npurun/npurun/shim.InstalledBroker=$(SBINDIR)/npubroker" -o $@ ./cmd/npurun
 
 $(BUILDDIR)/task-submit: $(SOURCES)
 	@mkdir -p $(BUILDDIR)

@@ -59,10 +59,11 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		return true // granted at once
 	}
 	if req.NoWait {
+		why := s.table.Reason(w) // a drain, or the user's cap, that holds it back
 		s.table.Remove(w)
 		s.unwaitLocked(c)
 		s.scheduleLocked()
-		c.sendLocked(errReply(client.CodeBusy, busyMessage(w, s.inv.Vendor), ""))
+		c.sendLocked(errReply(client.CodeBusy, busyMessage(w, s.inv.Vendor, why), ""))
 		return true
 	}
 	s.progressLocked() // its place, soon: a short wait costs no message
@@ -136,17 +137,28 @@ func (s *Server) unwaitLocked(c *conn) {
 	}
 }
 
-func busyMessage(w *lease.Waiter, v npu.Vendor) string {
+// busyMessage says why --no-wait request w is not granted at once; why
+// is the lease table's reason, if it has one (a drained device, by whom,
+// since when and why; the user's cap).
+func busyMessage(w *lease.Waiter, v npu.Vendor, why string) string {
 	if w.External {
 		return fmt.Sprintf("pool %q is Slurm's to allocate: a request waits in Slurm's queue, which --no-wait does not", w.Pool)
 	}
-	if w.Exact {
+	msg := ""
+	switch {
+	case w.Exact && why != "":
+		return v.Format(w.Cand) + " is not free: " + why
+	case w.Exact:
 		return v.Format(w.Cand) + " is in use"
+	case w.N == 1:
+		msg = fmt.Sprintf("no device free in pool %q", w.Pool)
+	default:
+		msg = fmt.Sprintf("fewer than %d devices free in pool %q", w.N, w.Pool)
 	}
-	if w.N == 1 {
-		return fmt.Sprintf("no device free in pool %q", w.Pool)
+	if why != "" {
+		msg += ": " + why
 	}
-	return fmt.Sprintf("fewer than %d devices free in pool %q", w.N, w.Pool)
+	return msg
 }
 
 // scheduleLocked grants what can be granted now: devices to leases and

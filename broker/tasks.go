@@ -151,8 +151,7 @@ func (s *Server) list(c *conn, all bool, after uint64, f tasks.Filter) bool {
 		s.answer(c, nil, err)
 		return true
 	}
-	full := func(t *tasks.Listed) bool { return t.Task.UID == c.uid || c.uid == 0 }
-	return c.sendPage(buf, full, next, more) == nil
+	return c.sendPage(buf, c.uid, s.policy().Status.ShowsCommand, next, more) == nil
 }
 
 // listBuf is what serving a page of a listing takes: the page's tasks
@@ -208,14 +207,14 @@ func (s *Server) history(c *conn, all bool, since int64) bool {
 
 // sendPage encodes a page of a listing (buf's) and sends it as one "tasks" reply,
 // as many of its tasks as fit; more and next say where the listing goes
-// on. full tells which tasks the asker may see whole. Nobody's environment
-// is listed.
-func (c *conn) sendPage(buf *listBuf, full func(*tasks.Listed) bool, next uint64, more bool) error {
+// on. Each task is shown as asker may see it (tasks.Listing, shows saying
+// whose commands). Nobody's environment is listed.
+func (c *conn) sendPage(buf *listBuf, asker uint32, shows func(asker, owner uint32) bool, next uint64, more bool) error {
 	page := buf.page
 	msg := append(buf.msg[:0], `{"v":`+strconv.Itoa(client.Version)+`,"type":"`+client.TypeTasks+`","tasks":[`...)
 	const tail = `],"more":true,"next":18446744073709551615}`
 	for i := range page {
-		ti := tasks.Info(&page[i].Task, full(&page[i]), page[i].Pos)
+		ti := tasks.Listing(&page[i].Task, asker, shows, page[i].Pos)
 		if st := page[i].Start; !st.IsZero() {
 			ti.Start = st.UnixMilli()
 		}

@@ -53,6 +53,14 @@ type Status struct {
 	exemptPrograms bool // the retired unleased_exempt was given: a warning says it is not read
 }
 
+// ShowsCommand tells whether asker may see the command lines of owner's
+// processes and tasks: root and the owner always, anyone where
+// show_commands is "all". npubroker status and task-submit list --all
+// both go by it.
+func (s Status) ShowsCommand(asker, owner uint32) bool {
+	return asker == 0 || asker == owner || s.ShowCommands == ShowCommandsAll
+}
+
 // Exempt tells whether the processes of user, a member of groups, are
 // never reported as unleased use.
 func (s Status) Exempt(user string, groups []string) bool {

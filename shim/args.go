@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/npurun/npurun/internal/completion"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
@@ -26,12 +27,18 @@ const usageHead = `Usage:
   npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
   npurun --login [-q] [--socket PATH]
+  npurun status [--json] [--watch] [--socket PATH]
+  npurun usage [--since DUR] [--user USER] [--json] [--socket PATH]
 
 Wait for free accelerator devices, lease them from npubroker, set
 NPURUN_DEVICES and the vendor's visible-device variable, and become COMMAND.
 The lease lasts until COMMAND and every process it started have exited.
 A docker or podman run gets the lease in its container, with the devices'
 nodes, and holds it for the container's life.
+
+npurun status and npurun usage are npubroker's status and usage, for every
+user: who holds which device, the line, unleased use; device-hours per user
+(npurun status --help). To run a program named status: npurun -- status.
 
 Options:
 `
@@ -265,6 +272,9 @@ func (c *command) check() error {
 // returns only when it could not become the command, with the exit status
 // to use.
 func Main(args []string, version string) int {
+	if isReport(args) {
+		return runReport(args)
+	}
 	cmd, err := parseArgs(args)
 	if err == nil && cmd.version {
 		os.Stdout.WriteString("npurun " + version + "\n")
@@ -286,7 +296,7 @@ func Main(args []string, version string) int {
 		if ue.hint != "" {
 			hint("%s", ue.hint)
 		}
-		return ExitUsage
+		return exitcode.Usage
 	}
 	if cmd.o.Login {
 		return Login(cmd.o)

@@ -88,12 +88,18 @@ func TestUsage(t *testing.T) {
   npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
   npurun --login [-q] [--socket PATH]
+  npurun status [--json] [--watch] [--socket PATH]
+  npurun usage [--since DUR] [--user USER] [--json] [--socket PATH]
 
 Wait for free accelerator devices, lease them from npubroker, set
 NPURUN_DEVICES and the vendor's visible-device variable, and become COMMAND.
 The lease lasts until COMMAND and every process it started have exited.
 A docker or podman run gets the lease in its container, with the devices'
 nodes, and holds it for the container's life.
+
+npurun status and npurun usage are npubroker's status and usage, for every
+user: who holds which device, the line, unleased use; device-hours per user
+(npurun status --help). To run a program named status: npurun -- status.
 
 Options:
   -n, --devices N          number of devices (default 1)

@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/internal/completion"
+	"github.com/npurun/npurun/internal/exitcode"
 )
 
 // CompletionCommand is npurun's command line as the completion scripts
@@ -40,5 +41,5 @@ func printCompletion(shell string) int {
 	}
 	err := unix.Exec(path, []string{completion.QueryCommand, "__script", "npurun", shell}, os.Environ())
 	warn("%s: %v", path, err)
-	return ExitNoExec
+	return exitcode.NoExec
 }

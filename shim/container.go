@@ -7,6 +7,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/container"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -19,11 +20,11 @@ func runContainer(o Options, engine container.Engine, argv []string) int {
 	if errors.Is(err, container.ErrNotRun) {
 		warn("%v: npurun hands a lease to a container that %s run starts", err, engine)
 		hint("a running container's processes hold its lease already: run %s's other commands without npurun", engine)
-		return ExitUsage
+		return exitcode.Usage
 	}
 	if err != nil {
 		warn("%v", err)
-		return ExitUsage
+		return exitcode.Usage
 	}
 	devDir := os.Getenv("NPURUN_DEV_DIR")
 	var l container.Lease
@@ -32,12 +33,12 @@ func runContainer(o Options, engine container.Engine, argv []string) int {
 		if err := lease.covers(o); err != nil {
 			warn("%v", err)
 			hint("a nested npurun runs inside its parent's lease; ask for the devices in the outer npurun")
-			return ExitFailure
+			return exitcode.Failure
 		}
 		env, placed, devices, err := lease.env(o)
 		if err != nil {
 			warn("%v", err)
-			return ExitFailure
+			return exitcode.Failure
 		}
 		closeFDs(placed) // the container gets its own copies
 		fds := make([]int, len(devices))
@@ -70,7 +71,7 @@ func runContainer(o Options, engine container.Engine, argv []string) int {
 		if h := container.Hint(r); h != "" {
 			hint("%s", h)
 		}
-		return ExitUsage
+		return exitcode.Usage
 	}
 	path, code := lookPath(argv[0])
 	if code != 0 {

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
@@ -60,7 +61,7 @@ func Login(o Options) int {
 	env, placed, err := leaseEnv(r, fds)
 	if err != nil {
 		warn("%v", err)
-		return ExitFailure
+		return exitcode.Failure
 	}
 	if r.Message != "" && !o.Quiet {
 		warn("%s", r.Message)
@@ -103,7 +104,7 @@ func askLogin(o Options, path string, login bool) (*client.Reply, []int, int) {
 			w.clear()
 			closeFDs(fds)
 			warn("unexpected reply %q from the broker", r.Type)
-			return nil, nil, ExitFailure
+			return nil, nil, exitcode.Failure
 		case errors.As(err, &be):
 			w.clear()
 			return nil, nil, refused(be)
@@ -139,7 +140,7 @@ func brokerDown(path string, why error, login bool) (*client.Reply, []int, int) 
 	}
 	if p.OnBrokerDown == "deny" {
 		warn("the broker does not answer (%v): no login for restricted accounts until it does (on_broker_down = \"deny\")", why)
-		return nil, nil, ExitUnavailable
+		return nil, nil, exitcode.Unavailable
 	}
 	warn("the broker does not answer (%v); %s", why, without)
 	return nil, nil, 0
@@ -164,7 +165,7 @@ func execShell(path string, argv, env []string, keep []int) int {
 	err := unix.Exec(path, argv, mergeEnv(os.Environ(), env))
 	warn("%s: %v", path, err)
 	closeFDs(keep)
-	return ExitNoExec
+	return exitcode.NoExec
 }
 
 // ttyName is the terminal on standard input, "" if none.

@@ -13,19 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
-)
-
-// Exit statuses of npurun itself; otherwise it exits with its command's.
-const (
-	ExitFailure     = 1
-	ExitUsage       = 2
-	ExitUnavailable = 69  // no broker (EX_UNAVAILABLE)
-	ExitTempFail    = 75  // nothing free with --no-wait, or --timeout passed (EX_TEMPFAIL)
-	ExitDenied      = 77  // the policy refuses the request (EX_NOPERM)
-	ExitNoExec      = 126 // the command cannot be executed
-	ExitNotFound    = 127 // the command was not found
 )
 
 // Options are npurun's flags.
@@ -53,7 +43,7 @@ type Options struct {
 func Run(o Options, argv []string) int {
 	if len(argv) == 0 {
 		warn("no command given")
-		return ExitUsage
+		return exitcode.Usage
 	}
 	if o.NoDevice {
 		// No lease for this command, and every device hidden. A lease
@@ -74,12 +64,12 @@ func Run(o Options, argv []string) int {
 			// are hidden here, and the lease's variables are gone.
 			warn("inside a lease of %s whose devices an npurun --no-device above hides", npu.Unknown.Format(lease.devices))
 			hint("run this npurun outside the npurun --no-device, or drop --no-device there")
-			return ExitFailure
+			return exitcode.Failure
 		}
 		if err := lease.covers(o); err != nil {
 			warn("%v", err)
 			hint("a nested npurun runs inside its parent's lease; ask for the devices in the outer npurun")
-			return ExitFailure
+			return exitcode.Failure
 		}
 		// Asking for some of the lease's devices (-n, -d) takes a
 		// sub-lease of them, waiting for siblings' (sublease.go); asking
@@ -97,7 +87,7 @@ func Run(o Options, argv []string) int {
 		env, keep, devices, err := lease.env(o)
 		if err != nil {
 			warn("%v", err)
-			return ExitFailure
+			return exitcode.Failure
 		}
 		if sub != nil {
 			env, keep = append(env, sub.env...), append(keep, sub.fds...)
@@ -117,7 +107,7 @@ func Run(o Options, argv []string) int {
 	env, placed, err := leaseEnv(g, fds)
 	if err != nil {
 		warn("%v", err)
-		return ExitFailure
+		return exitcode.Failure
 	}
 	return execute(argv, env, placed)
 }
@@ -151,16 +141,16 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 		warn("%v", err)
 		if h := client.Hint(err); h != "" {
 			hint("%s", h)
-			return nil, nil, ExitUnavailable
+			return nil, nil, exitcode.Unavailable
 		}
-		return nil, nil, ExitFailure
+		return nil, nil, exitcode.Failure
 	}
 	defer func() {
 		if c != nil {
 			c.Close()
 		}
 	}()
-	err = w.send(c)
+	err = c.Send(w.request())
 	gone := 0 // times in a row the broker went away without answering
 	for {
 		var r *client.Reply
@@ -189,7 +179,7 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 		case err == nil:
 			w.clear()
 			warn("unexpected reply %q from the broker", r.Type)
-			return nil, nil, ExitFailure
+			return nil, nil, exitcode.Failure
 		case errors.As(err, &be):
 			w.clear()
 			return nil, nil, refused(be)
@@ -197,11 +187,11 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			w.clear()
 			warn("%v", err)
 			hint("%s", client.Hint(err))
-			return nil, nil, ExitUnavailable
+			return nil, nil, exitcode.Unavailable
 		case errors.Is(err, client.ErrTimeout):
 			w.clear()
 			warn("gave up after %s waiting for %s", quantity.Duration(w.o.Timeout), cmp.Or(w.place, w.what()))
-			return nil, nil, ExitTempFail
+			return nil, nil, exitcode.TempFail
 		case client.Gone(err) && (w.o.NoWait || gone == maxGone):
 			// --no-wait does not wait for a broker to come back either;
 			// nor does anyone for one that never answers.
@@ -212,7 +202,7 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 				warn("the broker went away before it answered (%v)", err)
 			}
 			hint("it may be restarting, or failing: try again, or see 'journalctl -u npubroker'")
-			return nil, nil, ExitUnavailable
+			return nil, nil, exitcode.Unavailable
 		case client.Gone(err):
 			// The broker went away, before or after it took the request
 			// (it restarted, or died): our place is gone, the wait is not.
@@ -223,29 +213,15 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			if c, err = w.redial(path, fmt.Errorf("the broker went away (%w)", err)); err != nil {
 				w.clear()
 				warn("%v", err)
-				return nil, nil, ExitTempFail
+				return nil, nil, exitcode.TempFail
 			}
-			err = w.send(c) // a broker gone again is counted above
+			err = c.Send(w.request()) // a broker gone again is counted above
 		default:
 			w.clear()
 			warn("%v", err)
-			return nil, nil, ExitFailure
+			return nil, nil, exitcode.Failure
 		}
 	}
-}
-
-// send sends the request on c. A broker that refuses the connection (at
-// its cap) says why and closes it, maybe before the request went: its
-// reason is there to read, and is the error then.
-func (w *waiter) send(c *client.Conn) error {
-	err := c.Send(w.request())
-	if err != nil {
-		var be *client.Error
-		if _, _, rerr := c.Recv(0); errors.As(rerr, &be) {
-			return be
-		}
-	}
-	return err
 }
 
 // refused tells the user why the broker refused and returns the exit
@@ -255,15 +231,7 @@ func refused(be *client.Error) int {
 	if be.Hint != "" {
 		hint("%s", be.Hint)
 	}
-	switch be.Code {
-	case client.CodeBusy, client.CodeTooMany:
-		return ExitTempFail
-	case client.CodeDenied:
-		return ExitDenied
-	case client.CodeBadRequest, client.CodeNoSuchPool, client.CodeNoDevice:
-		return ExitUsage
-	}
-	return ExitFailure
+	return client.ExitStatus(be)
 }
 
 // redialEvery is how often a waiting npurun tries to reach a restarting
@@ -383,9 +351,9 @@ func execute(argv []string, env []string, keep []int) int {
 	warn("%s: %v", argv[0], err)
 	closeFDs(keep)
 	if errors.Is(err, unix.ENOENT) {
-		return ExitNotFound
+		return exitcode.NotFound
 	}
-	return ExitNoExec
+	return exitcode.NoExec
 }
 
 func closeFDs(fds []int) {
@@ -416,10 +384,10 @@ func lookPath(name string) (string, int) {
 	}
 	if denied != "" {
 		warn("%s: permission denied", denied)
-		return "", ExitNoExec
+		return "", exitcode.NoExec
 	}
 	warn("%s: command not found", name)
-	return "", ExitNotFound
+	return "", exitcode.NotFound
 }
 
 // mergeEnv returns base with the entries of over replacing those of the

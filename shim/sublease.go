@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 )
@@ -109,7 +110,7 @@ func (l *lease) takeSublease(o Options, w subleaseWaiter) (*sublease, int, error
 	for i, fd := range l.fds {
 		var st unix.Stat_t
 		if err := unix.Fstat(fd, &st); err != nil {
-			return nil, ExitFailure, fmt.Errorf("lease descriptor %d of device %d: %w", fd, l.devices[i], err)
+			return nil, exitcode.Failure, fmt.Errorf("lease descriptor %d of device %d: %w", fd, l.devices[i], err)
 		}
 		ids[i] = lockID{st.Dev, st.Ino}
 	}
@@ -143,7 +144,7 @@ func (l *lease) takeSublease(o Options, w subleaseWaiter) (*sublease, int, error
 	for !o.NoWait {
 		fd, holder, err := bindOrConnect(subleaseName(ids[0], depth, true))
 		if err != nil {
-			return fail(ExitFailure, fmt.Errorf("inside a lease of %s: %w", what, err))
+			return fail(exitcode.Failure, fmt.Errorf("inside a lease of %s: %w", what, err))
 		}
 		if holder == nil {
 			line = fd
@@ -151,13 +152,13 @@ func (l *lease) takeSublease(o Options, w subleaseWaiter) (*sublease, int, error
 		}
 		if holder.cred != nil && holder.cred.Uid != uid && uid != 0 {
 			holder.close()
-			return fail(ExitFailure, fmt.Errorf("inside a lease of %s: its sub-leases' line is held by pid %d of uid %d, another account", what, holder.cred.Pid, holder.cred.Uid))
+			return fail(exitcode.Failure, fmt.Errorf("inside a lease of %s: its sub-leases' line is held by pid %d of uid %d, another account", what, holder.cred.Pid, holder.cred.Uid))
 		}
 		w.say(fmt.Sprintf("waiting for %s of the lease of %s: another npurun is taking its devices", wanted(o, want), what))
 		err = awaitRelease([]*subHolder{holder}, deadline)
 		holder.close()
 		if err != nil {
-			return fail(ExitTempFail, fmt.Errorf("inside a lease of %s: gave up after %s waiting for %s", what, quantity.Duration(o.Timeout), wanted(o, want)))
+			return fail(exitcode.TempFail, fmt.Errorf("inside a lease of %s: gave up after %s waiting for %s", what, quantity.Duration(o.Timeout), wanted(o, want)))
 		}
 	}
 	if line >= 0 {
@@ -183,7 +184,7 @@ func (l *lease) takeSublease(o Options, w subleaseWaiter) (*sublease, int, error
 			fd, holder, err := bindOrConnect(subleaseName(ids[i], depth, false))
 			if err != nil {
 				closeHolders(busy)
-				return fail(ExitFailure, fmt.Errorf("inside a lease of %s: device %d: %w", what, d, err))
+				return fail(exitcode.Failure, fmt.Errorf("inside a lease of %s: device %d: %w", what, d, err))
 			}
 			if holder == nil {
 				held[d] = fd
@@ -191,7 +192,7 @@ func (l *lease) takeSublease(o Options, w subleaseWaiter) (*sublease, int, error
 			}
 			if holder.cred != nil && holder.cred.Uid != uid && uid != 0 {
 				closeHolders(append(busy, holder))
-				return fail(ExitFailure, fmt.Errorf("inside a lease of %s: the sub-lease of device %d is held by pid %d of uid %d, another account", what, d, holder.cred.Pid, holder.cred.Uid))
+				return fail(exitcode.Failure, fmt.Errorf("inside a lease of %s: the sub-lease of device %d is held by pid %d of uid %d, another account", what, d, holder.cred.Pid, holder.cred.Uid))
 			}
 			holder.device = d
 			busy = append(busy, holder)
@@ -202,13 +203,13 @@ func (l *lease) takeSublease(o Options, w subleaseWaiter) (*sublease, int, error
 		}
 		if o.NoWait {
 			closeHolders(busy)
-			return fail(ExitTempFail, fmt.Errorf("inside a lease of %s: %s held by other npuruns' sub-leases (%s)", what, wanted(o, want), holders(busy)))
+			return fail(exitcode.TempFail, fmt.Errorf("inside a lease of %s: %s held by other npuruns' sub-leases (%s)", what, wanted(o, want), holders(busy)))
 		}
 		w.say(fmt.Sprintf("waiting for %s of the lease of %s: held by %s", wanted(o, want), what, holders(busy)))
 		err := awaitRelease(busy, deadline)
 		closeHolders(busy)
 		if err != nil {
-			return fail(ExitTempFail, fmt.Errorf("inside a lease of %s: gave up after %s waiting for %s", what, quantity.Duration(o.Timeout), wanted(o, want)))
+			return fail(exitcode.TempFail, fmt.Errorf("inside a lease of %s: gave up after %s waiting for %s", what, quantity.Duration(o.Timeout), wanted(o, want)))
 		}
 	}
 	w.clear()
@@ -219,7 +220,7 @@ func (l *lease) takeSublease(o Options, w subleaseWaiter) (*sublease, int, error
 		}
 		nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD, client.FirstLeaseFD) // close-on-exec clear
 		if err != nil {
-			return fail(ExitFailure, fmt.Errorf("place the sub-lease of device %d: %w", d, err))
+			return fail(exitcode.Failure, fmt.Errorf("place the sub-lease of device %d: %w", d, err))
 		}
 		s.devices = append(s.devices, d)
 		s.fds = append(s.fds, nfd)

@@ -169,8 +169,12 @@ func TestDrainUnderLoad(t *testing.T) {
 	if !strings.Contains(table, "drained") || !strings.Contains(table, "ECC errors") || !strings.Contains(table, "DRAINED") {
 		t.Errorf("status table does not show npu3 drained with its reason:\n%s", table)
 	}
-	if code, out := exitCode(t, b.Npurun("--no-wait", "-d", "3", "true")); code != 75 {
-		t.Errorf("npurun --no-wait -d 3 on drained npu3: exit %d, want 75 (busy): %s", code, out)
+	// It says drained, by whom and why, not "in use" (issue 27.19).
+	if code, out := exitCode(t, b.Npurun("--no-wait", "-d", "3", "true")); code != 75 || !strings.Contains(out, "npu3 drained by root since ") || !strings.Contains(out, "ECC errors") || strings.Contains(out, "in use") {
+		t.Errorf("npurun --no-wait -d 3 on drained npu3: exit %d, want 75 (busy) and npu3 drained by root for ECC errors: %s", code, out)
+	}
+	if code, out := exitCode(t, b.Npurun("--no-wait", "-n", "4", "true")); code != 75 || !strings.Contains(out, `fewer than 4 devices free in pool "default": npu3 drained by root since `) || !strings.Contains(out, "ECC errors") {
+		t.Errorf("npurun --no-wait -n 4 with npu3 drained: exit %d, want 75 (busy) and npu3 drained by root for ECC errors: %s", code, out)
 	}
 
 	if u := undrain(t, b, "npu3"); !u.Was || u.Drained {
@@ -293,8 +297,8 @@ func TestDrainRefused(t *testing.T) {
 	}
 	for _, name := range []string{"npu9", "bogus", "-1x"} {
 		code, _, errs := drainCmd(t, b, nil, "drain", "--", name)
-		if code != 1 || !strings.Contains(errs, strings.TrimPrefix(name, "npu")) {
-			t.Errorf("drain %s: exit %d, stderr %q: want 1 and a message naming it", name, code, errs)
+		if code != 2 || !strings.Contains(errs, strings.TrimPrefix(name, "npu")) {
+			t.Errorf("drain %s: exit %d, stderr %q: want 2 (usage: a device the broker does not manage, as for npurun -d) and a message naming it", name, code, errs)
 		}
 	}
 	if code, _, errs := drainCmd(t, b, nil, "drain"); code != 2 {

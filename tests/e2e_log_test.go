@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -181,23 +182,32 @@ func TestLogToSyslog(t *testing.T) {
 // TestNoBrokerHint: with no broker, npurun, task-submit and npubroker
 // status say how to start one as fits the machine: systemctl where systemd
 // runs it (/run/systemd/system is a directory), npubroker serve where it
-// does not (issue 14.7). /run is a tmpfs of the test's in a mount
-// namespace, with and without that directory.
+// does not (issue 14.7). That is root's to do: an ordinary user is told
+// to ask their administrator, and shown no command (issue 27.26). /run is
+// a tmpfs of the test's in a mount namespace, with and without that
+// directory.
 func TestNoBrokerHint(t *testing.T) {
 	b := bins(t)
+	u := newUser(t)
+	asUser := fmt.Sprintf("setpriv --reuid=%d --regid=%d --clear-groups ", u.UID, u.GID)
 	absent := filepath.Join(SharedDir(t), "absent.sock")
 	for _, tc := range []struct {
 		name, setup, want string
 	}{
-		{"systemd", "mount -t tmpfs tmpfs /run; mkdir -p /run/systemd/system; ", "hint: start the broker with 'systemctl start npubroker', or point NPURUN_SOCKET at a running one"},
-		{"no systemd", "mount -t tmpfs tmpfs /run; ", "hint: start the broker as root with 'npubroker serve' (npubroker(8), WITHOUT SYSTEMD), or point NPURUN_SOCKET at a running one"},
+		{"systemd", "mount -t tmpfs tmpfs /run; mkdir -p /run/systemd/system; exec ", "hint: start the broker with 'systemctl start npubroker', or point NPURUN_SOCKET at a running one"},
+		{"no systemd", "mount -t tmpfs tmpfs /run; exec ", "hint: start the broker as root with 'npubroker serve' (npubroker(8), WITHOUT SYSTEMD), or point NPURUN_SOCKET at a running one"},
+		{"systemd, a user", "mount -t tmpfs tmpfs /run; mkdir -p /run/systemd/system; exec " + asUser, "hint: the broker is not running: ask your administrator to start it, or point NPURUN_SOCKET at a running one"},
+		{"no systemd, a user", "mount -t tmpfs tmpfs /run; exec " + asUser, "hint: the broker is not running: ask your administrator to start it, or point NPURUN_SOCKET at a running one"},
 	} {
 		for _, client := range [][]string{{b.Npurun, "true"}, {b.TaskSubmit, "list"}, {b.Broker, "status"}} {
 			name := filepath.Base(client[0])
 			t.Run(tc.name+"/"+name, func(t *testing.T) {
-				code, out := exitCode(t, inMountNS(t, []string{"NPURUN_SOCKET=" + absent}, tc.setup+`exec "$@"`, client...))
+				code, out := exitCode(t, inMountNS(t, []string{"NPURUN_SOCKET=" + absent}, tc.setup+`"$@"`, client...))
 				if code != 69 || !strings.Contains(out, name+": no broker at "+absent) || !strings.Contains(out, name+": "+tc.want) {
 					t.Errorf("exit %d, want 69 and %q; output:\n%s", code, tc.want, out)
+				}
+				if strings.HasSuffix(tc.name, "a user") && (strings.Contains(out, "systemctl") || strings.Contains(out, "npubroker serve")) {
+					t.Errorf("an ordinary user is shown root's command to start the broker:\n%s", out)
 				}
 			})
 		}

@@ -121,8 +121,8 @@ func TestTaskAfterChain(t *testing.T) {
 			if !strings.Contains(show.stdout, "state: failed") || !strings.Contains(show.stdout, "dependency "+idStr(c.dep)) {
 				t.Errorf("show %d does not say it failed for dependency %d:\n%s", c.id, c.dep, show.stdout)
 			}
-			if strings.Contains(show.stdout, "started:") {
-				t.Errorf("task %d started:\n%s", c.id, show.stdout)
+			if !strings.Contains(show.stdout, "\nstarted: never: it ended without running\n") {
+				t.Errorf("task %d does not say it never started:\n%s", c.id, show.stdout)
 			}
 			if _, err := os.Stat(c.marker); err == nil {
 				t.Errorf("task %d ran although its dependency %d failed", c.id, c.dep)

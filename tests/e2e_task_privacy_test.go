@@ -12,10 +12,12 @@ import (
 )
 
 // TestTaskReasonPrivate: why another user's task failed (it names paths and
-// programs) is not in list --all; its owner and root see it.
+// programs) is not in list --all; its owner and root see it. Its command
+// is shown to others as status shows command lines: not with
+// show_commands = "own" (TestTaskListCommandsAsStatus has both settings).
 func TestTaskReasonPrivate(t *testing.T) {
 	a, bu := newUser(t), newUser(t)
-	b := StartBroker(t, taskConfig(1))
+	b := StartBroker(t, taskConfig(1)+"[status]\nshow_commands = \"own\"\n")
 	adir := userDir(t, &a, 0o755)
 	secret := filepath.Join(adir, "secret-project", "train-v7")
 	id := submitTask(t, b, &a, adir, "--no-device", "--log", filepath.Join(adir, "log"), "--", secret)

@@ -118,11 +118,12 @@ func TestTaskRunsAsSubmitter(t *testing.T) {
 }
 
 // TestTaskPrivacy: another user sees that a task exists, and whose it is,
-// but not its command, directory or log; may not show, wait for, cancel,
-// follow or depend on it; and cannot read its log.
+// but not its directory or log, nor its command where show_commands =
+// "own" keeps command lines from others (as status does); may not show,
+// wait for, cancel, follow or depend on it; and cannot read its log.
 func TestTaskPrivacy(t *testing.T) {
 	a, bu := newUser(t), newUser(t)
-	b := StartBroker(t, taskConfig(1))
+	b := StartBroker(t, taskConfig(1)+"[status]\nshow_commands = \"own\"\n")
 	adir, bdir := userDir(t, &a, 0o755), userDir(t, &bu, 0o700)
 	gate := filepath.Join(adir, "gate")
 	makeFIFO(t, gate)

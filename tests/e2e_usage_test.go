@@ -304,3 +304,21 @@ func TestMetrics(t *testing.T) {
 		t.Error("no process metrics of the broker")
 	}
 }
+
+// TestUsageDefaultSince: npubroker usage without --since counts the last
+// 7 days (issue 27.24: it was a usage error), as task-submit list --ended
+// looks back; --since still chooses.
+func TestUsageDefaultSince(t *testing.T) {
+	b := StartBroker(t, FakeConfig(1))
+	before := time.Now()
+	rep := usageReport(t, b)
+	after := time.Now()
+	week := 7 * 24 * time.Hour
+	if since := time.UnixMilli(rep.Since); since.Before(before.Add(-week).Add(-time.Second)) || since.After(after.Add(-week).Add(time.Second)) {
+		t.Errorf("usage without --since counts from %s, want 7 days before %s", since, before)
+	}
+	rep = usageReport(t, b, "--since", "1h")
+	if since := time.UnixMilli(rep.Since); since.Before(before.Add(-time.Hour).Add(-time.Second)) {
+		t.Errorf("usage --since 1h counts from %s, want an hour ago", since)
+	}
+}

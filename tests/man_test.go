@@ -237,3 +237,44 @@ func manPlain(text string) string {
 	text = strings.ReplaceAll(text, "\x00", "")
 	return strings.Join(strings.Fields(manEscapes.Replace(text)), " ")
 }
+
+// TestManExitStatus: npurun(1), task-submit(1) and npubroker(8) list
+// under EXIT STATUS the statuses of the one table the three programs
+// share (package exitcode), each those it can give, and no other; and
+// each page says the table is shared (issue 27.9).
+func TestManExitStatus(t *testing.T) {
+	for _, tc := range []struct {
+		page string
+		want []string
+	}{
+		{"npurun.1", []string{"1", "2", "69", "75", "77", "126", "127"}},
+		{"task-submit.1", []string{"0", "1", "2", "3", "69", "75", "77"}},
+		{"npubroker.8", []string{"0", "1", "2", "75", "77", "69"}},
+	} {
+		data, err := os.ReadFile(filepath.Join("..", "man", tc.page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sec := string(data)
+		start := strings.Index(sec, "\n.SH EXIT STATUS\n")
+		if start < 0 {
+			t.Errorf("%s: no EXIT STATUS", tc.page)
+			continue
+		}
+		sec = sec[start+1:]
+		if end := strings.Index(sec[1:], "\n.SH "); end >= 0 {
+			sec = sec[:end+1]
+		}
+		got := regexp.MustCompile(`(?m)^\.TP\n\.B (\d+)$`).FindAllStringSubmatch(sec, -1)
+		var codes []string
+		for _, m := range got {
+			codes = append(codes, m[1])
+		}
+		if !slices.Equal(codes, tc.want) {
+			t.Errorf("%s: EXIT STATUS lists %v, want %v", tc.page, codes, tc.want)
+		}
+		if !strings.Contains(sec, "These values are one table for") {
+			t.Errorf("%s: EXIT STATUS does not say the table is shared", tc.page)
+		}
+	}
+}

@@ -75,6 +75,7 @@ func appendTaskInfo(b []byte, t *TaskInfo, plain *[256]bool) []byte {
 	b = strconv.AppendInt(b, t.Submitted, 10)
 	b = appendInt(b, `,"started":`, t.Started)
 	b = appendInt(b, `,"ended":`, t.Ended)
+	b = appendBool(b, `,"never_ran":true`, t.NeverRan)
 	if t.Exit != nil {
 		b = strconv.AppendInt(append(b, `,"exit":`...), int64(*t.Exit), 10)
 	}
@@ -203,6 +204,8 @@ func (s *scanner) task(t *TaskInfo) (unsure bool, err error) {
 			t.Started, err = s.int()
 		case "ended":
 			t.Ended, err = s.int()
+		case "never_ran":
+			t.NeverRan, err = s.bool()
 		case "exit":
 			n, err = s.int()
 			x := int(n)

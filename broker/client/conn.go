@@ -146,6 +146,14 @@ func (c *Conn) Send(req *Request) error {
 		c.asked = time.Now()
 	}
 	if err := c.send(b); err != nil {
+		if Gone(err) {
+			// A broker that refuses the connection (at its cap) says
+			// why and closes it, maybe before the request went: its
+			// reason is there to read, and is the error then.
+			if _, _, rerr := c.pending(); errors.As(rerr, new(*Error)) {
+				return rerr
+			}
+		}
 		return err
 	}
 	if req.Op == OpWait {
@@ -227,12 +235,35 @@ func (c *Conn) poll(until time.Time) (bool, error) {
 	}
 }
 
-// read reads and decodes one reply.
+// read reads and decodes one reply. A connection reset with a reply
+// still queued (a broker at its connection cap says why and closes the
+// connection, whose request it never read: the kernel reports the reset
+// before the queue) gives that reply.
 func (c *Conn) read() (*Reply, []int, error) {
 	b, fds, err := RecvMsg(c.fd, c.buf, c.oob, 0)
+	if err == unix.ECONNRESET {
+		if r, fds, perr := c.pending(); r != nil {
+			return r, fds, perr
+		}
+	}
 	if err != nil {
 		return nil, nil, err
 	}
+	return c.decode(b, fds)
+}
+
+// pending reads a reply already queued on the connection, without
+// waiting: nil, nil, and an error when there is none.
+func (c *Conn) pending() (*Reply, []int, error) {
+	b, fds, err := RecvMsg(c.fd, c.buf, c.oob, unix.MSG_DONTWAIT)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.decode(b, fds)
+}
+
+// decode decodes reply b, which came with fds.
+func (c *Conn) decode(b []byte, fds []int) (*Reply, []int, error) {
 	rp, ok, err := decodeReply(b)
 	if err == nil && !ok {
 		if full == nil {

@@ -208,6 +208,7 @@ type TaskInfo struct {
 	Submitted  int64    `json:"submitted"`          // Unix milliseconds
 	Started    int64    `json:"started,omitempty"`
 	Ended      int64    `json:"ended,omitempty"`
+	NeverRan   bool     `json:"never_ran,omitempty"`   // it ended without running: failed before its start (an --after task that did not succeed, a command that could not start) or cancelled while it waited
 	Exit       *int     `json:"exit,omitempty"`        // exit code, when it exited
 	Signal     string   `json:"signal,omitempty"`      // or the signal that ended it
 	Reason     string   `json:"reason,omitempty"`      // why it failed, was cancelled or lost

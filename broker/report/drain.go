@@ -9,11 +9,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/exitcode"
 )
-
-// exitDenied is drain's and undrain's status where the broker refused
-// the caller (not root): EX_NOPERM, as npurun's refusals.
-const exitDenied = 77
 
 // DrainUsage and UndrainUsage are the drain commands' lines of
 // npubroker's usage.
@@ -33,7 +30,8 @@ it and since when, shows in npubroker status, in the progress line of a
 request that only the drained device could serve, and lasts across the
 broker's restarts until undrain puts the device back in service. Root
 only (a Slurm-managed device is drained in Slurm instead). Exit status:
-0 done, 1 refused (no such device), 2 usage, 69 no broker, 77 not root.
+0 done, 1 refused, 2 usage (no such device), 69 no broker (or gone during
+the call), 75 the broker at a cap (try again later), 77 not root.
 
 Options:
 `
@@ -59,14 +57,14 @@ func drainCmd(op string, args []string, env Env) int {
 	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			return exitOK
+			return exitcode.OK
 		}
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-		return exitUsage
+		return exitcode.Usage
 	}
 	if fs.NArg() != 1 {
 		fmt.Fprintf(env.Stderr, "npubroker: %s takes one device, such as npu3, got %d arguments\n", op, fs.NArg())
-		return exitUsage
+		return exitcode.Usage
 	}
 	c, code := dial(*socket, env)
 	if c == nil {
@@ -81,13 +79,13 @@ func drainCmd(op string, args []string, env Env) int {
 		info, err = c.Undrain(fs.Arg(0))
 	}
 	if err != nil {
-		return failRoot(env, err)
+		return fail(env, err)
 	}
 	if *asJSON {
 		return writeJSON(env, info, true)
 	}
 	writeDrain(env.Stdout, op, info)
-	return exitOK
+	return exitcode.OK
 }
 
 // writeDrain says what drain or undrain did, for people.

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 )
 
@@ -27,7 +28,8 @@ dropped; a request waiting in line that the new configuration refuses is
 told why and ends (npurun exits 77, a task fails, not started), while a
 lease it would not grant runs on to its end. Root only; SIGHUP does the
 same and says the outcome in the broker's log. Exit status: 0 taken,
-1 refused (the broker's words say why), 2 usage, 69 no broker, 77 not root.
+1 refused (the broker's words say why), 2 usage, 69 no broker (or gone
+during the call), 75 the broker at a cap (try again later), 77 not root.
 
 Options:
 `
@@ -44,14 +46,14 @@ func Reload(args []string, env Env) int {
 	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			return exitOK
+			return exitcode.OK
 		}
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-		return exitUsage
+		return exitcode.Usage
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(env.Stderr, "npubroker: reload takes no arguments, got %q\n", fs.Arg(0))
-		return exitUsage
+		return exitcode.Usage
 	}
 	c, code := dial(*socket, env)
 	if c == nil {
@@ -60,7 +62,7 @@ func Reload(args []string, env Env) int {
 	defer c.Close()
 	info, err := c.Reload()
 	if err != nil {
-		return failRoot(env, err)
+		return fail(env, err)
 	}
 	if *asJSON {
 		return writeJSON(env, info, true)
@@ -73,5 +75,5 @@ func Reload(args []string, env Env) int {
 	if info.Refused > 0 {
 		fmt.Fprintf(env.Stdout, "%s waiting refused by the new configuration, and told why\n", quantity.Count(info.Refused, "request", "requests"))
 	}
-	return exitOK
+	return exitcode.OK
 }

@@ -17,23 +17,16 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
-)
-
-// Exit statuses.
-const (
-	exitOK       = 0
-	exitFailure  = 1
-	exitUsage    = 2
-	exitNoBroker = 69 // as npurun: no broker at the socket
 )
 
 // StatusUsage is the status command's line of npubroker's usage.
 const StatusUsage = "npubroker status [--json] [--watch] [--socket PATH]"
 
 // UsageUsage is the usage command's line of npubroker's usage.
-const UsageUsage = "npubroker usage --since DUR [--user USER] [--json] [--socket PATH]"
+const UsageUsage = "npubroker usage [--since DUR] [--user USER] [--json] [--socket PATH]"
 
 const statusHelp = `Usage:
   ` + StatusUsage + `
@@ -53,7 +46,7 @@ const usageHelp = `Usage:
 
 Sum the device-hours of leases per user, kind of lease (inline: npurun;
 task; login) and pool, from the broker's accounting log, over the last DUR
-(such as 7d, 24h, 90m). Any user may ask.
+(such as 7d, 24h, 90m; 7d without --since). Any user may ask.
 
 Options:
 `
@@ -96,7 +89,7 @@ func Status(args []string, env Env) int {
 			return writeJSON(env, b, true)
 		}
 		io.WriteString(env.Stdout, Table(b, width, time.UnixMilli(b.Time)))
-		return exitOK
+		return exitcode.OK
 	}
 	if err := c.Watch(); err != nil {
 		return fail(env, err)
@@ -109,7 +102,7 @@ func Status(args []string, env Env) int {
 		}
 		switch {
 		case *asJSON:
-			if code := writeJSON(env, b, false); code != exitOK {
+			if code := writeJSON(env, b, false); code != exitcode.OK {
 				return code
 			}
 		case clear:
@@ -123,6 +116,10 @@ func Status(args []string, env Env) int {
 	}
 }
 
+// DefaultUsageSince is how far back usage counts without --since, as
+// task-submit list --ended looks back.
+const DefaultUsageSince = "7d"
+
 // Usage runs `npubroker usage ARGS` and returns its exit status.
 func Usage(args []string, env Env) int {
 	fs := pflag.NewFlagSet("npubroker usage", pflag.ContinueOnError)
@@ -131,22 +128,18 @@ func Usage(args []string, env Env) int {
 		fmt.Fprint(env.Stderr, usageHelp)
 		fs.PrintDefaults()
 	}
-	sinceText := fs.String("since", "", "how far back to count: a duration such as 7d, 24h or 90m (required)")
+	sinceText := fs.String("since", DefaultUsageSince, "how far back to count: a duration such as 7d, 24h or 90m")
 	user := fs.String("user", "", "only this user's leases")
 	asJSON := fs.Bool("json", false, "print the sums as JSON")
 	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
 	if code, done := parse(fs, args, env); done {
 		return code
 	}
-	if *sinceText == "" {
-		fmt.Fprintln(env.Stderr, "npubroker: usage needs --since, such as --since 7d")
-		return exitUsage
-	}
 	since, err := ParseSince(*sinceText)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
 		fmt.Fprintf(env.Stderr, "npubroker: hint: --since takes %s\n", quantity.DurationHelp)
-		return exitUsage
+		return exitcode.Usage
 	}
 	c, code := dial(*socket, env)
 	if c == nil {
@@ -170,21 +163,21 @@ func Usage(args []string, env Env) int {
 		return writeJSON(env, rep, true)
 	}
 	io.WriteString(env.Stdout, UsageTable(rep))
-	return exitOK
+	return exitcode.OK
 }
 
 // parse parses the flags; done says the command ends with code.
 func parse(fs *pflag.FlagSet, args []string, env Env) (int, bool) {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			return exitOK, true
+			return exitcode.OK, true
 		}
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-		return exitUsage, true
+		return exitcode.Usage, true
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(env.Stderr, "npubroker: %s takes no arguments, got %q\n", strings.TrimPrefix(fs.Name(), "npubroker "), fs.Arg(0))
-		return exitUsage, true
+		return exitcode.Usage, true
 	}
 	return 0, false
 }
@@ -199,38 +192,33 @@ func dial(flag string, env Env) (*client.Conn, int) {
 	}
 	c, err := client.Dial(path)
 	if err != nil {
-		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-		if h := client.Hint(err); h != "" {
-			fmt.Fprintf(env.Stderr, "npubroker: hint: %s\n", h)
-			return nil, exitNoBroker
-		}
-		return nil, exitFailure
+		return nil, fail(env, err)
 	}
-	return c, exitOK
+	return c, exitcode.OK
 }
 
-// failRoot is fail for a command that is root's (drain, reload): a
-// refusal of the caller (code denied) exits 77.
-func failRoot(env Env, err error) int {
-	code := fail(env, err)
-	if e := (*client.Error)(nil); errors.As(err, &e) && e.Code == client.CodeDenied {
-		code = exitDenied
-	}
-	return code
-}
-
+// fail says what went wrong with a request and returns the exit status
+// for it (client.ExitStatus: npurun's and task-submit's too).
 func fail(env Env, err error) int {
-	if errors.Is(err, client.ErrClosed) {
+	var e *client.Error
+	switch {
+	case errors.Is(err, client.ErrClosed):
 		// A watch ends so when the broker stops: say it in words.
 		fmt.Fprintln(env.Stderr, "npubroker: the broker closed the connection: it stopped or is restarting")
-		return exitNoBroker
+	case client.Gone(err):
+		fmt.Fprintf(env.Stderr, "npubroker: the broker went away before it answered (%v)\n", err)
+		fmt.Fprintln(env.Stderr, "npubroker: hint: it may be restarting, or failing: try again")
+	default:
+		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
+		h := client.Hint(err)
+		if errors.As(err, &e) {
+			h = e.Hint
+		}
+		if h != "" {
+			fmt.Fprintf(env.Stderr, "npubroker: hint: %s\n", h)
+		}
 	}
-	fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-	var e *client.Error
-	if errors.As(err, &e) && e.Hint != "" {
-		fmt.Fprintf(env.Stderr, "npubroker: hint: %s\n", e.Hint)
-	}
-	return exitFailure
+	return client.ExitStatus(err)
 }
 
 func writeJSON(env Env, v any, indent bool) int {
@@ -241,9 +229,9 @@ func writeJSON(env Env, v any, indent bool) int {
 	}
 	if err := enc.Encode(v); err != nil {
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-		return exitFailure
+		return exitcode.Failure
 	}
-	return exitOK
+	return exitcode.OK
 }
 
 // ParseSince reads a duration as --since takes it, as every command

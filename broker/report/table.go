@@ -161,19 +161,26 @@ func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
 				}
 			}
 		}
-		user, pid, cmd := l.User, "?", "(no holder found yet)"
+		// USER is whose lease it is, as --json's user: a Slurm job's
+		// user though its holder be slurmstepd (root's), a container
+		// lease's user though its processes be the container's root. A
+		// holder of another account (not root's: a descriptor passed on)
+		// is named after its command.
+		pid, cmd := "?", "(no holder found yet)"
 		if l.Kind == client.KindLogin {
 			pid, cmd = "-", origin(l)
 		}
 		if len(l.Holders) > 0 {
 			h := l.Holders[first]
-			user, pid, cmd = h.User, strconv.Itoa(h.PID), orDash(h.Command)
+			pid, cmd = strconv.Itoa(h.PID), orDash(h.Command)
+			if h.UID != l.UID && h.UID != 0 && h.User != "" {
+				cmd += " (held by " + h.User + ")"
+			}
 			if more := len(l.Holders) - 1 + l.MoreHolders; more > 0 {
 				cmd += fmt.Sprintf(" (+%d)", more)
 			}
 		}
-		user, cmd = inContainer(l, user, cmd)
-		row = append(row, orDash(user), pid, cmd, since)
+		row = append(row, orDash(l.User), pid, inContainer(l, cmd), since)
 		if d.Drain != nil {
 			row[2] += ", drained"
 		}
@@ -188,12 +195,11 @@ func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
 	return row
 }
 
-// inContainer is the user and command columns of lease l where a
-// container holds it: a lease of kind container is its user's (who asked,
-// not the container's root), and its command is the container's name
-// (and id) before its first holder's command; another kind's (a task's),
-// whose holders are in a container, has the container's name after.
-func inContainer(l *client.LeaseInfo, user, cmd string) (string, string) {
+// inContainer is the command column of lease l where a container holds
+// it: for a lease of kind container, the container's name (and id) before
+// its first holder's command; for another kind's (a task's), whose
+// holders are in a container, the container's name after.
+func inContainer(l *client.LeaseInfo, cmd string) string {
 	c := l.Container
 	if c == nil {
 		for _, h := range l.Holders {
@@ -205,11 +211,11 @@ func inContainer(l *client.LeaseInfo, user, cmd string) (string, string) {
 	}
 	switch {
 	case c == nil:
-		return user, cmd
+		return cmd
 	case l.Kind == client.KindContainer:
-		return l.User, "container " + containerName(c) + ": " + cmd
+		return "container " + containerName(c) + ": " + cmd
 	}
-	return user, cmd + " (container " + c.Short() + ")"
+	return cmd + " (container " + c.Short() + ")"
 }
 
 // containerName is c as the table names it: "train (3f2a9c1d0b7e)", or

@@ -7,7 +7,6 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/policy"
 )
 
 // The board is what npubroker status shows: every device with its state,
@@ -78,7 +77,7 @@ func (g *Ledger) Board(asker uint32) (*client.Board, uint64) {
 func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Waiter, ncpu int, cpuWhy []string) *client.Board {
 	now := time.Now()
 	show := func(uid uint32) bool {
-		return asker == 0 || uid == asker || g.policy().Status.ShowCommands == policy.ShowCommandsAll
+		return g.policy().Status.ShowsCommand(asker, uid)
 	}
 	b := &client.Board{Time: now.UnixMilli(), Vendor: string(g.inv.Vendor), Devices: []client.DeviceState{}, Waiting: []client.Line{}, Unleased: []client.Unleased{}}
 	states, reserved := g.statesLocked(snap)

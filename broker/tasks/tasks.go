@@ -74,13 +74,15 @@ const (
 // Info is t as asker may see it; full, for its owner and root, includes
 // its command, directory, environment, log and the reason it ended (which
 // names paths and programs). Another user sees that it exists, whose it
-// is, its state and how it ended. pos is its place in line.
+// is, its state and how it ended, and its command where [status]
+// show_commands shows others' (Listing). pos is its place in line.
 func Info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 	ti := client.TaskInfo{
 		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
 		N: t.Sub.N, Pool: t.Sub.Pool, Mem: t.Sub.Mem, OOMRetries: t.Sub.OOMRetries, RetryOf: t.Sub.RetryOf, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
 		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
 		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended, Held: t.Held, From: t.From,
+		NeverRan: t.Started == 0 && (t.State == tasklife.Failed || t.State == tasklife.Cancelled),
 	}
 	if len(t.Devices) == 0 && len(t.Sub.Devices) > 0 {
 		ti.Devices = t.Sub.Devices
@@ -96,6 +98,19 @@ func Info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 		if t.Status != nil && t.Status.Reason != "" {
 			ti.Reason = t.Status.Reason
 		}
+	}
+	return ti
+}
+
+// Listing is t as a listing shows it to asker: whole to its owner and
+// root (Info's full); to another user, with its command where shows says
+// another's command may be shown (npubroker status's rule, [status]
+// show_commands), but never its directory, environment, log or reason.
+func Listing(t *tasklife.Task, asker uint32, shows func(asker, owner uint32) bool, pos int) client.TaskInfo {
+	full := asker == t.UID || asker == 0
+	ti := Info(t, full, pos)
+	if !full && shows(asker, t.UID) {
+		ti.Command = command(t)
 	}
 	return ti
 }

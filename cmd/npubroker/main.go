@@ -19,6 +19,7 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/report"
 	"github.com/npurun/npurun/broker/tasks"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
 	"github.com/npurun/npurun/policy"
@@ -49,7 +50,7 @@ Commands:
 func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+		os.Exit(exitcode.Usage)
 	}
 	if shell, ok := strings.CutPrefix(os.Args[1], "--completion="); ok {
 		os.Exit(printCompletion([]string{shell}))
@@ -78,7 +79,7 @@ func main() {
 	default:
 		fmt.Fprintf(os.Stderr, "npubroker: unknown command %q\n", os.Args[1])
 		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+		os.Exit(exitcode.Usage)
 	}
 }
 
@@ -107,10 +108,10 @@ func checkConfig(args []string) int {
 	socket := fs.String("socket", "", "the socket of the broker whose reload to check the file against, where one runs (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			return 0
+			return exitcode.OK
 		}
 		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
-		return 2
+		return exitcode.Usage
 	}
 	path := broker.DefaultConfig
 	switch fs.NArg() {
@@ -119,7 +120,7 @@ func checkConfig(args []string) int {
 		path = fs.Arg(0)
 	default:
 		fmt.Fprintf(os.Stderr, "npubroker: check-config takes one file, got %d\n", fs.NArg())
-		return 2
+		return exitcode.Usage
 	}
 	// The validation of serve and reload: the file, and its devices on
 	// this machine (a device node missing is an error, as serve does not
@@ -131,7 +132,7 @@ func checkConfig(args []string) int {
 		} else {
 			fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
 		}
-		return 1
+		return exitcode.Failure
 	}
 	devices := inv.IDs
 	warnings := cfg.Warnings(devices, accountExists)
@@ -153,7 +154,7 @@ func checkConfig(args []string) int {
 		fmt.Fprintln(os.Stderr, w.Error())
 	}
 	fmt.Printf("%s: ok\n", path)
-	return 0
+	return exitcode.OK
 }
 
 // reloadWarning asks the broker answering at socket (flag, else
@@ -227,14 +228,14 @@ func serve(args []string) int {
 	config, runDir, socket, stateDir, cgroup, logTo := so.config, so.runDir, so.socket, so.stateDir, so.cgroup, so.logTo
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			return 0
+			return exitcode.OK
 		}
 		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
-		return 2
+		return exitcode.Usage
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "npubroker: serve takes no arguments, got %q\n", fs.Arg(0))
-		return 2
+		return exitcode.Usage
 	}
 	if *socket == "" {
 		*socket = filepath.Join(*runDir, "broker.sock")
@@ -248,25 +249,25 @@ func serve(args []string) int {
 		abs, err := filepath.Abs(*p)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "npubroker: %s: %v\n", *p, err)
-			return 1
+			return exitcode.Failure
 		}
 		*p = abs
 	}
 	if c := *cgroup; c != "" && c != "auto" && c != "off" && !filepath.IsAbs(c) {
 		fmt.Fprintf(os.Stderr, "npubroker: --cgroup takes an absolute directory, auto or off, not %q\n", c)
-		return 2
+		return exitcode.Usage
 	}
 	// Whatever descriptors the broker inherited (from a root shell, say)
 	// must not reach the supervisors it starts as other users.
 	unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 	if l := *logTo; l != broker.LogAuto && l != broker.LogStderr && l != broker.LogSyslog {
 		fmt.Fprintf(os.Stderr, "npubroker: --log takes auto, stderr or syslog, not %q\n", l)
-		return 2
+		return exitcode.Usage
 	}
 	lg, _, err := broker.NewLog(*logTo)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
-		return 1
+		return exitcode.Failure
 	}
 	cfg, inv, err := broker.LoadConfig(*config) // check-config's and reload's validation
 	if err != nil {
@@ -277,7 +278,7 @@ func serve(args []string) int {
 		} else {
 			lg.Print(err)
 		}
-		return 1
+		return exitcode.Failure
 	}
 	if cfg.Slurm.Active() {
 		for _, w := range slurmWarnings(*config, cfg, inv) { // as check-config says them
@@ -290,12 +291,12 @@ func serve(args []string) int {
 	// One broker per run directory and per state directory, for life.
 	if err := os.MkdirAll(*runDir, 0o755); err != nil {
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	runClaim, err := broker.Claim(*runDir)
 	if err != nil {
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	defer runClaim.Close()
 	// And one broker per device, whatever its directories: before any
@@ -303,7 +304,7 @@ func serve(args []string) int {
 	devClaims, err := broker.ClaimDevices(inv, broker.ClaimDir())
 	if err != nil {
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	defer devClaims.Close()
 	ln, err := broker.Activated()
@@ -312,7 +313,7 @@ func serve(args []string) int {
 	}
 	if err != nil {
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	if addr := ln.Addr().String(); filepath.Dir(addr) != filepath.Clean(*runDir) {
 		lg.Printf("warning: socket %s is not in the run directory %s: a nested npurun looks for the lock files beside the socket, so it will not recognise its parent's lease", addr, *runDir)
@@ -321,7 +322,7 @@ func serve(args []string) int {
 	if err != nil {
 		ln.Close()
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -357,8 +358,8 @@ func serve(args []string) int {
 	}
 	if err := s.Serve(ctx, ln); err != nil {
 		lg.Print(err)
-		return 1
+		return exitcode.Failure
 	}
 	lg.Print("stopped")
-	return 0
+	return exitcode.OK
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/exitcode"
 )
 
 // A stand-in for npubroker that speaks the protocol of broker/client:
@@ -401,7 +402,7 @@ func TestSubmitAnswerLost(t *testing.T) {
 			"task 12 queued (1st in line in pool \"default\")\n", "the broker had recorded it before its answer was lost"},
 		{"refused", &client.Reply{Type: client.TypeError, Code: client.CodeDenied, Message: "pool \"x\" is not open to alice"}, 77,
 			"", "the task was not submitted"},
-		{"no answer", nil, exitUnknown, "", "cannot tell whether the task was submitted"},
+		{"no answer", nil, exitcode.Unknown, "", "cannot tell whether the task was submitted"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -433,7 +434,7 @@ func TestSubmitAnswerLost(t *testing.T) {
 					t.Errorf("a repeat's token %q, the first's %q: want the same", r.Task.Token, reqs[0].Task.Token)
 				}
 			}
-			if tc.wantCode == exitUnknown && !strings.Contains(stderr, "--token "+reqs[0].Task.Token) {
+			if tc.wantCode == exitcode.Unknown && !strings.Contains(stderr, "--token "+reqs[0].Task.Token) {
 				t.Errorf("stderr does not name the token to look for:\n%s", stderr)
 			}
 		})

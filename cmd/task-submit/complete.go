@@ -11,6 +11,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/completion"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/shim"
 )
@@ -83,7 +84,7 @@ func printScript(args []string, w io.Writer) int {
 	}
 	if !ok {
 		warn("__script takes npurun or task-submit, then bash, zsh or fish")
-		return shim.ExitUsage
+		return exitcode.Usage
 	}
 	if _, err := io.WriteString(w, script); err != nil {
 		warn("%v", err)

@@ -93,7 +93,7 @@ func writeTable(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) erro
 // started and ended. all adds the USER column.
 func writeHistory(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) error {
 	return writeTaskRows(w, ts, all, []string{"END", "DEVICES", "STARTED", "ENDED"}, func(t *client.TaskInfo) []string {
-		return []string{endCell(t), deviceCell(t), timeCell(t.Started, now), timeCell(t.Ended, now)}
+		return []string{endCell(t), deviceCell(t), startedCell(t, now), timeCell(t.Ended, now)}
 	})
 }
 
@@ -290,14 +290,24 @@ func timeCell(ms int64, now time.Time) string {
 	return t.Format("Jan 02 15:04")
 }
 
-// startCell is list's STARTED: when the task started; for one pending
-// for devices, when it starts at the latest ("by 14:05:00", reckoned by
-// the broker from the time limits of what holds and waits ahead), or
-// "unknown" where something ahead has no limit.
+// startedCell is when the task started, "never" for one that ended
+// without running (its --after task did not succeed, it was cancelled
+// while it waited), "-" while it has not.
+func startedCell(t *client.TaskInfo, now time.Time) string {
+	if t.NeverRan {
+		return "never"
+	}
+	return timeCell(t.Started, now)
+}
+
+// startCell is list's STARTED: when the task started (startedCell); for
+// one pending for devices, when it starts at the latest ("by 14:05:00",
+// reckoned by the broker from the time limits of what holds and waits
+// ahead), or "unknown" where something ahead has no limit.
 func startCell(t *client.TaskInfo, now time.Time) string {
 	switch {
 	case t.Started != 0 || t.State != client.StatePending || t.NoDevice:
-		return timeCell(t.Started, now)
+		return startedCell(t, now)
 	case t.Start == 0:
 		return "unknown"
 	case t.Start <= now.UnixMilli():
@@ -354,7 +364,10 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 	}
 	line("submitted", fullTime(t.Submitted, loc))
 	line("token", t.Token)
-	if t.Started != 0 {
+	switch {
+	case t.NeverRan:
+		line("started", "never: it ended without running")
+	case t.Started != 0:
 		line("started", fullTime(t.Started, loc))
 	}
 	if t.Ended != 0 {
@@ -413,11 +426,15 @@ func describeEnd(t *client.TaskInfo) string {
 	case client.StateDone:
 		return "succeeded"
 	case client.StateFailed:
+		failed := "failed"
+		if t.NeverRan {
+			failed = "failed without running"
+		}
 		switch {
 		case how == "" && reason == "":
-			return "failed"
+			return failed
 		case how == "":
-			return "failed: " + reason
+			return failed + ": " + reason
 		case reason == "":
 			return "failed: " + how
 		}

@@ -15,9 +15,9 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/internal/completion"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
-	"github.com/npurun/npurun/shim"
 )
 
 var version = "dev"
@@ -116,10 +116,10 @@ func main() {
 		if ue.hint != "" {
 			hint("%s", ue.hint)
 		}
-		os.Exit(shim.ExitUsage)
+		os.Exit(exitcode.Usage)
 	case err != nil:
 		warn("%v", err)
-		os.Exit(shim.ExitUsage)
+		os.Exit(exitcode.Usage)
 	case o.version:
 		fmt.Println("task-submit", version)
 		return
@@ -183,7 +183,7 @@ func commandFlags(o *options, cmd string) *flagSet {
 	fs := newFlags("task-submit "+cmd, true)
 	switch cmd {
 	case "list":
-		fs.switchVar(&o.all, 0, "all", "everyone's tasks (others' commands are shown to root only)")
+		fs.switchVar(&o.all, 0, "all", "everyone's tasks (others' commands as npubroker status shows them)")
 		fs.switchVar(&o.ended, 0, "ended", "the tasks that have ended: those the broker keeps, then those its accounting log remembers")
 		fs.durationVar(&o.since, 0, "since", "DURATION", "with --ended: those that ended within DURATION, e.g. 7d or 12h (default 7d)", maxSince)
 		fs.switchVar(&o.json, 0, "json", "print the tasks as a JSON array")

@@ -220,28 +220,6 @@ func TestParseID(t *testing.T) {
 	}
 }
 
-func TestExitCode(t *testing.T) {
-	tests := []struct {
-		code string
-		want int
-	}{
-		{client.CodeNoSuchTask, 1},
-		{client.CodeDenied, 77},
-		{client.CodeBusy, 75},
-		{client.CodeTooMany, 75},
-		{client.CodeSpool, 75},
-		{client.CodeBadRequest, 2},
-		{client.CodeNoSuchPool, 2},
-		{client.CodeNoDevice, 2},
-		{"something-new", 1},
-	}
-	for _, tt := range tests {
-		if got := exitCode(tt.code); got != tt.want {
-			t.Errorf("exitCode(%q) = %d, want %d", tt.code, got, tt.want)
-		}
-	}
-}
-
 // The synopsis in --help is the man page's, word for word.
 func TestManSynopsis(t *testing.T) {
 	page, err := readManPage()
@@ -290,7 +268,7 @@ func TestHelpOptions(t *testing.T) {
   -h, --help              print this help and exit
 `},
 		{[]string{"list", "--help"}, `Options:
-      --all             everyone's tasks (others' commands are shown to root only)
+      --all             everyone's tasks (others' commands as npubroker status shows them)
       --ended           the tasks that have ended: those the broker keeps, then those its accounting log remembers
       --since DURATION  with --ended: those that ended within DURATION, e.g. 7d or 12h (default 7d)
       --json            print the tasks as a JSON array

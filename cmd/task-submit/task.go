@@ -16,7 +16,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/container"
-	"github.com/npurun/npurun/shim"
+	"github.com/npurun/npurun/internal/exitcode"
 )
 
 // stdout is where answers go; a variable for the tests.
@@ -43,14 +43,14 @@ func run(o *options) int {
 		return requeue(o)
 	}
 	warn("unknown command %q", o.cmd)
-	return shim.ExitUsage
+	return exitcode.Usage
 }
 
 func submit(o *options) int {
 	cwd, err := os.Getwd()
 	if err != nil {
 		warn("current directory: %v", err)
-		return shim.ExitFailure
+		return exitcode.Failure
 	}
 	s := o.sub
 	s.Cwd = cwd
@@ -70,17 +70,17 @@ func submit(o *options) int {
 	if err := check(); err != nil {
 		warn("%v", err)
 		hint("the task would fail at its start: give a --log FILE you may write (nothing was submitted)")
-		return shim.ExitFailure
+		return exitcode.Failure
 	}
 	if err := checkContainer(&s); err != nil {
 		warn("%v", err)
 		hint("a task's container runs attached, its life the task's: drop -d (nothing was submitted)")
-		return shim.ExitUsage
+		return exitcode.Usage
 	}
 	if s.Token == "" {
 		if s.Token, err = newToken(); err != nil {
 			warn("%v", err)
-			return shim.ExitFailure
+			return exitcode.Failure
 		}
 	}
 	// An answer lost after the submission was sent leaves it unknown
@@ -96,7 +96,7 @@ func submit(o *options) int {
 	if errors.Is(err, client.ErrSubmitUnknown) {
 		warn("%v", err)
 		hint("look for it with 'task-submit list' (its token is %s) before submitting it again, or submit it again with --token %s, which makes no second task", s.Token, s.Token)
-		return exitUnknown
+		return exitcode.Unknown
 	}
 	if err != nil {
 		code := failure(err, 0)
@@ -119,7 +119,7 @@ func submit(o *options) int {
 	}
 	if err != nil {
 		warn("%v", err)
-		return shim.ExitFailure
+		return exitcode.Failure
 	}
 	switch {
 	case r.Existing:
@@ -127,7 +127,7 @@ func submit(o *options) int {
 	case r.State == client.StateFailed || r.State == client.StateCancelled || r.State == client.StateLost:
 		// Recorded, and already over: --after a task that did not succeed.
 		warn("task %d will not run: %s", r.ID, oneLine(strings.TrimPrefix(r.Reason, r.State+": ")))
-		return shim.ExitFailure
+		return exitcode.Failure
 	}
 	return 0
 }
@@ -163,7 +163,7 @@ func list(o *options) int {
 	}
 	if err != nil {
 		warn("%v", err)
-		return shim.ExitFailure
+		return exitcode.Failure
 	}
 	return 0
 }
@@ -181,7 +181,7 @@ func show(o *options) int {
 	}
 	if err != nil {
 		warn("%v", err)
-		return shim.ExitFailure
+		return exitcode.Failure
 	}
 	return 0
 }
@@ -211,13 +211,13 @@ func logs(o *options) int {
 		} else {
 			warn("the broker did not say where the log of task %d is", t.ID)
 		}
-		return shim.ExitFailure
+		return exitcode.Failure
 	}
 	waiting := t.State == client.StatePending || t.State == client.StateBlocked
 	if !o.follow || ended(t) {
 		if waiting {
 			warn("task %d has not started; its log will be %s", t.ID, t.Log)
-			return shim.ExitFailure
+			return exitcode.Failure
 		}
 		f, err := openerFor(t.UID).open(t.Log)
 		if err != nil {
@@ -265,7 +265,7 @@ func logFailure(t *client.TaskInfo, err error) int {
 	default:
 		warn("log of task %d: %v", t.ID, err)
 	}
-	return shim.ExitFailure
+	return exitcode.Failure
 }
 
 func wait(o *options) int {
@@ -302,7 +302,7 @@ func cancel(o *options) int {
 	}
 	if _, err := fmt.Fprintln(stdout, cancelLine(t)); err != nil {
 		warn("%v", err)
-		return shim.ExitFailure
+		return exitcode.Failure
 	}
 	return 0
 }
@@ -325,7 +325,7 @@ func holdOrRelease(o *options) int {
 	}
 	if _, err := fmt.Fprintln(stdout, holdLine(t)); err != nil {
 		warn("%v", err)
-		return shim.ExitFailure
+		return exitcode.Failure
 	}
 	return 0
 }
@@ -340,7 +340,7 @@ func requeue(o *options) int {
 	var err error
 	if s.Token, err = newToken(); err != nil {
 		warn("%v", err)
-		return shim.ExitFailure
+		return exitcode.Failure
 	}
 	c, err := client.Dial(client.SocketPath(o.socket))
 	if err != nil {
@@ -358,7 +358,7 @@ func requeue(o *options) int {
 	}
 	if err != nil {
 		warn("%v", err)
-		return shim.ExitFailure
+		return exitcode.Failure
 	}
 	return 0
 }
@@ -470,11 +470,6 @@ func (w *taskWaiter) close() { w.c.Close() }
 // descriptors back. (A variable: tests shorten it.)
 var resolveFor = time.Minute
 
-// exitUnknown is the exit status of a submission whose fate is unknown:
-// sent, its answer lost, and no broker answered it again within
-// resolveFor.
-const exitUnknown = 3
-
 // newToken makes a submission's token: 128 random bits.
 func newToken() (string, error) {
 	b := make([]byte, 16)
@@ -485,7 +480,8 @@ func newToken() (string, error) {
 }
 
 // failure reports an error from the broker or the connection to it and
-// returns the exit status for it. id is the task asked about, 0 if none.
+// returns the exit status for it (client.ExitStatus: npurun's and
+// npubroker's too). id is the task asked about, 0 if none.
 func failure(err error, id uint64) int {
 	var be *client.Error
 	switch {
@@ -500,27 +496,16 @@ func failure(err error, id uint64) int {
 		if be.Hint != "" {
 			hint("%s", be.Hint)
 		}
-		return exitCode(be.Code)
 	case errors.Is(err, client.ErrNoBroker) || errors.Is(err, client.ErrNoAnswer):
 		warn("%v", err)
 		hint("%s", client.Hint(err))
-		return shim.ExitUnavailable
+	case client.Gone(err):
+		warn("the broker went away before it answered (%v)", err)
+		hint("it may be restarting, or failing: try again")
+	default:
+		warn("%v", err)
 	}
-	warn("%v", err)
-	return shim.ExitFailure
-}
-
-// exitCode is the exit status for a broker's error code.
-func exitCode(code string) int {
-	switch code {
-	case client.CodeDenied:
-		return shim.ExitDenied
-	case client.CodeBusy, client.CodeTooMany, client.CodeSpool:
-		return shim.ExitTempFail // try again later
-	case client.CodeBadRequest, client.CodeNoSuchPool, client.CodeNoDevice:
-		return shim.ExitUsage
-	}
-	return shim.ExitFailure
+	return client.ExitStatus(err)
 }
 
 // checkContainer refuses, before it is submitted, a task the supervisor

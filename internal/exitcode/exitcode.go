@@ -1,0 +1,18 @@
+// Package exitcode is the one table of the exit statuses that npurun, task-submit and npubroker give of themselves.
+package exitcode
+
+// The statuses. npurun(1), task-submit(1) and npubroker(8) list them
+// under EXIT STATUS; the values above 2 are sysexits(3)'s where one fits.
+const (
+	OK      = 0
+	Failure = 1 // a failure the caller cannot fix by waiting: refused, a protocol error
+	Usage   = 2 // a bad command line; also an unknown pool or device
+	// Unknown is task-submit's alone: a submission was sent, its answer
+	// lost, and whether the broker recorded it cannot be told.
+	Unknown     = 3
+	Unavailable = 69  // no broker answers, or it went away during the call (EX_UNAVAILABLE)
+	TempFail    = 75  // try again later: nothing free (--no-wait, --timeout), or a cap of the broker's reached (EX_TEMPFAIL)
+	Denied      = 77  // the policy, or the broker, refuses the caller (EX_NOPERM)
+	NoExec      = 126 // npurun: the command cannot be executed
+	NotFound    = 127 // npurun: the command was not found
+)

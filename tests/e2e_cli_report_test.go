@@ -1,0 +1,97 @@
+package tests
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/npurun/npurun/broker/client"
+)
+
+// TestNpurunStatusUsage: npubroker is in an sbin directory, on no ordinary
+// user's PATH, while its status and usage are for everyone: npurun status
+// and npurun usage run them (issue 27.15), as a user whose PATH has no
+// sbin; their options and errors are npubroker's. Only the first word
+// decides: npurun -- status runs a program named status under a lease.
+func TestNpurunStatusUsage(t *testing.T) {
+	u := newUser(t)
+	b := StartBroker(t, FakeConfig(2))
+	h := hold(t, b, "holder", "-d", "1")
+	defer h.release()
+	dir := SharedDir(t)
+	userPath := "PATH=/usr/bin:/bin"
+	run := func(args ...string) taskResult {
+		t.Helper()
+		cmd := asUser(b.Npurun(args...), &u, dir)
+		cmd.Env = append(cmd.Env, userPath)
+		return runTaskCmd(t, cmd)
+	}
+
+	r := run("status", "--json")
+	var bd client.Board
+	if err := json.Unmarshal([]byte(r.stdout), &bd); r.code != 0 || err != nil {
+		t.Fatalf("npurun status --json: %s (%v)", r, err)
+	}
+	if d := device(t, &bd, 1); d.Lease == nil || d.State != client.DeviceLeased {
+		t.Errorf("npurun status --json: npu1 %+v, want leased", d)
+	}
+	if r := run("status"); r.code != 0 || !strings.Contains(r.stdout, "DEVICE") || !strings.Contains(lineWith(r.stdout, "npu1 "), "leased") {
+		t.Errorf("npurun status: %s; want the table with npu1 leased", r)
+	}
+	if r := run("usage", "--json"); r.code != 0 || !strings.Contains(r.stdout, `"since"`) {
+		t.Errorf("npurun usage --json: %s; want the sums of the last 7 days", r)
+	}
+	if r := run("status", "--bogus"); r.code != 2 || !strings.Contains(r.stderr, "unknown flag: --bogus") {
+		t.Errorf("npurun status --bogus: %s; want npubroker's usage error, 2", r)
+	}
+	if r := run("status", "--help"); r.code != 0 || !strings.Contains(r.stderr, "status [--json] [--watch] [--socket PATH]") {
+		t.Errorf("npurun status --help: %s", r)
+	}
+
+	// A program named status, first in PATH: npurun -- status runs it.
+	progs := filepath.Join(dir, "progs")
+	if err := os.MkdirAll(progs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(progs, "status"), []byte("#!/bin/sh\necho \"ran status on $NPURUN_DEVICES\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := asUser(b.Npurun("--", "status"), &u, dir)
+	cmd.Env = append(cmd.Env, "PATH="+progs+":/usr/bin:/bin")
+	if r := runTaskCmd(t, cmd); r.code != 0 || r.stdout != "ran status on 0\n" {
+		t.Errorf("npurun -- status: %s; want the program named status run on npu 0", r)
+	}
+}
+
+// TestNpurunStatusInstalled: an npurun built by make with an SBINDIR, no
+// npubroker beside it, runs the npubroker installed in SBINDIR; with none
+// there, it says what is missing and exits 127.
+func TestNpurunStatusInstalled(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make not installed")
+	}
+	b := StartBroker(t, FakeConfig(1))
+	tmp := t.TempDir()
+	build, sbin := filepath.Join(tmp, "build"), filepath.Join(tmp, "sbin")
+	if out, err := makeInRepo(t, "BUILDDIR="+build, "SBINDIR="+sbin, filepath.Join(build, "npurun")).CombinedOutput(); err != nil {
+		t.Fatalf("make npurun: %v\n%s", err, out)
+	}
+	npurun := exec.Command(filepath.Join(build, "npurun"), "status")
+	npurun.Env = b.Env()
+	code, out := exitCode(t, npurun)
+	if code != 127 || !strings.Contains(out, "npurun: "+filepath.Join(sbin, "npubroker")+": no such file or directory") || !strings.Contains(out, "npurun: hint: npurun status runs npubroker status") {
+		t.Errorf("npurun status without npubroker: exit %d, want 127 naming %s/npubroker:\n%s", code, sbin, out)
+	}
+	if err := os.MkdirAll(sbin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, b.Bin.Broker, filepath.Join(sbin, "npubroker"), 0o755)
+	npurun = exec.Command(filepath.Join(build, "npurun"), "status")
+	npurun.Env = b.Env()
+	if code, out := exitCode(t, npurun); code != 0 || !strings.Contains(out, "npu0") {
+		t.Errorf("npurun status with %s/npubroker: exit %d:\n%s", sbin, code, out)
+	}
+}
