@@ -15,7 +15,9 @@
 #               own executable first (a build directory), else this one; and
 #               npurun/npurun-runtime, the OCI runtime a container engine
 #               runs (npurun-runtime(8): Docker's daemon.json names it), with
-#               npurun/npurun-runtime-create, which it runs for a create
+#               npurun/npurun-runtime-create, which it runs for a create;
+#               npurun/npurun-remove-check, the check that make uninstall
+#               and the Debian packages' removal make (below)
 #   MANDIR      man pages                               ($(PREFIX)/share/man)
 #   BASHCOMPDIR bash completions: npurun, task-submit, npubroker, where
 #               bash-completion loads them ($(PREFIX)/share/bash-completion/completions)
@@ -37,7 +39,8 @@
 #   SPANKDIR    Slurm's SPANK plugin spank_npurun.so, named by path in
 #               Slurm's plugstack.conf                   ($(PREFIX)/lib/npurun)
 #   SPANK       no: leave the SPANK plugin out of build and install even
-#               where Slurm's headers are (the Debian packages do) (empty)
+#               where Slurm's headers are (the Debian packages build it,
+#               into npurun, and Build-Depend on libslurm-dev) (empty)
 #   BUILDDIR    where the binaries are built            (bin)
 #   VERSION     version stamped into the binaries       (git describe)
 #   GO          the Go toolchain                        (go)
@@ -74,7 +77,10 @@
 # $(DESTDIR) (/etc/pam.d, /usr/lib/pam.d, pam-auth-update's profiles in
 # /usr/share/pam-configs) loads the module it would remove: PAM would fail
 # every session of that service without it ("Module is unknown"), root's
-# included. Take the PAM lines out first (pam_npurun(8)), or FORCE=1.
+# included; and while an sshd ForceCommand (/etc/ssh/sshd_config and
+# sshd_config.d) runs the npurun it would remove: those accounts' logins
+# would fail. Take the lines out first (pam_npurun(8)), or FORCE=1. The
+# Debian packages' removal makes the same check (pam/remove-check.sh).
 #
 # make demo and make test need Go, make, a C compiler and util-linux; not
 # the PAM headers: the demo does not use the module, and the tests that
@@ -308,6 +314,7 @@ install: build units completions
 	if [ "$(SPANK)" != no ] && [ -e $(BUILDDIR)/spank_npurun.so ]; then install -d $(DESTDIR)$(SPANKDIR) && install -m 0644 $(BUILDDIR)/spank_npurun.so $(DESTDIR)$(SPANKDIR)/spank_npurun.so; fi
 	install -m 0755 $(BUILDDIR)/npurun-runtime $(DESTDIR)$(RUNTIME)
 	install -m 0755 $(BUILDDIR)/npurun-runtime-create $(DESTDIR)$(RUNTIME_CREATE)
+	install -m 0755 pam/remove-check.sh $(DESTDIR)$(REMOVE_CHECK)
 	install -m 0644 $(BUILDDIR)/pam_npurun.so $(DESTDIR)$(PAMDIR)/pam_npurun.so
 	install -m 0644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/
 	install -m 0644 $(MAN5) $(DESTDIR)$(MANDIR)/man5/
@@ -327,29 +334,20 @@ remove_same = if [ -e '$(1)' ] || [ -L '$(1)' ]; then \
 	if cmp -s '$(2)' '$(1)'; then rm -f '$(1)' && echo "removed $(1)"; \
 	else echo "left $(1): it is not what this tree installs there" >&2; fi; fi
 
-# Where PAM configuration is read (pam-auth-update writes /etc/pam.d/common-*
-# from its profiles), and the names a line may load this install's module
-# by: its path, or its bare name where PAMDIR is a system directory.
-PAM_CONFIG_DIRS = /etc/pam.d /usr/lib/pam.d /lib/pam.d /usr/share/pam-configs
-PAM_BARE = $(if $(filter /lib/% /lib64/% /usr/lib/% /usr/lib64/%,$(PAMDIR)),pam_npurun.so)
-
-# pam_users prints each line of a PAM configuration under $(DESTDIR) that
-# loads the module as FILE:LINE: TEXT. Comments do not count, nor a line
-# whose type starts with "-" (PAM skips its module when it is missing).
-pam_users = for d in $(PAM_CONFIG_DIRS); do for f in "$(DESTDIR)$$d/"*; do [ -f "$$f" ] && printf '%s\n' "$$f"; done; done | \
-	while IFS= read -r f; do awk -v "abs=$(PAMDIR)/pam_npurun.so" -v "bare=$(PAM_BARE)" \
-	'substr($$1, 1, 1) == "\#" || substr($$1, 1, 1) == "-" { next } { for (i = 2; i <= NF; i++) if ($$i == abs || (bare != "" && $$i == bare)) { print FILENAME ":" FNR ": " $$0; next } }' "$$f"; done
+# The check that nothing still needs what uninstall removes: a PAM
+# configuration under $(DESTDIR) that loads this install's module (by its
+# path, or its bare name where PAMDIR is a system directory), or an sshd
+# ForceCommand that runs this install's npurun (by its path, or by name
+# where BINDIR is on sshd's PATH). pam/remove-check.sh, which the Debian
+# packages' prerm runs too (installed as npurun-remove-check): one check.
+REMOVE_CHECK = $(LIBEXECDIR)/npurun/npurun-remove-check
+PAM_BARE = $(if $(filter /lib/% /lib64/% /usr/lib/% /usr/lib64/%,$(PAMDIR)),--bare)
+NPURUN_BARE = $(if $(filter /usr/bin /bin /usr/local/bin,$(BINDIR)),--bare-npurun)
 
 uninstall: build units completions
-	@if [ "$(FORCE)" != 1 ]; then \
-		lines=$$($(pam_users)); \
-		if [ -n "$$lines" ]; then \
-			echo "make uninstall: PAM loads pam_npurun.so here; without it every session through these services fails (\"Module is unknown\"), root's included:" >&2; \
-			printf '%s\n' "$$lines" | sed 's|^|  |' >&2; \
-			echo "hint: take those lines out first (pam-auth-update --remove for a profile's; see pam_npurun(8)), then make uninstall again; FORCE=1 removes the module all the same" >&2; \
-			exit 1; \
-		fi; \
-	fi
+	@sh pam/remove-check.sh --prog='make uninstall' --force=FORCE=1 --root='$(DESTDIR)' \
+		--module='$(PAMDIR)/pam_npurun.so' $(PAM_BARE) --npurun='$(BINDIR)/npurun' $(NPURUN_BARE) \
+		$(if $(filter 1,$(FORCE)),--forced)
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/npurun,$(BUILDDIR)/npurun)
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/task-submit,$(BUILDDIR)/task-submit)
 	@$(call remove_same,$(DESTDIR)$(SBINDIR)/npubroker,$(BUILDDIR)/npubroker)
@@ -359,6 +357,7 @@ uninstall: build units completions
 	@rmdir '$(DESTDIR)$(SPANKDIR)' 2>/dev/null || true
 	@$(call remove_same,$(DESTDIR)$(RUNTIME),$(BUILDDIR)/npurun-runtime)
 	@$(call remove_same,$(DESTDIR)$(RUNTIME_CREATE),$(BUILDDIR)/npurun-runtime-create)
+	@$(call remove_same,$(DESTDIR)$(REMOVE_CHECK),pam/remove-check.sh)
 	@rmdir '$(DESTDIR)$(LIBEXECDIR)/npurun' 2>/dev/null || true
 	@$(call remove_same,$(DESTDIR)$(PAMDIR)/pam_npurun.so,$(BUILDDIR)/pam_npurun.so)
 	@$(foreach p,$(MAN1),$(call remove_same,$(DESTDIR)$(MANDIR)/man1/$(notdir $(p)),$(p));)

@@ -114,12 +114,58 @@ func TestDebPackages(t *testing.T) {
 		t.Fatalf("version %s does not upgrade %s", v2.Version, v1.Version)
 	}
 	debLintian(t, v1)
+	debReadmeSize(t, v1)
 
 	debRunInner(t, dir)
 
 	if after := debHostState(t); after != before {
 		t.Errorf("the machine's PAM configuration or packages changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
+}
+
+// debReadmeSize: the README's size of the npurun package ("about N MB")
+// is the built one's within 10%.
+func debReadmeSize(t *testing.T, p debPair) {
+	t.Helper()
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("packages are about ([0-9.]+) MB \\(`npurun`").FindSubmatch(readme)
+	if m == nil {
+		t.Fatalf("the README does not say how large the npurun package is (\"packages are about N MB (`npurun`\")")
+	}
+	said, _ := strconv.ParseFloat(string(m[1]), 64)
+	st, err := os.Stat(p.Npurun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if is := float64(st.Size()) / 1e6; said < is*0.9 || said > is*1.1 {
+		t.Errorf("the README says the npurun package is about %s MB; it is %.1f MB (%d bytes)", m[1], is, st.Size())
+	}
+}
+
+// debDocPaths are the programs' paths in the Slurm configuration that the
+// README and spank_npurun(8) show (Prolog=, Epilog=, plugstack.conf's
+// line): the package's, each of which must be installed.
+func debDocPaths(t *testing.T) []string {
+	t.Helper()
+	var paths []string
+	re := regexp.MustCompile(`(?m)^(?:Prolog=|Epilog=|optional )(/\S+)$`)
+	for _, doc := range []string{"README.md", "man/spank_npurun.8"} {
+		data, err := os.ReadFile(filepath.Join("..", doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := re.FindAllSubmatch(data, -1)
+		if len(found) < 3 {
+			t.Fatalf("%s shows %d of the Slurm paths (Prolog=, Epilog=, optional ...spank_npurun.so), want 3", doc, len(found))
+		}
+		for _, f := range found {
+			paths = append(paths, strings.ReplaceAll(string(f[1]), `\-`, "-"))
+		}
+	}
+	return paths
 }
 
 // debPaths are where the packages put files, and where a make install
@@ -519,6 +565,8 @@ func debInner(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 
+	procsBefore := debProcs(t)
+
 	// 1. Install, without systemd: everything in place, nothing started.
 	out := debApt(t, "install", v1.Npurun, v1.PAM)
 	if !strings.Contains(out, "npurun: systemd is not running: the broker was not started") {
@@ -535,6 +583,7 @@ func debInner(t *testing.T, dir string) {
 		}
 	}
 	for _, p := range []string{"/usr/bin/npurun", "/usr/bin/task-submit", "/usr/sbin/npubroker", "/usr/libexec/npurun/npurun-supervise", "/usr/libexec/npurun/npurun-runtime", "/usr/libexec/npurun/npurun-runtime-create", "/usr/share/man/man8/npurun-runtime.8.gz",
+		"/usr/libexec/npurun/npurun-slurm", "/usr/lib/npurun/spank_npurun.so", "/usr/libexec/npurun/npurun-remove-check",
 		"/lib/systemd/system/npubroker.service", "/lib/systemd/system/npubroker.socket", "/etc/npurun/npurun.conf",
 		"/usr/share/pam-configs/npurun", "/usr/share/man/man8/pam_npurun.8.gz", "/usr/share/man/man1/npurun.1.gz",
 		"/etc/systemd/system/sockets.target.wants/npubroker.socket", "/etc/systemd/system/multi-user.target.wants/npubroker.service",
@@ -545,6 +594,11 @@ func debInner(t *testing.T, dir string) {
 	}
 	if m, _ := filepath.Glob("/lib/*/security/pam_npurun.so"); len(m) != 1 {
 		t.Errorf("the module is not in the multiarch security directory: %v", m)
+	}
+	for _, p := range debDocPaths(t) {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("the README or spank_npurun(8) names %s for slurm.conf or plugstack.conf, which the package does not install: %v", p, err)
+		}
 	}
 	if st, err := os.Stat("/var/spool/npurun"); err != nil || st.Mode().Perm() != 0o700 {
 		t.Errorf("the spool: %v, %v; want a directory of mode 0700", st.Mode(), err)
@@ -719,6 +773,276 @@ func debInner(t *testing.T, dir string) {
 		t.Errorf("dpkg after the purge: %q", out)
 	}
 	debAudit(t, ns)
+	debProcsLeft(t, procsBefore, "after the purge")
+
+	// 6. Without systemd from install to purge (issue 27, items 11, 12 and
+	// 14): the broker started as npubroker(8) and the README say, its log
+	// where they say, an upgrade that says the truth of the broker that
+	// runs, a removal refused while a PAM file or an sshd ForceCommand of
+	// the administrator's needs what it removes, and a purge that stops the
+	// broker and leaves the machine as it was, file by file and process by
+	// process.
+	if err := os.RemoveAll("/run/systemd/system"); err != nil {
+		t.Fatal(err)
+	}
+	standInReset(t)
+	out = debApt(t, "install", v1.Npurun, v1.PAM)
+	startCmd := debNoSystemdCommand(t)
+	if !strings.Contains(out, "npurun: systemd is not running: the broker was not started; start it as root: "+startCmd) {
+		t.Errorf("the install without systemd did not say how to start the broker (%q):\n%s", startCmd, out)
+	}
+	if err := os.WriteFile("/etc/npurun/npurun.conf", []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pid := debStartDocumented(t, startCmd, 1)
+	debFree(t, 0)
+	if _, err := os.Stat("/run/npurun-devices"); err != nil {
+		t.Errorf("the broker claims no device in /run/npurun-devices: %v", err)
+	}
+
+	// The upgrade leaves that broker running, the previous version, and
+	// says so; restarted as the message says, the new one runs.
+	out = debApt(t, "install", v2.Npurun, v2.PAM)
+	if want := fmt.Sprintf("npurun: systemd is not running: the broker that runs (pid %d) is still the previous version's; restart it to run this one: kill %d", pid, pid); !strings.Contains(out, want) {
+		t.Errorf("the upgrade without systemd did not say %q:\n%s", want, out)
+	}
+	if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); exe != "/usr/sbin/npubroker (deleted)" {
+		t.Errorf("after the upgrade, the broker %d runs %q, want the previous version's (deleted) program", pid, exe)
+	}
+	syscall.Kill(pid, syscall.SIGTERM)
+	if !debAwaitExit(pid, eventTimeout) {
+		t.Fatalf("the broker %d did not stop on SIGTERM", pid)
+	}
+	pid = debStartDocumented(t, startCmd, 2)
+	if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); exe != "/usr/sbin/npubroker" {
+		t.Errorf("the restarted broker runs %q, want the new /usr/sbin/npubroker", exe)
+	}
+	debFree(t, 0)
+
+	// A PAM line added by hand (as the README allowed before the package)
+	// and the profile's own: removing libpam-npurun is refused, naming the
+	// hand's line and not the profile's; nothing changes.
+	if out, err := exec.Command("pam-auth-update", "--enable", "npurun").CombinedOutput(); err != nil {
+		t.Fatalf("pam-auth-update --enable npurun: %v\n%s", err, out)
+	}
+	handPAM := "/etc/pam.d/npurun-debtest"
+	if err := os.WriteFile(handPAM, []byte("# a service of the administrator's\nsession required pam_npurun.so\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = debAptErr("remove", "libpam-npurun")
+	if err == nil {
+		t.Errorf("apt-get remove libpam-npurun went ahead while %s loads the module:\n%s", handPAM, out)
+	}
+	for _, want := range []string{"libpam-npurun: PAM loads pam_npurun.so here", handPAM + ":2: session required pam_npurun.so", "libpam-npurun: hint: ", "NPURUN_REMOVE_FORCE=1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the refused removal of libpam-npurun does not say %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "common-session") {
+		t.Errorf("the refused removal named common-session, whose line is the profile's:\n%s", out)
+	}
+	if m, _ := filepath.Glob("/lib/*/security/pam_npurun.so"); len(m) != 1 {
+		t.Errorf("the refused removal removed the module: %v", m)
+	}
+	debModuleLine(t, "after the refused removal")
+	// NPURUN_REMOVE_FORCE=1: removed all the same, the lines named.
+	out, err = debAptErr("remove", "libpam-npurun", "NPURUN_REMOVE_FORCE=1")
+	if err != nil || !strings.Contains(out, "libpam-npurun: warning: PAM loads pam_npurun.so here") || !strings.Contains(out, handPAM+":2:") {
+		t.Errorf("NPURUN_REMOVE_FORCE=1 apt-get remove libpam-npurun: %v, want it removed with a warning naming %s:\n%s", err, handPAM, out)
+	}
+	if m, _ := filepath.Glob("/lib/*/security/pam_npurun.so"); len(m) != 0 {
+		t.Errorf("the forced removal left the module: %v", m)
+	}
+	if err := os.Remove(handPAM); err != nil {
+		t.Fatal(err)
+	}
+	debNoModuleLine(t, "after the removal of libpam-npurun")
+
+	// An sshd ForceCommand that runs npurun: purging npurun is refused,
+	// naming it, and the broker runs on; once it is out, the purge stops
+	// the broker and removes the device claims and the log.
+	snippet := "/etc/ssh/sshd_config.d/npurun.conf"
+	if err := os.MkdirAll(filepath.Dir(snippet), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(snippet, []byte(fmt.Sprintf("Match User %s\n    ForceCommand /usr/bin/npurun --login\n", student.Name)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = debAptErr("purge", "npurun", "libpam-npurun")
+	if err == nil {
+		t.Errorf("apt-get purge npurun went ahead while %s runs npurun:\n%s", snippet, out)
+	}
+	for _, want := range []string{"npurun: sshd runs /usr/bin/npurun for these accounts (ForceCommand)", snippet + ":2:     ForceCommand /usr/bin/npurun --login", "NPURUN_REMOVE_FORCE=1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the refused purge of npurun does not say %q:\n%s", want, out)
+		}
+	}
+	if _, err := os.Stat("/usr/bin/npurun"); err != nil {
+		t.Errorf("the refused purge removed npurun: %v", err)
+	}
+	if !slices.Contains(debBrokers(t), pid) {
+		t.Errorf("the refused purge stopped the broker %d", pid)
+	}
+	if err := os.Remove(snippet); err != nil {
+		t.Fatal(err)
+	}
+	out = debApt(t, "purge", "npurun", "libpam-npurun")
+	if want := fmt.Sprintf("npurun: stopping the broker (pid %d), which systemd does not run", pid); !strings.Contains(out, want) {
+		t.Errorf("the purge without systemd did not say %q:\n%s", want, out)
+	}
+	if pids := debBrokers(t); len(pids) != 0 {
+		t.Errorf("brokers still run after the purge without systemd: %v", pids)
+	}
+	for _, p := range []string{"/run/npurun", "/run/npurun-devices", "/var/log/npubroker.log", "/etc/npurun", "/usr/libexec/npurun", "/usr/lib/npurun"} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s is still there after the purge without systemd", p)
+		}
+	}
+	debNoModuleLine(t, "after the purge without systemd")
+	debAudit(t, ns)
+	debProcsLeft(t, procsBefore, "after the purge without systemd")
+}
+
+// debNoSystemdCommand is the command that npubroker(8)'s WITHOUT SYSTEMD
+// and the README give to start the broker without systemd: the same in
+// both, or the test fails.
+func debNoSystemdCommand(t *testing.T) string {
+	t.Helper()
+	man, err := os.ReadFile(filepath.Join("..", "man", "npubroker.8"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fromMan string
+	_, sec, _ := strings.Cut(string(man), "\n.SH WITHOUT SYSTEMD\n")
+	if _, ex, ok := strings.Cut(sec, "\n.EX\n"); ok {
+		fromMan, _, _ = strings.Cut(ex, "\n")
+		fromMan = strings.ReplaceAll(fromMan, `\-`, "-")
+	}
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fromReadme string
+	for _, line := range strings.Split(string(readme), "\n") {
+		if strings.HasPrefix(line, "setsid npubroker serve ") {
+			fromReadme = strings.TrimSpace(docComment.ReplaceAllString(line, ""))
+		}
+	}
+	if fromMan == "" || fromMan != fromReadme {
+		t.Fatalf("the command without systemd: npubroker(8) says %q, the README %q; want one command", fromMan, fromReadme)
+	}
+	return fromMan
+}
+
+// debStartDocumented runs the documented command, as root, and returns
+// the broker's pid once its log has the documented line for the nth time
+// (an inotify event on the log's directory, not a guess).
+func debStartDocumented(t *testing.T, command string, nth int) int {
+	t.Helper()
+	const logFile = "/var/log/npubroker.log"
+	if !strings.Contains(command, ">>"+logFile+" ") {
+		t.Fatalf("the documented command %q does not log to %s", command, logFile)
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(fd, filepath.Dir(logFile), unix.IN_CREATE|unix.IN_MODIFY); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", "-c", command)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"}
+	cmd.Dir = "/"
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", command, err, out)
+	}
+	serving := regexp.MustCompile(`(?m)^npubroker: serving \S+ npu \S+ on /run/npurun/broker\.sock$`)
+	buf := make([]byte, 4096)
+	for deadline := time.Now().Add(eventTimeout); ; {
+		data, _ := os.ReadFile(logFile)
+		if len(serving.FindAll(data, -1)) >= nth {
+			break
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			t.Fatalf("%s has no line \"npubroker: serving ...\" (the %d. start) within %s:\n%s", logFile, nth, eventTimeout, data)
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		unix.Poll(fds, int(left.Milliseconds())+1)
+		unix.Read(fd, buf)
+	}
+	data, err := os.ReadFile("/run/npurun/broker.pid")
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 || !slices.Contains(debBrokers(t), pid) {
+		t.Fatalf("/run/npurun/broker.pid: %q, %v; brokers running: %v", data, err, debBrokers(t))
+	}
+	return pid
+}
+
+// debAptErr is debApt that returns the failure; an argument KEY=VALUE
+// goes into apt-get's environment (which the maintainer scripts inherit).
+func debAptErr(action string, args ...string) (string, error) {
+	env := append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+	var pkgs []string
+	for _, a := range args {
+		if strings.Contains(a, "=") {
+			env = append(env, a)
+		} else {
+			pkgs = append(pkgs, a)
+		}
+	}
+	cmd := exec.Command("apt-get", append([]string{action, "-y", "--no-install-recommends", "-o", "Dpkg::Options::=--force-confold"}, pkgs...)...)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// debProcs are the processes in this mount namespace but this one (and
+// zombies), by pid and start time, with what they run.
+func debProcs(t *testing.T) map[string]string {
+	t.Helper()
+	own, _ := os.Readlink("/proc/self/ns/mnt")
+	procs := map[string]string{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err != nil || ns != own {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		_, rest, _ := strings.Cut(string(stat), ") ")
+		f := strings.Fields(rest)
+		if len(f) < 20 || f[0] == "Z" {
+			continue
+		}
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		procs[strconv.Itoa(pid)+"/"+f[19]] = fmt.Sprintf("pid %d %s (%s)", pid, exe, strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " "))
+	}
+	return procs
+}
+
+// debProcsLeft fails the test for each process in this namespace that was
+// not there before the first install.
+func debProcsLeft(t *testing.T, before map[string]string, when string) {
+	t.Helper()
+	var left []string
+	for k, p := range debProcs(t) {
+		if _, ok := before[k]; !ok {
+			left = append(left, p)
+		}
+	}
+	slices.Sort(left)
+	if len(left) > 0 {
+		t.Errorf("%s, processes that were not there before the install run:\n  %s", when, strings.Join(left, "\n  "))
+	}
 }
 
 // debFind is a build's packages, in the inner test.
@@ -930,6 +1254,12 @@ var debBookkeeping = regexp.MustCompile(`^(` + strings.Join([]string{
 	`(usr/)?bin/systemctl`, `run/.*`,
 }, "|") + `)$`)
 
+// debLeftover are what the packages' programs make outside the packages'
+// files, in trees that debBookkeeping passes over: the purge removes them
+// (the run directory, the device claims, the log of a broker without
+// systemd).
+var debLeftover = regexp.MustCompile(`^(run/npurun|run/npurun-devices|var/log/npubroker\.log.*)$`)
+
 // debSystemdDirs are directories that enabling a unit makes, and that may
 // stay behind, empty, when the units are purged.
 var debSystemdDirs = regexp.MustCompile(`^(etc/systemd/system/[^/]+\.wants|etc/systemd/system|var/lib/systemd(/deb-systemd-helper-[^/]+(/.*)?)?)$`)
@@ -946,6 +1276,12 @@ func debAudit(t *testing.T, ns debNS) {
 			return err
 		}
 		rel, _ := filepath.Rel(ns.Upper, p)
+		if debLeftover.MatchString(rel) && !slices.Contains(ns.Removed, "/"+rel) {
+			if st, err := os.Lstat(filepath.Join(ns.Host, rel)); err != nil || !st.IsDir() {
+				left = append(left, "/"+rel+" (the packages', left behind)")
+				return fs.SkipDir
+			}
+		}
 		if debBookkeeping.MatchString(rel) {
 			return nil
 		}

@@ -14,6 +14,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The fake vendor serves lock files only: no device nodes. A broker on a
+# tree of nodes made with mknod (as the tests have) names it in [devices]
+# dev_dir, and npurun docker run (podman run) gives a container that tree's
+# nodes only where NPURUN_DEV_DIR names it too (npurun(1), npurun.conf(5)).
 cat >"$dir/npurun.conf" <<'CONF'
 [devices]
 vendor = "fake"   # ascend | nvidia | fake | auto

@@ -281,7 +281,8 @@ func TestMakeUninstallOtherPrefix(t *testing.T) {
 
 // TestMakeUninstallPAMConfigured: make uninstall refuses, naming the files
 // and lines, while a PAM configuration (a service file, a pam-auth-update
-// profile) loads the module it would remove, and removes nothing; comments,
+// profile) loads the module it would remove, or an sshd ForceCommand runs
+// the npurun it would remove, and removes nothing; comments,
 // "-session" lines and other modules do not count; FORCE=1 goes ahead, and
 // so does an uninstall once the lines are gone (issue 14.2). All of it in
 // a DESTDIR of the test's: the machine's /etc/pam.d is never touched.
@@ -323,6 +324,10 @@ func TestMakeUninstallPAMConfigured(t *testing.T) {
 	login := write("etc/pam.d/login", "session  [success=ok default=bad]  /lib/security/pam_npurun.so lease\n")
 	write("etc/pam.d/su-l", "# session required pam_npurun.so lease\n-session optional pam_npurun.so\nsession required pam_other_npurun.so\n")
 	profile := write("usr/share/pam-configs/npurun", "Name: npurun device leases\nDefault: yes\nPriority: 0\nSession-Type: Additional\nSession:\n\trequired\tpam_npurun.so\n")
+	// sshd's ForceCommand runs this install's npurun (by name: /usr/bin is
+	// on sshd's PATH): without it, those accounts' logins fail (issue 27.11).
+	forced := write("etc/ssh/sshd_config.d/npurun.conf", "# ForceCommand npurun --login\nMatch Group students\n    ForceCommand npurun --login\n")
+	write("etc/ssh/sshd_config", "Include /etc/ssh/sshd_config.d/*.conf\nForceCommand /usr/local/bin/other\n")
 
 	uninstall := append([]string{"uninstall"}, vars...)
 	out, err := makeInRepo(t, uninstall...).CombinedOutput()
@@ -334,14 +339,17 @@ func TestMakeUninstallPAMConfigured(t *testing.T) {
 		sshd + ":2: session required pam_npurun.so",
 		login + ":1: session  [success=ok default=bad]  /lib/security/pam_npurun.so lease",
 		profile + ":6: \trequired\tpam_npurun.so",
+		"sshd runs /usr/bin/npurun for these accounts (ForceCommand)",
+		forced + ":3:     ForceCommand npurun --login",
+		"make uninstall: hint: ",
 		"FORCE=1",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("make uninstall's refusal lacks %q; output:\n%s", want, out)
 		}
 	}
-	if strings.Contains(string(out), "su-l") {
-		t.Errorf("make uninstall named su-l, whose lines do not load the module; output:\n%s", out)
+	if strings.Contains(string(out), "su-l") || strings.Contains(string(out), "/usr/local/bin/other") || strings.Contains(string(out), ":1: # ForceCommand") {
+		t.Errorf("make uninstall named su-l, sshd_config or a comment, whose lines do not load the module nor run npurun; output:\n%s", out)
 	}
 	for _, p := range []string{module, npurun} {
 		if _, err := os.Stat(p); err != nil {
@@ -368,7 +376,7 @@ func TestMakeUninstallPAMConfigured(t *testing.T) {
 	if out, err := makeInRepo(t, append([]string{"install"}, vars...)...).CombinedOutput(); err != nil {
 		t.Fatalf("make install: %v\n%s", err, out)
 	}
-	for _, p := range []string{sshd, login, profile} {
+	for _, p := range []string{sshd, login, profile, forced} {
 		os.Remove(p)
 	}
 	if out, err := makeInRepo(t, uninstall...).CombinedOutput(); err != nil {
