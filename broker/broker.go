@@ -93,6 +93,10 @@ type Server struct {
 	// healthWake tells watchHealth that a reload may have changed
 	// [devices] health_interval (a send that never waits).
 	healthWake chan struct{}
+	// capacityAsk tells askCapacities that a share request came that a
+	// device whose memory is not known yet could serve (a send that
+	// never waits: the lease table's Config.Ask).
+	capacityAsk chan struct{}
 
 	inv   *npu.Inventory
 	log   *log.Logger
@@ -145,6 +149,7 @@ func New(o Options) (*Server, error) {
 		healthWake: make(chan struct{}, 1),
 		runDir:     o.RunDir,
 	}
+	s.capacityAsk = make(chan struct{}, 1)
 	s.cfg.Store(o.Config)
 	s.acc = newAccess(s)
 	var err error
@@ -168,10 +173,11 @@ func New(o Options) (*Server, error) {
 	if stateDir == "" {
 		stateDir = o.Config.Tasks.StateDir
 	}
+	capacity, unknown := s.shareCapacities(pools)
 	if s.table, err = lease.Open(lease.Config{
 		Dir: lockDir, IDs: s.inv.IDs, Pools: pools, DefaultPool: s.policy().DefaultPool,
 		Vendor: s.inv.Vendor, Gate: s.acc, Owner: (*tableOwner)(s), Log: s.log, Repeat: s.rlog.Printf, External: external,
-		DrainFile: filepath.Join(stateDir, DrainFile), Capacity: s.shareCapacities(pools),
+		DrainFile: filepath.Join(stateDir, DrainFile), Capacity: capacity, Unknown: unknown, Ask: s.capacityAsk,
 	}); err != nil {
 		return nil, err
 	}
@@ -353,6 +359,7 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	hctx, endHealth := context.WithCancel(ctx)
 	defer endHealth()
 	go s.watchHealth(hctx)        // [devices] health_interval
+	go s.askCapacities(hctx)      // a shared device's memory the vendor's tool could not say at start
 	defer s.status.Stop()         // every lease it knows in the accounting log, written
 	defer s.rt.Close(time.Second) // a broker that stops leaves no idle supervisor
 	defer s.rt.Stop()             // nor a task armed

@@ -121,6 +121,26 @@ func connOf(w *lease.Waiter) *conn {
 	return c
 }
 
+// refuseLocked tells the clients of waiters the lease table took out of
+// line (a reload's Reconfigure, a device found not shared:
+// lease.Table.SetCapacity) that they are refused (code denied: npurun
+// exits 77), msg before each refusal's reason. It returns the tasks'
+// among them, for tasks.Runtime.Refuse once s.mu is let go.
+func (s *Server) refuseLocked(refused []lease.Refused, msg string) (tasks []lease.Refused) {
+	for _, r := range refused {
+		c := connOf(r.W)
+		if c == nil {
+			tasks = append(tasks, r)
+			continue
+		}
+		if c.w == r.W {
+			s.unwaitLocked(c)
+			c.sendLocked(errReply(client.CodeDenied, msg+r.Why.Msg, r.Why.Hint))
+		}
+	}
+	return tasks
+}
+
 // unwaitLocked clears c's waiting request (granted, refused or cancelled).
 // Waits count against the user they are for (not root's, for a request on
 // another user's behalf).

@@ -62,18 +62,7 @@ func (s *Server) Reload() (*client.ReloadInfo, error) {
 	s.rt.SetPolicy(n, func() {
 		refused, tableErr = s.table.Reconfigure(pools, n.DefaultPool, limitOf)
 	})
-	for _, r := range refused {
-		msg := "the broker's configuration, reloaded, refuses this request: " + r.Why.Msg
-		c := connOf(r.W)
-		if c == nil {
-			tasksRefused = append(tasksRefused, r)
-			continue
-		}
-		if c.w == r.W {
-			s.unwaitLocked(c)
-			c.sendLocked(errReply(client.CodeDenied, msg, r.Why.Hint))
-		}
-	}
+	tasksRefused = s.refuseLocked(refused, "the broker's configuration, reloaded, refuses this request: ")
 	s.mu.Unlock()
 	if tableErr != nil { // CheckPools took these pools: not seen
 		s.log.Printf("reload %s: the lease table kept its pools: %v", path, tableErr)

@@ -10,23 +10,25 @@ import (
 
 // Memory is each device's memory in MiB, by physical id, as the
 // vendor's tool tells it (nvidia-smi --query-gpu=minor_number,memory.total;
-// npu-smi info's HBM total); nil where it cannot say (the fake vendor, a
-// tool missing or failing: [share] capacity says). It is asked once, at
-// the broker's start, for shared devices.
-func (inv *Inventory) Memory(tools Tools) map[int]int64 {
+// npu-smi info's HBM total). It is nil, with a nil error, where there is
+// no tool to ask (the fake vendor: [share] capacity says), and nil with
+// the tool's error where it fails (missing, hung, exiting non-zero): the
+// broker asks again later for a shared device whose memory it does not
+// know.
+func (inv *Inventory) Memory(tools Tools) (map[int]int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), npuSmiTimeout)
 	defer cancel()
 	switch inv.Vendor {
 	case NVIDIA:
 		out, err := runTool(ctx, tools.nvidiaSmi(), "--query-gpu=minor_number,memory.total", "--format=csv,noheader,nounits")
 		if err != nil {
-			return nil
+			return nil, err
 		}
-		return ParseGPUMemory(out)
+		return ParseGPUMemory(out), nil
 	case Ascend:
 		out, err := runTool(ctx, inv.npuSmi(tools), "info")
 		if err != nil {
-			return nil
+			return nil, err
 		}
 		m := map[int]int64{}
 		for c, mib := range ParseNPUSmiHBM(out) {
@@ -34,9 +36,9 @@ func (inv *Inventory) Memory(tools Tools) map[int]int64 {
 				m[phys] = mib
 			}
 		}
-		return m
+		return m, nil
 	}
-	return nil
+	return nil, nil
 }
 
 // npuSmi is the npu-smi to run: tools', else the configuration's, else

@@ -68,8 +68,11 @@ func TestMemoryByChip(t *testing.T) {
 		t.Fatal(err)
 	}
 	inv := &Inventory{Vendor: Ascend, NPUSmi: smi, Chips: map[int]Chip{1: {NPU: 6, Chip: 0}, 2: {NPU: 6, Chip: 1}}}
-	if m := inv.Memory(Tools{}); len(m) != 2 || m[1] != 65536 || m[2] != 32768 {
-		t.Errorf("Memory = %v, want davinci1 65536 and davinci2 32768 MiB", m)
+	if m, err := inv.Memory(Tools{}); err != nil || len(m) != 2 || m[1] != 65536 || m[2] != 32768 {
+		t.Errorf("Memory = %v, %v; want davinci1 65536 and davinci2 32768 MiB", m, err)
+	}
+	if m, err := (&Inventory{Vendor: Ascend, NPUSmi: filepath.Join(dir, "missing")}).Memory(Tools{}); m != nil || err == nil {
+		t.Errorf("Memory with its tool missing = %v, %v; want nil and the error", m, err)
 	}
 	procs, ok, err := inv.ProcessMemory(Tools{})
 	if !ok || err != nil || len(procs) != 2 || procs[0].Device != 2 || procs[0].PID != 4121 || procs[1].Device != -1 {
@@ -81,8 +84,8 @@ func TestMemoryByChip(t *testing.T) {
 		t.Fatal(err)
 	}
 	gpus := &Inventory{Vendor: NVIDIA}
-	if m := gpus.Memory(Tools{NVIDIASmi: nv}); len(m) != 2 || m[3] != 81559 || m[1] != 40960 {
-		t.Errorf("NVIDIA Memory = %v", m)
+	if m, err := gpus.Memory(Tools{NVIDIASmi: nv}); err != nil || len(m) != 2 || m[3] != 81559 || m[1] != 40960 {
+		t.Errorf("NVIDIA Memory = %v, %v", m, err)
 	}
 	if args, _ := os.ReadFile(filepath.Join(dir, "args")); !strings.Contains(string(args), "--query-gpu=minor_number,memory.total") {
 		t.Errorf("nvidia-smi asked %q, want the minor numbers", args)

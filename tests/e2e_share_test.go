@@ -546,11 +546,11 @@ func TestShareAscendCapacity(t *testing.T) {
 }
 
 // TestShareRestartNotShared: a share held while the broker is killed
-// goes on after a restart that shares its device no more, with [share]
-// removed from the configuration or with the device's memory unknown at
-// the start (the vendor's tool failing once): its lock file is kept, no
-// new share lands beside it, and the device is granted whole only once
-// it has ended. The runs prove it themselves (the workload's markers: a
+// goes on after a restart that shares its device no more ([share]
+// removed from the configuration): its lock file is kept, no new share
+// lands beside it, and the device is granted whole only once it has
+// ended (TestShareCapacityUnknown: a device whose memory is unknown at
+// the restart). The runs prove it themselves (the workload's markers: a
 // whole run beside a share's is a DOUBLE GRANT).
 func TestShareRestartNotShared(t *testing.T) {
 	needRoot(t) // the capacity case's device nodes
@@ -595,32 +595,131 @@ func TestShareRestartNotShared(t *testing.T) {
 		}
 		after(t, b, w, share)
 	})
+}
 
-	t.Run("capacity unknown", func(t *testing.T) {
-		dev := newDevTree(t, 1)
-		table, err := os.ReadFile("../npu/testdata/npu-smi-info-910b.txt")
-		if err != nil {
+// unknownSmi is an Ascend device tree of one device and its npu-smi,
+// which fails ("dcmi busy") while the file fail exists and answers with
+// a 910B's table (64G of HBM) otherwise; conf is a broker's
+// configuration sharing it (the default margin: 63G for shares).
+func unknownSmi(t *testing.T) (conf, fail string) {
+	t.Helper()
+	dev := newDevTree(t, 1)
+	table, err := os.ReadFile("../npu/testdata/npu-smi-info-910b.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := filepath.Join(dev.Dir, "info.txt")
+	fail = filepath.Join(dev.Dir, "fail")
+	if err := os.WriteFile(info, table, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	smi := filepath.Join(dev.Dir, "npu-smi")
+	script := fmt.Sprintf("#!/bin/sh\n[ \"$*\" = info ] || exit 1\nif [ -e %s ]; then echo 'dcmi busy' >&2; exit 1; fi\nexec cat %s\n", fail, info)
+	if err := os.WriteFile(smi, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("[devices]\nvendor = \"ascend\"\nids = \"0\"\ndev_dir = %q\nnpu_smi = %q\n[share]\npools = \"all\"\n", dev.Dir, smi), fail
+}
+
+// TestShareCapacityUnknown: a shared device whose memory the vendor's
+// tool cannot say when the broker starts (npu-smi failing) takes no share
+// while it cannot: status says its memory is unknown, and why; a share
+// request waits, its progress line saying so; a whole lease is granted as
+// on any device. Once the tool answers, the broker, asking again, takes
+// the device's shares as configured, without a restart: at the start,
+// and at a restart that finds a share held. The runs prove the grants
+// exclusive themselves (the workload's markers: a share beside a whole
+// run is a DOUBLE GRANT, shares over 63G together are OVER CAPACITY).
+func TestShareCapacityUnknown(t *testing.T) {
+	needRoot(t) // the device nodes
+	const waits = "npu 0 takes no share until its memory is known (run "
+	shareRun := func(t *testing.T, b *Broker, w workload, tag string) []string {
+		return append(append([]string{"--mem", "5G"}, w.args(b, tag, 0)...), "-mem", "5120", "-capacity", fmt.Sprint(63*1024), "-wait-stdin")
+	}
+	unknownOnStatus := func(t *testing.T, b *Broker) {
+		t.Helper()
+		if d := device(t, b.Board(t), 0); !strings.Contains(d.CapacityUnknown, "exit status 1: dcmi busy") || d.Capacity != 0 {
+			t.Errorf("status --json, npu0: capacity %d, capacity_unknown %q; want 0, and the tool's failure", d.Capacity, d.CapacityUnknown)
+		}
+		if table := b.Status(t); !strings.Contains(table, "MEMORY UNKNOWN\n  npu0  no new share until the broker knows it: run ") || !strings.Contains(table, "dcmi busy") {
+			t.Errorf("status does not say npu0's memory is unknown, and why:\n%s", table)
+		}
+	}
+	known := func(t *testing.T, b *Broker) {
+		t.Helper()
+		if d := device(t, b.Board(t), 0); d.CapacityUnknown != "" || d.Capacity != 63*1024 {
+			t.Errorf("status --json, npu0, its memory known: capacity %d, capacity_unknown %q; want 63G", d.Capacity, d.CapacityUnknown)
+		}
+	}
+
+	t.Run("at start", func(t *testing.T) {
+		conf, fail := unknownSmi(t)
+		if err := os.WriteFile(fail, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		info, fail := filepath.Join(dev.Dir, "info.txt"), filepath.Join(dev.Dir, "fail-once")
-		if err := os.WriteFile(info, table, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		smi := filepath.Join(dev.Dir, "npu-smi")
-		script := fmt.Sprintf("#!/bin/sh\n[ \"$*\" = info ] || exit 1\nif [ -e %s ]; then rm -f %s; exit 1; fi\nexec cat %s\n", fail, fail, info)
-		if err := os.WriteFile(smi, []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		b := StartBroker(t, fmt.Sprintf("[devices]\nvendor = \"ascend\"\nids = \"0\"\ndev_dir = %q\nnpu_smi = %q\n[share]\npools = \"all\"\n", dev.Dir, smi))
+		b := StartBroker(t, conf)
 		w := newWorkload(t)
-		share := shareRun(t, b, w, 63*1024)
+		whole := startProc(t, "whole", b.Npurun(append([]string{"-d", "0"}, append(w.args(b, "whole", 0), "-wait-stdin")...)...))
+		whole.waitLine("running whole")
+		s1 := queue(t, b, "s1", shareRun(t, b, w, "s1")...)
+		s1.waitLine(waits)
+		unknownOnStatus(t, b)
+
+		// The tool answers again; a share request asks it at once.
+		if err := os.Remove(fail); err != nil {
+			t.Fatal(err)
+		}
+		s2 := queue(t, b, "s2", shareRun(t, b, w, "s2")...)
+		b.WaitLog(0, "npu 0: its memory is known now: it takes shares of 63G together")
+		known(t, b)
+		whole.stdin.Close()
+		whole.mustSucceed()
+		s1.waitLine("running s1")
+		s2.waitLine("running s2") // both at once, beside each other
+		s1.stdin.Close()
+		s2.stdin.Close()
+		s1.mustSucceed()
+		s2.mustSucceed()
+		runs := w.runs(t)
+		if len(runs) != 3 || runs[0].Tag != "whole" || runs[1].Start < runs[0].End || runs[2].Start < runs[0].End {
+			t.Fatalf("runs %+v; want the whole device's, then the two shares after it", runs)
+		}
+	})
+
+	t.Run("at restart", func(t *testing.T) {
+		conf, fail := unknownSmi(t)
+		b := StartBroker(t, conf)
+		w := newWorkload(t)
+		old := startProc(t, "old", b.Npurun(shareRun(t, b, w, "old")...))
+		old.waitLine("running old")
 		b.Kill()
 		if err := os.WriteFile(fail, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		b.Start()
-		b.WaitLog(0, "npu 0: its memory is unknown")
-		b.WaitLog(0, "npu 0 holds a share of 5120 MiB from before this start, and is not shared now")
-		after(t, b, w, share)
+		b.WaitLog(0, "npu 0 holds a share of 5120 MiB from before this start")
+		unknownOnStatus(t, b)
+		if sh := device(t, b.Board(t), 0).Shares; len(sh) != 1 || sh[0].Mem != 5120 {
+			t.Errorf("after the restart, status shows the shares %+v; want the share of 5120 MiB", sh)
+		}
+		s2 := queue(t, b, "s2", shareRun(t, b, w, "s2")...)
+		s2.waitLine(waits)
+		whole := queue(t, b, "whole", append([]string{"-d", "0"}, w.args(b, "whole", 0)...)...)
+
+		if err := os.Remove(fail); err != nil {
+			t.Fatal(err)
+		}
+		b.WaitLog(0, "npu 0: its memory is known now: it takes shares of 63G together")
+		s2.waitLine("running s2") // beside the share from before the restart, with no restart
+		known(t, b)
+		old.stdin.Close()
+		s2.stdin.Close()
+		old.mustSucceed()
+		s2.mustSucceed()
+		whole.mustSucceed()
+		runs := w.runs(t)
+		if len(runs) != 3 || runs[2].Tag != "whole" || runs[2].Start < runs[0].End || runs[2].Start < runs[1].End {
+			t.Fatalf("runs %+v; want the two shares, then the whole device's after them", runs)
+		}
 	})
 }

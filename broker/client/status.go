@@ -87,10 +87,14 @@ type DeviceState struct {
 	// Capacity (what shares may declare together: its memory less the
 	// margin), Declared and External (what processes outside any lease
 	// use) are in MiB; Capacity is 0 for a device not shared.
-	Shares   []LeaseInfo `json:"shares,omitempty"`
-	Capacity int64       `json:"capacity,omitempty"`
-	Declared int64       `json:"declared,omitempty"`
-	External int64       `json:"external,omitempty"`
+	// CapacityUnknown says why, for a device the configuration shares
+	// whose memory the vendor's tool could not say yet (Capacity 0): it
+	// takes no new share until the broker, asking again, knows it.
+	Shares          []LeaseInfo `json:"shares,omitempty"`
+	Capacity        int64       `json:"capacity,omitempty"`
+	Declared        int64       `json:"declared,omitempty"`
+	External        int64       `json:"external,omitempty"`
+	CapacityUnknown string      `json:"capacity_unknown,omitempty"`
 }
 
 // DeviceShared is the state of a device that holds shares.

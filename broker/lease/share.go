@@ -127,10 +127,98 @@ func (d *device) sharers() []uint32 {
 // Shareable tells whether device id may hold shares, and its capacity
 // for them (the configuration's, less its margin), in MiB.
 func (t *Table) Shareable(id int) (int64, bool) {
-	if id < 0 || id >= len(t.devs) || t.devs[id] == nil || t.devs[id].capacity <= 0 {
+	if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
 		return 0, false
 	}
-	return t.devs[id].capacity, true
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.devs[id].capacity, t.devs[id].capacity > 0
+}
+
+// Unknown are the devices the configuration shares whose memory is not
+// known yet (Config.Unknown), for the owner to ask the vendor's tool
+// again and tell SetCapacity.
+func (t *Table) Unknown() []int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []int
+	for _, id := range t.ids {
+		if t.devs[id].unknown != "" {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// SetCapacity takes up what the shares of device id, a device of
+// Unknown, may declare together now that its memory is known, in MiB
+// (its memory less the margin): it takes shares from now on, beside
+// those it holds; 0: it is not shared (its memory is no more than the
+// margin). The share requests in line that waited for it and that it
+// turns out too small for, where the other devices cannot serve them
+// either, are taken out of line and returned (as Admit would have refused
+// them), for the owner to tell their holders. The owner serves the line
+// after.
+func (t *Table) SetCapacity(id int, capacity int64) []Refused {
+	if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d := t.devs[id]
+	if d.unknown == "" {
+		return nil
+	}
+	d.unknown, d.capacity = "", max(capacity, 0)
+	var refused []Refused
+	for _, w := range slices.Clone(t.q.Waiters()) {
+		if w.Mem == 0 || w.Mem <= d.capacity || !slices.Contains(w.Cand, id) {
+			continue
+		}
+		left := 0
+		for _, c := range w.Cand {
+			if o := t.devs[c]; o.capacity >= w.Mem || o.unknown != "" {
+				left++
+			}
+		}
+		if left >= w.N && (!w.Exact || left == len(w.Cand)) {
+			continue
+		}
+		t.removeLocked(w, false)
+		why := refuse(ErrDenied, "", "%s asked of %s, which holds %s for shares at most", sizeOf(w.Mem), t.vendor.Format([]int{id}), sizeOf(d.capacity))
+		if d.capacity == 0 {
+			why = refuse(ErrDenied, "npurun without --mem asks for the whole device", "%s is not shared: its memory is no more than the margin kept free ([share] margin)", t.vendor.Format([]int{id}))
+		}
+		refused = append(refused, Refused{W: w, Why: why})
+	}
+	return refused
+}
+
+// unknownReasonLocked says why share request w waits for a device whose
+// memory is not known yet, if it does: fewer of its candidates than it
+// wants hold it for sure.
+func (t *Table) unknownReasonLocked(w *Waiter) string {
+	if w.Mem == 0 {
+		return ""
+	}
+	known := 0
+	var b strings.Builder
+	for _, id := range w.Cand {
+		d := t.devs[id]
+		switch {
+		case d.capacity >= w.Mem:
+			known++
+		case d.unknown != "":
+			if b.Len() > 0 {
+				b.WriteString("; ")
+			}
+			fmt.Fprintf(&b, "%s takes no share until its memory is known (%s); the broker asks again", t.vendor.Format([]int{id}), d.unknown)
+		}
+	}
+	if known >= w.N {
+		return ""
+	}
+	return b.String()
 }
 
 // SetExternal notes what processes outside any lease use on device id, in
@@ -291,8 +379,12 @@ func (t *Table) findShares(dir string) error {
 		s := &share{lease: l, slot: slot, mem: mem, path: path, file: file, fd: -1, spare: fd}
 		d.shares = append(d.shares, s)
 		d.leases = append(d.leases, l)
-		if d.capacity <= 0 {
-			t.log.Printf("npu %d holds a share of %d MiB from before this start, and is not shared now (not in [share], or its memory unknown): no new share on it, and no whole lease until its shares end", id, mem)
+		switch {
+		case d.unknown != "":
+			t.log.Printf("npu %d holds a share of %d MiB from before this start, and its memory is unknown now: no new share on it until it is known, and no whole lease until its shares end", id, mem)
+			continue
+		case d.capacity <= 0:
+			t.log.Printf("npu %d holds a share of %d MiB from before this start, and is not shared now (not in [share]): no new share on it, and no whole lease until its shares end", id, mem)
 			continue
 		}
 		t.log.Printf("npu %d holds a share of %d MiB from before this start; waiting for its release", id, mem)
@@ -307,15 +399,23 @@ func (t *Table) admitShare(w *Waiter, mem int64) error {
 	if w.External {
 		return refuse(ErrBadRequest, "", "pool %q is %s's to allocate, and holds no shares", w.Pool, t.pc.Load().external[w.Pool])
 	}
+	// Capacities change (SetCapacity): under the table's lock, which
+	// Reconfigure's admit, holding it, never reaches (it asks no share).
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	var fit []int
 	var largest int64
-	shared := false
+	shared, unknown := false, false
 	for _, id := range w.Cand {
-		c := t.devs[id].capacity
-		shared = shared || c > 0
+		d := t.devs[id]
+		c := d.capacity
+		shared = shared || c > 0 || d.unknown != ""
 		largest = max(largest, c)
-		if c >= mem {
+		if c >= mem || d.unknown != "" {
+			// One whose memory is not known yet may hold it: the
+			// request waits for it (unknownReasonLocked).
 			fit = append(fit, id)
+			unknown = unknown || d.unknown != ""
 		} else if w.Exact {
 			if c <= 0 {
 				return refuse(ErrDenied, "npurun without --mem asks for the whole device", "%s is not shared", t.vendor.Format([]int{id}))
@@ -332,6 +432,12 @@ func (t *Table) admitShare(w *Waiter, mem int64) error {
 		return refuse(ErrDenied, "", "%s of %s asked, only %d devices of pool %q hold that much", sizeOf(mem), quantity.Count(w.N, "device", "devices"), len(fit), w.Pool)
 	}
 	w.Cand, w.Mem = fit, mem
+	if unknown && t.ask != nil {
+		select {
+		case t.ask <- struct{}{}:
+		default:
+		}
+	}
 	return nil
 }
 

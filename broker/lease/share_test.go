@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -344,4 +345,49 @@ func TestEstimateShares(t *testing.T) {
 	a.release()
 	got(t, sch, "the share, once a has ended").release()
 	got(t, wch, "the whole request, once the shares have ended").release()
+}
+
+// TestShareCapacityLater: a device shared by the configuration whose
+// memory is not known yet (Config.Unknown) admits share requests, which
+// wait saying why, and wakes its owner to ask again (Config.Ask); once
+// SetCapacity says its memory, the shares that fit are granted, and one
+// that it turns out too small for is taken out of line, refused.
+func TestShareCapacityLater(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "locks")
+	o := &owner{running: map[uint32]int{}, events: make(chan string, 1024)}
+	ask := make(chan struct{}, 1)
+	tbl, err := Open(Config{Dir: dir, IDs: ids(1), Pools: []Pool{{Name: "default"}}, DefaultPool: "default", Vendor: npu.Fake, Owner: o,
+		Unknown: map[int]string{0: "run npu-smi info: exit status 1"}, Ask: ask})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.tbl = tbl
+	tbl.Start(nil)
+	t.Cleanup(func() { o.quiet(t) })
+
+	small, sch := o.request(t, Request{Holder: Holder{Kind: Inline, UID: 1, User: "u1"}, Mem: 4 << 10})
+	big, bch := o.request(t, Request{Holder: Holder{Kind: Inline, UID: 2, User: "u2"}, Devices: []int{0}, Mem: 20 << 10})
+	select {
+	case <-ask:
+	default:
+		t.Error("a share request for a device whose memory is unknown did not ask for it again")
+	}
+	none(t, o, sch, "a share of a device whose memory is unknown")
+	none(t, o, bch, "a share of a device whose memory is unknown")
+	if why, want := tbl.Reason(small), "npu 0 takes no share until its memory is known (run npu-smi info: exit status 1)"; !strings.HasPrefix(why, want) {
+		t.Errorf("the share waits for %q, want %q", why, want)
+	}
+	if got := tbl.Unknown(); !slices.Equal(got, []int{0}) {
+		t.Errorf("Unknown = %v, want [0]", got)
+	}
+
+	refused := tbl.SetCapacity(0, 16<<10)
+	if len(refused) != 1 || refused[0].W != big || !strings.Contains(refused[0].Why.Msg, "holds 16G for shares at most") {
+		t.Fatalf("SetCapacity refused %+v; want the 20G share, too large for the 16G known now", refused)
+	}
+	if got := tbl.Unknown(); len(got) != 0 {
+		t.Errorf("Unknown = %v once known, want none", got)
+	}
+	o.Freed()
+	got(t, sch, "the 4G share, the device's memory known").release()
 }

@@ -85,6 +85,15 @@ type Config struct {
 	// the memory their shares may declare together, in MiB: the
 	// device's capacity less the margin kept free.
 	Capacity map[int]int64
+	// Unknown names the devices the configuration shares whose memory is
+	// not known yet (the vendor's tool failed at start), with why: they
+	// take no share, and a share request they could serve waits, until
+	// SetCapacity; a whole lease they take as any device.
+	Unknown map[int]string
+	// Ask, if not nil, is woken (a send that never waits) when a share
+	// request joins the line that a device of Unknown could serve: its
+	// owner asks the vendor's tool again.
+	Ask chan<- struct{}
 	// External, if not nil, is woken (a send that never waits) when a
 	// request of an external pool joins or leaves the line: its
 	// allocator's agent looks at Externals.
@@ -109,7 +118,8 @@ type Table struct {
 	ids       []int
 	drainFile string
 	dir       string
-	sharing   bool // some device may hold shares
+	sharing   bool // some device may hold shares (or may once its memory is known)
+	ask       chan<- struct{}
 
 	// pc is the pools, read without a lock (Admit, PoolName, PoolOf) and
 	// replaced, never changed, by Reconfigure under mu.
@@ -157,6 +167,7 @@ type device struct {
 	// any lease use there; closing counts the ended shares whose gate
 	// is closing the device meanwhile (no new share until it has).
 	capacity int64
+	unknown  string // shared by the configuration, its memory not known yet: why (capacity is 0 meanwhile)
 	shares   []*share
 	external int64
 	closing  int
@@ -173,7 +184,7 @@ func (d *device) free() bool {
 // what it knows of them. Nothing is in service until Start.
 func Open(c Config) (*Table, error) {
 	t := &Table{vendor: c.Vendor, gate: c.Gate, owner: c.Owner, log: c.Log, repeat: c.Repeat,
-		ids: slices.Clone(c.IDs), drainFile: c.DrainFile, dir: c.Dir, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External}
+		ids: slices.Clone(c.IDs), drainFile: c.DrainFile, dir: c.Dir, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External, ask: c.Ask}
 	if t.log == nil {
 		t.log = log.New(discard{}, "", 0)
 	}
@@ -197,8 +208,8 @@ func Open(c Config) (*Table, error) {
 	}
 	t.devs = make([]*device, maxID+1)
 	for _, id := range t.ids {
-		d := &device{id: id, path: LockPath(c.Dir, id), fd: -1, spare: -1, watch: make(chan int, 1), capacity: c.Capacity[id]}
-		t.sharing = t.sharing || d.capacity > 0
+		d := &device{id: id, path: LockPath(c.Dir, id), fd: -1, spare: -1, watch: make(chan int, 1), capacity: c.Capacity[id], unknown: c.Unknown[id]}
+		t.sharing = t.sharing || d.capacity > 0 || d.unknown != ""
 		fd, isFree, err := tryLock(d.path)
 		if err != nil {
 			t.closeAll()
@@ -717,6 +728,8 @@ func (t *Table) lineLocked(out []Place) []Place {
 		}
 		if r := t.drainedReasonLocked(w); r != "" {
 			pl.Why = r
+		} else if r := t.unknownReasonLocked(w); r != "" {
+			pl.Why = r
 		} else if t.capped(w) {
 			lim := t.limitLocked(w)
 			k := capKey{w.UID, w.User, lim.MaxDevices, lim.Source}
@@ -750,6 +763,9 @@ func (t *Table) Reason(w *Waiter) string {
 
 func (t *Table) reasonLocked(w *Waiter) string {
 	if r := t.drainedReasonLocked(w); r != "" {
+		return r
+	}
+	if r := t.unknownReasonLocked(w); r != "" {
 		return r
 	}
 	if t.capped(w) {
@@ -1139,6 +1155,9 @@ type Device struct {
 	// memory less the margin); 0: it is not shared. Declared is what its
 	// shares declared, External what processes outside any lease use.
 	Capacity, Declared, External int64
+	// Unknown: the configuration shares it, and its memory is not known
+	// yet (Config.Unknown): why. Capacity is 0 meanwhile.
+	Unknown string
 }
 
 // Snapshot is a copy of the table for status: the devices in id order and
@@ -1162,7 +1181,7 @@ func (t *Table) Snapshot() Snapshot {
 	at := map[int]int{} // id -> index in s.Devices
 	for _, id := range t.ids {
 		d := t.devs[id]
-		sd := Device{ID: id, Pool: t.pc.Load().poolOf[id], Freed: d.freed, File: d.file, Capacity: d.capacity, Declared: d.declared(), External: d.external}
+		sd := Device{ID: id, Pool: t.pc.Load().poolOf[id], Freed: d.freed, File: d.file, Capacity: d.capacity, Declared: d.declared(), External: d.external, Unknown: d.unknown}
 		if d.drain != nil {
 			dr := *d.drain
 			sd.Drain = &dr

@@ -36,10 +36,16 @@ import (
 //	npu3    share  3 shares  alice  4121  python eval.py   12G / 9.8G         3m
 //	                         bob    5120  python serve.py  16G / 15.1G        2h
 //	                         carol  5200  python ft.py     12G / 13.9G  over! 40m
+//
+// A device the configuration shares whose memory the vendor's tool could
+// not say yet has MEM unknown, and a line of its own at the end:
+//
+//	MEMORY UNKNOWN
+//	  npu3  no new share until the broker knows it: run npu-smi info: exit status 1
 func Table(b *client.Board, width int, now time.Time) string {
 	shared := false
 	for _, d := range b.Devices {
-		shared = shared || d.Capacity > 0
+		shared = shared || d.Capacity > 0 || d.CapacityUnknown != ""
 	}
 	rows := [][]string{{"DEVICE", "POOL", "STATE", "USER", "PID", "COMMAND", "SINCE"}}
 	if shared {
@@ -131,6 +137,16 @@ func Table(b *client.Board, width int, now time.Time) string {
 	if len(drained) > 0 {
 		out.WriteString("DRAINED\n")
 		writeColumns(&out, drained, 2, width, "  ")
+	}
+	var unknown [][]string
+	for _, d := range b.Devices {
+		if d.CapacityUnknown != "" {
+			unknown = append(unknown, []string{d.Name, "no new share until the broker knows it: " + d.CapacityUnknown})
+		}
+	}
+	if len(unknown) > 0 {
+		out.WriteString("MEMORY UNKNOWN\n")
+		writeColumns(&out, unknown, 1, width, "  ")
 	}
 	if b.Truncated {
 		out.WriteString("(lists cut to fit one message: see --json for what the broker sent)\n")
@@ -389,6 +405,9 @@ func shareRows(b *client.Board, d client.DeviceState, now time.Time) [][]string 
 			if d.External > 0 {
 				mem = quantity.Size(max(d.Capacity-d.External, 0)) + " free"
 			}
+		}
+		if d.CapacityUnknown != "" {
+			mem = "unknown"
 		}
 		return [][]string{append(row[:len(row)-1:len(row)-1], mem, row[len(row)-1])}
 	}

@@ -106,8 +106,8 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 			ds.Lease = leaseInfo(newEntry(d.Leases[0]), id, show)
 		}
 		g.nameContainersLocked(ds.Lease, show)
-		if d.Capacity > 0 || len(g.shares[id]) > 0 { // shares from before a start that shares it no more, too
-			ds.Capacity, ds.Declared, ds.External = d.Capacity, d.Declared, d.External
+		if d.Capacity > 0 || d.Unknown != "" || len(g.shares[id]) > 0 { // shares from before a start that shares it no more, too
+			ds.Capacity, ds.Declared, ds.External, ds.CapacityUnknown = d.Capacity, d.Declared, d.External, d.Unknown
 			for _, e := range g.shares[id] {
 				ds.Shares = append(ds.Shares, *leaseInfo(e, id, show))
 			}

@@ -175,6 +175,15 @@ func (g *Ledger) shareOfLocked(p npu.ProcMem, ancestors []int, nodeOf map[int]in
 // showed it.
 func (g *Ledger) sharedLocked(id int) bool { return g.capacity[id] > 0 }
 
+// Shared notes that device id, whose memory was not known at Open, may
+// hold shares of capacity MiB together from now on: what processes
+// outside any lease use there counts against them.
+func (g *Ledger) Shared(id int, capacity int64) {
+	g.mu.Lock()
+	g.capacity[id] = capacity
+	g.mu.Unlock()
+}
+
 // maxTaskPeaks bounds the peaks of ended task shares kept for TaskPeak.
 const maxTaskPeaks = 4096
 
