@@ -30,8 +30,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 )
 
 // OpContainer tells the broker of a container and the lease it holds.
@@ -90,8 +88,7 @@ func (c *Conn) Contain(ref *ContainerRef, devices, fds []int) error {
 
 // Check tells what is wrong with ref, as the broker sees it: engine at
 // most 32 bytes of [a-z0-9-], id 1 to 128 bytes of [0-9a-zA-Z_.-], name
-// at most 256 bytes, valid UTF-8 without control characters (it is shown
-// in tables).
+// as CheckName says (it is shown in tables, as a task's name is).
 func (c *ContainerRef) Check() error {
 	if len(c.Engine) > 32 || strings.IndexFunc(c.Engine, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-')
@@ -103,10 +100,5 @@ func (c *ContainerRef) Check() error {
 	}) >= 0 {
 		return fmt.Errorf("container id %q: 1 to 128 characters of a-z, A-Z, 0-9, _, . and -", c.ID)
 	}
-	if len(c.Name) > 256 || !utf8.ValidString(c.Name) || strings.IndexFunc(c.Name, func(r rune) bool {
-		return unicode.IsControl(r)
-	}) >= 0 {
-		return fmt.Errorf("container name %q: at most 256 bytes of printable UTF-8", c.Name)
-	}
-	return nil
+	return CheckName("container", c.Name, MaxContainerName)
 }

@@ -26,30 +26,53 @@ const maxContainerNames = 4096
 // containerNames is container id -> name, as the runtime told them, under
 // the ledger's lock.
 type containerNames struct {
-	byID  map[string]*list.Element // of *client.ContainerRef
+	byID  map[string]*list.Element // of *namedContainer
 	order list.List                // most recently used first
 }
 
-// put keeps ref's name (a ref without one keeps none).
-func (c *containerNames) put(ref *client.ContainerRef) {
+// namedContainer is a container's name and who told it.
+type namedContainer struct {
+	ref client.ContainerRef
+	by  uint32 // the uid that told it: root (the runtime), or the owner of a rootless engine's container
+}
+
+// put keeps ref's name (a ref without one keeps none), told by uid: root
+// names any container, another uid only one that no other uid has named
+// (a container is its owner's to name: one user must not wear another's
+// container's name, nor rename it). False where uid may not.
+func (c *containerNames) put(ref *client.ContainerRef, uid uint32) bool {
+	if !c.mayName(ref, uid) {
+		return false
+	}
 	if ref == nil || ref.Name == "" {
-		return
+		return true
 	}
 	if c.byID == nil {
 		c.byID = map[string]*list.Element{}
 	}
-	r := *ref
-	if e := c.byID[r.ID]; e != nil {
-		e.Value = &r
+	n := &namedContainer{ref: *ref, by: uid}
+	if e := c.byID[ref.ID]; e != nil {
+		e.Value = n
 		c.order.MoveToFront(e)
-		return
+		return true
 	}
-	c.byID[r.ID] = c.order.PushFront(&r)
+	c.byID[ref.ID] = c.order.PushFront(n)
 	for c.order.Len() > maxContainerNames {
 		last := c.order.Back()
-		delete(c.byID, last.Value.(*client.ContainerRef).ID)
+		delete(c.byID, last.Value.(*namedContainer).ref.ID)
 		c.order.Remove(last)
 	}
+	return true
+}
+
+// mayName tells whether uid may name container ref: root may, another uid
+// where no other uid named it.
+func (c *containerNames) mayName(ref *client.ContainerRef, uid uint32) bool {
+	if ref == nil || uid == 0 {
+		return true
+	}
+	e := c.byID[ref.ID]
+	return e == nil || e.Value.(*namedContainer).by == uid
 }
 
 // named is ref as the board shows it: a copy, with the name the runtime
@@ -62,7 +85,7 @@ func (c *containerNames) named(ref *client.ContainerRef, show bool) *client.Cont
 	r := *ref
 	if r.Name == "" {
 		if e := c.byID[r.ID]; e != nil {
-			r.Name = e.Value.(*client.ContainerRef).Name
+			r.Name = e.Value.(*namedContainer).ref.Name
 			c.order.MoveToFront(e)
 		}
 	}
@@ -77,7 +100,7 @@ func (c *containerNames) named(ref *client.ContainerRef, show bool) *client.Cont
 func (g *Ledger) ContainerNamed(ref *client.ContainerRef) {
 	g.mu.Lock()
 	defer g.unlock()
-	g.containers.put(ref)
+	g.containers.put(ref, 0)
 	g.changedLocked()
 }
 
@@ -118,9 +141,11 @@ func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, fi
 	if uid != 0 && e.UID != uid {
 		return refusal(client.CodeDenied, fmt.Sprintf("uid %d may name only its own leases' containers", uid))
 	}
+	if !g.containers.put(ref, uid) {
+		return refusal(client.CodeDenied, fmt.Sprintf("uid %d may not name container %.12s: it is another user's", uid, ref.ID))
+	}
 	r := *ref
 	e.container = &r
-	g.containers.put(ref)
 	if !e.contained && (e.Kind == lease.Inline || e.Kind == lease.Found) {
 		e.contained = true
 		if e.logged {

@@ -14,12 +14,12 @@ import (
 func TestContainerNames(t *testing.T) {
 	var c containerNames
 	for i := range maxContainerNames + 1 {
-		c.put(&client.ContainerRef{Engine: "docker", ID: fmt.Sprint(i), Name: fmt.Sprint("n", i)})
+		c.put(&client.ContainerRef{Engine: "docker", ID: fmt.Sprint(i), Name: fmt.Sprint("n", i)}, 0)
 		if i == 0 {
 			c.named(&client.ContainerRef{ID: "0"}, true) // used: kept past the cap
 		}
 		if i == 1 {
-			c.put(&client.ContainerRef{ID: "0", Name: "n0"})
+			c.put(&client.ContainerRef{ID: "0", Name: "n0"}, 0)
 		}
 	}
 	if got := c.named(&client.ContainerRef{Engine: "docker", ID: "0"}, true); got.Name != "n0" {
