@@ -78,6 +78,11 @@ func (s *Server) containerOp(c *conn, req *client.Request) bool {
 	if err := ref.Check(); err != nil {
 		return reply(errReply(client.CodeBadRequest, err.Error(), ""))
 	}
+	if c.uid != 0 {
+		// What the runtime saw the container made in (its group, its
+		// first process) is root's runtime's word alone.
+		ref = ref.Label()
+	}
 	if len(req.Devices) != len(files) {
 		return reply(errReply(client.CodeBadRequest, fmt.Sprintf("%d devices named, %d descriptors sent", len(req.Devices), len(files)), ""))
 	}

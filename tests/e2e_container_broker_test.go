@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -252,5 +253,38 @@ func TestContainerBrokerRestartNoRecord(t *testing.T) {
 	l := deviceOf(t, b.Board(t), 0).Lease
 	if l == nil || l.Kind != client.KindContainer || l.Container == nil || l.Container.ID != cid || l.Container.Engine != "docker" || !l.Adopted {
 		t.Fatalf("npu 0 after a restart without its record: %+v, want a lease found held of kind container, container %s", l, cid)
+	}
+}
+
+// TestContainerBrokerHolderAtOnce (issue 27.22): as soon as npurun docker
+// run -d returns, status shows the container's first process holding its
+// lease (the runtime told the broker its pid once runc had made it), not
+// "no holder found yet" until a background scan; and the group it was
+// made in, which the broker keeps for itself, is not shown.
+func TestContainerBrokerHolderAtOnce(t *testing.T) {
+	dev := containerDev(t, 1)
+	// A background scan a minute away: only the runtime's word can tell.
+	b := StartBroker(t, containerConfig(t, dev, 1, "\n[status]\nscan_interval = \"60s\"\n"))
+	d := startDockerd(t, b, "")
+	code, out := exitCode(t, npurunIn(b, containerClient(b, dev), dockerBin, "-H", "unix://"+d.Sock, "run", "-d", "--name", "quick", "local/mini", "sleep", "600"))
+	if code != 0 {
+		t.Fatalf("npurun docker run -d: exit %d\n%s", code, out)
+	}
+	cid := strings.TrimSpace(out)
+	pid := d.DockerOut("inspect", "-f", "{{.State.Pid}}", cid)
+	l := deviceOf(t, b.Board(t), 0).Lease
+	if l == nil || !slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strconv.Itoa(h.PID) == pid }) {
+		t.Fatalf("right after docker run -d, npu 0's lease %+v, want the container's first process (pid %s) among its holders", l, pid)
+	}
+	for _, h := range l.Holders {
+		if h.Container == nil || h.Container.ID != cid || h.Container.Cgroup != "" || h.Container.PID != 0 {
+			t.Errorf("holder %d: container %+v, want %s by engine, id and name only", h.PID, h.Container, cid[:12])
+		}
+	}
+	if c := l.Container; c == nil || c.Cgroup != "" || c.PID != 0 {
+		t.Errorf("lease.container = %+v, want engine, id and name only", c)
+	}
+	if table := b.Status(t); strings.Contains(table, "no holder found") {
+		t.Errorf("the table says no holder is found:\n%s", table)
 	}
 }

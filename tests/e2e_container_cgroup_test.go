@@ -6,9 +6,11 @@ package tests
 // a place that is a user's (issue 27.2).
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -93,5 +95,55 @@ func TestContainerBrokerInContainer(t *testing.T) {
 	}
 	if table := b.Status(t); strings.Contains(table, own[:12]) {
 		t.Errorf("the table names the broker's own container:\n%s", table)
+	}
+}
+
+// TestContainerUserCgroupNotContainer (issue 27.2): a user who makes a
+// group named docker-ID.scope in her delegated subtree (as systemd gives
+// her under user@UID.service), with the id of a container that holds a
+// lease, and opens the lease's device from a process she moves there, is
+// not taken for one of the container's processes: her use is reported as
+// hers, in no container; and a process in a group of that name elsewhere
+// than the one the runtime saw the container made in is no holder of its.
+func TestContainerUserCgroupNotContainer(t *testing.T) {
+	parent := containerCgroups(t)
+	alice := newUser(t)
+	dev := fakeDev(t, 1)
+	open := opener(t)
+	cid := containerID('e')
+	engine := mkCgroup(t, parent, "system.slice/docker-"+cid+".scope")
+	// Her subtree, delegated as systemd delegates it: the group and its
+	// files are hers.
+	delegated := mkCgroup(t, parent, fmt.Sprintf("user.slice/user-%d.slice/user@%d.service", alice.UID, alice.UID))
+	if err := os.Chmod(parent, 0o755); err != nil { // made 0700; /sys/fs/cgroup's groups are 0755
+		t.Fatal(err)
+	}
+	for _, f := range []string{"", "cgroup.procs", "cgroup.threads", "cgroup.subtree_control"} {
+		if err := os.Chown(filepath.Join(delegated, f), int(alice.UID), int(alice.GID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := StartBroker(t, ascendConfig(dev, 1, "[status]\nscan_interval = \"1s\"\nunleased_grace = \"1s\"\n"))
+	// The container: root's processes in the engine's group, holding npu
+	// 0's lease and using its node.
+	c := startProc(t, "container", inCgroup(t, b.Npurun("-d", "0", "--", "sh", "-c", open+" "+dev+"/davinci0 & echo held; read x; kill $!"), engine))
+	c.waitLine("held")
+	openedPID(t, c, dev+"/davinci0")
+	// Alice, in her subtree, makes the container's name and moves there.
+	fake := filepath.Join(delegated, "docker-"+cid+".scope")
+	script := fmt.Sprintf("mkdir %s && echo $$ > %s/cgroup.procs && exec %s %s/davinci0", fake, fake, open, dev)
+	a := startProc(t, "alice's", inCgroup(t, alice.as(exec.Command("sh", "-c", script), "/"), delegated))
+	pid := openedPID(t, a, dev+"/davinci0")
+	if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); err != nil || !strings.Contains(string(data), "/docker-"+cid+".scope") {
+		t.Fatalf("alice's process is not in her docker-%s.scope: %q, %v", cid[:12], data, err)
+	}
+	w := watchBoards(t, b, nil)
+	bd, _ := w.nextWithin(scanTimeout, "alice's use of npu 0 reported", func(bd *client.Board) bool {
+		return slices.Contains(unleasedPIDs(bd, 0), pid)
+	})
+	for _, u := range bd.Unleased {
+		if u.PID == pid && (u.User != alice.Name || u.Container != nil) {
+			t.Errorf("alice's use: %+v, want hers, in no container", u)
+		}
 	}
 }

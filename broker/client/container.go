@@ -48,6 +48,26 @@ type ContainerRef struct {
 	Engine string `json:"engine"`         // "docker", "podman", or the cgroup's word for another
 	ID     string `json:"id"`             // the engine's full id
 	Name   string `json:"name,omitempty"` // the engine's name for it, where known
+
+	// What root's runtime saw of the container once made (op container
+	// after runc create), and what the broker reads of a process
+	// (container.FromCgroup): the control group that names the container
+	// (its path, up to that group: "/system.slice/docker-ID.scope"), and
+	// the pid of its first process. The broker keeps them for itself
+	// (Label): a process is this container's only in the group the
+	// runtime saw it made in, and the first process is where status looks
+	// for the lease's holders at once.
+	Cgroup string `json:"cgroup,omitempty"`
+	PID    int    `json:"pid,omitempty"`
+}
+
+// Label is ref as status and the accounting log show it: engine, id and
+// name.
+func (c *ContainerRef) Label() *ContainerRef {
+	if c == nil {
+		return nil
+	}
+	return &ContainerRef{Engine: c.Engine, ID: c.ID, Name: c.Name}
 }
 
 // Short is the container's name, or its id's first 12 characters.
@@ -99,6 +119,9 @@ func (c *ContainerRef) Check() error {
 		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '.' || r == '-')
 	}) >= 0 {
 		return fmt.Errorf("container id %q: 1 to 128 characters of a-z, A-Z, 0-9, _, . and -", c.ID)
+	}
+	if len(c.Cgroup) > 4096 || c.PID < 0 {
+		return fmt.Errorf("container cgroup of %d bytes, pid %d: at most 4096 bytes, a pid", len(c.Cgroup), c.PID)
 	}
 	return CheckName("container", c.Name, MaxContainerName)
 }

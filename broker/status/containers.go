@@ -9,6 +9,7 @@ package status
 // characters.
 
 import (
+	"cmp"
 	"container/list"
 	"fmt"
 	"slices"
@@ -36,15 +37,16 @@ type namedContainer struct {
 	by  uint32 // the uid that told it: root (the runtime), or the owner of a rootless engine's container
 }
 
-// put keeps ref's name (a ref without one keeps none), told by uid: root
-// names any container, another uid only one that no other uid has named
-// (a container is its owner's to name: one user must not wear another's
-// container's name, nor rename it). False where uid may not.
+// put keeps ref's name and the control group it was made in (a ref
+// without either keeps none), told by uid: root names any container,
+// another uid only one that no other uid has named (a container is its
+// owner's to name: one user must not wear another's container's name, nor
+// rename it). False where uid may not.
 func (c *containerNames) put(ref *client.ContainerRef, uid uint32) bool {
 	if !c.mayName(ref, uid) {
 		return false
 	}
-	if ref == nil || ref.Name == "" {
+	if ref == nil || ref.Name == "" && ref.Cgroup == "" {
 		return true
 	}
 	if c.byID == nil {
@@ -52,6 +54,13 @@ func (c *containerNames) put(ref *client.ContainerRef, uid uint32) bool {
 	}
 	n := &namedContainer{ref: *ref, by: uid}
 	if e := c.byID[ref.ID]; e != nil {
+		if old := e.Value.(*namedContainer).ref; n.ref.Cgroup == "" || n.ref.Name == "" {
+			// A word without the group (a label at the hand-over, before
+			// runc made the container) keeps the group told; one without
+			// a name keeps the name.
+			n.ref.Cgroup = cmp.Or(n.ref.Cgroup, old.Cgroup)
+			n.ref.Name = cmp.Or(n.ref.Name, old.Name)
+		}
 		e.Value = n
 		c.order.MoveToFront(e)
 		return true
@@ -75,24 +84,45 @@ func (c *containerNames) mayName(ref *client.ContainerRef, uid uint32) bool {
 	return e == nil || e.Value.(*namedContainer).by == uid
 }
 
-// named is ref as the board shows it: a copy, with the name the runtime
-// told where ref has none, and no name where show is false (a container's
-// name can say what it runs, as a command does). nil for nil.
+// named is ref as the board shows it: a copy (its Label), with the name
+// the runtime told where ref has none, and no name where show is false (a
+// container's name can say what it runs, as a command does). nil for nil,
+// and for a process's ref (from its control group) in another group than
+// the one root's runtime saw the container made in: that is not the
+// container, whatever its group's name says.
 func (c *containerNames) named(ref *client.ContainerRef, show bool) *client.ContainerRef {
-	if ref == nil {
+	if ref == nil || !c.inItsGroup(ref) {
 		return nil
 	}
-	r := *ref
-	if r.Name == "" {
-		if e := c.byID[r.ID]; e != nil {
-			r.Name = e.Value.(*namedContainer).ref.Name
-			c.order.MoveToFront(e)
-		}
+	r := ref.Label()
+	if e := c.byID[r.ID]; e != nil && r.Name == "" {
+		r.Name = e.Value.(*namedContainer).ref.Name
+		c.order.MoveToFront(e)
 	}
 	if !show {
 		r.Name = ""
 	}
-	return &r
+	return r
+}
+
+// inItsGroup tells whether ref, a process's container as its control group
+// names it, is in the group root's runtime saw that container made in
+// (true where the runtime told none, or ref has none: a lease's label).
+func (c *containerNames) inItsGroup(ref *client.ContainerRef) bool {
+	e := c.byID[ref.ID]
+	if e == nil || ref.Cgroup == "" {
+		return true
+	}
+	n := e.Value.(*namedContainer)
+	return n.by != 0 || n.ref.Cgroup == "" || n.ref.Cgroup == ref.Cgroup
+}
+
+// MayNameContainer tells whether uid may name container ref (a lease asked
+// for on its behalf): root any, another uid one that no other uid named.
+func (g *Ledger) MayNameContainer(ref *client.ContainerRef, uid uint32) bool {
+	g.mu.Lock()
+	defer g.unlock()
+	return g.containers.mayName(ref, uid)
 }
 
 // ContainerNamed keeps the name of a container the runtime told of
@@ -144,8 +174,11 @@ func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, fi
 	if !g.containers.put(ref, uid) {
 		return refusal(client.CodeDenied, fmt.Sprintf("uid %d may not name container %.12s: it is another user's", uid, ref.ID))
 	}
-	r := *ref
-	e.container = &r
+	e.container = ref.Label()
+	if ref.PID > 0 {
+		e.containerPID = ref.PID // root's runtime's word (broker/containers.go)
+	}
+	r := *e.container
 	if !e.contained && (e.Kind == lease.Inline || e.Kind == lease.Found) {
 		e.contained = true
 		if e.logged {
@@ -194,15 +227,18 @@ func inHolderContainer(res *procscan.Result, holders map[int]bool, in *map[strin
 	if pi.Container == nil || len(holders) == 0 {
 		return false
 	}
+	key := func(c *client.ContainerRef) string { return c.ID + "\x00" + c.Cgroup }
 	if *in == nil {
 		*in = map[string]bool{}
 		for pid := range holders {
 			if h := res.Info[pid]; h != nil && h.Container != nil {
-				(*in)[h.Container.ID] = true
+				(*in)[key(h.Container)] = true
 			}
 		}
 	}
-	return (*in)[pi.Container.ID]
+	// The same group, not only the same id: a group is named by whoever
+	// made it (FromCgroup trusts no user's place; this is the second word).
+	return (*in)[key(pi.Container)]
 }
 
 // inContainerLocked says, for a log line, which container a process is in.

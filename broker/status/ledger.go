@@ -188,6 +188,11 @@ type entry struct {
 	// re-kinds an inline lease (contained; containers.go)
 	container *client.ContainerRef
 	contained bool
+	// containerPID is the container's first process, as root's runtime
+	// told it once runc had made it: where Refresh looks for the lease's
+	// holders at once, the process granted the lease (npurun, the
+	// runtime) being gone; 0 where not told.
+	containerPID int
 
 	mem *memUse // a share's use of its device's memory, as the vendor's tool showed it (memory.go)
 }

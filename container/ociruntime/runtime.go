@@ -133,6 +133,7 @@ func parse(args []string) (*invocation, error) {
 type createArgs struct {
 	bundle      string
 	id          string
+	pidFile     string // --pid-file: where runc writes the container's first process's pid
 	preserveFDs int
 	rest        []string // the options and arguments without --preserve-fds
 }
@@ -155,6 +156,8 @@ func parseCreate(args []string) (*createArgs, error) {
 			switch name {
 			case "--bundle", "--b":
 				c.bundle = value
+			case "--pid-file":
+				c.pidFile = value
 			case "--preserve-fds":
 				n, err := strconv.Atoi(value)
 				if err != nil || n < 0 {
@@ -214,7 +217,11 @@ func Main(args []string) int {
 		return execRunc(inv, runc, passArgs(args))
 	}
 	defer l.close()
-	return startRunc(inv, runc, c, l)
+	code := startRunc(inv, runc, c, l)
+	if code == 0 {
+		l.made(inv, c)
+	}
+	return code
 }
 
 // passArgs is args without npurun-runtime's own options.
@@ -258,6 +265,7 @@ func execRunc(inv *invocation, runc string, args []string) int {
 type lease struct {
 	devices []int
 	fds     []int
+	ref     *client.ContainerRef // the container, as the broker is told of it once made
 }
 
 func (l *lease) close() {
@@ -290,7 +298,7 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 	lockDir := client.LockDir(inv.o.Socket)
 	ref := &client.ContainerRef{Engine: s.engine(), ID: c.id}
 
-	l := &lease{}
+	l := &lease{ref: ref}
 	fail := func(err error) (*lease, error) {
 		l.close()
 		return nil, err
@@ -477,7 +485,13 @@ func startRunc(inv *invocation, runc string, c *createArgs, l *lease) int {
 	if err != nil {
 		return fail(inv, "run %s: %v", runc, err)
 	}
-	l.close()
+	if inv.cmd != "create" {
+		// runc run returns when the container ends: nothing to tell then.
+		l.close()
+	}
+	// Else this process keeps its copies until runc has made the
+	// container: they prove the lease when the broker is told of it
+	// (made).
 	var ws unix.WaitStatus
 	for {
 		_, err = unix.Wait4(pid, &ws, 0, nil)
@@ -492,6 +506,33 @@ func startRunc(inv *invocation, runc string, c *createArgs, l *lease) int {
 		return 128 + int(ws.Signal())
 	}
 	return ws.ExitStatus()
+}
+
+// made tells the broker, once runc has made the container, which
+// container holds the lease, with its descriptors as proof: the control
+// group it was made in (a process elsewhere that names it is not its) and
+// its first process (where status finds the lease's holders at once, the
+// process granted the lease being gone or about to be). The container
+// runs whatever the broker says; a failure is logged.
+func (l *lease) made(inv *invocation, c *createArgs) {
+	if l.ref == nil || len(l.fds) == 0 || c.pidFile == "" {
+		return
+	}
+	ref := *l.ref
+	if b, err := os.ReadFile(c.pidFile); err == nil {
+		ref.PID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	if ref.PID <= 0 {
+		return
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(ref.PID) + "/cgroup"); err == nil {
+		if in := container.FromCgroup(b); in != nil && in.ID == ref.ID {
+			ref.Cgroup = in.Cgroup
+		}
+	}
+	if err := tellBroker(inv.o.Socket, &ref, l.devices, l.fds); err != nil {
+		logLine(inv, "warning", "%v", err)
+	}
 }
 
 // fail says why the runtime refuses, where the engine reads it (the log
