@@ -643,7 +643,7 @@ func (g *Ledger) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 			l.User = g.names.name(pi.UID)
 			g.log.Printf("npu %d is held by a lease from before this start with no record of its grant: held by pid %d (%s)", id, pi.PID, l.User)
 			if ref := oneContainer(res, pids); ref != nil {
-				l.Kind, l.Container = lease.Container, ref
+				l.Kind, l.Container = lease.Container, ref.Label()
 			}
 		}
 		e := newEntry(l)
