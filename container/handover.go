@@ -23,7 +23,11 @@ package container
 // from a message, and checks each descriptor against the broker's current
 // lock file of its device, with the flock held (client.HoldsLock), before
 // the container gets it. Nobody listening at the address (npurun is gone:
-// a restart of the container, or `docker start` later) is ErrGone.
+// a restart of the container, or `docker start` later) is ErrGone; so is
+// anyone else listening there (the address is no secret: /proc/net/unix
+// lists it, the container's environment has it, and once npurun is gone
+// any user may bind it): a peer of another uid than the container's
+// recorded owner, or one whose lease the broker says is not its uid's.
 
 import (
 	"encoding/hex"
@@ -229,8 +233,13 @@ type Received struct {
 }
 
 // Take takes the lease npurun serves at addr (an NPURUN_HANDOVER value)
-// for container id. Nobody at addr gives ErrGone.
-func Take(addr, id string) (*Received, error) {
+// for container id, from a peer of uid owner (SO_PEERCRED; -1 for any: a
+// container's first create, whose owner is whoever hands it its lease).
+// Nobody at addr gives ErrGone; so does a peer of another uid, in an error
+// that wraps it and says who answered: the address is in /proc/net/unix
+// and in the container's environment, and once its npurun is gone anyone
+// may bind it. All of it is done within handoverTimeout.
+func Take(addr, id string, owner int) (*Received, error) {
 	if !validAddr(addr) {
 		return nil, fmt.Errorf("hand-over: %q is not an npurun hand-over address", addr)
 	}
@@ -239,12 +248,24 @@ func Take(addr, id string) (*Received, error) {
 		return nil, fmt.Errorf("hand-over: socket: %w", err)
 	}
 	defer unix.Close(c)
-	tv := unix.NsecToTimeval(int64(handoverTimeout))
-	unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	deadline := time.Now().Add(handoverTimeout)
+	// Each step may wait for what is left of the time, no more: a peer
+	// that answers nothing, or slowly, keeps the runtime (root, on the
+	// engine's create path) for handoverTimeout in all.
+	left := func() bool {
+		d := time.Until(deadline)
+		if d <= 0 {
+			return false
+		}
+		tv := unix.NsecToTimeval(int64(d))
+		unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+		return true
+	}
+	left()
 	for {
 		err = unix.Connect(c, &unix.SockaddrUnix{Name: addr})
-		if err != unix.EINTR {
+		if err != unix.EINTR || !left() {
 			break
 		}
 	}
@@ -258,8 +279,18 @@ func Take(addr, id string) (*Received, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hand-over: peer: %w", err)
 	}
+	if owner >= 0 && int(cred.Uid) != owner {
+		// Nothing is sent to it, nothing taken from it.
+		return nil, fmt.Errorf("%w: %s is answered by pid %d of uid %d, not by the container's owner, uid %d", ErrGone, addr, cred.Pid, cred.Uid, owner)
+	}
+	if !left() {
+		return nil, fmt.Errorf("hand-over: no answer in %s", handoverTimeout)
+	}
 	if err := client.SendMsg(c, []byte("take 1 "+id), nil, 0); err != nil {
 		return nil, fmt.Errorf("hand-over: send: %w", err)
+	}
+	if !left() {
+		return nil, fmt.Errorf("hand-over: no answer in %s", handoverTimeout)
 	}
 	buf := make([]byte, maxHandoverMessage)
 	oob := make([]byte, unix.CmsgSpace(4*client.MaxDevices))

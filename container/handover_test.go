@@ -76,7 +76,7 @@ func TestHandoverOnce(t *testing.T) {
 	}
 	served := make(chan error, 1)
 	go func() { served <- h.Serve(-1) }()
-	r, err := Take(h.Addr, "c0ffee")
+	r, err := Take(h.Addr, "c0ffee", -1)
 	if err != nil {
 		t.Fatalf("Take: %v", err)
 	}
@@ -105,7 +105,7 @@ func TestHandoverOnce(t *testing.T) {
 	if !free(t, p3) || !free(t, p5) {
 		t.Error("npurun still holds a copy of the lease after handing it over")
 	}
-	if _, err := Take(h.Addr, "again"); !errors.Is(err, ErrGone) {
+	if _, err := Take(h.Addr, "again", -1); !errors.Is(err, ErrGone) {
 		t.Errorf("a second take: %v, want ErrGone", err)
 	}
 }
@@ -142,7 +142,7 @@ func TestHandoverStop(t *testing.T) {
 	if !free(t, p) {
 		t.Fatal("Close did not let the lease go")
 	}
-	if _, err := Take(h.Addr, "late"); !errors.Is(err, ErrGone) {
+	if _, err := Take(h.Addr, "late", -1); !errors.Is(err, ErrGone) {
 		t.Errorf("take after Close: %v, want ErrGone", err)
 	}
 }
@@ -175,7 +175,7 @@ func TestHandoverWatch(t *testing.T) {
 
 func TestTakeChecksAddress(t *testing.T) {
 	for _, addr := range []string{"", "/run/npurun/broker.sock", "@npurun-handover/xyz", "@other/0123456789abcdef0123456789abcdef"} {
-		if _, err := Take(addr, "c"); err == nil || errors.Is(err, ErrGone) {
+		if _, err := Take(addr, "c", -1); err == nil || errors.Is(err, ErrGone) {
 			t.Errorf("Take(%q) = %v, want a refusal of the address", addr, err)
 		}
 	}
@@ -237,7 +237,7 @@ func TestHandoverRefusesOthers(t *testing.T) {
 	if !strings.Contains(string(out), "npurun refused: uid 65534 may not take this lease") {
 		t.Errorf("helper said %q, want a refusal naming its uid", out)
 	}
-	r, err := Take(h.Addr, "root")
+	r, err := Take(h.Addr, "root", -1)
 	if err != nil {
 		t.Fatalf("root after the refusal: %v", err)
 	}
@@ -249,9 +249,38 @@ func TestHandoverRefusesOthers(t *testing.T) {
 // TestHandoverRefusesOthers's taker, run as another uid.
 func TestMain(m *testing.M) {
 	if addr := os.Getenv("NPURUN_TEST_TAKE"); addr != "" {
-		_, err := Take(addr, "other")
+		_, err := Take(addr, "other", -1)
 		os.Stdout.WriteString(fmt.Sprint(err) + "\n")
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// TestTakeOnlyFromOwner (issue 27.5): a hand-over answered by another uid
+// than the container's owner is no hand-over (ErrGone, saying who
+// answered), and nothing is taken from it; the owner's is taken.
+func TestTakeOnlyFromOwner(t *testing.T) {
+	dir := t.TempDir()
+	fd, _ := lockedFile(t, dir, "npu0.lock")
+	defer unix.Close(fd)
+	h, err := NewHandover("fake", []int{0}, []int{fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	served := make(chan error, 1)
+	go func() { served <- h.Serve(-1) }()
+	me := os.Getuid()
+	_, err = Take(h.Addr, "squatted", me+1)
+	if !errors.Is(err, ErrGone) || !strings.Contains(err.Error(), fmt.Sprintf("of uid %d, not by the container's owner, uid %d", me, me+1)) {
+		t.Fatalf("Take from uid %d for owner %d: %v, want ErrGone naming both", me, me+1, err)
+	}
+	r, err := Take(h.Addr, "owned", me)
+	if err != nil {
+		t.Fatalf("Take for its owner after another's try: %v", err)
+	}
+	closeFDs(r.FDs)
+	if err := <-served; err != nil || h.Taken() != "owned" {
+		t.Errorf("Serve: %v, taken by %q, want by the owner's take", err, h.Taken())
+	}
 }

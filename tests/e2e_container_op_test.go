@@ -153,3 +153,26 @@ func TestContainerNameOwner(t *testing.T) {
 	}
 	p.stdin.Close()
 }
+
+// TestContainerOpOwner (issue 27.5): root's runtime names the user it took
+// a hand-over from, and the broker refuses a lease of another user's: a
+// squatter's lease is not the container's.
+func TestContainerOpOwner(t *testing.T) {
+	needRoot(t)
+	alice := newUser(t)
+	b := StartBroker(t, FakeConfig(1))
+	p := startProc(t, "not alice's", b.Npurun("-d", "0", b.Bin.Workload, "-contain", "docker/"+containerID('a')+"/x", "-contain-owner", alice.Name))
+	p.waitLine("denied: the lease of npu 0 is root's, not " + alice.Name + "'s")
+	if l := deviceOf(t, b.Board(t), 0).Lease; l == nil || l.Container != nil {
+		t.Errorf("npu 0 after a refused owner: %+v, want a lease in no container", l)
+	}
+	p.stdin.Close()
+	awaitFree(t, b, 0)
+	q := startProc(t, "root's", b.Npurun("-d", "0", b.Bin.Workload, "-contain", "docker/"+containerID('a')+"/x", "-contain-owner", "root"))
+	q.waitLine("ok")
+	q.stdin.Close()
+	// Only root names the owner.
+	r := startProc(t, "alice names an owner", alice.as(b.Npurun("-d", "0", "--", b.Bin.Workload, "-contain", "docker/"+containerID('b')+"/x", "-contain-owner", alice.Name), "/"))
+	r.waitLine("denied: only root names the user")
+	r.stdin.Close()
+}

@@ -85,7 +85,15 @@ func (c *ContainerRef) Short() string {
 // descriptors are fds (of devices, in that order; none: the container
 // exists, and holds no lease), and waits for its word.
 func (c *Conn) Contain(ref *ContainerRef, devices, fds []int) error {
-	req := &Request{V: Version, Op: OpContainer, Container: ref, Devices: devices}
+	return c.ContainFor(ref, "", devices, fds)
+}
+
+// ContainFor is Contain where the lease must be owner's (a user's name,
+// or uid as a number; "" for anyone's): the broker refuses another's
+// (denied). Root's runtime says whose lease it expects, by the uid that
+// handed it over.
+func (c *Conn) ContainFor(ref *ContainerRef, owner string, devices, fds []int) error {
+	req := &Request{V: Version, Op: OpContainer, Container: ref, Devices: devices, User: owner}
 	b, err := Encode(req)
 	if err != nil {
 		return err

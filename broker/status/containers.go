@@ -13,6 +13,7 @@ import (
 	"container/list"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
@@ -142,7 +143,11 @@ func (g *Ledger) ContainerNamed(ref *client.ContainerRef) {
 // and is named only. No /proc and no disk: the runtime waits for the
 // answer on a container's create path (the accounting record goes through
 // the log's queue).
-func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, files []procscan.FileID) *client.Reply {
+//
+// owner, where not "", is the user (a name, or a uid as a number) whose
+// lease it must be: root's runtime says whom it took the lease from (the
+// hand-over's peer), and another's lease is refused (denied).
+func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, files []procscan.FileID, owner string) *client.Reply {
 	v := g.inv.Vendor
 	g.mu.Lock()
 	defer g.unlock()
@@ -170,6 +175,9 @@ func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, fi
 	}
 	if uid != 0 && e.UID != uid {
 		return refusal(client.CodeDenied, fmt.Sprintf("uid %d may name only its own leases' containers", uid))
+	}
+	if owner != "" && owner != e.User && owner != strconv.FormatUint(uint64(e.UID), 10) {
+		return refusal(client.CodeDenied, fmt.Sprintf("the lease of %s is %s's, not %s's", v.Format(heldIDs(e)), e.User, owner))
 	}
 	if !g.containers.put(ref, uid) {
 		return refusal(client.CodeDenied, fmt.Sprintf("uid %d may not name container %.12s: it is another user's", uid, ref.ID))

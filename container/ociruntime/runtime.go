@@ -306,17 +306,42 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 	handover := s.env(container.HandoverVar)
 	switch {
 	case handover != "":
-		r, err := container.Take(handover, c.id)
+		// A container made before has a recorded owner: a hand-over is
+		// taken from that uid only (the address is anyone's to bind once
+		// its npurun is gone).
+		var rec *record
+		owner := -1
+		if cfgErr == nil {
+			if rec, err = readRecord(cfg.Containers.StateDir, c.id); err != nil {
+				return fail(err)
+			}
+			if rec != nil {
+				owner = int(rec.UID)
+			}
+		}
+		r, err := container.Take(handover, c.id, owner)
+		if err == nil {
+			// The broker's word: the lease is the account's that handed
+			// it over (a refusal is no hand-over; a broker that cannot
+			// be asked leaves HoldsLock's word, below, and the owner's).
+			ref.Name = s.name()
+			var be *client.Error
+			if err := tellBrokerFor(inv.o.Socket, ref, userName(r.UID), r.Devices, r.FDs); errors.As(err, &be) {
+				closeAll(r.FDs)
+				r, err = nil, fmt.Errorf("%w: the broker refuses the lease handed over by uid %d: %v", container.ErrGone, r.UID, be.Message)
+			} else if err != nil {
+				logLine(inv, "warning", "%v", err)
+			}
+		}
+		if errors.Is(err, container.ErrGone) && err != container.ErrGone {
+			logLine(inv, "warning", "container %.12s: %v: taken as no hand-over", c.id, err)
+		}
 		switch {
 		case errors.Is(err, container.ErrGone):
 			// Not its first start: its npurun is gone. A new lease,
 			// for its owner, of the devices its first had.
 			if cfgErr != nil {
 				return fail(fmt.Errorf("read %s: %w", inv.o.Config, cfgErr))
-			}
-			rec, err := readRecord(cfg.Containers.StateDir, c.id)
-			if err != nil {
-				return fail(err)
 			}
 			if rec == nil {
 				return fail(errors.New("the npurun that started it is gone, and it holds no lease: run it with npurun again"))
@@ -343,10 +368,6 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 				if !client.HoldsLock(r.FDs[i], id, lockDir) {
 					return fail(fmt.Errorf("the lease handed over is not npu %d's current lease at %s", id, lockDir))
 				}
-			}
-			ref.Name = s.name()
-			if err := tellBroker(inv.o.Socket, ref, r.Devices, r.FDs); err != nil {
-				logLine(inv, "warning", "%v", err)
 			}
 			if cfgErr == nil {
 				rec := &record{ID: c.id, Engine: ref.Engine, Name: ref.Name, UID: r.UID, User: userName(r.UID),
