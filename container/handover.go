@@ -53,8 +53,9 @@ const handoverPrefix = "@npurun-handover/"
 // maxHandoverMessage caps one hand-over message.
 const maxHandoverMessage = 4096
 
-// handoverTimeout bounds each step of a hand-over once connected.
-const handoverTimeout = 10 * time.Second
+// handoverTimeout bounds a hand-over: npurun's each step once connected,
+// the runtime's whole take (a variable for tests).
+var handoverTimeout = 10 * time.Second
 
 // ErrGone means that nobody serves a hand-over at the address: the npurun
 // that held the lease has ended (or never was).

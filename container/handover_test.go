@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -282,5 +283,32 @@ func TestTakeOnlyFromOwner(t *testing.T) {
 	closeFDs(r.FDs)
 	if err := <-served; err != nil || h.Taken() != "owned" {
 		t.Errorf("Serve: %v, taken by %q, want by the owner's take", err, h.Taken())
+	}
+}
+
+// TestTakeBounded (issue 27.5): a peer at the address that never answers
+// (one that listens and does not accept, one that accepts and says
+// nothing) keeps Take for handoverTimeout in all, no longer.
+func TestTakeBounded(t *testing.T) {
+	defer func(d time.Duration) { handoverTimeout = d }(handoverTimeout)
+	handoverTimeout = 300 * time.Millisecond
+	ln, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ln)
+	addr := handoverPrefix + "0123456789abcdef0123456789abcdef"
+	if err := unix.Bind(ln, &unix.SockaddrUnix{Name: addr}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(ln, 1); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // the first fills the backlog; the next ones wait to connect
+		start := time.Now()
+		_, err := Take(addr, "c", -1)
+		if took := time.Since(start); err == nil || errors.Is(err, ErrGone) || took > handoverTimeout+time.Second {
+			t.Errorf("Take from a silent peer: %v after %s, want an error within %s", err, took, handoverTimeout)
+		}
 	}
 }
