@@ -57,6 +57,10 @@ const maxHandoverMessage = 4096
 // the runtime's whole take (a variable for tests).
 var handoverTimeout = 10 * time.Second
 
+// refusedWait bounds what npurun waits for the request of a peer it will
+// refuse.
+const refusedWait = 200 * time.Millisecond
+
 // ErrGone means that nobody serves a hand-over at the address: the npurun
 // that held the lease has ended (or never was).
 var ErrGone = errors.New("no npurun serves the hand-over")
@@ -165,7 +169,18 @@ func (h *Handover) Serve(watch int) error {
 // serveOne answers one connection: the lease to a runtime that may take
 // it, a refusal to any other peer.
 func (h *Handover) serveOne(c int) {
-	tv := unix.NsecToTimeval(int64(handoverTimeout))
+	cred, err := unix.GetsockoptUcred(c, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		return
+	}
+	allowed := cred.Uid == 0 || int(cred.Uid) == h.uid
+	wait := handoverTimeout
+	if !allowed {
+		// Anyone may connect (the address is no secret): a peer that
+		// may not take the lease keeps the runtime's turn a moment only.
+		wait = refusedWait
+	}
+	tv := unix.NsecToTimeval(int64(wait))
 	unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 	// The request is read before any answer: a connection closed with
@@ -177,11 +192,7 @@ func (h *Handover) serveOne(c int) {
 	if err != nil {
 		return
 	}
-	cred, err := unix.GetsockoptUcred(c, unix.SOL_SOCKET, unix.SO_PEERCRED)
-	if err != nil {
-		return
-	}
-	if cred.Uid != 0 && int(cred.Uid) != h.uid {
+	if !allowed {
 		client.SendMsg(c, []byte(fmt.Sprintf("refused uid %d may not take this lease: only root's runtime (or one of uid %d) may", cred.Uid, h.uid)), nil, 0)
 		return
 	}

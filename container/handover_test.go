@@ -1,6 +1,7 @@
 package container
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -228,6 +229,23 @@ func TestHandoverRefusesOthers(t *testing.T) {
 	if err := os.WriteFile(bin, self, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// A peer of that uid that connects and says nothing first: it keeps
+	// the hand-over a moment only.
+	silent := exec.Command(bin)
+	silent.Env = append(os.Environ(), "NPURUN_TEST_SILENT="+h.Addr)
+	silent.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	pipe, err := silent.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := silent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { silent.Process.Kill(); silent.Wait() }()
+	line, _ := bufio.NewReader(pipe).ReadString('\n')
+	if line != "connected <nil>\n" {
+		t.Fatalf("silent peer: %q", line)
+	}
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "NPURUN_TEST_TAKE="+h.Addr)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
@@ -238,9 +256,13 @@ func TestHandoverRefusesOthers(t *testing.T) {
 	if !strings.Contains(string(out), "npurun refused: uid 65534 may not take this lease") {
 		t.Errorf("helper said %q, want a refusal naming its uid", out)
 	}
+	start := time.Now()
 	r, err := Take(h.Addr, "root", -1)
 	if err != nil {
 		t.Fatalf("root after the refusal: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("root's take took %s after a silent peer of another uid", took)
 	}
 	closeFDs(r.FDs)
 	<-served
@@ -249,6 +271,16 @@ func TestHandoverRefusesOthers(t *testing.T) {
 // TestMain runs the tests, or, with NPURUN_TEST_TAKE set, is
 // TestHandoverRefusesOthers's taker, run as another uid.
 func TestMain(m *testing.M) {
+	if addr := os.Getenv("NPURUN_TEST_SILENT"); addr != "" {
+		// Connects, says nothing, and stays until killed.
+		c, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
+		if err == nil {
+			err = unix.Connect(c, &unix.SockaddrUnix{Name: addr})
+		}
+		os.Stdout.WriteString(fmt.Sprint("connected ", err) + "\n")
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	}
 	if addr := os.Getenv("NPURUN_TEST_TAKE"); addr != "" {
 		_, err := Take(addr, "other", -1)
 		os.Stdout.WriteString(fmt.Sprint(err) + "\n")
