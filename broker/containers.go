@@ -78,6 +78,14 @@ func (s *Server) containerOp(c *conn, req *client.Request) bool {
 	if err := ref.Check(); err != nil {
 		return reply(errReply(client.CodeBadRequest, err.Error(), ""))
 	}
+	if c.uid != 0 {
+		// What the runtime saw the container made in (its group, its
+		// first process) is root's runtime's word alone.
+		ref = ref.Label()
+		if req.User != "" {
+			return reply(errReply(client.CodeDenied, "only root names the user whose lease a container's must be", ""))
+		}
+	}
 	if len(req.Devices) != len(files) {
 		return reply(errReply(client.CodeBadRequest, fmt.Sprintf("%d devices named, %d descriptors sent", len(req.Devices), len(files)), ""))
 	}
@@ -92,6 +100,6 @@ func (s *Server) containerOp(c *conn, req *client.Request) bool {
 	// heard of the lease's start (Started) by now.
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rep := s.status.Contain(c.uid, ref, req.Devices, files)
+	rep := s.status.Contain(c.uid, ref, req.Devices, files, req.User)
 	return c.sendLocked(rep) == nil && rep.Code != client.CodeBadRequest
 }

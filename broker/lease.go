@@ -43,8 +43,12 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		c.sendLocked(rep)
 		return false
 	}
+	if req.Container != nil && !s.status.MayNameContainer(req.Container, c.uid) { // the caller's: root's runtime asks for the owner
+		c.sendLocked(errReply(client.CodeDenied, fmt.Sprintf("uid %d may not name container %.12s: it is another user's", c.uid, req.Container.ID), ""))
+		return true
+	}
 	h := c.holder(kind, uid, acct)
-	h.Container = req.Container
+	h.Container = req.Container.Label()
 	w, rep := s.admitLocked(h, acct, req.N, req.Devices, req.Pool, req.Mem)
 	if rep != nil {
 		c.sendLocked(rep)

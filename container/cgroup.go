@@ -20,7 +20,14 @@ import (
 //	CRI-O                …/crio-ID.scope
 //
 // where ID is the container's 64 hex digits. The first line that names one
-// counts (every hierarchy names the same container).
+// counts (every hierarchy names the same container). The ref's Cgroup is
+// the path up to the group that names the container.
+//
+// Only the engines' own places are trusted: a group under a user's
+// delegated subtree (user.slice, user@UID.service) is the user's to make,
+// name and move processes into, so it names no container here (a user
+// could wear another's container's id); a rootless engine's containers,
+// which live there, are their user's processes, as any of hers.
 func FromCgroup(data []byte) *client.ContainerRef {
 	for line := range bytes.SplitSeq(data, []byte("\n")) {
 		// hierarchy-ID:controllers:path
@@ -43,23 +50,37 @@ func FromCgroup(data []byte) *client.ContainerRef {
 func fromPath(path string) *client.ContainerRef {
 	parts := strings.Split(path, "/")
 	for k, part := range parts {
+		if userPlace(part) {
+			return nil
+		}
+		at := func(engine, id string) *client.ContainerRef {
+			return &client.ContainerRef{Engine: engine, ID: id, Cgroup: strings.Join(parts[:k+1], "/")}
+		}
 		for _, p := range [...]struct{ prefix, engine string }{
 			{"docker-", "docker"}, {"libpod-", "podman"}, {"cri-containerd-", "containerd"}, {"crio-", "cri-o"},
 		} {
 			if id, ok := strings.CutPrefix(strings.TrimSuffix(part, ".scope"), p.prefix); ok && isID(id) {
-				return &client.ContainerRef{Engine: p.engine, ID: id}
+				return at(p.engine, id)
 			}
 		}
 		if isID(part) && k > 0 {
 			switch {
 			case parts[k-1] == "docker":
-				return &client.ContainerRef{Engine: "docker", ID: part}
+				return at("docker", part)
 			case strings.HasPrefix(parts[1], "kubepods"):
-				return &client.ContainerRef{Engine: "containerd", ID: part}
+				return at("containerd", part)
 			}
 		}
 	}
 	return nil
+}
+
+// userPlace tells whether a group of this name starts a place that systemd
+// gives users (user.slice, user-UID.slice, user@UID.service): below it, a
+// user makes groups.
+func userPlace(part string) bool {
+	return part == "user.slice" || strings.HasPrefix(part, "user@") && strings.HasSuffix(part, ".service") ||
+		strings.HasPrefix(part, "user-") && strings.HasSuffix(part, ".slice")
 }
 
 // isID tells whether s is a container id: 64 lowercase hex digits.

@@ -23,7 +23,11 @@ package container
 // from a message, and checks each descriptor against the broker's current
 // lock file of its device, with the flock held (client.HoldsLock), before
 // the container gets it. Nobody listening at the address (npurun is gone:
-// a restart of the container, or `docker start` later) is ErrGone.
+// a restart of the container, or `docker start` later) is ErrGone; so is
+// anyone else listening there (the address is no secret: /proc/net/unix
+// lists it, the container's environment has it, and once npurun is gone
+// any user may bind it): a peer of another uid than the container's
+// recorded owner, or one whose lease the broker says is not its uid's.
 
 import (
 	"encoding/hex"
@@ -49,8 +53,13 @@ const handoverPrefix = "@npurun-handover/"
 // maxHandoverMessage caps one hand-over message.
 const maxHandoverMessage = 4096
 
-// handoverTimeout bounds each step of a hand-over once connected.
-const handoverTimeout = 10 * time.Second
+// handoverTimeout bounds a hand-over: npurun's each step once connected,
+// the runtime's whole take (a variable for tests).
+var handoverTimeout = 10 * time.Second
+
+// refusedWait bounds what npurun waits for the request of a peer it will
+// refuse.
+const refusedWait = 200 * time.Millisecond
 
 // ErrGone means that nobody serves a hand-over at the address: the npurun
 // that held the lease has ended (or never was).
@@ -160,7 +169,18 @@ func (h *Handover) Serve(watch int) error {
 // serveOne answers one connection: the lease to a runtime that may take
 // it, a refusal to any other peer.
 func (h *Handover) serveOne(c int) {
-	tv := unix.NsecToTimeval(int64(handoverTimeout))
+	cred, err := unix.GetsockoptUcred(c, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		return
+	}
+	allowed := cred.Uid == 0 || int(cred.Uid) == h.uid
+	wait := handoverTimeout
+	if !allowed {
+		// Anyone may connect (the address is no secret): a peer that
+		// may not take the lease keeps the runtime's turn a moment only.
+		wait = refusedWait
+	}
+	tv := unix.NsecToTimeval(int64(wait))
 	unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 	// The request is read before any answer: a connection closed with
@@ -172,11 +192,7 @@ func (h *Handover) serveOne(c int) {
 	if err != nil {
 		return
 	}
-	cred, err := unix.GetsockoptUcred(c, unix.SOL_SOCKET, unix.SO_PEERCRED)
-	if err != nil {
-		return
-	}
-	if cred.Uid != 0 && int(cred.Uid) != h.uid {
+	if !allowed {
 		client.SendMsg(c, []byte(fmt.Sprintf("refused uid %d may not take this lease: only root's runtime (or one of uid %d) may", cred.Uid, h.uid)), nil, 0)
 		return
 	}
@@ -229,8 +245,13 @@ type Received struct {
 }
 
 // Take takes the lease npurun serves at addr (an NPURUN_HANDOVER value)
-// for container id. Nobody at addr gives ErrGone.
-func Take(addr, id string) (*Received, error) {
+// for container id, from a peer of uid owner (SO_PEERCRED; -1 for any: a
+// container's first create, whose owner is whoever hands it its lease).
+// Nobody at addr gives ErrGone; so does a peer of another uid, in an error
+// that wraps it and says who answered: the address is in /proc/net/unix
+// and in the container's environment, and once its npurun is gone anyone
+// may bind it. All of it is done within handoverTimeout.
+func Take(addr, id string, owner int) (*Received, error) {
 	if !validAddr(addr) {
 		return nil, fmt.Errorf("hand-over: %q is not an npurun hand-over address", addr)
 	}
@@ -239,12 +260,24 @@ func Take(addr, id string) (*Received, error) {
 		return nil, fmt.Errorf("hand-over: socket: %w", err)
 	}
 	defer unix.Close(c)
-	tv := unix.NsecToTimeval(int64(handoverTimeout))
-	unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+	deadline := time.Now().Add(handoverTimeout)
+	// Each step may wait for what is left of the time, no more: a peer
+	// that answers nothing, or slowly, keeps the runtime (root, on the
+	// engine's create path) for handoverTimeout in all.
+	left := func() bool {
+		d := time.Until(deadline)
+		if d <= 0 {
+			return false
+		}
+		tv := unix.NsecToTimeval(int64(d))
+		unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		unix.SetsockoptTimeval(c, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+		return true
+	}
+	left()
 	for {
 		err = unix.Connect(c, &unix.SockaddrUnix{Name: addr})
-		if err != unix.EINTR {
+		if err != unix.EINTR || !left() {
 			break
 		}
 	}
@@ -258,8 +291,18 @@ func Take(addr, id string) (*Received, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hand-over: peer: %w", err)
 	}
+	if owner >= 0 && int(cred.Uid) != owner {
+		// Nothing is sent to it, nothing taken from it.
+		return nil, fmt.Errorf("%w: %s is answered by pid %d of uid %d, not by the container's owner, uid %d", ErrGone, addr, cred.Pid, cred.Uid, owner)
+	}
+	if !left() {
+		return nil, fmt.Errorf("hand-over: no answer in %s", handoverTimeout)
+	}
 	if err := client.SendMsg(c, []byte("take 1 "+id), nil, 0); err != nil {
 		return nil, fmt.Errorf("hand-over: send: %w", err)
+	}
+	if !left() {
+		return nil, fmt.Errorf("hand-over: no answer in %s", handoverTimeout)
 	}
 	buf := make([]byte, maxHandoverMessage)
 	oob := make([]byte, unix.CmsgSpace(4*client.MaxDevices))

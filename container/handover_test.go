@@ -1,6 +1,7 @@
 package container
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -76,7 +78,7 @@ func TestHandoverOnce(t *testing.T) {
 	}
 	served := make(chan error, 1)
 	go func() { served <- h.Serve(-1) }()
-	r, err := Take(h.Addr, "c0ffee")
+	r, err := Take(h.Addr, "c0ffee", -1)
 	if err != nil {
 		t.Fatalf("Take: %v", err)
 	}
@@ -105,7 +107,7 @@ func TestHandoverOnce(t *testing.T) {
 	if !free(t, p3) || !free(t, p5) {
 		t.Error("npurun still holds a copy of the lease after handing it over")
 	}
-	if _, err := Take(h.Addr, "again"); !errors.Is(err, ErrGone) {
+	if _, err := Take(h.Addr, "again", -1); !errors.Is(err, ErrGone) {
 		t.Errorf("a second take: %v, want ErrGone", err)
 	}
 }
@@ -142,7 +144,7 @@ func TestHandoverStop(t *testing.T) {
 	if !free(t, p) {
 		t.Fatal("Close did not let the lease go")
 	}
-	if _, err := Take(h.Addr, "late"); !errors.Is(err, ErrGone) {
+	if _, err := Take(h.Addr, "late", -1); !errors.Is(err, ErrGone) {
 		t.Errorf("take after Close: %v, want ErrGone", err)
 	}
 }
@@ -175,7 +177,7 @@ func TestHandoverWatch(t *testing.T) {
 
 func TestTakeChecksAddress(t *testing.T) {
 	for _, addr := range []string{"", "/run/npurun/broker.sock", "@npurun-handover/xyz", "@other/0123456789abcdef0123456789abcdef"} {
-		if _, err := Take(addr, "c"); err == nil || errors.Is(err, ErrGone) {
+		if _, err := Take(addr, "c", -1); err == nil || errors.Is(err, ErrGone) {
 			t.Errorf("Take(%q) = %v, want a refusal of the address", addr, err)
 		}
 	}
@@ -227,6 +229,23 @@ func TestHandoverRefusesOthers(t *testing.T) {
 	if err := os.WriteFile(bin, self, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// A peer of that uid that connects and says nothing first: it keeps
+	// the hand-over a moment only.
+	silent := exec.Command(bin)
+	silent.Env = append(os.Environ(), "NPURUN_TEST_SILENT="+h.Addr)
+	silent.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	pipe, err := silent.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := silent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { silent.Process.Kill(); silent.Wait() }()
+	line, _ := bufio.NewReader(pipe).ReadString('\n')
+	if line != "connected <nil>\n" {
+		t.Fatalf("silent peer: %q", line)
+	}
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "NPURUN_TEST_TAKE="+h.Addr)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
@@ -237,9 +256,13 @@ func TestHandoverRefusesOthers(t *testing.T) {
 	if !strings.Contains(string(out), "npurun refused: uid 65534 may not take this lease") {
 		t.Errorf("helper said %q, want a refusal naming its uid", out)
 	}
-	r, err := Take(h.Addr, "root")
+	start := time.Now()
+	r, err := Take(h.Addr, "root", -1)
 	if err != nil {
 		t.Fatalf("root after the refusal: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("root's take took %s after a silent peer of another uid", took)
 	}
 	closeFDs(r.FDs)
 	<-served
@@ -248,10 +271,76 @@ func TestHandoverRefusesOthers(t *testing.T) {
 // TestMain runs the tests, or, with NPURUN_TEST_TAKE set, is
 // TestHandoverRefusesOthers's taker, run as another uid.
 func TestMain(m *testing.M) {
+	if addr := os.Getenv("NPURUN_TEST_SILENT"); addr != "" {
+		// Connects, says nothing, and stays until killed.
+		c, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
+		if err == nil {
+			err = unix.Connect(c, &unix.SockaddrUnix{Name: addr})
+		}
+		os.Stdout.WriteString(fmt.Sprint("connected ", err) + "\n")
+		time.Sleep(time.Minute)
+		os.Exit(0)
+	}
 	if addr := os.Getenv("NPURUN_TEST_TAKE"); addr != "" {
-		_, err := Take(addr, "other")
+		_, err := Take(addr, "other", -1)
 		os.Stdout.WriteString(fmt.Sprint(err) + "\n")
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// TestTakeOnlyFromOwner (issue 27.5): a hand-over answered by another uid
+// than the container's owner is no hand-over (ErrGone, saying who
+// answered), and nothing is taken from it; the owner's is taken.
+func TestTakeOnlyFromOwner(t *testing.T) {
+	dir := t.TempDir()
+	fd, _ := lockedFile(t, dir, "npu0.lock")
+	defer unix.Close(fd)
+	h, err := NewHandover("fake", []int{0}, []int{fd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	served := make(chan error, 1)
+	go func() { served <- h.Serve(-1) }()
+	me := os.Getuid()
+	_, err = Take(h.Addr, "squatted", me+1)
+	if !errors.Is(err, ErrGone) || !strings.Contains(err.Error(), fmt.Sprintf("of uid %d, not by the container's owner, uid %d", me, me+1)) {
+		t.Fatalf("Take from uid %d for owner %d: %v, want ErrGone naming both", me, me+1, err)
+	}
+	r, err := Take(h.Addr, "owned", me)
+	if err != nil {
+		t.Fatalf("Take for its owner after another's try: %v", err)
+	}
+	closeFDs(r.FDs)
+	if err := <-served; err != nil || h.Taken() != "owned" {
+		t.Errorf("Serve: %v, taken by %q, want by the owner's take", err, h.Taken())
+	}
+}
+
+// TestTakeBounded (issue 27.5): a peer at the address that never answers
+// (one that listens and does not accept, one that accepts and says
+// nothing) keeps Take for handoverTimeout in all, no longer.
+func TestTakeBounded(t *testing.T) {
+	defer func(d time.Duration) { handoverTimeout = d }(handoverTimeout)
+	handoverTimeout = 300 * time.Millisecond
+	ln, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ln)
+	addr := handoverPrefix + "0123456789abcdef0123456789abcdef"
+	if err := unix.Bind(ln, &unix.SockaddrUnix{Name: addr}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(ln, 1); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // the first fills the backlog; the next ones wait to connect
+		start := time.Now()
+		_, err := Take(addr, "c", -1)
+		if took := time.Since(start); err == nil || errors.Is(err, ErrGone) || took > handoverTimeout+time.Second {
+			t.Errorf("Take from a silent peer: %v after %s, want an error within %s", err, took, handoverTimeout)
+		}
+	}
 }

@@ -6,7 +6,9 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -277,8 +279,18 @@ func Exec(path string, la *Launch, env []string, say Say) int {
 		return 1
 	}
 	if la.Handover != nil && la.Handover.Taken() == "" {
-		say.Warn("%s run ended, and no runtime took the lease: no container had it", la.Run.Engine)
-		say.Hint("is npurun-runtime Docker's runtime %q (daemon.json \"runtimes\", then SIGHUP to dockerd)? see npurun(1), CONTAINERS", la.runtime)
+		// Docker said why it failed, on its standard error: the runtime's
+		// registration is named only where it is what failed (Docker
+		// does not know the runtime), or where Docker succeeded without
+		// it.
+		switch registered, known := la.runtimeRegistered(path, env); {
+		case known && !registered:
+			say.Warn("Docker has no runtime %q: the container did not start, and the lease goes back", la.runtime)
+			say.Hint("register npurun-runtime as Docker's runtime %q (daemon.json \"runtimes\", then SIGHUP to dockerd); see npurun(1), CONTAINERS", la.runtime)
+		case e.err == nil && !e.ws.Signaled() && e.ws.ExitStatus() == 0:
+			say.Warn("%s run ended, and no runtime took the lease: no container had it", la.Run.Engine)
+			say.Hint("is npurun-runtime Docker's runtime %q (daemon.json \"runtimes\", then SIGHUP to dockerd)? see npurun(1), CONTAINERS", la.runtime)
+		}
 	} else if la.Handover != nil && say.Verbose {
 		say.Warn("%s handed to container %.12s", la.vendor.Format(la.Devices), la.Handover.Taken())
 	}
@@ -290,3 +302,72 @@ func Exec(path string, la *Launch, env []string, say Say) int {
 	}
 	return e.ws.ExitStatus()
 }
+
+// runtimeRegistered asks Docker (the engine's command line at path, with
+// its global options and env) whether it has the runtime npurun hands the
+// lease through: registered, and known false where Docker could not be
+// asked (no answer within runtimeAskTimeout, an error).
+func (la *Launch) runtimeRegistered(path string, env []string) (registered, known bool) {
+	globals := la.Run.Argv[1:la.Run.At]
+	if n := len(globals); n > 0 && globals[n-1] == "container" {
+		globals = globals[:n-1]
+	}
+	argv := append([]string{la.Run.Argv[0]}, globals...)
+	argv = append(argv, "info", "--format", `{{range $name, $_ := .Runtimes}}{{println $name}}{{end}}`)
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return false, false
+	}
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return false, false
+	}
+	defer null.Close()
+	pid, err := syscall.ForkExec(path, argv, &syscall.ProcAttr{Env: env, Files: []uintptr{null.Fd(), uintptr(p[1]), null.Fd()}})
+	unix.Close(p[1])
+	if err != nil {
+		unix.Close(p[0])
+		return false, false
+	}
+	timer := time.AfterFunc(runtimeAskTimeout, func() { unix.Kill(pid, unix.SIGKILL) })
+	out := make([]byte, 0, 1024)
+	buf := make([]byte, 1024)
+	for len(out) < maxRuntimesAnswer {
+		n, err := unix.Read(p[0], buf)
+		if n > 0 {
+			out = append(out, buf[:n]...)
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		if n <= 0 {
+			break
+		}
+	}
+	unix.Close(p[0])
+	var ws unix.WaitStatus
+	for {
+		if _, err = unix.Wait4(pid, &ws, 0, nil); err != unix.EINTR {
+			break
+		}
+	}
+	timer.Stop()
+	if err != nil || !ws.Exited() || ws.ExitStatus() != 0 || len(out) >= maxRuntimesAnswer {
+		return false, false
+	}
+	for _, name := range strings.Fields(string(out)) {
+		if name == la.runtime {
+			return true, true
+		}
+	}
+	return false, true
+}
+
+// runtimeAskTimeout bounds the question runtimeRegistered asks Docker, and
+// maxRuntimesAnswer what is read of its answer.
+const (
+	runtimeAskTimeout = 10 * time.Second
+	maxRuntimesAnswer = 64 << 10
+)

@@ -9,10 +9,12 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -253,4 +255,96 @@ func TestContainerBrokerRestartNoRecord(t *testing.T) {
 	if l == nil || l.Kind != client.KindContainer || l.Container == nil || l.Container.ID != cid || l.Container.Engine != "docker" || !l.Adopted {
 		t.Fatalf("npu 0 after a restart without its record: %+v, want a lease found held of kind container, container %s", l, cid)
 	}
+}
+
+// TestContainerBrokerHolderAtOnce (issue 27.22): as soon as npurun docker
+// run -d returns, status shows the container's first process holding its
+// lease (the runtime told the broker its pid once runc had made it), not
+// "no holder found yet" until a background scan; and the group it was
+// made in, which the broker keeps for itself, is not shown.
+func TestContainerBrokerHolderAtOnce(t *testing.T) {
+	dev := containerDev(t, 1)
+	// A background scan a minute away: only the runtime's word can tell.
+	b := StartBroker(t, containerConfig(t, dev, 1, "\n[status]\nscan_interval = \"60s\"\n"))
+	d := startDockerd(t, b, "")
+	code, out := exitCode(t, npurunIn(b, containerClient(b, dev), dockerBin, "-H", "unix://"+d.Sock, "run", "-d", "--name", "quick", "local/mini", "sleep", "600"))
+	if code != 0 {
+		t.Fatalf("npurun docker run -d: exit %d\n%s", code, out)
+	}
+	cid := strings.TrimSpace(out)
+	pid := d.DockerOut("inspect", "-f", "{{.State.Pid}}", cid)
+	l := deviceOf(t, b.Board(t), 0).Lease
+	if l == nil || !slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strconv.Itoa(h.PID) == pid }) {
+		t.Fatalf("right after docker run -d, npu 0's lease %+v, want the container's first process (pid %s) among its holders", l, pid)
+	}
+	for _, h := range l.Holders {
+		if h.Container == nil || h.Container.ID != cid || h.Container.Cgroup != "" || h.Container.PID != 0 {
+			t.Errorf("holder %d: container %+v, want %s by engine, id and name only", h.PID, h.Container, cid[:12])
+		}
+	}
+	if c := l.Container; c == nil || c.Cgroup != "" || c.PID != 0 {
+		t.Errorf("lease.container = %+v, want engine, id and name only", c)
+	}
+	if table := b.Status(t); strings.Contains(table, "no holder found") {
+		t.Errorf("the table says no holder is found:\n%s", table)
+	}
+}
+
+// TestContainerHandoverSquat (issue 27.5): once the npurun that started a
+// container is gone, another user binds its hand-over address (in the
+// container's environment, and in /proc/net/unix for everyone) and answers
+// the runtime with a lease of her own when the container starts again.
+// The runtime takes nothing from her: the container's recorded owner's
+// hand-over alone counts, and the restart gets a new lease for its owner.
+func TestContainerHandoverSquat(t *testing.T) {
+	// Devices without nodes: the container's device rules ask for none,
+	// so a lease of any device would do for it, as far as they tell.
+	b := StartBroker(t, FakeConfig(2)+fmt.Sprintf("\n[containers]\nstate_dir = %q\n", filepath.Join(SharedDir(t), "containers")))
+	d := startDockerd(t, b, "")
+	alice, mallory := newUser(t), newUser(t)
+	if err := os.Chown(d.Sock, int(alice.UID), -1); err != nil {
+		t.Fatal(err)
+	}
+	m := fifo(t)
+	log := tailLog(t, filepath.Join(m, "log"))
+	script := `n=$(cat /m/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /m/n
+echo "run $n fd20=$(readlink /proc/self/fd/20)" >> /m/log
+[ $n -eq 1 ] && { read x < /m/go; exit 1; }
+exec sleep 600`
+	env := append(b.Env(), "DOCKER_CONFIG="+SharedDir(t))
+	cmd := alice.as(npurunIn(b, env, dockerBin, "-H", "unix://"+d.Sock, "run", "-d", "--restart=always", "--name", "sq", "-v", m+":/m", "local/mini", "sh", "-c", script), m)
+	if code, out := exitCode(t, cmd); code != 0 {
+		t.Fatalf("npurun docker run -d --restart=always: exit %d\n%s", code, out)
+	}
+	lock := func(id int) string { return filepath.Join(b.RunDir, "locks", fmt.Sprintf("npu%d.lock", id)) }
+	log.waitLine("run 1 fd20=" + lock(0))
+	var addr string
+	for _, kv := range strings.Fields(d.DockerOut("inspect", "-f", `{{range .Config.Env}}{{println .}}{{end}}`, "sq")) {
+		if v, ok := strings.CutPrefix(kv, "NPURUN_HANDOVER="); ok {
+			addr = v
+		}
+	}
+	if addr == "" {
+		t.Fatal("the container's environment has no NPURUN_HANDOVER")
+	}
+	// Mallory, with a lease of npu 1, answers at the address.
+	sq := startProc(t, "mallory squats", mallory.as(b.Npurun("-d", "1", "--", b.Bin.Workload, "-squat", addr), "/"))
+	sq.waitLine("squatting")
+	releaseProbe(t, m)
+	log.waitLine("run 2 fd20=")
+	if !strings.Contains(log.Output(), "run 2 fd20="+lock(0)) {
+		t.Errorf("the restarted container runs on another lease than its owner's npu 0:\n%s", log.Output())
+	}
+	bd := b.Board(t)
+	if l := deviceOf(t, bd, 0).Lease; l == nil || l.User != alice.Name || l.Kind != client.KindContainer {
+		t.Errorf("npu 0 after the restart: %+v, want alice's lease, of kind container", l)
+	}
+	if l := deviceOf(t, bd, 1).Lease; l == nil || l.User != mallory.Name || l.Container != nil {
+		t.Errorf("npu 1 after the restart: %+v, want mallory's lease, in no container", l)
+	}
+	if strings.Contains(sq.Output(), "served") {
+		t.Errorf("mallory's hand-over was taken:\n%s", sq.Output())
+	}
+	d.DockerOut("rm", "-f", "sq")
+	sq.stdin.Close()
 }

@@ -112,3 +112,67 @@ func TestContainerOp(t *testing.T) {
 		t.Errorf("usage has no row of kind container for root: %+v", rep.Rows)
 	}
 }
+
+// TestContainerNameOwner (issue 27.6): a container named by root (the
+// runtime) is not renamed by another user naming a lease of her own with
+// its id, and a name with a bidirectional override or a control character
+// is refused, as a task's name with one is (one check for both).
+func TestContainerNameOwner(t *testing.T) {
+	needRoot(t)
+	alice := newUser(t)
+	b := StartBroker(t, FakeConfig(2))
+	id := containerID('a')
+	p := startProc(t, "root's", b.Npurun("-d", "0", b.Bin.Workload, "-contain", "docker/"+id+"/train"))
+	p.waitLine("ok")
+	// Alice, with a lease of her own, names root's container.
+	q := startProc(t, "alice renames", alice.as(b.Npurun("-d", "1", "--", b.Bin.Workload, "-contain", "docker/"+id+"/evil"), "/"))
+	q.waitLine("denied: uid " + fmt.Sprint(alice.UID) + " may not name container " + id[:12] + ": it is another user's")
+	bd := b.Board(t)
+	if c := deviceOf(t, bd, 0).Lease.Container; c == nil || c.Name != "train" {
+		t.Errorf("root's lease's container after alice's try: %+v, want the name train", c)
+	}
+	if l := deviceOf(t, bd, 1).Lease; l == nil || l.Container != nil {
+		t.Errorf("alice's lease after a refused name: %+v, want no container", l)
+	}
+	if table := b.Status(t); strings.Contains(table, "container evil") {
+		t.Errorf("the table shows the name alice tried:\n%s", table)
+	}
+	q.stdin.Close()
+	awaitFree(t, b, 1)
+	// Names that would reorder or break a table's row.
+	for _, name := range []string{"tra\u202eniart", "a\u2066b", "x\u0007y", "l\u2028m"} {
+		r := startProc(t, "bad name", b.Npurun("-d", "1", b.Bin.Workload, "-contain", "docker/"+containerID('b')+"/"+name))
+		r.waitLine("bad-request: container name")
+		r.stdin.Close()
+		awaitFree(t, b, 1)
+		dir := t.TempDir()
+		code, out := exitCode(t, b.TaskSubmit("--name", name, "--log", dir+"/log", "--no-device", "--run", "true"))
+		if code == 0 || !strings.Contains(out, "task name") {
+			t.Errorf("task-submit --name %q: exit %d, want a refusal naming the task name\n%s", name, code, out)
+		}
+	}
+	p.stdin.Close()
+}
+
+// TestContainerOpOwner (issue 27.5): root's runtime names the user it took
+// a hand-over from, and the broker refuses a lease of another user's: a
+// squatter's lease is not the container's.
+func TestContainerOpOwner(t *testing.T) {
+	needRoot(t)
+	alice := newUser(t)
+	b := StartBroker(t, FakeConfig(1))
+	p := startProc(t, "not alice's", b.Npurun("-d", "0", b.Bin.Workload, "-contain", "docker/"+containerID('a')+"/x", "-contain-owner", alice.Name))
+	p.waitLine("denied: the lease of npu 0 is root's, not " + alice.Name + "'s")
+	if l := deviceOf(t, b.Board(t), 0).Lease; l == nil || l.Container != nil {
+		t.Errorf("npu 0 after a refused owner: %+v, want a lease in no container", l)
+	}
+	p.stdin.Close()
+	awaitFree(t, b, 0)
+	q := startProc(t, "root's", b.Npurun("-d", "0", b.Bin.Workload, "-contain", "docker/"+containerID('a')+"/x", "-contain-owner", "root"))
+	q.waitLine("ok")
+	q.stdin.Close()
+	// Only root names the owner.
+	r := startProc(t, "alice names an owner", alice.as(b.Npurun("-d", "0", "--", b.Bin.Workload, "-contain", "docker/"+containerID('b')+"/x", "-contain-owner", alice.Name), "/"))
+	r.waitLine("denied: only root names the user")
+	r.stdin.Close()
+}

@@ -505,3 +505,27 @@ func TestContainerPodmanRuntime(t *testing.T) {
 		t.Error("a lease is left held")
 	}
 }
+
+// TestContainerDockerErrorPassedOn (issue 27.20): where docker run fails
+// for a reason of its own (an image it cannot find), npurun passes its
+// error and exit status on and does not blame the runtime's registration;
+// where Docker does not know npurun's runtime, npurun says that is what
+// failed.
+func TestContainerDockerErrorPassedOn(t *testing.T) {
+	dev := containerDev(t, 1)
+	b := StartBroker(t, containerConfig(t, dev, 1, ""))
+	d := startDockerd(t, b, "")
+	code, out := exitCode(t, npurunIn(b, containerClient(b, dev), dockerBin, "-H", "unix://"+d.Sock, "run", "--rm", "--pull=never", "local/none", "true"))
+	if code != 125 || !strings.Contains(out, "local/none") {
+		t.Errorf("npurun docker run of an image that is not there: exit %d, want docker's 125 and its error naming the image\n%s", code, out)
+	}
+	if strings.Contains(out, "runtime") {
+		t.Errorf("npurun blames the runtime for docker's own error:\n%s", out)
+	}
+	awaitFree(t, b, 0)
+	env := append(containerClient(b, dev), "NPURUN_DOCKER_RUNTIME=unregistered")
+	code, out = exitCode(t, npurunIn(b, env, dockerBin, "-H", "unix://"+d.Sock, "run", "--rm", "local/mini", "true"))
+	if code == 0 || !strings.Contains(out, `npurun: Docker has no runtime "unregistered"`) || !strings.Contains(out, "npurun: hint: register npurun-runtime") {
+		t.Errorf("npurun docker run with a runtime Docker does not know: exit %d, want a failure naming the registration\n%s", code, out)
+	}
+}

@@ -30,8 +30,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 )
 
 // OpContainer tells the broker of a container and the lease it holds.
@@ -50,6 +48,26 @@ type ContainerRef struct {
 	Engine string `json:"engine"`         // "docker", "podman", or the cgroup's word for another
 	ID     string `json:"id"`             // the engine's full id
 	Name   string `json:"name,omitempty"` // the engine's name for it, where known
+
+	// What root's runtime saw of the container once made (op container
+	// after runc create), and what the broker reads of a process
+	// (container.FromCgroup): the control group that names the container
+	// (its path, up to that group: "/system.slice/docker-ID.scope"), and
+	// the pid of its first process. The broker keeps them for itself
+	// (Label): a process is this container's only in the group the
+	// runtime saw it made in, and the first process is where status looks
+	// for the lease's holders at once.
+	Cgroup string `json:"cgroup,omitempty"`
+	PID    int    `json:"pid,omitempty"`
+}
+
+// Label is ref as status and the accounting log show it: engine, id and
+// name.
+func (c *ContainerRef) Label() *ContainerRef {
+	if c == nil {
+		return nil
+	}
+	return &ContainerRef{Engine: c.Engine, ID: c.ID, Name: c.Name}
 }
 
 // Short is the container's name, or its id's first 12 characters.
@@ -67,7 +85,15 @@ func (c *ContainerRef) Short() string {
 // descriptors are fds (of devices, in that order; none: the container
 // exists, and holds no lease), and waits for its word.
 func (c *Conn) Contain(ref *ContainerRef, devices, fds []int) error {
-	req := &Request{V: Version, Op: OpContainer, Container: ref, Devices: devices}
+	return c.ContainFor(ref, "", devices, fds)
+}
+
+// ContainFor is Contain where the lease must be owner's (a user's name,
+// or uid as a number; "" for anyone's): the broker refuses another's
+// (denied). Root's runtime says whose lease it expects, by the uid that
+// handed it over.
+func (c *Conn) ContainFor(ref *ContainerRef, owner string, devices, fds []int) error {
+	req := &Request{V: Version, Op: OpContainer, Container: ref, Devices: devices, User: owner}
 	b, err := Encode(req)
 	if err != nil {
 		return err
@@ -90,8 +116,7 @@ func (c *Conn) Contain(ref *ContainerRef, devices, fds []int) error {
 
 // Check tells what is wrong with ref, as the broker sees it: engine at
 // most 32 bytes of [a-z0-9-], id 1 to 128 bytes of [0-9a-zA-Z_.-], name
-// at most 256 bytes, valid UTF-8 without control characters (it is shown
-// in tables).
+// as CheckName says (it is shown in tables, as a task's name is).
 func (c *ContainerRef) Check() error {
 	if len(c.Engine) > 32 || strings.IndexFunc(c.Engine, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-')
@@ -103,10 +128,8 @@ func (c *ContainerRef) Check() error {
 	}) >= 0 {
 		return fmt.Errorf("container id %q: 1 to 128 characters of a-z, A-Z, 0-9, _, . and -", c.ID)
 	}
-	if len(c.Name) > 256 || !utf8.ValidString(c.Name) || strings.IndexFunc(c.Name, func(r rune) bool {
-		return unicode.IsControl(r)
-	}) >= 0 {
-		return fmt.Errorf("container name %q: at most 256 bytes of printable UTF-8", c.Name)
+	if len(c.Cgroup) > 4096 || c.PID < 0 {
+		return fmt.Errorf("container cgroup of %d bytes, pid %d: at most 4096 bytes, a pid", len(c.Cgroup), c.PID)
 	}
-	return nil
+	return CheckName("container", c.Name, MaxContainerName)
 }

@@ -74,7 +74,8 @@ type Proc struct {
 
 	// Container is the container the process is in, from its
 	// /proc/PID/cgroup (container.FromCgroup; no name: the engine's names
-	// are the broker's to add); nil for a process in none.
+	// are the broker's to add); nil for a process in none, or in the
+	// broker's own (a broker run in a container tags the others only).
 	Container *client.ContainerRef
 }
 
@@ -129,6 +130,10 @@ type Scanner struct {
 	root string
 	boot time.Time
 	self int // a pid left out of every scan (the broker's own), with its forks not yet exec'd (fork)
+	// own is the container self is in (a broker run in a container), nil
+	// for none: its fellows are where the broker is, not in a container
+	// of their own, and are told as in none.
+	own *client.ContainerRef
 
 	// UserBudget bounds the work of one scan for the processes of one
 	// user, and of one Tree: descriptors stat'ed, and lines of maps read
@@ -185,6 +190,7 @@ func New(root string, self int, _ ...string) (*Scanner, error) {
 	s := &Scanner{fs: fs, root: root, self: self, UserBudget: DefaultUserBudget,
 		cursors: map[uint32]*cursor{}, kinds: map[FileID]uint64{}}
 	s.boot = bootTime(root, fs)
+	s.own = s.container(self)
 	return s, nil
 }
 
@@ -388,7 +394,9 @@ func (s *Scanner) Proc(pid int) (*Proc, error) {
 	if exe, err := p.Executable(); err == nil {
 		pi.Exe = exe
 	}
-	pi.Container = s.container(pid)
+	if c := s.container(pid); c != nil && (s.own == nil || c.ID != s.own.ID) {
+		pi.Container = c
+	}
 	return pi, nil
 }
 

@@ -9,9 +9,11 @@ package status
 // characters.
 
 import (
+	"cmp"
 	"container/list"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
@@ -26,50 +28,102 @@ const maxContainerNames = 4096
 // containerNames is container id -> name, as the runtime told them, under
 // the ledger's lock.
 type containerNames struct {
-	byID  map[string]*list.Element // of *client.ContainerRef
+	byID  map[string]*list.Element // of *namedContainer
 	order list.List                // most recently used first
 }
 
-// put keeps ref's name (a ref without one keeps none).
-func (c *containerNames) put(ref *client.ContainerRef) {
-	if ref == nil || ref.Name == "" {
-		return
+// namedContainer is a container's name and who told it.
+type namedContainer struct {
+	ref client.ContainerRef
+	by  uint32 // the uid that told it: root (the runtime), or the owner of a rootless engine's container
+}
+
+// put keeps ref's name and the control group it was made in (a ref
+// without either keeps none), told by uid: root names any container,
+// another uid only one that no other uid has named (a container is its
+// owner's to name: one user must not wear another's container's name, nor
+// rename it). False where uid may not.
+func (c *containerNames) put(ref *client.ContainerRef, uid uint32) bool {
+	if !c.mayName(ref, uid) {
+		return false
+	}
+	if ref == nil || ref.Name == "" && ref.Cgroup == "" {
+		return true
 	}
 	if c.byID == nil {
 		c.byID = map[string]*list.Element{}
 	}
-	r := *ref
-	if e := c.byID[r.ID]; e != nil {
-		e.Value = &r
+	n := &namedContainer{ref: *ref, by: uid}
+	if e := c.byID[ref.ID]; e != nil {
+		if old := e.Value.(*namedContainer).ref; n.ref.Cgroup == "" || n.ref.Name == "" {
+			// A word without the group (a label at the hand-over, before
+			// runc made the container) keeps the group told; one without
+			// a name keeps the name.
+			n.ref.Cgroup = cmp.Or(n.ref.Cgroup, old.Cgroup)
+			n.ref.Name = cmp.Or(n.ref.Name, old.Name)
+		}
+		e.Value = n
 		c.order.MoveToFront(e)
-		return
+		return true
 	}
-	c.byID[r.ID] = c.order.PushFront(&r)
+	c.byID[ref.ID] = c.order.PushFront(n)
 	for c.order.Len() > maxContainerNames {
 		last := c.order.Back()
-		delete(c.byID, last.Value.(*client.ContainerRef).ID)
+		delete(c.byID, last.Value.(*namedContainer).ref.ID)
 		c.order.Remove(last)
 	}
+	return true
 }
 
-// named is ref as the board shows it: a copy, with the name the runtime
-// told where ref has none, and no name where show is false (a container's
-// name can say what it runs, as a command does). nil for nil.
+// mayName tells whether uid may name container ref: root may, another uid
+// where no other uid named it.
+func (c *containerNames) mayName(ref *client.ContainerRef, uid uint32) bool {
+	if ref == nil || uid == 0 {
+		return true
+	}
+	e := c.byID[ref.ID]
+	return e == nil || e.Value.(*namedContainer).by == uid
+}
+
+// named is ref as the board shows it: a copy (its Label), with the name
+// the runtime told where ref has none, and no name where show is false (a
+// container's name can say what it runs, as a command does). nil for nil,
+// and for a process's ref (from its control group) in another group than
+// the one root's runtime saw the container made in: that is not the
+// container, whatever its group's name says.
 func (c *containerNames) named(ref *client.ContainerRef, show bool) *client.ContainerRef {
-	if ref == nil {
+	if ref == nil || !c.inItsGroup(ref) {
 		return nil
 	}
-	r := *ref
-	if r.Name == "" {
-		if e := c.byID[r.ID]; e != nil {
-			r.Name = e.Value.(*client.ContainerRef).Name
-			c.order.MoveToFront(e)
-		}
+	r := ref.Label()
+	if e := c.byID[r.ID]; e != nil && r.Name == "" {
+		r.Name = e.Value.(*namedContainer).ref.Name
+		c.order.MoveToFront(e)
 	}
 	if !show {
 		r.Name = ""
 	}
-	return &r
+	return r
+}
+
+// inItsGroup tells whether ref, a process's container as its control group
+// names it, is in the group root's runtime saw that container made in
+// (true where the runtime told none, or ref has none: a lease's label).
+func (c *containerNames) inItsGroup(ref *client.ContainerRef) bool {
+	e := c.byID[ref.ID]
+	if e == nil || ref.Cgroup == "" {
+		return true
+	}
+	n := e.Value.(*namedContainer)
+	return n.by != 0 || n.ref.Cgroup == "" || n.ref.Cgroup == ref.Cgroup
+}
+
+// MayNameContainer tells whether uid may name container ref (a lease asked
+// for on its behalf): root any, another uid one that no other uid named.
+func (g *Ledger) MayNameContainer(ref *client.ContainerRef, uid uint32) bool {
+	g.mu.Lock()
+	defer g.unlock()
+	return g.containers.mayName(ref, uid)
 }
 
 // ContainerNamed keeps the name of a container the runtime told of
@@ -77,7 +131,7 @@ func (c *containerNames) named(ref *client.ContainerRef, show bool) *client.Cont
 func (g *Ledger) ContainerNamed(ref *client.ContainerRef) {
 	g.mu.Lock()
 	defer g.unlock()
-	g.containers.put(ref)
+	g.containers.put(ref, 0)
 	g.changedLocked()
 }
 
@@ -89,7 +143,11 @@ func (g *Ledger) ContainerNamed(ref *client.ContainerRef) {
 // and is named only. No /proc and no disk: the runtime waits for the
 // answer on a container's create path (the accounting record goes through
 // the log's queue).
-func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, files []procscan.FileID) *client.Reply {
+//
+// owner, where not "", is the user (a name, or a uid as a number) whose
+// lease it must be: root's runtime says whom it took the lease from (the
+// hand-over's peer), and another's lease is refused (denied).
+func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, files []procscan.FileID, owner string) *client.Reply {
 	v := g.inv.Vendor
 	g.mu.Lock()
 	defer g.unlock()
@@ -118,9 +176,17 @@ func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, fi
 	if uid != 0 && e.UID != uid {
 		return refusal(client.CodeDenied, fmt.Sprintf("uid %d may name only its own leases' containers", uid))
 	}
-	r := *ref
-	e.container = &r
-	g.containers.put(ref)
+	if owner != "" && owner != e.User && owner != strconv.FormatUint(uint64(e.UID), 10) {
+		return refusal(client.CodeDenied, fmt.Sprintf("the lease of %s is %s's, not %s's", v.Format(heldIDs(e)), e.User, owner))
+	}
+	if !g.containers.put(ref, uid) {
+		return refusal(client.CodeDenied, fmt.Sprintf("uid %d may not name container %.12s: it is another user's", uid, ref.ID))
+	}
+	e.container = ref.Label()
+	if ref.PID > 0 {
+		e.containerPID = ref.PID // root's runtime's word (broker/containers.go)
+	}
+	r := *e.container
 	if !e.contained && (e.Kind == lease.Inline || e.Kind == lease.Found) {
 		e.contained = true
 		if e.logged {
@@ -169,15 +235,18 @@ func inHolderContainer(res *procscan.Result, holders map[int]bool, in *map[strin
 	if pi.Container == nil || len(holders) == 0 {
 		return false
 	}
+	key := func(c *client.ContainerRef) string { return c.ID + "\x00" + c.Cgroup }
 	if *in == nil {
 		*in = map[string]bool{}
 		for pid := range holders {
 			if h := res.Info[pid]; h != nil && h.Container != nil {
-				(*in)[h.Container.ID] = true
+				(*in)[key(h.Container)] = true
 			}
 		}
 	}
-	return (*in)[pi.Container.ID]
+	// The same group, not only the same id: a group is named by whoever
+	// made it (FromCgroup trusts no user's place; this is the second word).
+	return (*in)[key(pi.Container)]
 }
 
 // inContainerLocked says, for a log line, which container a process is in.

@@ -14,12 +14,12 @@ import (
 func TestContainerNames(t *testing.T) {
 	var c containerNames
 	for i := range maxContainerNames + 1 {
-		c.put(&client.ContainerRef{Engine: "docker", ID: fmt.Sprint(i), Name: fmt.Sprint("n", i)})
+		c.put(&client.ContainerRef{Engine: "docker", ID: fmt.Sprint(i), Name: fmt.Sprint("n", i)}, 0)
 		if i == 0 {
 			c.named(&client.ContainerRef{ID: "0"}, true) // used: kept past the cap
 		}
 		if i == 1 {
-			c.put(&client.ContainerRef{ID: "0", Name: "n0"})
+			c.put(&client.ContainerRef{ID: "0", Name: "n0"}, 0)
 		}
 	}
 	if got := c.named(&client.ContainerRef{Engine: "docker", ID: "0"}, true); got.Name != "n0" {
@@ -58,5 +58,35 @@ func TestOneContainer(t *testing.T) {
 		if got := oneContainer(res, c.pids); got != c.want {
 			t.Errorf("holders %v: %+v, want %+v", c.pids, got, c.want)
 		}
+	}
+}
+
+// TestContainerNamesGroup (issue 27.2): where root's runtime told the
+// group a container was made in, a process whose group names that
+// container's id elsewhere is shown in no container; one in the group is
+// shown by the container's label (no group, no pid); a uid that did not
+// name a container may not name it.
+func TestContainerNamesGroup(t *testing.T) {
+	var c containerNames
+	made := &client.ContainerRef{Engine: "docker", ID: "x", Name: "train", Cgroup: "/system.slice/docker-x.scope", PID: 42}
+	if !c.put(made, 0) {
+		t.Fatal("root may name any container")
+	}
+	if got := c.named(&client.ContainerRef{Engine: "docker", ID: "x", Cgroup: "/system.slice/docker-x.scope"}, true); got == nil || got.Name != "train" || got.Cgroup != "" || got.PID != 0 {
+		t.Errorf("a process in the container's group: %+v, want its label, named train", got)
+	}
+	if got := c.named(&client.ContainerRef{Engine: "docker", ID: "x", Cgroup: "/elsewhere/docker-x.scope"}, true); got != nil {
+		t.Errorf("a process in another group of that id: %+v, want no container", got)
+	}
+	// A later word without the group (a label) keeps it.
+	c.put(&client.ContainerRef{Engine: "docker", ID: "x", Name: "train2"}, 0)
+	if got := c.named(&client.ContainerRef{Engine: "docker", ID: "x", Cgroup: "/elsewhere/docker-x.scope"}, true); got != nil {
+		t.Errorf("after a label: a process in another group: %+v, want no container", got)
+	}
+	if c.put(&client.ContainerRef{Engine: "docker", ID: "x", Name: "mine"}, 1000) || c.mayName(made, 1000) {
+		t.Error("uid 1000 may name root's container")
+	}
+	if !c.put(&client.ContainerRef{Engine: "podman", ID: "y", Name: "hers"}, 1000) || c.put(&client.ContainerRef{Engine: "podman", ID: "y", Name: "his"}, 1001) {
+		t.Error("a uid names a container of its own, and another uid may not rename it")
 	}
 }

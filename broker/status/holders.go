@@ -64,6 +64,9 @@ func (g *Ledger) Refresh() {
 				lk.targets.Files[e.files[i]] = true
 			}
 		}
+		if p := e.containerPID; p > 0 && !in[p] && p != e.pid {
+			lk.roots = append(lk.roots, p) // containers.go
+		}
 		looks = append(looks, lk)
 	}
 	g.unlock()

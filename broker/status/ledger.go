@@ -188,6 +188,11 @@ type entry struct {
 	// re-kinds an inline lease (contained; containers.go)
 	container *client.ContainerRef
 	contained bool
+	// containerPID is the container's first process, as root's runtime
+	// told it once runc had made it: where Refresh looks for the lease's
+	// holders at once, the process granted the lease (npurun, the
+	// runtime) being gone; 0 where not told.
+	containerPID int
 
 	mem *memUse // a share's use of its device's memory, as the vendor's tool showed it (memory.go)
 }
@@ -638,7 +643,7 @@ func (g *Ledger) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 			l.User = g.names.name(pi.UID)
 			g.log.Printf("npu %d is held by a lease from before this start with no record of its grant: held by pid %d (%s)", id, pi.PID, l.User)
 			if ref := oneContainer(res, pids); ref != nil {
-				l.Kind, l.Container = lease.Container, ref
+				l.Kind, l.Container = lease.Container, ref.Label()
 			}
 		}
 		e := newEntry(l)

@@ -486,8 +486,8 @@ func (rt *Runtime) resolve(by Submitter, sub *client.Submission) (*Task, error) 
 		return bad("bad device count %d", sub.N)
 	case sub.NoDevice && (sub.N != 0 || len(sub.Devices) > 0 || sub.Pool != ""):
 		return bad("a --no-device task takes no device, count or pool")
-	case len(sub.Name) > 200:
-		return bad("name longer than 200 bytes")
+	case client.CheckName("task", sub.Name, client.MaxTaskName) != nil:
+		return bad("%v", client.CheckName("task", sub.Name, client.MaxTaskName))
 	case len(sub.After) > maxAfter:
 		return bad("--after names %d tasks, more than %d", len(sub.After), maxAfter)
 	case len(sub.Token) > client.MaxToken || strings.IndexFunc(sub.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:

@@ -283,8 +283,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("--notify and --no-notify exclude each other")
 	case strings.ContainsFunc(s.Notify, func(r rune) bool { return unicode.IsControl(r) && r != '\t' }):
 		return nil, usagef("--notify takes one line of shell")
-	case strings.ContainsFunc(s.Name, unicode.IsControl):
-		return nil, usagef("--name takes one line of printable text")
+	case client.CheckName("task", s.Name, client.MaxTaskName) != nil:
+		return nil, usagef("--name takes one line of printable text: %v", client.CheckName("task", s.Name, client.MaxTaskName))
 	case fs.changed["token"] && (s.Token == "" || len(s.Token) > client.MaxToken || strings.IndexFunc(s.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0):
 		return nil, usagef("--token takes 1 to %d characters of printable ASCII, no space", client.MaxToken)
 	}

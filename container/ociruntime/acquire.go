@@ -85,12 +85,18 @@ func closeFD(fd int) { unix.Close(fd) }
 // predates op container refuses it as a bad request) is the caller's to
 // log.
 func tellBroker(socket string, ref *client.ContainerRef, devices, fds []int) error {
+	return tellBrokerFor(socket, ref, "", devices, fds)
+}
+
+// tellBrokerFor is tellBroker where the lease must be owner's ("" for
+// anyone's): a *client.Error where the broker refuses.
+func tellBrokerFor(socket string, ref *client.ContainerRef, owner string, devices, fds []int) error {
 	c, err := client.Dial(socket)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if err := c.Contain(ref, devices, fds); err != nil {
+	if err := c.ContainFor(ref, owner, devices, fds); err != nil {
 		return fmt.Errorf("tell the broker of container %.12s: %w", ref.ID, err)
 	}
 	return nil

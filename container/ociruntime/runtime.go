@@ -133,6 +133,7 @@ func parse(args []string) (*invocation, error) {
 type createArgs struct {
 	bundle      string
 	id          string
+	pidFile     string // --pid-file: where runc writes the container's first process's pid
 	preserveFDs int
 	rest        []string // the options and arguments without --preserve-fds
 }
@@ -155,6 +156,8 @@ func parseCreate(args []string) (*createArgs, error) {
 			switch name {
 			case "--bundle", "--b":
 				c.bundle = value
+			case "--pid-file":
+				c.pidFile = value
 			case "--preserve-fds":
 				n, err := strconv.Atoi(value)
 				if err != nil || n < 0 {
@@ -214,7 +217,11 @@ func Main(args []string) int {
 		return execRunc(inv, runc, passArgs(args))
 	}
 	defer l.close()
-	return startRunc(inv, runc, c, l)
+	code := startRunc(inv, runc, c, l)
+	if code == 0 {
+		l.made(inv, c)
+	}
+	return code
 }
 
 // passArgs is args without npurun-runtime's own options.
@@ -258,6 +265,7 @@ func execRunc(inv *invocation, runc string, args []string) int {
 type lease struct {
 	devices []int
 	fds     []int
+	ref     *client.ContainerRef // the container, as the broker is told of it once made
 }
 
 func (l *lease) close() {
@@ -290,7 +298,7 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 	lockDir := client.LockDir(inv.o.Socket)
 	ref := &client.ContainerRef{Engine: s.engine(), ID: c.id}
 
-	l := &lease{}
+	l := &lease{ref: ref}
 	fail := func(err error) (*lease, error) {
 		l.close()
 		return nil, err
@@ -298,17 +306,42 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 	handover := s.env(container.HandoverVar)
 	switch {
 	case handover != "":
-		r, err := container.Take(handover, c.id)
+		// A container made before has a recorded owner: a hand-over is
+		// taken from that uid only (the address is anyone's to bind once
+		// its npurun is gone).
+		var rec *record
+		owner := -1
+		if cfgErr == nil {
+			if rec, err = readRecord(cfg.Containers.StateDir, c.id); err != nil {
+				return fail(err)
+			}
+			if rec != nil {
+				owner = int(rec.UID)
+			}
+		}
+		r, err := container.Take(handover, c.id, owner)
+		if err == nil {
+			// The broker's word: the lease is the account's that handed
+			// it over (a refusal is no hand-over; a broker that cannot
+			// be asked leaves HoldsLock's word, below, and the owner's).
+			ref.Name = s.name()
+			var be *client.Error
+			if err := tellBrokerFor(inv.o.Socket, ref, userName(r.UID), r.Devices, r.FDs); errors.As(err, &be) {
+				closeAll(r.FDs)
+				r, err = nil, fmt.Errorf("%w: the broker refuses the lease handed over by uid %d: %v", container.ErrGone, r.UID, be.Message)
+			} else if err != nil {
+				logLine(inv, "warning", "%v", err)
+			}
+		}
+		if errors.Is(err, container.ErrGone) && err != container.ErrGone {
+			logLine(inv, "warning", "container %.12s: %v: taken as no hand-over", c.id, err)
+		}
 		switch {
 		case errors.Is(err, container.ErrGone):
 			// Not its first start: its npurun is gone. A new lease,
 			// for its owner, of the devices its first had.
 			if cfgErr != nil {
 				return fail(fmt.Errorf("read %s: %w", inv.o.Config, cfgErr))
-			}
-			rec, err := readRecord(cfg.Containers.StateDir, c.id)
-			if err != nil {
-				return fail(err)
 			}
 			if rec == nil {
 				return fail(errors.New("the npurun that started it is gone, and it holds no lease: run it with npurun again"))
@@ -335,10 +368,6 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 				if !client.HoldsLock(r.FDs[i], id, lockDir) {
 					return fail(fmt.Errorf("the lease handed over is not npu %d's current lease at %s", id, lockDir))
 				}
-			}
-			ref.Name = s.name()
-			if err := tellBroker(inv.o.Socket, ref, r.Devices, r.FDs); err != nil {
-				logLine(inv, "warning", "%v", err)
 			}
 			if cfgErr == nil {
 				rec := &record{ID: c.id, Engine: ref.Engine, Name: ref.Name, UID: r.UID, User: userName(r.UID),
@@ -477,7 +506,13 @@ func startRunc(inv *invocation, runc string, c *createArgs, l *lease) int {
 	if err != nil {
 		return fail(inv, "run %s: %v", runc, err)
 	}
-	l.close()
+	if inv.cmd != "create" {
+		// runc run returns when the container ends: nothing to tell then.
+		l.close()
+	}
+	// Else this process keeps its copies until runc has made the
+	// container: they prove the lease when the broker is told of it
+	// (made).
 	var ws unix.WaitStatus
 	for {
 		_, err = unix.Wait4(pid, &ws, 0, nil)
@@ -492,6 +527,33 @@ func startRunc(inv *invocation, runc string, c *createArgs, l *lease) int {
 		return 128 + int(ws.Signal())
 	}
 	return ws.ExitStatus()
+}
+
+// made tells the broker, once runc has made the container, which
+// container holds the lease, with its descriptors as proof: the control
+// group it was made in (a process elsewhere that names it is not its) and
+// its first process (where status finds the lease's holders at once, the
+// process granted the lease being gone or about to be). The container
+// runs whatever the broker says; a failure is logged.
+func (l *lease) made(inv *invocation, c *createArgs) {
+	if l.ref == nil || len(l.fds) == 0 || c.pidFile == "" {
+		return
+	}
+	ref := *l.ref
+	if b, err := os.ReadFile(c.pidFile); err == nil {
+		ref.PID, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	if ref.PID <= 0 {
+		return
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(ref.PID) + "/cgroup"); err == nil {
+		if in := container.FromCgroup(b); in != nil && in.ID == ref.ID {
+			ref.Cgroup = in.Cgroup
+		}
+	}
+	if err := tellBroker(inv.o.Socket, &ref, l.devices, l.fds); err != nil {
+		logLine(inv, "warning", "%v", err)
+	}
 }
 
 // fail says why the runtime refuses, where the engine reads it (the log

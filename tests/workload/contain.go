@@ -17,9 +17,10 @@ import (
 // $NPURUN_SOCKET that container ENGINE/ID/NAME (spec) holds the lease of
 // NPURUN_LEASE, sending its descriptors; with file set, the descriptor of
 // that file instead of the lease's first (not a lease: refused); with none
-// set, no descriptor at all. It prints the broker's answer ("ok", or the
+// set, no descriptor at all; with owner set, the lease must be that user's.
+// It prints the broker's answer ("ok", or the
 // code and message), then keeps the lease until standard input closes.
-func contain(spec, file string, none bool) {
+func contain(spec, file string, none bool, owner string) {
 	parts := strings.SplitN(spec, "/", 3)
 	for len(parts) < 3 {
 		parts = append(parts, "")
@@ -51,7 +52,7 @@ func contain(spec, file string, none bool) {
 		fmt.Fprintln(os.Stderr, "workload:", err)
 		os.Exit(4)
 	}
-	err = c.Contain(ref, devices, fds)
+	err = c.ContainFor(ref, owner, devices, fds)
 	c.Close()
 	var be *client.Error
 	switch {

@@ -55,9 +55,11 @@ func main() {
 	containSpec := flag.String("contain", "", "tell the broker that container ENGINE/ID/NAME holds the lease of NPURUN_LEASE, as npurun-runtime does (op container), print its answer, and hold the lease until standard input closes (see contain.go)")
 	containFile := flag.String("contain-file", "", "with -contain: send this file's descriptor in place of the lease's first")
 	containNone := flag.Bool("contain-none", false, "with -contain: send no descriptor")
+	containOwner := flag.String("contain-owner", "", "with -contain: the user whose lease it must be, as root's runtime names the hand-over's peer")
 	mem := flag.Int64("mem", 0, "with -markers: a share of this many MiB of each device; the run checks, in the markers, that the shares running on its devices declare no more than -capacity together (see share.go)")
 	capacity := flag.Int64("capacity", 0, "with -mem: what the shares of a device may declare together, in MiB")
 	waitStdin := flag.Bool("wait-stdin", false, "once the devices are marked, say \"running TAG\" and hold them until standard input closes (then -hold more)")
+	squatAddr := flag.String("squat", "", "bind this hand-over address and answer runtimes with the lease of NPURUN_LEASE until standard input closes (see squat.go)")
 	once := flag.String("once", "", "mark this run with a file made O_EXCL at this path; if it exists (this is a second run), make PATH.twice.PID and exit 3")
 	flag.Parse()
 	if os.Geteuid() != os.Getuid() && !*root {
@@ -88,8 +90,11 @@ func main() {
 	case *ask != "":
 		askBroker(*ask, *askUser)
 		return
+	case *squatAddr != "":
+		squat(*squatAddr)
+		return
 	case *containSpec != "":
-		contain(*containSpec, *containFile, *containNone)
+		contain(*containSpec, *containFile, *containNone, *containOwner)
 		return
 	case *relock:
 		relockLease()
