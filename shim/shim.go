@@ -26,6 +26,11 @@ const (
 	ExitDenied      = 77  // the policy refuses the request (EX_NOPERM)
 	ExitNoExec      = 126 // the command cannot be executed
 	ExitNotFound    = 127 // the command was not found
+	// ExitSlurmEnded: Slurm ended the placeholder job through which the
+	// command held its devices (allocate mode: scancel, its time limit,
+	// preemption), and the command was ended with it: 128+SIGTERM, as a
+	// shell reports a command that SIGTERM ended.
+	ExitSlurmEnded = 128 + int(unix.SIGTERM)
 )
 
 // Options are npurun's flags.
@@ -119,6 +124,10 @@ func Run(o Options, argv []string) int {
 		warn("%v", err)
 		return ExitFailure
 	}
+	if w.held != nil {
+		closeFDs(fds) // placed are the lease's, the child's alone
+		return w.runHeld(argv, env, placed, g.SlurmJob)
+	}
 	return execute(argv, env, placed)
 }
 
@@ -132,6 +141,9 @@ type waiter struct {
 	deadline time.Time
 	signals  chan os.Signal
 	waitFor  time.Duration // a login's on_busy wait, as the broker announced it
+	// held: the connection of a grant through a Slurm placeholder
+	// allocation (allocate mode), kept open to hear if Slurm ends it
+	held *client.Conn
 }
 
 func (w *waiter) request() *client.Request {
@@ -185,6 +197,9 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			continue
 		case err == nil && r.Type == client.TypeGrant:
 			w.granted(r, time.Since(start))
+			if r.SlurmJob != 0 {
+				w.held, c = c, nil
+			}
 			return r, fds, 0
 		case err == nil:
 			w.clear()
