@@ -116,18 +116,22 @@ type Server struct {
 
 	stateClaim *os.File // held for the broker's life: no other broker replays this spool
 
-	mu            sync.Mutex
-	places        []lease.Place // the line, as the last progress report read it (reused)
-	conns         int
-	fdKeep        int         // descriptors kept from connections (fdlimit.go), set once by New
-	nofile        nofileCache // RLIMIT_NOFILE, as last read
-	userConns     map[uint32]int
-	connsOf       map[uint32]map[*conn]struct{} // each user's connections
-	unread        map[uint32]int                // bytes each user's connections left unread, as last seen
-	leaseWaits    map[uint32]int                // waiting npurun requests per uid
-	pending       bool                          // a progress report is arranged ...
-	progressAt    time.Time                     // ... for then,
-	progressTimer *time.Timer                   // by this timer
+	mu         sync.Mutex
+	places     []lease.Place // the line, as the last progress report read it (reused)
+	conns      int
+	fdKeep     int         // descriptors kept from connections (fdlimit.go), set once by New
+	nofile     nofileCache // RLIMIT_NOFILE, as last read
+	userConns  map[uint32]int
+	connsOf    map[uint32]map[*conn]struct{} // each user's connections
+	unread     map[uint32]int                // bytes each user's connections left unread, as last seen
+	leaseWaits map[uint32]int                // waiting npurun requests per uid
+	// byPlaceholder: the connection of each npurun granted a lease
+	// through a placeholder allocation (allocate mode), by its Slurm job,
+	// while it stays open: told when Slurm ends the job (slurmOwner.End)
+	byPlaceholder map[uint32]*conn
+	pending       bool        // a progress report is arranged ...
+	progressAt    time.Time   // ... for then,
+	progressTimer *time.Timer // by this timer
 
 }
 
@@ -138,16 +142,17 @@ func New(o Options) (*Server, error) {
 		o.Log = StderrLog(os.Stderr)
 	}
 	s := &Server{
-		inv:        o.Inventory,
-		log:        o.Log,
-		rlog:       &rateLog{log: o.Log},
-		userConns:  map[uint32]int{},
-		connsOf:    map[uint32]map[*conn]struct{}{},
-		unread:     map[uint32]int{},
-		leaseWaits: map[uint32]int{},
-		cfgPath:    o.ConfigPath,
-		healthWake: make(chan struct{}, 1),
-		runDir:     o.RunDir,
+		inv:           o.Inventory,
+		log:           o.Log,
+		rlog:          &rateLog{log: o.Log},
+		userConns:     map[uint32]int{},
+		connsOf:       map[uint32]map[*conn]struct{}{},
+		unread:        map[uint32]int{},
+		leaseWaits:    map[uint32]int{},
+		byPlaceholder: map[uint32]*conn{},
+		cfgPath:       o.ConfigPath,
+		healthWake:    make(chan struct{}, 1),
+		runDir:        o.RunDir,
 	}
 	s.capacityAsk = make(chan struct{}, 1)
 	s.cfg.Store(o.Config)

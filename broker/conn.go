@@ -35,6 +35,9 @@ type conn struct {
 
 	origin *Origin // a session's, or a request's on behalf of another user
 	login  *login  // a login session waiting for its lease
+	// placeholder: the Slurm job through which the lease granted on this
+	// connection is held (allocate mode), 0 for none: Server.byPlaceholder
+	placeholder uint32
 }
 
 // rbuf is a receive buffer, taken from a pool only while a message is being
@@ -163,6 +166,9 @@ func (c *conn) finish() {
 		delete(s.connsOf, c.uid)
 	}
 	c.closed = true
+	if c.placeholder != 0 && s.byPlaceholder[c.placeholder] == c {
+		delete(s.byPlaceholder, c.placeholder)
+	}
 	s.rt.Unwatch(c) // the tasks whose end it waits for
 	if c.w != nil && s.table.Remove(c.w) {
 		s.unwaitLocked(c)

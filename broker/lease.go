@@ -266,6 +266,9 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 	} else if h.Mem() > 0 {
 		r.Message = s.table.ShareMessage(h)
 	}
+	if !isLogin {
+		r.SlurmJob = h.W.SlurmJob // an npurun stays to hear if Slurm ends it
+	}
 	if err := c.sendLocked(r, h.FDs()...); err != nil {
 		// A client that has gone (its npurun killed while it waited, the
 		// connection not yet seen closed) is the common case, and no news.
@@ -280,6 +283,10 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 	l := s.table.Commit(h)
 	for _, fd := range h.FDs() {
 		closeFD(fd) // the client has it
+	}
+	if r.SlurmJob != 0 {
+		c.placeholder = r.SlurmJob
+		s.byPlaceholder[r.SlurmJob] = c
 	}
 	s.status.Started(l, h)
 	return true

@@ -181,9 +181,21 @@ func (o *slurmOwner) Begin(h *lease.Handover) *lease.Lease {
 }
 
 // End ends lease l's processes: the task room ends a lease whose holder
-// has ended as it ends a task's (tasks.Runtime.EndLease).
+// has ended as it ends a task's (tasks.Runtime.EndLease). An npurun
+// granted l through its placeholder allocation hears it first, on its
+// connection, so that it can say why its command is ended.
 func (o *slurmOwner) End(l *lease.Lease, why string) {
-	(*Server)(o).rt.EndLease(l, why)
+	s := (*Server)(o)
+	s.mu.Lock()
+	if c := s.byPlaceholder[l.SlurmJob]; l.SlurmJob != 0 && c != nil {
+		delete(s.byPlaceholder, l.SlurmJob)
+		c.placeholder = 0
+		if !c.closed {
+			c.sendLocked(&client.Reply{Type: client.TypeEnded, SlurmJob: l.SlurmJob, Message: why})
+		}
+	}
+	s.mu.Unlock()
+	s.rt.EndLease(l, why)
 }
 
 // Extern notes the extern step of a job's lease as its first holder:

@@ -58,6 +58,9 @@ func runContainer(o Options, engine container.Engine, argv []string) int {
 		if g == nil {
 			return code
 		}
+		if w.held != nil {
+			w.held.Close() // the container's lease ends with the container, told or not
+		}
 		l = container.Lease{Vendor: npu.Vendor(g.Vendor), Devices: g.Devices, FDs: fds, Env: g.Env}
 		all = fds
 	}

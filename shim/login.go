@@ -130,12 +130,7 @@ func brokerDown(path string, why error, login bool) (*client.Reply, []int, int) 
 		warn("the broker does not answer (%v); %s", why, without)
 		return nil, nil, 0
 	}
-	gids, _ := unix.Getgroups()
-	all := []uint32{uint32(os.Getgid())}
-	for _, g := range gids {
-		all = append(all, uint32(g))
-	}
-	if !p.Restricts(uint32(os.Getuid()), os.Getenv("USER"), all) {
+	if !p.Restricts(client.Self()) {
 		return &client.Reply{Type: client.TypeIgnore}, nil, 0
 	}
 	if p.OnBrokerDown == "deny" {

@@ -109,6 +109,10 @@ func Run(o Options, argv []string) int {
 		warn("%v", err)
 		return exitcode.Failure
 	}
+	if w.held != nil {
+		closeFDs(fds) // placed are the lease's, the child's alone
+		return w.runHeld(argv, env, placed, g.SlurmJob)
+	}
 	return execute(argv, env, placed)
 }
 
@@ -122,6 +126,9 @@ type waiter struct {
 	deadline time.Time
 	signals  chan os.Signal
 	waitFor  time.Duration // a login's on_busy wait, as the broker announced it
+	// held: the connection of a grant through a Slurm placeholder
+	// allocation (allocate mode), kept open to hear if Slurm ends it
+	held *client.Conn
 }
 
 func (w *waiter) request() *client.Request {
@@ -175,6 +182,9 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			continue
 		case err == nil && r.Type == client.TypeGrant:
 			w.granted(r, time.Since(start))
+			if r.SlurmJob != 0 {
+				w.held, c = c, nil
+			}
 			return r, fds, 0
 		case err == nil:
 			w.clear()

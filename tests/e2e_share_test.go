@@ -347,8 +347,8 @@ func TestShareRestart(t *testing.T) {
 	b.WaitLog(0, "npu 0 holds a share of 10240 MiB from before this start")
 	// The accounting log's record names its holder: status shows it so.
 	board := b.Board(t)
-	if sh := board.Devices[0].Shares; len(sh) != 1 || sh[0].Kind != "inline" || sh[0].User != "root" || sh[0].Mem != 10240 || !sh[0].Adopted {
-		t.Errorf("after the restart, status shows the shares %+v; want root's inline share of 10240 MiB, adopted", sh)
+	if sh := board.Devices[0].Shares; len(sh) != 1 || sh[0].Kind != "inline" || sh[0].User != me(t) || sh[0].Mem != 10240 || !sh[0].Adopted {
+		t.Errorf("after the restart, status shows the shares %+v; want %s's inline share of 10240 MiB, adopted", sh, me(t))
 	}
 	fits := append([]string{"--mem", "6G"}, w.args(b, "fits", 0)...)
 	fits = append(fits, "-mem", "6144", "-capacity", "16384")
@@ -366,6 +366,7 @@ func TestShareRestart(t *testing.T) {
 // TestShareDrained: a drained device takes no new share (its shares run
 // on), and takes them again once undrained.
 func TestShareDrained(t *testing.T) {
+	needRoot(t) // drain is root's
 	b := StartBroker(t, shareConfig(1, "16G"))
 	h := hold(t, b, "held", "--mem", "4G")
 	if code, _, errs := drainCmd(t, b, nil, "drain", "npu0", "--reason", "ECC"); code != 0 {

@@ -10,7 +10,6 @@ package tests
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -532,22 +530,63 @@ func TestSlurmNodeAllocateTask(t *testing.T) {
 
 // TestSlurmNodeAllocateTimeLimit: a placeholder that Slurm ends by its
 // time limit ends the npurun command (SIGTERM, then SIGKILL after
-// kill_grace), so that nothing runs on a device Slurm gives another.
+// kill_grace), so that nothing runs on a device Slurm gives another; npurun
+// says so and exits 143.
 func TestSlurmNodeAllocateTimeLimit(t *testing.T) {
 	n := startSlurmNode(t, slurmNodeOptions{Devices: 1, Slurm: 1, Mode: "allocate", Partition: "DefaultTime=1", Config: "[tasks]\nkill_grace = \"5s\"\n"})
-	p := startProc(t, "npurun", n.b.Npurun("sh", "-c", `echo ON; trap "" TERM; sleep 600`))
-	p.waitLine("ON")
+	p := startProc(t, "npurun", n.b.Npurun("sh", "-c", `echo "ON $$"; trap "" TERM; sleep 600`))
+	pid, err := strconv.Atoi(strings.TrimPrefix(p.waitLine("ON "), "ON "))
+	if err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	select {
 	case <-p.done:
 	case <-time.After(4 * time.Minute):
 		t.Fatalf("the command outlived its placeholder's time limit by minutes:\n%s", p.Output())
 	}
-	var ee *exec.ExitError
-	if !errors.As(p.err, &ee) || !ee.Sys().(syscall.WaitStatus).Signaled() || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		t.Errorf("the command (ignoring SIGTERM) ended by %v, want SIGKILL after kill_grace", p.err)
+	<-p.outDone
+	if code, _ := p.wait(); code != 143 || !strings.Contains(p.Output(), "was cancelled") {
+		t.Errorf("npurun whose placeholder reached its time limit: exit %d, want 143 and a word:\n%s", code, p.Output())
+	}
+	if !procGone(t, pid, "") {
+		t.Errorf("the command (pid %d, ignoring SIGTERM) outlived its lease", pid)
 	}
 	t.Logf("ended %s after its start", time.Since(start))
+}
+
+// TestSlurmNodeAllocateCancel: allocate mode, scancel of the placeholder
+// job an npurun's devices are held through ends its command, and npurun
+// says so on its terminal ("slurm job N was cancelled") and exits 143
+// (exitcode.SlurmEnded), where it used to vanish with its command without a
+// word.
+func TestSlurmNodeAllocateCancel(t *testing.T) {
+	n := startSlurmNode(t, slurmNodeOptions{Devices: 1, Slurm: 1, Mode: "allocate", Config: "[tasks]\nkill_grace = \"5s\"\n"})
+	u := newUser(t)
+	p := startProc(t, "npurun", u.as(n.b.Npurun("sh", "-c", `echo "ON $NPURUN_DEVICES"; exec sleep 600`), n.b.Dir))
+	p.waitLine("ON 0")
+	board := n.awaitBoard(t, "the npurun's lease with its placeholder job", func(b *client.Board) bool {
+		return len(b.Devices) == 1 && b.Devices[0].Lease != nil && b.Devices[0].Lease.SlurmJob != 0
+	})
+	job := board.Devices[0].Lease.SlurmJob
+	if out, err := n.c.Command("scancel", strconv.FormatUint(uint64(job), 10)).CombinedOutput(); err != nil {
+		t.Fatalf("scancel %d: %v\n%s", job, err, out)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("npurun outlived its cancelled placeholder job %d by minutes:\n%s", job, p.Output())
+	}
+	<-p.outDone
+	code, _ := p.wait()
+	if want := fmt.Sprintf("npurun: slurm job %d was cancelled", job); code != 143 || !strings.Contains(p.Output(), want) {
+		t.Errorf("npurun after scancel of its placeholder job: exit %d, want 143 and %q:\n%s", code, want, p.Output())
+	}
+	n.c.AwaitJobGone(job, time.Minute)
+	// The device is Slurm's to give again: the next npurun gets it.
+	if code, out := exitCode(t, n.b.Npurun("-n", "1", "--timeout", "1m", "true")); code != 0 {
+		t.Errorf("npurun after the cancelled one: exit %d: %s", code, out)
+	}
 }
 
 // TestSlurmNodeSubleases: npurun -n 1 inside a 2-device job, with the real

@@ -42,7 +42,7 @@ func TestLeaseLooksUpNoShell(t *testing.T) {
 		t.Fatalf("task %d: %s", id, r)
 	}
 	got, err := os.ReadFile(calls)
-	if err != nil || !strings.Contains(string(got), "passwd root") {
-		t.Errorf("the broker did not ask getent for root's shell for a --run task (calls: %q, %v)", got, err)
+	if err != nil || !strings.Contains(string(got), "passwd "+me(t)) {
+		t.Errorf("the broker did not ask getent for %s's shell for a --run task (calls: %q, %v)", me(t), got, err)
 	}
 }

@@ -116,7 +116,13 @@ func TestTaskLogsAsOwner(t *testing.T) {
 func TestTaskListPages(t *testing.T) {
 	// Made before the broker, so removed after it stops: once the holder
 	// is gone the tasks start, and their supervisors write their log here.
-	dir := t.TempDir()
+	// Under /tmp, not $TMPDIR: the pages' fill depends on the paths'
+	// length (cwd and log), which must not depend on the environment.
+	dir, err := os.MkdirTemp("/tmp", "npurun-lp-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	b := StartBroker(t, taskConfig(1)+"[limits]\nmax_queued_tasks = 0\n")
 	h := hold(t, b, "holder", "-d", "0") // the tasks wait behind it
 	defer h.release()

@@ -168,6 +168,10 @@ type Broker struct {
 	log    strings.Builder
 	logged chan struct{} // closed and replaced on every log line
 	done   chan struct{}
+	// sups: pidfds of the supervisors its broker processes started, taken
+	// as each stopped, where no control group of the test's ends them at
+	// its end (endSupervisors)
+	sups []int
 }
 
 // StartBroker writes conf to a new directory and starts a broker on it.
@@ -207,6 +211,7 @@ func NewBroker(t testing.TB, conf string, env ...string) *Broker {
 	b.logged = make(chan struct{})
 	t.Cleanup(func() {
 		b.Stop()
+		b.endSupervisors()
 		if t.Failed() {
 			t.Logf("broker log:\n%s", b.Log())
 		}
@@ -293,6 +298,13 @@ func (b *Broker) signal(sig syscall.Signal) {
 		if p.idle && p.ppid == cmd.Process.Pid {
 			idle = append(idle, p.pid)
 		}
+		if b.Cgroup == "" && p.ppid == cmd.Process.Pid {
+			if fd, err := unix.PidfdOpen(p.pid, 0); err == nil {
+				b.mu.Lock()
+				b.sups = append(b.sups, fd)
+				b.mu.Unlock()
+			}
+		}
 	}
 	cmd.Process.Signal(sig)
 	<-done
@@ -318,6 +330,37 @@ func awaitIdleGone(pid int, deadline time.Time) {
 		if n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 10); n > 0 {
 			return
 		}
+	}
+}
+
+// endSupervisors ends the supervisors the test's broker processes left
+// running, where no control group of the test's kills them as it is
+// removed (an ordinary user's run, or no cgroup v2): one whose task runs
+// on, or one that retries its report to a broker that is gone, would
+// otherwise run on after the test (for a day), and be taken for a later
+// test's. Each gets SIGTERM (a cancel of its task, then, reporting to no
+// broker, its end) again every second until it is gone, and SIGKILL after
+// eventTimeout.
+func (b *Broker) endSupervisors() {
+	b.mu.Lock()
+	sups := b.sups
+	b.sups = nil
+	b.mu.Unlock()
+	for _, fd := range sups {
+		deadline := time.Now().Add(eventTimeout)
+		for {
+			sig := unix.SIGTERM
+			if time.Now().After(deadline) {
+				sig = unix.SIGKILL
+			}
+			if unix.PidfdSendSignal(fd, sig, nil, 0) != nil {
+				break // gone
+			}
+			if awaitExit(fd, time.Second) {
+				break // exited
+			}
+		}
+		unix.Close(fd)
 	}
 }
 

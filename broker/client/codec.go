@@ -2,6 +2,7 @@ package client
 
 import (
 	"errors"
+	"math"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -248,6 +249,13 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 			r.WaitedMS, err = s.int()
 		case "wait_ms":
 			r.WaitMS, err = s.int()
+		case "slurm_job":
+			var n uint64
+			n, err = s.uint()
+			if err == nil && n > math.MaxUint32 {
+				err = errSyntax
+			}
+			r.SlurmJob = uint32(n)
 		case "code":
 			r.Code, err = s.string()
 		case "message":
@@ -286,13 +294,13 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 		return nil, false, errSyntax
 	}
 	switch r.Type {
-	case TypeQueued, TypeGrant, TypeError, TypePong, TypeOK, TypeIgnore, TypeHide, TypeSubmitted, TypeTasks:
+	case TypeQueued, TypeGrant, TypeError, TypePong, TypeOK, TypeIgnore, TypeHide, TypeSubmitted, TypeTasks, TypeEnded:
 		return r, true, nil
 	}
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "slurm_job", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool { return mightFoldInto(key, replyKeys) }
@@ -723,6 +731,7 @@ func AppendReply(b []byte, r *Reply) ([]byte, bool) {
 	b = appendField(b, `,"vendor":`, r.Vendor)
 	b = appendStrings(b, `,"env":`, r.Env)
 	b = appendInt(b, `,"waited_ms":`, r.WaitedMS)
+	b = appendInt(b, `,"slurm_job":`, int64(r.SlurmJob))
 	b = appendField(b, `,"code":`, r.Code)
 	b = appendField(b, `,"message":`, r.Message)
 	b = appendField(b, `,"hint":`, r.Hint)

@@ -129,6 +129,9 @@ func noBroker(path string, err error) string {
 // Close closes the connection; a waiting request is thereby cancelled.
 func (c *Conn) Close() error { return unix.Close(c.fd) }
 
+// FD is the connection's descriptor, for poll(2) beside others.
+func (c *Conn) FD() int { return c.fd }
+
 // Send sends one request, filling in the protocol version.
 func (c *Conn) Send(req *Request) error {
 	req.V = Version

@@ -27,17 +27,19 @@ func TestSessionPolicy(t *testing.T) {
 	}{
 		{1005, "guest", nil, true},
 		{1005, "someone", nil, true},  // by uid
+		{2003, "guest", nil, true},    // by name: the configuration's
+		{2004, "", nil, false},        // no name: by uid alone
 		{2000, "ldapuser", nil, true}, // unknown at start: by name
 		{2001, "alice", []uint32{100, 1001}, true},
 		{2002, "bob", []uint32{100}, false},
 		{0, "root", []uint32{1001}, false},
 	}
 	for _, tt := range tests {
-		if r := got.Restricts(tt.uid, tt.name, tt.gids); r != tt.want {
+		if r := got.Restricts(Identity{tt.uid, tt.name, tt.gids}); r != tt.want {
 			t.Errorf("Restricts(%d, %q, %v) = %v, want %v", tt.uid, tt.name, tt.gids, r, tt.want)
 		}
 	}
-	for _, bad := range []string{"", "user x 1\n", "on_broker_down maybe\n", "on_broker_down hide\nuser x y\n", "on_broker_down hide\nfoo\n"} {
+	for _, bad := range []string{"", "user x 1\n", "on_broker_down maybe\n", "on_broker_down hide\nuser x y\n", "on_broker_down hide\nfoo\n", "on_broker_down hide\nuser x +1\n", "on_broker_down hide\nuser x 4294967296\n", "on_broker_down hide\nuser x 1 y\n", "on_broker_down hide\nuser\x00 x 1\n"} {
 		if _, err := ParseSessionPolicy([]byte(bad)); err == nil {
 			t.Errorf("ParseSessionPolicy(%q) accepted", bad)
 		}

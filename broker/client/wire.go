@@ -85,6 +85,12 @@ const (
 	TypePong   = "pong"
 	TypeIgnore = "ignore" // session: not a restricted account
 	TypeHide   = "hide"   // session: no lease, devices hidden
+	// TypeEnded: Slurm ended job SlurmJob, the placeholder allocation of
+	// the lease granted on this connection (allocate mode: scancel, its
+	// time limit, preemption); the lease's processes are being ended.
+	// Sent once, after a grant that named SlurmJob, to an npurun that
+	// kept its connection open.
+	TypeEnded = "ended"
 )
 
 // Error codes carried by a reply of type "error".
@@ -162,6 +168,10 @@ type Reply struct {
 	Vendor   string   `json:"vendor,omitempty"`
 	Env      []string `json:"env,omitempty"` // NAME=value entries selecting the devices
 	WaitedMS int64    `json:"waited_ms,omitempty"`
+	// grant: the Slurm job through which the lease is held (allocate
+	// mode's placeholder allocation), 0 for none; ended: the job Slurm
+	// ended
+	SlurmJob uint32 `json:"slurm_job,omitempty"`
 
 	// error
 	Code    string `json:"code,omitempty"`

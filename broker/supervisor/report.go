@@ -3,6 +3,7 @@ package supervisor
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/npurun/npurun/broker/client"
@@ -20,9 +21,10 @@ var (
 )
 
 // report tells the broker how the task ended, retrying with backoff until
-// it acknowledges (0) or reportFor has passed (1).
-func report(spec *client.Spec, st *client.Status) int {
-	code := tell(spec.Socket, fmt.Sprintf("report task %d", spec.ID), func(c *client.Conn) error {
+// it acknowledges (0) or reportFor has passed, or SIGTERM comes on term
+// meanwhile (1).
+func report(spec *client.Spec, st *client.Status, term <-chan os.Signal) int {
+	code := tell(spec.Socket, fmt.Sprintf("report task %d", spec.ID), term, func(c *client.Conn) error {
 		return c.TaskDone(spec.ID, st)
 	})
 	if code == refusedForGood {
@@ -37,9 +39,10 @@ func report(spec *client.Spec, st *client.Status) int {
 // on this word, given by the pid its start record names (SO_PEERCRED).
 // This supervisor never runs the task after that. It returns 0 once a
 // broker has taken the word or answered that there was nothing to undo
-// (the start was not recorded), 1 when it gave up after reportFor.
-func notStarted(spec *client.Spec) int {
-	code := tell(spec.Socket, fmt.Sprintf("say that task %d never started", spec.ID), func(c *client.Conn) error {
+// (the start was not recorded), 1 when it gave up after reportFor or at
+// SIGTERM on term.
+func notStarted(spec *client.Spec, term <-chan os.Signal) int {
+	code := tell(spec.Socket, fmt.Sprintf("say that task %d never started", spec.ID), term, func(c *client.Conn) error {
 		return c.TaskNotStarted(spec.ID)
 	})
 	if code == refusedForGood {
@@ -55,8 +58,12 @@ const refusedForGood = -1
 // backoff while no broker answers, or one answers that it cannot take it
 // now ("spool", "busy"). It returns 0 once it is taken, refusedForGood (after
 // a warning) when the broker refused it for good, 1 when reportFor has
-// passed; what names the exchange in warnings.
-func tell(socket, what string, ask func(*client.Conn) error) int {
+// passed or SIGTERM came on term (a supervisor whose broker is gone for
+// good is ended as any process is: the next broker finds its task gone);
+// what names the exchange in warnings. A try is made first whatever came:
+// the broker's own cancel of the task (SIGTERM) is read by the run, and a
+// broker that answers takes the report.
+func tell(socket, what string, term <-chan os.Signal, ask func(*client.Conn) error) int {
 	giveUp := time.Now().Add(reportFor)
 	wait := minBackoff
 	for {
@@ -74,7 +81,12 @@ func tell(socket, what string, ask func(*client.Conn) error) int {
 			warn("%s: %v; gave up after %s", what, err, quantity.Duration(reportFor))
 			return 1
 		}
-		time.Sleep(wait)
+		select {
+		case <-time.After(wait):
+		case <-term:
+			warn("%s: %v; gave up at SIGTERM", what, err)
+			return 1
+		}
 		wait = min(2*wait, maxBackoff)
 	}
 }

@@ -87,7 +87,7 @@ func Main(args []string) int {
 		if err := releaseStdin(); err != nil { // a dead socket: nothing more comes on it
 			warn("%v", err)
 		}
-		return notStarted(spec)
+		return notStarted(spec, cancel)
 	case err != nil:
 		// Not started: let go (cancelled while waiting), or a go-ahead
 		// it cannot use.
@@ -97,7 +97,7 @@ func Main(args []string) int {
 	started := keepBroker(spec.ID)
 	st := runTask(spec, prep, leases, cancel, started)
 	started(false) // if it was not said yet: the command never started
-	code := report(spec, st)
+	code := report(spec, st, cancel)
 	if code == 0 && spec.Notify != "" {
 		notify(spec, st) // once its end is recorded (notify.go)
 	}

@@ -15,4 +15,9 @@ const (
 	Denied      = 77  // the policy, or the broker, refuses the caller (EX_NOPERM)
 	NoExec      = 126 // npurun: the command cannot be executed
 	NotFound    = 127 // npurun: the command was not found
+	// SlurmEnded is npurun's in Slurm's allocate mode: Slurm ended the
+	// placeholder job through which the command held its devices
+	// (scancel, its time limit, preemption), and the command was ended
+	// with it: 128+SIGTERM, as a shell reports a command SIGTERM ended.
+	SlurmEnded = 143
 )

@@ -307,53 +307,96 @@ static int lookup_group(const char *name, struct group *gr, char **buf)
 	return -1;
 }
 
-/* user_groups returns user's groups (primary first) in a new array, their
- * count in *n; NULL when the user is unknown. */
-static gid_t *user_groups(const char *user, int *n)
+/* user_groups returns the groups (primary first) of the account pw in a
+ * new array, their count in *n; NULL if out of memory. */
+static gid_t *user_groups(const struct passwd *pw, int *n)
 {
-	struct passwd pw;
-	char *buf = NULL;
 	gid_t *groups = NULL;
 	int want = 64;
 	*n = 0;
-	if (lookup_user(user, &pw, &buf) != 0) {
-		free(buf);
-		return NULL;
-	}
 	for (int tries = 0; tries < 4 && want <= MAX_GROUPS; tries++) {
 		gid_t *g = realloc(groups, (size_t)want * sizeof *g);
 		int got = want;
 		if (g == NULL)
 			break;
 		groups = g;
-		if (getgrouplist(user, pw.pw_gid, groups, &got) >= 0) {
+		if (getgrouplist(pw->pw_name, pw->pw_gid, groups, &got) >= 0) {
 			*n = got;
-			free(buf);
 			return groups;
 		}
 		want = got > want ? got : want * 2; /* got: how many there are */
 	}
 	/* Too many to list: the primary group at least. */
-	free(buf);
 	free(groups);
 	groups = malloc(sizeof *groups);
 	if (groups != NULL) {
-		groups[0] = pw.pw_gid;
+		groups[0] = pw->pw_gid;
 		*n = 1;
 	}
 	return groups;
 }
 
+/* policy_fields splits line at ASCII blanks into at most max fields (NUL
+ * written after each) and returns how many, max + 1 if there are more. */
+static int policy_fields(char *line, char **f, int max)
+{
+	int n = 0;
+	for (char *p = line;;) {
+		while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\v' || *p == '\f')
+			p++;
+		if (*p == '\0')
+			return n;
+		if (n == max)
+			return max + 1;
+		f[n++] = p;
+		while (*p != '\0' && *p != ' ' && *p != '\t' && *p != '\r' && *p != '\v' && *p != '\f')
+			p++;
+		if (*p != '\0')
+			*p++ = '\0';
+	}
+}
+
+/* policy_id reads an id of the file: decimal digits only, within 32 bits;
+ * -1 if it is not one. */
+static long long policy_id(const char *s)
+{
+	long long v = 0;
+	if (*s == '\0')
+		return -1;
+	for (; *s != '\0'; s++) {
+		if (*s < '0' || *s > '9')
+			return -1;
+		v = v * 10 + (*s - '0');
+		if (v > 0xffffffffLL)
+			return -1;
+	}
+	return v;
+}
+
 /* restricted_down reads the session-policy file beside the socket: -1 if
  * there is none to trust, else whether user is restricted, with *deny set
- * from on_broker_down. */
+ * from on_broker_down.
+ *
+ * The file is read as npurun --login reads it (client.ParseSessionPolicy:
+ * lines at '\n', fields at ASCII blanks, '#' comments, exact field counts,
+ * ids of digits within 32 bits or "-"; anything else, a NUL byte or no
+ * on_broker_down line, and there is no file to go by), and the rule is
+ * client.SessionPolicy.Restricts's; the same table of accounts and files
+ * runs through both (tests/e2e_pam_rule_test.go). The account is the user
+ * database's for user: its uid, name and groups (getgrouplist). Root (uid 0)
+ * never is restricted; "user NAME ID" restricts uid ID and the account named
+ * NAME; "group NAME ID" restricts the members of group ID, or with ID "-",
+ * of the group named NAME now. A user the database does not know is matched
+ * by name alone. */
 static int restricted_down(pam_handle_t *pamh, const struct options *o, const char *user, int *deny)
 {
-	char path[PATH_MAX], *data = NULL, *line, *save = NULL;
+	char path[PATH_MAX], *data = NULL, *line, *next, *pwbuf = NULL;
 	const char *slash = strrchr(o->socket, '/');
+	const char *name = user;
 	struct stat st;
-	int fd, restricted = 0, have_policy = 0, ngroups = 0;
-	gid_t *groups;
+	struct passwd pw;
+	int fd, known, restricted = 0, have_policy = 0, ngroups = 0;
+	gid_t *groups = NULL;
 	ssize_t got;
 
 	*deny = 0;
@@ -380,51 +423,66 @@ static int restricted_down(pam_handle_t *pamh, const struct options *o, const ch
 		got = read(fd, data, (size_t)st.st_size);
 	while (got < 0 && errno == EINTR);
 	close(fd);
-	if (got != st.st_size) {
+	if (got != st.st_size || memchr(data, '\0', (size_t)got) != NULL) {
+		pam_syslog(pamh, LOG_ERR, "%s: unreadable, or a NUL byte: ignored", path);
 		free(data);
 		return -1;
 	}
-	groups = user_groups(user, &ngroups);
-	if (groups == NULL)
+	known = lookup_user(user, &pw, &pwbuf) == 0;
+	if (known) {
+		name = pw.pw_name;
+		groups = user_groups(&pw, &ngroups);
+	} else {
 		pam_syslog(pamh, LOG_WARNING, "%s: unknown to the user database: matched by name alone", user);
-	for (line = strtok_r(data, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
-		char kind[16], name[257], id[16];
-		if (line[0] == '#' || line[0] == '\0')
+	}
+	for (line = data; line != NULL; line = next) {
+		char *f[4];
+		int n;
+		next = strchr(line, '\n');
+		if (next != NULL)
+			*next++ = '\0';
+		n = policy_fields(line, f, 3);
+		if (n == 0 || f[0][0] == '#')
 			continue;
-		if (sscanf(line, "on_broker_down %15s", kind) == 1) {
+		if (n == 2 && strcmp(f[0], "on_broker_down") == 0 && (strcmp(f[1], "hide") == 0 || strcmp(f[1], "deny") == 0)) {
 			have_policy = 1;
-			*deny = strcmp(kind, "deny") == 0;
+			*deny = strcmp(f[1], "deny") == 0;
 			continue;
 		}
-		if (sscanf(line, "%15s %256s %15s", kind, name, id) != 3)
-			continue;
-		if (strcmp(kind, "user") == 0 && strcmp(name, user) == 0) {
-			restricted = 1;
-		} else if (strcmp(kind, "group") == 0) {
-			long gid = -1;
-			if (strcmp(id, "-") != 0) {
-				char *e;
-				errno = 0;
-				gid = strtol(id, &e, 10);
-				if (*e != '\0' || errno != 0)
-					gid = -1;
-			} else {
+		if (n != 3 || (strcmp(f[0], "user") != 0 && strcmp(f[0], "group") != 0) ||
+		    (strcmp(f[2], "-") != 0 && policy_id(f[2]) < 0)) {
+			pam_syslog(pamh, LOG_ERR, "%s: a line not understood: ignored", path);
+			have_policy = 0;
+			break;
+		}
+		if (strcmp(f[0], "user") == 0) {
+			long long uid = strcmp(f[2], "-") == 0 ? -1 : policy_id(f[2]);
+			if ((known && uid == (long long)pw.pw_uid) || strcmp(f[1], name) == 0)
+				restricted = 1;
+		} else {
+			long long gid = strcmp(f[2], "-") == 0 ? -1 : policy_id(f[2]);
+			if (gid < 0) {
 				struct group gr;
 				char *grbuf = NULL;
-				if (lookup_group(name, &gr, &grbuf) == 0)
-					gid = (long)gr.gr_gid;
+				if (lookup_group(f[1], &gr, &grbuf) == 0)
+					gid = (long long)gr.gr_gid;
 				free(grbuf);
 			}
 			for (int i = 0; gid >= 0 && i < ngroups; i++)
-				if ((long)groups[i] == gid)
+				if ((long long)groups[i] == gid)
 					restricted = 1;
 		}
 	}
 	free(groups);
 	free(data);
-	if (!have_policy)
+	if (!have_policy) {
+		free(pwbuf);
 		return -1;
-	return strcmp(user, "root") != 0 && restricted;
+	}
+	if (known && pw.pw_uid == 0)
+		restricted = 0;
+	free(pwbuf);
+	return restricted;
 }
 
 /* ---- the session ----------------------------------------------------- */
