@@ -39,10 +39,10 @@ type look struct {
 	t     Targets
 	r     *Result
 	b     *buffers
-	maps  bool   // read maps too (Scan)
-	left  int    // work left to the process's user (Scan) or to the Tree
-	lines int    // lines of maps read: every other one is charged to left
-	found []find // what was found in the process being read
+	maps  bool              // read maps too (Scan)
+	left  int               // work left to the process's user (Scan) or to the Tree
+	lines int               // lines of maps read: every other one is charged to left
+	found []find            // what was found in the process being read
 	kinds map[FileID]uint64 // the mapped files' kinds (Scanner.kinds): the Scan's, or a Sweep's own
 }
 
