@@ -246,6 +246,7 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 		closeFD(fd) // the client has it
 	}
 	s.status.Started(l, h)
+	s.ender.Follow(l) // it ends with the client's process tree, whatever becomes of its descriptors
 	return true
 }
 

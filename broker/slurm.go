@@ -180,10 +180,11 @@ func (o *slurmOwner) Begin(h *lease.Handover) *lease.Lease {
 	return l
 }
 
-// End ends lease l's processes: the task room ends a lease whose holder
-// has ended as it ends a task's (tasks.Runtime.EndLease).
+// End ends lease l, whose job has ended, as a task's lease ends with the
+// task (leaseend.Ender.End): its processes, and its lock whoever holds it.
 func (o *slurmOwner) End(l *lease.Lease, why string) {
-	(*Server)(o).rt.EndLease(l, why)
+	s := (*Server)(o)
+	s.ender.End(s.table.HeldBy(l), why)
 }
 
 // Extern notes the extern step of a job's lease as its first holder:

@@ -40,7 +40,8 @@ import (
 // would make every scan slow, and the scan's pacing would then delay the
 // finding of everyone's use: so a scan does at most UserBudget of that
 // work for the processes of one user, and the next scan goes on where it
-// stopped (see Scan).
+// stopped (see Scan). The look that ends a lease (Sweep) has no budget:
+// it must see every holder.
 
 // FileID names a file by the device it is on and its inode.
 type FileID struct{ Dev, Ino uint64 }
