@@ -116,6 +116,11 @@ func (t *Table) LockHeld(l *Lease, id int) bool {
 	return true
 }
 
+// Stale is how many lock files of leases Abandon ended are waited on
+// now: a descriptor each, beyond those of the devices (the broker's
+// reserve of descriptors counts them). It takes no lock.
+func (t *Table) Stale() int { return int(t.staleFDs.Load()) }
+
 // waitRelease waits in flock on fd, a second open of a lease's lock file,
 // until the lease's last descriptor is gone, or until poke comes and
 // abandoned tells that Abandon ended the lease: then it returns the
@@ -149,12 +154,14 @@ func (t *Table) outlive(d *device, l *Lease, fd int, stale <-chan error) {
 	t.mu.Lock()
 	t.stale++
 	t.staleUser[uid]++
+	t.staleFDs.Add(1)
 	t.mu.Unlock()
 	t.log.Printf("%s has ended with its holders; a descriptor that no process has (sent over a socket and not received) keeps its old lock file locked, which holds nothing now", what)
 	go func() {
 		<-stale
 		closeFD(fd)
 		t.mu.Lock()
+		t.staleFDs.Add(-1)
 		t.stale--
 		if t.staleUser[uid]--; t.staleUser[uid] <= 0 {
 			delete(t.staleUser, uid)

@@ -132,6 +132,7 @@ type Table struct {
 	// per user.
 	stale     int
 	staleUser map[uint32]int
+	staleFDs  atomic.Int64 // stale, read without the lock (Stale)
 }
 
 // device is one accelerator: its lock file and who holds it: one whole

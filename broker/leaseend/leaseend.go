@@ -7,6 +7,7 @@ import (
 	"log"
 	"os"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -87,7 +88,20 @@ type Config struct {
 // Ender ends leases whose holders have ended. It is safe for concurrent
 // use and takes no lock of another room: its work runs on goroutines of
 // its own.
-type Ender struct{ c Config }
+type Ender struct {
+	c   Config
+	fds atomic.Int64 // pidfds open now (Descriptors)
+}
+
+// Descriptors is how many descriptors the ender holds now: a pidfd for
+// each process it waits on (at most maxFollow a lease it follows, and 64
+// a lease it ends). It takes no lock.
+func (e *Ender) Descriptors() int {
+	if e == nil {
+		return 0
+	}
+	return int(e.fds.Load())
+}
 
 // New returns an ender.
 func New(c Config) *Ender {
@@ -143,7 +157,7 @@ func (e *Ender) chase(held []lease.Holding, why string, grace time.Duration) {
 		if done {
 			return
 		}
-		waitGone(e.c.Holders, found, wait)
+		e.waitGone(found, wait)
 		sig, wait = unix.SIGKILL, killWait
 	}
 	e.c.Log.Printf("%s: its lease is held still after SIGKILL; it ends when its holders are gone", why)
@@ -245,7 +259,7 @@ func (e *Ender) follow(l *lease.Lease, procs []*procscan.Proc) {
 		why = fmt.Sprintf("lease %d has no holder left", l.ID)
 	}
 	for {
-		waitAnyGone(e.c.Holders, procs)
+		e.waitAnyGone(procs)
 		held := e.c.Table.HeldBy(l)
 		if len(held) == 0 {
 			return
@@ -268,7 +282,7 @@ func (e *Ender) follow(l *lease.Lease, procs []*procscan.Proc) {
 // is still the process that started at p.Start (any, where that is 0):
 // -1 once it is gone; an error where no pidfd can be had (a kernel
 // without them).
-func pidfd(h Holders, p *procscan.Proc) (int, error) {
+func (e *Ender) pidfd(p *procscan.Proc) (int, error) {
 	fd, err := unix.PidfdOpen(p.PID, unix.PIDFD_NONBLOCK)
 	if errors.Is(err, unix.ESRCH) {
 		return -1, nil
@@ -276,10 +290,11 @@ func pidfd(h Holders, p *procscan.Proc) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	if start := h.Start(p.PID); start == 0 || p.Start != 0 && start != p.Start {
+	if start := e.c.Holders.Start(p.PID); start == 0 || p.Start != 0 && start != p.Start {
 		unix.Close(fd)
 		return -1, nil
 	}
+	e.fds.Add(1)
 	return fd, nil
 }
 
@@ -290,18 +305,14 @@ const noPoll = 10 * time.Second
 // waitAnyGone returns once one of procs is gone (at once where one is
 // gone already, or there are none). It waits in the runtime's poller, on
 // no thread of its own.
-func waitAnyGone(h Holders, procs []*procscan.Proc) {
+func (e *Ender) waitAnyGone(procs []*procscan.Proc) {
 	if len(procs) == 0 {
 		return
 	}
 	files := make([]*os.File, 0, len(procs))
-	defer func() {
-		for _, f := range files {
-			f.Close()
-		}
-	}()
+	defer e.closeAll(files)
 	for _, p := range procs {
-		fd, err := pidfd(h, p)
+		fd, err := e.pidfd(p)
 		if err != nil {
 			time.Sleep(noPoll)
 			return
@@ -336,13 +347,13 @@ func waitExit(f *os.File) bool {
 }
 
 // waitGone waits until every process of procs is gone, or for timeout.
-func waitGone(h Holders, procs []*procscan.Proc, timeout time.Duration) {
+func (e *Ender) waitGone(procs []*procscan.Proc, timeout time.Duration) {
 	if len(procs) == 0 {
 		return
 	}
 	var files []*os.File
 	for _, p := range procs[:min(len(procs), 64)] {
-		if fd, _ := pidfd(h, p); fd >= 0 {
+		if fd, _ := e.pidfd(p); fd >= 0 {
 			files = append(files, os.NewFile(uintptr(fd), "pidfd"))
 		}
 	}
@@ -363,7 +374,13 @@ func waitGone(h Holders, procs []*procscan.Proc, timeout time.Duration) {
 	case <-t.C:
 	}
 	t.Stop()
+	e.closeAll(files)
+}
+
+// closeAll closes the pidfds files.
+func (e *Ender) closeAll(files []*os.File) {
 	for _, f := range files {
 		f.Close()
 	}
+	e.fds.Add(-int64(len(files)))
 }
