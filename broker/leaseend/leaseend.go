@@ -7,6 +7,7 @@ import (
 	"log"
 	"os"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -89,8 +90,9 @@ type Config struct {
 // use and takes no lock of another room: its work runs on goroutines of
 // its own.
 type Ender struct {
-	c   Config
-	fds atomic.Int64 // pidfds open now (Descriptors)
+	c       Config
+	fds     atomic.Int64 // pidfds open now (Descriptors)
+	sweepMu sync.Mutex   // one sweep of /proc at a time
 }
 
 // Descriptors is how many descriptors the ender holds now: a pidfd for
@@ -120,6 +122,10 @@ const (
 	killWait  = 5 * time.Second
 	maxRounds = 5
 )
+
+// followPace is the least time from one sweep of a lease that Follow
+// follows to the next.
+const followPace = time.Second
 
 // maxFollow bounds the processes one lease's follow waits on at once: the
 // oldest of its holders (those that outlive the others, as a rule); when
@@ -185,7 +191,9 @@ func (e *Ender) sweep(held []lease.Holding, why string, sig unix.Signal) (found 
 		if len(targets.Files) == 0 {
 			return nil, true // released (its watcher ends it), or ended
 		}
+		e.sweepMu.Lock()
 		res, err := e.c.Holders.Sweep(targets)
+		e.sweepMu.Unlock()
 		if err != nil {
 			e.c.Log.Printf("%s: find who holds its lease: %v", why, err)
 			return nil, true
@@ -258,12 +266,20 @@ func (e *Ender) follow(l *lease.Lease, procs []*procscan.Proc) {
 	if l.User == "" {
 		why = fmt.Sprintf("lease %d has no holder left", l.ID)
 	}
+	var last time.Time
 	for {
 		e.waitAnyGone(procs)
+		// A lease's holders may come and go fast (a tree of short-lived
+		// processes passing the descriptor on): its sweeps, each a look
+		// at every process, are paced as the background scan is.
+		if wait := time.Until(last.Add(followPace)); wait > 0 {
+			time.Sleep(wait)
+		}
 		held := e.c.Table.HeldBy(l)
 		if len(held) == 0 {
 			return
 		}
+		last = time.Now()
 		found, done := e.sweep(held, why, 0)
 		if done {
 			return
