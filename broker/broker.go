@@ -300,6 +300,9 @@ type tableOwner Server
 // after.
 func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, last bool) {
 	o.status.Ended(l, id, at)
+	if last {
+		o.ender.Released(l) // its follow ends
+	}
 	if o.slurm != nil {
 		o.slurm.Released(l, id, last)
 	}

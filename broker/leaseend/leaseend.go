@@ -93,6 +93,9 @@ type Ender struct {
 	c       Config
 	fds     atomic.Int64 // pidfds open now (Descriptors)
 	sweepMu sync.Mutex   // one sweep of /proc at a time
+
+	mu      sync.Mutex
+	follows map[*lease.Lease]chan struct{} // the leases followed: closed by Released
 }
 
 // Descriptors is how many descriptors the ender holds now: a pidfd for
@@ -113,7 +116,7 @@ func New(c Config) *Ender {
 	if c.Grace == nil {
 		c.Grace = func() time.Duration { return 10 * time.Second }
 	}
-	return &Ender{c: c}
+	return &Ender{c: c, follows: map[*lease.Lease]chan struct{}{}}
 }
 
 // killWait bounds the wait for processes sent SIGKILL to be gone before
@@ -258,30 +261,53 @@ func (e *Ender) Follow(l *lease.Lease) {
 	if l.PID > 0 {
 		first = []*procscan.Proc{{PID: l.PID, Start: l.PIDStart}}
 	}
-	go e.follow(l, first)
+	done := make(chan struct{})
+	e.mu.Lock()
+	e.follows[l] = done
+	e.mu.Unlock()
+	go e.follow(l, first, done)
 }
 
-func (e *Ender) follow(l *lease.Lease, procs []*procscan.Proc) {
+// Released tells that lease l holds no device any more (its last one
+// released): its follow, if any, ends, and the descriptors it waits on
+// are closed, however long the processes live.
+func (e *Ender) Released(l *lease.Lease) {
+	e.mu.Lock()
+	done := e.follows[l]
+	delete(e.follows, l)
+	e.mu.Unlock()
+	if done != nil {
+		close(done)
+	}
+}
+
+func (e *Ender) follow(l *lease.Lease, procs []*procscan.Proc, done <-chan struct{}) {
+	defer e.Released(l)
 	why := fmt.Sprintf("the lease of %s (lease %d) has no holder left", l.User, l.ID)
 	if l.User == "" {
 		why = fmt.Sprintf("lease %d has no holder left", l.ID)
 	}
 	var last time.Time
 	for {
-		e.waitAnyGone(procs)
+		if len(e.c.Table.HeldBy(l)) == 0 {
+			return // ended before its follow began, or meanwhile
+		}
+		if !e.waitAnyGone(procs, done) {
+			return
+		}
 		// A lease's holders may come and go fast (a tree of short-lived
 		// processes passing the descriptor on): its sweeps, each a look
 		// at every process, are paced as the background scan is.
-		if wait := time.Until(last.Add(followPace)); wait > 0 {
-			time.Sleep(wait)
+		if wait := time.Until(last.Add(followPace)); wait > 0 && !sleep(wait, done) {
+			return
 		}
 		held := e.c.Table.HeldBy(l)
 		if len(held) == 0 {
 			return
 		}
 		last = time.Now()
-		found, done := e.sweep(held, why, 0)
-		if done {
+		found, over := e.sweep(held, why, 0)
+		if over {
 			return
 		}
 		slices.SortFunc(found, func(a, b *procscan.Proc) int {
@@ -319,22 +345,21 @@ func (e *Ender) pidfd(p *procscan.Proc) (int, error) {
 const noPoll = 10 * time.Second
 
 // waitAnyGone returns once one of procs is gone (at once where one is
-// gone already, or there are none). It waits in the runtime's poller, on
-// no thread of its own.
-func (e *Ender) waitAnyGone(procs []*procscan.Proc) {
+// gone already, or there are none), true; or once done is closed, false.
+// It waits in the runtime's poller, on no thread of its own.
+func (e *Ender) waitAnyGone(procs []*procscan.Proc, done <-chan struct{}) bool {
 	if len(procs) == 0 {
-		return
+		return true
 	}
 	files := make([]*os.File, 0, len(procs))
-	defer e.closeAll(files)
+	defer func() { e.closeAll(files) }()
 	for _, p := range procs {
 		fd, err := e.pidfd(p)
 		if err != nil {
-			time.Sleep(noPoll)
-			return
+			return sleep(noPoll, done)
 		}
 		if fd < 0 {
-			return
+			return true
 		}
 		files = append(files, os.NewFile(uintptr(fd), "pidfd"))
 	}
@@ -342,8 +367,24 @@ func (e *Ender) waitAnyGone(procs []*procscan.Proc) {
 	for _, f := range files {
 		go func() { gone <- waitExit(f) }()
 	}
-	if !<-gone {
-		time.Sleep(noPoll)
+	select {
+	case ok := <-gone:
+		return ok || sleep(noPoll, done)
+	case <-done:
+		return false
+	}
+}
+
+// sleep waits for d, and tells whether it did (done was not closed
+// first).
+func sleep(d time.Duration, done <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-done:
+		return false
 	}
 }
 

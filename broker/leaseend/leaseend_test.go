@@ -323,3 +323,33 @@ func TestFollow(t *testing.T) {
 	late := receive(t, sock)
 	unix.Close(late)
 }
+
+// TestFollowEndsWithLease: a lease followed that ends as leases do (its
+// lock released), while the process it was granted to lives on, ends its
+// follow once the table says so (Released): no pidfd is kept for it.
+func TestFollowEndsWithLease(t *testing.T) {
+	granted := exec.Command("sleep", "60")
+	if err := granted.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { granted.Process.Kill(); granted.Wait() })
+	f := newFixture(t, lease.Holder{Kind: lease.Inline, UID: uint32(os.Geteuid()), User: "alice", PID: granted.Process.Pid})
+	f.ender.Follow(f.l)
+	waitDescriptors(t, f.ender, 1)
+	unix.Close(f.fd)
+	f.waitFree(t, "its lock released")
+	f.ender.Released(f.l)
+	waitDescriptors(t, f.ender, 0)
+}
+
+// waitDescriptors waits until e holds n descriptors.
+func waitDescriptors(t *testing.T, e *Ender, n int) {
+	t.Helper()
+	deadline := time.Now().Add(eventWait)
+	for e.Descriptors() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the ender holds %d descriptors, want %d", e.Descriptors(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
