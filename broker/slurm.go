@@ -194,7 +194,8 @@ func (o *slurmOwner) Extern(l *lease.Lease, pid int, start uint64) {
 }
 
 // Holders are the processes that hold l's lock files: those status last
-// saw, or else those a scan of /proc finds.
+// saw, or else those a sweep of /proc finds (every process, whatever the
+// background scan's budgets, whose cursors it leaves alone).
 func (o *slurmOwner) Holders(l *lease.Lease) []slurmjobs.Proc {
 	s := (*Server)(o)
 	var out []slurmjobs.Proc
@@ -208,7 +209,7 @@ func (o *slurmOwner) Holders(l *lease.Lease) []slurmjobs.Proc {
 	for _, f := range l.Files {
 		targets.Files[procscan.FileID(f)] = true
 	}
-	res, err := s.scanner.Scan(targets)
+	res, err := s.scanner.Sweep(targets)
 	if err != nil {
 		return nil
 	}
