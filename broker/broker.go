@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/npurun/npurun/broker/client"
 	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/leaseend"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/broker/status"
@@ -108,7 +110,8 @@ type Server struct {
 	rt     *tasks.Runtime // the tasks: their journal, line, start and end; its own lock
 	status *status.Ledger // what status reports: the ledger, holders, the scan, usage, metrics; its own lock
 
-	scanner *procscan.Scanner // reads /proc: for the status room, and for the task room at the end of a task's lease
+	scanner *procscan.Scanner // reads /proc: for the status room, and for the ender
+	ender   *leaseend.Ender   // ends a lease when its holders end, whatever became of its descriptors
 
 	// slurm is a Slurm node's room ([slurm]; slurm.go): its own lock,
 	// after Server.mu's and the task room's; nil without [slurm].
@@ -226,9 +229,11 @@ func New(o Options) (*Server, error) {
 	s.closeToSharers()
 	// The task room, before the table is in service: a device that comes
 	// into service serves the line, tasks' and all.
+	s.ender = leaseend.New(leaseend.Config{Table: s.table, Access: s.acc, Holders: s.scanner, Vendor: s.inv.Vendor,
+		Describe: s.describeHolder, Grace: func() time.Duration { return s.policy().Tasks.KillGrace }, Log: s.log})
 	tc := tasks.Config{
 		Policy: s.policy(), Inventory: s.inv, Table: s.table, Owner: (*taskRoomOwner)(s), Accounts: taskAccounts{&s.users},
-		Access: s.acc, Holders: s.scanner, Describe: s.describeHolder, Socket: o.Socket, Self: self, Cgroup: cgMode,
+		Ender: s.ender, Socket: o.Socket, Self: self, Cgroup: cgMode,
 		Claim: s.claimTasks, Log: s.log,
 	}
 	tc.DevicePeak = func(id uint64) int64 { return s.status.TaskPeak(id) }
@@ -237,6 +242,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.rt = tasks.New(tc)
 	s.table.Start(failed)
+	s.followAdopted()
 	if s.slurm != nil {
 		s.slurm.Resume((*slurmOwner)(s))
 	}
@@ -245,6 +251,27 @@ func New(o Options) (*Server, error) {
 	}
 	s.fdReserve()
 	return s, nil
+}
+
+// followAdopted follows, at start, each lease taken up from before it
+// that a process tree holds (an npurun's, a login's, a container's, one
+// found with no record), as grantLocked follows those it grants: it ends
+// once its holders are gone, whatever became of its descriptors. A task's
+// ends with the task, a Slurm job's with the job.
+func (s *Server) followAdopted() {
+	var done []*lease.Lease
+	for _, d := range s.table.Snapshot().Devices {
+		for _, l := range d.Leases {
+			if !l.Adopted || slices.Contains(done, l) {
+				continue
+			}
+			done = append(done, l)
+			switch l.Kind {
+			case lease.Inline, lease.Login, lease.Container, lease.Found:
+				s.ender.Follow(l)
+			}
+		}
+	}
 }
 
 // closeToSharers closes, at start, each device that holds shares found
@@ -284,6 +311,9 @@ type tableOwner Server
 // after.
 func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, last bool) {
 	o.status.Ended(l, id, at)
+	if last {
+		o.ender.Released(l) // its follow ends
+	}
 	if o.slurm != nil {
 		o.slurm.Released(l, id, last)
 	}

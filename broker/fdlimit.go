@@ -30,7 +30,10 @@ import (
 //     idle supervisors;
 //   - the metrics endpoint's connections, and a margin for what comes and
 //     goes (a node opened for its ACL, /proc, the user database, a
-//     signal's pidfd, the accounting log's rotation).
+//     signal's pidfd, the accounting log's rotation);
+//   - and, counted as they come and go, the pidfds of the processes the
+//     ender waits on (leaseend) and the old lock files of leases it ended
+//     while a descriptor in flight held them (lease.Table.Stale).
 //
 // The limit is read again at a connection a second after the last
 // reading (a getrlimit costs a microsecond here, on every npurun's path),
@@ -89,7 +92,7 @@ func nofile() int {
 // max_connections, less where RLIMIT_NOFILE leaves less room above the
 // reserve. fromLimit tells that the limit decided.
 func (s *Server) connCap() (n int, fromLimit bool) {
-	room := max(s.nofile.get()-s.fdKeep, minConns)
+	room := max(s.nofile.get()-s.fdKeep-s.ender.Descriptors()-s.table.Stale(), minConns)
 	if room < s.policy().MaxConnections {
 		return room, true
 	}

@@ -289,6 +289,7 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 		s.byPlaceholder[r.SlurmJob] = c
 	}
 	s.status.Started(l, h)
+	s.ender.Follow(l) // it ends with the client's process tree, whatever becomes of its descriptors
 	return true
 }
 

@@ -180,10 +180,10 @@ func (o *slurmOwner) Begin(h *lease.Handover) *lease.Lease {
 	return l
 }
 
-// End ends lease l's processes: the task room ends a lease whose holder
-// has ended as it ends a task's (tasks.Runtime.EndLease). An npurun
-// granted l through its placeholder allocation hears it first, on its
-// connection, so that it can say why its command is ended.
+// End ends lease l, whose job has ended, as a task's lease ends with the
+// task (leaseend.Ender.End): its processes, and its lock whoever holds it.
+// An npurun granted l through its placeholder allocation hears it first,
+// on its connection, so that it can say why its command is ended.
 func (o *slurmOwner) End(l *lease.Lease, why string) {
 	s := (*Server)(o)
 	s.mu.Lock()
@@ -195,7 +195,7 @@ func (o *slurmOwner) End(l *lease.Lease, why string) {
 		}
 	}
 	s.mu.Unlock()
-	s.rt.EndLease(l, why)
+	s.ender.End(s.table.HeldBy(l), why)
 }
 
 // Extern notes the extern step of a job's lease as its first holder:
@@ -205,7 +205,8 @@ func (o *slurmOwner) Extern(l *lease.Lease, pid int, start uint64) {
 }
 
 // Holders are the processes that hold l's lock files: those status last
-// saw, or else those a scan of /proc finds.
+// saw, or else those a sweep of /proc finds (every process, whatever the
+// background scan's budgets, whose cursors it leaves alone).
 func (o *slurmOwner) Holders(l *lease.Lease) []slurmjobs.Proc {
 	s := (*Server)(o)
 	var out []slurmjobs.Proc
@@ -219,7 +220,7 @@ func (o *slurmOwner) Holders(l *lease.Lease) []slurmjobs.Proc {
 	for _, f := range l.Files {
 		targets.Files[procscan.FileID(f)] = true
 	}
-	res, err := s.scanner.Scan(targets)
+	res, err := s.scanner.Sweep(targets)
 	if err != nil {
 		return nil
 	}

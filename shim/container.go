@@ -53,6 +53,7 @@ func runContainer(o Options, engine container.Engine, argv []string) int {
 		l = container.Lease{Vendor: npu.VendorOf(hostEnv, devDir, devices), Devices: devices, FDs: fds, Env: hostEnv}
 		all = lease.fds
 	} else {
+		sayEnded(client.SocketPath(o.Socket))
 		w := waiter{o: o, tty: isTerminal(2)}
 		g, fds, code := w.acquire()
 		if g == nil {

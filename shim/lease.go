@@ -41,6 +41,35 @@ func inheritedLease(socket string) (*lease, bool) {
 	return l, len(l.devices) > 0
 }
 
+// endedLease names the devices of $NPURUN_LEASE whose descriptor is open
+// and is the lock file of a lease that has ended (client.EndedLock): a
+// descriptor kept, or received, after its lease. nil where none is.
+func endedLease(socket string) []int {
+	v := os.Getenv(client.LeaseVar)
+	if v == "" {
+		return nil
+	}
+	dir := client.LockDir(socket)
+	var ended []int
+	for _, part := range strings.Split(v, ",") {
+		dev, fdText, _ := strings.Cut(part, ":")
+		id, err1 := strconv.Atoi(dev)
+		fd, err2 := strconv.Atoi(fdText)
+		if err1 == nil && err2 == nil && fd >= 0 && client.EndedLock(fd, id, dir) {
+			ended = append(ended, id)
+		}
+	}
+	return ended
+}
+
+// sayEnded tells that the lease this process inherited has ended, where
+// it has, before npurun asks for one of its own.
+func sayEnded(socket string) {
+	if ended := endedLease(socket); len(ended) > 0 {
+		warn("the lease of %s that this command inherited (NPURUN_LEASE) has ended: its holders are gone and its devices went back to the broker; asking for a lease of its own", npu.Unknown.Format(ended))
+	}
+}
+
 // covers tells whether a nested request fits in the inherited lease.
 func (l *lease) covers(o Options) error {
 	var missing []int

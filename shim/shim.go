@@ -99,6 +99,7 @@ func Run(o Options, argv []string) int {
 		}
 		return execute(argv, env, keep)
 	}
+	sayEnded(client.SocketPath(o.Socket))
 	w := waiter{o: o, tty: isTerminal(2)}
 	g, fds, code := w.acquire()
 	if g == nil {

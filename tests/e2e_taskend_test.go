@@ -4,9 +4,14 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/procscan"
 )
 
 // TestTaskEndEndsPassedLease: a task of a restricted account passes its
@@ -48,5 +53,55 @@ func TestTaskEndEndsPassedLease(t *testing.T) {
 		t.Errorf("the receiver ended by %v, want SIGKILL", sig)
 	}
 	b.WaitLog(0, fmt.Sprintf("pid %d (%s: %s -receive %s -ignore-term) still holds its lease of npu 0: sent SIGKILL", pid, student.Name, b.Bin.Workload, sock))
+	waitFree(t, b, 0)
+}
+
+// TestTaskEndSweepPastBudget: the sweep at a task's end sees every holder
+// of its lock whatever the background scan's per-user budget: a user
+// process holding more descriptors than that budget (8,192), started
+// before the process that holds the task's lock (so read first), does not
+// hide it. The holder, which ignores SIGTERM, is signalled and killed, and
+// the device is not granted while it holds the lock.
+func TestTaskEndSweepPastBudget(t *testing.T) {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	// More than two budgets' worth (procscan.DefaultUserBudget), as many
+	// as the hard limit allows.
+	dups := min(3*procscan.DefaultUserBudget, int(lim.Max)-200)
+	if dups <= procscan.DefaultUserBudget {
+		t.Fatalf("the descriptor limit is %d: too few for this test", lim.Max)
+	}
+	dev := newDevTree(t, 1)
+	student := newUser(t)
+	b := StartBroker(t, dev.config("0", fmt.Sprintf("[restrict]\nusers = [%q]\n\n[tasks]\nkill_grace = \"2s\"\n", student.Name)))
+	dir := userDir(t, &student, 0o755)
+	// Its standard input is /dev/null, not startProc's pipe: the pipe
+	// would keep it waiting for a reader.
+	many := startProc(t, "dups", student.as(exec.Command("sh", "-c", `exec "$1" -dups "$2" </dev/null`, "sh", b.Bin.Workload, strconv.Itoa(dups)), dir))
+	many.waitLine("duped")
+	sock := filepath.Join(dir, "pass.sock")
+	recv := startProc(t, "receiver", student.as(exec.Command(b.Bin.Workload, "-receive", sock, "-ignore-term"), dir))
+	recv.waitLine("listening")
+	if recv.cmd.Process.Pid < many.cmd.Process.Pid {
+		t.Skip("pids wrapped between the two processes: the holder would be read first")
+	}
+
+	id := submitTask(t, b, &student, dir, "-d", "0", "--log", filepath.Join(dir, "log"), "--", b.Bin.Workload, "-pass", sock)
+	recv.waitLine("received")
+	if r := waitTask(t, b, id); r.code != 0 {
+		t.Fatalf("task %d: %s", id, r)
+	}
+	pid := recv.cmd.Process.Pid
+	b.WaitLog(0, fmt.Sprintf("task %d has ended: pid %d (%s: %s -receive %s -ignore-term) still holds its lease of npu 0: sent SIGTERM", id, pid, student.Name, b.Bin.Workload, sock))
+	// It ignores SIGTERM and holds the lock until SIGKILL: no grant
+	// meanwhile.
+	if code, out := exitCode(t, b.Npurun("--no-wait", "-d", "0", "true")); code == 0 {
+		t.Errorf("npu 0 was granted while pid %d holds the ended task's lock: %s", pid, out)
+	}
+	if _, sig := recv.wait(); sig != syscall.SIGKILL {
+		t.Errorf("the receiver ended by %v, want SIGKILL", sig)
+	}
 	waitFree(t, b, 0)
 }

@@ -120,3 +120,35 @@ func HoldsLock(fd, id int, dir string) bool {
 	}
 	return false
 }
+
+// EndedLock tells whether descriptor fd is a lock file of device id in
+// dir (LockDir) that is not its current one: the lock file of a lease
+// that has ended (the broker put a fresh one in its place, and removed a
+// share's), which holds nothing. Its /proc/self/fd link names it, with
+// " (deleted)" after it once it is replaced. A nested npurun that
+// inherits such a descriptor says its lease has ended.
+func EndedLock(fd, id int, dir string) bool {
+	if HoldsLock(fd, id, dir) {
+		return false
+	}
+	var buf [512]byte
+	n, err := unix.Readlink("/proc/self/fd/"+strconv.Itoa(fd), buf[:])
+	if err != nil || n <= 0 || n >= len(buf) {
+		return false
+	}
+	name := strings.TrimSuffix(string(buf[:n]), " (deleted)")
+	base, ok := strings.CutPrefix(name, dir+"/")
+	if !ok || strings.Contains(base, "/") {
+		return false
+	}
+	prefix := "npu" + strconv.Itoa(id)
+	if base == prefix+".lock" || base == "."+prefix+".lock.new" {
+		return true
+	}
+	slot, ok := strings.CutPrefix(base, prefix+".s")
+	if !ok {
+		return false
+	}
+	slot, ok = strings.CutSuffix(slot, ".lock")
+	return ok && slot != "" && strings.Trim(slot, "0123456789") == ""
+}

@@ -53,6 +53,7 @@ type share struct {
 	fd    int // the locked descriptor, the handover's until delivered; -1 after
 	spare int // a second open, for its watcher; -1 once closed
 	ended atomic.Bool
+	poke  chan struct{} // Abandon's: its holders are gone (abandon.go)
 }
 
 // SharePath is the lock file of share slot k of device id in dir.
@@ -289,10 +290,15 @@ func unlinkIf(path string, file FileID) {
 // gate closes the device to its user (unless another share of theirs is
 // there), and its room is free.
 func (t *Table) watchShare(d *device, s *share) {
-	if err := flock(s.spare, false); err != nil {
+	stale, err := t.waitRelease(s.spare, s.poke, func() bool { return true })
+	if err != nil {
 		// Keep its room taken rather than risk packing over it.
 		t.log.Printf("npu %d: wait for the release of share %d: %v; its room stays taken", d.id, s.slot, err)
 		return
+	}
+	if stale != nil {
+		t.outlive(d, s.lease, s.spare, stale)
+		s.spare = -1
 	}
 	s.ended.Store(true)
 	unlinkIf(s.path, s.file)
@@ -376,7 +382,7 @@ func (t *Table) findShares(dir string) error {
 		}
 		l := &Lease{Pool: t.pc.Load().poolOf[id], Devices: []int{id}, Files: []FileID{file}, Mem: mem, Since: time.Now(), Adopted: true}
 		l.ID = t.newIDLocked(time.Now())
-		s := &share{lease: l, slot: slot, mem: mem, path: path, file: file, fd: -1, spare: fd}
+		s := &share{lease: l, slot: slot, mem: mem, path: path, file: file, fd: -1, spare: fd, poke: make(chan struct{}, 1)}
 		d.shares = append(d.shares, s)
 		d.leases = append(d.leases, l)
 		switch {

@@ -136,6 +136,13 @@ type Table struct {
 	found  map[int]int    // devices held at Open, until Start: a descriptor of their lock file
 	ext    []*Waiter      // the external pools' requests in line, in arrival order
 	wake   chan<- struct{}
+
+	// Lock files whose lease Abandon ended, waited on until the last
+	// descriptor of theirs is gone (abandon.go): how many, in all and
+	// per user.
+	stale     int
+	staleUser map[uint32]int
+	staleFDs  atomic.Int64 // stale, read without the lock (Stale)
 }
 
 // device is one accelerator: its lock file and who holds it: one whole
@@ -156,6 +163,12 @@ type device struct {
 	freed    time.Time // when its last lease ended; zero while leased, and once granted again
 
 	watch chan int // descriptors for the watcher to wait on, one a lease
+
+	// abandoned is the lock file of the lease Abandon ended (its holders
+	// gone, its lock held by a descriptor no process has), poke wakes the
+	// watcher to look at it (abandon.go).
+	abandoned FileID
+	poke      chan struct{}
 
 	// ended is the lock file whose release the watcher has seen, from the
 	// moment flock returns (before the table records the end); nil while
@@ -184,7 +197,7 @@ func (d *device) free() bool {
 // what it knows of them. Nothing is in service until Start.
 func Open(c Config) (*Table, error) {
 	t := &Table{vendor: c.Vendor, gate: c.Gate, owner: c.Owner, log: c.Log, repeat: c.Repeat,
-		ids: slices.Clone(c.IDs), drainFile: c.DrainFile, dir: c.Dir, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External, ask: c.Ask}
+		ids: slices.Clone(c.IDs), drainFile: c.DrainFile, dir: c.Dir, held: map[uint32]int{}, q: NewQueue(), found: map[int]int{}, wake: c.External, ask: c.Ask, staleUser: map[uint32]int{}}
 	if t.log == nil {
 		t.log = log.New(discard{}, "", 0)
 	}
@@ -208,7 +221,7 @@ func Open(c Config) (*Table, error) {
 	}
 	t.devs = make([]*device, maxID+1)
 	for _, id := range t.ids {
-		d := &device{id: id, path: LockPath(c.Dir, id), fd: -1, spare: -1, watch: make(chan int, 1), capacity: c.Capacity[id], unknown: c.Unknown[id]}
+		d := &device{id: id, path: LockPath(c.Dir, id), fd: -1, spare: -1, watch: make(chan int, 1), poke: make(chan struct{}, 1), capacity: c.Capacity[id], unknown: c.Unknown[id]}
 		t.sharing = t.sharing || d.capacity > 0 || d.unknown != ""
 		fd, isFree, err := tryLock(d.path)
 		if err != nil {
@@ -384,7 +397,13 @@ func (t *Table) watch(d *device) {
 		// after: a lease's end, when waiters are many and descriptors
 		// may be short, then needs no new descriptor.
 		ahead := t.prepareAhead(d)
-		if err := flock(fd, false); err != nil {
+		file, ferr := fileID(fd)
+		stale, err := t.waitRelease(fd, d.poke, func() bool {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			return ferr == nil && d.abandoned == file
+		})
+		if err != nil {
 			// Nothing else can be done with this device; keep it out of
 			// use rather than risk a double grant.
 			t.log.Printf("npu %d: wait for release: %v; device taken out of service", d.id, err)
@@ -394,12 +413,20 @@ func (t *Table) watch(d *device) {
 			}
 			continue
 		}
-		if fid, err := fileID(fd); err == nil {
-			d.ended.Store(&fid)
+		if ferr == nil {
+			d.ended.Store(&file)
 		}
 		next := ahead()
 		now := time.Now()
 		ended, last := t.releasedLocked(d, now)
+		if stale != nil {
+			var l *Lease
+			if len(ended) > 0 {
+				l = ended[0]
+			}
+			t.outlive(d, l, fd, stale)
+			fd = -1
+		}
 		for i, l := range ended {
 			t.owner.Released(l, d.id, now, last[i])
 		}
@@ -502,7 +529,7 @@ func (t *Table) renewOnce(d *device, old int, next *freshLock, tell bool) error 
 		next.discard()
 		return err
 	}
-	unix.Close(old)
+	closeFD(old)
 	t.mu.Lock()
 	d.fd, d.spare, d.file = next.locked, next.spare, next.file
 	t.nfree++
@@ -901,7 +928,7 @@ func (t *Table) scheduleLocked(running map[uint32]int) []*Handover {
 			for j, id := range g.Devices {
 				d := t.devs[id]
 				k := d.freeSlot()
-				s := &share{h: h, uid: g.W.UID, slot: k, mem: g.W.Mem, path: SharePath(t.dir, id, k), fd: -1, spare: -1}
+				s := &share{h: h, uid: g.W.UID, slot: k, mem: g.W.Mem, path: SharePath(t.dir, id, k), fd: -1, spare: -1, poke: make(chan struct{}, 1)}
 				d.shares = append(d.shares, s)
 				h.shares[j], h.fds[j], h.freed[j] = s, -1, d.freed
 			}

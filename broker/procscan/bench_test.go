@@ -88,7 +88,7 @@ func BenchmarkMaps(b *testing.B) {
 		b.Fatal(err)
 	}
 	lk := &look{s: s, t: Targets{Files: map[FileID]bool{{Dev: 1, Ino: 1}: true}, Nodes: map[uint64]bool{7: true}},
-		r: s.result(), b: new(buffers), maps: true, left: 1 << 30}
+		r: s.result(), b: new(buffers), maps: true, left: 1 << 30, kinds: map[FileID]uint64{}}
 	lk.mappings(cmd.Process.Pid)
 	if lk.lines < 2000 {
 		b.Fatalf("%d lines of maps read, want 2,000 and more", lk.lines)

@@ -4,6 +4,7 @@ package procscan
 import (
 	"bytes"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,7 +40,8 @@ import (
 // would make every scan slow, and the scan's pacing would then delay the
 // finding of everyone's use: so a scan does at most UserBudget of that
 // work for the processes of one user, and the next scan goes on where it
-// stopped (see Scan).
+// stopped (see Scan). The look that ends a lease (Sweep) has no budget:
+// it must see every holder.
 
 // FileID names a file by the device it is on and its inode.
 type FileID struct{ Dev, Ino uint64 }
@@ -226,11 +228,17 @@ func bootTime(root string, fs procfs.FS) time.Time {
 	return time.Time{}
 }
 
+// Unknown is the account a process is charged to (Scan's budgets,
+// Deferred) when its effective uid cannot be read: not a uid (it is
+// (uid_t)-1, which no process has).
+const Unknown = ^uint32(0)
+
 // Scan looks at every process: its descriptors, then its maps.
 //
 // It does at most UserBudget of that work for the processes of one user:
-// the owner of /proc/PID/fd, which is the effective uid, or root for a
-// process that is not dumpable. Where a user's work runs out, the rest of
+// the process's effective uid (the owner of /proc/PID/fd, or, for a
+// process that is not dumpable, whose directory is root's, the effective
+// uid its status shows; Unknown where that cannot be read). Where a user's work runs out, the rest of
 // that user's processes wait for the next scan, which begins that user's
 // work where this one stopped (in the middle of a process, if need be)
 // and goes on in pid order, round to the first. A process read over
@@ -255,7 +263,7 @@ func (s *Scanner) Scan(t Targets) (*Result, error) {
 	defer s.mu.Unlock()
 	clear(s.kinds) // one scan's: an inode may be reused
 	b := new(buffers)
-	lk := &look{s: s, t: t, r: r, b: b, maps: true}
+	lk := &look{s: s, t: t, r: r, b: b, maps: true, kinds: s.kinds}
 	spent := map[uint32]int{}
 	last := s.cursors
 	s.cursors = map[uint32]*cursor{}
@@ -300,6 +308,43 @@ func (s *Scanner) Scan(t Targets) (*Result, error) {
 	}
 	for _, pid := range later {
 		one(pid, true)
+	}
+	r.Took = time.Since(r.At)
+	return r, nil
+}
+
+// Sweep looks at every process, its descriptors and its maps, whatever
+// the budgets: the look that ends a lease, which must see every holder of
+// its lock files (a user's many descriptors elsewhere may slow it, never
+// hide one). It leaves Scan's cursors as they are, and runs beside a Scan.
+// Every process it could open is looked at (Looked); Deferred is never
+// set.
+func (s *Scanner) Sweep(t Targets) (*Result, error) {
+	r := s.result()
+	r.skipped, r.deferred = map[int]bool{}, map[uint32]bool{}
+	if t.empty() {
+		r.Took = time.Since(r.At)
+		return r, nil
+	}
+	procs, err := s.fs.AllProcs()
+	if err != nil {
+		return nil, err
+	}
+	b := new(buffers)
+	lk := &look{s: s, t: t, r: r, b: b, maps: true, kinds: map[FileID]uint64{}}
+	for _, p := range procs {
+		if p.PID == s.self {
+			continue
+		}
+		dir, _, err := s.openFDDir(p.PID, b)
+		if err != nil {
+			continue // gone
+		}
+		r.Procs++
+		lk.found, lk.left = nil, math.MaxInt
+		lk.process(p.PID, dir, 0)
+		unix.Close(dir)
+		lk.record(p.PID)
 	}
 	r.Took = time.Since(r.At)
 	return r, nil

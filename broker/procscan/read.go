@@ -39,14 +39,20 @@ type look struct {
 	t     Targets
 	r     *Result
 	b     *buffers
-	maps  bool   // read maps too (Scan)
-	left  int    // work left to the process's user (Scan) or to the Tree
-	lines int    // lines of maps read: every other one is charged to left
-	found []find // what was found in the process being read
+	maps  bool              // read maps too (Scan)
+	left  int               // work left to the process's user (Scan) or to the Tree
+	lines int               // lines of maps read: every other one is charged to left
+	found []find            // what was found in the process being read
+	kinds map[FileID]uint64 // the mapped files' kinds (Scanner.kinds): the Scan's, or a Sweep's own
 }
 
-// openFDDir opens /proc/PID/fd and returns it with its owner: the
-// process's effective uid, or root where it is not dumpable.
+// openFDDir opens /proc/PID/fd and returns it with the account its
+// reading is charged to (Scan's budgets): the process's effective uid.
+// The directory's owner is that uid, but for a process that is not
+// dumpable (a set-user-ID program, or one that said so with prctl), whose
+// directory is root's: that one is charged to the effective uid its
+// status shows, and to Unknown where that cannot be read; never to root,
+// whose budget a user could spend so.
 func (s *Scanner) openFDDir(pid int, b *buffers) (int, uint32, error) {
 	b.path = strconv.AppendInt(append(append(b.path[:0], s.root...), '/'), int64(pid), 10)
 	b.path = append(b.path, "/fd\x00"...)
@@ -59,7 +65,42 @@ func (s *Scanner) openFDDir(pid int, b *buffers) (int, uint32, error) {
 		unix.Close(dir)
 		return -1, 0, err
 	}
-	return dir, st.Uid, nil
+	if st.Uid != 0 {
+		return dir, st.Uid, nil
+	}
+	return dir, s.effectiveUID(pid), nil
+}
+
+// maxStatus bounds what is read of /proc/PID/status for its Uid line,
+// which comes in its first few hundred bytes.
+const maxStatus = 1024
+
+// effectiveUID reads the effective uid of process pid from its status
+// ("Uid:\treal\teffective\tsaved\tfs"); Unknown where it cannot be read.
+func (s *Scanner) effectiveUID(pid int) uint32 {
+	var buf [maxStatus]byte
+	n, ok := s.readProcFile(pid, "status", buf[:])
+	if !ok {
+		return Unknown
+	}
+	data := buf[:n]
+	i := bytes.Index(data, []byte("\nUid:"))
+	if i < 0 {
+		return Unknown
+	}
+	line := data[i+len("\nUid:"):]
+	if j := bytes.IndexByte(line, '\n'); j >= 0 {
+		line = line[:j]
+	}
+	f := bytes.Fields(line)
+	if len(f) < 2 {
+		return Unknown
+	}
+	uid, ok := parseUint(f[1], 10)
+	if !ok || uid >= uint64(Unknown) {
+		return Unknown
+	}
+	return uint32(uid)
 }
 
 // process reads pid's descriptors (dir: its fd directory) from the
@@ -267,11 +308,11 @@ func (lk *look) mapping(pid int, line []byte) {
 	if len(lk.t.Nodes) == 0 {
 		return
 	}
-	rdev, known := lk.s.kinds[id]
+	rdev, known := lk.kinds[id]
 	if !known {
 		rdev, known = lk.kind(pid, field[0])
-		if known && len(lk.s.kinds) < maxKinds {
-			lk.s.kinds[id] = rdev
+		if known && len(lk.kinds) < maxKinds {
+			lk.kinds[id] = rdev
 		}
 	}
 	if rdev != 0 && lk.t.Nodes[rdev] {

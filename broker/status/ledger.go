@@ -604,26 +604,13 @@ func (g *Ledger) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 			targets.Files[procscan.FileID(fid)] = true
 		}
 	}
-	// A scan reads a bounded share of each user's processes: scan on
-	// until every lock file has a holder, or no process was left unread.
-	res := &procscan.Result{Files: map[procscan.FileID][]int{}, Info: map[int]*procscan.Proc{}}
-	for range maxFindScans {
-		r, err := g.scanner.Scan(targets)
-		if err != nil {
-			g.log.Printf("find the holders of npu %s: %v", npu.FormatIDs(ids), err)
-			return
-		}
-		for fid, pids := range r.Files {
-			res.Files[fid] = append(res.Files[fid], pids...)
-		}
-		maps.Copy(res.Info, r.Info)
-		all := true
-		for fid := range targets.Files {
-			all = all && len(res.Files[fid]) > 0
-		}
-		if all || !r.AnyDeferred() {
-			break
-		}
+	// A sweep, not a scan: every process read to its end whatever the
+	// background scan's budgets, so that a user's many descriptors
+	// elsewhere do not hide a holder.
+	res, err := g.scanner.Sweep(targets)
+	if err != nil {
+		g.log.Printf("find the holders of npu %s: %v", npu.FormatIDs(ids), err)
+		return
 	}
 	if jobs != nil {
 		ids = g.findJobs(ids, held, res, now, a, jobs)
@@ -713,10 +700,6 @@ func (g *Ledger) findJobs(ids []int, held map[int]lease.FileID, res *procscan.Re
 	}
 	return left
 }
-
-// maxFindScans bounds the scans findHolders does for the holders of the
-// leases found at start.
-const maxFindScans = 64
 
 // adopt enters lease e, held since before this start, in the ledger, and
 // has the lease table take it up: it counts against its user's

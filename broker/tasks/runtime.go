@@ -8,11 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/leaseend"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -61,20 +59,6 @@ type Accounts interface {
 	Lookup(uid uint32) *Account
 }
 
-// Access is device access of restricted accounts (the broker's access
-// room): a task's end closes its devices at once, before whoever holds
-// its lease still is gone.
-type Access interface {
-	Revoke(id int, keep []uint32) error
-}
-
-// Holders finds who holds lock files and signals them: the broker's /proc
-// scanner (procscan.Scanner), shared with status.
-type Holders interface {
-	Scan(t procscan.Targets) (*procscan.Result, error)
-	Signal(pid int, start uint64, sig unix.Signal) error
-}
-
 // Outside is an allocator of devices outside the line (Slurm's, on a
 // Slurm node: the broker's Slurm room), as the runtime asks it of its
 // tasks' requests. It is called under the runtime's lock: it must take no
@@ -96,14 +80,12 @@ type Config struct {
 	Table     *lease.Table // the line tasks wait in with every other request
 	Owner     Owner
 	Accounts  Accounts
-	Access    Access  // nil: no device access to close
-	Holders   Holders // nil: a task's lease is not chased after its end
-	// Describe writes a process holding a lease for the log: its user and
-	// command line, as status shows them.
-	Describe func(p *procscan.Proc) string
-	Socket   string // the broker's socket, told to tasks and supervisors
-	Self     string // the broker's executable, beside which the supervisor program is looked for first
-	Cgroup   string // where tasks' control groups go: auto, off or a directory
+	// Ender ends a task's lease at the task's end, whoever holds its
+	// descriptors then; nil: its lock alone ends it.
+	Ender  *leaseend.Ender
+	Socket string // the broker's socket, told to tasks and supervisors
+	Self   string // the broker's executable, beside which the supervisor program is looked for first
+	Cgroup string // where tasks' control groups go: auto, off or a directory
 	// Claim takes the state directory for the broker's life, once: two
 	// brokers replaying one journal would run the same task twice. An
 	// error wrapping ErrFatal (another broker's) stops the broker.
@@ -144,9 +126,7 @@ type Runtime struct {
 	table    *lease.Table
 	owner    Owner
 	accounts Accounts
-	access   Access
-	holders  Holders
-	describe func(p *procscan.Proc) string
+	ender    *leaseend.Ender
 	socket   string
 	claim    func(dir string) error
 	log      *log.Logger
@@ -192,7 +172,7 @@ type endNote struct {
 // New makes the runtime; Open takes up the journal.
 func New(c Config) *Runtime {
 	rt := &Runtime{inv: c.Inventory, table: c.Table, owner: c.Owner, accounts: c.Accounts,
-		access: c.Access, holders: c.Holders, describe: c.Describe, socket: c.Socket, claim: c.Claim, log: c.Log, devPeak: c.DevicePeak,
+		ender: c.Ender, socket: c.Socket, claim: c.Claim, log: c.Log, devPeak: c.DevicePeak,
 		boot: bootID(), unpriv: os.Geteuid() != 0,
 		jobs: map[uint64]*Task{}, running: map[uint32]int{}, cpuq: lease.NewQueue(),
 		cpuFree: make([]bool, c.Policy.Tasks.CPUSlots), watching: map[Watcher][]*Task{}}
@@ -203,9 +183,6 @@ func New(c Config) *Runtime {
 	}
 	if rt.log == nil {
 		rt.log = log.Default()
-	}
-	if rt.describe == nil {
-		rt.describe = func(p *procscan.Proc) string { return p.Comm }
 	}
 	rt.run = c.Runner
 	rt.outside = c.Outside

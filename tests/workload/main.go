@@ -4,12 +4,14 @@
 package main
 
 import (
+	"bufio"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -41,6 +43,8 @@ func main() {
 	askUser := flag.String("user", "", "the user an -ask request names")
 	pass := flag.String("pass", "", "send the lease's first descriptor over the Unix socket at this path, then exit")
 	receive := flag.String("receive", "", "listen on this Unix socket path, take a descriptor sent there and keep it until standard input closes")
+	receiveLaterPath := flag.String("receive-later", "", "listen on this Unix socket path and accept a connection, but read nothing (a descriptor sent there stays in flight) until a line comes on standard input; then take the descriptor, put it at 20 or above, and run the command after the flags with NPURUN_LEASE naming it as device -lease-device's")
+	leaseDevice := flag.Int("lease-device", 0, "with -receive-later: the device NPURUN_LEASE names")
 	ignoreTerm := flag.Bool("ignore-term", false, "ignore SIGTERM (with -receive: a holder that only SIGKILL ends)")
 	escape := flag.String("escape", "", "leave the task's reach as a job could: setpgid (a process group of its own), setsid (a session of its own), or daemon (a child in a session of its own, orphaned at once); then write the pid to -pidfile and hold the lease for -hold")
 	pidfile := flag.String("pidfile", "", "with -escape: where to write the escaped process's pid (a FIFO, say)")
@@ -104,6 +108,9 @@ func main() {
 		return
 	case *receive != "":
 		receiveLease(*receive)
+		return
+	case *receiveLaterPath != "":
+		receiveLater(*receiveLaterPath, *leaseDevice, flag.Args())
 		return
 	}
 
@@ -271,6 +278,58 @@ func receiveLease(path string) {
 	ln.Close()
 	fmt.Printf("received %d\n", fds[0])
 	os.Stdin.Read(make([]byte, 1))
+}
+
+// receiveLater plays a process outside a lease that a descriptor was sent
+// to and that does not read it: it says "listening", accepts a
+// connection at path and says "accepted", then reads nothing until a line
+// comes on its standard input. Then it takes the descriptor, says
+// "received FD" (FD: where it put it, 20 or above, close-on-exec clear),
+// and runs argv with NPURUN_LEASE=DEVICE:FD, as a process of a lease
+// would (a nested npurun presents it).
+func receiveLater(path string, device int, argv []string) {
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		fail("listen", err)
+	}
+	os.Chmod(path, 0o777) // a sender of another user may connect
+	fmt.Println("listening")
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		fail("accept", err)
+	}
+	fmt.Println("accepted")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		fail("wait for the word to read", err)
+	}
+	buf, oob := make([]byte, 16), make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	if err != nil {
+		fail("receive", err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		fail("receive", fmt.Errorf("no descriptor came"))
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		fail("receive", fmt.Errorf("no descriptor came"))
+	}
+	fd, err := unix.FcntlInt(uintptr(fds[0]), unix.F_DUPFD, 20) // close-on-exec clear
+	if err != nil {
+		fail("place the descriptor", err)
+	}
+	fmt.Printf("received %d\n", fd)
+	if len(argv) == 0 {
+		os.Stdin.Read(make([]byte, 1))
+		return
+	}
+	path, err = exec.LookPath(argv[0])
+	if err != nil {
+		fail("run", err)
+	}
+	env := append(os.Environ(), fmt.Sprintf("NPURUN_LEASE=%d:%d", device, fd))
+	fail("run", syscall.Exec(path, argv, env))
 }
 
 // escapeTask plays a job that tries to outlive its task: it leaves the

@@ -1,0 +1,355 @@
+package leaseend
+
+import (
+	"bytes"
+	"log"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/npu"
+)
+
+// The ender in process: a real lease table on lock files in a temporary
+// directory, the real /proc, real processes and a real socket's queue.
+
+// eventWait bounds every wait in these tests.
+const eventWait = 20 * time.Second
+
+// revokes records the devices whose restricted entries a lease's end
+// removed.
+type revokes struct {
+	mu  sync.Mutex
+	ids []int
+}
+
+func (r *revokes) Revoke(id int, _ []uint32) error {
+	r.mu.Lock()
+	r.ids = append(r.ids, id)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *revokes) got() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]int(nil), r.ids...)
+}
+
+// syncBuffer is a log's buffer; wrote hears of each write.
+type syncBuffer struct {
+	mu    sync.Mutex
+	b     bytes.Buffer
+	wrote chan struct{}
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case s.wrote <- struct{}{}:
+	default:
+	}
+	return s.b.Write(p)
+}
+
+// await waits until the log holds each of want, and tells whether it
+// came to.
+func (s *syncBuffer) await(want ...string) bool {
+	deadline := time.After(eventWait)
+	for {
+		all := true
+		for _, w := range want {
+			all = all && strings.Contains(s.String(), w)
+		}
+		if all {
+			return true
+		}
+		select {
+		case <-s.wrote:
+		case <-deadline:
+			return false
+		}
+	}
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// freeOwner hears of the table's releases and free devices.
+type freeOwner struct{ freed chan struct{} }
+
+func (o *freeOwner) Released(*lease.Lease, int, time.Time, bool) {}
+func (o *freeOwner) Freed()                                      { o.freed <- struct{}{} }
+
+// fixture is a table of one device, npu 0, a lease granted on it (its
+// locked descriptor the test's), and an ender.
+type fixture struct {
+	table *lease.Table
+	dir   string
+	l     *lease.Lease
+	fd    int
+	freed chan struct{}
+	acc   *revokes
+	logs  *syncBuffer
+	ender *Ender
+}
+
+func newFixture(t *testing.T, holder lease.Holder) *fixture {
+	t.Helper()
+	f := &fixture{dir: t.TempDir(), freed: make(chan struct{}, 16), acc: &revokes{}, logs: &syncBuffer{wrote: make(chan struct{}, 1)}}
+	table, err := lease.Open(lease.Config{Dir: f.dir, IDs: []int{0}, Pools: []lease.Pool{{Name: "default"}}, DefaultPool: "default",
+		Vendor: npu.Fake, Owner: &freeOwner{freed: f.freed}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table.Start(nil)
+	f.table = table
+	w, err := table.Admit(lease.Request{Holder: holder, N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table.Add(w)
+	hs := table.Schedule(nil)
+	if len(hs) != 1 {
+		t.Fatalf("%d grants for one request on a free device", len(hs))
+	}
+	f.l = table.Commit(hs[0])
+	f.fd = hs[0].FDs()[0]
+	scanner, err := procscan.New("/proc", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	scanner.UserBudget = 1 // a sweep ignores it
+	f.ender = New(Config{Table: table, Access: f.acc, Holders: scanner, Vendor: npu.Fake,
+		Grace: func() time.Duration { return time.Minute }, Log: log.New(f.logs, "", 0)})
+	return f
+}
+
+// waitFree waits until npu 0 is free again.
+func (f *fixture) waitFree(t *testing.T, what string) {
+	t.Helper()
+	for f.table.Snapshot().Devices[0].State != lease.Free {
+		select {
+		case <-f.freed:
+		case <-time.After(eventWait):
+			t.Fatalf("%s: npu 0 not freed; the log says %q", what, f.logs.String())
+		}
+	}
+}
+
+// inFlight sends fd over one end of a socketpair that nobody reads and
+// closes fd: the descriptor is then held by the socket's queue alone. It
+// returns the other end, from which it can be received later.
+func inFlight(t *testing.T, fd int) int {
+	t.Helper()
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Sendmsg(sp[0], []byte("x"), unix.UnixRights(fd), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd)
+	unix.Close(sp[0])
+	t.Cleanup(func() { unix.Close(sp[1]) })
+	return sp[1]
+}
+
+// receive takes the descriptor waiting on socket s.
+func receive(t *testing.T, s int) int {
+	t.Helper()
+	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
+	_, oobn, _, _, err := unix.Recvmsg(s, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("no descriptor: %v", err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		t.Fatalf("no descriptor: %v", err)
+	}
+	return fds[0]
+}
+
+// fileOf is the lock file open at fd.
+func fileOf(t *testing.T, fd int) lease.FileID {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return lease.FileID{Dev: st.Dev, Ino: st.Ino}
+}
+
+// TestEndLease: a lease that is not a task's (as a Slurm job's, whose
+// Epilog came) is ended as a task's is at its end: the restricted entry of
+// its device goes at once, and a process that holds its lock file still
+// (a real one, found in /proc) is sent SIGTERM, the log naming why. A
+// lease that holds nothing any more is left alone.
+func TestEndLease(t *testing.T) {
+	f := newFixture(t, lease.Holder{Kind: lease.Inline, UID: uint32(os.Geteuid()), User: "alice"})
+	holder := exec.Command("sleep", "60")
+	lockFile := os.NewFile(uintptr(f.fd), "lock")
+	holder.ExtraFiles = []*os.File{lockFile}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lockFile.Close() // the holder's alone now
+	exited := make(chan error, 1)
+	go func() { exited <- holder.Wait() }()
+	t.Cleanup(func() { holder.Process.Kill() })
+
+	f.ender.End(f.table.HeldBy(f.l), "job 5 has ended")
+	if ids := f.acc.got(); len(ids) != 1 || ids[0] != 0 {
+		t.Errorf("devices revoked: %v; want npu 0", ids)
+	}
+	select {
+	case err := <-exited:
+		var ws syscall.WaitStatus
+		if ee, ok := err.(*exec.ExitError); ok {
+			ws = ee.Sys().(syscall.WaitStatus)
+		}
+		if !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+			t.Errorf("the lease's holder ended with %v; want SIGTERM", err)
+		}
+	case <-time.After(eventWait):
+		t.Fatalf("the lease's holder still runs after End; the log says %q", f.logs.String())
+	}
+	want := "job 5 has ended: pid " + strconv.Itoa(holder.Process.Pid) + " ("
+	if !f.logs.await(want, "still holds its lease of npu 0: sent SIGTERM") {
+		t.Errorf("the log says %q; want %q… still holds its lease of npu 0: sent SIGTERM", f.logs.String(), want)
+	}
+	f.waitFree(t, "its holder ended")
+
+	// Its device free again, the lease holds nothing: nothing to end.
+	n := len(f.logs.String())
+	f.ender.End(f.table.HeldBy(f.l), "job 5 has ended")
+	if ids := f.acc.got(); len(ids) != 1 {
+		t.Errorf("devices revoked for a lease that holds nothing: %v", ids[1:])
+	}
+	if got := f.logs.String()[n:]; got != "" {
+		t.Errorf("a lease that holds nothing ended with %q in the log", got)
+	}
+}
+
+// TestEndInFlight: a lease whose holder has ended, its only descriptor in
+// a socket's queue (no process has it), ends all the same: the device is
+// free again, on a fresh lock file, while the descriptor is in flight;
+// received later, it holds the old file.
+func TestEndInFlight(t *testing.T) {
+	f := newFixture(t, lease.Holder{Kind: lease.Task, UID: uint32(os.Geteuid()), User: "alice", Task: 7})
+	sock := inFlight(t, f.fd)
+	f.ender.End(f.table.HeldBy(f.l), "task 7 has ended")
+	f.waitFree(t, "its descriptor in flight")
+	if !f.logs.await("task 7 has ended: no process holds its lease of npu 0, whose lock is held still by a descriptor no process has") {
+		t.Errorf("the log says %q", f.logs.String())
+	}
+	late := receive(t, sock)
+	defer unix.Close(late)
+	if got := fileOf(t, late); got != f.l.Files[0] {
+		t.Errorf("the descriptor received late is on %v, want the lease's old file %v", got, f.l.Files[0])
+	}
+	if cur := f.table.Snapshot().Devices[0].File; cur == f.l.Files[0] {
+		t.Error("npu 0 is on the ended lease's lock file still")
+	}
+}
+
+// TestFollow: a lease held by a process tree is followed: while the
+// process it was granted to runs, a descriptor of it in flight ends
+// nothing; once that process is gone, and a process it passed the lease
+// to holds it, nothing either; once that one is gone too, the lease ends
+// although its descriptor is in flight.
+func TestFollow(t *testing.T) {
+	granted := exec.Command("sleep", "60")
+	if err := granted.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { granted.Process.Kill(); granted.Wait() })
+	scanner, err := procscan.New("/proc", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, lease.Holder{Kind: lease.Inline, UID: uint32(os.Geteuid()), User: "alice",
+		PID: granted.Process.Pid, PIDStart: scanner.Start(granted.Process.Pid)})
+
+	// A holder the lease was passed to, and a copy in flight.
+	dup, err := unix.Dup(f.fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	passed := exec.Command("sleep", "60")
+	lockFile := os.NewFile(uintptr(dup), "lock")
+	passed.ExtraFiles = []*os.File{lockFile}
+	if err := passed.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lockFile.Close()
+	t.Cleanup(func() { passed.Process.Kill(); passed.Wait() })
+	sock := inFlight(t, f.fd)
+
+	f.ender.Follow(f.l)
+	granted.Process.Kill()
+	granted.Wait()
+	// The follow sweeps now, finds the passed holder and waits on it:
+	// the lease is held.
+	if !f.table.Holds(f.l, 0) {
+		t.Fatal("the lease ended while a process it was passed to holds it")
+	}
+	passed.Process.Kill()
+	passed.Wait()
+	f.waitFree(t, "its holders gone, its descriptor in flight")
+	if !f.logs.await("the lease of alice (lease " + strconv.FormatUint(f.l.ID, 10) + ") has no holder left: no process holds its lease of npu 0") {
+		t.Errorf("the log says %q", f.logs.String())
+	}
+	if s := f.logs.String(); strings.Contains(s, "sent SIG") {
+		t.Errorf("a follow signalled a holder: %q", s)
+	}
+	late := receive(t, sock)
+	unix.Close(late)
+}
+
+// TestFollowEndsWithLease: a lease followed that ends as leases do (its
+// lock released), while the process it was granted to lives on, ends its
+// follow once the table says so (Released): no pidfd is kept for it.
+func TestFollowEndsWithLease(t *testing.T) {
+	granted := exec.Command("sleep", "60")
+	if err := granted.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { granted.Process.Kill(); granted.Wait() })
+	f := newFixture(t, lease.Holder{Kind: lease.Inline, UID: uint32(os.Geteuid()), User: "alice", PID: granted.Process.Pid})
+	f.ender.Follow(f.l)
+	waitDescriptors(t, f.ender, 1)
+	unix.Close(f.fd)
+	f.waitFree(t, "its lock released")
+	f.ender.Released(f.l)
+	waitDescriptors(t, f.ender, 0)
+}
+
+// waitDescriptors waits until e holds n descriptors.
+func waitDescriptors(t *testing.T, e *Ender, n int) {
+	t.Helper()
+	deadline := time.Now().Add(eventWait)
+	for e.Descriptors() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the ender holds %d descriptors, want %d", e.Descriptors(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
