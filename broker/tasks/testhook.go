@@ -17,6 +17,10 @@ const (
 	// yet sent (the task room's lock is held: no task starts, nor is any task
 	// operation served).
 	hookBeforeSubmitReply = "before-submit-reply"
+	// hookAfterEnd: a task's end is recorded (with its out-of-memory
+	// retry, if any) and nothing else done for it yet: its supervisor not
+	// answered, its retry not in line (the task room's lock is held).
+	hookAfterEnd = "after-end"
 )
 
 var testHookPoint = os.Getenv("NPUBROKER_TEST_HOOK")
