@@ -22,6 +22,9 @@ const (
 	// retry, if any) and nothing else done for it yet: its supervisor not
 	// answered, its retry not in line (the task room's lock is held).
 	hookAfterEnd = "after-end"
+	// hookNoStartTime, a fault rather than a stop (testhook.Fails): the
+	// first supervisor's start time cannot be read from /proc.
+	hookNoStartTime = "no-start-time"
 )
 
 // testHook stops task id's goroutine at point (testhook.Stop).
