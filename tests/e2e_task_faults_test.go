@@ -268,7 +268,7 @@ func TestTaskKilledBeforeGoAhead(t *testing.T) {
 				}
 			}
 			b.Kill()
-			b.env = nil // the next broker stops nowhere
+			b.env = withoutHook(b.env) // the next broker stops nowhere
 			at := b.LogLen()
 			b.Start()
 			r := waitTask(t, b, id)
@@ -304,7 +304,7 @@ func TestTaskSubmitAnswerLost(t *testing.T) {
 	go func() { done <- runTaskCmd(t, cmd) }()
 	b.WaitLog(0, "test hook before-submit-reply: task 1 stops here")
 	b.Kill()
-	b.env = nil
+	b.env = withoutHook(b.env)
 	b.Start()
 	r := <-done
 	var s struct {
@@ -385,7 +385,7 @@ func TestTaskStartTimeUnreadable(t *testing.T) {
 	id := submitTask(t, b, nil, dir, "--no-device", "--log", filepath.Join(dir, "log"), "--", "sh", "-c", `echo ran >> "$1"`, "sh", mark)
 	b.WaitLog(0, fmt.Sprintf("test hook before-go-ahead: task %d stops here", id))
 	b.Kill()
-	b.env = nil
+	b.env = withoutHook(b.env)
 	b.Start()
 	r := waitTask(t, b, id)
 	ti := showTask(t, b, id)
@@ -394,4 +394,49 @@ func TestTaskStartTimeUnreadable(t *testing.T) {
 		t.Errorf("task %d, its first supervisor's start time unreadable, its broker killed before the go-ahead: %s (%s), ran %d times; wait: %s; want done, run once",
 			id, ti.State, ti.Reason, strings.Count(string(data), "ran\n"), r)
 	}
+}
+
+// TestTaskAdoptedThroughShortage: a broker that takes up a running task
+// while /proc cannot be read for a moment, and while it is out of
+// descriptors as it opens the pidfd that watches the task's supervisor
+// (test hooks make each happen once), adopts it all the same: the task
+// runs on and ends done. A passing failure was taken for the supervisor's
+// exit: the task was lost, and killed (issue 27.10).
+func TestTaskAdoptedThroughShortage(t *testing.T) {
+	for _, hook := range []string{"adopt-unreadable", "no-pidfd"} {
+		t.Run(hook, func(t *testing.T) {
+			b := StartBroker(t, taskConfig(1))
+			dir := SharedDir(t)
+			goFIFO, mark := filepath.Join(dir, "go"), filepath.Join(dir, "ran")
+			makeFIFO(t, goFIFO)
+			id := submitTask(t, b, nil, dir, "--no-device", "--log", filepath.Join(dir, "log"), "--",
+				"sh", "-c", `read x < "$1"; echo ran >> "$2"`, "sh", goFIFO, mark)
+			f := openFIFO(t, goFIFO, os.O_WRONLY) // the task runs, and waits
+			b.Kill()
+			b.env = append(b.env, "NPUBROKER_TEST_HOOK="+hook)
+			at := b.LogLen()
+			b.Start()
+			b.WaitLog(at, fmt.Sprintf("task %d is still running", id))
+			f.Close()
+			r := waitTask(t, b, id)
+			ti := showTask(t, b, id)
+			data, _ := os.ReadFile(mark)
+			if ti.State != "done" || r.code != 0 || string(data) != "ran\n" {
+				t.Errorf("task %d, taken up through a passing shortage: %s (%s), ran %d times; wait: %s; want done, run once",
+					id, ti.State, ti.Reason, strings.Count(string(data), "ran\n"), r)
+			}
+		})
+	}
+}
+
+// withoutHook is env without NPUBROKER_TEST_HOOK: the next broker stops
+// nowhere.
+func withoutHook(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "NPUBROKER_TEST_HOOK=") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }

@@ -84,7 +84,7 @@ func TestTaskOOMRetryKilledAfterEnd(t *testing.T) {
 		"--", "sh", "-c", oomScript, "sh", dir)
 	b.WaitLog(0, fmt.Sprintf("test hook after-end: task %d stops here", id))
 	b.Kill()
-	b.env = nil // the next broker stops nowhere
+	b.env = withoutHook(b.env)
 	b.Start()
 	checkOneRetry(t, b, id, dir)
 }

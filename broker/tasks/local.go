@@ -177,7 +177,7 @@ func (l *local) TakeUp(live []*Task) {
 // Adopt takes up a task that was running when the broker stopped: its
 // supervisor, if still there, reports to this broker.
 func (l *local) Adopt(t *Task) bool {
-	if !alive(l.proc, t.PID, t.PIDStart) || !isSupervisor(l.proc, t.PID, t.ID) {
+	if !adoptable(l.proc, t.PID, t.PIDStart, t.ID) {
 		return false
 	}
 	l.of(t).heard = true // running long enough to be adopted: it catches SIGTERM

@@ -25,6 +25,12 @@ const (
 	// hookNoStartTime, a fault rather than a stop (testhook.Fails): the
 	// first supervisor's start time cannot be read from /proc.
 	hookNoStartTime = "no-start-time"
+	// hookAdoptUnreadable and hookNoPidfd, faults: a broker that takes up
+	// a running task finds /proc unreadable once as it looks at the task's
+	// supervisor, and out of descriptors once as it opens the pidfd that
+	// watches for its exit.
+	hookAdoptUnreadable = "adopt-unreadable"
+	hookNoPidfd         = "no-pidfd"
 )
 
 // testHook stops task id's goroutine at point (testhook.Stop).
