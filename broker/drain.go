@@ -8,7 +8,12 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/internal/testhook"
 )
+
+// hookBeforeDrainReply: a drain or undrain is made and its answer not
+// yet sent (internal/testhook).
+const hookBeforeDrainReply = "before-drain-reply"
 
 // drainOp drains or undrains a device (root only): the lease table keeps
 // the drain, and its file; the line hears of it in its progress lines,
@@ -62,6 +67,7 @@ func (s *Server) drainOp(c *conn, req *client.Request) bool {
 		}
 	}
 	s.drainChanged()
+	testhook.Stop(s.log, hookBeforeDrainReply, req.Op+" of "+name)
 	return reply(&client.Reply{Type: client.TypeDrained, Drain: info})
 }
 

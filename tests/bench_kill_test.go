@@ -140,11 +140,13 @@ func killUnderBurst(tb testing.TB, p burst) burstResult {
 		}
 	}
 	kinds := func(i int) []string {
-		switch i % 3 {
+		switch i % 4 {
 		case 0:
 			return []string{"-n", "2"}
 		case 1:
-			return []string{"-d", strconv.Itoa(i % 4)}
+			return []string{"-d", strconv.Itoa(i / 4 % 4)}
+		case 2:
+			return []string{"-n", "1"}
 		}
 		return []string{"--no-device"}
 	}
@@ -231,7 +233,7 @@ func killUnderBurst(tb testing.TB, p burst) burstResult {
 			res.ranOnce++
 		} else {
 			res.neverRan++
-			tb.Logf("acknowledged task %d (token %s) never ran", id, tok)
+			tb.Logf("acknowledged task %d (token %s) never ran: %s", id, tok, taskStory(tb, b, id))
 		}
 	}
 	whys := map[string]int{}
@@ -253,6 +255,21 @@ func killUnderBurst(tb testing.TB, p burst) burstResult {
 		tb.Logf("ran twice: %s", filepath.Base(f))
 	}
 	return res
+}
+
+// taskStory is what the broker says of task id, and the lines of its log
+// that name it: why an acknowledged task never ran.
+func taskStory(tb testing.TB, b *Broker, id uint64) string {
+	var out strings.Builder
+	r := runTaskCmd(tb, b.TaskSubmit("show", "--json", strconv.FormatUint(id, 10)))
+	fmt.Fprintf(&out, "show: %s", strings.TrimSpace(r.stdout+r.stderr))
+	name := fmt.Sprintf("task %d", id)
+	for _, line := range strings.Split(b.Log(), "\n") {
+		if i := strings.Index(line, name); i >= 0 && (len(line) == i+len(name) || line[i+len(name)] < '0' || line[i+len(name)] > '9') {
+			out.WriteString("\n\t" + line)
+		}
+	}
+	return out.String()
 }
 
 // exitUnknownStatus is task-submit's exit status for a submission it

@@ -268,7 +268,7 @@ func TestTaskKilledBeforeGoAhead(t *testing.T) {
 				}
 			}
 			b.Kill()
-			b.env = nil // the next broker stops nowhere
+			b.env = withoutHook(b.env) // the next broker stops nowhere
 			at := b.LogLen()
 			b.Start()
 			r := waitTask(t, b, id)
@@ -304,7 +304,7 @@ func TestTaskSubmitAnswerLost(t *testing.T) {
 	go func() { done <- runTaskCmd(t, cmd) }()
 	b.WaitLog(0, "test hook before-submit-reply: task 1 stops here")
 	b.Kill()
-	b.env = nil
+	b.env = withoutHook(b.env)
 	b.Start()
 	r := <-done
 	var s struct {
@@ -353,11 +353,90 @@ func TestTaskSubmitterGone(t *testing.T) {
 // clients; every acknowledged task runs, none twice, none refused runs,
 // task-submit can always tell, and no device is granted twice, as the
 // tasks' own O_EXCL marks count it (issue 15).
+//
+// NPURUN_TEST_KILLS=N makes it N kills (6 by default): a longer run, to
+// look for a rarer loss.
 func TestKillUnderBurst(t *testing.T) {
+	kills := 6
+	if n, err := strconv.Atoi(os.Getenv("NPURUN_TEST_KILLS")); err == nil && n > 0 {
+		kills = n
+	}
 	r := killUnderBurst(t, burst{round: 400 * time.Millisecond, perRound: 8, npurun: 2,
-		killEvery: [2]time.Duration{700 * time.Millisecond, 1500 * time.Millisecond}, kills: 6})
+		killEvery: [2]time.Duration{700 * time.Millisecond, 1500 * time.Millisecond}, kills: kills})
 	t.Log(r)
 	if r.acked == 0 || r.neverRan != 0 || r.ranTwice != 0 || r.refusedRan != 0 || r.unknown != 0 || r.doubleGrants != 0 {
 		t.Errorf("%s; want every acknowledged task run once, nothing run twice or refused and run, nothing unknown, no double grant", r)
 	}
+}
+
+// TestTaskStartTimeUnreadable: a supervisor whose start time the broker
+// cannot read from /proc (here made to fail once by a test hook; out of
+// descriptors, in earnest) is let go, and the task starts under another,
+// whose start record names it by pid and start time: the broker killed
+// with -9 before the go-ahead (a second hook), the next one adopts that
+// supervisor, hears that the task never started, and runs it, once. The
+// start was recorded with no start time, and the next broker took the
+// task for lost: acknowledged, it never ran (issue 27.10).
+func TestTaskStartTimeUnreadable(t *testing.T) {
+	b := NewBroker(t, taskConfig(1), "NPUBROKER_TEST_HOOK=no-start-time,before-go-ahead")
+	b.Start()
+	dir := SharedDir(t)
+	mark := filepath.Join(dir, "ran")
+	id := submitTask(t, b, nil, dir, "--no-device", "--log", filepath.Join(dir, "log"), "--", "sh", "-c", `echo ran >> "$1"`, "sh", mark)
+	b.WaitLog(0, fmt.Sprintf("test hook before-go-ahead: task %d stops here", id))
+	b.Kill()
+	b.env = withoutHook(b.env)
+	b.Start()
+	r := waitTask(t, b, id)
+	ti := showTask(t, b, id)
+	data, _ := os.ReadFile(mark)
+	if ti.State != "done" || r.code != 0 || string(data) != "ran\n" {
+		t.Errorf("task %d, its first supervisor's start time unreadable, its broker killed before the go-ahead: %s (%s), ran %d times; wait: %s; want done, run once",
+			id, ti.State, ti.Reason, strings.Count(string(data), "ran\n"), r)
+	}
+}
+
+// TestTaskAdoptedThroughShortage: a broker that takes up a running task
+// while /proc cannot be read for a moment, and while it is out of
+// descriptors as it opens the pidfd that watches the task's supervisor
+// (test hooks make each happen once), adopts it all the same: the task
+// runs on and ends done. A passing failure was taken for the supervisor's
+// exit: the task was lost, and killed (issue 27.10).
+func TestTaskAdoptedThroughShortage(t *testing.T) {
+	for _, hook := range []string{"adopt-unreadable", "no-pidfd"} {
+		t.Run(hook, func(t *testing.T) {
+			b := StartBroker(t, taskConfig(1))
+			dir := SharedDir(t)
+			goFIFO, mark := filepath.Join(dir, "go"), filepath.Join(dir, "ran")
+			makeFIFO(t, goFIFO)
+			id := submitTask(t, b, nil, dir, "--no-device", "--log", filepath.Join(dir, "log"), "--",
+				"sh", "-c", `read x < "$1"; echo ran >> "$2"`, "sh", goFIFO, mark)
+			f := openFIFO(t, goFIFO, os.O_WRONLY) // the task runs, and waits
+			b.Kill()
+			b.env = append(b.env, "NPUBROKER_TEST_HOOK="+hook)
+			at := b.LogLen()
+			b.Start()
+			b.WaitLog(at, fmt.Sprintf("task %d is still running", id))
+			f.Close()
+			r := waitTask(t, b, id)
+			ti := showTask(t, b, id)
+			data, _ := os.ReadFile(mark)
+			if ti.State != "done" || r.code != 0 || string(data) != "ran\n" {
+				t.Errorf("task %d, taken up through a passing shortage: %s (%s), ran %d times; wait: %s; want done, run once",
+					id, ti.State, ti.Reason, strings.Count(string(data), "ran\n"), r)
+			}
+		})
+	}
+}
+
+// withoutHook is env without NPUBROKER_TEST_HOOK: the next broker stops
+// nowhere.
+func withoutHook(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "NPUBROKER_TEST_HOOK=") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }

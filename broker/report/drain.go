@@ -66,17 +66,24 @@ func drainCmd(op string, args []string, env Env) int {
 		fmt.Fprintf(env.Stderr, "npubroker: %s takes one device, such as npu3, got %d arguments\n", op, fs.NArg())
 		return exitcode.Usage
 	}
+	ask := func(c *client.Conn) (*client.DrainInfo, error) {
+		defer c.Close()
+		if op == "drain" {
+			return c.Drain(fs.Arg(0), *reason)
+		}
+		return c.Undrain(fs.Arg(0))
+	}
 	c, code := dial(*socket, env)
 	if c == nil {
 		return code
 	}
-	defer c.Close()
-	var info *client.DrainInfo
-	var err error
-	if op == "drain" {
-		info, err = c.Drain(fs.Arg(0), *reason)
-	} else {
-		info, err = c.Undrain(fs.Arg(0))
+	info, err := ask(c)
+	if client.Gone(err) {
+		info, err = askAgain(env, socketPath(*socket, env), op, ask, err)
+		if errors.Is(err, client.ErrNoBroker) {
+			fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
+			return exitNoBroker
+		}
 	}
 	if err != nil {
 		return fail(env, err)
@@ -105,4 +112,33 @@ func writeDrain(w io.Writer, op string, d *client.DrainInfo) {
 			fmt.Fprintf(w, "its lease runs on to its end; no new lease is granted on %s\n", d.Device)
 		}
 	}
+}
+
+// drainAgainFor is how long drain and undrain ask again, of the broker
+// that comes next, when the broker goes away before answering.
+var drainAgainFor = 30 * time.Second
+
+// askAgain asks a drain or undrain again of the broker at path after the
+// broker it was asked of went away without answering (gone, the error it
+// met): killed, or restarting, whether or not it had made the change
+// (done twice, either changes nothing the second time, so the answer is
+// as good). It waits for the next broker up to drainAgainFor, and returns
+// its answer, or the last error met.
+func askAgain(env Env, path, op string, ask func(*client.Conn) (*client.DrainInfo, error), gone error) (*client.DrainInfo, error) {
+	fmt.Fprintf(env.Stderr, "npubroker: the broker went away before answering (%v); asking the broker that comes next\n", gone)
+	err := gone
+	deadline := time.Now().Add(drainAgainFor)
+	for wait := 50 * time.Millisecond; time.Now().Add(wait).Before(deadline); wait = min(2*wait, time.Second) {
+		time.Sleep(wait) // a broker starting again: nothing to wait on but the socket
+		c, derr := client.Dial(path)
+		if derr != nil {
+			err = derr
+			continue
+		}
+		var info *client.DrainInfo
+		if info, err = ask(c); !client.Gone(err) {
+			return info, err
+		}
+	}
+	return nil, fmt.Errorf("%s: no broker answered within %s: %w", op, drainAgainFor, err)
 }

@@ -182,7 +182,9 @@ func parse(fs *pflag.FlagSet, args []string, env Env) (int, bool) {
 	return 0, false
 }
 
-func dial(flag string, env Env) (*client.Conn, int) {
+// socketPath is the broker's socket: flag's, or $NPURUN_SOCKET, or the
+// default.
+func socketPath(flag string, env Env) string {
 	path := flag
 	if path == "" {
 		path = env.Getenv("NPURUN_SOCKET")
@@ -190,6 +192,11 @@ func dial(flag string, env Env) (*client.Conn, int) {
 	if path == "" {
 		path = client.DefaultSocket
 	}
+	return path
+}
+
+func dial(flag string, env Env) (*client.Conn, int) {
+	path := socketPath(flag, env)
 	c, err := client.Dial(path)
 	if err != nil {
 		return nil, fail(env, err)

@@ -54,9 +54,17 @@ func notStarted(spec *client.Spec, term <-chan os.Signal) int {
 // refusedForGood is tell's status for a broker that refused for good.
 const refusedForGood = -1
 
+// passes tells whether a broker's refusal code says that it cannot take
+// a word now, and may later: its journal cannot be written (spool), it is
+// busy, or a cap on its connections or requests is reached (too-many: a
+// broker that restarts is asked by every client at once).
+func passes(code string) bool {
+	return code == client.CodeSpool || code == client.CodeBusy || code == client.CodeTooMany
+}
+
 // tell makes the exchange ask with the broker at socket, retrying with
 // backoff while no broker answers, or one answers that it cannot take it
-// now ("spool", "busy"). It returns 0 once it is taken, refusedForGood (after
+// now (passes). It returns 0 once it is taken, refusedForGood (after
 // a warning) when the broker refused it for good, 1 when reportFor has
 // passed or SIGTERM came on term (a supervisor whose broker is gone for
 // good is ended as any process is: the next broker finds its task gone);
@@ -72,7 +80,7 @@ func tell(socket, what string, term <-chan os.Signal, ask func(*client.Conn) err
 			return 0
 		}
 		var refused *client.Error
-		if errors.As(err, &refused) && refused.Code != client.CodeSpool && refused.Code != client.CodeBusy {
+		if errors.As(err, &refused) && !passes(refused.Code) {
 			// The broker answered, and its answer will not change.
 			warn("%s: %v", what, err)
 			return refusedForGood

@@ -299,6 +299,26 @@ func TestReportRetried(t *testing.T) {
 	checkStatus(t, st, 4, "", "")
 }
 
+// TestReportRetriedOverCap: a broker that refuses a report for a cap on
+// connections or requests ("too-many", as it does when a restarted
+// broker is flooded) is asked again, as one that is busy is: the cap
+// passes. The supervisor took it for a final answer and gave up, and the
+// task was lost (issue 27.10).
+func TestReportRetriedOverCap(t *testing.T) {
+	spec := newSpec(t, "sh", "-c", "exit 4")
+	b := listen(t, spec.Socket)
+	b.mu.Lock()
+	b.refuse = []string{client.CodeTooMany, client.CodeTooMany}
+	b.mu.Unlock()
+	s := startSupervisor(t, spec, nil)
+	for range 3 {
+		b.awaitReport(t)
+	}
+	if code := s.wait(t); code != 0 {
+		t.Fatalf("supervisor exit %d, want 0; stderr:\n%s", code, s.stderr)
+	}
+}
+
 func TestReportGivesUp(t *testing.T) {
 	spec := newSpec(t, "true")
 	s := startSupervisor(t, spec, nil, reportForVar+"=300ms")
@@ -546,6 +566,7 @@ type broker struct {
 	reports chan *client.Request
 	mu      sync.Mutex
 	hold    chan struct{} // when set, replies wait until it is closed
+	refuse  []string      // error codes to answer with first, one request each
 	done    chan struct{}
 }
 
@@ -619,7 +640,14 @@ func (b *broker) answer(c *net.UnixConn) error {
 	if hold != nil {
 		<-hold
 	}
-	_, err = c.Write([]byte(`{"v":1,"type":"ok"}`))
+	b.mu.Lock()
+	reply := `{"v":1,"type":"ok"}`
+	if len(b.refuse) > 0 {
+		reply = fmt.Sprintf(`{"v":1,"type":"error","code":%q,"message":"refused"}`, b.refuse[0])
+		b.refuse = b.refuse[1:]
+	}
+	b.mu.Unlock()
+	_, err = c.Write([]byte(reply))
 	return err
 }
 

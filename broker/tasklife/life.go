@@ -58,6 +58,9 @@ package tasklife
 //     refused cancel leaves the task waiting). Only ends that a replay
 //     derives anyway are applied at once and recorded in the background:
 //     a dependency that did not succeed, a supervisor found gone.
+//   - A task submitted again at another's end (an out-of-memory retry:
+//     EndRetried) is in the end's own record: no end is durable without
+//     its retry, and a replay of the end yields it, once.
 //   - An ended task keeps no environment: it is dropped when the end is
 //     applied, live or replayed, and the journal is rewritten soon after,
 //     so that the secrets it held leave the disk too.
@@ -222,8 +225,8 @@ func (t *Task) onDisk() *Task {
 
 // Record is one line of the journal.
 type Record struct {
-	Op        string         `json:"op"` // see the op constants
-	Task      *Task          `json:"task,omitempty"`
+	Op        string         `json:"op"`             // see the op constants
+	Task      *Task          `json:"task,omitempty"` // task: the task; end: its retry, submitted with the end (EndRetried)
 	ID        uint64         `json:"id,omitempty"`
 	Time      int64          `json:"time,omitempty"`
 	Devices   []int          `json:"devices,omitempty"`
@@ -805,10 +808,33 @@ func (l *Life) Unstart(t *Task, pid int) error {
 // waiting task's end is being recorded it is busy: Settle and Grant leave
 // it alone. On an error nothing has changed.
 func (l *Life) End(t *Task, state string, st *client.Status, reason string) error {
+	return l.EndRetried(t, state, st, reason, nil)
+}
+
+// EndRetried is End for a task submitted again with its end: retry, a new
+// task with an id from NewID, naming no --after task and no token (an
+// out-of-memory retry), goes into the journal in the end's own record, so
+// that the end is never durable without it: a broker killed after the
+// write, before anything else, replays both. Once it returns nil, retry is
+// in the table, pending; on an error nothing has changed.
+func (l *Life) EndRetried(t *Task, state string, st *client.Status, reason string, retry *Task) error {
 	if !ended(state) || !allowed(t.State, state) || t.busy {
 		return fmt.Errorf("end task %d as %s: it is %s", t.ID, state, t.State)
 	}
 	rec := &Record{Op: opEnd, ID: t.ID, Time: time.Now().UnixMilli(), State: state, Status: st, Reason: reason}
+	if retry != nil {
+		if retry.ID == 0 || retry.ID > l.nextID || l.tasks[retry.ID] != nil || len(retry.Sub.After) > 0 || retry.Sub.Token != "" {
+			return fmt.Errorf("end task %d with retry %d: not a new task without --after or token", t.ID, retry.ID)
+		}
+		retry.State = Pending
+		rec.Task = retry
+		l.submitting[retry.UID]++ // counted against its user's caps meanwhile, as a submission is
+		defer func() {
+			if l.submitting[retry.UID]--; l.submitting[retry.UID] <= 0 {
+				delete(l.submitting, retry.UID)
+			}
+		}()
+	}
 	t.busy = t.IsWaiting()
 	err := l.write(rec)
 	t.busy = false
@@ -1080,6 +1106,14 @@ func (l *Life) applyEnd(r *Record) {
 		l.secretEnds++
 	}
 	l.noteEnded(t)
+	if r.Task != nil {
+		// Its retry (EndRetried), submitted in the same record: applied
+		// only with the end, so that a record applied twice (carried
+		// after a rewrite that has it) makes no second task.
+		if err := l.applyTask(r.Task); err != nil {
+			l.log.Printf("task %d: its retry: %v", t.ID, err)
+		}
+	}
 	if !l.replaying && l.onEnd != nil {
 		l.onEnd(t)
 	}

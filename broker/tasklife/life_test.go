@@ -596,3 +596,67 @@ func TestCancelNotRecorded(t *testing.T) {
 		t.Errorf("after a cancel that failed: %s busy %v waiting %d, want pending", x.State, x.Busy(), tb.Waiting(1))
 	}
 }
+
+// TestEndRetried: a task's out-of-memory retry is in its end's own record
+// (one line: no end is durable without it); a replay of the journal as a
+// killed broker left it yields the end and the retry, and a copy of the
+// record applied again (carried after a rewrite that has it) makes no
+// second retry.
+func TestEndRetried(t *testing.T) {
+	dir := t.TempDir()
+	tb := openTable(t, dir, 10, 10)
+	a := tb.submit(1)
+	tb.run(a)
+	r := &Task{UID: 1, User: "u1", Slot: -1, Submitted: time.Now().UnixMilli(),
+		Sub: client.Submission{Argv: []string{"true"}, Cwd: "/", Env: []string{"K=v"}, Mem: 1280, RetryOf: a.ID}}
+	r.ID = tb.NewID()
+	if err := tb.EndRetried(a, Failed, nil, "out of device memory: retried", r); err != nil {
+		t.Fatal(err)
+	}
+	if a.State != Failed || tb.Get(r.ID) != r || r.State != Pending || tb.Waiting(1) != 1 || tb.Live() != 1 {
+		t.Fatalf("after the end: task %d %s, retry %d %s, waiting %d, live %d; want failed, pending, 1, 1", a.ID, a.State, r.ID, r.State, tb.Waiting(1), tb.Live())
+	}
+	data, err := os.ReadFile(filepath.Join(dir, journalName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(strings.TrimSuffix(string(data), "\n"), "\n")
+	last := lines[len(lines)-1]
+	if !strings.HasPrefix(last, `{"op":"end"`) || !strings.Contains(last, fmt.Sprintf(`"task":{"id":%d,`, r.ID)) {
+		t.Fatalf("the end's record does not carry its retry: %s", last)
+	}
+	for _, c := range []struct {
+		name    string
+		journal string
+	}{
+		{"as left", string(data)},
+		{"end applied twice", string(data) + last + "\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := t.TempDir()
+			if err := os.WriteFile(filepath.Join(d, journalName), []byte(c.journal), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tb2 := openTable(t, d, 10, 10)
+			n := 0
+			tb2.Each(func(x *Task) bool {
+				if x.Sub.RetryOf == a.ID {
+					n++
+				}
+				return true
+			})
+			x, y := tb2.Get(a.ID), tb2.Get(r.ID)
+			if x == nil || x.State != Failed || y == nil || y.State != Pending || n != 1 || y.Sub.Mem != 1280 || len(y.Sub.Env) != 1 {
+				t.Fatalf("replayed: task %d %+v, retry %+v, %d retries; want failed, one retry pending with its environment", a.ID, x, y, n)
+			}
+			checkCounts(t, tb2)
+		})
+	}
+	// A retry is a new task: one whose id is taken is refused, and nothing
+	// changes.
+	b := tb.submit(1)
+	tb.run(b)
+	if err := tb.EndRetried(b, Failed, nil, "", &Task{ID: r.ID, UID: 1}); err == nil || b.State != Running {
+		t.Errorf("a retry with a taken id: %v, task %d %s; want refused, still running", err, b.ID, b.State)
+	}
+}

@@ -104,10 +104,10 @@ func (rt *Runtime) launch(t *Task, fds []int) {
 
 // passing tells whether a task's process could not be got ready for a
 // reason that passes: the user database cannot be read, the task's
-// control group cannot be made, the broker is out of descriptors,
-// processes or memory.
+// control group cannot be made, its start time cannot be read, the broker
+// is out of descriptors, processes or memory.
 func passing(err error) bool {
-	for _, e := range []error{errLookup, errCgroup, unix.EMFILE, unix.ENFILE, unix.EAGAIN, unix.ENOMEM, unix.ENOBUFS, unix.EINTR} {
+	for _, e := range []error{errLookup, errCgroup, errStartTime, unix.EMFILE, unix.ENFILE, unix.EAGAIN, unix.ENOMEM, unix.ENOBUFS, unix.EINTR} {
 		if errors.Is(err, e) {
 			return true
 		}

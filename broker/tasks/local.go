@@ -19,6 +19,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/internal/testhook"
 )
 
 // The local runner: a task runs under a supervisor, `npurun-supervise
@@ -176,7 +177,7 @@ func (l *local) TakeUp(live []*Task) {
 // Adopt takes up a task that was running when the broker stopped: its
 // supervisor, if still there, reports to this broker.
 func (l *local) Adopt(t *Task) bool {
-	if !alive(l.proc, t.PID, t.PIDStart) || !isSupervisor(l.proc, t.PID, t.ID) {
+	if !adoptable(l.proc, t.PID, t.PIDStart, t.ID) {
 		return false
 	}
 	l.of(t).heard = true // running long enough to be adopted: it catches SIGTERM
@@ -347,6 +348,10 @@ var (
 // waits rather than run outside it.
 var errCgroup = errors.New("no control group for the task")
 
+// errStartTime is a supervisor whose start time could not be read from
+// /proc (out of descriptors or memory): let go, and started again later.
+var errStartTime = errors.New("its start time cannot be read from /proc")
+
 // startSupervisor starts a supervisor for t as the submitter, in t's
 // control group, and gives it its Spec.
 func (l *local) startSupervisor(t *Task, sup *supervisor, spec *client.Spec, acct *Account) error {
@@ -416,9 +421,20 @@ func (l *local) execSupervisor(sup *supervisor, id uint64, cgfd int) error {
 		sock.Close()
 		return fmt.Errorf("start supervisor: %w", err)
 	}
+	// Its start time tells it from a later process with its pid: a task's
+	// start record names it by both, and a broker that restarts adopts it,
+	// or signals it, only so. Without it, a broker killed after the record
+	// would take the task for lost and never run it: the supervisor is let
+	// go at once, having been given nothing, and the start is made again.
+	start := procStart(l.proc, cmd.Process.Pid)
+	if start == 0 || testhook.Fails(hookNoStartTime) {
+		sock.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+		return fmt.Errorf("start supervisor: %w", errStartTime)
+	}
 	sup.sock = sock
-	sup.pid = cmd.Process.Pid
-	sup.start = procStart(l.proc, sup.pid)
+	sup.pid, sup.start = cmd.Process.Pid, start
 	go func() {
 		// Seen exited before it is reaped: until then its pid is its own,
 		// and an idle one may still be moved into its task's group.

@@ -2,8 +2,9 @@ package tasks
 
 import (
 	"fmt"
+	"slices"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/internal/quantity"
 )
 
@@ -11,13 +12,15 @@ import (
 // --mem). A task that failed with an out-of-memory message of the device's
 // runtime in the tail of its run's log (the supervisor looks:
 // supervisor.OOMMessages, the one list) ends failed as any, and is
-// submitted again the way task-submit requeue submits an ended task (one
-// path, rt.submit: checked and recorded in the journal as any submission,
-// so a restart keeps it; From names the task it comes from), its
+// submitted again, checked as task-submit requeue submits an ended task
+// (rt.resolve and rt.admitLocked; From names the task it comes from), its
 // declaration raised to 1.25× the most it was seen to use (or to 1.25× its
 // declaration, if that was more or is all that is known), one retry fewer
-// left, RetryOf saying why. Any other failure ends the task and uses no
-// retry. The ended task's reason says it was retried, and with what.
+// left, RetryOf saying why. The retry is recorded in the journal in the
+// end's own record (tasklife's EndRetried): no broker's death between the
+// end and the retry loses it, and a restart replays it with the end. Any
+// other failure ends the task and uses no retry. The ended task's reason
+// says it was retried, and with what, or why not.
 
 // oomRaise is the declaration a retry gets, in MiB: 1.25× the larger of
 // what the task declared and the most it was seen to use, rounded up to
@@ -28,23 +31,52 @@ func oomRaise(mem, peak int64) int64 {
 	return (x + 255) / 256 * 256
 }
 
-// oomRetry submits a retry of task id, which has ended failed out of
-// device memory, as by: sub is its submission as it was before its end
-// (an ended task's environment is dropped), its declaration raised
-// already (oomRaise). It takes the runtime's lock: call it holding none.
-// A retry refused (the user's caps, a full journal) is logged.
-func (rt *Runtime) oomRetry(by Submitter, id uint64, sub client.Submission) {
+// oomRetryLocked makes the retry of task t, which ends failed out of
+// device memory with peak MiB seen in use: its submission as it was before
+// its end (an ended task's environment is dropped), its declaration raised
+// (oomRaise), checked and given its id as a submission is; the caller
+// records it with t's end. Its account is looked up again where the
+// runtime has none for t (a task taken up at start) or the last lookup
+// gave no answer. A refusal says why there is no retry; one wrapping
+// ErrBusy, that the user database gives no answer now.
+func (rt *Runtime) oomRetryLocked(t *tasklife.Task, peak int64) (*Task, error) {
+	sub := t.Sub
+	sub.Argv, sub.Env, sub.Devices = slices.Clone(sub.Argv), slices.Clone(sub.Env), slices.Clone(sub.Devices)
+	sub.Mem = oomRaise(sub.Mem, peak)
 	sub.OOMRetries--
-	sub.RetryOf = id
+	sub.RetryOf = t.ID
 	sub.Token = "" // a token names the first submission alone
 	sub.After = nil
-	s, err := rt.submit(by, &sub, func() bool { return false }, id)
-	if err != nil {
-		rt.log.Printf("task %d ran out of device memory: its retry was not submitted: %v", id, err)
-		return
+	var acct *Account
+	j := rt.jobs[t.ID]
+	if j != nil {
+		acct = j.acct
 	}
-	rt.log.Printf("task %d ran out of device memory: retried as task %d with --mem %s (%s)", id, s.ID, quantity.Size(sub.Mem),
-		quantity.Count(sub.OOMRetries, "retry left", "retries left"))
+	if acct == nil || acct.unanswered() != nil {
+		acct = rt.accounts.Lookup(t.UID)
+		if j != nil {
+			j.acct = acct
+		}
+	}
+	by := Submitter{UID: t.UID, Account: acct}
+	r, err := rt.resolve(by, &sub)
+	if err != nil {
+		return nil, err
+	}
+	r.From = t.ID
+	// t's end, in the same record, leaves room for it.
+	if err := rt.admitLocked(by, r, 1); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// retriedLocked puts retry, recorded with task id's end, in line.
+func (rt *Runtime) retriedLocked(id uint64, retry *Task) {
+	rt.jobs[retry.ID] = retry
+	rt.settleLocked(retry)
+	rt.log.Printf("task %d ran out of device memory: retried as task %d with --mem %s (%s)", id, retry.ID, quantity.Size(retry.Sub.Mem),
+		quantity.Count(retry.Sub.OOMRetries, "retry left", "retries left"))
 }
 
 // oomReason is the reason an ended task gives for its retry.

@@ -127,6 +127,10 @@ func (rt *Runtime) adoptLocked(j *Task) bool {
 	if t.Slot >= 0 && t.Slot < len(rt.cpuFree) {
 		rt.cpuFree[t.Slot] = false
 	}
+	// Its account, as a task submitted to this broker has one (what its
+	// end may submit again is checked against it; a lookup that gives no
+	// answer now is made again then).
+	j.acct = rt.accounts.Lookup(t.UID)
 	msg := fmt.Sprintf("task %d is still running (supervisor pid %d)", t.ID, t.PID)
 	if left := rt.backstopLocked(j); left > 0 {
 		msg += fmt.Sprintf("; the broker kills it if it runs %s more", quantity.Duration(left))

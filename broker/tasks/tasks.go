@@ -348,7 +348,7 @@ func (rt *Runtime) submit(by Submitter, sub *client.Submission, left func() bool
 			return rt.submittedLocked(rt.jobs[old.ID], old, true), nil
 		}
 	}
-	if err := rt.admitLocked(by, t); err != nil {
+	if err := rt.admitLocked(by, t, 0); err != nil {
 		return nil, err
 	}
 	if left() {
@@ -537,8 +537,10 @@ func (rt *Runtime) resolve(by Submitter, sub *client.Submission) (*Task, error) 
 func (a *Account) unanswered() error { return a.Err }
 
 // admitLocked checks a resolved task against the policy and the
-// runtime's state, and gives it its id; it is not recorded yet.
-func (rt *Runtime) admitLocked(by Submitter, t *Task) error {
+// runtime's state, and gives it its id; it is not recorded yet. freed is
+// how many tasks not ended its record ends (an out-of-memory retry's: the
+// task it retries).
+func (rt *Runtime) admitLocked(by Submitter, t *Task, freed int) error {
 	sub := &t.Sub
 	acct := by.Account
 	lim := rt.policy().LimitFor(acct.Name, acct.Groups)
@@ -559,7 +561,7 @@ func (rt *Runtime) admitLocked(by Submitter, t *Task) error {
 			return err
 		}
 	}
-	if rt.life.Live() >= rt.policy().Tasks.MaxTasks {
+	if rt.life.Live()-freed >= rt.policy().Tasks.MaxTasks {
 		return refuse(ErrTooMany, "", "the broker holds %d tasks, its most", rt.policy().Tasks.MaxTasks)
 	}
 	if n := rt.life.Waiting(by.UID); lim.MaxQueued > 0 && n >= lim.MaxQueued {
@@ -716,23 +718,34 @@ func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *client.Status) err
 		st.DevicePeak = rt.devPeak(id)
 	}
 	state := client.EndState(st)
-	retry := state == tasklife.Failed && st.OOM && t.Sub.Mem > 0 && t.Sub.OOMRetries > 0 && rt.jobs[id] != nil
-	var sub client.Submission
-	var by Submitter
+	var retry *Task
 	reason := ""
-	if retry {
-		sub, by = t.Sub, Submitter{UID: t.UID, Account: rt.jobs[id].acct}
-		sub.Argv, sub.Env = slices.Clone(sub.Argv), slices.Clone(sub.Env)
-		sub.Devices = slices.Clone(sub.Devices)
-		sub.Mem = oomRaise(sub.Mem, st.DevicePeak)
-		reason = oomReason(sub.Mem)
+	if state == tasklife.Failed && st.OOM && t.Sub.Mem > 0 && t.Sub.OOMRetries > 0 {
+		var err error
+		retry, err = rt.oomRetryLocked(t, st.DevicePeak)
+		if errors.Is(err, ErrBusy) {
+			// The user database cannot be read now: the end waits with
+			// its retry, rather than go in without it.
+			return refuse(ErrBusy, "report again later", "task %d ran out of device memory, and its retry cannot be submitted now: %v", id, err)
+		}
+		if err != nil {
+			rt.log.Printf("task %d ran out of device memory: its retry was not submitted: %v", id, err)
+			reason = "out of device memory: not retried: " + err.Error()
+		} else {
+			reason = oomReason(retry.Sub.Mem)
+		}
 	}
-	if err := rt.life.End(t, state, st, reason); err != nil {
+	var rtask *tasklife.Task
+	if retry != nil {
+		rtask = retry.Task
+	}
+	if err := rt.life.EndRetried(t, state, st, reason, rtask); err != nil {
 		rt.log.Printf("task %d: %v", id, err)
 		return refuse(ErrSpool, "report again later", "the broker could not record the end of task %d: %v", id, err)
 	}
-	if retry {
-		go rt.oomRetry(by, id, sub) // the way a requeue is submitted; it takes the lock
+	testHook(rt.log, hookAfterEnd, id)
+	if retry != nil {
+		rt.retriedLocked(id, retry)
 	}
 	return nil
 }

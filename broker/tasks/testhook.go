@@ -2,13 +2,14 @@ package tasks
 
 import (
 	"log"
-	"os"
+	"strconv"
+
+	"github.com/npurun/npurun/internal/testhook"
 )
 
 // Points where a broker stops for a test that must kill it inside a
-// window too narrow to hit by chance (tests/e2e_task_faults_test.go). The
-// point is named by NPUBROKER_TEST_HOOK in the broker's environment, read
-// once at start; unset, as in production, testHook does nothing.
+// window too narrow to hit by chance (tests/e2e_task_faults_test.go),
+// named by NPUBROKER_TEST_HOOK (internal/testhook).
 const (
 	// hookBeforeGoAhead: a task's start is recorded and its go-ahead not
 	// yet sent.
@@ -17,17 +18,22 @@ const (
 	// yet sent (the task room's lock is held: no task starts, nor is any task
 	// operation served).
 	hookBeforeSubmitReply = "before-submit-reply"
+	// hookAfterEnd: a task's end is recorded (with its out-of-memory
+	// retry, if any) and nothing else done for it yet: its supervisor not
+	// answered, its retry not in line (the task room's lock is held).
+	hookAfterEnd = "after-end"
+	// hookNoStartTime, a fault rather than a stop (testhook.Fails): the
+	// first supervisor's start time cannot be read from /proc.
+	hookNoStartTime = "no-start-time"
+	// hookAdoptUnreadable and hookNoPidfd, faults: a broker that takes up
+	// a running task finds /proc unreadable once as it looks at the task's
+	// supervisor, and out of descriptors once as it opens the pidfd that
+	// watches for its exit.
+	hookAdoptUnreadable = "adopt-unreadable"
+	hookNoPidfd         = "no-pidfd"
 )
 
-var testHookPoint = os.Getenv("NPUBROKER_TEST_HOOK")
-
-// testHook, at the point named by NPUBROKER_TEST_HOOK, says so in the log
-// and stops the calling goroutine for good (the test then kills the
-// broker); the rest of the broker serves on.
+// testHook stops task id's goroutine at point (testhook.Stop).
 func testHook(lg *log.Logger, point string, id uint64) {
-	if testHookPoint != point {
-		return
-	}
-	lg.Printf("test hook %s: task %d stops here", point, id)
-	select {}
+	testhook.Stop(lg, point, "task "+strconv.FormatUint(id, 10))
 }

@@ -1,0 +1,49 @@
+// Package testhook stops a broker at a named point, or makes a named fault happen once, for a test that must kill it inside a window too narrow to hit by chance.
+package testhook
+
+import (
+	"log"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// The points are named by NPUBROKER_TEST_HOOK in the broker's
+// environment, separated by commas, read once at start; unset, as in
+// production, Stop and Fails do nothing. The points are named where they
+// are used (broker/tasks/testhook.go, broker/drain.go).
+var (
+	points = strings.Split(os.Getenv("NPUBROKER_TEST_HOOK"), ",")
+	mu     sync.Mutex
+	failed = map[string]bool{}
+)
+
+func named(at string) bool { return at != "" && slices.Contains(points, at) }
+
+// Stop, at a point named by NPUBROKER_TEST_HOOK, says so in the log
+// ("test hook POINT: WHAT stops here") and stops the calling goroutine
+// for good (the test then kills the broker); the rest of the broker
+// serves on.
+func Stop(lg *log.Logger, at, what string) {
+	if !named(at) {
+		return
+	}
+	lg.Printf("test hook %s: %s stops here", at, what)
+	select {}
+}
+
+// Fails tells, the first time only, whether the fault at is named by
+// NPUBROKER_TEST_HOOK: the caller then fails as the fault would make it.
+func Fails(at string) bool {
+	if !named(at) {
+		return false
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if failed[at] {
+		return false
+	}
+	failed[at] = true
+	return true
+}
