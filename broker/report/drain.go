@@ -82,7 +82,7 @@ func drainCmd(op string, args []string, env Env) int {
 		info, err = askAgain(env, socketPath(*socket, env), op, ask, err)
 		if errors.Is(err, client.ErrNoBroker) {
 			fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-			return exitNoBroker
+			return exitcode.Unavailable
 		}
 	}
 	if err != nil {
