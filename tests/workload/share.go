@@ -63,7 +63,9 @@ func markShares(markers, tag, devs string, mem, capacity int64) []string {
 
 // underLock runs f holding an flock of path.
 func underLock(path string, f func() error) error {
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o666)
+	// Read-only: the runs of other users lock it too, and the umask takes
+	// the write bits of whatever mode it is made with.
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return err
 	}
