@@ -348,3 +348,18 @@ exec sleep 600`
 	d.DockerOut("rm", "-f", "sq")
 	sq.stdin.Close()
 }
+
+// TestContainerShareHandover: npurun -m SIZE docker run hands its share
+// of a shared device to the container, which runs: the broker's ledger
+// knows the share by its share lock file, not as the device's whole lease,
+// so its refusal to name the share's container (op container) is no
+// refusal of the hand-over.
+func TestContainerShareHandover(t *testing.T) {
+	dev := containerDev(t, 1)
+	b := StartBroker(t, containerConfig(t, dev, 1, "\n[share]\npools = \"all\"\ncapacity = \"8G\"\nmargin = \"0\"\n"))
+	d := startDockerd(t, b, "")
+	code, out := exitCode(t, npurunIn(b, containerClient(b, dev), "-m", "1G", dockerBin, "-H", "unix://"+d.Sock, "run", "--rm", "local/mini", "sh", "-c", "echo devices=$NPURUN_DEVICES"))
+	if code != 0 || !strings.Contains(out, "devices=0") {
+		t.Fatalf("npurun -m 1G docker run: exit %d, want 0 and the share's device in the container\n%s", code, out)
+	}
+}
