@@ -348,3 +348,26 @@ exec sleep 600`
 	d.DockerOut("rm", "-f", "sq")
 	sq.stdin.Close()
 }
+
+// TestContainerShareHandover: npurun -m SIZE docker run hands its share
+// of a shared device to the container, which runs, and the broker names
+// the share's container (op container finds a lease by its share lock file
+// too, not only by the device's whole lease), as it does a whole lease's.
+func TestContainerShareHandover(t *testing.T) {
+	dev := containerDev(t, 1)
+	b := StartBroker(t, containerConfig(t, dev, 1, "\n[share]\npools = \"all\"\ncapacity = \"8G\"\nmargin = \"0\"\n"))
+	d := startDockerd(t, b, "")
+	code, out := exitCode(t, npurunIn(b, containerClient(b, dev), "-m", "1G", dockerBin, "-H", "unix://"+d.Sock, "run", "--rm", "local/mini", "sh", "-c", "echo devices=$NPURUN_DEVICES"))
+	if code != 0 || !strings.Contains(out, "devices=0") {
+		t.Fatalf("npurun -m 1G docker run: exit %d, want 0 and the share's device in the container\n%s", code, out)
+	}
+	code, out = exitCode(t, npurunIn(b, containerClient(b, dev), "-m", "1G", dockerBin, "-H", "unix://"+d.Sock, "run", "-d", "--name", "shared", "local/mini", "sleep", "600"))
+	if code != 0 {
+		t.Fatalf("npurun -m 1G docker run -d: exit %d\n%s", code, out)
+	}
+	cid := strings.TrimSpace(out)
+	sh := deviceOf(t, b.Board(t), 0).Shares
+	if len(sh) != 1 || sh[0].Kind != client.KindContainer || sh[0].Container == nil || sh[0].Container.ID != cid || sh[0].Container.Name != "shared" {
+		t.Errorf("npu 0's shares: %+v, want one, of kind container, naming container shared (%.12s)", sh, cid)
+	}
+}

@@ -161,6 +161,15 @@ func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, fi
 			}
 		}
 		if l == nil {
+			// A share's lease: its own lock file (npuN.sK.lock).
+			for _, sh := range g.shares[id] {
+				if sf, ok := sh.fileOf(id); ok && sf == f && sh.held[id] {
+					l = sh
+					break
+				}
+			}
+		}
+		if l == nil {
 			return refusal(client.CodeBadRequest, fmt.Sprintf("descriptor %d is not %s's current lease", i, v.Format([]int{id})))
 		}
 		if e != nil && l != e {

@@ -322,15 +322,17 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 		r, err := container.Take(handover, c.id, owner)
 		if err == nil {
 			// The broker's word: the lease is the account's that handed
-			// it over (a refusal is no hand-over; a broker that cannot
-			// be asked leaves HoldsLock's word, below, and the owner's).
+			// it over (its refusal, denied, is no hand-over; a broker
+			// that cannot be asked, or that does not name the lease (a
+			// share's, which op container does not know), leaves
+			// HoldsLock's word, below, and the owner's).
 			ref.Name = s.name()
 			var be *client.Error
-			if err := tellBrokerFor(inv.o.Socket, ref, userName(r.UID), r.Devices, r.FDs); errors.As(err, &be) {
+			if berr := tellBrokerFor(inv.o.Socket, ref, userName(r.UID), r.Devices, r.FDs); errors.As(berr, &be) && be.Code == client.CodeDenied {
 				closeAll(r.FDs)
 				r, err = nil, fmt.Errorf("%w: the broker refuses the lease handed over by uid %d: %v", container.ErrGone, r.UID, be.Message)
-			} else if err != nil {
-				logLine(inv, "warning", "%v", err)
+			} else if berr != nil {
+				logLine(inv, "warning", "%v", berr)
 			}
 		}
 		if errors.Is(err, container.ErrGone) && err != container.ErrGone {
