@@ -212,7 +212,7 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			} else {
 				warn("the broker went away before it answered (%v)", err)
 			}
-			hint("it may be restarting, or failing: try again, or see 'journalctl -u npubroker'")
+			hint("%s", client.Hint(err))
 			return nil, nil, exitcode.Unavailable
 		case client.Gone(err):
 			// The broker went away, before or after it took the request

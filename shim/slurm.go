@@ -2,6 +2,7 @@ package shim
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -17,8 +18,8 @@ import (
 // mode): Slurm may end that job (scancel, its time limit, preemption),
 // and the broker then ends the command. npurun stays to say so: the
 // broker tells it on the connection it kept open (client.TypeEnded)
-// before it signals the lease's holders; npurun then says the job was
-// cancelled and exits with exitcode.SlurmEnded. Otherwise npurun exits as its
+// before it signals the lease's holders, and why; npurun then says so and
+// exits with exitcode.SlurmEnded. Otherwise npurun exits as its
 // command did (killed by a signal: by the same signal).
 //
 // The lease's descriptors are the child's alone (npurun closes its own
@@ -119,7 +120,7 @@ func waitChild(pid int, ended *client.Reply) int {
 		}
 	}
 	if ended != nil {
-		warn("slurm job %d was cancelled (scancel, its time limit or preemption): the command was ended", ended.SlurmJob)
+		warn("%s", endedWord(ended))
 		return exitcode.SlurmEnded
 	}
 	if ws.Signaled() {
@@ -129,4 +130,15 @@ func waitChild(pid int, ended *client.Reply) int {
 		return 128 + int(sig)
 	}
 	return ws.ExitStatus()
+}
+
+// endedWord is what npurun says when the broker ended its command (ended,
+// client.TypeEnded): the broker's reason, where it gave one (Slurm ended
+// the job, or gave its devices to another job); a broker that gives none
+// is told by Slurm's end of the job.
+func endedWord(ended *client.Reply) string {
+	if ended.Message != "" {
+		return fmt.Sprintf("slurm job %d: the command was ended: %s", ended.SlurmJob, ended.Message)
+	}
+	return fmt.Sprintf("slurm job %d was cancelled (scancel, its time limit or preemption): the command was ended", ended.SlurmJob)
 }

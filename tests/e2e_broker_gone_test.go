@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -195,4 +196,45 @@ func TestBrokerKilledWhileQueued(t *testing.T) {
 	h.release()
 	q.waitLine("ran on 0")
 	q.mustSucceed()
+}
+
+// TestBrokerGoneHint: a broker that goes away before it answers (here, it
+// dies with the connection unaccepted) makes npurun --no-wait, task-submit
+// and npubroker status say the hint of client.Hint, one for all three:
+// root is shown where the broker's log is (journalctl where systemd runs
+// the machine), an ordinary user is told to try again or tell their
+// administrator, and shown no administrator's command (issue 27.26;
+// npurun told everyone to "see 'journalctl -u npubroker'"). /run is a
+// tmpfs of the test's in a mount namespace, with and without systemd's
+// directory.
+func TestBrokerGoneHint(t *testing.T) {
+	b := bins(t)
+	u := newUser(t)
+	asUser := fmt.Sprintf("setpriv --reuid=%d --regid=%d --clear-groups ", u.UID, u.GID)
+	for _, tc := range []struct {
+		name, setup, want string
+	}{
+		{"systemd", "mount -t tmpfs tmpfs /run; mkdir -p /run/systemd/system; exec ", "hint: it may be restarting, or failing: try again, or see 'journalctl -u npubroker'"},
+		{"no systemd", "mount -t tmpfs tmpfs /run; exec ", "hint: it may be restarting, or failing: try again, or see its log (its standard error, or the system log)"},
+		{"systemd, a user", "mount -t tmpfs tmpfs /run; mkdir -p /run/systemd/system; exec " + asUser, "hint: it may be restarting, or failing: try again later, or tell your administrator"},
+	} {
+		for _, client := range [][]string{{b.Npurun, "--no-wait", "true"}, {b.TaskSubmit, "list"}, {b.Broker, "status"}} {
+			name := filepath.Base(client[0])
+			t.Run(tc.name+"/"+name, func(t *testing.T) {
+				sock := filepath.Join(SharedDir(t), "gone.sock")
+				f := startGoneBroker(t, sock, "pending", 1)
+				if err := os.Chmod(sock, 0o666); err != nil {
+					t.Fatal(err)
+				}
+				code, out := exitCode(t, inMountNS(t, []string{"NPURUN_SOCKET=" + sock}, tc.setup+`"$@"`, client...))
+				if code != 69 || !strings.Contains(out, name+": the broker went away before it answered") || !strings.Contains(out, name+": "+tc.want) {
+					t.Errorf("exit %d, want 69 and %q; output:\n%s", code, tc.want, out)
+				}
+				if strings.HasSuffix(tc.name, "a user") && (strings.Contains(out, "journalctl") || strings.Contains(out, "systemctl")) {
+					t.Errorf("an ordinary user is shown an administrator's command:\n%s", out)
+				}
+				<-f.done
+			})
+		}
+	}
 }

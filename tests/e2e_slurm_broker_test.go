@@ -546,7 +546,7 @@ func TestSlurmNodeAllocateTimeLimit(t *testing.T) {
 		t.Fatalf("the command outlived its placeholder's time limit by minutes:\n%s", p.Output())
 	}
 	<-p.outDone
-	if code, _ := p.wait(); code != 143 || !strings.Contains(p.Output(), "was cancelled") {
+	if code, _ := p.wait(); code != 143 || !strings.Contains(p.Output(), "the command was ended: Slurm ") {
 		t.Errorf("npurun whose placeholder reached its time limit: exit %d, want 143 and a word:\n%s", code, p.Output())
 	}
 	if !procGone(t, pid, "") {
@@ -557,7 +557,8 @@ func TestSlurmNodeAllocateTimeLimit(t *testing.T) {
 
 // TestSlurmNodeAllocateCancel: allocate mode, scancel of the placeholder
 // job an npurun's devices are held through ends its command, and npurun
-// says so on its terminal ("slurm job N was cancelled") and exits 143
+// says so on its terminal ("slurm job N: the command was ended: Slurm
+// ended job N ...", the broker's reason) and exits 143
 // (exitcode.SlurmEnded), where it used to vanish with its command without a
 // word.
 func TestSlurmNodeAllocateCancel(t *testing.T) {
@@ -579,7 +580,7 @@ func TestSlurmNodeAllocateCancel(t *testing.T) {
 	}
 	<-p.outDone
 	code, _ := p.wait()
-	if want := fmt.Sprintf("npurun: slurm job %d was cancelled", job); code != 143 || !strings.Contains(p.Output(), want) {
+	if want := fmt.Sprintf("npurun: slurm job %d: the command was ended: Slurm ", job); code != 143 || !strings.Contains(p.Output(), want) {
 		t.Errorf("npurun after scancel of its placeholder job: exit %d, want 143 and %q:\n%s", code, want, p.Output())
 	}
 	n.c.AwaitJobGone(job, time.Minute)

@@ -13,8 +13,10 @@ import (
 // request: for ErrNoBroker, to root how to start the broker, as fits this
 // machine (systemctl where systemd runs it, npubroker serve where not),
 // and to anyone else to ask their administrator, who starts it; for
-// ErrNoAnswer, where its log is. It is "" for any other error. npurun,
-// task-submit and npubroker status all say it.
+// ErrNoAnswer, or a broker that went away before it answered (Gone), to
+// root where its log is, and to anyone else to try again or tell their
+// administrator. It is "" for any other error. npurun, task-submit and
+// npubroker status all say it.
 func Hint(err error) string {
 	systemd := Systemd()
 	root := os.Geteuid() == 0
@@ -31,6 +33,12 @@ func Hint(err error) string {
 		return "the broker may be overloaded or stuck: see 'journalctl -u npubroker'"
 	case errors.Is(err, ErrNoAnswer):
 		return "the broker may be overloaded or stuck: see its log (its standard error, or the system log)"
+	case Gone(err) && !root:
+		return "it may be restarting, or failing: try again later, or tell your administrator"
+	case Gone(err) && systemd:
+		return "it may be restarting, or failing: try again, or see 'journalctl -u npubroker'"
+	case Gone(err):
+		return "it may be restarting, or failing: try again, or see its log (its standard error, or the system log)"
 	}
 	return ""
 }

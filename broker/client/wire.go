@@ -87,8 +87,9 @@ const (
 	TypeHide   = "hide"   // session: no lease, devices hidden
 	// TypeEnded: Slurm ended job SlurmJob, the placeholder allocation of
 	// the lease granted on this connection (allocate mode: scancel, its
-	// time limit, preemption); the lease's processes are being ended.
-	// Sent once, after a grant that named SlurmJob, to an npurun that
+	// time limit, preemption), or the broker ended that lease for another
+	// reason (Slurm gave its devices to another job); Message says which.
+	// The lease's processes are being ended. Sent once, after a grant that named SlurmJob, to an npurun that
 	// kept its connection open.
 	TypeEnded = "ended"
 )

@@ -56,12 +56,13 @@ type Request struct {
 // limit, and returns the waiter that queues it (not yet in line), or a
 // Refusal.
 func (t *Table) Admit(r Request) (*Waiter, error) {
-	return t.admit(t.pc.Load(), r)
+	return t.admit(t.pc.Load(), r, false)
 }
 
 // admit is Admit against the pools pc: the one check of a request, on its
-// arrival and again at each Reconfigure.
-func (t *Table) admit(pc *poolSet, r Request) (*Waiter, error) {
+// arrival and again at each Reconfigure (locked: holding the table's
+// lock, as Reconfigure does).
+func (t *Table) admit(pc *poolSet, r Request, locked bool) (*Waiter, error) {
 	lim := r.Limit
 	w := &Waiter{Holder: r.Holder, Limit: lim, Queued: time.Now()}
 	if len(r.Devices) > 0 {
@@ -115,7 +116,7 @@ func (t *Table) admit(pc *poolSet, r Request) (*Waiter, error) {
 		return nil, refuse(ErrBadRequest, "", "bad memory size %d", r.Mem)
 	}
 	if r.Mem > 0 {
-		if err := t.admitShare(w, r.Mem); err != nil {
+		if err := t.admitShare(pc, w, r.Mem, locked); err != nil {
 			return nil, err
 		}
 	}

@@ -117,11 +117,13 @@ func (t *Table) Reconfigure(pools []Pool, defaultPool string, limitOf func(uid u
 			}
 			limits[w.UID] = lim
 		}
-		r := Request{Holder: w.Holder, N: w.N, Pool: w.Pool, Limit: lim}
+		// A share is checked with its memory: its candidates are the
+		// devices that can hold it, not the whole pool.
+		r := Request{Holder: w.Holder, N: w.N, Pool: w.Pool, Limit: lim, Mem: w.Mem}
 		if w.Exact {
 			r.Devices = w.Cand
 		}
-		nw, err := t.admit(pc, r)
+		nw, err := t.admit(pc, r, true)
 		if err != nil {
 			rf, ok := err.(*Refusal)
 			if !ok {

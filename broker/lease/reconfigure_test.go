@@ -2,9 +2,11 @@ package lease
 
 import (
 	"errors"
+	"path/filepath"
 	"slices"
 	"testing"
 
+	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
 
@@ -76,4 +78,51 @@ func TestReconfigure(t *testing.T) {
 	if _, err := o.tbl.Admit(Request{Holder: Holder{UID: 5, User: "u5"}, N: 2, Pool: "b"}); !errors.Is(err, ErrDenied) {
 		t.Errorf("2 devices of the new b (1 device): %v, want denied", err)
 	}
+}
+
+// TestReconfigureShare: a share waiting in line is checked again at a
+// reload with its memory: its candidates stay the devices that can hold
+// it, where the re-check without it made them the whole pool, a device
+// too small for it and one not shared among them. Npu 0 holds 8G for
+// shares, npu 1 none (not shared), npu 2 16G; a share of 12G waits for
+// npu 2, held whole; after the reload it still waits for npu 2, and gets
+// it once the whole lease ends.
+func TestReconfigureShare(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "locks")
+	o := &owner{running: map[uint32]int{}, events: make(chan string, 1024)}
+	pools := []Pool{{Name: "default"}}
+	tbl, err := Open(Config{Dir: dir, IDs: ids(3), Pools: pools, DefaultPool: "default", Vendor: npu.Fake, Owner: o, Capacity: map[int]int64{0: 8 << 10, 2: 16 << 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.tbl = tbl
+	tbl.Start(nil)
+	t.Cleanup(func() { o.quiet(t) })
+
+	whole := got(t, func() chan grant { _, ch := o.ask(t, 9, 1, "", []int{2}, policy.Limit{}); return ch }(), "u9's whole npu 2")
+	w, ch := o.request(t, Request{Holder: Holder{Kind: Inline, UID: 1, User: "u1"}, Mem: 12 << 10})
+	none(t, o, ch, "the 12G share while npu 2 is held whole")
+	if !slices.Equal(w.Cand, []int{2}) {
+		t.Fatalf("the 12G share's candidates %v, want npu 2 alone", w.Cand)
+	}
+
+	o.mu.Lock()
+	refused, err := o.tbl.Reconfigure(pools, "default", func(uint32, string) (policy.Limit, bool) { return policy.Limit{}, false })
+	if err == nil {
+		o.serveLocked()
+	}
+	o.mu.Unlock()
+	if err != nil || len(refused) != 0 {
+		t.Fatalf("reconfigure: refused %+v, %v; want the share waiting on", refused, err)
+	}
+	none(t, o, ch, "the 12G share after the reload, npu 2 still held whole")
+	if !slices.Equal(w.Cand, []int{2}) || w.Mem != 12<<10 {
+		t.Errorf("after the reload, the share's candidates %v of %d MiB, want npu 2 alone, 12288 MiB", w.Cand, w.Mem)
+	}
+	whole.release()
+	g := got(t, ch, "the 12G share once npu 2 is free")
+	if !slices.Equal(g.l.Devices, []int{2}) || g.l.Mem != 12<<10 {
+		t.Errorf("the 12G share got npu %v of %d MiB, want npu 2, 12288 MiB", g.l.Devices, g.l.Mem)
+	}
+	g.release()
 }

@@ -400,15 +400,17 @@ func (t *Table) findShares(dir string) error {
 
 // admitShare checks a request for a share of mem MiB of each of w's
 // devices: they must be shared, and enough of them large enough for it
-// even when empty (a request that could never fit is refused at once).
-func (t *Table) admitShare(w *Waiter, mem int64) error {
+// even when empty (a request that could never fit is refused at once),
+// against the pools pc. Capacities change (SetCapacity) under the table's
+// lock: admitShare takes it, unless locked (Reconfigure holds it).
+func (t *Table) admitShare(pc *poolSet, w *Waiter, mem int64, locked bool) error {
 	if w.External {
-		return refuse(ErrBadRequest, "", "pool %q is %s's to allocate, and holds no shares", w.Pool, t.pc.Load().external[w.Pool])
+		return refuse(ErrBadRequest, "", "pool %q is %s's to allocate, and holds no shares", w.Pool, pc.external[w.Pool])
 	}
-	// Capacities change (SetCapacity): under the table's lock, which
-	// Reconfigure's admit, holding it, never reaches (it asks no share).
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	if !locked {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+	}
 	var fit []int
 	var largest int64
 	shared, unknown := false, false

@@ -214,7 +214,7 @@ func fail(env Env, err error) int {
 		fmt.Fprintln(env.Stderr, "npubroker: the broker closed the connection: it stopped or is restarting")
 	case client.Gone(err):
 		fmt.Fprintf(env.Stderr, "npubroker: the broker went away before it answered (%v)\n", err)
-		fmt.Fprintln(env.Stderr, "npubroker: hint: it may be restarting, or failing: try again")
+		fmt.Fprintf(env.Stderr, "npubroker: hint: %s\n", client.Hint(err))
 	default:
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
 		h := client.Hint(err)

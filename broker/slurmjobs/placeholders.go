@@ -372,7 +372,7 @@ func (ph *placeholders) poll(ids []uint32) {
 	}
 	for _, p := range ended {
 		r.rec.removePlaceholder(p.job)
-		ph.endLeaseOf(p.job, fmt.Sprintf("Slurm job %d, the placeholder allocation of its lease, is gone", p.job))
+		ph.endLeaseOf(p.job, fmt.Sprintf("Slurm job %d, the placeholder allocation of its lease, is gone (scancel, its time limit or preemption)", p.job))
 	}
 	for _, p := range stale {
 		r.log.Printf("placeholder job %d runs since %s with no Prolog that named its devices (slurm.conf Prolog= npurun-slurm, PrologFlags=Alloc?): cancelled, and another submitted", p.job, p.running.Format(time.TimeOnly))
@@ -452,7 +452,7 @@ func (ph *placeholders) epilog(p *placeholder) string {
 	r.mu.Unlock()
 	r.rec.removePlaceholder(id)
 	if granted {
-		if ph.endLeaseOf(id, fmt.Sprintf("Slurm ended job %d, the placeholder allocation of the lease", id)) {
+		if ph.endLeaseOf(id, fmt.Sprintf("Slurm ended job %d, the placeholder allocation of the lease (scancel, its time limit or preemption)", id)) {
 			return fmt.Sprintf("job %d, the placeholder allocation of %s of %s, ended: its lease's processes are ended", id, what(w), w.User)
 		}
 		return fmt.Sprintf("job %d, the placeholder allocation of %s of %s, ended after its lease", id, what(w), w.User)

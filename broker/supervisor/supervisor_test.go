@@ -299,6 +299,64 @@ func TestReportRetried(t *testing.T) {
 	checkStatus(t, st, 4, "", "")
 }
 
+// TestReportAfterLateCancel: a SIGTERM that comes once the command's
+// leader has exited (the broker's cancel of a task that was ending) is
+// done with when the task's end is known: the report that follows is not
+// given up at the first broker that cannot take it. The supervisor kept
+// that SIGTERM queued, as no more cancel was awaited, and its report,
+// which gives up at SIGTERM, gave up after the first try: the task's end
+// was never recorded. Here the leader exits leaving a process that traps
+// SIGTERM, so the supervisor is past the leader's end (it sent that
+// process SIGTERM) when it gets its own; the broker answers the first
+// report "busy", as one that cannot take it now.
+func TestReportAfterLateCancel(t *testing.T) {
+	spec := newSpec(t, "sh", "-c", `sh -c 'trap "echo termed" TERM; echo "left $$"; while :; do sleep 1; done' & exit 0`)
+	spec.GraceSec = 600 // the leftover goes when the test kills it
+	spec.Log = makeFifo(t, "log")
+	lines := readLines(t, spec.Log)
+	b := listen(t, spec.Socket)
+	b.mu.Lock()
+	b.refuse = []string{client.CodeBusy}
+	b.mu.Unlock()
+	s := startSupervisor(t, spec, nil)
+	left := ""
+	for left == "" {
+		select {
+		case line := <-lines:
+			if pid, ok := strings.CutPrefix(line, "left "); ok {
+				left = pid
+			}
+		case <-time.After(patience):
+			t.Fatalf("no leftover within %s", patience)
+		}
+	}
+	pid, err := strconv.Atoi(left)
+	if err != nil {
+		t.Fatalf("leftover pid %q: %v", left, err)
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // gone already, unless the test failed first
+		unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
+		unix.Close(pidfd)
+	})
+	awaitLine(t, lines, "termed") // the supervisor saw the leader's end
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	b.awaitReport(t) // refused: busy
+	st := b.awaitReport(t)
+	if code := s.wait(t); code != 0 {
+		t.Fatalf("supervisor exit %d, want 0 (its report taken at the second try); stderr:\n%s", code, s.stderr)
+	}
+	checkStatus(t, st, 0, "", "")
+}
+
 // TestReportRetriedOverCap: a broker that refuses a report for a cap on
 // connections or requests ("too-many", as it does when a restarted
 // broker is flooded) is asked again, as one that is busy is: the cap

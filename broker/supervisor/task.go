@@ -94,6 +94,11 @@ func runTask(spec *client.Spec, p *prepared, leases []*os.File, cancel <-chan os
 		}
 	}
 	end := supervise(pid, spec, cancel)
+	// A SIGTERM that came since supervise stopped awaiting one (the
+	// leader had exited) was the broker's cancel of a task that was
+	// ending: done with here, before the log says the task ended. Only
+	// one that comes while the end is reported gives the report up (tell).
+	cancelled(cancel)
 	if end.left > 0 {
 		if end.left == 1 {
 			logf(log, "npurun: task %d: its command exited leaving 1 process running; it was ended\n", spec.ID)

@@ -501,7 +501,7 @@ func failure(err error, id uint64) int {
 		hint("%s", client.Hint(err))
 	case client.Gone(err):
 		warn("the broker went away before it answered (%v)", err)
-		hint("it may be restarting, or failing: try again")
+		hint("%s", client.Hint(err))
 	default:
 		warn("%v", err)
 	}
