@@ -1,4 +1,8 @@
-// Package supervisor runs one detached task as its submitter and reports how it ended to the broker.
+// Package supervisor is the task supervisor program's logic (npurun-supervise):
+// it runs one detached task as its submitter and reports how it ended to the
+// broker. It owns the task's process tree while it runs (start, signals, the
+// OOM and end report, the notification); it talks to the broker only over the
+// wire and must never import the daemon (broker/...), which runs as root.
 package supervisor
 
 // The broker starts the supervisor, `npurun-supervise [ID]` (cmd/npurun-
