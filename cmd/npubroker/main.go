@@ -17,8 +17,8 @@ import (
 
 	"github.com/npurun/npurun/broker"
 	"github.com/npurun/npurun/broker/client"
-	"github.com/npurun/npurun/broker/report"
 	"github.com/npurun/npurun/broker/tasks"
+	"github.com/npurun/npurun/cmd/npubroker/cli"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
@@ -30,11 +30,11 @@ var version = "dev"
 const usage = `Usage:
   npubroker serve [--config FILE] [--socket PATH] [--run-dir DIR] [--state-dir DIR] [--cgroup DIR] [--log WHERE]
   npubroker check-config [--socket PATH] [FILE]
-  ` + report.StatusUsage + `
-  ` + report.UsageUsage + `
-  ` + report.DrainUsage + `
-  ` + report.UndrainUsage + `
-  ` + report.ReloadUsage + `
+  ` + cli.StatusUsage + `
+  ` + cli.UsageUsage + `
+  ` + cli.DrainUsage + `
+  ` + cli.UndrainUsage + `
+  ` + cli.ReloadUsage + `
   npubroker --version
 
 Commands:
@@ -61,15 +61,15 @@ func main() {
 	case "check-config":
 		os.Exit(checkConfig(os.Args[2:]))
 	case "status":
-		os.Exit(report.Status(os.Args[2:], report.OSEnv()))
+		os.Exit(cli.Status(os.Args[2:], cli.OSEnv()))
 	case "usage":
-		os.Exit(report.Usage(os.Args[2:], report.OSEnv()))
+		os.Exit(cli.Usage(os.Args[2:], cli.OSEnv()))
 	case "drain":
-		os.Exit(report.Drain(os.Args[2:], report.OSEnv()))
+		os.Exit(cli.Drain(os.Args[2:], cli.OSEnv()))
 	case "undrain":
-		os.Exit(report.Undrain(os.Args[2:], report.OSEnv()))
+		os.Exit(cli.Undrain(os.Args[2:], cli.OSEnv()))
 	case "reload":
-		os.Exit(report.Reload(os.Args[2:], report.OSEnv()))
+		os.Exit(cli.Reload(os.Args[2:], cli.OSEnv()))
 	case "--version", "version":
 		fmt.Println("npubroker", version)
 	case "--completion":

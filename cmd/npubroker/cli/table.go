@@ -1,4 +1,4 @@
-package report
+package cli
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/internal/printable"
 	"github.com/npurun/npurun/internal/quantity"
 )
 
@@ -239,9 +240,9 @@ func inContainer(l *client.LeaseInfo, cmd string) string {
 func containerName(c *client.ContainerRef) string {
 	id := (&client.ContainerRef{ID: c.ID}).Short()
 	if c.Name == "" {
-		return Printable(id)
+		return printable.String(id)
 	}
-	return Printable(c.Name) + " (" + id + ")"
+	return printable.String(c.Name) + " (" + id + ")"
 }
 
 func origin(l *client.LeaseInfo) string {
@@ -310,7 +311,7 @@ func writeColumns(out *strings.Builder, rows [][]string, fit, width int, indent 
 	// host): nothing in them may reach the terminal as a control.
 	for _, r := range rows {
 		for i, c := range r {
-			r[i] = Printable(c)
+			r[i] = printable.String(c)
 			widths[i] = max(widths[i], utf8.RuneCountInString(r[i]))
 		}
 	}
@@ -366,31 +367,6 @@ func UsageTable(rep *client.UsageReport) string {
 	fmt.Fprintf(&out, "since %s\n", time.UnixMilli(rep.Since).Format("2006-01-02 15:04"))
 	writeColumns(&out, rows, -1, 0)
 	return out.String()
-}
-
-// Printable replaces control characters (C0, DEL, C1) and bytes that are
-// not UTF-8 with '?', so that a user's command line or session origin
-// cannot move the reader's cursor or change their terminal. The status
-// table's cells and every line of the broker's log go through it.
-func Printable(s string) string {
-	clean := true
-	for _, r := range s {
-		if r < 0x20 || r >= 0x7f && r < 0xa0 || r == utf8.RuneError {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
-	var b strings.Builder
-	for _, r := range s {
-		if r < 0x20 || r >= 0x7f && r < 0xa0 || r == utf8.RuneError {
-			r = '?'
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }
 
 // shareRows are the rows of device d on a board with shared devices: its

@@ -1,5 +1,8 @@
-// Package report is npubroker's status and usage commands: it asks the broker and writes its answer as a table or as JSON.
-package report
+// Package cli is npubroker's status and usage commands: it asks the broker
+// over the wire and writes its answer as a table or as JSON. It is client
+// code: it must never import the daemon (broker/...), and the daemon never
+// imports it.
+package cli
 
 import (
 	"encoding/json"

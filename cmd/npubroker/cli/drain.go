@@ -1,4 +1,4 @@
-package report
+package cli
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/exitcode"
+	"github.com/npurun/npurun/internal/printable"
 )
 
 // DrainUsage and UndrainUsage are the drain commands' lines of
@@ -105,7 +106,7 @@ func writeDrain(w io.Writer, op string, d *client.DrainInfo) {
 	default:
 		fmt.Fprintf(w, "%s drained by %s since %s", d.Device, d.By, time.UnixMilli(d.Since).Format("2006-01-02 15:04:05"))
 		if d.Reason != "" {
-			fmt.Fprintf(w, ": %s", Printable(d.Reason))
+			fmt.Fprintf(w, ": %s", printable.String(d.Reason))
 		}
 		fmt.Fprintln(w)
 		if d.Leased {
