@@ -21,7 +21,6 @@ import (
 	"github.com/npurun/npurun/cmd/npubroker/cli"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/npu"
-	"github.com/npurun/npurun/pam"
 	"github.com/npurun/npurun/policy"
 )
 
@@ -143,10 +142,10 @@ func checkConfig(args []string) int {
 		warnings = append(warnings, policy.Error{File: path, Key: "[tasks]", Msg: fmt.Sprintf("warning: %v: npubroker serve would serve leases but refuse tasks", err)})
 	}
 	if cfg.Restrict.Active() && devices != nil {
-		groups, open := pam.NodeAccess(npu.Vendor(cfg.Vendor), cfg.DevDir, devices)
-		warnings = append(warnings, cfg.RestrictWarnings(groups, open, pam.Member, pam.Members)...)
+		groups, open := npu.NodeAccess(npu.Vendor(cfg.Vendor), cfg.DevDir, devices)
+		warnings = append(warnings, cfg.RestrictWarnings(groups, open, npu.Member, npu.Members)...)
 	}
-	warnings = append(warnings, cfg.EngineWarnings(pam.EngineGroups(pam.EngineSockets), pam.Member, pam.Members)...)
+	warnings = append(warnings, cfg.EngineWarnings(npu.EngineGroups(npu.EngineSockets), npu.Member, npu.Members)...)
 	if w, ok := reloadWarning(path, *socket); ok {
 		warnings = append(warnings, w)
 	}
@@ -341,11 +340,11 @@ func serve(args []string) int {
 		}
 	}()
 	if cfg.Restrict.Active() {
-		groups, open := pam.NodeAccess(inv.Vendor, inv.DevDir, inv.IDs)
-		for _, w := range cfg.RestrictWarnings(groups, open, pam.Member, pam.Members) {
+		groups, open := npu.NodeAccess(inv.Vendor, inv.DevDir, inv.IDs)
+		for _, w := range cfg.RestrictWarnings(groups, open, npu.Member, npu.Members) {
 			lg.Print(w.Error())
 		}
-		for _, w := range cfg.EngineWarnings(pam.EngineGroups(pam.EngineSockets), pam.Member, pam.Members) {
+		for _, w := range cfg.EngineWarnings(npu.EngineGroups(npu.EngineSockets), npu.Member, npu.Members) {
 			lg.Print(w.Error())
 		}
 	}

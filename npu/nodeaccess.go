@@ -1,4 +1,4 @@
-package pam
+package npu
 
 import (
 	"context"
@@ -9,23 +9,21 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/npurun/npurun/npu"
 )
 
 // NodeAccess looks at the nodes of vendor's devices ids in devDir (the
-// devices' and the shared control nodes; Auto as npu.Found resolves it)
+// devices' and the shared control nodes; Auto as Found resolves it)
 // and returns the groups that may open one through its group bits, and the
 // nodes that every account may open: what policy.Config.RestrictWarnings
 // checks [restrict] against.
-func NodeAccess(vendor npu.Vendor, devDir string, ids []int) (groups, worldOpen []string) {
-	if vendor == npu.Auto || vendor == npu.Unknown {
-		vendor = npu.NVIDIA
-		if len(npu.Found(npu.Ascend, devDir)) > 0 {
-			vendor = npu.Ascend
+func NodeAccess(vendor Vendor, devDir string, ids []int) (groups, worldOpen []string) {
+	if vendor == Auto || vendor == Unknown {
+		vendor = NVIDIA
+		if len(Found(Ascend, devDir)) > 0 {
+			vendor = Ascend
 		}
 	}
-	inv := &npu.Inventory{Vendor: vendor, IDs: ids, DevDir: devDir}
+	inv := &Inventory{Vendor: vendor, IDs: ids, DevDir: devDir}
 	var paths []string
 	for _, id := range inv.IDs {
 		paths = append(paths, inv.Nodes(id)...)
