@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/wire"
 )
 
 // A task's notify command (task-submit --notify, or [tasks] notify) is run
@@ -26,7 +26,7 @@ import (
 // the task's directory, by /bin/sh, with a clean environment (notifyVars
 // of the submitter's, and the task's NPURUN_TASK_* variables), its
 // standard input /dev/null and its outputs appended to the task's log, in
-// a process group of its own that is killed after client.NotifyFor.
+// a process group of its own that is killed after wire.NotifyFor.
 
 // notifyVars are the submitter's variables a notify command keeps: enough
 // for a desktop notice (notify-send) or a mail.
@@ -34,11 +34,11 @@ var notifyVars = []string{"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "L
 	"DISPLAY", "WAYLAND_DISPLAY", "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR"}
 
 // notifyFor bounds a notify command (a variable: tests shorten it).
-var notifyFor = client.NotifyFor
+var notifyFor = wire.NotifyFor
 
 // notifyEnv is the environment of spec's notify command for a task that
 // ended with st.
-func notifyEnv(spec *client.Spec, st *client.Status) []string {
+func notifyEnv(spec *wire.Spec, st *wire.Status) []string {
 	var env []string
 	for _, name := range notifyVars {
 		if v, ok := lookupVar(spec.Env, name); ok {
@@ -48,14 +48,14 @@ func notifyEnv(spec *client.Spec, st *client.Status) []string {
 	if _, ok := lookupVar(env, "PATH"); !ok {
 		env = append(env, "PATH=/usr/local/bin:/usr/bin:/bin")
 	}
-	info := client.TaskInfo{State: client.EndState(st), Exit: st.Exit, Signal: st.Signal}
+	info := wire.TaskInfo{State: wire.EndState(st), Exit: st.Exit, Signal: st.Signal}
 	env = append(env,
-		client.NotifyID+"="+strconv.FormatUint(spec.ID, 10),
-		client.NotifyState+"="+info.State,
-		client.NotifyExit+"="+strconv.Itoa(info.ExitStatus()),
-		client.NotifySignal+"="+st.Signal,
-		client.NotifyName+"="+spec.Name,
-		client.NotifyLog+"="+spec.Log)
+		wire.NotifyID+"="+strconv.FormatUint(spec.ID, 10),
+		wire.NotifyState+"="+info.State,
+		wire.NotifyExit+"="+strconv.Itoa(info.ExitStatus()),
+		wire.NotifySignal+"="+st.Signal,
+		wire.NotifyName+"="+spec.Name,
+		wire.NotifyLog+"="+spec.Log)
 	return env
 }
 
@@ -72,7 +72,7 @@ func lookupVar(env []string, name string) (string, bool) {
 
 // notify runs spec's notify command for a task that ended with st, and
 // says in the task's log how it went when it did not go well.
-func notify(spec *client.Spec, st *client.Status) {
+func notify(spec *wire.Spec, st *wire.Status) {
 	log, err := openLog(spec.Log)
 	if err != nil {
 		warn("task %d: notify: %v", spec.ID, err)

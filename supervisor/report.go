@@ -6,8 +6,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/wire"
 )
 
 // How long and how often the supervisor tries to reach the broker: it may
@@ -23,8 +23,8 @@ var (
 // report tells the broker how the task ended, retrying with backoff until
 // it acknowledges (0) or reportFor has passed, or SIGTERM comes on term
 // meanwhile (1).
-func report(spec *client.Spec, st *client.Status, term <-chan os.Signal) int {
-	code := tell(spec.Socket, fmt.Sprintf("report task %d", spec.ID), term, func(c *client.Conn) error {
+func report(spec *wire.Spec, st *wire.Status, term <-chan os.Signal) int {
+	code := tell(spec.Socket, fmt.Sprintf("report task %d", spec.ID), term, func(c *wire.Conn) error {
 		return c.TaskDone(spec.ID, st)
 	})
 	if code == refusedForGood {
@@ -41,8 +41,8 @@ func report(spec *client.Spec, st *client.Status, term <-chan os.Signal) int {
 // broker has taken the word or answered that there was nothing to undo
 // (the start was not recorded), 1 when it gave up after reportFor or at
 // SIGTERM on term.
-func notStarted(spec *client.Spec, term <-chan os.Signal) int {
-	code := tell(spec.Socket, fmt.Sprintf("say that task %d never started", spec.ID), term, func(c *client.Conn) error {
+func notStarted(spec *wire.Spec, term <-chan os.Signal) int {
+	code := tell(spec.Socket, fmt.Sprintf("say that task %d never started", spec.ID), term, func(c *wire.Conn) error {
 		return c.TaskNotStarted(spec.ID)
 	})
 	if code == refusedForGood {
@@ -59,7 +59,7 @@ const refusedForGood = -1
 // busy, or a cap on its connections or requests is reached (too-many: a
 // broker that restarts is asked by every client at once).
 func passes(code string) bool {
-	return code == client.CodeSpool || code == client.CodeBusy || code == client.CodeTooMany
+	return code == wire.CodeSpool || code == wire.CodeBusy || code == wire.CodeTooMany
 }
 
 // tell makes the exchange ask with the broker at socket, retrying with
@@ -71,7 +71,7 @@ func passes(code string) bool {
 // what names the exchange in warnings. A try is made first whatever came:
 // the broker's own cancel of the task (SIGTERM) is read by the run, and a
 // broker that answers takes the report.
-func tell(socket, what string, term <-chan os.Signal, ask func(*client.Conn) error) int {
+func tell(socket, what string, term <-chan os.Signal, ask func(*wire.Conn) error) int {
 	giveUp := time.Now().Add(reportFor)
 	wait := minBackoff
 	for {
@@ -79,7 +79,7 @@ func tell(socket, what string, term <-chan os.Signal, ask func(*client.Conn) err
 		if err == nil {
 			return 0
 		}
-		var refused *client.Error
+		var refused *wire.Error
 		if errors.As(err, &refused) && !passes(refused.Code) {
 			// The broker answered, and its answer will not change.
 			warn("%s: %v", what, err)
@@ -100,8 +100,8 @@ func tell(socket, what string, term <-chan os.Signal, ask func(*client.Conn) err
 }
 
 // tellOnce makes one attempt at an exchange.
-func tellOnce(socket string, ask func(*client.Conn) error) error {
-	c, err := client.Dial(socket)
+func tellOnce(socket string, ask func(*wire.Conn) error) error {
+	c, err := wire.Dial(socket)
 	if err != nil {
 		return err
 	}

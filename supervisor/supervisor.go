@@ -45,19 +45,19 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
-	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
+	"github.com/npurun/npurun/wire"
+	_ "github.com/npurun/npurun/wire/jsoncodec" // messages beyond the lease exchange
 )
 
 // maxSpec is the largest message the broker may send.
-const maxSpec = client.MaxMessage
+const maxSpec = wire.MaxMessage
 
 // brokerFD is the descriptor of the socket to the broker.
 const brokerFD = 0
 
 // Name is the supervisor's program name, its argv[0]: the broker knows
 // its supervisors by it (with the task id after it, when started for one).
-const Name = client.SupervisorName
+const Name = wire.SupervisorName
 
 // errUsage marks a Spec or command line the supervisor refuses outright.
 var errUsage = errors.New("usage: " + Name + " [ID]")
@@ -83,7 +83,7 @@ func Main(args []string) int {
 	prep := prepare(spec)
 	leases, err := awaitGoAhead(spec)
 	switch {
-	case errors.Is(err, client.ErrClosed) || errors.Is(err, unix.ECONNRESET):
+	case errors.Is(err, wire.ErrClosed) || errors.Is(err, unix.ECONNRESET):
 		// The broker died without a word: the next one must hear that
 		// this task never started (the go-ahead, had it been sent, would
 		// have been read before the socket's end).
@@ -129,7 +129,7 @@ const specSample = `{"id":1,"uid":0,"argv":["a"],"cwd":"/","env":["A=b"],"device
 // local time zone read, for the log's start line; and package os's check
 // that pidfds work, which forks a child, for the command's start.
 func prime() {
-	var spec client.Spec
+	var spec wire.Spec
 	_ = json.Unmarshal([]byte(specSample), &spec)
 	_ = time.Now().Format(time.RFC3339)
 	if self, err := os.FindProcess(os.Getpid()); err == nil {
@@ -149,7 +149,7 @@ var errNoTask = errors.New("no task given")
 
 // readSpec reads the broker's Spec and checks it names the task of args
 // (any task, for an idle supervisor) and this process's uid.
-func readSpec(args []string) (*client.Spec, error) {
+func readSpec(args []string) (*wire.Spec, error) {
 	var id uint64
 	switch len(args) {
 	case 0:
@@ -161,10 +161,10 @@ func readSpec(args []string) (*client.Spec, error) {
 	default:
 		return nil, errUsage
 	}
-	var spec client.Spec
+	var spec wire.Spec
 	fds, err := receive(&spec)
 	closeAll(fds) // the Spec comes alone
-	if id == 0 && errors.Is(err, client.ErrClosed) {
+	if id == 0 && errors.Is(err, wire.ErrClosed) {
 		return nil, errNoTask
 	}
 	if err != nil {
@@ -182,8 +182,8 @@ var errDropped = errors.New("let go by the broker")
 
 // awaitGoAhead waits for the broker's word to start and returns the
 // lease's lock files, one per device.
-func awaitGoAhead(spec *client.Spec) ([]*os.File, error) {
-	var g client.Spec
+func awaitGoAhead(spec *wire.Spec) ([]*os.File, error) {
+	var g wire.Spec
 	fds, err := receive(&g)
 	switch {
 	case err != nil:
@@ -192,7 +192,7 @@ func awaitGoAhead(spec *client.Spec) ([]*os.File, error) {
 	case g.Drop:
 		closeAll(fds)
 		return nil, errDropped
-	case g.ID != spec.ID || len(g.Devices) != len(fds) || len(fds) > client.MaxDevices:
+	case g.ID != spec.ID || len(g.Devices) != len(fds) || len(fds) > wire.MaxDevices:
 		closeAll(fds)
 		return nil, fmt.Errorf("go-ahead for task %d with %d devices and %d descriptors", g.ID, len(g.Devices), len(fds))
 	}
@@ -209,8 +209,8 @@ func awaitGoAhead(spec *client.Spec) ([]*os.File, error) {
 // that came with it.
 func receive(v any) ([]int, error) {
 	buf := make([]byte, maxSpec+1)
-	oob := make([]byte, unix.CmsgSpace(client.MaxDevices*4))
-	b, fds, err := client.RecvMsg(brokerFD, buf, oob, 0)
+	oob := make([]byte, unix.CmsgSpace(wire.MaxDevices*4))
+	b, fds, err := wire.RecvMsg(brokerFD, buf, oob, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +231,7 @@ func closeAll(fds []int) {
 
 // checkSpec refuses a Spec the supervisor could not even report on, and
 // one for another user's task: it would run it with the wrong rights.
-func checkSpec(spec *client.Spec, id uint64, uid uint32) error {
+func checkSpec(spec *wire.Spec, id uint64, uid uint32) error {
 	switch {
 	case spec.ID != id || id == 0:
 		return fmt.Errorf("spec is for task %d, not task %d", spec.ID, id)
@@ -239,8 +239,8 @@ func checkSpec(spec *client.Spec, id uint64, uid uint32) error {
 		return fmt.Errorf("spec of task %d is for uid %d, and this supervisor runs as uid %d", id, spec.UID, uid)
 	case spec.Socket == "":
 		return fmt.Errorf("spec of task %d names no broker socket", id)
-	case len(spec.Devices) > client.MaxDevices:
-		return fmt.Errorf("spec of task %d names %d devices, more than %d", id, len(spec.Devices), client.MaxDevices)
+	case len(spec.Devices) > wire.MaxDevices:
+		return fmt.Errorf("spec of task %d names %d devices, more than %d", id, len(spec.Devices), wire.MaxDevices)
 	}
 	return nil
 }
@@ -265,8 +265,8 @@ func keepBroker(id uint64) func(ok bool) {
 			return
 		}
 		done = true
-		if b, err := json.Marshal(&client.Started{ID: id, Started: ok}); err == nil {
-			_ = client.SendMsg(fd, b, nil, 0) // a broker gone meanwhile does not need it
+		if b, err := json.Marshal(&wire.Started{ID: id, Started: ok}); err == nil {
+			_ = wire.SendMsg(fd, b, nil, 0) // a broker gone meanwhile does not need it
 		}
 		unix.Close(fd)
 	}

@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // The test binary doubles as the supervisor: started with roleVar set, it
@@ -210,10 +210,10 @@ func TestLease(t *testing.T) {
 	log := readLog(t, spec.Log)
 	for _, want := range []string{
 		"npurun: task 7 started on npu 0,5 at ",
-		fmt.Sprintf("lease=0:%d,5:%d\n", client.FirstLeaseFD, client.FirstLeaseFD+1),
+		fmt.Sprintf("lease=0:%d,5:%d\n", wire.FirstLeaseFD, wire.FirstLeaseFD+1),
 		"visible=1 0,5\n",
-		fmt.Sprintf("fd %d: %s 1\n", client.FirstLeaseFD, filepath.Join(dir, "npu0.lock")),
-		fmt.Sprintf("fd %d: %s 1\n", client.FirstLeaseFD+1, filepath.Join(dir, "npu5.lock")),
+		fmt.Sprintf("fd %d: %s 1\n", wire.FirstLeaseFD, filepath.Join(dir, "npu0.lock")),
+		fmt.Sprintf("fd %d: %s 1\n", wire.FirstLeaseFD+1, filepath.Join(dir, "npu5.lock")),
 	} {
 		if !strings.Contains(log, want) {
 			t.Errorf("log lacks %q; log:\n%s", want, log)
@@ -316,7 +316,7 @@ func TestReportAfterLateCancel(t *testing.T) {
 	lines := readLines(t, spec.Log)
 	b := listen(t, spec.Socket)
 	b.mu.Lock()
-	b.refuse = []string{client.CodeBusy}
+	b.refuse = []string{wire.CodeBusy}
 	b.mu.Unlock()
 	s := startSupervisor(t, spec, nil)
 	left := ""
@@ -366,7 +366,7 @@ func TestReportRetriedOverCap(t *testing.T) {
 	spec := newSpec(t, "sh", "-c", "exit 4")
 	b := listen(t, spec.Socket)
 	b.mu.Lock()
-	b.refuse = []string{client.CodeTooMany, client.CodeTooMany}
+	b.refuse = []string{wire.CodeTooMany, wire.CodeTooMany}
 	b.mu.Unlock()
 	s := startSupervisor(t, spec, nil)
 	for range 3 {
@@ -469,7 +469,7 @@ func TestBadSpec(t *testing.T) {
 			cmd := exec.Command(testBinary(t), tc.args...)
 			cmd.Env = []string{roleVar + "=supervisor", "PATH=/usr/bin:/bin"}
 			sock := brokerSocket(t, cmd)
-			if err := client.SendMsg(int(sock.Fd()), tc.stdin, nil, 0); err != nil {
+			if err := wire.SendMsg(int(sock.Fd()), tc.stdin, nil, 0); err != nil {
 				t.Fatal(err)
 			}
 			sock.Close()
@@ -500,9 +500,9 @@ func brokerSocket(t *testing.T, cmd *exec.Cmd) *os.File {
 }
 
 // newSpec is a Spec for task 7 with its own directory, log and socket.
-func newSpec(t *testing.T, argv ...string) *client.Spec {
+func newSpec(t *testing.T, argv ...string) *wire.Spec {
 	dir := t.TempDir()
-	return &client.Spec{
+	return &wire.Spec{
 		ID:       7,
 		UID:      uint32(os.Getuid()),
 		Argv:     argv,
@@ -528,26 +528,26 @@ type supervisor struct {
 	cmd     *exec.Cmd
 	stderr  *bytes.Buffer
 	exited  chan struct{}
-	started chan *client.Started // its word that the command started; closed at the socket's end
+	started chan *wire.Started // its word that the command started; closed at the socket's end
 }
 
 // startSupervisor starts the supervisor as the broker does: the Spec on
 // stdin, the locks at 3, 4, …, a session of its own. The test's copies of
 // the locks are closed, as the broker closes its own.
-func startSupervisor(t *testing.T, spec *client.Spec, locks []*os.File, env ...string) *supervisor {
+func startSupervisor(t *testing.T, spec *wire.Spec, locks []*os.File, env ...string) *supervisor {
 	t.Helper()
 	return startWith(t, []string{strconv.FormatUint(spec.ID, 10)}, spec, locks, env...)
 }
 
 // startWith is startSupervisor with the supervisor's arguments: the task's
 // id, or none for an idle one.
-func startWith(t *testing.T, args []string, spec *client.Spec, locks []*os.File, env ...string) *supervisor {
+func startWith(t *testing.T, args []string, spec *wire.Spec, locks []*os.File, env ...string) *supervisor {
 	t.Helper()
 	b, err := json.Marshal(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &supervisor{stderr: new(bytes.Buffer), exited: make(chan struct{}), started: make(chan *client.Started, 1)}
+	s := &supervisor{stderr: new(bytes.Buffer), exited: make(chan struct{}), started: make(chan *wire.Started, 1)}
 	s.cmd = exec.Command(testBinary(t), args...)
 	s.cmd.Env = append([]string{roleVar + "=supervisor", "PATH=/usr/bin:/bin", "GORACE=atexit_sleep_ms=0"}, env...) // GORACE: no 1 s pause at exit
 	s.cmd.Dir = "/"
@@ -562,14 +562,14 @@ func startWith(t *testing.T, args []string, spec *client.Spec, locks []*os.File,
 	for i, f := range locks {
 		fds[i] = int(f.Fd())
 	}
-	goAhead, err := json.Marshal(&client.Spec{ID: spec.ID, Devices: spec.Devices, Env: deviceEnv(spec.Devices)})
+	goAhead, err := json.Marshal(&wire.Spec{ID: spec.ID, Devices: spec.Devices, Env: deviceEnv(spec.Devices)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
+	if err := wire.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := client.SendMsg(int(sock.Fd()), goAhead, fds, 0); err != nil {
+	if err := wire.SendMsg(int(sock.Fd()), goAhead, fds, 0); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range locks {
@@ -579,12 +579,12 @@ func startWith(t *testing.T, args []string, spec *client.Spec, locks []*os.File,
 	go func() {
 		defer sock.Close()
 		defer close(s.started)
-		buf := make([]byte, client.MaxMessage)
-		msg, _, err := client.RecvMsg(int(sock.Fd()), buf, nil, 0)
+		buf := make([]byte, wire.MaxMessage)
+		msg, _, err := wire.RecvMsg(int(sock.Fd()), buf, nil, 0)
 		if err != nil {
 			return
 		}
-		var st client.Started
+		var st wire.Started
 		if err := json.Unmarshal(msg, &st); err != nil {
 			t.Errorf("the supervisor's word %q: %v", msg, err)
 			return
@@ -621,7 +621,7 @@ func (s *supervisor) wait(t *testing.T) int {
 // broker stands in for npubroker: it answers task-done with ok.
 type broker struct {
 	ln      *net.UnixListener
-	reports chan *client.Request
+	reports chan *wire.Request
 	mu      sync.Mutex
 	hold    chan struct{} // when set, replies wait until it is closed
 	refuse  []string      // error codes to answer with first, one request each
@@ -634,7 +634,7 @@ func listen(t *testing.T, path string) *broker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &broker{ln: ln, reports: make(chan *client.Request, 16), done: make(chan struct{})}
+	b := &broker{ln: ln, reports: make(chan *wire.Request, 16), done: make(chan struct{})}
 	go b.serve(t)
 	t.Cleanup(func() {
 		ln.Close()
@@ -674,11 +674,11 @@ func (b *broker) answer(c *net.UnixConn) error {
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, client.MaxMessage)
+	buf := make([]byte, wire.MaxMessage)
 	var msg []byte
 	var recvErr error
 	err = rc.Read(func(fd uintptr) bool {
-		msg, _, recvErr = client.RecvMsg(int(fd), buf, nil, 0)
+		msg, _, recvErr = wire.RecvMsg(int(fd), buf, nil, 0)
 		return !errors.Is(recvErr, unix.EAGAIN)
 	})
 	if err == nil {
@@ -687,7 +687,7 @@ func (b *broker) answer(c *net.UnixConn) error {
 	if err != nil {
 		return fmt.Errorf("receive: %w", err)
 	}
-	var req client.Request
+	var req wire.Request
 	if err := json.Unmarshal(msg, &req); err != nil {
 		return fmt.Errorf("decode %q: %w", msg, err)
 	}
@@ -710,11 +710,11 @@ func (b *broker) answer(c *net.UnixConn) error {
 }
 
 // awaitReport returns the status of the next task-done request.
-func (b *broker) awaitReport(t *testing.T) *client.Status {
+func (b *broker) awaitReport(t *testing.T) *wire.Status {
 	t.Helper()
 	select {
 	case req := <-b.reports:
-		if req.V != client.Version || req.Op != client.OpTaskDone || req.ID != 7 || req.Status == nil {
+		if req.V != wire.Version || req.Op != wire.OpTaskDone || req.ID != 7 || req.Status == nil {
 			t.Fatalf("request %+v, want task-done of task 7 with a status", req)
 		}
 		return req.Status
@@ -725,7 +725,7 @@ func (b *broker) awaitReport(t *testing.T) *client.Status {
 }
 
 // checkStatus compares a reported status; wantExit -1 means no exit code.
-func checkStatus(t *testing.T, st *client.Status, wantExit int, wantSignal, wantReason string) {
+func checkStatus(t *testing.T, st *wire.Status, wantExit int, wantSignal, wantReason string) {
 	t.Helper()
 	exit := -1
 	if st.Exit != nil {
@@ -933,34 +933,34 @@ func awaitExit(t *testing.T, pidfd int) {
 func TestNoGoAhead(t *testing.T) {
 	tests := []struct {
 		name    string
-		goAhead func(t *testing.T, sock *os.File, spec *client.Spec)
+		goAhead func(t *testing.T, sock *os.File, spec *wire.Spec)
 		tells   bool // it tells a broker that the task never started
 	}{
-		{"socket closed", func(*testing.T, *os.File, *client.Spec) {}, true},
-		{"dropped", func(t *testing.T, sock *os.File, spec *client.Spec) {
-			b, err := json.Marshal(&client.Spec{ID: spec.ID, Drop: true})
+		{"socket closed", func(*testing.T, *os.File, *wire.Spec) {}, true},
+		{"dropped", func(t *testing.T, sock *os.File, spec *wire.Spec) {
+			b, err := json.Marshal(&wire.Spec{ID: spec.ID, Drop: true})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
+			if err := wire.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
 				t.Fatal(err)
 			}
 		}, false},
-		{"descriptors missing", func(t *testing.T, sock *os.File, spec *client.Spec) {
-			b, err := json.Marshal(&client.Spec{ID: spec.ID, Devices: []int{0, 1}})
+		{"descriptors missing", func(t *testing.T, sock *os.File, spec *wire.Spec) {
+			b, err := json.Marshal(&wire.Spec{ID: spec.ID, Devices: []int{0, 1}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
+			if err := wire.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
 				t.Fatal(err)
 			}
 		}, false},
-		{"another task's go-ahead", func(t *testing.T, sock *os.File, spec *client.Spec) {
-			b, err := json.Marshal(&client.Spec{ID: spec.ID + 1})
+		{"another task's go-ahead", func(t *testing.T, sock *os.File, spec *wire.Spec) {
+			b, err := json.Marshal(&wire.Spec{ID: spec.ID + 1})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
+			if err := wire.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
 				t.Fatal(err)
 			}
 		}, false},
@@ -981,7 +981,7 @@ func TestNoGoAhead(t *testing.T) {
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			if err := client.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
+			if err := wire.SendMsg(int(sock.Fd()), b, nil, 0); err != nil {
 				t.Fatal(err)
 			}
 			var b2 *broker
@@ -996,8 +996,8 @@ func TestNoGoAhead(t *testing.T) {
 			if b2 != nil {
 				select {
 				case req := <-b2.reports:
-					if req.Op != client.OpNotStarted || req.ID != spec.ID {
-						t.Errorf("request %+v, want %s of task %d", req, client.OpNotStarted, spec.ID)
+					if req.Op != wire.OpNotStarted || req.ID != spec.ID {
+						t.Errorf("request %+v, want %s of task %d", req, wire.OpNotStarted, spec.ID)
 					}
 				default:
 					t.Errorf("the supervisor exited without telling a broker that task %d never started", spec.ID)

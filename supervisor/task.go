@@ -15,14 +15,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/container"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // reasonCancelled is the Status reason of a task the broker cancelled.
-const reasonCancelled = client.ReasonCancelled
+const reasonCancelled = wire.ReasonCancelled
 
 // The idle I/O class of ioprio_set(2), which x/sys/unix does not name.
 const (
@@ -45,7 +45,7 @@ type prepared struct {
 	pathErr error
 }
 
-func prepare(spec *client.Spec) *prepared {
+func prepare(spec *wire.Spec) *prepared {
 	p := &prepared{}
 	p.log, p.logErr = openLog(spec.Log)
 	if p.logErr == nil {
@@ -60,17 +60,17 @@ func prepare(spec *client.Spec) *prepared {
 // runTask runs the command of spec to its end and says how it ended,
 // calling started once the command has started or failed to. The lease's
 // descriptors are closed by the time it returns.
-func runTask(spec *client.Spec, p *prepared, leases []*os.File, cancel <-chan os.Signal, started func(ok bool)) *client.Status {
+func runTask(spec *wire.Spec, p *prepared, leases []*os.File, cancel <-chan os.Signal, started func(ok bool)) *wire.Status {
 	defer closeFiles(leases)
 	if p.logErr != nil {
-		return &client.Status{Reason: p.logErr.Error()}
+		return &wire.Status{Reason: p.logErr.Error()}
 	}
 	log := p.log
 	defer log.Close()
 	defer p.null.Close()
 	if cancelled(cancel) {
 		logf(log, "npurun: task %d cancelled before it started\n", spec.ID)
-		return &client.Status{Reason: reasonCancelled}
+		return &wire.Status{Reason: reasonCancelled}
 	}
 	var logStart int64
 	if st, err := log.Stat(); err == nil {
@@ -164,12 +164,12 @@ func cancelled(cancel <-chan os.Signal) bool {
 
 // startCommand logs the start and starts the command in a process group of
 // its own, with /dev/null for its standard input, the log for its outputs
-// and the lease where npurun places one (client.PlaceLease: at 20 and
+// and the lease where npurun places one (wire.PlaceLease: at 20 and
 // above, which a login bash leaves open), and returns its pid. It starts it
 // with syscall.ForkExec: os/exec's Start does more (a Process with its
 // pidfd, the environment deduplicated) for nothing the supervisor uses,
 // some 50 µs on a task's start here.
-func startCommand(spec *client.Spec, p *prepared, leases []*os.File) (int, *container.Launch, error) {
+func startCommand(spec *wire.Spec, p *prepared, leases []*os.File) (int, *container.Launch, error) {
 	if p.pathErr != nil {
 		return 0, nil, fmt.Errorf("start: %w", p.pathErr)
 	}
@@ -192,7 +192,7 @@ func startCommand(spec *client.Spec, p *prepared, leases []*os.File) (int, *cont
 		}
 		// Placed without close-on-exec, the copies pass to the command
 		// as they are; this process's go when the command has started.
-		placed, entry, err := client.PlaceLease(spec.Devices, fds)
+		placed, entry, err := wire.PlaceLease(spec.Devices, fds)
 		if err != nil {
 			return 0, nil, fmt.Errorf("start: %w", err)
 		}
@@ -226,7 +226,7 @@ func startCommand(spec *client.Spec, p *prepared, leases []*os.File) (int, *cont
 // npurun does (package container): its life, and so its time limit, are
 // then the container's. nil for any other command, or a task without
 // devices.
-func containerLaunch(spec *client.Spec, leases []*os.File) (*container.Launch, error) {
+func containerLaunch(spec *wire.Spec, leases []*os.File) (*container.Launch, error) {
 	engine := container.Detect(spec.Argv)
 	if engine == "" || len(leases) == 0 {
 		return nil, nil
@@ -305,7 +305,7 @@ func taskEnv(env []string, lease string) []string {
 		out = append(out, kv)
 	}
 	for _, kv := range env {
-		if !strings.HasPrefix(kv, client.LeaseVar+"=") {
+		if !strings.HasPrefix(kv, wire.LeaseVar+"=") {
 			set(kv)
 		}
 	}
@@ -355,12 +355,12 @@ func lowerPriority() error {
 
 // startFailure is the status of a command that did not start: 127 when
 // it was not found, 126 otherwise, as a shell says.
-func startFailure(err error) *client.Status {
+func startFailure(err error) *wire.Status {
 	code := 126
 	if errors.Is(err, errNotFound) || errors.Is(err, fs.ErrNotExist) {
 		code = 127
 	}
-	return &client.Status{Exit: &code, Reason: err.Error()}
+	return &wire.Status{Exit: &code, Reason: err.Error()}
 }
 
 // supervise waits for the task to end: its leader's exit, the time limit,
@@ -372,7 +372,7 @@ func startFailure(err error) *client.Status {
 // returns once nothing of the task is left (or killFor after the kill
 // began), with the leader's end, why the task was ended if it was, and how
 // many processes the leader left running when it exited by itself.
-func supervise(pid int, spec *client.Spec, cancel <-chan os.Signal) *ending {
+func supervise(pid int, spec *wire.Spec, cancel <-chan os.Signal) *ending {
 	r := startReaper(pid)
 	limit, stopLimit := timeLimit(spec.TimeSec)
 	defer stopLimit()
@@ -480,8 +480,8 @@ func (g *group) signal(sig unix.Signal) {
 }
 
 // endStatus turns the task's end into the status reported.
-func endStatus(e *ending) *client.Status {
-	st := &client.Status{Reason: e.reason}
+func endStatus(e *ending) *wire.Status {
+	st := &wire.Status{Reason: e.reason}
 	switch {
 	case !e.exited:
 		if st.Reason != "" {
@@ -506,7 +506,7 @@ func signalName(sig syscall.Signal) string {
 }
 
 // describe says how the task ended, for the log's last line.
-func describe(st *client.Status) string {
+func describe(st *wire.Status) string {
 	how := "status unknown"
 	switch {
 	case st.Exit != nil:

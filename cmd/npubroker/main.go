@@ -16,12 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker"
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/cmd/npubroker/cli"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 var version = "dev"
@@ -104,7 +104,7 @@ func checkConfig(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprint(os.Stderr, usage, "\n", checkConfigHelp)
 	}
-	socket := fs.String("socket", "", "the socket of the broker whose reload to check the file against, where one runs (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
+	socket := fs.String("socket", "", "the socket of the broker whose reload to check the file against, where one runs (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return exitcode.OK
@@ -170,17 +170,17 @@ func reloadWarning(path, socket string) (policy.Error, bool) {
 	if err != nil {
 		return policy.Error{}, false
 	}
-	c, err := client.Dial(client.SocketPath(socket))
+	c, err := wire.Dial(wire.SocketPath(socket))
 	if err != nil {
 		return policy.Error{}, false
 	}
 	defer c.Close()
 	_, err = c.CheckReload(abs)
-	var cerr *client.Error
+	var cerr *wire.Error
 	switch {
 	case err == nil:
 		return policy.Error{}, false
-	case errors.As(err, &cerr) && cerr.Code == client.CodeConfigRefused:
+	case errors.As(err, &cerr) && cerr.Code == wire.CodeConfigRefused:
 		msg, _ := strings.CutPrefix(cerr.Message, broker.ErrReloadRefused.Error()+": ")
 		return policy.Error{File: path, Msg: "warning: npubroker reload of the broker running here refuses it: " + msg}, true
 	}

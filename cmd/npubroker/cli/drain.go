@@ -8,9 +8,9 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/printable"
+	"github.com/npurun/npurun/wire"
 )
 
 // DrainUsage and UndrainUsage are the drain commands' lines of
@@ -55,7 +55,7 @@ func drainCmd(op string, args []string, env Env) int {
 		reason = fs.String("reason", "", "why, shown in status and to the requests that wait for it")
 	}
 	asJSON := fs.Bool("json", false, "print the broker's answer as JSON")
-	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
+	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return exitcode.OK
@@ -67,7 +67,7 @@ func drainCmd(op string, args []string, env Env) int {
 		fmt.Fprintf(env.Stderr, "npubroker: %s takes one device, such as npu3, got %d arguments\n", op, fs.NArg())
 		return exitcode.Usage
 	}
-	ask := func(c *client.Conn) (*client.DrainInfo, error) {
+	ask := func(c *wire.Conn) (*wire.DrainInfo, error) {
 		defer c.Close()
 		if op == "drain" {
 			return c.Drain(fs.Arg(0), *reason)
@@ -79,9 +79,9 @@ func drainCmd(op string, args []string, env Env) int {
 		return code
 	}
 	info, err := ask(c)
-	if client.Gone(err) {
+	if wire.Gone(err) {
 		info, err = askAgain(env, socketPath(*socket, env), op, ask, err)
-		if errors.Is(err, client.ErrNoBroker) {
+		if errors.Is(err, wire.ErrNoBroker) {
 			fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
 			return exitcode.Unavailable
 		}
@@ -97,7 +97,7 @@ func drainCmd(op string, args []string, env Env) int {
 }
 
 // writeDrain says what drain or undrain did, for people.
-func writeDrain(w io.Writer, op string, d *client.DrainInfo) {
+func writeDrain(w io.Writer, op string, d *wire.DrainInfo) {
 	switch {
 	case op == "undrain" && !d.Was:
 		fmt.Fprintf(w, "%s was not drained\n", d.Device)
@@ -125,19 +125,19 @@ var drainAgainFor = 30 * time.Second
 // (done twice, either changes nothing the second time, so the answer is
 // as good). It waits for the next broker up to drainAgainFor, and returns
 // its answer, or the last error met.
-func askAgain(env Env, path, op string, ask func(*client.Conn) (*client.DrainInfo, error), gone error) (*client.DrainInfo, error) {
+func askAgain(env Env, path, op string, ask func(*wire.Conn) (*wire.DrainInfo, error), gone error) (*wire.DrainInfo, error) {
 	fmt.Fprintf(env.Stderr, "npubroker: the broker went away before answering (%v); asking the broker that comes next\n", gone)
 	err := gone
 	deadline := time.Now().Add(drainAgainFor)
 	for wait := 50 * time.Millisecond; time.Now().Add(wait).Before(deadline); wait = min(2*wait, time.Second) {
 		time.Sleep(wait) // a broker starting again: nothing to wait on but the socket
-		c, derr := client.Dial(path)
+		c, derr := wire.Dial(path)
 		if derr != nil {
 			err = derr
 			continue
 		}
-		var info *client.DrainInfo
-		if info, err = ask(c); !client.Gone(err) {
+		var info *wire.DrainInfo
+		if info, err = ask(c); !wire.Gone(err) {
 			return info, err
 		}
 	}

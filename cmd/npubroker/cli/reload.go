@@ -7,9 +7,9 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/wire"
 )
 
 // ReloadUsage is reload's line of npubroker's usage.
@@ -43,7 +43,7 @@ func Reload(args []string, env Env) int {
 		fs.PrintDefaults()
 	}
 	asJSON := fs.Bool("json", false, "print the broker's answer as JSON")
-	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
+	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return exitcode.OK

@@ -18,11 +18,11 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
-	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
+	_ "github.com/npurun/npurun/wire/jsoncodec" // messages beyond the lease exchange
 )
 
 // StatusUsage is the status command's line of npubroker's usage.
@@ -73,7 +73,7 @@ func Status(args []string, env Env) int {
 	}
 	asJSON := fs.Bool("json", false, "print the broker's answer as JSON (one object per line with --watch)")
 	watch := fs.BoolP("watch", "w", false, "print again whenever something changes, until interrupted")
-	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
+	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
 	if code, done := parse(fs, args, env); done {
 		return code
 	}
@@ -134,7 +134,7 @@ func Usage(args []string, env Env) int {
 	sinceText := fs.String("since", DefaultUsageSince, "how far back to count: a duration such as 7d, 24h or 90m")
 	user := fs.String("user", "", "only this user's leases")
 	asJSON := fs.Bool("json", false, "print the sums as JSON")
-	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
+	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
 	if code, done := parse(fs, args, env); done {
 		return code
 	}
@@ -149,7 +149,7 @@ func Usage(args []string, env Env) int {
 		return code
 	}
 	defer c.Close()
-	rep, err := c.Usage(client.UsageQuery{SinceMS: time.Now().Add(-since).UnixMilli(), User: *user})
+	rep, err := c.Usage(wire.UsageQuery{SinceMS: time.Now().Add(-since).UnixMilli(), User: *user})
 	if err != nil {
 		return fail(env, err)
 	}
@@ -193,14 +193,14 @@ func socketPath(flag string, env Env) string {
 		path = env.Getenv("NPURUN_SOCKET")
 	}
 	if path == "" {
-		path = client.DefaultSocket
+		path = wire.DefaultSocket
 	}
 	return path
 }
 
-func dial(flag string, env Env) (*client.Conn, int) {
+func dial(flag string, env Env) (*wire.Conn, int) {
 	path := socketPath(flag, env)
-	c, err := client.Dial(path)
+	c, err := wire.Dial(path)
 	if err != nil {
 		return nil, fail(env, err)
 	}
@@ -208,19 +208,19 @@ func dial(flag string, env Env) (*client.Conn, int) {
 }
 
 // fail says what went wrong with a request and returns the exit status
-// for it (client.ExitStatus: npurun's and task-submit's too).
+// for it (wire.ExitStatus: npurun's and task-submit's too).
 func fail(env Env, err error) int {
-	var e *client.Error
+	var e *wire.Error
 	switch {
-	case errors.Is(err, client.ErrClosed):
+	case errors.Is(err, wire.ErrClosed):
 		// A watch ends so when the broker stops: say it in words.
 		fmt.Fprintln(env.Stderr, "npubroker: the broker closed the connection: it stopped or is restarting")
-	case client.Gone(err):
+	case wire.Gone(err):
 		fmt.Fprintf(env.Stderr, "npubroker: the broker went away before it answered (%v)\n", err)
-		fmt.Fprintf(env.Stderr, "npubroker: hint: %s\n", client.Hint(err))
+		fmt.Fprintf(env.Stderr, "npubroker: hint: %s\n", wire.Hint(err))
 	default:
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-		h := client.Hint(err)
+		h := wire.Hint(err)
 		if errors.As(err, &e) {
 			h = e.Hint
 		}
@@ -228,7 +228,7 @@ func fail(env Env, err error) int {
 			fmt.Fprintf(env.Stderr, "npubroker: hint: %s\n", h)
 		}
 	}
-	return client.ExitStatus(err)
+	return wire.ExitStatus(err)
 }
 
 func writeJSON(env Env, v any, indent bool) int {
@@ -298,4 +298,4 @@ func cut(s string, n int) string {
 }
 
 // vendorOf is the board's vendor, for device lists.
-func vendorOf(b *client.Board) npu.Vendor { return npu.Vendor(b.Vendor) }
+func vendorOf(b *wire.Board) npu.Vendor { return npu.Vendor(b.Vendor) }

@@ -6,7 +6,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 func TestParseSince(t *testing.T) {
@@ -39,31 +39,31 @@ func TestParseSince(t *testing.T) {
 	}
 }
 
-func board(now time.Time) *client.Board {
+func board(now time.Time) *wire.Board {
 	ms := func(d time.Duration) int64 { return now.Add(-d).UnixMilli() }
 	long := "python train.py --config " + strings.Repeat("very-long-", 20) + "end"
-	return &client.Board{
+	return &wire.Board{
 		Time: now.UnixMilli(), Vendor: "ascend",
-		Devices: []client.DeviceState{
-			{ID: 0, Name: "npu0", Pool: "interactive", State: client.DeviceLeased, Since: ms(2*time.Hour + 13*time.Minute),
-				Lease: &client.LeaseInfo{Kind: client.KindInline, User: "alice", Holders: []client.Holder{
+		Devices: []wire.DeviceState{
+			{ID: 0, Name: "npu0", Pool: "interactive", State: wire.DeviceLeased, Since: ms(2*time.Hour + 13*time.Minute),
+				Lease: &wire.LeaseInfo{Kind: wire.KindInline, User: "alice", Holders: []wire.Holder{
 					{PID: 4121, User: "alice", Command: long}, {PID: 4122, User: "alice", Command: "python worker"}}}},
-			{ID: 1, Name: "npu1", Pool: "interactive", State: client.DeviceFree},
-			{ID: 4, Name: "npu4", Pool: "interactive", State: client.DeviceLogin, Since: ms(12 * time.Minute),
-				Lease: &client.LeaseInfo{Kind: client.KindLogin, User: "student", Service: "sshd", TTY: "pts/3", RHost: "10.0.0.5"}},
-			{ID: 12, Name: "npu12", Pool: "queue", State: client.DeviceTask, Since: ms(40 * time.Minute),
-				Lease: &client.LeaseInfo{Kind: client.KindTask, Task: 118, User: "bob", Holders: []client.Holder{{PID: 5120, User: "bob"}}}},
-			{ID: 13, Name: "npu13", Pool: "queue", State: client.DeviceReserved, Since: ms(3 * time.Minute),
-				ReservedFor: &client.WaiterInfo{Kind: client.KindTask, Task: 121, User: "carol", N: 2}},
+			{ID: 1, Name: "npu1", Pool: "interactive", State: wire.DeviceFree},
+			{ID: 4, Name: "npu4", Pool: "interactive", State: wire.DeviceLogin, Since: ms(12 * time.Minute),
+				Lease: &wire.LeaseInfo{Kind: wire.KindLogin, User: "student", Service: "sshd", TTY: "pts/3", RHost: "10.0.0.5"}},
+			{ID: 12, Name: "npu12", Pool: "queue", State: wire.DeviceTask, Since: ms(40 * time.Minute),
+				Lease: &wire.LeaseInfo{Kind: wire.KindTask, Task: 118, User: "bob", Holders: []wire.Holder{{PID: 5120, User: "bob"}}}},
+			{ID: 13, Name: "npu13", Pool: "queue", State: wire.DeviceReserved, Since: ms(3 * time.Minute),
+				ReservedFor: &wire.WaiterInfo{Kind: wire.KindTask, Task: 121, User: "carol", N: 2}},
 		},
-		Waiting: []client.Line{
-			{Pool: "interactive", Count: 0, Waiters: []client.WaiterInfo{}},
-			{Pool: "queue", Count: 2, Waiters: []client.WaiterInfo{
-				{Position: 1, Kind: client.KindTask, Task: 121, User: "carol", N: 2, Since: ms(4 * time.Minute), Start: ms(-30 * time.Minute)},
-				{Position: 2, Kind: client.KindInline, User: "dave", N: 1, Devices: []int{13}, Since: ms(time.Minute)},
+		Waiting: []wire.Line{
+			{Pool: "interactive", Count: 0, Waiters: []wire.WaiterInfo{}},
+			{Pool: "queue", Count: 2, Waiters: []wire.WaiterInfo{
+				{Position: 1, Kind: wire.KindTask, Task: 121, User: "carol", N: 2, Since: ms(4 * time.Minute), Start: ms(-30 * time.Minute)},
+				{Position: 2, Kind: wire.KindInline, User: "dave", N: 1, Devices: []int{13}, Since: ms(time.Minute)},
 			}},
 		},
-		Unleased: []client.Unleased{{Device: 7, Name: "npu7", Node: "/dev/davinci7", PID: 777, User: "erin", Command: "python hack.py", Since: ms(3 * time.Minute), Action: "term"}},
+		Unleased: []wire.Unleased{{Device: 7, Name: "npu7", Node: "/dev/davinci7", PID: 777, User: "erin", Command: "python hack.py", Since: ms(3 * time.Minute), Action: "term"}},
 	}
 }
 
@@ -79,7 +79,7 @@ func TestTable(t *testing.T) {
 		"npu12   queue        task 118  bob      5120  -",
 		"npu13   queue        reserved  -        -     for task 121 (needs 2)",
 		`WAITING  pool "interactive": 0    pool "queue": 2` + "\n",
-		"  1  task 121  carol  2 devices  4m  " + client.StartBy(now.Add(30*time.Minute).UnixMilli(), now) + "\n",
+		"  1  task 121  carol  2 devices  4m  " + wire.StartBy(now.Add(30*time.Minute).UnixMilli(), now) + "\n",
 		"  2  npurun    dave   npu 13     1m  start unknown\n",
 		"UNLEASED USE\n  npu7  erin  777  python hack.py  /dev/davinci7 open without a lease for 3m; sent SIGTERM\n",
 	} {
@@ -107,7 +107,7 @@ func TestTableUnleasedKinds(t *testing.T) {
 	now := time.Now()
 	b := board(now)
 	ms := func(d time.Duration) int64 { return now.Add(-d).UnixMilli() }
-	b.Unleased = []client.Unleased{
+	b.Unleased = []wire.Unleased{
 		{Device: 8, Name: "npu8", Node: "/dev/davinci8", Mapped: true, PID: 778, User: "erin", Command: "python hide.py", Since: ms(2 * time.Minute)},
 		{Device: -1, Node: "/dev/davinci_manager", Control: true, PID: 779, User: "fred", Command: "python probe.py", Since: ms(time.Minute)},
 	}
@@ -153,7 +153,7 @@ func TestTableControls(t *testing.T) {
 }
 
 func TestUsageTable(t *testing.T) {
-	got := UsageTable(&client.UsageReport{Since: time.Date(2026, 1, 2, 3, 4, 0, 0, time.Local).UnixMilli(), Rows: []client.UsageRow{
+	got := UsageTable(&wire.UsageReport{Since: time.Date(2026, 1, 2, 3, 4, 0, 0, time.Local).UnixMilli(), Rows: []wire.UsageRow{
 		{User: "alice", Kind: "inline", Pool: "interactive", Leases: 12, DeviceHours: 3.4249},
 		{User: "bob", Kind: "task", Pool: "queue", Leases: 3, DeviceHours: 40.1},
 	}})
@@ -198,13 +198,13 @@ func TestTableContainers(t *testing.T) {
 	now := time.Now()
 	b := board(now)
 	id := "3f2a9c1d0b7e" + strings.Repeat("0", 52)
-	ctr := &client.ContainerRef{Engine: "docker", ID: id, Name: "train"}
-	b.Devices[0].State = client.DeviceContainer
-	b.Devices[0].Lease = &client.LeaseInfo{Kind: client.KindContainer, User: "alice", Container: ctr, Holders: []client.Holder{
+	ctr := &wire.ContainerRef{Engine: "docker", ID: id, Name: "train"}
+	b.Devices[0].State = wire.DeviceContainer
+	b.Devices[0].Lease = &wire.LeaseInfo{Kind: wire.KindContainer, User: "alice", Container: ctr, Holders: []wire.Holder{
 		{PID: 4121, User: "root", Command: "python train.py", Container: ctr}}}
 	b.Devices[3].Lease.Holders[0].Command = "sleep 60"
-	b.Devices[3].Lease.Holders[0].Container = &client.ContainerRef{Engine: "docker", ID: strings.Repeat("ab", 32)}
-	b.Unleased[0].Container = &client.ContainerRef{Engine: "docker", ID: strings.Repeat("cd", 32), Name: "sneak\x1b[2J"}
+	b.Devices[3].Lease.Holders[0].Container = &wire.ContainerRef{Engine: "docker", ID: strings.Repeat("ab", 32)}
+	b.Unleased[0].Container = &wire.ContainerRef{Engine: "docker", ID: strings.Repeat("cd", 32), Name: "sneak\x1b[2J"}
 	got := Table(b, 0, now)
 	for _, want := range []string{
 		"npu0    interactive  container  alice    4121  container train (3f2a9c1d0b7e): python train.py",
@@ -225,8 +225,8 @@ func TestTableContainers(t *testing.T) {
 func TestTableSlurmJobUser(t *testing.T) {
 	now := time.Now()
 	b := board(now)
-	b.Devices[0].State = client.DeviceSlurm
-	b.Devices[0].Lease = &client.LeaseInfo{Kind: client.KindSlurm, SlurmJob: 42, User: "alice", UID: 1001, Holders: []client.Holder{
+	b.Devices[0].State = wire.DeviceSlurm
+	b.Devices[0].Lease = &wire.LeaseInfo{Kind: wire.KindSlurm, SlurmJob: 42, User: "alice", UID: 1001, Holders: []wire.Holder{
 		{PID: 300, UID: 0, User: "root", Command: "slurmstepd: [42.extern]"},
 		{PID: 301, UID: 0, User: "root", Command: "slurmstepd: [42.0]"}}}
 	b.Devices[3].Lease.UID = 1002

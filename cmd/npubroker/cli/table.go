@@ -7,9 +7,9 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/printable"
 	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/wire"
 )
 
 // Table writes the board for people, fitting the command column to width
@@ -43,7 +43,7 @@ import (
 //
 //	MEMORY UNKNOWN
 //	  npu3  no new share until the broker knows it: run npu-smi info: exit status 1
-func Table(b *client.Board, width int, now time.Time) string {
+func Table(b *wire.Board, width int, now time.Time) string {
 	shared := false
 	for _, d := range b.Devices {
 		shared = shared || d.Capacity > 0 || d.CapacityUnknown != ""
@@ -80,7 +80,7 @@ func Table(b *client.Board, width int, now time.Time) string {
 			}
 			row = append(row, strconv.Itoa(w.Position), what(w), w.User, wanted(b, w), quantity.Approx(now.Sub(time.UnixMilli(w.Since))))
 			if ln.Pool != "cpu" || w.Start != 0 {
-				row = append(row, client.StartBy(w.Start, now))
+				row = append(row, wire.StartBy(w.Start, now))
 			}
 			if w.Why != "" {
 				row = append(row, "waits: "+w.Why)
@@ -156,7 +156,7 @@ func Table(b *client.Board, width int, now time.Time) string {
 }
 
 // deviceRow is one device's line of the table.
-func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
+func deviceRow(b *wire.Board, d wire.DeviceState, now time.Time) []string {
 	row := []string{d.Name, orDash(d.Pool), d.State}
 	since := ""
 	if d.Since > 0 {
@@ -166,9 +166,9 @@ func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
 	case l != nil:
 		first := 0
 		switch l.Kind {
-		case client.KindTask:
+		case wire.KindTask:
 			row[2] = "task " + strconv.FormatUint(l.Task, 10)
-		case client.KindSlurm:
+		case wire.KindSlurm:
 			row[2] = "job " + strconv.FormatUint(uint64(l.SlurmJob), 10)
 			// The job's own processes before its step daemons (root's).
 			for i, h := range l.Holders {
@@ -184,7 +184,7 @@ func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
 		// holder of another account (not root's: a descriptor passed on)
 		// is named after its command.
 		pid, cmd := "?", "(no holder found yet)"
-		if l.Kind == client.KindLogin {
+		if l.Kind == wire.KindLogin {
 			pid, cmd = "-", origin(l)
 		}
 		if len(l.Holders) > 0 {
@@ -216,7 +216,7 @@ func deviceRow(b *client.Board, d client.DeviceState, now time.Time) []string {
 // it: for a lease of kind container, the container's name (and id) before
 // its first holder's command; for another kind's (a task's), whose
 // holders are in a container, the container's name after.
-func inContainer(l *client.LeaseInfo, cmd string) string {
+func inContainer(l *wire.LeaseInfo, cmd string) string {
 	c := l.Container
 	if c == nil {
 		for _, h := range l.Holders {
@@ -229,7 +229,7 @@ func inContainer(l *client.LeaseInfo, cmd string) string {
 	switch {
 	case c == nil:
 		return cmd
-	case l.Kind == client.KindContainer:
+	case l.Kind == wire.KindContainer:
 		return "container " + containerName(c) + ": " + cmd
 	}
 	return cmd + " (container " + c.Short() + ")"
@@ -237,15 +237,15 @@ func inContainer(l *client.LeaseInfo, cmd string) string {
 
 // containerName is c as the table names it: "train (3f2a9c1d0b7e)", or
 // its short id where its name is not known.
-func containerName(c *client.ContainerRef) string {
-	id := (&client.ContainerRef{ID: c.ID}).Short()
+func containerName(c *wire.ContainerRef) string {
+	id := (&wire.ContainerRef{ID: c.ID}).Short()
 	if c.Name == "" {
 		return printable.String(id)
 	}
 	return printable.String(c.Name) + " (" + id + ")"
 }
 
-func origin(l *client.LeaseInfo) string {
+func origin(l *wire.LeaseInfo) string {
 	s := l.Service
 	if l.TTY != "" {
 		s += " " + l.TTY
@@ -263,31 +263,31 @@ func origin(l *client.LeaseInfo) string {
 	return s
 }
 
-func forWhom(w *client.WaiterInfo) string {
+func forWhom(w *wire.WaiterInfo) string {
 	switch w.Kind {
-	case client.KindTask:
+	case wire.KindTask:
 		return "task " + strconv.FormatUint(w.Task, 10)
-	case client.KindLogin:
+	case wire.KindLogin:
 		return "the login of " + w.User
 	}
 	return "npurun of " + w.User
 }
 
-func what(w client.WaiterInfo) string {
+func what(w wire.WaiterInfo) string {
 	switch w.Kind {
-	case client.KindTask:
+	case wire.KindTask:
 		return "task " + strconv.FormatUint(w.Task, 10)
-	case client.KindLogin:
+	case wire.KindLogin:
 		return "login"
 	}
 	return "npurun"
 }
 
-func wanted(b *client.Board, w client.WaiterInfo) string {
+func wanted(b *wire.Board, w wire.WaiterInfo) string {
 	if len(w.Devices) > 0 {
-		return client.Wanted(len(w.Devices), w.Mem, vendorOf(b).Format(w.Devices))
+		return wire.Wanted(len(w.Devices), w.Mem, vendorOf(b).Format(w.Devices))
 	}
-	return client.Wanted(w.N, w.Mem, "")
+	return wire.Wanted(w.N, w.Mem, "")
 }
 
 func orDash(s string) string {
@@ -354,7 +354,7 @@ func trimLine(out *strings.Builder) {
 //	USER   KIND    POOL         LEASES  DEVICE-HOURS
 //	alice  inline  interactive  12      3.42
 //	TOTAL                       12      3.42
-func UsageTable(rep *client.UsageReport) string {
+func UsageTable(rep *wire.UsageReport) string {
 	rows := [][]string{{"USER", "KIND", "POOL", "LEASES", "DEVICE-HOURS"}}
 	leases, hours := 0, 0.0
 	for _, r := range rep.Rows {
@@ -372,7 +372,7 @@ func UsageTable(rep *client.UsageReport) string {
 // shareRows are the rows of device d on a board with shared devices: its
 // own row with a MEM column (what its shares declared of what they may),
 // or, where it holds shares, one row for each, the first on the device's.
-func shareRows(b *client.Board, d client.DeviceState, now time.Time) [][]string {
+func shareRows(b *wire.Board, d wire.DeviceState, now time.Time) [][]string {
 	if len(d.Shares) == 0 {
 		row := deviceRow(b, d, now)
 		mem := ""

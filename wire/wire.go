@@ -1,5 +1,10 @@
-// Package client speaks the broker's wire protocol: the message types, their framing and the descriptors they carry.
-package client
+// Package wire is the broker's protocol: the message types, their framing and
+// the descriptors they carry, and the Go client that speaks it (Conn). Every
+// program that talks to npubroker imports it, npubroker too; it imports only
+// the standard library, x/sys/unix and small internal/ helpers (npurun's
+// start path is hot: no encoding/json, no net; see jsoncodec) and must never
+// import the daemon (broker/...). The diagram below is every exchange.
+package wire
 
 // The whole exchange between a client (npurun, later task-submit and the PAM
 // module) and npubroker. One Unix socket of type SOCK_SEQPACKET; every
@@ -285,7 +290,7 @@ func UseCodec(c Codec) { full = c }
 
 // ErrNoCodec means a message beyond the lease exchange came or was to go,
 // and no Codec is registered (a program that needs one imports
-// broker/client/jsoncodec).
+// wire/jsoncodec).
 var ErrNoCodec = errors.New("a message beyond the lease exchange, and no codec for it")
 
 // Encode marshals a message with the registered Codec and checks it

@@ -1,4 +1,4 @@
-package client
+package wire
 
 // A Slurm node: Slurm's jobs hold leases too, on the same socket and
 // framing. Every one of these requests comes from root (SO_PEERCRED uid

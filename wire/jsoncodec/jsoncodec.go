@@ -1,18 +1,18 @@
-// Package jsoncodec lets the broker's client speak every message with encoding/json, not only the lease exchange.
+// Package jsoncodec lets the wire's client speak every message with encoding/json, not only the lease exchange.
 package jsoncodec
 
-// A program imports this package for its effect: client.Encode and
-// client.Conn.Recv use encoding/json for the messages that the lease
+// A program imports this package for its effect: wire.Encode and
+// wire.Conn.Recv use encoding/json for the messages that the lease
 // exchange's own codec does not cover (tasks, status, usage). npurun does
 // not import it, and so does not link encoding/json at all.
 
 import (
 	"encoding/json"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
-func init() { client.UseCodec(codec{}) }
+func init() { wire.UseCodec(codec{}) }
 
 type codec struct{}
 

@@ -1,4 +1,4 @@
-package client
+package wire
 
 // Reloading the configuration: an administrator changes npurun.conf and
 // the broker takes it up without a restart (npubroker reload, systemctl

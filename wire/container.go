@@ -1,4 +1,4 @@
-package client
+package wire
 
 // Containers: a lease handed into a container (package container,
 // npurun-runtime) is held by the container's processes, which are the

@@ -1,4 +1,4 @@
-package client
+package wire
 
 // Draining a device: an administrator takes a device out of the line's
 // service (a fault, maintenance) without stopping the broker.
