@@ -18,9 +18,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestGrantAllowsOnce: a restricted account's grant of two devices adds
@@ -108,17 +108,17 @@ func TestGrantAllowsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c, err := client.Dial(sock)
+	c, err := wire.Dial(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := c.Send(&client.Request{Op: client.OpAcquire, N: 2, User: "nobody", NoWait: true}); err != nil {
+	if err := c.Send(&wire.Request{Op: wire.OpAcquire, N: 2, User: "nobody", NoWait: true}); err != nil {
 		t.Fatal(err)
 	}
-	var r *client.Reply
+	var r *wire.Reply
 	r, fds, err = c.Recv(10 * time.Second)
-	if err != nil || r.Type != client.TypeGrant || len(r.Devices) != 2 {
+	if err != nil || r.Type != wire.TypeGrant || len(r.Devices) != 2 {
 		t.Fatalf("acquire 2 on behalf of nobody: %+v, %v; want a grant of 2", r, err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -243,14 +243,14 @@ func TestRevokeFailsClosed(t *testing.T) {
 		}
 	}
 
-	lessee, err := client.Dial(sock)
+	lessee, err := wire.Dial(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lessee.Close()
-	lessee.Send(&client.Request{Op: client.OpAcquire, N: 1, User: "nobody", NoWait: true})
+	lessee.Send(&wire.Request{Op: wire.OpAcquire, N: 1, User: "nobody", NoWait: true})
 	r, fds, err := lessee.Recv(10 * time.Second)
-	if err != nil || r.Type != client.TypeGrant {
+	if err != nil || r.Type != wire.TypeGrant {
 		t.Fatalf("acquire on behalf of nobody: %+v, %v; want a grant", r, err)
 	}
 	if !named() {
@@ -262,31 +262,31 @@ func TestRevokeFailsClosed(t *testing.T) {
 	}
 	awaitTry("when the lease ended")
 
-	waiter, err := client.Dial(sock)
+	waiter, err := wire.Dial(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer waiter.Close()
-	waiter.Send(&client.Request{Op: client.OpAcquire, N: 1})
+	waiter.Send(&wire.Request{Op: wire.OpAcquire, N: 1})
 	r, _, err = waiter.Recv(10 * time.Second)
-	if err != nil || r.Type != client.TypeQueued {
+	if err != nil || r.Type != wire.TypeQueued {
 		t.Fatalf("acquire while the revoke fails: %+v, %v; want it queued", r, err)
 	}
 	awaitTry("again")
 	awaitTry("yet again") // the waiter was in line for a whole retry
 	states := s.status.States()
-	if states[0] != client.DeviceOut {
-		t.Errorf("npu 0 while its node's entries cannot be removed: %s, want %s", states[0], client.DeviceOut)
+	if states[0] != wire.DeviceOut {
+		t.Errorf("npu 0 while its node's entries cannot be removed: %s, want %s", states[0], wire.DeviceOut)
 	}
 	for {
 		r, fds, err := waiter.Recv(100 * time.Millisecond) // what came meanwhile
-		if errors.Is(err, client.ErrTimeout) {
+		if errors.Is(err, wire.ErrTimeout) {
 			break
 		}
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		if err != nil || r.Type != client.TypeQueued {
+		if err != nil || r.Type != wire.TypeQueued {
 			t.Fatalf("while nobody's entry is still on davinci0 the waiter got %+v, %v", r, err)
 		}
 	}
@@ -303,7 +303,7 @@ func TestRevokeFailsClosed(t *testing.T) {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
-		if r.Type == client.TypeGrant {
+		if r.Type == wire.TypeGrant {
 			break
 		}
 	}

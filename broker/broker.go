@@ -16,8 +16,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
-	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/leaseend"
 	"github.com/npurun/npurun/broker/procscan"
@@ -26,6 +24,8 @@ import (
 	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
+	_ "github.com/npurun/npurun/wire/jsoncodec" // messages beyond the lease exchange
 )
 
 // Defaults of a production install.
@@ -374,16 +374,16 @@ const staleWait = time.Second
 // not tell: a process the dead broker was starting can hold its listening
 // socket for a moment after it died, accepting nothing.
 func answers(path string) bool {
-	c, err := client.Dial(path)
+	c, err := wire.Dial(path)
 	if err != nil {
 		return false
 	}
 	defer c.Close()
-	if c.Send(&client.Request{Op: client.OpPing}) != nil {
+	if c.Send(&wire.Request{Op: wire.OpPing}) != nil {
 		return false
 	}
 	r, _, err := c.Recv(staleWait)
-	return err == nil && r.Type == client.TypePong
+	return err == nil && r.Type == wire.TypePong
 }
 
 // Serve accepts connections until ctx is done.

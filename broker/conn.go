@@ -11,9 +11,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/wire"
 )
 
 // conn is one client connection. Its goroutine reads requests; the
@@ -45,7 +45,7 @@ type conn struct {
 type rbuf struct{ b, oob []byte }
 
 var rbufs = sync.Pool{New: func() any {
-	return &rbuf{b: make([]byte, client.MaxMessage+1), oob: make([]byte, unix.CmsgSpace(client.MaxDevices*4))}
+	return &rbuf{b: make([]byte, wire.MaxMessage+1), oob: make([]byte, unix.CmsgSpace(wire.MaxDevices*4))}
 }}
 
 // spareConns is how many connections a user may hold beyond their cap on
@@ -64,7 +64,7 @@ func (s *Server) handle(nc *net.UnixConn) {
 	if c == nil {
 		return
 	}
-	var first *client.Request
+	var first *wire.Request
 	// The account is taken from the cache here, once: a lookup later, in
 	// serveOne, could find it expired and ask the user database on the
 	// accepting goroutine.
@@ -76,7 +76,7 @@ func (s *Server) handle(nc *net.UnixConn) {
 			c.finish()
 			return
 		}
-		if (req.Op == client.OpAcquire || req.Op == client.OpPing) && req.User == "" {
+		if (req.Op == wire.OpAcquire || req.Op == wire.OpPing) && req.User == "" {
 			if !c.serveOne(req) {
 				c.finish()
 				return
@@ -130,7 +130,7 @@ func (s *Server) open(nc *net.UnixConn) *conn {
 	s.mu.Lock()
 	switch {
 	case s.conns >= maxConns:
-		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("the broker serves at most %d connections at once", maxConns), "try again later"))
+		c.sendLocked(errReply(wire.CodeTooMany, fmt.Sprintf("the broker serves at most %d connections at once", maxConns), "try again later"))
 		s.mu.Unlock()
 		if fromLimit {
 			s.rlog.Printf("connections: %d served, as many as RLIMIT_NOFILE (%d) allows above the %d descriptors kept for the devices, tasks and the broker; refusing more (raise the limit: LimitNOFILE= in the service)", maxConns, s.nofile.get(), s.fdKeep)
@@ -138,7 +138,7 @@ func (s *Server) open(nc *net.UnixConn) *conn {
 		nc.Close()
 		return nil
 	case s.userConns[c.uid] >= s.policy().MaxWaitingPerUser+spareConns && c.uid != 0:
-		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("uid %d already has %d connections to the broker", c.uid, s.userConns[c.uid]), ""))
+		c.sendLocked(errReply(wire.CodeTooMany, fmt.Sprintf("uid %d already has %d connections to the broker", c.uid, s.userConns[c.uid]), ""))
 		s.mu.Unlock()
 		nc.Close()
 		return nil
@@ -198,15 +198,15 @@ func (c *conn) refuse(err error) {
 	var bad *badRequest
 	if errors.As(err, &bad) {
 		c.s.mu.Lock()
-		c.sendLocked(errReply(client.CodeBadRequest, bad.msg, ""))
+		c.sendLocked(errReply(wire.CodeBadRequest, bad.msg, ""))
 		c.s.mu.Unlock()
 	}
 }
 
 // serveOne serves a request read; false closes the connection.
-func (c *conn) serveOne(req *client.Request) bool {
+func (c *conn) serveOne(req *wire.Request) bool {
 	switch {
-	case req.Op == client.OpSubmit && (c.acct == nil || !c.acct.hasShell):
+	case req.Op == wire.OpSubmit && (c.acct == nil || !c.acct.hasShell):
 		c.acct = c.s.users.lookup(c.uid) // a --run task's shell
 	case c.acct == nil:
 		c.acct = c.s.users.lookupLease(c.uid)
@@ -219,20 +219,20 @@ type badRequest struct{ msg string }
 func (b *badRequest) Error() string { return b.msg }
 
 // read waits for the next request without holding a buffer while waiting.
-func (c *conn) read() (*client.Request, error) {
-	var req *client.Request
+func (c *conn) read() (*wire.Request, error) {
+	var req *wire.Request
 	var rerr error
 	if e := c.rc.Read(func(fd uintptr) bool {
 		buf := rbufs.Get().(*rbuf)
 		defer rbufs.Put(buf)
-		data, fds, err := client.RecvMsg(int(fd), buf.b, buf.oob, unix.MSG_DONTWAIT)
+		data, fds, err := wire.RecvMsg(int(fd), buf.b, buf.oob, unix.MSG_DONTWAIT)
 		if err == unix.EAGAIN {
 			return false
 		}
 		defer closeAll(fds) // kept by none: op container's are known by their files (passedFiles)
 		switch {
-		case errors.Is(err, client.ErrTooLarge) || (err == nil && len(data) > client.MaxMessage):
-			rerr = &badRequest{fmt.Sprintf("message larger than %d bytes", client.MaxMessage)}
+		case errors.Is(err, wire.ErrTooLarge) || (err == nil && len(data) > wire.MaxMessage):
+			rerr = &badRequest{fmt.Sprintf("message larger than %d bytes", wire.MaxMessage)}
 		case err != nil:
 			rerr = err
 		default:
@@ -248,44 +248,44 @@ func (c *conn) read() (*client.Request, error) {
 	return req, rerr
 }
 
-func decode(data []byte) (*client.Request, error) {
-	req, ok := client.DecodeRequest(data) // the lease exchange, without encoding/json
+func decode(data []byte) (*wire.Request, error) {
+	req, ok := wire.DecodeRequest(data) // the lease exchange, without encoding/json
 	if !ok {
-		req = new(client.Request)
+		req = new(wire.Request)
 		if err := json.Unmarshal(data, req); err != nil {
 			return nil, &badRequest{fmt.Sprintf("malformed message: %v", err)}
 		}
 	}
-	if req.V != client.Version {
-		return nil, &badRequest{fmt.Sprintf("protocol version %d not supported (this broker speaks %d)", req.V, client.Version)}
+	if req.V != wire.Version {
+		return nil, &badRequest{fmt.Sprintf("protocol version %d not supported (this broker speaks %d)", req.V, wire.Version)}
 	}
 	return req, nil
 }
 
-func errReply(code, msg, hint string) *client.Reply {
-	return &client.Reply{Type: client.TypeError, Code: code, Message: msg, Hint: hint}
+func errReply(code, msg, hint string) *wire.Reply {
+	return &wire.Reply{Type: wire.TypeError, Code: code, Message: msg, Hint: hint}
 }
 
 // sendLocked sends a reply without blocking. A client that does not read
 // its socket loses progress messages; a grant that cannot be sent fails.
-func (c *conn) sendLocked(r *client.Reply, fds ...int) error {
+func (c *conn) sendLocked(r *wire.Reply, fds ...int) error {
 	if c.closed {
-		return client.ErrClosed
+		return wire.ErrClosed
 	}
-	r.V = client.Version
-	b, ok := client.AppendReply(make([]byte, 0, 256), r) // the lease exchange, without encoding/json
+	r.V = wire.Version
+	b, ok := wire.AppendReply(make([]byte, 0, 256), r) // the lease exchange, without encoding/json
 	if !ok {
 		var err error
-		if b, err = client.Encode(r); err != nil {
+		if b, err = wire.Encode(r); err != nil {
 			return err
 		}
 	}
-	if len(b) > client.MaxMessage {
-		return client.ErrTooLarge
+	if len(b) > wire.MaxMessage {
+		return wire.ErrTooLarge
 	}
 	var serr error
 	if err := c.rc.Control(func(fd uintptr) {
-		serr = client.SendMsg(int(fd), b, fds, unix.MSG_DONTWAIT)
+		serr = wire.SendMsg(int(fd), b, fds, unix.MSG_DONTWAIT)
 	}); err != nil {
 		return err
 	}
@@ -299,14 +299,14 @@ const sendTimeout = 10 * time.Second
 // sendRaw sends an encoded reply from the connection's own goroutine
 // (never under Server.mu), waiting for room in the socket.
 func (c *conn) sendRaw(b []byte) error {
-	if len(b) > client.MaxMessage {
-		return client.ErrTooLarge
+	if len(b) > wire.MaxMessage {
+		return wire.ErrTooLarge
 	}
 	c.c.SetWriteDeadline(time.Now().Add(sendTimeout))
 	defer c.c.SetWriteDeadline(time.Time{})
 	var serr error
 	if err := c.rc.Write(func(fd uintptr) bool {
-		serr = client.SendMsg(int(fd), b, nil, unix.MSG_DONTWAIT)
+		serr = wire.SendMsg(int(fd), b, nil, unix.MSG_DONTWAIT)
 		return serr != unix.EAGAIN
 	}); err != nil {
 		return err
@@ -324,7 +324,7 @@ func (c *conn) sendRaw(b []byte) error {
 // listings are not served: the connection is held, reading nothing, for
 // sendTimeout, then dropped.
 const (
-	sendBuf          = client.MaxMessage + 16<<10
+	sendBuf          = wire.MaxMessage + 16<<10
 	maxUnreadPerUser = 4 << 20
 )
 
@@ -340,12 +340,12 @@ func (c *conn) readyForListing() error {
 	s := c.s
 	s.mu.Lock()
 	c.noteUnreadLocked()
-	over := c.uid != 0 && s.unread[c.uid]+client.MaxMessage > maxUnreadPerUser
+	over := c.uid != 0 && s.unread[c.uid]+wire.MaxMessage > maxUnreadPerUser
 	if over {
 		for o := range s.connsOf[c.uid] {
 			o.noteUnreadLocked() // some may have been read since
 		}
-		over = s.unread[c.uid]+client.MaxMessage > maxUnreadPerUser
+		over = s.unread[c.uid]+wire.MaxMessage > maxUnreadPerUser
 	}
 	n := s.unread[c.uid]
 	s.mu.Unlock()
@@ -359,7 +359,7 @@ func (c *conn) readyForListing() error {
 	c.rc.Read(func(uintptr) bool { return false })
 	c.c.SetReadDeadline(time.Time{})
 	s.mu.Lock()
-	c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("uid %d's connections leave %d KiB of replies unread, more than %d KiB: read them, or close them", c.uid, n>>10, maxUnreadPerUser>>10), ""))
+	c.sendLocked(errReply(wire.CodeTooMany, fmt.Sprintf("uid %d's connections leave %d KiB of replies unread, more than %d KiB: read them, or close them", c.uid, n>>10, maxUnreadPerUser>>10), ""))
 	s.mu.Unlock()
 	return errUnread
 }
@@ -403,34 +403,34 @@ func (c *conn) setUnreadLocked(n int) {
 }
 
 // serve handles one request; false closes the connection.
-func (c *conn) serve(req *client.Request) bool {
+func (c *conn) serve(req *wire.Request) bool {
 	s := c.s
 	switch req.Op {
-	case client.OpPing:
+	case wire.OpPing:
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return c.sendLocked(&client.Reply{Type: client.TypePong}) == nil
-	case client.OpAcquire:
+		return c.sendLocked(&wire.Reply{Type: wire.TypePong}) == nil
+	case wire.OpAcquire:
 		return s.acquire(c, req)
-	case client.OpSession:
+	case wire.OpSession:
 		return s.session(c, req)
-	case client.OpSubmit, client.OpList, client.OpShow, client.OpCancel, client.OpWait, client.OpTaskDone, client.OpNotStarted,
-		client.OpHold, client.OpRelease, client.OpRequeue, client.OpHistory:
+	case wire.OpSubmit, wire.OpList, wire.OpShow, wire.OpCancel, wire.OpWait, wire.OpTaskDone, wire.OpNotStarted,
+		wire.OpHold, wire.OpRelease, wire.OpRequeue, wire.OpHistory:
 		return s.taskOp(c, req)
-	case client.OpStatus, client.OpUsage:
+	case wire.OpStatus, wire.OpUsage:
 		return s.statusOp(c, req)
-	case client.OpSlurmProlog, client.OpSlurmEpilog, client.OpSlurmHold, client.OpSlurmTask:
+	case wire.OpSlurmProlog, wire.OpSlurmEpilog, wire.OpSlurmHold, wire.OpSlurmTask:
 		return s.slurmOp(c, req)
-	case client.OpContainer:
+	case wire.OpContainer:
 		return s.containerOp(c, req)
-	case client.OpDrain, client.OpUndrain:
+	case wire.OpDrain, wire.OpUndrain:
 		return s.drainOp(c, req)
-	case client.OpReload:
+	case wire.OpReload:
 		return s.reloadOp(c, req)
 	default:
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		c.sendLocked(errReply(client.CodeBadRequest, fmt.Sprintf("unknown operation %q", req.Op), ""))
+		c.sendLocked(errReply(wire.CodeBadRequest, fmt.Sprintf("unknown operation %q", req.Op), ""))
 		return false
 	}
 }

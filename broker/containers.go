@@ -4,7 +4,7 @@ package broker
 // names the container a lease is handed into (op container, with the
 // lease's descriptors as proof), and asks for leases on a container's
 // behalf (acquire with Request.Container: a lease of kind container). The
-// wire is broker/client/container.go; what status makes of it (the lease
+// wire is wire/container.go; what status makes of it (the lease
 // re-kinded, holders and unleased use named by their cgroup) is the
 // status room's (broker/status/containers.go). Neither op touches /proc or the disk before its answer: the
 // runtime asks on a container's create path.
@@ -14,9 +14,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/wire"
 )
 
 // closeAll closes descriptors received.
@@ -29,11 +29,11 @@ func closeAll(fds []int) {
 // passedFiles are the files of the descriptors that req came with: op
 // container's, the lease it names (the caller closes them all; the broker
 // keeps none). Any other request comes with none.
-func passedFiles(req *client.Request, fds []int) ([]procscan.FileID, error) {
+func passedFiles(req *wire.Request, fds []int) ([]procscan.FileID, error) {
 	if len(fds) == 0 {
 		return nil, nil
 	}
-	if req.Op != client.OpContainer {
+	if req.Op != wire.OpContainer {
 		return nil, &badRequest{"clients send no descriptors"}
 	}
 	files := make([]procscan.FileID, len(fds))
@@ -49,12 +49,12 @@ func passedFiles(req *client.Request, fds []int) ([]procscan.FileID, error) {
 
 // containerKind is the kind of a lease asked for with req: container where
 // it names one (checked: bad-request otherwise), else inline.
-func containerKind(req *client.Request) (lease.Kind, *client.Reply) {
+func containerKind(req *wire.Request) (lease.Kind, *wire.Reply) {
 	if req.Container == nil {
 		return lease.Inline, nil
 	}
 	if err := req.Container.Check(); err != nil {
-		return "", errReply(client.CodeBadRequest, err.Error(), "")
+		return "", errReply(wire.CodeBadRequest, err.Error(), "")
 	}
 	return lease.Container, nil
 }
@@ -63,43 +63,43 @@ func containerKind(req *client.Request) (lease.Kind, *client.Reply) {
 // the request is container req.Container's (a label: its user stays who
 // it was granted to); without descriptors, root tells of a container that
 // holds no lease, whose name status then knows.
-func (s *Server) containerOp(c *conn, req *client.Request) bool {
+func (s *Server) containerOp(c *conn, req *wire.Request) bool {
 	files := c.passed
 	c.passed = nil
-	reply := func(r *client.Reply) bool {
+	reply := func(r *wire.Reply) bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return c.sendLocked(r) == nil && r.Code != client.CodeBadRequest
+		return c.sendLocked(r) == nil && r.Code != wire.CodeBadRequest
 	}
 	ref := req.Container
 	if ref == nil {
-		return reply(errReply(client.CodeBadRequest, "op container names no container", ""))
+		return reply(errReply(wire.CodeBadRequest, "op container names no container", ""))
 	}
 	if err := ref.Check(); err != nil {
-		return reply(errReply(client.CodeBadRequest, err.Error(), ""))
+		return reply(errReply(wire.CodeBadRequest, err.Error(), ""))
 	}
 	if c.uid != 0 {
 		// What the runtime saw the container made in (its group, its
 		// first process) is root's runtime's word alone.
 		ref = ref.Label()
 		if req.User != "" {
-			return reply(errReply(client.CodeDenied, "only root names the user whose lease a container's must be", ""))
+			return reply(errReply(wire.CodeDenied, "only root names the user whose lease a container's must be", ""))
 		}
 	}
 	if len(req.Devices) != len(files) {
-		return reply(errReply(client.CodeBadRequest, fmt.Sprintf("%d devices named, %d descriptors sent", len(req.Devices), len(files)), ""))
+		return reply(errReply(wire.CodeBadRequest, fmt.Sprintf("%d devices named, %d descriptors sent", len(req.Devices), len(files)), ""))
 	}
 	if len(files) == 0 {
 		if c.uid != 0 {
-			return reply(errReply(client.CodeDenied, fmt.Sprintf("uid %d may name only its own leases' containers, with their descriptors", c.uid), ""))
+			return reply(errReply(wire.CodeDenied, fmt.Sprintf("uid %d may name only its own leases' containers, with their descriptors", c.uid), ""))
 		}
 		s.status.ContainerNamed(ref)
-		return reply(&client.Reply{Type: client.TypeOK})
+		return reply(&wire.Reply{Type: wire.TypeOK})
 	}
 	// Under the broker's lock, as grants are delivered: the ledger has
 	// heard of the lease's start (Started) by now.
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rep := s.status.Contain(c.uid, ref, req.Devices, files, req.User)
-	return c.sendLocked(rep) == nil && rep.Code != client.CodeBadRequest
+	return c.sendLocked(rep) == nil && rep.Code != wire.CodeBadRequest
 }

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/internal/testhook"
+	"github.com/npurun/npurun/wire"
 )
 
 // hookBeforeDrainReply: a drain or undrain is made and its answer not
@@ -21,14 +21,14 @@ const hookBeforeDrainReply = "before-drain-reply"
 // split or allocate) is refused: Slurm picks it, and draining it is
 // Slurm's (scontrol update nodename=… state=drain), which the table
 // cannot refuse a job's Prolog without failing the job.
-func (s *Server) drainOp(c *conn, req *client.Request) bool {
-	reply := func(r *client.Reply) bool {
+func (s *Server) drainOp(c *conn, req *wire.Request) bool {
+	reply := func(r *wire.Reply) bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return c.sendLocked(r) == nil
 	}
 	if c.uid != 0 {
-		reply(errReply(client.CodeDenied, fmt.Sprintf("%s is root's: uid %d may not %s a device", req.Op, c.uid, req.Op), "run it as root (sudo npubroker "+req.Op+" …)"))
+		reply(errReply(wire.CodeDenied, fmt.Sprintf("%s is root's: uid %d may not %s a device", req.Op, c.uid, req.Op), "run it as root (sudo npubroker "+req.Op+" …)"))
 		return false
 	}
 	id, err := s.deviceByName(req.Device)
@@ -37,10 +37,10 @@ func (s *Server) drainOp(c *conn, req *client.Request) bool {
 	}
 	name := s.inv.Vendor.Noun() + strconv.Itoa(id)
 	if s.policy().Slurm.Active() && s.policy().Slurm.Manages(id) {
-		return reply(errReply(client.CodeDenied, fmt.Sprintf("%s is Slurm's ([slurm] mode %q): drain it in Slurm, not here", name, s.policy().Slurm.Mode), "scontrol update nodename=<this node> state=drain reason=…"))
+		return reply(errReply(wire.CodeDenied, fmt.Sprintf("%s is Slurm's ([slurm] mode %q): drain it in Slurm, not here", name, s.policy().Slurm.Mode), "scontrol update nodename=<this node> state=drain reason=…"))
 	}
-	info := &client.DrainInfo{Device: name}
-	if req.Op == client.OpDrain {
+	info := &wire.DrainInfo{Device: name}
+	if req.Op == wire.OpDrain {
 		by, _, _ := s.users.nameGroups(c.uid)
 		if by == "" {
 			by = "uid " + strconv.Itoa(int(c.uid))
@@ -53,7 +53,7 @@ func (s *Server) drainOp(c *conn, req *client.Request) bool {
 		}
 		_, info.Was = was[id]
 		info.Drained, info.By, info.Reason, info.Since = true, d.By, d.Reason, d.Since.UnixMilli()
-		info.Leased = s.status.States()[id] != client.DeviceDrained
+		info.Leased = s.status.States()[id] != wire.DeviceDrained
 		s.log.Printf("%s drained by %s: %s", name, by, d.Reason)
 	} else {
 		was, err := s.table.Undrain(id) // serves the line (tableOwner.Freed): s.mu is not held
@@ -68,7 +68,7 @@ func (s *Server) drainOp(c *conn, req *client.Request) bool {
 	}
 	s.drainChanged()
 	testhook.Stop(s.log, hookBeforeDrainReply, req.Op+" of "+name)
-	return reply(&client.Reply{Type: client.TypeDrained, Drain: info})
+	return reply(&wire.Reply{Type: wire.TypeDrained, Drain: info})
 }
 
 // deviceByName is the device a name means: "npu3", "gpu3" (the

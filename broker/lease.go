@@ -7,16 +7,16 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
+	"github.com/npurun/npurun/wire"
 )
 
 // acquire serves an npurun's request for a lease.
-func (s *Server) acquire(c *conn, req *client.Request) bool {
+func (s *Server) acquire(c *conn, req *wire.Request) bool {
 	uid, acct, ok := s.accountFor(c, req.User)
 	if !ok {
 		return true
@@ -27,15 +27,15 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		c.origin = &Origin{User: acct.name, Service: req.Service, TTY: req.TTY, RHost: req.RHost, ByRoot: true}
 	}
 	if c.w != nil {
-		c.sendLocked(errReply(client.CodeBadRequest, "this connection already waits for devices", ""))
+		c.sendLocked(errReply(wire.CodeBadRequest, "this connection already waits for devices", ""))
 		return false
 	}
 	if req.N != 0 && len(req.Devices) > 0 && req.N != len(req.Devices) {
-		c.sendLocked(errReply(client.CodeBadRequest, fmt.Sprintf("asked for %d devices but named %d", req.N, len(req.Devices)), ""))
+		c.sendLocked(errReply(wire.CodeBadRequest, fmt.Sprintf("asked for %d devices but named %d", req.N, len(req.Devices)), ""))
 		return false
 	}
 	if s.leaseWaits[uid] >= s.policy().MaxWaitingPerUser {
-		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.policy().MaxWaitingPerUser, "request", "requests")), ""))
+		c.sendLocked(errReply(wire.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.policy().MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
 	kind, rep := containerKind(req)
@@ -44,7 +44,7 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		return false
 	}
 	if req.Container != nil && !s.status.MayNameContainer(req.Container, c.uid) { // the caller's: root's runtime asks for the owner
-		c.sendLocked(errReply(client.CodeDenied, fmt.Sprintf("uid %d may not name container %.12s: it is another user's", c.uid, req.Container.ID), ""))
+		c.sendLocked(errReply(wire.CodeDenied, fmt.Sprintf("uid %d may not name container %.12s: it is another user's", c.uid, req.Container.ID), ""))
 		return true
 	}
 	h := c.holder(kind, uid, acct)
@@ -52,7 +52,7 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 	w, rep := s.admitLocked(h, acct, req.N, req.Devices, req.Pool, req.Mem)
 	if rep != nil {
 		c.sendLocked(rep)
-		return rep.Code != client.CodeBadRequest
+		return rep.Code != wire.CodeBadRequest
 	}
 	w.Ref = c
 	c.w = w
@@ -67,7 +67,7 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 		s.table.Remove(w)
 		s.unwaitLocked(c)
 		s.scheduleLocked()
-		c.sendLocked(errReply(client.CodeBusy, busyMessage(w, s.inv.Vendor, why), ""))
+		c.sendLocked(errReply(wire.CodeBusy, busyMessage(w, s.inv.Vendor, why), ""))
 		return true
 	}
 	s.progressLocked() // its place, soon: a short wait costs no message
@@ -77,7 +77,7 @@ func (s *Server) acquire(c *conn, req *client.Request) bool {
 // admitLocked checks a request for n devices (or exactly devices) from pool
 // against the inventory and the policy (lease.Table.Admit). It returns the
 // waiter to queue, or the reply that refuses it.
-func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int, pool string, mem int64) (*lease.Waiter, *client.Reply) {
+func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int, pool string, mem int64) (*lease.Waiter, *wire.Reply) {
 	if err := s.slurmRefusal(devices); err != nil {
 		return nil, refusalReply(err)
 	}
@@ -89,25 +89,25 @@ func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int
 }
 
 // refusalReply is the answer to a request the lease table refused.
-func refusalReply(err error) *client.Reply {
+func refusalReply(err error) *wire.Reply {
 	var r *lease.Refusal
 	if !errors.As(err, &r) {
-		return errReply(client.CodeBadRequest, err.Error(), "")
+		return errReply(wire.CodeBadRequest, err.Error(), "")
 	}
-	code := client.CodeDenied
+	code := wire.CodeDenied
 	switch {
 	case errors.Is(r, lease.ErrBadRequest):
-		code = client.CodeBadRequest
+		code = wire.CodeBadRequest
 	case errors.Is(r, lease.ErrNoDevice):
-		code = client.CodeNoDevice
+		code = wire.CodeNoDevice
 	case errors.Is(r, lease.ErrNoPool):
-		code = client.CodeNoSuchPool
+		code = wire.CodeNoSuchPool
 	}
 	return errReply(code, r.Msg, r.Hint)
 }
 
 // The lease table's cap on the devices a request names is the wire's.
-var _ = [1]struct{}{}[lease.MaxDevices-client.MaxDevices]
+var _ = [1]struct{}{}[lease.MaxDevices-wire.MaxDevices]
 
 // holder is the holder of kind of a lease asked for on c for uid, whose
 // account is acct: c's peer, where the request came from.
@@ -139,7 +139,7 @@ func (s *Server) refuseLocked(refused []lease.Refused, msg string) (tasks []leas
 		}
 		if c.w == r.W {
 			s.unwaitLocked(c)
-			c.sendLocked(errReply(client.CodeDenied, msg+r.Why.Msg, r.Why.Hint))
+			c.sendLocked(errReply(wire.CodeDenied, msg+r.Why.Msg, r.Why.Hint))
 		}
 	}
 	return tasks
@@ -251,11 +251,11 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 	if err := s.table.Allow(h); err != nil {
 		s.log.Printf("grant npu %s to %s: %v", npu.FormatIDs(h.Devices), h.W.User, err)
 		s.table.Return(h)
-		c.sendLocked(errReply(client.CodeNoAccess, fmt.Sprintf("the broker could not open %s to %s: %v", s.inv.Vendor.Format(h.Devices), h.W.User, err), "tell the administrator: the broker's log says more"))
+		c.sendLocked(errReply(wire.CodeNoAccess, fmt.Sprintf("the broker could not open %s to %s: %v", s.inv.Vendor.Format(h.Devices), h.W.User, err), "tell the administrator: the broker's log says more"))
 		return false
 	}
-	r := &client.Reply{
-		Type:     client.TypeGrant,
+	r := &wire.Reply{
+		Type:     wire.TypeGrant,
 		Devices:  h.Devices,
 		Vendor:   string(s.inv.Vendor),
 		Env:      s.inv.Env(h.Devices),
@@ -272,7 +272,7 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 	if err := c.sendLocked(r, h.FDs()...); err != nil {
 		// A client that has gone (its npurun killed while it waited, the
 		// connection not yet seen closed) is the common case, and no news.
-		if !client.Gone(err) {
+		if !wire.Gone(err) {
 			s.log.Printf("grant npu %s to %s (pid %d): %v", npu.FormatIDs(h.Devices), h.W.User, c.pid, err)
 		}
 		s.table.Return(h)
@@ -368,7 +368,7 @@ func (s *Server) reportLocked(now time.Time) time.Duration {
 		}
 		if wait := tellAfter(&c.told, p.Pos, why, now); wait == 0 {
 			c.told = told{pos: p.Pos, why: why, at: now}
-			r := &client.Reply{Type: client.TypeQueued, Pool: p.W.Pool, Position: p.Pos, Reason: why, Ahead: p.Ahead}
+			r := &wire.Reply{Type: wire.TypeQueued, Pool: p.W.Pool, Position: p.Pos, Reason: why, Ahead: p.Ahead}
 			if !p.Start.IsZero() {
 				r.Start = p.Start.UnixMilli()
 			}

@@ -14,13 +14,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/report"
+	"github.com/npurun/npurun/internal/printable"
 	"github.com/npurun/npurun/internal/quantity"
 )
 
 // The broker's log. Every line of it passes through one writer (Log), which
 // makes the line printable as the status table makes its cells
-// (report.Printable: control characters, a newline inside a message,
+// (printable.String: control characters, a newline inside a message,
 // bytes that are not UTF-8 become '?') and cuts it at MaxLogLine, so that
 // no call site can let a user's text — a command line, a process name,
 // a path — forge a line of the log or drive the reader's terminal.
@@ -103,7 +103,7 @@ func (lw *logWriter) Write(p []byte) (int, error) {
 // LogLine is msg as the broker's log writes it: made printable, and cut
 // at MaxLogLine bytes (on a character's boundary, ending in "…").
 func LogLine(msg string) string {
-	msg = report.Printable(msg)
+	msg = printable.String(msg)
 	if len(msg) <= MaxLogLine {
 		return msg
 	}

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // ErrReloadRefused is a reload's refusal: the file does not validate,
@@ -31,7 +31,7 @@ var ErrReloadRefused = errors.New("configuration not taken")
 // would not grant runs on to its end. That step, the only one that holds
 // the grants back, is a walk of the line (the benchmark
 // BenchmarkReloadPause measures it). Reloads are one at a time.
-func (s *Server) Reload() (*client.ReloadInfo, error) {
+func (s *Server) Reload() (*wire.ReloadInfo, error) {
 	s.reload.Lock()
 	defer s.reload.Unlock()
 	path := s.cfgPath
@@ -89,7 +89,7 @@ func (s *Server) Reload() (*client.ReloadInfo, error) {
 // at path, changing nothing (npubroker check-config, where this broker
 // runs): what it would change, or why it would be refused, as Reload
 // says it. Reloads and checks are one at a time.
-func (s *Server) CheckReload(path string) (*client.ReloadInfo, error) {
+func (s *Server) CheckReload(path string) (*wire.ReloadInfo, error) {
 	s.reload.Lock()
 	defer s.reload.Unlock()
 	_, _, info, err := s.checkReload(path)
@@ -102,7 +102,7 @@ func (s *Server) CheckReload(path string) (*client.ReloadInfo, error) {
 // needs a restart (policy.NeedsRestart, named) and the lease table's
 // pools. It returns the configuration, the table's pools of it, and what
 // it changes; an error wraps ErrReloadRefused.
-func (s *Server) checkReload(path string) (*policy.Config, []lease.Pool, *client.ReloadInfo, error) {
+func (s *Server) checkReload(path string) (*policy.Config, []lease.Pool, *wire.ReloadInfo, error) {
 	n, _, err := LoadConfig(path)
 	if err != nil {
 		var perrs *policy.Errors
@@ -132,7 +132,7 @@ func (s *Server) checkReload(path string) (*policy.Config, []lease.Pool, *client
 	if err := s.table.CheckPools(pools, n.DefaultPool); err != nil {
 		return nil, nil, nil, fmt.Errorf("%w: %s: %w", ErrReloadRefused, path, err)
 	}
-	return n, pools, &client.ReloadInfo{Config: path, Changed: old.Changed(n)}, nil
+	return n, pools, &wire.ReloadInfo{Config: path, Changed: old.Changed(n)}, nil
 }
 
 // tablePools are the lease table's pools of configuration cfg, on a
@@ -149,31 +149,31 @@ func tablePools(cfg *policy.Config, ids []int) []lease.Pool {
 // taken, or why nothing was. With Check (npubroker check-config, a file's
 // path) it says what a reload of that file would change, or why it
 // would be refused, and takes nothing.
-func (s *Server) reloadOp(c *conn, req *client.Request) bool {
-	reply := func(r *client.Reply) bool {
+func (s *Server) reloadOp(c *conn, req *wire.Request) bool {
+	reply := func(r *wire.Reply) bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return c.sendLocked(r) == nil
 	}
 	if c.uid != 0 {
-		return reply(errReply(client.CodeDenied, fmt.Sprintf("reload is root's: uid %d may not reload the broker's configuration", c.uid), "run it as root (sudo npubroker reload)"))
+		return reply(errReply(wire.CodeDenied, fmt.Sprintf("reload is root's: uid %d may not reload the broker's configuration", c.uid), "run it as root (sudo npubroker reload)"))
 	}
 	if req.Check != "" { // npubroker check-config: the same checks, nothing taken
 		info, err := s.CheckReload(req.Check)
 		if err != nil {
-			return reply(errReply(client.CodeConfigRefused, err.Error(), ""))
+			return reply(errReply(wire.CodeConfigRefused, err.Error(), ""))
 		}
-		return reply(&client.Reply{Type: client.TypeReloaded, Reload: info})
+		return reply(&wire.Reply{Type: wire.TypeReloaded, Reload: info})
 	}
 	info, err := s.ReloadLogged("npubroker reload")
 	if err != nil {
-		return reply(errReply(client.CodeConfigRefused, err.Error(), "npubroker check-config "+s.cfgPath))
+		return reply(errReply(wire.CodeConfigRefused, err.Error(), "npubroker check-config "+s.cfgPath))
 	}
-	return reply(&client.Reply{Type: client.TypeReloaded, Reload: info})
+	return reply(&wire.Reply{Type: wire.TypeReloaded, Reload: info})
 }
 
 // ReloadLogged is Reload, its outcome in the log: what asked for it (by).
-func (s *Server) ReloadLogged(by string) (*client.ReloadInfo, error) {
+func (s *Server) ReloadLogged(by string) (*wire.ReloadInfo, error) {
 	start := time.Now()
 	info, err := s.Reload()
 	if err != nil {

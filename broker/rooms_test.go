@@ -15,10 +15,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/testfs"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestRoomsLockOrder: a real broker on a real socket, its clients asking
@@ -65,7 +65,7 @@ func TestRoomsLockOrder(t *testing.T) {
 	// The supervisor program, beside the broker's executable as a build
 	// directory has it.
 	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", filepath.Join(bin, client.SupervisorName), "../cmd/npurun-supervise")
+	build := exec.Command("go", "build", "-o", filepath.Join(bin, wire.SupervisorName), "../cmd/npurun-supervise")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the supervisor: %v\n%s", err, out)
@@ -140,7 +140,7 @@ func TestRoomsLockOrder(t *testing.T) {
 		boards.Add(1)
 		go func() {
 			defer boards.Done()
-			c, err := client.Dial(sock)
+			c, err := wire.Dial(sock)
 			if err != nil {
 				t.Error(err)
 				return
@@ -173,26 +173,26 @@ func TestRoomsLockOrder(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := client.Dial(sock)
+			c, err := wire.Dial(sock)
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			defer c.Close()
 			for r := range rounds {
-				if err := c.Send(&client.Request{Op: client.OpAcquire, N: 1 + (i+r)%2}); err != nil {
+				if err := c.Send(&wire.Request{Op: wire.OpAcquire, N: 1 + (i+r)%2}); err != nil {
 					t.Error(err)
 					return
 				}
-				var rep *client.Reply
+				var rep *wire.Reply
 				var fds []int
-				for rep == nil || rep.Type == client.TypeQueued {
+				for rep == nil || rep.Type == wire.TypeQueued {
 					if rep, fds, err = c.Recv(20 * time.Second); err != nil {
 						t.Errorf("client %d round %d: %v", i, r, err)
 						return
 					}
 				}
-				if rep.Type != client.TypeGrant || len(fds) != len(rep.Devices) {
+				if rep.Type != wire.TypeGrant || len(fds) != len(rep.Devices) {
 					t.Errorf("client %d round %d: %+v with %d descriptors", i, r, rep, len(fds))
 					return
 				}
@@ -217,7 +217,7 @@ func TestRoomsLockOrder(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := client.Dial(sock)
+			c, err := wire.Dial(sock)
 			if err != nil {
 				t.Error(err)
 				return
@@ -230,7 +230,7 @@ func TestRoomsLockOrder(t *testing.T) {
 			}
 			var all []sent
 			for k := range tasksEach {
-				sub := &client.Submission{Argv: []string{"/bin/sh", "-c", mark, marks}, Cwd: cwd,
+				sub := &wire.Submission{Argv: []string{"/bin/sh", "-c", mark, marks}, Cwd: cwd,
 					Env: []string{"PATH=/usr/bin:/bin"}, Log: filepath.Join(logs, fmt.Sprintf("%d-%d.log", i, k)),
 					N: 1 + k%2, NoDevice: k%4 == 3}
 				if sub.NoDevice {
@@ -256,8 +256,8 @@ func TestRoomsLockOrder(t *testing.T) {
 				switch {
 				case err != nil:
 					t.Errorf("submitter %d: wait for task %d: %v", i, st.id, err)
-				case ti.State == client.StateCancelled && st.cancel:
-				case ti.State != client.StateDone || ti.Exit == nil || *ti.Exit != 0:
+				case ti.State == wire.StateCancelled && st.cancel:
+				case ti.State != wire.StateDone || ti.Exit == nil || *ti.Exit != 0:
 					t.Errorf("submitter %d: task %d (no device: %v) ended %s, exit %v (%s); want done, exit 0", i, st.id, st.noDevice, ti.State, ti.Exit, ti.Reason)
 				}
 			}
@@ -275,7 +275,7 @@ func TestRoomsLockOrder(t *testing.T) {
 		states := s.status.States()
 		free := 0
 		for _, st := range states {
-			if st == client.DeviceFree {
+			if st == wire.DeviceFree {
 				free++
 			}
 		}

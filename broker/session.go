@@ -9,12 +9,12 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/internal/atomicfile"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/pam"
+	"github.com/npurun/npurun/wire"
 )
 
 // Origin is where a session or a request on behalf of a user comes from,
@@ -60,32 +60,32 @@ func (s *Server) accountFor(c *conn, user string) (uid uint32, acct *account, ok
 // onBehalf resolves the account a request names. Only root may name one;
 // anyone else, or a name the user database does not know, gets the reply
 // to send instead.
-func (s *Server) onBehalf(c *conn, name string) (uint32, *account, *client.Reply) {
+func (s *Server) onBehalf(c *conn, name string) (uint32, *account, *wire.Reply) {
 	if c.uid != 0 {
-		return 0, nil, errReply(client.CodeDenied, fmt.Sprintf("only root may ask on behalf of another user (asked for %q)", name), "")
+		return 0, nil, errReply(wire.CodeDenied, fmt.Sprintf("only root may ask on behalf of another user (asked for %q)", name), "")
 	}
 	u, err := user.Lookup(name)
 	if err != nil {
-		return 0, nil, errReply(client.CodeDenied, fmt.Sprintf("no user %q here", name), "")
+		return 0, nil, errReply(wire.CodeDenied, fmt.Sprintf("no user %q here", name), "")
 	}
 	id, err := strconv.ParseUint(u.Uid, 10, 32)
 	if err != nil {
-		return 0, nil, errReply(client.CodeDenied, fmt.Sprintf("user %q has uid %q", name, u.Uid), "")
+		return 0, nil, errReply(wire.CodeDenied, fmt.Sprintf("user %q has uid %q", name, u.Uid), "")
 	}
 	acct := s.users.lookup(uint32(id))
 	if !acct.known {
-		return 0, nil, errReply(client.CodeDenied, fmt.Sprintf("no user %q here", name), "")
+		return 0, nil, errReply(wire.CodeDenied, fmt.Sprintf("no user %q here", name), "")
 	}
 	return uint32(id), acct, nil
 }
 
 // session serves a session request: pam_npurun.so's, as root on behalf of
 // the user logging in, or npurun --login's, for its own user.
-func (s *Server) session(c *conn, req *client.Request) bool {
+func (s *Server) session(c *conn, req *wire.Request) bool {
 	switch {
 	case len(req.Service) > maxServiceBytes, len(req.TTY) > maxTTYBytes, len(req.RHost) > maxRHostBytes:
 		s.mu.Lock()
-		c.sendLocked(errReply(client.CodeBadRequest, fmt.Sprintf("service, tty or rhost too long (at most %d, %d, %d bytes)", maxServiceBytes, maxTTYBytes, maxRHostBytes), ""))
+		c.sendLocked(errReply(wire.CodeBadRequest, fmt.Sprintf("service, tty or rhost too long (at most %d, %d, %d bytes)", maxServiceBytes, maxTTYBytes, maxRHostBytes), ""))
 		s.mu.Unlock()
 		return false
 	}
@@ -97,20 +97,20 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c.w != nil {
-		c.sendLocked(errReply(client.CodeBadRequest, "this connection already waits for devices", ""))
+		c.sendLocked(errReply(wire.CodeBadRequest, "this connection already waits for devices", ""))
 		return false
 	}
 	c.origin = &Origin{User: acct.name, Service: req.Service, TTY: req.TTY, RHost: req.RHost, ByRoot: c.uid == 0}
 	switch d.Verdict {
 	case pam.Ignore:
-		c.sendLocked(&client.Reply{Type: client.TypeIgnore})
+		c.sendLocked(&wire.Reply{Type: wire.TypeIgnore})
 		return true
 	case pam.Hide:
-		c.sendLocked(&client.Reply{Type: client.TypeHide, Env: npu.HiddenEnv()})
+		c.sendLocked(&wire.Reply{Type: wire.TypeHide, Env: npu.HiddenEnv()})
 		return true
 	}
 	if s.leaseWaits[uid] >= s.policy().MaxWaitingPerUser {
-		c.sendLocked(errReply(client.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.policy().MaxWaitingPerUser, "request", "requests")), ""))
+		c.sendLocked(errReply(wire.CodeTooMany, fmt.Sprintf("%s already has %s waiting, the most the broker queues for one user", acct.name, quantity.Count(s.policy().MaxWaitingPerUser, "request", "requests")), ""))
 		return true
 	}
 	w, rep := s.admitLocked(c.holder(lease.Login, uid, acct), acct, d.N, nil, d.Pool, 0)
@@ -130,7 +130,7 @@ func (s *Server) session(c *conn, req *client.Request) bool {
 		s.busyLocked(c, l)
 		return true
 	}
-	c.sendLocked(&client.Reply{Type: client.TypeQueued, Pool: w.Pool, WaitMS: d.Wait.Milliseconds()})
+	c.sendLocked(&wire.Reply{Type: wire.TypeQueued, Pool: w.Pool, WaitMS: d.Wait.Milliseconds()})
 	time.AfterFunc(d.Wait, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -155,10 +155,10 @@ func (s *Server) busyLocked(c *conn, l *login) {
 	}
 	msg := pam.BusyMessage(l.d.Busy, l.w.N, l.w.Pool, waited)
 	if l.d.Busy == pam.Deny {
-		c.sendLocked(errReply(client.CodeBusy, msg, ""))
+		c.sendLocked(errReply(wire.CodeBusy, msg, ""))
 		return
 	}
-	c.sendLocked(&client.Reply{Type: client.TypeHide, Env: npu.HiddenEnv(), Message: msg})
+	c.sendLocked(&wire.Reply{Type: wire.TypeHide, Env: npu.HiddenEnv(), Message: msg})
 }
 
 // writeSessionPolicy writes the session-policy file into the run
@@ -169,16 +169,16 @@ func (s *Server) busyLocked(c *conn, l *login) {
 // configuration is removed), and the module lets every session be.
 func (s *Server) writeSessionPolicy(runDir string) error {
 	r := s.policy().Restrict
-	path := filepath.Join(runDir, client.SessionPolicyFile)
+	path := filepath.Join(runDir, wire.SessionPolicyFile)
 	if !r.Active() {
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove session policy: %w", err)
 		}
 		return nil
 	}
-	p := &client.SessionPolicy{OnBrokerDown: r.OnBrokerDown}
+	p := &wire.SessionPolicy{OnBrokerDown: r.OnBrokerDown}
 	for _, name := range r.Users {
-		a := client.Account{Name: name, ID: -1}
+		a := wire.Account{Name: name, ID: -1}
 		if u, err := user.Lookup(name); err == nil {
 			if id, err := strconv.ParseInt(u.Uid, 10, 64); err == nil {
 				a.ID = id
@@ -187,7 +187,7 @@ func (s *Server) writeSessionPolicy(runDir string) error {
 		p.Users = append(p.Users, a)
 	}
 	for _, name := range r.Groups {
-		a := client.Account{Name: name, ID: -1}
+		a := wire.Account{Name: name, ID: -1}
 		if g, err := user.LookupGroup(name); err == nil {
 			if id, err := strconv.ParseInt(g.Gid, 10, 64); err == nil {
 				a.ID = id

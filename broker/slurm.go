@@ -7,12 +7,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/broker/status"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // A Slurm node ([slurm]): the wiring of the Slurm room (broker/slurmjobs)
@@ -77,29 +77,29 @@ func (s *Server) slurmRefusal(devices []int) error {
 }
 
 // slurmOp serves a Slurm operation; false closes the connection.
-func (s *Server) slurmOp(c *conn, req *client.Request) bool {
-	reply := func(r *client.Reply, fds ...int) error {
+func (s *Server) slurmOp(c *conn, req *wire.Request) bool {
+	reply := func(r *wire.Reply, fds ...int) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return c.sendLocked(r, fds...)
 	}
 	switch {
 	case c.uid != 0:
-		reply(errReply(client.CodeDenied, "the Slurm operations are slurmd's and slurmstepd's (root only)", ""))
+		reply(errReply(wire.CodeDenied, "the Slurm operations are slurmd's and slurmstepd's (root only)", ""))
 		return false
 	case req.Job == nil:
-		reply(errReply(client.CodeBadRequest, req.Op+" names no job", ""))
+		reply(errReply(wire.CodeBadRequest, req.Op+" names no job", ""))
 		return false
 	case s.slurm == nil:
-		reply(errReply(client.CodeNoSlurm, "this broker has no [slurm] table: it knows nothing of Slurm's devices", "add [slurm] to npurun.conf (npurun.conf(5))"))
+		reply(errReply(wire.CodeNoSlurm, "this broker has no [slurm] table: it knows nothing of Slurm's devices", "add [slurm] to npurun.conf (npurun.conf(5))"))
 		return true
 	}
 	job := *req.Job
 	switch req.Op {
-	case client.OpSlurmProlog:
+	case wire.OpSlurmProlog:
 		s.users.lookupLease(job.UID) // the account, cached for its device access
 		devices, msg, err := s.slurm.Prolog(job, func(reason string) {
-			reply(&client.Reply{Type: client.TypeQueued, Reason: reason})
+			reply(&wire.Reply{Type: wire.TypeQueued, Reason: reason})
 		})
 		if err != nil {
 			s.log.Printf("Prolog of job %d of uid %d: %v", job.ID, job.UID, err)
@@ -107,11 +107,11 @@ func (s *Server) slurmOp(c *conn, req *client.Request) bool {
 			return true
 		}
 		s.log.Print(msg)
-		return reply(&client.Reply{Type: client.TypeOK, Devices: devices, Message: msg}) == nil
-	case client.OpSlurmHold, client.OpSlurmTask:
+		return reply(&wire.Reply{Type: wire.TypeOK, Devices: devices, Message: msg}) == nil
+	case wire.OpSlurmHold, wire.OpSlurmTask:
 		var g *slurmjobs.Grant
 		var err error
-		if req.Op == client.OpSlurmHold {
+		if req.Op == wire.OpSlurmHold {
 			g, err = s.slurm.Hold(job.ID, int(c.pid))
 		} else {
 			g, err = s.slurm.Task(job.ID, int(c.pid))
@@ -120,29 +120,29 @@ func (s *Server) slurmOp(c *conn, req *client.Request) bool {
 			s.log.Printf("%s of job %d: %v", req.Op, job.ID, err)
 		}
 		if g == nil {
-			return reply(&client.Reply{Type: client.TypeIgnore}) == nil
+			return reply(&wire.Reply{Type: wire.TypeIgnore}) == nil
 		}
-		r := &client.Reply{Type: client.TypeGrant, Devices: g.Devices, Vendor: string(s.inv.Vendor)}
-		if req.Op == client.OpSlurmTask {
+		r := &wire.Reply{Type: wire.TypeGrant, Devices: g.Devices, Vendor: string(s.inv.Vendor)}
+		if req.Op == wire.OpSlurmTask {
 			r.Env = spankEnv(s.inv.Env(g.Devices))
 		}
 		err = reply(r, g.FDs...)
 		g.Done(err == nil)
 		return err == nil
-	case client.OpSlurmEpilog:
+	case wire.OpSlurmEpilog:
 		msg := s.slurm.Epilog(job)
-		return reply(&client.Reply{Type: client.TypeOK, Message: msg}) == nil
+		return reply(&wire.Reply{Type: wire.TypeOK, Message: msg}) == nil
 	}
 	return false
 }
 
 // slurmError is the answer to a Slurm operation the room refused.
-func slurmError(err error) *client.Reply {
+func slurmError(err error) *wire.Reply {
 	var r *slurmjobs.Refusal
 	if errors.As(err, &r) {
 		return errReply(r.Code, r.Msg, "")
 	}
-	return errReply(client.CodeBadRequest, err.Error(), "")
+	return errReply(wire.CodeBadRequest, err.Error(), "")
 }
 
 // spankVars are the variables the SPANK plugin sets in a task, and the
@@ -191,7 +191,7 @@ func (o *slurmOwner) End(l *lease.Lease, why string) {
 		delete(s.byPlaceholder, l.SlurmJob)
 		c.placeholder = 0
 		if !c.closed {
-			c.sendLocked(&client.Reply{Type: client.TypeEnded, SlurmJob: l.SlurmJob, Message: why})
+			c.sendLocked(&wire.Reply{Type: wire.TypeEnded, SlurmJob: l.SlurmJob, Message: why})
 		}
 	}
 	s.mu.Unlock()

@@ -5,17 +5,17 @@ import (
 	"errors"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/status"
 	"github.com/npurun/npurun/broker/tasks"
+	"github.com/npurun/npurun/wire"
 )
 
 // statusOp serves status (once, or watched) and usage, from the status
 // room (package status). Any user may ask.
-func (s *Server) statusOp(c *conn, req *client.Request) bool {
+func (s *Server) statusOp(c *conn, req *wire.Request) bool {
 	switch req.Op {
-	case client.OpStatus:
+	case wire.OpStatus:
 		if req.Watch {
 			return s.watchStatus(c)
 		}
@@ -124,12 +124,12 @@ func (s *Server) watchStatus(c *conn) bool {
 }
 
 // usageOp sums the accounting log for npubroker usage.
-func (s *Server) usageOp(c *conn, q *client.UsageQuery) bool {
+func (s *Server) usageOp(c *conn, q *wire.UsageQuery) bool {
 	rep, err := s.status.Usage(q)
 	if errors.Is(err, status.ErrBadQuery) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		c.sendLocked(errReply(client.CodeBadRequest, err.Error(), ""))
+		c.sendLocked(errReply(wire.CodeBadRequest, err.Error(), ""))
 		return false
 	}
 	if err != nil {
@@ -142,19 +142,19 @@ func (s *Server) usageOp(c *conn, q *client.UsageQuery) bool {
 }
 
 // sendUsage sends rep's rows in as many replies as their size takes.
-func (c *conn) sendUsage(rep *client.UsageReport) error {
+func (c *conn) sendUsage(rep *wire.UsageReport) error {
 	rows := rep.Rows
 	for {
 		part := *rep
 		n, size := 0, 1024
-		for n < len(rows) && size < client.MaxMessage/2 {
+		for n < len(rows) && size < wire.MaxMessage/2 {
 			b, _ := json.Marshal(&rows[n])
 			size += len(b) + 1
 			n++
 		}
 		part.Rows = rows[:n]
 		rows = rows[n:]
-		data, err := json.Marshal(&client.Reply{V: client.Version, Type: client.TypeUsage, Usage: &part, More: len(rows) > 0})
+		data, err := json.Marshal(&wire.Reply{V: wire.Version, Type: wire.TypeUsage, Usage: &part, More: len(rows) > 0})
 		if err != nil {
 			return err
 		}

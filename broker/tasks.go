@@ -9,11 +9,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/status"
 	"github.com/npurun/npurun/broker/tasks"
+	"github.com/npurun/npurun/wire"
 )
 
 // The protocol handlers of the task operations (task-submit's and the
@@ -22,35 +22,35 @@ import (
 // is, its line, its start and its end are the room's.
 
 // taskOp serves the task operations.
-func (s *Server) taskOp(c *conn, req *client.Request) bool {
-	if err := s.rt.Unavailable((req.Op == client.OpSubmit || req.Op == client.OpRequeue) && req.Task != nil && req.Task.Token != ""); err != nil {
+func (s *Server) taskOp(c *conn, req *wire.Request) bool {
+	if err := s.rt.Unavailable((req.Op == wire.OpSubmit || req.Op == wire.OpRequeue) && req.Task != nil && req.Task.Token != ""); err != nil {
 		s.answer(c, nil, err)
 		return true
 	}
 	switch req.Op {
-	case client.OpSubmit:
+	case wire.OpSubmit:
 		sub, err := s.rt.Submit(tasks.Submitter{UID: c.uid, Account: c.acct.forTasks()}, req.Task, c.peerGone)
 		if errors.Is(err, tasks.ErrLeft) {
 			return false
 		}
 		s.answer(c, submittedReply(sub), err)
 		return !errors.Is(err, tasks.ErrBadRequest) && !errors.Is(err, lease.ErrBadRequest)
-	case client.OpTaskDone:
+	case wire.OpTaskDone:
 		err := s.rt.Done(c.uid, c.pid, req.ID, req.Status)
-		s.answer(c, &client.Reply{Type: client.TypeOK}, err)
+		s.answer(c, &wire.Reply{Type: wire.TypeOK}, err)
 		return !errors.Is(err, tasks.ErrDenied)
-	case client.OpNotStarted:
+	case wire.OpNotStarted:
 		err := s.rt.NotStarted(c.uid, c.pid, req.ID)
-		s.answer(c, &client.Reply{Type: client.TypeOK}, err)
+		s.answer(c, &wire.Reply{Type: wire.TypeOK}, err)
 		return !errors.Is(err, tasks.ErrDenied)
-	case client.OpList:
+	case wire.OpList:
 		return s.list(c, req.All, req.After, tasks.Filter{Ended: req.Ended, Since: req.Since})
-	case client.OpHistory:
+	case wire.OpHistory:
 		return s.history(c, req.All, req.Since)
-	case client.OpShow:
+	case wire.OpShow:
 		ti, err := s.rt.Show(c.uid, req.ID)
 		s.answer(c, tasksReply(ti), err)
-	case client.OpWait:
+	case wire.OpWait:
 		ti, err := s.rt.Wait(c, c.uid, req.ID)
 		switch {
 		case err != nil:
@@ -59,13 +59,13 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 			s.answer(c, tasksReply(*ti), nil)
 		}
 		return !errors.Is(err, tasks.ErrTooMany)
-	case client.OpCancel:
+	case wire.OpCancel:
 		ti, err := s.rt.Cancel(c.uid, c.acct.name, req.ID)
 		s.answer(c, tasksReply(ti), err)
-	case client.OpHold, client.OpRelease:
-		ti, err := s.rt.Hold(c.uid, req.ID, req.Op == client.OpHold)
+	case wire.OpHold, wire.OpRelease:
+		ti, err := s.rt.Hold(c.uid, req.ID, req.Op == wire.OpHold)
 		s.answer(c, tasksReply(ti), err)
-	case client.OpRequeue:
+	case wire.OpRequeue:
 		sub, err := s.rt.Requeue(tasks.Submitter{UID: c.uid, Account: c.acct.forTasks()}, req.ID, req.Task, c.peerGone)
 		if errors.Is(err, tasks.ErrLeft) {
 			return false
@@ -77,7 +77,7 @@ func (s *Server) taskOp(c *conn, req *client.Request) bool {
 }
 
 // answer sends rep, or the refusal err.
-func (s *Server) answer(c *conn, rep *client.Reply, err error) {
+func (s *Server) answer(c *conn, rep *wire.Reply, err error) {
 	if err != nil {
 		rep = taskRefusalReply(err)
 	}
@@ -87,42 +87,42 @@ func (s *Server) answer(c *conn, rep *client.Reply, err error) {
 }
 
 // taskRefusalReply is the answer to an operation the task room refused.
-func taskRefusalReply(err error) *client.Reply {
+func taskRefusalReply(err error) *wire.Reply {
 	var r *tasks.Refusal
 	if !errors.As(err, &r) {
 		return refusalReply(err) // the lease table's
 	}
-	code := client.CodeDenied
+	code := wire.CodeDenied
 	switch {
 	case errors.Is(r, tasks.ErrBadRequest):
-		code = client.CodeBadRequest
+		code = wire.CodeBadRequest
 	case errors.Is(r, tasks.ErrTooMany):
-		code = client.CodeTooMany
+		code = wire.CodeTooMany
 	case errors.Is(r, tasks.ErrNoSuchTask):
-		code = client.CodeNoSuchTask
+		code = wire.CodeNoSuchTask
 	case errors.Is(r, tasks.ErrBusy):
-		code = client.CodeBusy
+		code = wire.CodeBusy
 	case errors.Is(r, tasks.ErrSpool):
-		code = client.CodeSpool
+		code = wire.CodeSpool
 	}
 	return errReply(code, r.Msg, r.Hint)
 }
 
-func tasksReply(ti client.TaskInfo) *client.Reply {
-	return &client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{ti}}
+func tasksReply(ti wire.TaskInfo) *wire.Reply {
+	return &wire.Reply{Type: wire.TypeTasks, Tasks: []wire.TaskInfo{ti}}
 }
 
-func submittedReply(sub *tasks.Submitted) *client.Reply {
+func submittedReply(sub *tasks.Submitted) *wire.Reply {
 	if sub == nil {
 		return nil
 	}
-	return &client.Reply{Type: client.TypeSubmitted, ID: sub.ID, State: sub.State, Existing: sub.Existing,
+	return &wire.Reply{Type: wire.TypeSubmitted, ID: sub.ID, State: sub.State, Existing: sub.Existing,
 		Position: sub.Position, Pool: sub.Pool, Reason: sub.Reason}
 }
 
 // TaskEnded tells a connection waiting for a task (task-submit wait) of
 // its end.
-func (c *conn) TaskEnded(ti client.TaskInfo) {
+func (c *conn) TaskEnded(ti wire.TaskInfo) {
 	s := c.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -164,7 +164,7 @@ type listBuf struct {
 	msg  []byte
 }
 
-var listBufs = sync.Pool{New: func() any { return &listBuf{msg: make([]byte, 0, client.MaxMessage)} }}
+var listBufs = sync.Pool{New: func() any { return &listBuf{msg: make([]byte, 0, wire.MaxMessage)} }}
 
 // put gives b back to listBufs, holding on to none of the tasks it copied.
 func (b *listBuf) put() {
@@ -185,7 +185,7 @@ const maxHistory = 160
 // maxHistory of them, More set when there were others.
 func (s *Server) history(c *conn, all bool, since int64) bool {
 	if since < 0 || since > time.Now().UnixMilli() {
-		s.answer(c, errReply(client.CodeBadRequest, "history needs a start time in the past", ""), nil)
+		s.answer(c, errReply(wire.CodeBadRequest, "history needs a start time in the past", ""), nil)
 		return false
 	}
 	tls, more, err := s.status.TaskHistory(c.uid, all, time.UnixMilli(since), maxHistory)
@@ -193,13 +193,13 @@ func (s *Server) history(c *conn, all bool, since int64) bool {
 		s.answer(c, errReply("usage-log", err.Error(), ""), nil)
 		return true
 	}
-	rep := &client.Reply{Type: client.TypeTasks, More: more, Tasks: []client.TaskInfo{}}
+	rep := &wire.Reply{Type: wire.TypeTasks, More: more, Tasks: []wire.TaskInfo{}}
 	for _, tl := range tls {
 		if s.rt.Keeps(tl.Task, tl.Started) {
 			continue
 		}
-		rep.Tasks = append(rep.Tasks, client.TaskInfo{ID: tl.Task, User: tl.User, UID: tl.UID, State: client.StateEnded,
-			Pool: tl.Pool, Devices: tl.Devices, Started: tl.Started, Ended: tl.Ended, Source: client.SourceAccounting})
+		rep.Tasks = append(rep.Tasks, wire.TaskInfo{ID: tl.Task, User: tl.User, UID: tl.UID, State: wire.StateEnded,
+			Pool: tl.Pool, Devices: tl.Devices, Started: tl.Started, Ended: tl.Ended, Source: wire.SourceAccounting})
 	}
 	s.answer(c, rep, nil)
 	return true
@@ -211,7 +211,7 @@ func (s *Server) history(c *conn, all bool, since int64) bool {
 // whose commands). Nobody's environment is listed.
 func (c *conn) sendPage(buf *listBuf, asker uint32, shows func(asker, owner uint32) bool, next uint64, more bool) error {
 	page := buf.page
-	msg := append(buf.msg[:0], `{"v":`+strconv.Itoa(client.Version)+`,"type":"`+client.TypeTasks+`","tasks":[`...)
+	msg := append(buf.msg[:0], `{"v":`+strconv.Itoa(wire.Version)+`,"type":"`+wire.TypeTasks+`","tasks":[`...)
 	const tail = `],"more":true,"next":18446744073709551615}`
 	for i := range page {
 		ti := tasks.Listing(&page[i].Task, asker, shows, page[i].Pos)
@@ -223,8 +223,8 @@ func (c *conn) sendPage(buf *listBuf, asker uint32, shows func(asker, owner uint
 		if i > 0 {
 			msg = append(msg, ',')
 		}
-		msg = client.AppendTaskInfo(msg, &ti) // as encoding/json writes it, faster
-		if i > 0 && len(msg)+len(tail) > client.MaxMessage {
+		msg = wire.AppendTaskInfo(msg, &ti) // as encoding/json writes it, faster
+		if i > 0 && len(msg)+len(tail) > wire.MaxMessage {
 			msg = msg[:mark]
 			next, more = page[i-1].Task.ID, true
 			break

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"strings"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // FromCgroup names the container a process is in from its
@@ -28,7 +28,7 @@ import (
 // name and move processes into, so it names no container here (a user
 // could wear another's container's id); a rootless engine's containers,
 // which live there, are their user's processes, as any of hers.
-func FromCgroup(data []byte) *client.ContainerRef {
+func FromCgroup(data []byte) *wire.ContainerRef {
 	for line := range bytes.SplitSeq(data, []byte("\n")) {
 		// hierarchy-ID:controllers:path
 		i := bytes.IndexByte(line, ':')
@@ -47,14 +47,14 @@ func FromCgroup(data []byte) *client.ContainerRef {
 }
 
 // fromPath names the container of one cgroup path, nil for none.
-func fromPath(path string) *client.ContainerRef {
+func fromPath(path string) *wire.ContainerRef {
 	parts := strings.Split(path, "/")
 	for k, part := range parts {
 		if userPlace(part) {
 			return nil
 		}
-		at := func(engine, id string) *client.ContainerRef {
-			return &client.ContainerRef{Engine: engine, ID: id, Cgroup: strings.Join(parts[:k+1], "/")}
+		at := func(engine, id string) *wire.ContainerRef {
+			return &wire.ContainerRef{Engine: engine, ID: id, Cgroup: strings.Join(parts[:k+1], "/")}
 		}
 		for _, p := range [...]struct{ prefix, engine string }{
 			{"docker-", "docker"}, {"libpod-", "podman"}, {"cri-containerd-", "containerd"}, {"crio-", "cri-o"},

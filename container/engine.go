@@ -25,7 +25,7 @@ import (
 //     podman's process, which passes them to the container.
 //
 // Either way the descriptors land at 20 and above in the container, as
-// they do for every command npurun runs (client.FirstLeaseFD; 3 to 19 are
+// they do for every command npurun runs (wire.FirstLeaseFD; 3 to 19 are
 // /dev/null), and NPURUN_LEASE names them there.
 
 // Engine names a container engine whose `run` npurun knows.

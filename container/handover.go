@@ -21,7 +21,7 @@ package container
 //
 // The runtime learns the lease's owner from the socket (SO_PEERCRED), never
 // from a message, and checks each descriptor against the broker's current
-// lock file of its device, with the flock held (client.HoldsLock), before
+// lock file of its device, with the flock held (wire.HoldsLock), before
 // the container gets it. Nobody listening at the address (npurun is gone:
 // a restart of the container, or `docker start` later) is ErrGone; so is
 // anyone else listening there (the address is no secret: /proc/net/unix
@@ -39,7 +39,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // HandoverVar names the variable, in the container's environment, whose
@@ -82,7 +82,7 @@ type Handover struct {
 // devices, held at fds (one each, in that order). It keeps copies of the
 // descriptors (close-on-exec), so the caller may close its own.
 func NewHandover(vendor string, devices, fds []int) (*Handover, error) {
-	if len(devices) != len(fds) || len(devices) == 0 || len(devices) > client.MaxDevices {
+	if len(devices) != len(fds) || len(devices) == 0 || len(devices) > wire.MaxDevices {
 		return nil, fmt.Errorf("hand-over: %d devices and %d descriptors", len(devices), len(fds))
 	}
 	var name [16]byte
@@ -186,23 +186,23 @@ func (h *Handover) serveOne(c int) {
 	// The request is read before any answer: a connection closed with
 	// a packet unread is reset, and the answer would be lost with it.
 	buf := make([]byte, maxHandoverMessage)
-	oob := make([]byte, unix.CmsgSpace(4*client.MaxDevices))
-	msg, stray, err := client.RecvMsg(c, buf, oob, 0)
+	oob := make([]byte, unix.CmsgSpace(4*wire.MaxDevices))
+	msg, stray, err := wire.RecvMsg(c, buf, oob, 0)
 	closeFDs(stray)
 	if err != nil {
 		return
 	}
 	if !allowed {
-		client.SendMsg(c, []byte(fmt.Sprintf("refused uid %d may not take this lease: only root's runtime (or one of uid %d) may", cred.Uid, h.uid)), nil, 0)
+		wire.SendMsg(c, []byte(fmt.Sprintf("refused uid %d may not take this lease: only root's runtime (or one of uid %d) may", cred.Uid, h.uid)), nil, 0)
 		return
 	}
 	f := strings.Fields(string(msg))
 	if len(f) != 3 || f[0] != "take" || f[1] != "1" || !validID(f[2]) {
-		client.SendMsg(c, []byte("refused bad request"), nil, 0)
+		wire.SendMsg(c, []byte("refused bad request"), nil, 0)
 		return
 	}
 	reply := "lease 1 " + h.vendor + " " + joinInts(h.devices)
-	if err := client.SendMsg(c, []byte(reply), h.fds, 0); err != nil {
+	if err := wire.SendMsg(c, []byte(reply), h.fds, 0); err != nil {
 		return
 	}
 	// In flight, the descriptors are the socket's: this process's copies
@@ -298,15 +298,15 @@ func Take(addr, id string, owner int) (*Received, error) {
 	if !left() {
 		return nil, fmt.Errorf("hand-over: no answer in %s", handoverTimeout)
 	}
-	if err := client.SendMsg(c, []byte("take 1 "+id), nil, 0); err != nil {
+	if err := wire.SendMsg(c, []byte("take 1 "+id), nil, 0); err != nil {
 		return nil, fmt.Errorf("hand-over: send: %w", err)
 	}
 	if !left() {
 		return nil, fmt.Errorf("hand-over: no answer in %s", handoverTimeout)
 	}
 	buf := make([]byte, maxHandoverMessage)
-	oob := make([]byte, unix.CmsgSpace(4*client.MaxDevices))
-	msg, fds, err := client.RecvMsg(c, buf, oob, 0)
+	oob := make([]byte, unix.CmsgSpace(4*wire.MaxDevices))
+	msg, fds, err := wire.RecvMsg(c, buf, oob, 0)
 	if err == unix.EAGAIN {
 		err = fmt.Errorf("no answer in %s", handoverTimeout)
 	}

@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // DefaultRuntime is the name npurun-runtime has among Docker's runtimes
@@ -73,7 +73,7 @@ func Prepare(r *Run, l Lease, o Options) (*Launch, error) {
 		la.Handover = h
 		extra = append(extra, "--runtime="+runtimeName(o))
 	case Podman:
-		extra = append(extra, "--preserve-fds="+strconv.Itoa(client.FirstLeaseFD-3+len(l.FDs)))
+		extra = append(extra, "--preserve-fds="+strconv.Itoa(wire.FirstLeaseFD-3+len(l.FDs)))
 		for _, fd := range l.FDs {
 			c, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
 			if err != nil {
@@ -103,9 +103,9 @@ func Prepare(r *Run, l Lease, o Options) (*Launch, error) {
 	env := npu.ContainerEnv(l.Vendor, order)
 	inside := make([]int, len(l.Devices))
 	for i := range inside {
-		inside[i] = client.FirstLeaseFD + i
+		inside[i] = wire.FirstLeaseFD + i
 	}
-	env = append(env, client.LeaseEntry(l.Devices, inside))
+	env = append(env, wire.LeaseEntry(l.Devices, inside))
 	if la.Handover != nil {
 		env = append(env, la.Handover.Env())
 	}
@@ -182,7 +182,7 @@ func (la *Launch) Files(stdio [3]uintptr) []uintptr {
 		return files
 	}
 	files = slices.Clone(files)
-	for len(files) < client.FirstLeaseFD {
+	for len(files) < wire.FirstLeaseFD {
 		files = append(files, uintptr(la.null))
 	}
 	for _, fd := range la.lease {

@@ -5,10 +5,10 @@ import (
 	"os"
 	"strings"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/container"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // runContainer is npurun ENGINE run …: the lease, asked for as any (or
@@ -29,7 +29,7 @@ func runContainer(o Options, engine container.Engine, argv []string) int {
 	devDir := os.Getenv("NPURUN_DEV_DIR")
 	var l container.Lease
 	var all []int // every lease descriptor this process holds
-	if lease, ok := inheritedLease(client.SocketPath(o.Socket)); ok {
+	if lease, ok := inheritedLease(wire.SocketPath(o.Socket)); ok {
 		if err := lease.covers(o); err != nil {
 			warn("%v", err)
 			hint("a nested npurun runs inside its parent's lease; ask for the devices in the outer npurun")
@@ -53,7 +53,7 @@ func runContainer(o Options, engine container.Engine, argv []string) int {
 		l = container.Lease{Vendor: npu.VendorOf(hostEnv, devDir, devices), Devices: devices, FDs: fds, Env: hostEnv}
 		all = lease.fds
 	} else {
-		sayEnded(client.SocketPath(o.Socket))
+		sayEnded(wire.SocketPath(o.Socket))
 		w := waiter{o: o, tty: isTerminal(2)}
 		g, fds, code := w.acquire()
 		if g == nil {
@@ -90,7 +90,7 @@ func runContainer(o Options, engine container.Engine, argv []string) int {
 func engineEnv(env []string) []string {
 	out := make([]string, 0, len(env))
 	for _, kv := range env {
-		if !strings.HasPrefix(kv, client.LeaseVar+"=") {
+		if !strings.HasPrefix(kv, wire.LeaseVar+"=") {
 			out = append(out, kv)
 		}
 	}

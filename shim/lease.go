@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // lease is a lease this process inherited from an npurun above it.
@@ -22,8 +22,8 @@ type lease struct {
 // lock file of its device at the broker that serves socket (the broker
 // keeps them in "locks" beside its socket), and hold an exclusive flock.
 func inheritedLease(socket string) (*lease, bool) {
-	dir := client.LockDir(socket)
-	v := os.Getenv(client.LeaseVar)
+	dir := wire.LockDir(socket)
+	v := os.Getenv(wire.LeaseVar)
 	if v == "" {
 		return nil, false
 	}
@@ -32,7 +32,7 @@ func inheritedLease(socket string) (*lease, bool) {
 		dev, fdText, ok := strings.Cut(part, ":")
 		id, err1 := strconv.Atoi(dev)
 		fd, err2 := strconv.Atoi(fdText)
-		if !ok || err1 != nil || err2 != nil || fd < 0 || !client.HoldsLock(fd, id, dir) {
+		if !ok || err1 != nil || err2 != nil || fd < 0 || !wire.HoldsLock(fd, id, dir) {
 			return nil, false
 		}
 		l.devices = append(l.devices, id)
@@ -42,20 +42,20 @@ func inheritedLease(socket string) (*lease, bool) {
 }
 
 // endedLease names the devices of $NPURUN_LEASE whose descriptor is open
-// and is the lock file of a lease that has ended (client.EndedLock): a
+// and is the lock file of a lease that has ended (wire.EndedLock): a
 // descriptor kept, or received, after its lease. nil where none is.
 func endedLease(socket string) []int {
-	v := os.Getenv(client.LeaseVar)
+	v := os.Getenv(wire.LeaseVar)
 	if v == "" {
 		return nil
 	}
-	dir := client.LockDir(socket)
+	dir := wire.LockDir(socket)
 	var ended []int
 	for _, part := range strings.Split(v, ",") {
 		dev, fdText, _ := strings.Cut(part, ":")
 		id, err1 := strconv.Atoi(dev)
 		fd, err2 := strconv.Atoi(fdText)
-		if err1 == nil && err2 == nil && fd >= 0 && client.EndedLock(fd, id, dir) {
+		if err1 == nil && err2 == nil && fd >= 0 && wire.EndedLock(fd, id, dir) {
 			ended = append(ended, id)
 		}
 	}
@@ -119,10 +119,10 @@ func (l *lease) env(o Options) ([]string, []int, []int, error) {
 		env = narrowed
 	}
 	var placed []int
-	leaseVar := client.LeaseEntry(devices, fds)
-	if slices.Min(fds) < client.FirstLeaseFD {
+	leaseVar := wire.LeaseEntry(devices, fds)
+	if slices.Min(fds) < wire.FirstLeaseFD {
 		var err error
-		if placed, leaseVar, err = client.PlaceLease(devices, fds); err != nil {
+		if placed, leaseVar, err = wire.PlaceLease(devices, fds); err != nil {
 			return nil, nil, nil, err
 		}
 	}

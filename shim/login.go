@@ -10,10 +10,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // loginAnswer bounds the wait for the broker's answer to a login, beyond
@@ -43,16 +43,16 @@ func Login(o Options) int {
 	if isCmd {
 		argv = []string{filepath.Base(shell), "-c", cmd}
 	}
-	path := client.SocketPath(o.Socket)
+	path := wire.SocketPath(o.Socket)
 	r, fds, code := askLogin(o, path, !isCmd)
 	switch {
 	case code != 0:
 		return code
 	case r == nil: // no broker: the session-policy file decided to hide
 		return execShell(shell, argv, npu.HiddenEnv(), nil)
-	case r.Type == client.TypeIgnore:
+	case r.Type == wire.TypeIgnore:
 		return execShell(shell, argv, nil, nil)
-	case r.Type == client.TypeHide:
+	case r.Type == wire.TypeHide:
 		if r.Message != "" {
 			warn("%s", r.Message)
 		}
@@ -73,13 +73,13 @@ func Login(o Options) int {
 // interactive login (login), no lease for a command. It returns the reply
 // (a grant with its descriptors, ignore or hide), or nil for a session
 // without a device because no broker answers, or an exit status.
-func askLogin(o Options, path string, login bool) (*client.Reply, []int, int) {
-	c, err := client.Dial(path)
+func askLogin(o Options, path string, login bool) (*wire.Reply, []int, int) {
+	c, err := wire.Dial(path)
 	if err != nil {
 		return brokerDown(path, err, login)
 	}
 	defer c.Close()
-	req := &client.Request{Op: client.OpSession, Login: login, Service: LoginService, TTY: ttyName(), RHost: remoteHost()}
+	req := &wire.Request{Op: wire.OpSession, Login: login, Service: LoginService, TTY: ttyName(), RHost: remoteHost()}
 	if err := c.Send(req); err != nil {
 		return brokerDown(path, err, login)
 	}
@@ -87,9 +87,9 @@ func askLogin(o Options, path string, login bool) (*client.Reply, []int, int) {
 	deadline := time.Now().Add(loginAnswer)
 	for {
 		r, fds, err := c.Recv(max(time.Until(deadline), 0))
-		var be *client.Error
+		var be *wire.Error
 		switch {
-		case err == nil && r.Type == client.TypeQueued:
+		case err == nil && r.Type == wire.TypeQueued:
 			if r.WaitMS > 0 {
 				deadline = time.Now().Add(time.Duration(r.WaitMS)*time.Millisecond + loginAnswer)
 				w.waitFor = time.Duration(r.WaitMS) * time.Millisecond
@@ -97,7 +97,7 @@ func askLogin(o Options, path string, login bool) (*client.Reply, []int, int) {
 			w.cancelOnSignal()
 			w.loginProgress(r)
 			continue
-		case err == nil && (r.Type == client.TypeIgnore || r.Type == client.TypeHide || (r.Type == client.TypeGrant && login)):
+		case err == nil && (r.Type == wire.TypeIgnore || r.Type == wire.TypeHide || (r.Type == wire.TypeGrant && login)):
 			w.clear()
 			return r, fds, 0
 		case err == nil:
@@ -119,19 +119,19 @@ func askLogin(o Options, path string, login bool) (*client.Reply, []int, int) {
 // session (an interactive login, or a command) that no broker answers:
 // for a restricted account, the session without a device (nil reply) or
 // none at all; anyone else's goes on as usual.
-func brokerDown(path string, why error, login bool) (*client.Reply, []int, int) {
+func brokerDown(path string, why error, login bool) (*wire.Reply, []int, int) {
 	without := "logged in without a device"
 	if !login {
 		without = "the command runs without a device"
 	}
-	p, err := client.ReadSessionPolicy(path)
+	p, err := wire.ReadSessionPolicy(path)
 	if err != nil {
 		// No policy to go by: nothing restricts this login but the ACLs.
 		warn("the broker does not answer (%v); %s", why, without)
 		return nil, nil, 0
 	}
-	if !p.Restricts(client.Self()) {
-		return &client.Reply{Type: client.TypeIgnore}, nil, 0
+	if !p.Restricts(wire.Self()) {
+		return &wire.Reply{Type: wire.TypeIgnore}, nil, 0
 	}
 	if p.OnBrokerDown == "deny" {
 		warn("the broker does not answer (%v): no login for restricted accounts until it does (on_broker_down = \"deny\")", why)
@@ -142,11 +142,11 @@ func brokerDown(path string, why error, login bool) (*client.Reply, []int, int) 
 }
 
 // leaseEnv places the descriptors of grant r for the command
-// (client.PlaceLease: at 20 and above, kept across exec) and returns the
+// (wire.PlaceLease: at 20 and above, kept across exec) and returns the
 // command's environment entries, its variables and NPURUN_LEASE, and the
 // placed descriptors.
-func leaseEnv(r *client.Reply, fds []int) ([]string, []int, error) {
-	placed, leaseVar, err := client.PlaceLease(r.Devices, fds)
+func leaseEnv(r *wire.Reply, fds []int) ([]string, []int, error) {
+	placed, leaseVar, err := wire.PlaceLease(r.Devices, fds)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -185,10 +185,10 @@ func remoteHost() string {
 }
 
 // loginProgress shows a waiting login's place in line.
-func (w *waiter) loginProgress(r *client.Reply) {
+func (w *waiter) loginProgress(r *wire.Reply) {
 	msg := fmt.Sprintf("waiting for a device for this login in pool %q", r.Pool)
 	if r.Position > 0 {
-		msg += ": " + client.Ordinal(r.Position) + " in line"
+		msg += ": " + wire.Ordinal(r.Position) + " in line"
 	}
 	if w.waitFor > 0 {
 		msg += " (at most " + quantity.Duration(w.waitFor) + ")"

@@ -12,10 +12,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // Options are npurun's flags.
@@ -58,7 +58,7 @@ func Run(o Options, argv []string) int {
 	if engine := containerEngine(o, argv); engine != "" {
 		return runContainer(o, engine, argv)
 	}
-	if lease, ok := inheritedLease(client.SocketPath(o.Socket)); ok {
+	if lease, ok := inheritedLease(wire.SocketPath(o.Socket)); ok {
 		if v, set := os.LookupEnv("NPURUN_DEVICES"); set && v == "" {
 			// Under an npurun --no-device inside the lease: the devices
 			// are hidden here, and the lease's variables are gone.
@@ -99,7 +99,7 @@ func Run(o Options, argv []string) int {
 		}
 		return execute(argv, env, keep)
 	}
-	sayEnded(client.SocketPath(o.Socket))
+	sayEnded(wire.SocketPath(o.Socket))
 	w := waiter{o: o, tty: isTerminal(2)}
 	g, fds, code := w.acquire()
 	if g == nil {
@@ -129,25 +129,25 @@ type waiter struct {
 	waitFor  time.Duration // a login's on_busy wait, as the broker announced it
 	// held: the connection of a grant through a Slurm placeholder
 	// allocation (allocate mode), kept open to hear if Slurm ends it
-	held *client.Conn
+	held *wire.Conn
 }
 
-func (w *waiter) request() *client.Request {
-	return &client.Request{Op: client.OpAcquire, N: w.o.N, Pool: w.o.Pool, Devices: w.o.Devices, NoWait: w.o.NoWait, Mem: w.o.Mem}
+func (w *waiter) request() *wire.Request {
+	return &wire.Request{Op: wire.OpAcquire, N: w.o.N, Pool: w.o.Pool, Devices: w.o.Devices, NoWait: w.o.NoWait, Mem: w.o.Mem}
 }
 
 // acquire returns the grant and its descriptors, or nil and the exit
 // status to use.
-func (w *waiter) acquire() (*client.Reply, []int, int) {
-	path := client.SocketPath(w.o.Socket)
+func (w *waiter) acquire() (*wire.Reply, []int, int) {
+	path := wire.SocketPath(w.o.Socket)
 	start := time.Now()
 	if w.o.Timeout > 0 {
 		w.deadline = start.Add(w.o.Timeout)
 	}
-	c, err := client.Dial(path)
+	c, err := wire.Dial(path)
 	if err != nil {
 		warn("%v", err)
-		if h := client.Hint(err); h != "" {
+		if h := wire.Hint(err); h != "" {
 			hint("%s", h)
 			return nil, nil, exitcode.Unavailable
 		}
@@ -161,7 +161,7 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 	err = c.Send(w.request())
 	gone := 0 // times in a row the broker went away without answering
 	for {
-		var r *client.Reply
+		var r *wire.Reply
 		var fds []int
 		if err != nil {
 			err = fmt.Errorf("send request: %w", err)
@@ -172,16 +172,16 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			}
 			r, fds, err = c.Recv(timeout)
 		}
-		if err == nil || errors.As(err, new(*client.Error)) {
+		if err == nil || errors.As(err, new(*wire.Error)) {
 			gone = 0 // answered
 		}
-		var be *client.Error
+		var be *wire.Error
 		switch {
-		case err == nil && r.Type == client.TypeQueued:
+		case err == nil && r.Type == wire.TypeQueued:
 			w.cancelOnSignal()
 			w.progress(r)
 			continue
-		case err == nil && r.Type == client.TypeGrant:
+		case err == nil && r.Type == wire.TypeGrant:
 			w.granted(r, time.Since(start))
 			if r.SlurmJob != 0 {
 				w.held, c = c, nil
@@ -194,16 +194,16 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 		case errors.As(err, &be):
 			w.clear()
 			return nil, nil, refused(be)
-		case errors.Is(err, client.ErrNoAnswer):
+		case errors.Is(err, wire.ErrNoAnswer):
 			w.clear()
 			warn("%v", err)
-			hint("%s", client.Hint(err))
+			hint("%s", wire.Hint(err))
 			return nil, nil, exitcode.Unavailable
-		case errors.Is(err, client.ErrTimeout):
+		case errors.Is(err, wire.ErrTimeout):
 			w.clear()
 			warn("gave up after %s waiting for %s", quantity.Duration(w.o.Timeout), cmp.Or(w.place, w.what()))
 			return nil, nil, exitcode.TempFail
-		case client.Gone(err) && (w.o.NoWait || gone == maxGone):
+		case wire.Gone(err) && (w.o.NoWait || gone == maxGone):
 			// --no-wait does not wait for a broker to come back either;
 			// nor does anyone for one that never answers.
 			w.clear()
@@ -212,9 +212,9 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 			} else {
 				warn("the broker went away before it answered (%v)", err)
 			}
-			hint("%s", client.Hint(err))
+			hint("%s", wire.Hint(err))
 			return nil, nil, exitcode.Unavailable
-		case client.Gone(err):
+		case wire.Gone(err):
 			// The broker went away, before or after it took the request
 			// (it restarted, or died): our place is gone, the wait is not.
 			gone++
@@ -237,12 +237,12 @@ func (w *waiter) acquire() (*client.Reply, []int, int) {
 
 // refused tells the user why the broker refused and returns the exit
 // status that says so.
-func refused(be *client.Error) int {
+func refused(be *wire.Error) int {
 	warn("%s", be.Message)
 	if be.Hint != "" {
 		hint("%s", be.Hint)
 	}
-	return client.ExitStatus(be)
+	return wire.ExitStatus(be)
 }
 
 // redialEvery is how often a waiting npurun tries to reach a restarting
@@ -257,15 +257,15 @@ const maxGone = 10
 // redial connects again, every redialEvery, until it reaches a broker: one
 // that is restarting refuses for a while. why is what ended the last
 // connection, said where the deadline comes first.
-func (w *waiter) redial(path string, why error) (*client.Conn, error) {
+func (w *waiter) redial(path string, why error) (*wire.Conn, error) {
 	err := why
 	for {
 		if !w.deadline.IsZero() && time.Now().Add(redialEvery).After(w.deadline) {
 			return nil, fmt.Errorf("gave up after %s: %w", quantity.Duration(w.o.Timeout), err)
 		}
 		time.Sleep(redialEvery)
-		var c *client.Conn
-		if c, err = client.Dial(path); err == nil {
+		var c *wire.Conn
+		if c, err = wire.Dial(path); err == nil {
 			return c, nil
 		}
 	}
@@ -290,13 +290,13 @@ func (w *waiter) cancelOnSignal() {
 
 func (w *waiter) what() string {
 	if len(w.o.Devices) > 0 {
-		return client.Wanted(len(w.o.Devices), w.o.Mem, npu.Unknown.Format(w.o.Devices))
+		return wire.Wanted(len(w.o.Devices), w.o.Mem, npu.Unknown.Format(w.o.Devices))
 	}
-	return client.Wanted(max(w.o.N, 1), w.o.Mem, "")
+	return wire.Wanted(max(w.o.N, 1), w.o.Mem, "")
 }
 
-func (w *waiter) progress(r *client.Reply) {
-	msg := fmt.Sprintf("%s in pool %q: %s in line", w.what(), r.Pool, client.Ordinal(r.Position))
+func (w *waiter) progress(r *wire.Reply) {
+	msg := fmt.Sprintf("%s in pool %q: %s in line", w.what(), r.Pool, wire.Ordinal(r.Position))
 	if len(r.Ahead) > 0 {
 		msg += fmt.Sprintf(" (%d ahead: %s)", r.Position-1, strings.Join(r.Ahead, ", "))
 		if r.Position-1 > len(r.Ahead) {
@@ -307,7 +307,7 @@ func (w *waiter) progress(r *client.Reply) {
 		msg += "; " + r.Reason
 	}
 	w.place = msg // for a --timeout's message, even with -q
-	w.say("waiting for " + msg + "; " + client.StartBy(r.Start, time.Now()))
+	w.say("waiting for " + msg + "; " + wire.StartBy(r.Start, time.Now()))
 }
 
 // say shows a progress line: rewritten in place on a terminal, a line per
@@ -333,7 +333,7 @@ func (w *waiter) clear() {
 	}
 }
 
-func (w *waiter) granted(r *client.Reply, waited time.Duration) {
+func (w *waiter) granted(r *wire.Reply, waited time.Duration) {
 	w.clear()
 	if w.o.Mem > 0 && r.Message != "" && !w.o.Quiet && (w.tty || w.o.Verbose) {
 		// A share: what it was granted, and what else the device holds.

@@ -9,15 +9,15 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/exitcode"
+	"github.com/npurun/npurun/wire"
 )
 
 // runHeld runs argv as npurun's child, rather than becoming it, when the
 // lease is held through Slurm job job, a placeholder allocation (allocate
 // mode): Slurm may end that job (scancel, its time limit, preemption),
 // and the broker then ends the command. npurun stays to say so: the
-// broker tells it on the connection it kept open (client.TypeEnded)
+// broker tells it on the connection it kept open (wire.TypeEnded)
 // before it signals the lease's holders, and why; npurun then says so and
 // exits with exitcode.SlurmEnded. Otherwise npurun exits as its
 // command did (killed by a signal: by the same signal).
@@ -65,7 +65,7 @@ func (w *waiter) runHeld(argv, env []string, placed []int, job uint32) int {
 		return waitChild(pid, nil)
 	}
 	defer unix.Close(pidfd)
-	var ended *client.Reply
+	var ended *wire.Reply
 	listen := true // the connection is open, and may yet tell
 	// hear reads what the broker says: an ended reply, or the connection
 	// gone (a broker restart: nothing more is heard of this job).
@@ -73,10 +73,10 @@ func (w *waiter) runHeld(argv, env []string, placed []int, job uint32) int {
 		r, fds, err := c.Recv(0)
 		closeFDs(fds)
 		switch {
-		case errors.Is(err, client.ErrTimeout):
+		case errors.Is(err, wire.ErrTimeout):
 		case err != nil:
 			listen = false
-		case r.Type == client.TypeEnded && r.SlurmJob == job:
+		case r.Type == wire.TypeEnded && r.SlurmJob == job:
 			ended, listen = r, false
 		}
 	}
@@ -107,7 +107,7 @@ func (w *waiter) runHeld(argv, env []string, placed []int, job uint32) int {
 // waitChild reaps the child pid and returns npurun's exit status: after
 // ended (Slurm ended the command's placeholder job), exitcode.SlurmEnded, with
 // a word; else the child's status, a signal's re-raised on npurun.
-func waitChild(pid int, ended *client.Reply) int {
+func waitChild(pid int, ended *wire.Reply) int {
 	var ws unix.WaitStatus
 	for {
 		_, err := unix.Wait4(pid, &ws, 0, nil)
@@ -133,10 +133,10 @@ func waitChild(pid int, ended *client.Reply) int {
 }
 
 // endedWord is what npurun says when the broker ended its command (ended,
-// client.TypeEnded): the broker's reason, where it gave one (Slurm ended
+// wire.TypeEnded): the broker's reason, where it gave one (Slurm ended
 // the job, or gave its devices to another job); a broker that gives none
 // is told by Slurm's end of the job.
-func endedWord(ended *client.Reply) string {
+func endedWord(ended *wire.Reply) string {
 	if ended.Message != "" {
 		return fmt.Sprintf("slurm job %d: the command was ended: %s", ended.SlurmJob, ended.Message)
 	}

@@ -7,8 +7,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/exitcode"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestWaitChildEndedReason: when the broker ends the lease of a
@@ -20,13 +20,13 @@ import (
 func TestWaitChildEndedReason(t *testing.T) {
 	for _, c := range []struct {
 		name  string
-		ended client.Reply
+		ended wire.Reply
 		want  string
 		not   string
 	}{
-		{"the broker's reason", client.Reply{Type: client.TypeEnded, SlurmJob: 12, Message: "Slurm gave its devices to job 13 of bob"},
+		{"the broker's reason", wire.Reply{Type: wire.TypeEnded, SlurmJob: 12, Message: "Slurm gave its devices to job 13 of bob"},
 			"npurun: slurm job 12: the command was ended: Slurm gave its devices to job 13 of bob\n", "cancelled"},
-		{"no reason", client.Reply{Type: client.TypeEnded, SlurmJob: 12},
+		{"no reason", wire.Reply{Type: wire.TypeEnded, SlurmJob: 12},
 			"npurun: slurm job 12 was cancelled (scancel, its time limit or preemption): the command was ended\n", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -11,10 +11,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // Sub-leases: an npurun inside a lease that asks for some of its devices
@@ -218,7 +218,7 @@ func (l *lease) takeSublease(o Options, w subleaseWaiter) (*sublease, int, error
 		if !ok {
 			continue
 		}
-		nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD, client.FirstLeaseFD) // close-on-exec clear
+		nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD, wire.FirstLeaseFD) // close-on-exec clear
 		if err != nil {
 			return fail(exitcode.Failure, fmt.Errorf("place the sub-lease of device %d: %w", d, err))
 		}

@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/wire"
 )
 
 // What npurun-slurm is, as slurmd's Prolog and Epilog: it tells the
@@ -111,7 +111,7 @@ func Script(args []string, getenv func(string) string, stderr io.Writer, version
 			return usage("prolog or epilog? (SLURM_SCRIPT_CONTEXT is %q)", context)
 		}
 	}
-	o.socket = client.SocketPath(o.socket)
+	o.socket = wire.SocketPath(o.socket)
 	var msg string
 	var err error
 	if mode == "prolog" {
@@ -142,7 +142,7 @@ type scriptOptions struct {
 
 // jobFromEnv reads the job as slurmd describes it to its Prolog and
 // Epilog.
-func jobFromEnv(getenv func(string) string) (*client.SlurmJob, error) {
+func jobFromEnv(getenv func(string) string) (*wire.SlurmJob, error) {
 	id, err := strconv.ParseUint(getenv("SLURM_JOB_ID"), 10, 32)
 	if err != nil {
 		return nil, fmt.Errorf("SLURM_JOB_ID=%q is not a job id: not run by slurmd as its Prolog or Epilog?", getenv("SLURM_JOB_ID"))
@@ -151,7 +151,7 @@ func jobFromEnv(getenv func(string) string) (*client.SlurmJob, error) {
 	if err != nil {
 		return nil, fmt.Errorf("job %d: SLURM_JOB_UID=%q is not a user id", id, getenv("SLURM_JOB_UID"))
 	}
-	return &client.SlurmJob{ID: uint32(id), UID: uint32(uid), User: getenv("SLURM_JOB_USER"), GRES: getenv("SLURM_JOB_GPUS")}, nil
+	return &wire.SlurmJob{ID: uint32(id), UID: uint32(uid), User: getenv("SLURM_JOB_USER"), GRES: getenv("SLURM_JOB_GPUS")}, nil
 }
 
 // prolog tells the broker that the job holds its GRES devices.
@@ -163,7 +163,7 @@ func prolog(o scriptOptions, getenv func(string) string) (string, error) {
 	if job.GRES == "" {
 		return "", nil // no devices: nothing of npurun's
 	}
-	r, err := ask(o, &client.Request{Op: client.OpSlurmProlog, Job: job})
+	r, err := ask(o, &wire.Request{Op: wire.OpSlurmProlog, Job: job})
 	if err != nil {
 		return "", fmt.Errorf("job %d of %s on gres %s: %w: the job runs without npurun's lease", job.ID, job.User, job.GRES, err)
 	}
@@ -180,7 +180,7 @@ func epilog(o scriptOptions, getenv func(string) string) (string, error) {
 	if job.GRES == "" {
 		return "", nil
 	}
-	r, err := ask(o, &client.Request{Op: client.OpSlurmEpilog, Job: job})
+	r, err := ask(o, &wire.Request{Op: wire.OpSlurmEpilog, Job: job})
 	if err != nil {
 		return "", fmt.Errorf("end of job %d: %w", job.ID, err)
 	}
@@ -189,9 +189,9 @@ func epilog(o scriptOptions, getenv func(string) string) (string, error) {
 
 // ask sends req and waits, until o.timeout has passed, for the answer
 // that is not progress.
-func ask(o scriptOptions, req *client.Request) (*client.Reply, error) {
+func ask(o scriptOptions, req *wire.Request) (*wire.Reply, error) {
 	deadline := time.Now().Add(o.timeout)
-	c, err := client.DialWithin(o.socket, o.timeout)
+	c, err := wire.DialWithin(o.socket, o.timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -201,17 +201,17 @@ func ask(o scriptOptions, req *client.Request) (*client.Reply, error) {
 	}
 	for {
 		r, _, err := c.Recv(max(time.Until(deadline), 0))
-		var be *client.Error
+		var be *wire.Error
 		switch {
 		case errors.As(err, &be):
 			return nil, fmt.Errorf("the broker refused: %s", be.Message)
-		case errors.Is(err, client.ErrTimeout):
+		case errors.Is(err, wire.ErrTimeout):
 			return nil, fmt.Errorf("no answer from the broker at %s within %s", o.socket, quantity.Duration(o.timeout))
 		case err != nil:
 			return nil, fmt.Errorf("the broker at %s: %w", o.socket, err)
-		case r.Type == client.TypeQueued:
+		case r.Type == wire.TypeQueued:
 			continue // waits for what holds the devices still to end
-		case r.Type != client.TypeOK:
+		case r.Type != wire.TypeOK:
 			return nil, fmt.Errorf("unexpected answer %q from the broker", r.Type)
 		}
 		return r, nil

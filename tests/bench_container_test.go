@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/container"
+	"github.com/npurun/npurun/wire"
 )
 
 // Samples of the container benchmarks.
@@ -108,16 +108,16 @@ func BenchmarkRuntimeCreate(b *testing.B) {
 		return exec.Command(br.Bin.Runtime, append([]string{"--npurun-config", br.Conf, "--npurun-socket", br.Socket, "--npurun-runc", "/bin/true"}, args...)...)
 	}
 	create := &benchSide{name: "npurun-runtime create (hand-over)", sample: func() time.Duration {
-		c, err := client.Dial(br.Socket)
+		c, err := wire.Dial(br.Socket)
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer c.Close()
-		if err := c.Send(&client.Request{Op: client.OpAcquire, Devices: []int{0}}); err != nil {
+		if err := c.Send(&wire.Request{Op: wire.OpAcquire, Devices: []int{0}}); err != nil {
 			b.Fatal(err)
 		}
 		r, fds, err := c.Recv(eventTimeout)
-		if err != nil || r.Type != client.TypeGrant {
+		if err != nil || r.Type != wire.TypeGrant {
 			b.Fatalf("acquire: %+v, %v", r, err)
 		}
 		h, err := container.NewHandover("ascend", []int{0}, fds)

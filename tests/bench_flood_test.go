@@ -25,7 +25,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 const (
@@ -60,7 +60,7 @@ type crowd struct {
 // asked, and counts what happened. The clients use the runtime's poller, so
 // that 10,000 of them are 10,000 goroutines, not 10,000 threads.
 func benchChurn(b *testing.B, br *Broker, pid, n int, dur time.Duration) crowd {
-	req, err := client.Encode(&client.Request{V: client.Version, Op: client.OpAcquire, N: 1})
+	req, err := wire.Encode(&wire.Request{V: wire.Version, Op: wire.OpAcquire, N: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func benchChurn(b *testing.B, br *Broker, pid, n int, dur time.Duration) crowd {
 		go func() {
 			defer wg.Done()
 			buf := make([]byte, 4096)
-			oob := make([]byte, unix.CmsgSpace(4*client.MaxDevices))
+			oob := make([]byte, unix.CmsgSpace(4*wire.MaxDevices))
 			first := true
 			for !stop.Load() {
 				if _, err := c.Write(req); err != nil {

@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 const (
@@ -41,7 +41,7 @@ func BenchmarkReloadPause(b *testing.B) {
 	base := FakeConfig(4) + "[broker]\nmax_waiting_per_user = 4096\n"
 	confs := []string{base, base + "[limits]\nmax_devices = 4\n[status]\nscan_interval = \"7s\"\n"}
 	br := StartBroker(b, confs[0])
-	req, err := client.Encode(&client.Request{V: client.Version, Op: client.OpAcquire, N: 1})
+	req, err := wire.Encode(&wire.Request{V: wire.Version, Op: wire.OpAcquire, N: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func BenchmarkReloadPause(b *testing.B) {
 		go func() {
 			defer wg.Done()
 			buf := make([]byte, 4096)
-			oob := make([]byte, unix.CmsgSpace(4*client.MaxDevices))
+			oob := make([]byte, unix.CmsgSpace(4*wire.MaxDevices))
 			for !stop.Load() {
 				if _, err := c.Write(req); err != nil {
 					errs <- err
@@ -96,7 +96,7 @@ func BenchmarkReloadPause(b *testing.B) {
 		}()
 	}
 	time.Sleep(500 * time.Millisecond) // the crowd under way
-	ctl, err := client.Dial(br.Socket)
+	ctl, err := wire.Dial(br.Socket)
 	if err != nil {
 		b.Fatal(err)
 	}

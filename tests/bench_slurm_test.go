@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 const benchSrunSamples = 30
@@ -39,14 +39,14 @@ func (s *benchJobStub) handle(r stubRequest) stubAnswer {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r.Cred.Uid != 0 || r.Req.Job == nil {
-		return stubAnswer{Replies: []client.Reply{{Type: client.TypeError, Code: client.CodeDenied, Message: "root only"}}}
+		return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeError, Code: wire.CodeDenied, Message: "root only"}}}
 	}
-	ok := stubAnswer{Replies: []client.Reply{{Type: client.TypeOK}}}
-	ignore := stubAnswer{Replies: []client.Reply{{Type: client.TypeIgnore}}}
+	ok := stubAnswer{Replies: []wire.Reply{{Type: wire.TypeOK}}}
+	ignore := stubAnswer{Replies: []wire.Reply{{Type: wire.TypeIgnore}}}
 	id := r.Req.Job.ID
 	j := s.jobs[id]
 	switch r.Req.Op {
-	case client.OpSlurmProlog:
+	case wire.OpSlurmProlog:
 		j = &benchJob{}
 		for _, f := range strings.Split(r.Req.Job.GRES, ",") {
 			d, _ := strconv.Atoi(f)
@@ -60,7 +60,7 @@ func (s *benchJobStub) handle(r stubRequest) stubAnswer {
 		}
 		s.jobs[id] = j
 		return ok
-	case client.OpSlurmEpilog:
+	case wire.OpSlurmEpilog:
 		if j != nil {
 			closeFDs(j.own)
 			for _, p := range j.paths {
@@ -69,14 +69,14 @@ func (s *benchJobStub) handle(r stubRequest) stubAnswer {
 			delete(s.jobs, id)
 		}
 		return ok
-	case client.OpSlurmHold:
+	case wire.OpSlurmHold:
 		if j == nil || j.own == nil {
 			return ignore
 		}
 		fds := j.own
 		j.own, j.extern = nil, int(r.Cred.Pid)
-		return stubAnswer{Replies: []client.Reply{{Type: client.TypeGrant, Devices: j.devices, Vendor: "ascend"}}, FDs: fds}
-	case client.OpSlurmTask:
+		return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeGrant, Devices: j.devices, Vendor: "ascend"}}, FDs: fds}
+	case wire.OpSlurmTask:
 		if j == nil {
 			return ignore
 		}
@@ -97,9 +97,9 @@ func (s *benchJobStub) handle(r stubRequest) stubAnswer {
 			ids = append(ids, strconv.Itoa(d))
 		}
 		env := []string{"NPURUN_DEVICES=" + strings.Join(ids, ","), "ASCEND_RT_VISIBLE_DEVICES=" + strings.Join(ids, ",")}
-		return stubAnswer{Replies: []client.Reply{{Type: client.TypeGrant, Devices: j.devices, Vendor: "ascend", Env: env}}, FDs: fds}
+		return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeGrant, Devices: j.devices, Vendor: "ascend", Env: env}}, FDs: fds}
 	}
-	return stubAnswer{Replies: []client.Reply{{Type: client.TypeError, Code: client.CodeBadRequest, Message: "unknown op"}}}
+	return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeError, Code: wire.CodeBadRequest, Message: "unknown op"}}}
 }
 
 // benchFromExtern takes copies of the descriptors of paths that process
@@ -214,7 +214,7 @@ func BenchmarkSlurmSrun(b *testing.B) {
 	// The served runs took their leases: the stub saw every job's requests.
 	holds := 0
 	for _, r := range broker.Requests() {
-		if r.Req.Op == client.OpSlurmHold {
+		if r.Req.Op == wire.OpSlurmHold {
 			holds++
 		}
 	}

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 const (
@@ -135,12 +135,12 @@ func BenchmarkScanCPU(b *testing.B) {
 	// A scan is followed by a pause 59 times its CPU time: on a slow
 	// machine, longer than the interval.
 	const slow = 10 * time.Minute
-	first, _ := w.nextWithin(slow, "a scan after the extra processes started", func(bd *client.Board) bool { return time.UnixMilli(bd.Scan.Last).After(running) })
+	first, _ := w.nextWithin(slow, "a scan after the extra processes started", func(bd *wire.Board) bool { return time.UnixMilli(bd.Scan.Last).After(running) })
 	interval := time.Duration(first.Scan.IntervalMS) * time.Millisecond
 	c0, t0 := benchCPU(b, pid), time.Now()
 	last := first
 	for range benchScanWindow {
-		last, _ = w.nextWithin(slow, "the next scan", func(bd *client.Board) bool { return bd.Scan.Last > last.Scan.Last })
+		last, _ = w.nextWithin(slow, "the next scan", func(bd *wire.Board) bool { return bd.Scan.Last > last.Scan.Last })
 	}
 	c1, t1 := benchCPU(b, pid), time.Now()
 	share := (c1 - c0).Seconds() / t1.Sub(t0).Seconds()

@@ -30,7 +30,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 const (
@@ -50,9 +50,9 @@ var benchTaskConfig = FakeConfig(1) + "[tasks]\ncpu_slots = 1\n[limits]\nmax_que
 
 // benchTaskSub is a submission as task-submit makes it (this process's
 // environment and directory), logging under logDir.
-func benchTaskSub(b *testing.B, logDir string, argv ...string) *client.Submission {
+func benchTaskSub(b *testing.B, logDir string, argv ...string) *wire.Submission {
 	cwd, _ := os.Getwd() // may be called off the benchmark's goroutine: no b.Fatal
-	return &client.Submission{Argv: argv, Cwd: cwd, Env: os.Environ(), Log: filepath.Join(logDir, "task.log")}
+	return &wire.Submission{Argv: argv, Cwd: cwd, Env: os.Environ(), Log: filepath.Join(logDir, "task.log")}
 }
 
 // benchTaskLogs hands out a log path per task in a temporary directory.
@@ -70,11 +70,11 @@ func (l *benchTaskLogs) next() string {
 // before the lease is released, so that none of them ever runs.
 func benchTaskHoldDevice(b *testing.B, br *Broker) {
 	c := br.Dial()
-	if err := c.Send(&client.Request{Op: client.OpAcquire, N: 1}); err != nil {
+	if err := c.Send(&wire.Request{Op: wire.OpAcquire, N: 1}); err != nil {
 		b.Fatal(err)
 	}
 	r, fds, err := c.Recv(10 * time.Second)
-	if err != nil || r.Type != client.TypeGrant {
+	if err != nil || r.Type != wire.TypeGrant {
 		b.Fatalf("holder: %v %v", r, err)
 	}
 	b.Cleanup(func() {
@@ -87,7 +87,7 @@ func benchTaskHoldDevice(b *testing.B, br *Broker) {
 
 // benchTaskSubmitAll submits total tasks (made by mk) from conns
 // concurrently and returns the time it took and each submission's latency.
-func benchTaskSubmitAll(b *testing.B, conns []*client.Conn, total int, mk func() *client.Submission) (time.Duration, []time.Duration) {
+func benchTaskSubmitAll(b *testing.B, conns []*wire.Conn, total int, mk func() *wire.Submission) (time.Duration, []time.Duration) {
 	var next atomic.Int64
 	lats := make([][]time.Duration, len(conns))
 	errs := make(chan error, len(conns))
@@ -136,12 +136,12 @@ func BenchmarkTaskSubmit(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	blocked := func() *client.Submission {
+	blocked := func() *wire.Submission {
 		s := benchTaskSub(b, logs, "true")
 		s.After = []uint64{gate.ID}
 		return s
 	}
-	pending := func() *client.Submission { return benchTaskSub(b, logs, "true") }
+	pending := func() *wire.Submission { return benchTaskSub(b, logs, "true") }
 	for range 20 { // warm up
 		if _, err := c0.Submit(blocked()); err != nil {
 			b.Fatal(err)
@@ -161,7 +161,7 @@ func BenchmarkTaskSubmit(b *testing.B) {
 	}
 	seqRate := float64(len(seq)) / time.Since(t0).Seconds()
 
-	conns := make([]*client.Conn, benchTaskConns)
+	conns := make([]*wire.Conn, benchTaskConns)
 	for i := range conns {
 		conns[i] = br.Dial()
 	}
@@ -196,7 +196,7 @@ func BenchmarkTaskSubmit(b *testing.B) {
 // benchTaskRunOne submits s, waits for it to end, and returns the times
 // from just before Submit to its acknowledgement, to its command's stamp
 // and to Wait's return.
-func benchTaskRunOne(b *testing.B, c *client.Conn, s *client.Submission, stamp string) (ack, start, end time.Duration) {
+func benchTaskRunOne(b *testing.B, c *wire.Conn, s *wire.Submission, stamp string) (ack, start, end time.Duration) {
 	os.Remove(stamp)
 	t0 := time.Now()
 	r, err := c.Submit(s)
@@ -209,7 +209,7 @@ func benchTaskRunOne(b *testing.B, c *client.Conn, s *client.Submission, stamp s
 		b.Fatal(err)
 	}
 	end = time.Since(t0)
-	if ti.State != client.StateDone {
+	if ti.State != wire.StateDone {
 		b.Fatalf("task %d: %s %s", ti.ID, ti.State, ti.Reason)
 	}
 	start = benchSince(b, t0, stamp)
@@ -257,7 +257,7 @@ func BenchmarkTaskStart(b *testing.B) {
 		if _, err := fmt.Sscanf(out, "task %d submitted", &id); err != nil {
 			b.Fatalf("task-submit said %q", out)
 		}
-		if ti, err := c.Wait(id); err != nil || ti.State != client.StateDone {
+		if ti, err := c.Wait(id); err != nil || ti.State != wire.StateDone {
 			b.Fatalf("task %d: %+v %v", id, ti, err)
 		}
 		return benchSince(b, t0, stamp)
@@ -326,7 +326,7 @@ func benchHandoffArgs(p *benchPeers, fifo, a, bb string) (argvA, argvB []string)
 // benchTaskHandoffOne: task A holds the only device until this process
 // writes to a FIFO A reads, then stamps and exits; task B, queued behind
 // it, stamps as it starts.
-func benchTaskHandoffOne(b *testing.B, c *client.Conn, p *benchPeers, logs *benchTaskLogs, dir string) time.Duration {
+func benchTaskHandoffOne(b *testing.B, c *wire.Conn, p *benchPeers, logs *benchTaskLogs, dir string) time.Duration {
 	a, bb, fifo := filepath.Join(dir, "a"), filepath.Join(dir, "b"), filepath.Join(dir, "fifo")
 	os.Remove(a)
 	os.Remove(bb)
@@ -356,7 +356,7 @@ func benchTaskHandoffOne(b *testing.B, c *client.Conn, p *benchPeers, logs *benc
 		if err != nil {
 			b.Fatal(err)
 		}
-		if ti.State != client.StateDone {
+		if ti.State != wire.StateDone {
 			b.Fatalf("task %d: %s %s", ti.ID, ti.State, ti.Reason)
 		}
 	}
@@ -454,22 +454,22 @@ func (c *benchCounter) Write(p []byte) (int, error) { *c += benchCounter(len(p))
 // connection: how long it took, how many tasks and replies came, and
 // whether the last reply came.
 func benchTaskListProto(b *testing.B, br *Broker) (d time.Duration, tasks, replies int, ok bool) {
-	c, err := client.Dial(br.Socket)
+	c, err := wire.Dial(br.Socket)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer c.Close()
 	t0 := time.Now()
-	req := &client.Request{Op: client.OpList}
+	req := &wire.Request{Op: wire.OpList}
 	for {
 		if err := c.Send(req); err != nil {
 			b.Fatal(err)
 		}
 		r, _, err := c.Recv(benchTaskListTimeout)
-		if err == client.ErrTimeout {
+		if err == wire.ErrTimeout {
 			return time.Since(t0), tasks, replies, false
 		}
-		if err != nil || r.Type != client.TypeTasks {
+		if err != nil || r.Type != wire.TypeTasks {
 			b.Fatalf("list: %v %v", r, err)
 		}
 		replies++
@@ -477,7 +477,7 @@ func benchTaskListProto(b *testing.B, br *Broker) (d time.Duration, tasks, repli
 		if !r.More {
 			return time.Since(t0), tasks, replies, true
 		}
-		req = &client.Request{Op: client.OpList, After: r.Next}
+		req = &wire.Request{Op: wire.OpList, After: r.Next}
 	}
 }
 
@@ -489,11 +489,11 @@ func BenchmarkTaskList(b *testing.B) {
 	br := StartBroker(b, benchTaskConfig)
 	benchTaskHoldDevice(b, br)
 	logs := b.TempDir()
-	conns := make([]*client.Conn, benchTaskConns)
+	conns := make([]*wire.Conn, benchTaskConns)
 	for i := range conns {
 		conns[i] = br.Dial()
 	}
-	mk := func() *client.Submission { return benchTaskSub(b, logs, "true") }
+	mk := func() *wire.Submission { return benchTaskSub(b, logs, "true") }
 	variants := [][]string{{"list"}, {"list", "--json"}, {"list", "--all"}, {"--version"}}
 	sizes := []int{benchTaskListTasks / 10, benchTaskListTasks}
 	cells := make([][]string, len(variants)+1) // per variant, then the protocol: a cell per size

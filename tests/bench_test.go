@@ -34,7 +34,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // Sample counts and durations; the whole suite runs in well under a minute
@@ -343,7 +343,7 @@ func BenchmarkHandoff(b *testing.B) {
 func BenchmarkThroughput(b *testing.B) {
 	benchNoNsPerOp(b)
 	br := StartBroker(b, FakeConfig(benchThroughputDevs))
-	conns := make([]*client.Conn, benchThroughputConns)
+	conns := make([]*wire.Conn, benchThroughputConns)
 	for i := range conns {
 		conns[i] = br.Dial()
 	}
@@ -361,13 +361,13 @@ func BenchmarkThroughput(b *testing.B) {
 			<-start
 			for !stop.Load() {
 				t0 := time.Now()
-				if err := c.Send(&client.Request{Op: client.OpAcquire, N: 1}); err != nil {
+				if err := c.Send(&wire.Request{Op: wire.OpAcquire, N: 1}); err != nil {
 					errs <- err
 					return
 				}
 				for {
 					r, fds, err := c.Recv(100 * time.Millisecond)
-					if err == client.ErrTimeout {
+					if err == wire.ErrTimeout {
 						if stop.Load() {
 							return
 						}
@@ -377,7 +377,7 @@ func BenchmarkThroughput(b *testing.B) {
 						errs <- err
 						return
 					}
-					if r.Type != client.TypeGrant {
+					if r.Type != wire.TypeGrant {
 						queued.Add(1)
 						continue
 					}
@@ -505,11 +505,11 @@ func BenchmarkMemory(b *testing.B) {
 	idle := benchProcStatus(b, pid, "VmRSS")
 
 	benchHolder := br.Dial()
-	if err := benchHolder.Send(&client.Request{Op: client.OpAcquire, N: 1}); err != nil {
+	if err := benchHolder.Send(&wire.Request{Op: wire.OpAcquire, N: 1}); err != nil {
 		b.Fatal(err)
 	}
 	r, fds, err := benchHolder.Recv(10 * time.Second)
-	if err != nil || r.Type != client.TypeGrant {
+	if err != nil || r.Type != wire.TypeGrant {
 		b.Fatalf("holder: %v %v", r, err)
 	}
 	defer func() {
@@ -518,12 +518,12 @@ func BenchmarkMemory(b *testing.B) {
 		}
 	}()
 
-	req, err := client.Encode(&client.Request{V: client.Version, Op: client.OpAcquire, N: 1})
+	req, err := wire.Encode(&wire.Request{V: wire.Version, Op: wire.OpAcquire, N: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
-	buf := make([]byte, client.MaxMessage)
-	oob := make([]byte, unix.CmsgSpace(client.MaxDevices*4))
+	buf := make([]byte, wire.MaxMessage)
+	oob := make([]byte, unix.CmsgSpace(wire.MaxDevices*4))
 	socks := make([]int, 0, waiters)
 	b.Cleanup(func() {
 		br.Stop() // before the waiters go, so that it does not serve 10,000 cancellations
@@ -541,19 +541,19 @@ func BenchmarkMemory(b *testing.B) {
 		if err := unix.Connect(fd, &unix.SockaddrUnix{Name: br.Socket}); err != nil {
 			b.Fatalf("waiter %d: connect: %v", i, err)
 		}
-		if err := client.SendMsg(fd, req, nil, 0); err != nil {
+		if err := wire.SendMsg(fd, req, nil, 0); err != nil {
 			b.Fatalf("waiter %d: send: %v", i, err)
 		}
 	}
 	// The broker tells waiters their places in batches (every 50 ms), not
 	// one by one: ask on every connection first, then read the answers.
 	for i, fd := range socks {
-		data, _, err := client.RecvMsg(fd, buf, oob, 0)
+		data, _, err := wire.RecvMsg(fd, buf, oob, 0)
 		if err != nil {
 			b.Fatalf("waiter %d: recv: %v", i, err)
 		}
-		var rep client.Reply
-		if err := json.Unmarshal(data, &rep); err != nil || rep.Type != client.TypeQueued {
+		var rep wire.Reply
+		if err := json.Unmarshal(data, &rep); err != nil || rep.Type != wire.TypeQueued {
 			b.Fatalf("waiter %d: reply %s (%v)", i, data, err)
 		}
 	}

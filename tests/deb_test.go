@@ -56,7 +56,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // debInnerEnv names the test's directory in the inner run, in the mount
@@ -1152,10 +1152,10 @@ func debFree(t *testing.T, id int) {
 	}
 }
 
-func debShow(t *testing.T, u testUser, id uint64) client.TaskInfo {
+func debShow(t *testing.T, u testUser, id uint64) wire.TaskInfo {
 	t.Helper()
 	code, out := exitCode(t, debAs(u, "/usr/bin/task-submit", "show", "--json", strconv.FormatUint(id, 10)))
-	var ti client.TaskInfo
+	var ti wire.TaskInfo
 	if code != 0 || json.Unmarshal([]byte(out), &ti) != nil {
 		t.Fatalf("task-submit show --json %d: exit %d: %s", id, code, out)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // docScenes are the scenes that run the documents' examples.
@@ -83,7 +83,7 @@ func (s *docStage) awaitTask(id, state string) {
 	deadline := time.Now().Add(eventTimeout)
 	for {
 		out, err := s.command("task-submit show --json " + id).Output()
-		var ti client.TaskInfo
+		var ti wire.TaskInfo
 		if err == nil && json.Unmarshal(out, &ti) == nil && ti.State == state {
 			return
 		}
@@ -138,7 +138,7 @@ func sceneReadmeWaits(t *testing.T, exs map[string][]docExample) *docStage {
 	var ahead []*proc
 	for i, u := range []testUser{alice, bob} {
 		p := startProc(t, u.Name, u.as(s.command("exec npurun -v -d 9 python train.py", "NPURUN_STANDIN=hold"), s.dir))
-		p.waitLine(client.Ordinal(i+1) + " in line")
+		p.waitLine(wire.Ordinal(i+1) + " in line")
 		ahead = append(ahead, p)
 	}
 	cmd := "npurun -d 9 python debug.py"
@@ -147,7 +147,7 @@ func sceneReadmeWaits(t *testing.T, exs map[string][]docExample) *docStage {
 	release(holder)
 	for i, p := range ahead {
 		p.waitLine("held")
-		mine.waitLine(client.Ordinal(2-i) + " in line")
+		mine.waitLine(wire.Ordinal(2-i) + " in line")
 		release(p)
 	}
 	mine.mustSucceed()
@@ -196,7 +196,7 @@ func sceneReadmeTasks(t *testing.T, exs map[string][]docExample) *docStage {
 	release(holder)
 	s.example("task-submit logs -f 118", "task-submit logs -f "+first, 0)
 	s.example("task-submit wait 118", "task-submit wait "+first, 0)
-	s.awaitTask(second, client.StateRunning)
+	s.awaitTask(second, wire.StateRunning)
 	s.example("task-submit cancel 119", "task-submit cancel "+second, 0)
 	s.endTask(second, false)
 	return s
@@ -236,7 +236,7 @@ func sceneManTasks(t *testing.T, exs map[string][]docExample) *docStage {
 	out := s.example(jqLine, jqLine+` && echo "id $id" && `+logsLine, 0)
 	s.compare(logsLine, strings.Join(keepLines(strings.Split(out, "\n"), func(l string) bool { return !strings.HasPrefix(l, "id ") }), "\n"))
 	s.example("task-submit list --all", "", 0)
-	s.awaitTask(first, client.StateRunning)
+	s.awaitTask(first, wire.StateRunning)
 	s.example("task-submit cancel 118", "task-submit cancel "+first, 0)
 	s.endTask(first, false)
 	return s
@@ -347,7 +347,7 @@ func sceneStatus(t *testing.T, exs map[string][]docExample) *docStage {
 	dave := hold("dave", "npurun -d 2-3 python train.py")
 	bob := submit("bob", "-d 12 -- torchrun train.py", "NPURUN_STANDIN=forever", "NPURUN_STANDIN_CHILDREN=7")
 	t.Cleanup(func() { s.command("task-submit cancel " + bob).Run() }) // before the broker stops, should the test fail
-	s.awaitTask(bob, client.StateRunning)
+	s.awaitTask(bob, wire.StateRunning)
 	carol := submit("carol", "-n 2 -p queue -- python train.py")
 	t.Cleanup(func() { s.command("task-submit cancel " + carol).Run() })
 	daveWaits := startProc(t, "dave waits", as("dave", "exec npurun -v -p queue python x.py"))
@@ -382,13 +382,13 @@ func sceneStatus(t *testing.T, exs map[string][]docExample) *docStage {
 	}
 	s.compare("npubroker status", table)
 	js := s.example("npubroker status --json", "", 0)
-	var bd client.Board
+	var bd wire.Board
 	if err := json.Unmarshal([]byte(js), &bd); err != nil {
 		t.Errorf("status --json: %v", err)
 	}
 	s.example("npubroker usage --since 7d", "", 0)
 	us := s.example("npubroker usage --since 7d --user alice --json", "npubroker usage --since 7d --user "+users["alice"].Name+" --json", 0)
-	var rep client.UsageReport
+	var rep wire.UsageReport
 	if err := json.Unmarshal([]byte(us), &rep); err != nil {
 		t.Errorf("usage --json: %v", err)
 	}
@@ -410,8 +410,8 @@ func TestManStatusJSON(t *testing.T) {
 		v          any
 		start, end string
 	}{
-		{client.Board{}, "Print the broker's answer as one JSON object", "times are Unix milliseconds"},
-		{client.UsageReport{}, "Print one JSON object:", "oldest"},
+		{wire.Board{}, "Print the broker's answer as one JSON object", "times are Unix milliseconds"},
+		{wire.UsageReport{}, "Print one JSON object:", "oldest"},
 	} {
 		i := strings.Index(text, tc.start)
 		j := strings.Index(text[max(i, 0):], tc.end)

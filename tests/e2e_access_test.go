@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // devTree is a fake /dev of real character nodes (each behaves as
@@ -318,12 +318,12 @@ exec %q "$@"
 		t.Fatal(err)
 	}
 	c := b.Dial()
-	c.Send(&client.Request{Op: client.OpAcquire, Devices: []int{1}, NoWait: true})
+	c.Send(&wire.Request{Op: wire.OpAcquire, Devices: []int{1}, NoWait: true})
 	r, fds, err := c.Recv(eventTimeout)
 	for _, fd := range fds {
 		syscall.Close(fd)
 	}
-	if err != nil || r.Type != client.TypeGrant {
+	if err != nil || r.Type != wire.TypeGrant {
 		t.Fatalf("npu 1: %v %v", r, err)
 	}
 	if state, _ := procState(pid); state == 0 || state == 'Z' {

@@ -200,7 +200,7 @@ func TestBrokerKilledWhileQueued(t *testing.T) {
 
 // TestBrokerGoneHint: a broker that goes away before it answers (here, it
 // dies with the connection unaccepted) makes npurun --no-wait, task-submit
-// and npubroker status say the hint of client.Hint, one for all three:
+// and npubroker status say the hint of wire.Hint, one for all three:
 // root is shown where the broker's log is (journalctl where systemd runs
 // the machine), an ordinary user is told to try again or tell their
 // administrator, and shown no administrator's command (issue 27.26;

@@ -12,7 +12,7 @@ import (
 )
 
 // The exit statuses of npurun, task-submit and npubroker's client
-// commands are one table (package exitcode, client.ExitStatus; EXIT
+// commands are one table (package exitcode, wire.ExitStatus; EXIT
 // STATUS in npurun(1), task-submit(1), npubroker(8)). These run the real
 // programs into the two states the issue found them to disagree in.
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestNpurunStatusUsage: npubroker is in an sbin directory, on no ordinary
@@ -31,11 +31,11 @@ func TestNpurunStatusUsage(t *testing.T) {
 	}
 
 	r := run("status", "--json")
-	var bd client.Board
+	var bd wire.Board
 	if err := json.Unmarshal([]byte(r.stdout), &bd); r.code != 0 || err != nil {
 		t.Fatalf("npurun status --json: %s (%v)", r, err)
 	}
-	if d := device(t, &bd, 1); d.Lease == nil || d.State != client.DeviceLeased {
+	if d := device(t, &bd, 1); d.Lease == nil || d.State != wire.DeviceLeased {
 		t.Errorf("npurun status --json: npu1 %+v, want leased", d)
 	}
 	if r := run("status"); r.code != 0 || !strings.Contains(r.stdout, "DEVICE") || !strings.Contains(lineWith(r.stdout, "npu1 "), "leased") {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestTaskListCommandsAsStatus: whether another user sees a task's command
@@ -24,7 +24,7 @@ func TestTaskListCommandsAsStatus(t *testing.T) {
 			adir := userDir(t, &a, 0o755)
 			id := submitTask(t, b, &a, adir, "-n", "1", "--log", filepath.Join(adir, "log"), "--", "sleep", "600")
 			t.Cleanup(func() { runTaskCmd(t, b.TaskSubmit("cancel", idStr(id))) })
-			waitBoard(t, b, func(bd *client.Board) bool {
+			waitBoard(t, b, func(bd *wire.Board) bool {
 				d := device(t, bd, 0)
 				return d.Lease != nil && len(d.Lease.Holders) > 0 && d.Lease.Holders[0].Command == "sleep 600"
 			})
@@ -35,7 +35,7 @@ func TestTaskListCommandsAsStatus(t *testing.T) {
 			if err != nil {
 				t.Fatalf("status as another user: %v\n%s", err, stderrOf(err))
 			}
-			var bd client.Board
+			var bd wire.Board
 			if err := json.Unmarshal(out, &bd); err != nil {
 				t.Fatal(err)
 			}
@@ -84,10 +84,10 @@ func TestTaskAfterFailedNeverRan(t *testing.T) {
 	}
 	for who, u := range map[string]*testUser{"the owner": &a, "another user": &bu} {
 		ts := listTasks(t, b, u, true)
-		if got := findTask(ts, f2); got == nil || got.State != client.StateFailed || !got.NeverRan {
+		if got := findTask(ts, f2); got == nil || got.State != wire.StateFailed || !got.NeverRan {
 			t.Errorf("%s's list --all: task %d %+v, want failed and never_ran", who, f2, got)
 		}
-		if got := findTask(ts, f1); got == nil || got.State != client.StateFailed || got.NeverRan {
+		if got := findTask(ts, f1); got == nil || got.State != wire.StateFailed || got.NeverRan {
 			t.Errorf("%s's list --all: task %d %+v, want failed, and run", who, f1, got)
 		}
 	}

@@ -20,7 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // openableDev makes a tree whose davinci0 and davinci1 are character
@@ -42,7 +42,7 @@ func openableDev(t *testing.T) string {
 }
 
 // deviceOf is device id's state on the board.
-func deviceOf(t *testing.T, bd *client.Board, id int) client.DeviceState {
+func deviceOf(t *testing.T, bd *wire.Board, id int) wire.DeviceState {
 	t.Helper()
 	for _, d := range bd.Devices {
 		if d.ID == id {
@@ -50,7 +50,7 @@ func deviceOf(t *testing.T, bd *client.Board, id int) client.DeviceState {
 		}
 	}
 	t.Fatalf("no npu %d on the board", id)
-	return client.DeviceState{}
+	return wire.DeviceState{}
 }
 
 // TestContainerBrokerStatus: the lease a container holds is of kind
@@ -68,10 +68,10 @@ func TestContainerBrokerStatus(t *testing.T) {
 	cid := strings.TrimSpace(out)
 	bd := b.Board(t)
 	dv := deviceOf(t, bd, 0)
-	if dv.State != client.DeviceContainer || dv.Lease == nil || dv.Lease.Kind != client.KindContainer {
+	if dv.State != wire.DeviceContainer || dv.Lease == nil || dv.Lease.Kind != wire.KindContainer {
 		t.Fatalf("npu 0: %+v, want state and kind container", dv)
 	}
-	want := client.ContainerRef{Engine: "docker", ID: cid, Name: "train"}
+	want := wire.ContainerRef{Engine: "docker", ID: cid, Name: "train"}
 	if c := dv.Lease.Container; c == nil || *c != want {
 		t.Errorf("lease.container = %+v, want %+v", c, want)
 	}
@@ -81,7 +81,7 @@ func TestContainerBrokerStatus(t *testing.T) {
 	w := watchBoards(t, b, nil)
 	// Found by the background scan (the process granted the lease is
 	// gone), which reads a bounded share of root's processes at a time.
-	w.nextWithin(scanTimeout, "the container's processes as the lease's holders", func(bd *client.Board) bool {
+	w.nextWithin(scanTimeout, "the container's processes as the lease's holders", func(bd *wire.Board) bool {
 		l := deviceOf(t, bd, 0).Lease
 		if l == nil || len(l.Holders) == 0 {
 			return false
@@ -119,9 +119,9 @@ func TestContainerBrokerRestart(t *testing.T) {
 	w := watchBoards(t, b, nil)
 	releaseProbe(t, m)
 	cid := d.DockerOut("inspect", "-f", "{{.Id}}", "rs")
-	w.next("the restarted container's lease, kind container, alice's", func(bd *client.Board) bool {
+	w.next("the restarted container's lease, kind container, alice's", func(bd *wire.Board) bool {
 		l := deviceOf(t, bd, 0).Lease
-		return l != nil && l.Kind == client.KindContainer && l.User == alice.Name && l.Container != nil && l.Container.ID == cid && l.Container.Name == "rs"
+		return l != nil && l.Kind == wire.KindContainer && l.User == alice.Name && l.Container != nil && l.Container.ID == cid && l.Container.Name == "rs"
 	})
 }
 
@@ -139,7 +139,7 @@ func TestContainerBrokerUnleased(t *testing.T) {
 		"sh", "-c", "exec 3</dev/davinci0; exec sleep 600")
 	cid := strings.TrimSpace(out)
 	w := watchBoards(t, b, nil)
-	bd, _ := w.nextWithin(2*eventTimeout, "the container's use of npu 0 reported", func(bd *client.Board) bool {
+	bd, _ := w.nextWithin(2*eventTimeout, "the container's use of npu 0 reported", func(bd *wire.Board) bool {
 		for _, u := range bd.Unleased {
 			if u.Device == 0 && u.Container != nil && u.Container.ID == cid {
 				return true
@@ -173,8 +173,8 @@ func TestContainerBrokerExec(t *testing.T) {
 	// Two whole scans after the exec'd process opened the node: it would be
 	// reported by now, were it judged without its container.
 	w := watchBoards(t, b, nil)
-	first, _ := w.nextWithin(2*eventTimeout, "a scan", func(bd *client.Board) bool { return bd.Scan.Last > 0 })
-	w.nextWithin(2*eventTimeout, "two scans later", func(bd *client.Board) bool { return bd.Scan.Last > first.Scan.Last+int64(2*1000) })
+	first, _ := w.nextWithin(2*eventTimeout, "a scan", func(bd *wire.Board) bool { return bd.Scan.Last > 0 })
+	w.nextWithin(2*eventTimeout, "two scans later", func(bd *wire.Board) bool { return bd.Scan.Last > first.Scan.Last+int64(2*1000) })
 	for _, u := range b.Board(t).Unleased {
 		if u.Device == 0 {
 			t.Errorf("a process of the container holding npu 0 reported as unleased use: %+v", u)
@@ -198,12 +198,12 @@ func TestContainerBrokerUsage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("npubroker usage: %v", err)
 	}
-	var rep client.UsageReport
+	var rep wire.UsageReport
 	if err := json.Unmarshal(got, &rep); err != nil {
 		t.Fatalf("npubroker usage --json: %v\n%s", err, got)
 	}
-	if !slices.ContainsFunc(rep.Rows, func(r client.UsageRow) bool {
-		return r.Kind == client.KindContainer && r.User == "root" && r.Leases == 1 && r.DeviceSeconds >= 1
+	if !slices.ContainsFunc(rep.Rows, func(r wire.UsageRow) bool {
+		return r.Kind == wire.KindContainer && r.User == "root" && r.Leases == 1 && r.DeviceSeconds >= 1
 	}) {
 		t.Errorf("usage has no row of kind container for root's lease of at least 1s:\n%s", got)
 	}
@@ -224,7 +224,7 @@ func TestContainerBrokerRestartBroker(t *testing.T) {
 	b.Kill()
 	b.Start()
 	w := watchBoards(t, b, nil)
-	w.next("npu 0 found held by container kept", func(bd *client.Board) bool {
+	w.next("npu 0 found held by container kept", func(bd *wire.Board) bool {
 		l := deviceOf(t, bd, 0).Lease
 		return l != nil && l.Container != nil && l.Container.ID == cid
 	})
@@ -252,7 +252,7 @@ func TestContainerBrokerRestartNoRecord(t *testing.T) {
 	}
 	b.Start()
 	l := deviceOf(t, b.Board(t), 0).Lease
-	if l == nil || l.Kind != client.KindContainer || l.Container == nil || l.Container.ID != cid || l.Container.Engine != "docker" || !l.Adopted {
+	if l == nil || l.Kind != wire.KindContainer || l.Container == nil || l.Container.ID != cid || l.Container.Engine != "docker" || !l.Adopted {
 		t.Fatalf("npu 0 after a restart without its record: %+v, want a lease found held of kind container, container %s", l, cid)
 	}
 }
@@ -274,7 +274,7 @@ func TestContainerBrokerHolderAtOnce(t *testing.T) {
 	cid := strings.TrimSpace(out)
 	pid := d.DockerOut("inspect", "-f", "{{.State.Pid}}", cid)
 	l := deviceOf(t, b.Board(t), 0).Lease
-	if l == nil || !slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strconv.Itoa(h.PID) == pid }) {
+	if l == nil || !slices.ContainsFunc(l.Holders, func(h wire.Holder) bool { return strconv.Itoa(h.PID) == pid }) {
 		t.Fatalf("right after docker run -d, npu 0's lease %+v, want the container's first process (pid %s) among its holders", l, pid)
 	}
 	for _, h := range l.Holders {
@@ -336,7 +336,7 @@ exec sleep 600`
 		t.Errorf("the restarted container runs on another lease than its owner's npu 0:\n%s", log.Output())
 	}
 	bd := b.Board(t)
-	if l := deviceOf(t, bd, 0).Lease; l == nil || l.User != alice.Name || l.Kind != client.KindContainer {
+	if l := deviceOf(t, bd, 0).Lease; l == nil || l.User != alice.Name || l.Kind != wire.KindContainer {
 		t.Errorf("npu 0 after the restart: %+v, want alice's lease, of kind container", l)
 	}
 	if l := deviceOf(t, bd, 1).Lease; l == nil || l.User != mallory.Name || l.Container != nil {
@@ -367,7 +367,7 @@ func TestContainerShareHandover(t *testing.T) {
 	}
 	cid := strings.TrimSpace(out)
 	sh := deviceOf(t, b.Board(t), 0).Shares
-	if len(sh) != 1 || sh[0].Kind != client.KindContainer || sh[0].Container == nil || sh[0].Container.ID != cid || sh[0].Container.Name != "shared" {
+	if len(sh) != 1 || sh[0].Kind != wire.KindContainer || sh[0].Container == nil || sh[0].Container.ID != cid || sh[0].Container.Name != "shared" {
 		t.Errorf("npu 0's shares: %+v, want one, of kind container, naming container shared (%.12s)", sh, cid)
 	}
 }

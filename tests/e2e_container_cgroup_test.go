@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // containerCgroups is a parent control group of the test's own (removed,
@@ -76,7 +76,7 @@ func TestContainerBrokerInContainer(t *testing.T) {
 		p.waitLine("held")
 	}
 	w := watchBoards(t, b, nil)
-	bd, _ := w.nextWithin(scanTimeout, "both leases' holders, npu 1's in its container", func(bd *client.Board) bool {
+	bd, _ := w.nextWithin(scanTimeout, "both leases' holders, npu 1's in its container", func(bd *wire.Board) bool {
 		l0, l1 := deviceOf(t, bd, 0).Lease, deviceOf(t, bd, 1).Lease
 		if l0 == nil || l1 == nil || len(l0.Holders) == 0 || len(l1.Holders) == 0 {
 			return false
@@ -138,7 +138,7 @@ func TestContainerUserCgroupNotContainer(t *testing.T) {
 		t.Fatalf("alice's process is not in her docker-%s.scope: %q, %v", cid[:12], data, err)
 	}
 	w := watchBoards(t, b, nil)
-	bd, _ := w.nextWithin(scanTimeout, "alice's use of npu 0 reported", func(bd *client.Board) bool {
+	bd, _ := w.nextWithin(scanTimeout, "alice's use of npu 0 reported", func(bd *wire.Board) bool {
 		return slices.Contains(unleasedPIDs(bd, 0), pid)
 	})
 	for _, u := range bd.Unleased {

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // containerID is a container id of 64 hex digits, as Docker's.
@@ -36,8 +36,8 @@ func TestContainerOp(t *testing.T) {
 	p.waitLine("ok")
 	bd := b.Board(t)
 	d0 := deviceOf(t, bd, 0)
-	want := client.ContainerRef{Engine: "docker", ID: id, Name: "train"}
-	if d0.State != client.DeviceContainer || d0.Lease == nil || d0.Lease.Kind != client.KindContainer || d0.Lease.User != "root" {
+	want := wire.ContainerRef{Engine: "docker", ID: id, Name: "train"}
+	if d0.State != wire.DeviceContainer || d0.Lease == nil || d0.Lease.Kind != wire.KindContainer || d0.Lease.User != "root" {
 		t.Fatalf("npu 0 after op container: %+v, want state and kind container, user root", d0)
 	}
 	if c := d0.Lease.Container; c == nil || *c != want {
@@ -51,7 +51,7 @@ func TestContainerOp(t *testing.T) {
 	st := alice.as(exec.Command(b.Bin.Broker, "status", "--json"), "/")
 	st.Env = b.Env()
 	out, err := st.Output()
-	var seen client.Board
+	var seen wire.Board
 	if err != nil || json.Unmarshal(out, &seen) != nil {
 		t.Fatalf("status --json as %s: %v\n%s", alice.Name, err, out)
 	}
@@ -62,7 +62,7 @@ func TestContainerOp(t *testing.T) {
 	// A descriptor of another file: refused, the lease stays inline.
 	q := startProc(t, "contain a file", b.Npurun("-d", "1", b.Bin.Workload, "-contain", "docker/"+containerID('b')+"/x", "-contain-file", "/dev/null"))
 	q.waitLine("bad-request: descriptor 0 is not npu 1's current lease")
-	if l := deviceOf(t, b.Board(t), 1).Lease; l == nil || l.Kind != client.KindInline || l.Container != nil {
+	if l := deviceOf(t, b.Board(t), 1).Lease; l == nil || l.Kind != wire.KindInline || l.Container != nil {
 		t.Errorf("npu 1 after a descriptor that is no lease's: %+v, want an inline lease naming no container", l)
 	}
 	q.stdin.Close()
@@ -81,7 +81,7 @@ func TestContainerOp(t *testing.T) {
 	u.waitLine("denied:")
 	bd = b.Board(t)
 	for _, id := range []int{1, 2} { // s's and r's
-		if l := deviceOf(t, bd, id).Lease; l == nil || l.Kind != client.KindInline || l.Container != nil {
+		if l := deviceOf(t, bd, id).Lease; l == nil || l.Kind != wire.KindInline || l.Container != nil {
 			t.Errorf("npu %d after refused ops: %+v, want an inline lease naming no container", id, l)
 		}
 	}
@@ -90,24 +90,24 @@ func TestContainerOp(t *testing.T) {
 	v := startProc(t, "alice's", alice.as(b.Npurun("-d", "2", "--", b.Bin.Workload, "-contain", "podman/"+containerID('f')+"/mine"), "/"))
 	r.stdin.Close()
 	v.waitLine("ok")
-	if l := deviceOf(t, b.Board(t), 2).Lease; l == nil || l.Kind != client.KindContainer || l.User != alice.Name || l.Container == nil || l.Container.Name != "mine" {
+	if l := deviceOf(t, b.Board(t), 2).Lease; l == nil || l.Kind != wire.KindContainer || l.User != alice.Name || l.Container == nil || l.Container.Name != "mine" {
 		t.Errorf("npu 2 named by its own user: %+v, want kind container, user %s, container mine", l, alice.Name)
 	}
 
 	// Usage counts root's lease under kind container.
 	p.stdin.Close()
 	awaitFree(t, b, 0)
-	c, err := client.Dial(b.Socket)
+	c, err := wire.Dial(b.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	rep, err := c.Usage(client.UsageQuery{})
+	rep, err := c.Usage(wire.UsageQuery{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(rep.Rows, func(r client.UsageRow) bool {
-		return r.Kind == client.KindContainer && r.User == "root" && r.Leases == 1
+	if !slices.ContainsFunc(rep.Rows, func(r wire.UsageRow) bool {
+		return r.Kind == wire.KindContainer && r.User == "root" && r.Leases == 1
 	}) {
 		t.Errorf("usage has no row of kind container for root: %+v", rep.Rows)
 	}

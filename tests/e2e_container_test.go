@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // Issue 17: npurun docker run and npurun podman run hold the lease for
@@ -227,7 +227,7 @@ unmark; exit 1`
 	releaseProbe(t, m)
 	other.waitLine("held")
 	// The restarted container's request waits behind the holder, for alice.
-	w.next("the restart waiting for npu 0, for "+alice.Name, func(bd *client.Board) bool {
+	w.next("the restart waiting for npu 0, for "+alice.Name, func(bd *wire.Board) bool {
 		for _, l := range bd.Waiting {
 			for _, wi := range l.Waiters {
 				if wi.User == alice.Name && slices.Contains(wi.Devices, 0) {

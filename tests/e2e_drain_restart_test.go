@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestDrainAnsweredAcrossRestart: a drain whose broker is killed with -9
@@ -37,7 +37,7 @@ func TestDrainAnsweredAcrossRestart(t *testing.T) {
 	case <-time.After(eventTimeout):
 		t.Fatalf("npubroker drain did not end within %s of the next broker's start", eventTimeout)
 	}
-	var info client.DrainInfo
+	var info wire.DrainInfo
 	if err := json.Unmarshal([]byte(r.out), &info); r.code != 0 || err != nil || !info.Drained || info.Device != "npu1" || info.Reason != "fan" {
 		t.Fatalf("drain across a kill: exit %d, %s%s; want exit 0, npu1 drained for fan", r.code, r.out, r.err)
 	}

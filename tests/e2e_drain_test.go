@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // drainCmd runs `npubroker ARGS` (drain, undrain) against the broker and
@@ -37,13 +37,13 @@ func drainCmd(t testing.TB, b *Broker, as func(*exec.Cmd) *exec.Cmd, args ...str
 }
 
 // drain drains device dev with reason, as root, and returns the answer.
-func drain(t testing.TB, b *Broker, dev, reason string) client.DrainInfo {
+func drain(t testing.TB, b *Broker, dev, reason string) wire.DrainInfo {
 	t.Helper()
 	code, out, errs := drainCmd(t, b, nil, "drain", dev, "--reason", reason, "--json")
 	if code != 0 {
 		t.Fatalf("npubroker drain %s: exit %d: %s", dev, code, errs)
 	}
-	var d client.DrainInfo
+	var d wire.DrainInfo
 	if err := json.Unmarshal([]byte(out), &d); err != nil {
 		t.Fatalf("drain --json printed what does not parse: %v\n%s", err, out)
 	}
@@ -51,13 +51,13 @@ func drain(t testing.TB, b *Broker, dev, reason string) client.DrainInfo {
 }
 
 // undrain undrains device dev, as root.
-func undrain(t testing.TB, b *Broker, dev string) client.DrainInfo {
+func undrain(t testing.TB, b *Broker, dev string) wire.DrainInfo {
 	t.Helper()
 	code, out, errs := drainCmd(t, b, nil, "undrain", dev, "--json")
 	if code != 0 {
 		t.Fatalf("npubroker undrain %s: exit %d: %s", dev, code, errs)
 	}
-	var d client.DrainInfo
+	var d wire.DrainInfo
 	if err := json.Unmarshal([]byte(out), &d); err != nil {
 		t.Fatalf("undrain --json printed what does not parse: %v\n%s", err, out)
 	}
@@ -65,7 +65,7 @@ func undrain(t testing.TB, b *Broker, dev string) client.DrainInfo {
 }
 
 // boardDevice is device id on the board.
-func boardDevice(t testing.TB, b *client.Board, id int) client.DeviceState {
+func boardDevice(t testing.TB, b *wire.Board, id int) wire.DeviceState {
 	t.Helper()
 	for _, d := range b.Devices {
 		if d.ID == id {
@@ -73,7 +73,7 @@ func boardDevice(t testing.TB, b *client.Board, id int) client.DeviceState {
 		}
 	}
 	t.Fatalf("npu %d not on the board", id)
-	return client.DeviceState{}
+	return wire.DeviceState{}
 }
 
 // TestDrainUnderLoad: while many clients churn leases on 4 devices, npu3,
@@ -160,9 +160,9 @@ func TestDrainUnderLoad(t *testing.T) {
 		t.Fatalf("status --json shows npu3 as %+v (drain %+v): want leased, drained by root since %d for ECC errors", dev, dev.Drain, d.Since)
 	}
 	h.release()
-	board = waitBoard(t, b, func(b *client.Board) bool { return boardDevice(t, b, 3).Lease == nil })
-	if dev := boardDevice(t, board, 3); dev.State != client.DeviceDrained || dev.Drain == nil {
-		t.Fatalf("released npu3 shows as %q (drain %+v), want %q", dev.State, dev.Drain, client.DeviceDrained)
+	board = waitBoard(t, b, func(b *wire.Board) bool { return boardDevice(t, b, 3).Lease == nil })
+	if dev := boardDevice(t, board, 3); dev.State != wire.DeviceDrained || dev.Drain == nil {
+		t.Fatalf("released npu3 shows as %q (drain %+v), want %q", dev.State, dev.Drain, wire.DeviceDrained)
 	}
 	churn("free")
 	table := b.Status(t)
@@ -207,7 +207,7 @@ func awaitRuns(t testing.TB, w workload, n int) {
 }
 
 // waitBoard waits for a board that satisfies ok, through a status watch.
-func waitBoard(t testing.TB, b *Broker, ok func(*client.Board) bool) *client.Board {
+func waitBoard(t testing.TB, b *Broker, ok func(*wire.Board) bool) *wire.Board {
 	t.Helper()
 	w := watchBoards(t, b, nil) // ended at the test's end
 	got, _ := w.next("the board wanted", ok)
@@ -225,12 +225,12 @@ func TestDrainAcrossRestart(t *testing.T) {
 		t.Helper()
 		dev := boardDevice(t, b.Board(t), 1)
 		if !drained {
-			if dev.Drain != nil || dev.State != client.DeviceFree {
+			if dev.Drain != nil || dev.State != wire.DeviceFree {
 				t.Fatalf("%s: npu1 shows as %q (drain %+v), want free", when, dev.State, dev.Drain)
 			}
 			return
 		}
-		if dev.State != client.DeviceDrained || dev.Drain == nil || dev.Drain.By != "root" || dev.Drain.Reason != "fan noise" || dev.Drain.Since != d.Since {
+		if dev.State != wire.DeviceDrained || dev.Drain == nil || dev.Drain.By != "root" || dev.Drain.Reason != "fan noise" || dev.Drain.Since != d.Since {
 			t.Fatalf("%s: npu1 shows as %q (drain %+v), want drained by root since %d for fan noise", when, dev.State, dev.Drain, d.Since)
 		}
 		if code, out := exitCode(t, b.Npurun("--no-wait", "-d", "1", "true")); code != 75 {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestEstimatedStart: the estimated start of each waiting request, as
@@ -23,7 +23,7 @@ func TestEstimatedStart(t *testing.T) {
 	b := StartBroker(t, taskConfig(2))
 	x := submitTask(t, b, nil, "/", "-d", "0", "--time", "10m", "--", "sleep", "600")
 	y := submitTask(t, b, nil, "/", "-d", "1", "--time", "20m", "--", "sleep", "600")
-	board := waitBoard(t, b, func(bd *client.Board) bool {
+	board := waitBoard(t, b, func(bd *wire.Board) bool {
 		return boardDevice(t, bd, 0).Lease != nil && boardDevice(t, bd, 1).Lease != nil
 	})
 	const grace = time.Second
@@ -35,7 +35,7 @@ func TestEstimatedStart(t *testing.T) {
 	q := submitTask(t, b, nil, "/", "-n", "1", "--", "true")
 	rr := submitTask(t, b, nil, "/", "-n", "1", "--", "true")
 
-	board = waitBoard(t, b, func(bd *client.Board) bool {
+	board = waitBoard(t, b, func(bd *wire.Board) bool {
 		for _, ln := range bd.Waiting {
 			if ln.Pool == "default" && ln.Count == 4 {
 				return true
@@ -68,19 +68,19 @@ func TestEstimatedStart(t *testing.T) {
 
 	now := time.Now()
 	table := b.Status(t)
-	for _, s := range []string{client.StartBy(endX, now), client.StartBy(endY, now), client.StartBy(endZ, now), "start unknown"} {
+	for _, s := range []string{wire.StartBy(endX, now), wire.StartBy(endY, now), wire.StartBy(endZ, now), "start unknown"} {
 		if !strings.Contains(table, s) {
 			t.Errorf("status table lacks %q:\n%s", s, table)
 		}
 	}
 	// npurun's progress line: its place, then its start.
-	if line := w.waitLine("starts by"); !strings.Contains(line, client.StartBy(endX, time.Now())) {
-		t.Errorf("npurun's progress line %q, want %q", line, client.StartBy(endX, time.Now()))
+	if line := w.waitLine("starts by"); !strings.Contains(line, wire.StartBy(endX, time.Now())) {
+		t.Errorf("npurun's progress line %q, want %q", line, wire.StartBy(endX, time.Now()))
 	}
 
 	// task-submit list, --json and the table.
 	r := runTaskCmd(t, b.TaskSubmit("list", "--json"))
-	var ts []client.TaskInfo
+	var ts []wire.TaskInfo
 	if err := json.Unmarshal([]byte(r.stdout), &ts); err != nil {
 		t.Fatalf("list --json: %v: %s", err, r.stdout)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // Tests of the broker out of descriptors: a real low RLIMIT_NOFILE, set on
@@ -122,9 +122,9 @@ func TestLowDescriptorLimit(t *testing.T) {
 			append([]string{"--timeout", "60s"}, w.args(b, fmt.Sprintf("c%d", i), 50*time.Millisecond)...)...))
 	}
 	mark := b.LogLen()
-	var idle []*client.Conn
+	var idle []*wire.Conn
 	for range 300 {
-		c, err := client.Dial(b.Socket)
+		c, err := wire.Dial(b.Socket)
 		if err != nil {
 			break
 		}
@@ -185,10 +185,10 @@ func TestRepeatedLogLine(t *testing.T) {
 		t.Errorf("in 2s the broker logged its accept error %d times:\n%s", n, b.Log()[mark:])
 	}
 	setNofile(t, pid, 4096)
-	if err := c.Send(&client.Request{Op: client.OpPing}); err != nil {
+	if err := c.Send(&wire.Request{Op: wire.OpPing}); err != nil {
 		t.Fatal(err)
 	}
-	if r, _, err := c.Recv(eventTimeout); err != nil || r.Type != client.TypePong {
+	if r, _, err := c.Recv(eventTimeout); err != nil || r.Type != wire.TypePong {
 		t.Fatalf("ping once descriptors are back: %v %v", r, err)
 	}
 }

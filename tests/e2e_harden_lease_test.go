@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestStaleDescriptorTakesNothing: a client that keeps its lease's
@@ -148,7 +148,7 @@ func TestSocketMode(t *testing.T) {
 }
 
 // TestSilentBroker: a broker that takes no connection, or takes one and
-// says nothing, is reported within client.FirstAnswer with exit 69, by
+// says nothing, is reported within wire.FirstAnswer with exit 69, by
 // npurun and task-submit alike; nobody hangs in the listen queue.
 func TestSilentBroker(t *testing.T) {
 	bin := bins(t)
@@ -179,7 +179,7 @@ func TestSilentBroker(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			ctx, cancel := context.WithTimeout(context.Background(), client.FirstAnswer+eventTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), wire.FirstAnswer+eventTimeout)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, tc.cmd, tc.args...)
 			cmd.Env = append(os.Environ(), "NPURUN_SOCKET="+sock)
@@ -198,19 +198,19 @@ func TestProgressStaysFlat(t *testing.T) {
 	const waiters, steps = 200, 20
 	b := StartBroker(t, FakeConfig(1))
 	h := hold(t, b, "holder")
-	conns := make([]*client.Conn, waiters)
+	conns := make([]*wire.Conn, waiters)
 	for i := range conns {
 		conns[i] = b.Dial()
-		if err := conns[i].Send(&client.Request{Op: client.OpAcquire, N: 1}); err != nil {
+		if err := conns[i].Send(&wire.Request{Op: wire.OpAcquire, N: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Everyone hears their place once; the places say the order (the
 	// connections' requests reach the broker in no set order).
-	line := make([]*client.Conn, waiters)
+	line := make([]*wire.Conn, waiters)
 	for i, c := range conns {
 		r, _, err := c.Recv(eventTimeout)
-		if err != nil || r.Type != client.TypeQueued || r.Position < 1 || r.Position > waiters || line[r.Position-1] != nil {
+		if err != nil || r.Type != wire.TypeQueued || r.Position < 1 || r.Position > waiters || line[r.Position-1] != nil {
 			t.Fatalf("waiter %d: %+v %v, want queued at a place of its own", i, r, err)
 		}
 		line[r.Position-1] = c
@@ -227,7 +227,7 @@ func TestProgressStaysFlat(t *testing.T) {
 			if err != nil {
 				t.Fatalf("waiter %d: %v", i, err)
 			}
-			if r.Type == client.TypeGrant {
+			if r.Type == wire.TypeGrant {
 				held = fds
 			}
 		}

@@ -7,12 +7,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // healthDrained tells whether device id (leased or not) is drained by the health check
 // for a reason that contains words.
-func healthDrained(b *client.Board, id int, words string) bool {
+func healthDrained(b *wire.Board, id int, words string) bool {
 	for _, d := range b.Devices {
 		if d.ID == id {
 			return d.Drain != nil && d.Drain.By == "health check" && strings.Contains(d.Drain.Reason, words)
@@ -45,11 +45,11 @@ func TestHealthDrainFake(t *testing.T) {
 	h := hold(t, b, "holder", "-d", "1")
 	mark := b.LogLen()
 	write("0 OK\n1 Critical HBM uncorrectable ECC\n2 Warning fan speed low\n")
-	waitBoard(t, b, func(bd *client.Board) bool { return healthDrained(bd, 1, "Critical; HBM uncorrectable ECC") })
+	waitBoard(t, b, func(bd *wire.Board) bool { return healthDrained(bd, 1, "Critical; HBM uncorrectable ECC") })
 	b.WaitLog(mark, "npu1 drained by the health check: Health Status: Critical; HBM uncorrectable ECC")
 	b.WaitLog(mark, "npu2 reports Health Status: Warning; fan speed low: not drained")
 	bd := b.Board(t)
-	if d := boardDevice(t, bd, 2); d.Drain != nil || d.State != client.DeviceFree {
+	if d := boardDevice(t, bd, 2); d.Drain != nil || d.State != wire.DeviceFree {
 		t.Errorf("npu2, which reports a Warning, shows as %q (drain %+v), want free", d.State, d.Drain)
 	}
 	if d := boardDevice(t, bd, 0); d.Drain != nil {
@@ -59,7 +59,7 @@ func TestHealthDrainFake(t *testing.T) {
 		t.Errorf("npurun --no-wait -d 1 on npu1, drained for its health: exit %d, want 75: %s", code, out)
 	}
 	h.release() // its command ran on, and ends as it would have
-	waitBoard(t, b, func(bd *client.Board) bool { return boardDevice(t, bd, 1).Lease == nil })
+	waitBoard(t, b, func(bd *wire.Board) bool { return boardDevice(t, bd, 1).Lease == nil })
 
 	// What does not parse drains nothing, and is logged.
 	mark = b.LogLen()
@@ -128,7 +128,7 @@ exit 2
 		t.Fatal(err)
 	}
 	want := "Health Status: Critical; Error Code: 80E01801; Error Information: node type=HBM, event state=uncorrectable ECC"
-	bd := waitBoard(t, b, func(bd *client.Board) bool { return healthDrained(bd, 1, want) && healthDrained(bd, 2, want) })
+	bd := waitBoard(t, b, func(bd *wire.Board) bool { return healthDrained(bd, 1, want) && healthDrained(bd, 2, want) })
 	if d := boardDevice(t, bd, 0); d.Drain != nil {
 		t.Errorf("npu0, whose npu-smi run fails, was drained: %+v", d.Drain)
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // pamBuild is pam_npurun.so, built as the Makefile builds it (warnings are
@@ -162,8 +162,8 @@ func TestPAMLease(t *testing.T) {
 				t.Error("the session's user cannot open its device")
 			}
 			if c := b.Dial(); true {
-				c.Send(&client.Request{Op: client.OpAcquire, Devices: []int{0}, NoWait: true})
-				if _, _, err := c.Recv(eventTimeout); errCode(err) != client.CodeBusy {
+				c.Send(&wire.Request{Op: wire.OpAcquire, Devices: []int{0}, NoWait: true})
+				if _, _, err := c.Recv(eventTimeout); errCode(err) != wire.CodeBusy {
 					t.Errorf("device 0 during the session: %v, want busy", err)
 				}
 			}
@@ -268,9 +268,9 @@ func TestPAMMark(t *testing.T) {
 	// Both devices are free while the session is open.
 	for _, id := range []int{0, 1} {
 		c := b.Dial()
-		c.Send(&client.Request{Op: client.OpAcquire, Devices: []int{id}, NoWait: true})
+		c.Send(&wire.Request{Op: wire.OpAcquire, Devices: []int{id}, NoWait: true})
 		r, fds, err := c.Recv(eventTimeout)
-		if err != nil || r.Type != client.TypeGrant {
+		if err != nil || r.Type != wire.TypeGrant {
 			t.Errorf("npu %d during a marked session: %v", id, err)
 		}
 		for _, fd := range fds {

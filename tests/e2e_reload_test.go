@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // writeConf replaces the broker's configuration file with conf, whole
@@ -30,10 +30,10 @@ func writeConf(t testing.TB, b *Broker, conf string) {
 
 // reload runs npubroker reload --json as root and returns its status,
 // its answer (status 0) and its standard error.
-func reload(t testing.TB, b *Broker) (int, client.ReloadInfo, string) {
+func reload(t testing.TB, b *Broker) (int, wire.ReloadInfo, string) {
 	t.Helper()
 	code, out, errs := drainCmd(t, b, nil, "reload", "--json")
-	var info client.ReloadInfo
+	var info wire.ReloadInfo
 	if code == 0 {
 		if err := json.Unmarshal([]byte(out), &info); err != nil {
 			t.Fatalf("reload --json printed what does not parse: %v\n%s", err, out)
@@ -138,14 +138,14 @@ func TestReload(t *testing.T) {
 	if code, info, errs := reload(t, b); code != 0 || !strings.Contains(strings.Join(info.Changed, " "), "[devices]") {
 		t.Fatalf("reload turning the health checks on: exit %d, %+v, %s", code, info, errs)
 	}
-	waitBoard(t, b, func(bd *client.Board) bool { return healthDrained(bd, 3, "HBM uncorrectable ECC") })
+	waitBoard(t, b, func(bd *wire.Board) bool { return healthDrained(bd, 3, "HBM uncorrectable ECC") })
 
 	// [restrict]: the session-policy file the PAM module reads follows.
 	writeConf(t, b, reloadPools("\n[restrict]\nusers = [\"npurun-tnobody\"]\non_broker_down = \"deny\"\n"))
 	if code, _, errs := reload(t, b); code != 0 {
 		t.Fatalf("reload of a [restrict]: exit %d: %s", code, errs)
 	}
-	if data, err := os.ReadFile(filepath.Join(b.RunDir, client.SessionPolicyFile)); err != nil || !strings.Contains(string(data), "on_broker_down deny") {
+	if data, err := os.ReadFile(filepath.Join(b.RunDir, wire.SessionPolicyFile)); err != nil || !strings.Contains(string(data), "on_broker_down deny") {
 		t.Errorf("session-policy file after a reload to on_broker_down = \"deny\": %v\n%s", err, data)
 	}
 
@@ -263,7 +263,7 @@ func TestReloadRunningCap(t *testing.T) {
 	first := submitTask(t, b, nil, dir, "--no-device", "--", "sh", "-c", `exec 3>"$1"; exec sleep 600`, "sh", up)
 	openFIFO(t, up, os.O_RDONLY)
 	second := submitTask(t, b, nil, dir, "--no-device", "--", "true")
-	if st := showTask(t, b, second).State; st != client.StatePending {
+	if st := showTask(t, b, second).State; st != wire.StatePending {
 		t.Fatalf("second task %s, want pending behind max_running_tasks = 1", st)
 	}
 	writeConf(t, b, taskConfig(1)+"\n[limits]\nmax_running_tasks = 2\n")

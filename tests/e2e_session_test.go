@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // restrictConf is a two-device Ascend configuration on dev, device 0 the
@@ -30,10 +30,10 @@ func restrictConf(dev devTree, users []testUser, extra string) string {
 // session sends a session request on a new connection and returns the
 // first reply that is not "queued", with its descriptors (closed when the
 // test ends).
-func session(t *testing.T, b *Broker, req *client.Request) (*client.Reply, []int, error) {
+func session(t *testing.T, b *Broker, req *wire.Request) (*wire.Reply, []int, error) {
 	t.Helper()
 	c := b.Dial()
-	req.Op = client.OpSession
+	req.Op = wire.OpSession
 	if err := c.Send(req); err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func session(t *testing.T, b *Broker, req *client.Request) (*client.Reply, []int
 		for _, fd := range fds {
 			t.Cleanup(func() { unix.Close(fd) })
 		}
-		if err == nil && r.Type == client.TypeQueued {
+		if err == nil && r.Type == wire.TypeQueued {
 			continue
 		}
 		return r, fds, err
@@ -50,7 +50,7 @@ func session(t *testing.T, b *Broker, req *client.Request) (*client.Reply, []int
 }
 
 func errCode(err error) string {
-	var be *client.Error
+	var be *wire.Error
 	if errors.As(err, &be) {
 		return be.Code
 	}
@@ -64,8 +64,8 @@ func TestSessionOnBehalf(t *testing.T) {
 	student, staff := newUser(t), newUser(t)
 	b := StartBroker(t, restrictConf(dev, []testUser{student}, ""))
 
-	r, fds, err := session(t, b, &client.Request{User: student.Name, Service: "login", TTY: "tty1", Login: true})
-	if err != nil || r.Type != client.TypeGrant || len(fds) != 1 || r.Devices[0] != 0 {
+	r, fds, err := session(t, b, &wire.Request{User: student.Name, Service: "login", TTY: "tty1", Login: true})
+	if err != nil || r.Type != wire.TypeGrant || len(fds) != 1 || r.Devices[0] != 0 {
 		t.Fatalf("restricted login: %+v, %d fds, %v", r, len(fds), err)
 	}
 	if want := `npu 0 is yours until you log out (pool "interactive")`; r.Message != want {
@@ -83,21 +83,21 @@ func TestSessionOnBehalf(t *testing.T) {
 		t.Error("the device still opens after the session's descriptor closed")
 	}
 
-	if r, _, err := session(t, b, &client.Request{User: student.Name, Service: "sshd"}); err != nil || r.Type != client.TypeHide || !strings.Contains(strings.Join(r.Env, " "), "NPURUN_DEVICES=") {
+	if r, _, err := session(t, b, &wire.Request{User: student.Name, Service: "sshd"}); err != nil || r.Type != wire.TypeHide || !strings.Contains(strings.Join(r.Env, " "), "NPURUN_DEVICES=") {
 		t.Errorf("restricted, not a login: %+v, %v; want hide with the variables", r, err)
 	}
-	if r, _, err := session(t, b, &client.Request{User: staff.Name, Service: "sshd", Login: true}); err != nil || r.Type != client.TypeIgnore {
+	if r, _, err := session(t, b, &wire.Request{User: staff.Name, Service: "sshd", Login: true}); err != nil || r.Type != wire.TypeIgnore {
 		t.Errorf("unrestricted: %+v, %v; want ignore", r, err)
 	}
-	if r, _, err := session(t, b, &client.Request{User: "root", Service: "su-l", Login: true}); err != nil || r.Type != client.TypeIgnore {
+	if r, _, err := session(t, b, &wire.Request{User: "root", Service: "su-l", Login: true}); err != nil || r.Type != wire.TypeIgnore {
 		t.Errorf("root: %+v, %v; want ignore", r, err)
 	}
-	if _, _, err := session(t, b, &client.Request{User: "npurun-t-nobody", Login: true}); errCode(err) != client.CodeDenied {
+	if _, _, err := session(t, b, &wire.Request{User: "npurun-t-nobody", Login: true}); errCode(err) != wire.CodeDenied {
 		t.Errorf("an unknown user: %v, want denied", err)
 	}
 
 	// Anyone but root naming a user, even themselves: denied.
-	for _, op := range []string{client.OpSession, client.OpAcquire} {
+	for _, op := range []string{wire.OpSession, wire.OpAcquire} {
 		cmd := staff.as(exec.Command(b.Bin.Workload, "-ask", op, "-user", student.Name), b.Dir)
 		cmd.Env = b.Env()
 		code, out := exitCode(t, cmd)
@@ -137,7 +137,7 @@ func TestLoginShell(t *testing.T) {
 	first.waitLine("nested=0")
 	// npubroker status shows the login's lease as one.
 	for _, d := range b.Board(t).Devices {
-		if d.ID == 0 && (d.State != client.DeviceLogin || d.Lease == nil || d.Lease.Kind != client.KindLogin || d.Lease.User != student.Name) {
+		if d.ID == 0 && (d.State != wire.DeviceLogin || d.Lease == nil || d.Lease.Kind != wire.KindLogin || d.Lease.User != student.Name) {
 			t.Errorf("status shows npu 0 as %+v, want a login lease of %s", d, student.Name)
 		}
 	}
@@ -221,10 +221,10 @@ func waitQueued(t *testing.T, b *Broker, pool string) {
 	deadline := time.Now().Add(eventTimeout)
 	for {
 		c := b.Dial()
-		c.Send(&client.Request{Op: client.OpAcquire, Pool: pool})
+		c.Send(&wire.Request{Op: wire.OpAcquire, Pool: pool})
 		r, _, err := c.Recv(eventTimeout)
 		c.Close()
-		if err == nil && r.Type == client.TypeQueued && r.Position >= 2 {
+		if err == nil && r.Type == wire.TypeQueued && r.Position >= 2 {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -242,7 +242,7 @@ func TestLoginBrokerDown(t *testing.T) {
 	for _, down := range []string{"deny", "hide"} {
 		t.Run(down, func(t *testing.T) {
 			b := StartBroker(t, restrictConf(dev, []testUser{student}, fmt.Sprintf("on_broker_down = %q\n", down)))
-			data, err := os.ReadFile(filepath.Join(b.RunDir, client.SessionPolicyFile))
+			data, err := os.ReadFile(filepath.Join(b.RunDir, wire.SessionPolicyFile))
 			if err != nil || !strings.Contains(string(data), "on_broker_down "+down) {
 				t.Fatalf("session-policy file: %v\n%s", err, data)
 			}

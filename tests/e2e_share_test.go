@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // shareConfig is n fake devices, every one shared, each with capacity
@@ -175,7 +175,7 @@ func TestShareLockFiles(t *testing.T) {
 	// The broker hears of a share's end through its lock's release, after
 	// the holder's parent does; it removes the file before the board
 	// shows the device free.
-	waitBoard(t, b, func(bd *client.Board) bool { return boardDevice(t, bd, 0).State == client.DeviceFree })
+	waitBoard(t, b, func(bd *wire.Board) bool { return boardDevice(t, bd, 0).State == wire.DeviceFree })
 	if ents, _ := os.ReadDir(locks); len(ents) != 1 {
 		var names []string
 		for _, e := range ents {

@@ -22,7 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // slurmNode is a broker and a private Slurm sharing devices 0..n-1: Slurm
@@ -75,8 +75,8 @@ func startSlurmNode(t testing.TB, o slurmNodeOptions) *slurmNode {
 }
 
 // jobLease returns the lease of Slurm job id on the board, nil if none.
-func jobLease(board *client.Board, id uint32) (*client.LeaseInfo, []int) {
-	var lease *client.LeaseInfo
+func jobLease(board *wire.Board, id uint32) (*wire.LeaseInfo, []int) {
+	var lease *wire.LeaseInfo
 	var devices []int
 	for _, d := range board.Devices {
 		if d.Lease != nil && d.Lease.SlurmJob == id {
@@ -88,7 +88,7 @@ func jobLease(board *client.Board, id uint32) (*client.LeaseInfo, []int) {
 }
 
 // awaitBoard waits for the board to satisfy ok, through status --watch.
-func (n *slurmNode) awaitBoard(t testing.TB, what string, ok func(*client.Board) bool) *client.Board {
+func (n *slurmNode) awaitBoard(t testing.TB, what string, ok func(*wire.Board) bool) *wire.Board {
 	t.Helper()
 	w := watchBoards(t, n.b, nil)
 	board, _ := w.next(what, ok)
@@ -112,17 +112,17 @@ func TestSlurmNodeJobLeaseStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	board := n.awaitBoard(t, "the job's lease with its script as a holder", func(b *client.Board) bool {
+	board := n.awaitBoard(t, "the job's lease with its script as a holder", func(b *wire.Board) bool {
 		l, _ := jobLease(b, id)
 		return l != nil && slices.Contains(holderPIDs(b, 2), pid)
 	})
 	l, devices := jobLease(board, id)
-	if l.Kind != client.KindSlurm || l.User != u.Name || l.UID != u.UID || !slices.Equal(devices, []int{2, 3}) {
+	if l.Kind != wire.KindSlurm || l.User != u.Name || l.UID != u.UID || !slices.Equal(devices, []int{2, 3}) {
 		t.Errorf("job %d's lease: kind %q user %q uid %d on %v; want slurm, %s, %d, [2 3]", id, l.Kind, l.User, l.UID, devices, u.Name, u.UID)
 	}
 	for _, d := range devices {
-		if st := device(t, board, d).State; st != client.DeviceSlurm {
-			t.Errorf("npu%d is %q, want %q", d, st, client.DeviceSlurm)
+		if st := device(t, board, d).State; st != wire.DeviceSlurm {
+			t.Errorf("npu%d is %q, want %q", d, st, wire.DeviceSlurm)
 		}
 	}
 	extern := false
@@ -139,8 +139,8 @@ func TestSlurmNodeJobLeaseStatus(t *testing.T) {
 	}
 	openFIFO(t, proceed, os.O_WRONLY).Close()
 	n.c.AwaitJobGone(id, 60*time.Second)
-	n.awaitBoard(t, "the job's devices free", func(b *client.Board) bool {
-		return device(t, b, 2).State == client.DeviceFree && device(t, b, 3).State == client.DeviceFree
+	n.awaitBoard(t, "the job's devices free", func(b *wire.Board) bool {
+		return device(t, b, 2).State == wire.DeviceFree && device(t, b, 3).State == wire.DeviceFree
 	})
 	usage := exec.Command(n.b.Bin.Broker, "usage", "--since", "1h", "--json")
 	usage.Env = n.b.Env()
@@ -148,13 +148,13 @@ func TestSlurmNodeJobLeaseStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep client.UsageReport
+	var rep wire.UsageReport
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatal(err)
 	}
 	found := false
 	for _, r := range rep.Rows {
-		found = found || (r.User == u.Name && r.Kind == client.KindSlurm && r.DeviceSeconds > 0)
+		found = found || (r.User == u.Name && r.Kind == wire.KindSlurm && r.DeviceSeconds > 0)
 	}
 	if !found {
 		t.Errorf("usage has no slurm row for %s: %s", u.Name, out)
@@ -216,7 +216,7 @@ func TestSlurmNodeRelease(t *testing.T) {
 				args = append(args, "--time=1")
 			}
 			id := n.c.Sbatch(nil, args...)
-			board := n.awaitBoard(t, "the job's lease", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+			board := n.awaitBoard(t, "the job's lease", func(b *wire.Board) bool { l, _ := jobLease(b, id); return l != nil })
 			switch end {
 			case "scancel":
 				if out, err := n.c.Command("scancel", strconv.FormatUint(uint64(id), 10)).CombinedOutput(); err != nil {
@@ -225,14 +225,14 @@ func TestSlurmNodeRelease(t *testing.T) {
 			case "kill -9 steps":
 				// Every step daemon of the job: the extern step's holds
 				// the lease, the batch step's does not (its script does).
-				board = n.awaitBoard(t, "the job's extern step and script holding its lease", func(b *client.Board) bool {
+				board = n.awaitBoard(t, "the job's extern step and script holding its lease", func(b *wire.Board) bool {
 					l, _ := jobLease(b, id)
-					return l != nil && slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strings.Contains(h.Command, fmt.Sprintf("[%d.extern]", id)) }) &&
-						slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strings.Contains(h.Command, "slurm_script") })
+					return l != nil && slices.ContainsFunc(l.Holders, func(h wire.Holder) bool { return strings.Contains(h.Command, fmt.Sprintf("[%d.extern]", id)) }) &&
+						slices.ContainsFunc(l.Holders, func(h wire.Holder) bool { return strings.Contains(h.Command, "slurm_script") })
 				})
 				l, _ := jobLease(board, id)
 				daemons := stepDaemons(id)
-				if !slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return slices.Contains(daemons, h.PID) }) || len(daemons) < 2 {
+				if !slices.ContainsFunc(l.Holders, func(h wire.Holder) bool { return slices.Contains(daemons, h.PID) }) || len(daemons) < 2 {
 					t.Fatalf("job %d's step daemons %v: the extern step's should hold its lease: %+v", id, daemons, l.Holders)
 				}
 				for _, pid := range daemons {
@@ -256,8 +256,8 @@ func TestSlurmNodeRelease(t *testing.T) {
 				within = 3 * time.Minute
 			}
 			w := watchBoards(t, n.b, nil)
-			w.nextWithin(within, "the job's devices free", func(b *client.Board) bool {
-				return device(t, b, 0).State == client.DeviceFree && device(t, b, 1).State == client.DeviceFree
+			w.nextWithin(within, "the job's devices free", func(b *wire.Board) bool {
+				return device(t, b, 0).State == wire.DeviceFree && device(t, b, 1).State == wire.DeviceFree
 			})
 			// The Epilog again: nothing to end, nothing changes.
 			cmd := exec.Command(n.b.Bin.Slurm, "epilog", "--socket", n.b.Socket)
@@ -313,8 +313,8 @@ func TestSlurmNodeRestricted(t *testing.T) {
 	if on != "2" && on != "3" {
 		t.Errorf("the job ran on %q, not one of Slurm's devices", on)
 	}
-	n.awaitBoard(t, "the job's devices free", func(b *client.Board) bool {
-		return device(t, b, 2).State == client.DeviceFree && device(t, b, 3).State == client.DeviceFree
+	n.awaitBoard(t, "the job's devices free", func(b *wire.Board) bool {
+		return device(t, b, 2).State == wire.DeviceFree && device(t, b, 3).State == wire.DeviceFree
 	})
 	for _, d := range []int{2, 3} {
 		if canOpen(t, student, n.dev.node(fmt.Sprintf("davinci%d", d))) {
@@ -333,16 +333,16 @@ func TestSlurmNodeBrokerRestart(t *testing.T) {
 	proceed := filepath.Join(dir, "proceed")
 	makeFIFO(t, proceed)
 	id := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "read x < "+proceed)
-	n.awaitBoard(t, "the job's lease", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	n.awaitBoard(t, "the job's lease", func(b *wire.Board) bool { l, _ := jobLease(b, id); return l != nil })
 	n.b.Kill()
 	n.b.Start()
-	board := n.awaitBoard(t, "the job's lease after the restart", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
-	if l, devices := jobLease(board, id); l.Kind != client.KindSlurm || l.User != u.Name || !slices.Equal(devices, []int{0, 1}) {
+	board := n.awaitBoard(t, "the job's lease after the restart", func(b *wire.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	if l, devices := jobLease(board, id); l.Kind != wire.KindSlurm || l.User != u.Name || !slices.Equal(devices, []int{0, 1}) {
 		t.Errorf("after the restart: %+v on %v", l, devices)
 	}
 	openFIFO(t, proceed, os.O_WRONLY).Close()
-	n.awaitBoard(t, "the job's devices free", func(b *client.Board) bool {
-		return device(t, b, 0).State == client.DeviceFree && device(t, b, 1).State == client.DeviceFree
+	n.awaitBoard(t, "the job's devices free", func(b *wire.Board) bool {
+		return device(t, b, 0).State == wire.DeviceFree && device(t, b, 1).State == wire.DeviceFree
 	})
 }
 
@@ -357,10 +357,10 @@ func TestSlurmNodeRestartNoRecord(t *testing.T) {
 	proceed := filepath.Join(SharedDir(t), "proceed")
 	makeFIFO(t, proceed)
 	id := n.c.Sbatch(&u, "--gres=gpu:2", "--wrap", "read x < "+proceed)
-	n.awaitBoard(t, "the job's lease held by its extern step and its batch script", func(b *client.Board) bool {
+	n.awaitBoard(t, "the job's lease held by its extern step and its batch script", func(b *wire.Board) bool {
 		l, _ := jobLease(b, id)
-		return l != nil && slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return strings.Contains(h.Command, fmt.Sprintf("[%d.extern]", id)) }) &&
-			slices.ContainsFunc(l.Holders, func(h client.Holder) bool { return h.UID == u.UID })
+		return l != nil && slices.ContainsFunc(l.Holders, func(h wire.Holder) bool { return strings.Contains(h.Command, fmt.Sprintf("[%d.extern]", id)) }) &&
+			slices.ContainsFunc(l.Holders, func(h wire.Holder) bool { return h.UID == u.UID })
 	})
 	n.b.Kill()
 	lost, _ := filepath.Glob(filepath.Join(n.b.StateDir, "usage.log*"))
@@ -376,13 +376,13 @@ func TestSlurmNodeRestartNoRecord(t *testing.T) {
 	logAt := n.b.LogLen()
 	n.b.Start()
 	n.b.WaitLog(logAt, fmt.Sprintf("npu 0-1 is held by job %d of %s, whose lease has no record: taken up as the job's", id, u.Name))
-	board := n.awaitBoard(t, "the job's lease after the restart", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
-	if l, devices := jobLease(board, id); l.Kind != client.KindSlurm || l.User != u.Name || l.UID != u.UID || !slices.Equal(devices, []int{0, 1}) {
+	board := n.awaitBoard(t, "the job's lease after the restart", func(b *wire.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	if l, devices := jobLease(board, id); l.Kind != wire.KindSlurm || l.User != u.Name || l.UID != u.UID || !slices.Equal(devices, []int{0, 1}) {
 		t.Errorf("after the restart: %+v on %v, want job %d of %s on [0 1]", l, devices, id, u.Name)
 	}
 	openFIFO(t, proceed, os.O_WRONLY).Close()
-	n.awaitBoard(t, "the job's devices free", func(b *client.Board) bool {
-		return device(t, b, 0).State == client.DeviceFree && device(t, b, 1).State == client.DeviceFree
+	n.awaitBoard(t, "the job's devices free", func(b *wire.Board) bool {
+		return device(t, b, 0).State == wire.DeviceFree && device(t, b, 1).State == wire.DeviceFree
 	})
 }
 
@@ -397,19 +397,19 @@ func TestSlurmNodeRestartHeldAlone(t *testing.T) {
 	proceed := filepath.Join(SharedDir(t), "proceed")
 	makeFIFO(t, proceed)
 	id := n.c.Sbatch(&u, "--gres=gpu:1", "--wrap", "read x < "+proceed)
-	board := n.awaitBoard(t, "the job's lease", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	board := n.awaitBoard(t, "the job's lease", func(b *wire.Board) bool { l, _ := jobLease(b, id); return l != nil })
 	_, devices := jobLease(board, id)
 	n.b.Kill()
 	logAt := n.b.LogLen()
 	n.b.Start()
 	n.b.WaitLog(logAt, fmt.Sprintf("job %d of %s: %s locked again for its lease (the broker held it alone before this start)", id, u.Name, fmt.Sprintf("npu %d", devices[0])))
-	board = n.awaitBoard(t, "the job's lease after the restart", func(b *client.Board) bool { l, _ := jobLease(b, id); return l != nil })
-	if l, again := jobLease(board, id); l.Kind != client.KindSlurm || l.User != u.Name || !slices.Equal(again, devices) {
+	board = n.awaitBoard(t, "the job's lease after the restart", func(b *wire.Board) bool { l, _ := jobLease(b, id); return l != nil })
+	if l, again := jobLease(board, id); l.Kind != wire.KindSlurm || l.User != u.Name || !slices.Equal(again, devices) {
 		t.Errorf("after the restart: %+v on %v, want %s's on %v", l, again, u.Name, devices)
 	}
 	openFIFO(t, proceed, os.O_WRONLY).Close()
-	n.awaitBoard(t, "the job's device free after its Epilog", func(b *client.Board) bool {
-		return device(t, b, devices[0]).State == client.DeviceFree
+	n.awaitBoard(t, "the job's device free after its Epilog", func(b *wire.Board) bool {
+		return device(t, b, devices[0]).State == wire.DeviceFree
 	})
 }
 
@@ -513,7 +513,7 @@ func TestSlurmNodeAllocateTask(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the broker asks squeue every poll_interval
 		ti = showTask(t, n.b, id)
 	}
-	if ti.State != client.StatePending || !strings.Contains(ti.Reason, "Slurm job "+placeholder) || !strings.Contains(ti.Reason, "PENDING") {
+	if ti.State != wire.StatePending || !strings.Contains(ti.Reason, "Slurm job "+placeholder) || !strings.Contains(ti.Reason, "PENDING") {
 		t.Errorf("task %d while the job holds every device: %s, %q", id, ti.State, ti.Reason)
 	}
 	openFIFO(t, proceed, os.O_WRONLY).Close()
@@ -566,7 +566,7 @@ func TestSlurmNodeAllocateCancel(t *testing.T) {
 	u := newUser(t)
 	p := startProc(t, "npurun", u.as(n.b.Npurun("sh", "-c", `echo "ON $NPURUN_DEVICES"; exec sleep 600`), n.b.Dir))
 	p.waitLine("ON 0")
-	board := n.awaitBoard(t, "the npurun's lease with its placeholder job", func(b *client.Board) bool {
+	board := n.awaitBoard(t, "the npurun's lease with its placeholder job", func(b *wire.Board) bool {
 		return len(b.Devices) == 1 && b.Devices[0].Lease != nil && b.Devices[0].Lease.SlurmJob != 0
 	})
 	job := board.Devices[0].Lease.SlurmJob

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestCheckConfigSlurm: check-config compares [slurm] gres_devices with
@@ -148,7 +148,7 @@ func TestServeSlurmSplit(t *testing.T) {
 	if want := "the broker refused: the Slurm operations are slurmd's and slurmstepd's (root only)"; err != nil || !strings.Contains(string(out), want) {
 		t.Errorf("a Prolog run by %s: %v\n%s\nwant: %s", u.Name, err, out, want)
 	}
-	if d := device(t, b.Board(t), 2); d.State != client.DeviceFree || d.Pool != "" {
+	if d := device(t, b.Board(t), 2); d.State != wire.DeviceFree || d.Pool != "" {
 		t.Errorf("npu 2 after a user's Prolog: %+v", d)
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // slurmScriptEnv is the environment slurmd gives its Prolog (and, with
@@ -47,11 +47,11 @@ func runScript(t *testing.T, env []string, args ...string) (int, string, time.Du
 // picks which, since slurm.conf's Prolog= takes no arguments.
 func TestSlurmScriptTellsBroker(t *testing.T) {
 	stub := startStub(t, func(r stubRequest) stubAnswer {
-		if r.Req.Op == client.OpSlurmProlog {
-			return stubAnswer{Replies: []client.Reply{{Type: client.TypeQueued, Reason: "npu 5 still held by job 41"},
-				{Type: client.TypeOK, Devices: []int{4, 5}, Message: "job 42 of alice holds npu 4-5"}}}
+		if r.Req.Op == wire.OpSlurmProlog {
+			return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeQueued, Reason: "npu 5 still held by job 41"},
+				{Type: wire.TypeOK, Devices: []int{4, 5}, Message: "job 42 of alice holds npu 4-5"}}}
 		}
-		return stubAnswer{Replies: []client.Reply{{Type: client.TypeOK, Message: "job 42's lease of npu 4-5 ended"}}}
+		return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeOK, Message: "job 42's lease of npu 4-5 ended"}}}
 	})
 	env := append(slurmScriptEnv("prolog_slurmd", "0,1"), "NPURUN_SOCKET="+stub.Socket)
 	code, out, _ := runScript(t, env)
@@ -72,10 +72,10 @@ func TestSlurmScriptTellsBroker(t *testing.T) {
 	if len(reqs) != 2 {
 		t.Fatalf("the stub got %d requests, want 2: %+v", len(reqs), reqs)
 	}
-	want := []client.SlurmJob{{ID: 42, UID: 1001, User: "alice", GRES: "0,1"}, {ID: 42, UID: 1001, GRES: "0,1"}}
-	for i, op := range []string{client.OpSlurmProlog, client.OpSlurmEpilog} {
+	want := []wire.SlurmJob{{ID: 42, UID: 1001, User: "alice", GRES: "0,1"}, {ID: 42, UID: 1001, GRES: "0,1"}}
+	for i, op := range []string{wire.OpSlurmProlog, wire.OpSlurmEpilog} {
 		r := reqs[i].Req
-		if r.V != client.Version || r.Op != op || r.Job == nil || *r.Job != want[i] {
+		if r.V != wire.Version || r.Op != op || r.Job == nil || *r.Job != want[i] {
 			t.Errorf("request %d: %+v (job %+v), want op %s, job %+v", i, r, r.Job, op, want[i])
 		}
 	}
@@ -88,7 +88,7 @@ func TestSlurmScriptTellsBroker(t *testing.T) {
 // Prolog or Epilog a wrong argument is a usage error.
 func TestSlurmScriptNeverFails(t *testing.T) {
 	refusing := startStub(t, func(stubRequest) stubAnswer {
-		return stubAnswer{Replies: []client.Reply{{Type: client.TypeError, Code: client.CodeBadRequest, Message: `unknown op "slurm-prolog"`}}}
+		return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeError, Code: wire.CodeBadRequest, Message: `unknown op "slurm-prolog"`}}}
 	})
 	silent := startStub(t, func(stubRequest) stubAnswer { return stubAnswer{} })
 	nowhere := filepath.Join(t.TempDir(), "none.sock")

@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // spank_npurun.so, built as the Makefile builds it (warnings are errors),
@@ -121,18 +121,18 @@ func (s *jobLeaseStub) handle(r stubRequest) stubAnswer {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r.Cred.Uid != 0 {
-		return stubAnswer{Replies: []client.Reply{{Type: client.TypeError, Code: client.CodeDenied, Message: "root only"}}}
+		return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeError, Code: wire.CodeDenied, Message: "root only"}}}
 	}
 	var fds []int
 	switch r.Req.Op {
-	case client.OpSlurmHold:
+	case wire.OpSlurmHold:
 		if s.own == nil {
-			return stubAnswer{Replies: []client.Reply{{Type: client.TypeIgnore}}}
+			return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeIgnore}}}
 		}
 		fds, s.own = s.own, nil // handed over: the job holds the lease alone
 		s.extern = int(r.Cred.Pid)
-		return stubAnswer{Replies: []client.Reply{{Type: client.TypeGrant, Devices: s.devices, Vendor: "ascend"}}, FDs: fds}
-	case client.OpSlurmTask:
+		return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeGrant, Devices: s.devices, Vendor: "ascend"}}, FDs: fds}
+	case wire.OpSlurmTask:
 		if s.own != nil {
 			for _, fd := range s.own {
 				d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
@@ -143,11 +143,11 @@ func (s *jobLeaseStub) handle(r stubRequest) stubAnswer {
 				fds = append(fds, d)
 			}
 		} else if fds = s.fromExtern(); fds == nil {
-			return stubAnswer{Replies: []client.Reply{{Type: client.TypeIgnore}}}
+			return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeIgnore}}}
 		}
-		return stubAnswer{Replies: []client.Reply{{Type: client.TypeGrant, Devices: s.devices, Vendor: "ascend", Env: s.env}}, FDs: fds}
+		return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeGrant, Devices: s.devices, Vendor: "ascend", Env: s.env}}, FDs: fds}
 	}
-	return stubAnswer{Replies: []client.Reply{{Type: client.TypeError, Code: client.CodeBadRequest, Message: "unknown op"}}}
+	return stubAnswer{Replies: []wire.Reply{{Type: wire.TypeError, Code: wire.CodeBadRequest, Message: "unknown op"}}}
 }
 
 // fromExtern takes copies of the lock descriptors the extern step holds,
@@ -313,7 +313,7 @@ func TestSpankJobHoldsLease(t *testing.T) {
 			wantOps := []string{
 				fmt.Sprintf("slurm-hold job=%d uid=%d step=0 from-uid=0", id, u.UID),
 				fmt.Sprintf("slurm-task job=%d uid=%d step=0 from-uid=0", id, u.UID),
-				fmt.Sprintf("slurm-task job=%d uid=%d step=%d from-uid=0", id, u.UID, uint32(client.SlurmBatchStep)),
+				fmt.Sprintf("slurm-task job=%d uid=%d step=%d from-uid=0", id, u.UID, uint32(wire.SlurmBatchStep)),
 			}
 			if !slices.Equal(ops, wantOps) {
 				t.Errorf("the broker was asked\n%s\nwant\n%s", strings.Join(ops, "\n"), strings.Join(wantOps, "\n"))
@@ -469,7 +469,7 @@ func TestSpankSubleasesInJob(t *testing.T) {
 		t.Errorf("runs by device %v, want the job's devices 5 and 6 both used, no other", used)
 	}
 	for _, r := range broker.Requests()[before:] {
-		if r.Req.Op != client.OpSlurmHold && r.Req.Op != client.OpSlurmTask {
+		if r.Req.Op != wire.OpSlurmHold && r.Req.Op != wire.OpSlurmTask {
 			t.Errorf("the broker was asked %s from inside the job", r.Req.Op)
 		}
 	}

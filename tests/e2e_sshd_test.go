@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // loginUser is a test account one can log in as: a home, and shell as
@@ -386,7 +386,7 @@ func TestSSHDShells(t *testing.T) {
 				t.Fatalf("npu 0 after logout with a process left running: exit %d, want 75 (held); output:\n%s", code, out)
 			}
 			w := watchBoards(t, b, nil)
-			w.next(fmt.Sprintf("npu 0 held by the sleeper %d", pid), func(bd *client.Board) bool {
+			w.next(fmt.Sprintf("npu 0 held by the sleeper %d", pid), func(bd *wire.Board) bool {
 				return slices.Contains(holderPIDs(bd, 0), pid)
 			})
 			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {

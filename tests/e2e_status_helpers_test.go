@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // Status runs `npubroker status ARGS` against the broker and returns its
@@ -38,9 +38,9 @@ func stderrOf(err error) string {
 }
 
 // Board runs `npubroker status --json` and parses what it printed.
-func (b *Broker) Board(t testing.TB) *client.Board {
+func (b *Broker) Board(t testing.TB) *wire.Board {
 	t.Helper()
-	var board client.Board
+	var board wire.Board
 	out := b.Status(t, "--json")
 	if err := json.Unmarshal([]byte(out), &board); err != nil {
 		t.Fatalf("status --json printed what does not parse: %v\n%s", err, out)
@@ -67,23 +67,23 @@ func watchBoards(t testing.TB, b *Broker, as func(*exec.Cmd) *exec.Cmd) *watcher
 
 // next waits for the next board of the watch that satisfies ok and
 // returns it, with every board before it (those that did not).
-func (w *watcher) next(what string, ok func(*client.Board) bool) (*client.Board, []*client.Board) {
+func (w *watcher) next(what string, ok func(*wire.Board) bool) (*wire.Board, []*wire.Board) {
 	w.t.Helper()
 	return w.nextWithin(eventTimeout, what, ok)
 }
 
 // nextWithin is next with a time limit of its own, for events that come
 // slowly by design (a background scan on a machine with many processes).
-func (w *watcher) nextWithin(limit time.Duration, what string, ok func(*client.Board) bool) (*client.Board, []*client.Board) {
+func (w *watcher) nextWithin(limit time.Duration, what string, ok func(*wire.Board) bool) (*wire.Board, []*wire.Board) {
 	w.t.Helper()
-	var before []*client.Board
+	var before []*wire.Board
 	deadline := time.After(limit)
 	for {
 		w.mu.Lock()
 		lines, ch := w.lines, w.notify
 		w.mu.Unlock()
 		for ; w.seen < len(lines); w.seen++ {
-			var b client.Board
+			var b wire.Board
 			if err := json.Unmarshal([]byte(lines[w.seen]), &b); err != nil {
 				w.t.Fatalf("status --watch --json printed a line that does not parse: %v\n%s", err, lines[w.seen])
 			}
@@ -109,7 +109,7 @@ func (w *watcher) nextWithin(limit time.Duration, what string, ok func(*client.B
 }
 
 // device returns the board's device id.
-func device(t testing.TB, b *client.Board, id int) client.DeviceState {
+func device(t testing.TB, b *wire.Board, id int) wire.DeviceState {
 	t.Helper()
 	for _, d := range b.Devices {
 		if d.ID == id {
@@ -117,11 +117,11 @@ func device(t testing.TB, b *client.Board, id int) client.DeviceState {
 		}
 	}
 	t.Fatalf("no device %d on the board", id)
-	return client.DeviceState{}
+	return wire.DeviceState{}
 }
 
 // holderPIDs are the pids the board shows holding device id.
-func holderPIDs(b *client.Board, id int) []int {
+func holderPIDs(b *wire.Board, id int) []int {
 	for _, d := range b.Devices {
 		if d.ID == id && d.Lease != nil {
 			var pids []int
@@ -136,7 +136,7 @@ func holderPIDs(b *client.Board, id int) []int {
 }
 
 // holderOf returns the board's holder pid of device id, or fails.
-func holderOf(t testing.TB, b *client.Board, id, pid int) client.Holder {
+func holderOf(t testing.TB, b *wire.Board, id, pid int) wire.Holder {
 	t.Helper()
 	d := device(t, b, id)
 	if d.Lease == nil {
@@ -148,11 +148,11 @@ func holderOf(t testing.TB, b *client.Board, id, pid int) client.Holder {
 		}
 	}
 	t.Fatalf("npu %d: pid %d is not among the holders %v", id, pid, holderPIDs(b, id))
-	return client.Holder{}
+	return wire.Holder{}
 }
 
 // unleasedPIDs are the pids reported using device id without a lease.
-func unleasedPIDs(b *client.Board, id int) []int {
+func unleasedPIDs(b *wire.Board, id int) []int {
 	var pids []int
 	for _, u := range b.Unleased {
 		if u.Device == id {

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // me is the name of the user the tests run as.
@@ -40,7 +40,7 @@ func TestStatusHolders(t *testing.T) {
 	p0.waitLine("held")
 	board := b.Board(t)
 	d := device(t, board, 0)
-	if d.State != client.DeviceLeased || d.Lease == nil || d.Lease.Kind != client.KindInline || d.Lease.User != user || d.Lease.PID != p0.cmd.Process.Pid {
+	if d.State != wire.DeviceLeased || d.Lease == nil || d.Lease.Kind != wire.KindInline || d.Lease.User != user || d.Lease.PID != p0.cmd.Process.Pid {
 		t.Fatalf("npu0: %+v (lease %+v), want leased inline to %s, pid %d", d, d.Lease, user, p0.cmd.Process.Pid)
 	}
 	if got, want := holderPIDs(board, 0), []int{p0.cmd.Process.Pid, child}; !slices.Equal(got, sorted(want)) {
@@ -56,7 +56,7 @@ func TestStatusHolders(t *testing.T) {
 		t.Errorf("npu0: the root holder %d is not listed first: %+v", p0.cmd.Process.Pid, d.Lease.Holders)
 	}
 	for _, id := range []int{1, 2, 3} {
-		if d := device(t, board, id); d.State != client.DeviceFree || d.Lease != nil {
+		if d := device(t, board, id); d.State != wire.DeviceFree || d.Lease != nil {
 			t.Errorf("npu%d: %+v, want free", id, d)
 		}
 	}
@@ -76,10 +76,10 @@ func TestStatusHolders(t *testing.T) {
 	pass := startProc(t, "passer", b.Npurun("-d", "1", b.Bin.Workload, "-pass", sock))
 	recv.waitLine("received")
 	pass.mustSucceed()
-	board, _ = w.nextWithin(scanTimeout, "the receiver holding npu1", func(bd *client.Board) bool {
+	board, _ = w.nextWithin(scanTimeout, "the receiver holding npu1", func(bd *wire.Board) bool {
 		return slices.Equal(holderPIDs(bd, 1), []int{recv.cmd.Process.Pid})
 	})
-	if d := device(t, board, 1); d.State != client.DeviceLeased || d.Lease.PID != pass.cmd.Process.Pid {
+	if d := device(t, board, 1); d.State != wire.DeviceLeased || d.Lease.PID != pass.cmd.Process.Pid {
 		t.Errorf("npu1: %+v, want leased, granted to pid %d", d, pass.cmd.Process.Pid)
 	}
 	if h := holderOf(t, board, 1, recv.cmd.Process.Pid); !strings.Contains(h.Command, "-receive") || h.User != user {
@@ -94,7 +94,7 @@ func TestStatusHolders(t *testing.T) {
 	orphan := pidOf(t, p2.waitLine("child"))
 	t.Cleanup(func() { syscall.Kill(orphan, syscall.SIGKILL) })
 	p2.mustSucceed()
-	board, _ = w.nextWithin(scanTimeout, "the orphan holding npu2", func(bd *client.Board) bool {
+	board, _ = w.nextWithin(scanTimeout, "the orphan holding npu2", func(bd *wire.Board) bool {
 		return slices.Equal(holderPIDs(bd, 2), []int{orphan})
 	})
 	if h := holderOf(t, board, 2, orphan); h.Command != "sleep 600" {
@@ -104,9 +104,9 @@ func TestStatusHolders(t *testing.T) {
 	// Releases show at once.
 	recv.stdin.Close()
 	recv.mustSucceed()
-	w.next("npu1 free", func(bd *client.Board) bool { return device(t, bd, 1).State == client.DeviceFree })
+	w.next("npu1 free", func(bd *wire.Board) bool { return device(t, bd, 1).State == wire.DeviceFree })
 	syscall.Kill(orphan, syscall.SIGKILL)
-	w.next("npu2 free", func(bd *client.Board) bool { return device(t, bd, 2).State == client.DeviceFree })
+	w.next("npu2 free", func(bd *wire.Board) bool { return device(t, bd, 2).State == wire.DeviceFree })
 	p0.stdin.Close()
 	p0.mustSucceed()
 }
@@ -159,7 +159,7 @@ func TestStatusUsers(t *testing.T) {
 	pass.mustSucceed()
 
 	w := watchBoards(t, b, nil)
-	board, _ := w.next("bob holding npu1", func(bd *client.Board) bool {
+	board, _ := w.next("bob holding npu1", func(bd *wire.Board) bool {
 		return slices.Equal(holderPIDs(bd, 1), []int{recv.cmd.Process.Pid})
 	})
 	if d := device(t, board, 1); d.Lease.User != alice.Name || d.Lease.UID != alice.UID {
@@ -188,7 +188,7 @@ func TestStatusUsers(t *testing.T) {
 		if err != nil {
 			t.Fatalf("status as %s: %v\n%s", u.Name, err, stderrOf(err))
 		}
-		var bd client.Board
+		var bd wire.Board
 		if err := json.Unmarshal(out, &bd); err != nil {
 			t.Fatal(err)
 		}
@@ -222,7 +222,7 @@ func TestStatusRestart(t *testing.T) {
 	b.Start()
 	board := b.Board(t)
 	d := device(t, board, 0)
-	if d.State != client.DeviceLeased || d.Lease == nil || !d.Lease.Adopted || d.Lease.ID != before.Lease.ID ||
+	if d.State != wire.DeviceLeased || d.Lease == nil || !d.Lease.Adopted || d.Lease.ID != before.Lease.ID ||
 		d.Lease.User != user || d.Lease.Since != before.Lease.Since || d.Lease.PID != h.cmd.Process.Pid {
 		t.Fatalf("npu0 after the restart: %+v (lease %+v), want the lease from before (%+v)", d, d.Lease, before.Lease)
 	}
@@ -231,7 +231,7 @@ func TestStatusRestart(t *testing.T) {
 	}
 	assertAtLimit := func(when string) {
 		t.Helper()
-		if d := device(t, b.Board(t), 1); d.State != client.DeviceFree {
+		if d := device(t, b.Board(t), 1); d.State != wire.DeviceFree {
 			t.Fatalf("%s: npu1 is %s, want free", when, d.State)
 		}
 		if code, out := exitCode(t, b.Npurun("--no-wait", "-d", "1", "true")); code != 75 {
@@ -247,7 +247,7 @@ func TestStatusRestart(t *testing.T) {
 	}
 	b.Start()
 	d = device(t, b.Board(t), 0)
-	if d.State != client.DeviceHeld || d.Lease == nil || d.Lease.User != user || d.Lease.PID != h.cmd.Process.Pid || !d.Lease.Adopted {
+	if d.State != wire.DeviceHeld || d.Lease == nil || d.Lease.User != user || d.Lease.PID != h.cmd.Process.Pid || !d.Lease.Adopted {
 		t.Fatalf("npu0 after a restart without the log: %+v (lease %+v), want held by %s, pid %d", d, d.Lease, user, h.cmd.Process.Pid)
 	}
 	if !strings.Contains(b.Log(), "no record of its grant: held by pid "+strconv.Itoa(h.cmd.Process.Pid)) {
@@ -257,7 +257,7 @@ func TestStatusRestart(t *testing.T) {
 
 	w := watchBoards(t, b, nil)
 	h.release()
-	w.next("npu0 free", func(bd *client.Board) bool { return device(t, bd, 0).State == client.DeviceFree })
+	w.next("npu0 free", func(bd *wire.Board) bool { return device(t, bd, 0).State == wire.DeviceFree })
 	if code, out := exitCode(t, b.Npurun("--no-wait", "-d", "1", "true")); code != 0 {
 		t.Errorf("npurun -d 1 once npu0 is released: exit %d\n%s", code, out)
 	}
@@ -276,11 +276,11 @@ func TestStatusWaiting(t *testing.T) {
 		t.Fatalf("waiting: %+v", board.Waiting)
 	}
 	ws := board.Waiting[0].Waiters
-	if len(ws) != 2 || ws[0].Position != 1 || ws[0].N != 2 || ws[0].Kind != client.KindInline || ws[1].Position != 2 || !slices.Equal(ws[1].Devices, []int{0}) || ws[0].Why != "" || ws[1].Why != "" {
+	if len(ws) != 2 || ws[0].Position != 1 || ws[0].N != 2 || ws[0].Kind != wire.KindInline || ws[1].Position != 2 || !slices.Equal(ws[1].Devices, []int{0}) || ws[0].Why != "" || ws[1].Why != "" {
 		t.Errorf("waiters: %+v", ws)
 	}
 	d := device(t, board, 1)
-	if d.State != client.DeviceReserved || d.ReservedFor == nil || d.ReservedFor.N != 2 {
+	if d.State != wire.DeviceReserved || d.ReservedFor == nil || d.ReservedFor.N != 2 {
 		t.Errorf("npu1: %+v, want reserved for the 2-device request", d)
 	}
 	table := b.Status(t)
@@ -318,7 +318,7 @@ func TestStatusWaitingWhy(t *testing.T) {
 func TestStatusWatchBrokerStops(t *testing.T) {
 	b := StartBroker(t, FakeConfig(1))
 	w := watchBoards(t, b, nil)
-	w.next("the first board", func(*client.Board) bool { return true })
+	w.next("the first board", func(*wire.Board) bool { return true })
 	b.Stop()
 	w.waitLine("npubroker: the broker closed the connection: it stopped or is restarting")
 	if code, sig := w.wait(); code != 69 || sig != 0 {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // The first task waiting for a device is armed (tasklife): its warm
@@ -57,7 +57,7 @@ func TestTaskArmedRestart(t *testing.T) {
 			b.Start()
 			if !c.runs {
 				ti := showTask(t, b, bid)
-				if ti.State != client.StateFailed || !strings.Contains(ti.Reason, "may have been starting") {
+				if ti.State != wire.StateFailed || !strings.Contains(ti.Reason, "may have been starting") {
 					t.Errorf("task B armed before the machine's crash: %s (%q), want failed: it may have started", ti.State, ti.Reason)
 				}
 			}

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // containedBy tells which containment b's tasks have: their control groups
@@ -122,12 +122,12 @@ func TestTaskContained(t *testing.T) {
 		wantState         string
 		wantLog           string
 	}{
-		{"setpgid, leader exits", "setpgid", "exit", client.StateDone, "leaving 1 process running; it was ended"},
-		{"setsid and double fork, leader exits", "daemon", "exit", client.StateDone, "leaving 1 process running; it was ended"},
-		{"setpgid, time limit", "setpgid", "time", client.StateFailed, "time limit 3s reached"},
-		{"setsid and double fork, time limit", "daemon", "time", client.StateFailed, "time limit 3s reached"},
-		{"setpgid, cancel", "setpgid", "cancel", client.StateCancelled, "(cancelled)"},
-		{"setsid and double fork, cancel", "daemon", "cancel", client.StateCancelled, "(cancelled)"},
+		{"setpgid, leader exits", "setpgid", "exit", wire.StateDone, "leaving 1 process running; it was ended"},
+		{"setsid and double fork, leader exits", "daemon", "exit", wire.StateDone, "leaving 1 process running; it was ended"},
+		{"setpgid, time limit", "setpgid", "time", wire.StateFailed, "time limit 3s reached"},
+		{"setsid and double fork, time limit", "daemon", "time", wire.StateFailed, "time limit 3s reached"},
+		{"setpgid, cancel", "setpgid", "cancel", wire.StateCancelled, "(cancelled)"},
+		{"setsid and double fork, cancel", "daemon", "cancel", wire.StateCancelled, "(cancelled)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -216,7 +216,7 @@ func TestTaskCgroupSupervisorKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := waitTask(t, b, id)
-	if ti := showTask(t, b, id); ti.State != client.StateLost {
+	if ti := showTask(t, b, id); ti.State != wire.StateLost {
 		t.Errorf("task %d with its supervisor killed ended %s (%s), want lost; wait: %s", id, ti.State, ti.Reason, r)
 	}
 	if !procGone(t, pid, "") {

@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // Faults found by injection (issue 15): relative paths, a clean stop's
@@ -86,7 +86,7 @@ func TestTaskDefaultLogNewJournal(t *testing.T) {
 	if out, err := exec.Command("usermod", "--home", home, u.Name).CombinedOutput(); err != nil {
 		t.Fatalf("usermod --home: %v: %s", err, out)
 	}
-	run := func(word string) (client.TaskInfo, *Broker) {
+	run := func(word string) (wire.TaskInfo, *Broker) {
 		b := StartBroker(t, taskConfig(1)) // a state directory of its own: a new journal
 		id := submitTask(t, b, &u, home, "--no-device", "--", "echo", word)
 		if r := waitTask(t, b, id); r.code != 0 {
@@ -335,7 +335,7 @@ func TestTaskSubmitterGone(t *testing.T) {
 	dir := SharedDir(t)
 	syscall.Kill(b.Pid(), syscall.SIGSTOP)
 	c := b.Dial()
-	err := c.Send(&client.Request{Op: client.OpSubmit, Task: &client.Submission{
+	err := c.Send(&wire.Request{Op: wire.OpSubmit, Task: &wire.Submission{
 		Argv: []string{"true"}, Cwd: dir, Log: filepath.Join(dir, "log"), NoDevice: true, Token: "gone-1"}})
 	c.Close()
 	syscall.Kill(b.Pid(), syscall.SIGCONT)

@@ -20,8 +20,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/testfs"
+	"github.com/npurun/npurun/wire"
 )
 
 // The hardening of the task life (issue 6): a full disk, numbers that
@@ -49,8 +49,8 @@ func mountSmall(t *testing.T, b *Broker, size int) {
 }
 
 // protoSub is a small submission for the protocol.
-func protoSub(dir string, noDevice bool, argv ...string) *client.Submission {
-	return &client.Submission{Argv: argv, Cwd: dir, Env: []string{"PATH=/usr/bin:/bin"}, NoDevice: noDevice,
+func protoSub(dir string, noDevice bool, argv ...string) *wire.Submission {
+	return &wire.Submission{Argv: argv, Cwd: dir, Env: []string{"PATH=/usr/bin:/bin"}, NoDevice: noDevice,
 		Log: filepath.Join(dir, "proto.log")}
 }
 
@@ -68,8 +68,8 @@ func endAll(t *testing.T, b *Broker) {
 			continue
 		}
 		if _, err := c.Wait(ti.ID); err != nil {
-			var ce *client.Error
-			if !errors.As(err, &ce) || ce.Code != client.CodeNoSuchTask {
+			var ce *wire.Error
+			if !errors.As(err, &ce) || ce.Code != wire.CodeNoSuchTask {
 				t.Errorf("wait %d: %v", ti.ID, err)
 			}
 		}
@@ -79,8 +79,8 @@ func endAll(t *testing.T, b *Broker) {
 // spoolErr tells whether err is the broker's answer that it could not
 // record a change.
 func spoolErr(err error) bool {
-	var ce *client.Error
-	return errors.As(err, &ce) && ce.Code == client.CodeSpool
+	var ce *wire.Error
+	return errors.As(err, &ce) && ce.Code == wire.CodeSpool
 }
 
 // TestTaskFullSpool: on a full disk nothing the journal cannot record
@@ -148,7 +148,7 @@ func TestTaskFullSpool(t *testing.T) {
 	if r.code == 0 || !strings.Contains(r.stderr, "still waits") {
 		t.Errorf("cancel on a full disk: %s; want a failure saying the task still waits", r)
 	}
-	if ti := showTask(t, b, victim); ti.State != client.StatePending {
+	if ti := showTask(t, b, victim); ti.State != wire.StatePending {
 		t.Errorf("task %d after a cancel that could not be recorded: %s, want pending", victim, ti.State)
 	}
 
@@ -156,7 +156,7 @@ func TestTaskFullSpool(t *testing.T) {
 	h.release()
 	b.WaitLog(mark, "task starts paused")
 	for _, id := range ids {
-		if ti := showTask(t, b, id); ti.State != client.StatePending {
+		if ti := showTask(t, b, id); ti.State != wire.StatePending {
 			t.Errorf("task %d whose start could not be recorded: %s (%q), want pending", id, ti.State, ti.Reason)
 		}
 	}
@@ -200,7 +200,7 @@ func TestTaskFullSpool(t *testing.T) {
 		t.Errorf("the journal is damaged after the full disk:\n%s", log)
 	}
 	for _, id := range ids {
-		if ti := showTask(t, b, id); ti.State != client.StateDone {
+		if ti := showTask(t, b, id); ti.State != wire.StateDone {
 			t.Errorf("task %d after a restart: %s, want done", id, ti.State)
 		}
 	}
@@ -233,7 +233,7 @@ func TestTaskSpoolFullAtRestart(t *testing.T) {
 			t.Fatalf("round %d: %d tasks after a restart on a full disk, want %d", round, len(got), len(ids))
 		}
 		for _, ti := range got {
-			if ti.State != client.StatePending {
+			if ti.State != wire.StatePending {
 				t.Errorf("round %d: task %d is %s, want pending", round, ti.ID, ti.State)
 			}
 		}
@@ -550,7 +550,7 @@ func TestTaskOutOfDescriptors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ti.State != client.StatePending {
+	if ti.State != wire.StatePending {
 		t.Errorf("task %d that could not start for want of descriptors: %s (%q), want pending", r.ID, ti.State, ti.Reason)
 	}
 	restore()
@@ -559,7 +559,7 @@ func TestTaskOutOfDescriptors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if end.State != client.StateDone {
+	if end.State != wire.StateDone {
 		t.Errorf("task %d once descriptors were back: %s (%q), want done", r.ID, end.State, end.Reason)
 	}
 }
@@ -582,8 +582,8 @@ func TestTaskIDsNeverRepeat(t *testing.T) {
 		last = r.ID
 		// Ended and forgotten, or ended when the wait comes.
 		if _, err := c.Wait(r.ID); err != nil {
-			var ce *client.Error
-			if !errors.As(err, &ce) || ce.Code != client.CodeNoSuchTask {
+			var ce *wire.Error
+			if !errors.As(err, &ce) || ce.Code != wire.CodeNoSuchTask {
 				t.Fatal(err)
 			}
 		}
@@ -683,7 +683,7 @@ func TestTaskClockStep(t *testing.T) {
 	if r := waitTask(t, b, id); r.code != 7 {
 		t.Errorf("wait: %s, want the task's own exit 7", r)
 	}
-	if ti := showTask(t, b, id); ti.State != client.StateFailed || ti.Exit == nil || *ti.Exit != 7 {
+	if ti := showTask(t, b, id); ti.State != wire.StateFailed || ti.Exit == nil || *ti.Exit != 7 {
 		t.Errorf("task %d: %s exit %v (%q), want failed with its exit 7, not killed", id, ti.State, ti.Exit, ti.Reason)
 	}
 }
@@ -743,7 +743,7 @@ func TestTaskStalePID(t *testing.T) {
 			if state, _ := procState(other.Process.Pid); state == 0 || state == 'Z' || state == 'X' {
 				t.Errorf("the restarted broker killed an unrelated process that reused a task's pid; log:\n%s", b.Log())
 			}
-			if ti := showTask(t, b, id); ti.State != client.StateLost {
+			if ti := showTask(t, b, id); ti.State != wire.StateLost {
 				t.Errorf("task %d whose supervisor is gone: %s, want lost", id, ti.State)
 			}
 		})
@@ -752,16 +752,16 @@ func TestTaskStalePID(t *testing.T) {
 
 // rawSubmit sends a submission encoded without escaping <, > and & (as a
 // client in another language may), and returns the broker's answer.
-func rawSubmit(t *testing.T, b *Broker, sub *client.Submission) (*client.Reply, error) {
+func rawSubmit(t *testing.T, b *Broker, sub *wire.Submission) (*wire.Reply, error) {
 	t.Helper()
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	if err := enc.Encode(&client.Request{V: client.Version, Op: client.OpSubmit, Task: sub}); err != nil {
+	if err := enc.Encode(&wire.Request{V: wire.Version, Op: wire.OpSubmit, Task: sub}); err != nil {
 		t.Fatal(err)
 	}
 	c := b.Dial()
-	if err := client.SendMsg(c.Fd(), bytes.TrimSpace(buf.Bytes()), nil, 0); err != nil {
+	if err := wire.SendMsg(c.Fd(), bytes.TrimSpace(buf.Bytes()), nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	r, _, err := c.Recv(eventTimeout)
@@ -791,7 +791,7 @@ func TestTaskEncodedSize(t *testing.T) {
 	if w := waitTask(t, b, r.ID); w.code != 0 {
 		t.Errorf("a 4 KB command of '<': %s", w)
 	}
-	if ti := findTask(listTasks(t, b, nil, true), r.ID); ti == nil || ti.State != client.StateDone {
+	if ti := findTask(listTasks(t, b, nil, true), r.ID); ti == nil || ti.State != wire.StateDone {
 		t.Errorf("list --all has the task as %+v, want done", ti)
 	}
 }

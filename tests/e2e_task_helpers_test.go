@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // taskConfig is n fake devices and [tasks] settings that keep the tests
@@ -94,13 +94,13 @@ func submitTask(t testing.TB, b *Broker, u *testUser, dir string, args ...string
 }
 
 // showTask is `task-submit show --json ID` as the test process.
-func showTask(t testing.TB, b *Broker, id uint64) client.TaskInfo {
+func showTask(t testing.TB, b *Broker, id uint64) wire.TaskInfo {
 	t.Helper()
 	r := runTaskCmd(t, b.TaskSubmit("show", "--json", strconv.FormatUint(id, 10)))
 	if r.code != 0 {
 		t.Fatalf("show %d: %s", id, r)
 	}
-	var ti client.TaskInfo
+	var ti wire.TaskInfo
 	if err := json.Unmarshal([]byte(r.stdout), &ti); err != nil {
 		t.Fatalf("show --json %d printed %q: %v", id, r.stdout, err)
 	}
@@ -109,7 +109,7 @@ func showTask(t testing.TB, b *Broker, id uint64) client.TaskInfo {
 
 // listTasks is `task-submit list [--all] --json` as u (nil: the test
 // process).
-func listTasks(t testing.TB, b *Broker, u *testUser, all bool) []client.TaskInfo {
+func listTasks(t testing.TB, b *Broker, u *testUser, all bool) []wire.TaskInfo {
 	t.Helper()
 	args := []string{"list", "--json"}
 	if all {
@@ -119,7 +119,7 @@ func listTasks(t testing.TB, b *Broker, u *testUser, all bool) []client.TaskInfo
 	if r.code != 0 {
 		t.Fatalf("list: %s", r)
 	}
-	var ts []client.TaskInfo
+	var ts []wire.TaskInfo
 	if err := json.Unmarshal([]byte(r.stdout), &ts); err != nil {
 		t.Fatalf("list --json printed %q: %v", r.stdout, err)
 	}
@@ -127,7 +127,7 @@ func listTasks(t testing.TB, b *Broker, u *testUser, all bool) []client.TaskInfo
 }
 
 // findTask is the task with id in ts, nil if none.
-func findTask(ts []client.TaskInfo, id uint64) *client.TaskInfo {
+func findTask(ts []wire.TaskInfo, id uint64) *wire.TaskInfo {
 	for i := range ts {
 		if ts[i].ID == id {
 			return &ts[i]

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestTaskTimeLimitKillsTree: --time 1s ends a task whose command left a
@@ -28,7 +28,7 @@ func TestTaskTimeLimitKillsTree(t *testing.T) {
 		t.Fatalf("wait of a task killed at its time limit: %s", r)
 	}
 	ti := showTask(t, b, id)
-	if ti.State != client.StateFailed || !strings.Contains(ti.Reason, "time limit") {
+	if ti.State != wire.StateFailed || !strings.Contains(ti.Reason, "time limit") {
 		t.Errorf("show: state %q reason %q, want failed with a time limit reason", ti.State, ti.Reason)
 	}
 	if got := ti.ExitStatus(); got != r.code {
@@ -71,7 +71,7 @@ func TestTaskAfterChain(t *testing.T) {
 		t2 := sub("t2", "--after", idStr(t1), "--", "sh", "-c", `echo 2 >> "$1"`, "sh", order)
 		t3 := sub("t3", "--after", idStr(t2), "--", "sh", "-c", `echo 3 >> "$1"`, "sh", order)
 		for _, id := range []uint64{t2, t3} {
-			if ti := showTask(t, b, id); ti.State != client.StateBlocked {
+			if ti := showTask(t, b, id); ti.State != wire.StateBlocked {
 				t.Errorf("task %d is %s while its dependency runs, want blocked", id, ti.State)
 			}
 		}
@@ -105,7 +105,7 @@ func TestTaskAfterChain(t *testing.T) {
 			ID    uint64 `json:"id"`
 			State string `json:"state"`
 		}
-		if err := json.Unmarshal([]byte(r4.stdout), &s4); err != nil || r4.code != 1 || s4.State != client.StateFailed || !strings.Contains(r4.stderr, "will not run") {
+		if err := json.Unmarshal([]byte(r4.stdout), &s4); err != nil || r4.code != 1 || s4.State != wire.StateFailed || !strings.Contains(r4.stderr, "will not run") {
 			t.Fatalf("submit --after a failed task: %s (%v); want exit 1, its id and state failed", r4, err)
 		}
 		f4 := s4.ID
@@ -151,7 +151,7 @@ func TestTaskSurvivesRestart(t *testing.T) {
 				"--", "sh", "-c", `read x < "$1"; exit 7`, "sh", gate)
 			w := openFIFO(t, gate, os.O_WRONLY) // the task runs
 			ti := showTask(t, b, id)
-			if ti.State != client.StateRunning || len(ti.Devices) != 1 {
+			if ti.State != wire.StateRunning || len(ti.Devices) != 1 {
 				t.Fatalf("task %d: state %s devices %v, want running on one device", id, ti.State, ti.Devices)
 			}
 			dev := strconv.Itoa(ti.Devices[0])
@@ -160,7 +160,7 @@ func TestTaskSurvivesRestart(t *testing.T) {
 			b.Start()
 
 			got := findTask(listTasks(t, b, nil, false), id)
-			if got == nil || got.State != client.StateRunning {
+			if got == nil || got.State != wire.StateRunning {
 				t.Errorf("after the restart, list has task %d as %+v, want running", id, got)
 			}
 			if code, out := exitCode(t, b.Npurun("--no-wait", "-d", dev, "true")); code != 75 {
@@ -172,7 +172,7 @@ func TestTaskSurvivesRestart(t *testing.T) {
 				t.Errorf("wait after the restart: %s, want exit 7", r)
 			}
 			ti = showTask(t, b, id)
-			if ti.Exit == nil || *ti.Exit != 7 || ti.State != client.StateFailed {
+			if ti.Exit == nil || *ti.Exit != 7 || ti.State != wire.StateFailed {
 				t.Errorf("show --json after the restart: state %s exit %v reason %q, want failed with exit 7", ti.State, ti.Exit, ti.Reason)
 			}
 			// Its device is free again.
@@ -241,13 +241,13 @@ func TestTaskCancel(t *testing.T) {
 		m1, m2 := filepath.Join(dir, "p1.ran"), filepath.Join(dir, "p2.ran")
 		p1 := submitTask(t, b, nil, dir, "--log", filepath.Join(dir, "p1.log"), "--", "touch", m1)
 		p2 := submitTask(t, b, nil, dir, "--log", filepath.Join(dir, "p2.log"), "--", "touch", m2)
-		if ti := showTask(t, b, p2); ti.State != client.StatePending || ti.Position != 2 {
+		if ti := showTask(t, b, p2); ti.State != wire.StatePending || ti.Position != 2 {
 			t.Fatalf("task %d: %s at position %d, want pending second in line", p2, ti.State, ti.Position)
 		}
 		if r := runTaskCmd(t, b.TaskSubmit("cancel", idStr(p1))); r.code != 0 {
 			t.Fatalf("cancel %d: %s", p1, r)
 		}
-		if ti := showTask(t, b, p1); ti.State != client.StateCancelled {
+		if ti := showTask(t, b, p1); ti.State != wire.StateCancelled {
 			t.Errorf("task %d after cancel: %s, want cancelled", p1, ti.State)
 		}
 		if ti := showTask(t, b, p2); ti.Position != 1 {
@@ -290,7 +290,7 @@ func TestTaskCancel(t *testing.T) {
 			t.Errorf("wait of a cancelled task: %s", r)
 		}
 		ti := showTask(t, b, id)
-		if ti.State != client.StateCancelled {
+		if ti.State != wire.StateCancelled {
 			t.Errorf("task %d after cancel: state %s signal %q reason %q, want cancelled", id, ti.State, ti.Signal, ti.Reason)
 		}
 		if data, _ := os.ReadFile(termed); !strings.Contains(string(data), "TERM") {
@@ -380,7 +380,7 @@ func TestTaskBadInput(t *testing.T) {
 		id := submitTask(t, b, nil, dir, "--no-device", "--log", log, "--", "npurun-no-such-command-x")
 		r := waitTask(t, b, id)
 		ti := showTask(t, b, id)
-		if ti.State != client.StateFailed || ti.Exit == nil || *ti.Exit != 127 || r.code != 127 {
+		if ti.State != wire.StateFailed || ti.Exit == nil || *ti.Exit != 127 || r.code != 127 {
 			t.Errorf("task of a missing command: state %s exit %v reason %q, wait %s; want failed with 127", ti.State, ti.Exit, ti.Reason, r)
 		}
 		if show := runTaskCmd(t, b.TaskSubmit("show", idStr(id))); !strings.Contains(show.stdout, "exit status: 127") {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // Issue 20, item 4: hold and release, requeue, notify and the history of
@@ -61,7 +61,7 @@ func TestTaskHoldRelease(t *testing.T) {
 	b.Start()
 	for i, id := range []uint64{a, bb} {
 		ti := showTask(t, b, id)
-		if !ti.Held || ti.State != client.StatePending || ti.Position != i+1 {
+		if !ti.Held || ti.State != wire.StatePending || ti.Position != i+1 {
 			t.Errorf("task %d after the restart: held %v, %s, position %d; want held, pending, position %d", id, ti.Held, ti.State, ti.Position, i+1)
 		}
 	}
@@ -84,7 +84,7 @@ func TestTaskHoldRelease(t *testing.T) {
 	if got, want := fileWords(t, order), []string{"b", "c"}; !slicesEqual(got, want) {
 		t.Errorf("tasks ran in the order %q, want %q (a held, b released in its place before c)", got, want)
 	}
-	if ti := showTask(t, b, a); ti.State != client.StatePending || !ti.Held {
+	if ti := showTask(t, b, a); ti.State != wire.StatePending || !ti.Held {
 		t.Errorf("held task %d: %s, held %v; want pending, held", a, ti.State, ti.Held)
 	}
 	if r := runTaskCmd(t, b.TaskSubmit("hold", idStr(c))); r.code == 0 || !strings.Contains(r.stderr, "only a waiting task can be held") {
@@ -230,7 +230,7 @@ func TestTaskHistory(t *testing.T) {
 	b.Kill()
 	b.Start()
 	r := taskOp(t, b, "list", "--ended", "--since", "1h", "--json")
-	var ts []client.TaskInfo
+	var ts []wire.TaskInfo
 	if err := json.Unmarshal([]byte(r.stdout), &ts); err != nil {
 		t.Fatalf("list --ended --json printed %q: %v", r.stdout, err)
 	}
@@ -238,11 +238,11 @@ func TestTaskHistory(t *testing.T) {
 		t.Fatalf("list --ended: %d tasks, want 3: %+v", len(ts), ts)
 	}
 	for i, ti := range ts[:2] { // the two the journal no longer keeps
-		if ti.ID != ids[i] || ti.State != client.StateEnded || ti.Source != client.SourceAccounting || ti.Ended == 0 || len(ti.Devices) != 1 {
+		if ti.ID != ids[i] || ti.State != wire.StateEnded || ti.Source != wire.SourceAccounting || ti.Ended == 0 || len(ti.Devices) != 1 {
 			t.Errorf("history entry %d: %+v, want task %d ended, from the accounting log, with its device", i, ti, ids[i])
 		}
 	}
-	if last := ts[2]; last.ID != ids[2] || last.State != client.StateDone || last.Source != "" || last.Command != "true" {
+	if last := ts[2]; last.ID != ids[2] || last.State != wire.StateDone || last.Source != "" || last.Command != "true" {
 		t.Errorf("history's last entry: %+v, want task %d done, as the broker keeps it", last, ids[2])
 	}
 	table := taskOp(t, b, "list", "--ended").stdout

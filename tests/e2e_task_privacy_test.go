@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestTaskReasonPrivate: why another user's task failed (it names paths and
@@ -22,7 +22,7 @@ func TestTaskReasonPrivate(t *testing.T) {
 	secret := filepath.Join(adir, "secret-project", "train-v7")
 	id := submitTask(t, b, &a, adir, "--no-device", "--log", filepath.Join(adir, "log"), "--", secret)
 	waitTask(t, b, id)
-	if ti := showTask(t, b, id); ti.State != client.StateFailed || !strings.Contains(ti.Reason, "secret-project") {
+	if ti := showTask(t, b, id); ti.State != wire.StateFailed || !strings.Contains(ti.Reason, "secret-project") {
 		t.Fatalf("root's show: %s (%q), want failed naming the program", ti.State, ti.Reason)
 	}
 	for _, c := range []struct {
@@ -39,7 +39,7 @@ func TestTaskReasonPrivate(t *testing.T) {
 		switch {
 		case got == nil:
 			t.Errorf("%s: task %d not listed", c.who, id)
-		case got.State != client.StateFailed || got.ExitStatus() != 127:
+		case got.State != wire.StateFailed || got.ExitStatus() != 127:
 			t.Errorf("%s: task %d listed as %s, exit %d; want failed, 127", c.who, id, got.State, got.ExitStatus())
 		case c.private && !strings.Contains(got.Reason, "secret-project"):
 			t.Errorf("%s: reason %q, want the program named", c.who, got.Reason)
@@ -129,7 +129,7 @@ func TestTaskListPages(t *testing.T) {
 	c := b.Dial()
 	const n = 700 // pages hold 256 at most
 	for i := 0; i < n; i++ {
-		if _, err := c.Submit(&client.Submission{Argv: []string{"true"}, Cwd: dir, Env: []string{"PATH=/bin"}, Log: filepath.Join(dir, "log"), N: 1}); err != nil {
+		if _, err := c.Submit(&wire.Submission{Argv: []string{"true"}, Cwd: dir, Env: []string{"PATH=/bin"}, Log: filepath.Join(dir, "log"), N: 1}); err != nil {
 			t.Fatalf("submit %d: %v", i, err)
 		}
 	}
@@ -142,7 +142,7 @@ func TestTaskListPages(t *testing.T) {
 			if i > 0 && ti.ID <= ts[i-1].ID {
 				t.Fatalf("list (all %v): task %d after task %d", all, ti.ID, ts[i-1].ID)
 			}
-			if ti.State != client.StatePending || ti.Position != i+1 {
+			if ti.State != wire.StatePending || ti.Position != i+1 {
 				t.Fatalf("list (all %v): task %d %s at place %d, want pending at %d", all, ti.ID, ti.State, ti.Position, i+1)
 			}
 		}
@@ -151,13 +151,13 @@ func TestTaskListPages(t *testing.T) {
 	// (the broker's guess at a task's size once stopped a page at 136 of
 	// these, and a listing took twice the round trips).
 	pages, got := 0, 0
-	req := &client.Request{Op: client.OpList}
+	req := &wire.Request{Op: wire.OpList}
 	for {
 		if err := c.Send(req); err != nil {
 			t.Fatal(err)
 		}
 		r, _, err := c.Recv(eventTimeout)
-		if err != nil || r.Type != client.TypeTasks {
+		if err != nil || r.Type != wire.TypeTasks {
 			t.Fatalf("list page %d: %+v %v", pages+1, r, err)
 		}
 		pages++
@@ -168,7 +168,7 @@ func TestTaskListPages(t *testing.T) {
 		if len(r.Tasks) != 256 {
 			t.Errorf("page %d holds %d tasks, want 256 (a page's cap, and they fit in a message)", pages, len(r.Tasks))
 		}
-		req = &client.Request{Op: client.OpList, After: r.Next}
+		req = &wire.Request{Op: wire.OpList, After: r.Next}
 	}
 	if want := (n + 255) / 256; pages != want || got != n {
 		t.Errorf("a listing of %d tasks came in %d pages with %d tasks, want %d pages", n, pages, got, want)

@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestTaskRestartInterleaves: pending tasks of two users that survive a
@@ -49,7 +49,7 @@ func TestTaskRestartInterleaves(t *testing.T) {
 
 	var started []uint64
 	for _, ti := range listTasks(t, b, nil, true) {
-		if slices.Contains(ids, ti.ID) && ti.State == client.StateRunning {
+		if slices.Contains(ids, ti.ID) && ti.State == wire.StateRunning {
 			started = append(started, ti.ID)
 		}
 	}
@@ -96,7 +96,7 @@ func TestTaskLostAtRestartReapedOnce(t *testing.T) {
 	b.Start()
 	line := fmt.Sprintf("processes are still dying in control group %s;", group)
 	b.WaitLog(mark, line)
-	if ti := showTask(t, b, id); ti.State != client.StateLost {
+	if ti := showTask(t, b, id); ti.State != wire.StateLost {
 		t.Errorf("task %d after the restart: %s (%s), want lost", id, ti.State, ti.Reason)
 	}
 	if err := syscall.Rmdir(hold); err != nil {

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestTaskSpoolKill9: a burst of 1000 acknowledged submissions, with the
@@ -82,7 +82,7 @@ func TestTaskSpoolKill9(t *testing.T) {
 				}
 			}
 			for slots.Load() < total {
-				c, err := client.Dial(b.Socket)
+				c, err := wire.Dial(b.Socket)
 				if err != nil {
 					if !redial(err) {
 						return
@@ -96,7 +96,7 @@ func TestTaskSpoolKill9(t *testing.T) {
 						return
 					}
 					n := attempts.Add(1)
-					sub := client.Submission{
+					sub := wire.Submission{
 						Argv: []string{"sh", "-c", script, "sh", markers}, Cwd: dir,
 						Env: []string{"PATH=/usr/bin:/bin"}, NoDevice: true, Log: logOf(n),
 					}
@@ -148,7 +148,7 @@ func TestTaskSpoolKill9(t *testing.T) {
 	// Every task the broker holds, acknowledged or not, runs to its end;
 	// wait for each (a wait answers at once for an ended task).
 	c := b.Dial()
-	var all []client.TaskInfo
+	var all []wire.TaskInfo
 	gotList := make(chan error, 1)
 	go func() {
 		var err error
@@ -204,7 +204,7 @@ func TestTaskSpoolKill9(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("list: %s", r)
 	}
-	var listed []client.TaskInfo
+	var listed []wire.TaskInfo
 	if err := json.Unmarshal([]byte(r.stdout), &listed); err != nil {
 		t.Fatal(err)
 	}
@@ -246,8 +246,8 @@ func TestTaskSpoolKill9(t *testing.T) {
 			}
 		}
 		switch {
-		case ti.State == client.StateDone && ran[ti.ID]:
-		case ti.State == client.StateLost && !ran[ti.ID] && strings.Contains(ti.Reason, "gone when the broker restarted"):
+		case ti.State == wire.StateDone && ran[ti.ID]:
+		case ti.State == wire.StateLost && !ran[ti.ID] && strings.Contains(ti.Reason, "gone when the broker restarted"):
 			// Started but never run: the supervisor died with the broker
 			// before it got its spec. At most once allows this.
 			neverRan++

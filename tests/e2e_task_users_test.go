@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // newGroup creates a system group for the test, with members, and removes
@@ -139,7 +139,7 @@ func TestTaskPrivacy(t *testing.T) {
 	switch {
 	case seen == nil:
 		t.Errorf("B's list --all lacks A's task %d", id)
-	case seen.User != a.Name || seen.UID != a.UID || seen.State != client.StateRunning:
+	case seen.User != a.Name || seen.UID != a.UID || seen.State != wire.StateRunning:
 		t.Errorf("B's list --all shows A's task as %+v", seen)
 	case seen.Command != "" || seen.Cwd != "" || seen.Log != "" || len(seen.Env) > 0:
 		t.Errorf("B's list --all shows A's private fields: command %q cwd %q log %q env %q", seen.Command, seen.Cwd, seen.Log, seen.Env)
@@ -170,7 +170,7 @@ func TestTaskPrivacy(t *testing.T) {
 	}
 
 	// B's cancel did nothing: the task still runs, and ends well.
-	if ti := showTask(t, b, id); ti.State != client.StateRunning {
+	if ti := showTask(t, b, id); ti.State != wire.StateRunning {
 		t.Errorf("A's task after B's cancel: %s, want running", ti.State)
 	}
 	w.Write([]byte("go\n"))
@@ -178,7 +178,7 @@ func TestTaskPrivacy(t *testing.T) {
 	if r := waitTask(t, b, id); r.code != 0 {
 		t.Errorf("wait %d: %s", id, r)
 	}
-	if ti := showTask(t, b, id); ti.State != client.StateDone {
+	if ti := showTask(t, b, id); ti.State != wire.StateDone {
 		t.Errorf("A's task ended %s (%s), want done", ti.State, ti.Reason)
 	}
 	if !strings.Contains(readFile(alog), "private output") {
@@ -253,7 +253,7 @@ func TestTaskLogSymlink(t *testing.T) {
 			w.Close()
 			r = waitTask(t, b, id)
 			ti := showTask(t, b, id)
-			if ti.State == client.StateDone || r.code == 0 {
+			if ti.State == wire.StateDone || r.code == 0 {
 				t.Errorf("task with log %s ended %s (wait %s); want it failed, having no log", log, ti.State, r)
 			} else {
 				t.Logf("task %d: %s: %s", id, ti.State, ti.Reason)

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // The ways a process could use a device node and not be reported (issue
@@ -31,13 +31,13 @@ func hideConfig(dev string, n int, extra string) string {
 }
 
 // unleasedOf returns the board's report of pid, if any.
-func unleasedOf(b *client.Board, pid int) (client.Unleased, bool) {
+func unleasedOf(b *wire.Board, pid int) (wire.Unleased, bool) {
 	for _, u := range b.Unleased {
 		if u.PID == pid {
 			return u, true
 		}
 	}
-	return client.Unleased{}, false
+	return wire.Unleased{}, false
 }
 
 // inGroup runs cmd in a process group of its own, killed whole when the
@@ -96,7 +96,7 @@ func TestUnleasedBindMount(t *testing.T) {
 	ctl := startProc(t, "control", alice.as(exec.Command(opener(t), dev+"/davinci1"), b.Dir))
 	ctlPID := openedPID(t, ctl, dev+"/davinci1")
 
-	board, _ := w.next("the bind-mounted use reported", func(bd *client.Board) bool {
+	board, _ := w.next("the bind-mounted use reported", func(bd *wire.Board) bool {
 		_, ok := unleasedOf(bd, pid)
 		return ok
 	})
@@ -104,7 +104,7 @@ func TestUnleasedBindMount(t *testing.T) {
 	if u.Device != 0 || u.Node != dev+"/davinci0" || u.User != alice.Name || u.Mapped || u.Control {
 		t.Errorf("report: %+v, want npu0's node %s, %s's, open", u, dev+"/davinci0", alice.Name)
 	}
-	w.next("the control process reported", func(bd *client.Board) bool { return slices.Contains(unleasedPIDs(bd, 1), ctlPID) })
+	w.next("the control process reported", func(bd *wire.Board) bool { return slices.Contains(unleasedPIDs(bd, 1), ctlPID) })
 }
 
 // TestUnleasedMapped: a process that mapped a node and closed its
@@ -120,7 +120,7 @@ func TestUnleasedMapped(t *testing.T) {
 	ctl := startProc(t, "control", alice.as(exec.Command(opener(t), dev+"/davinci0"), b.Dir))
 	ctlPID := openedPID(t, ctl, dev+"/davinci0")
 
-	board, _ := w.next("the mapped use reported", func(bd *client.Board) bool {
+	board, _ := w.next("the mapped use reported", func(bd *wire.Board) bool {
 		_, ok := unleasedOf(bd, pid)
 		return ok
 	})
@@ -130,7 +130,7 @@ func TestUnleasedMapped(t *testing.T) {
 	if table := b.Status(t); !strings.Contains(lineWithField(table, strconv.Itoa(pid)), dev+"/davinci1 mapped without a lease for") {
 		t.Errorf("table:\n%s", table)
 	}
-	w.next("the control process reported", func(bd *client.Board) bool { return slices.Contains(unleasedPIDs(bd, 0), ctlPID) })
+	w.next("the control process reported", func(bd *wire.Board) bool { return slices.Contains(unleasedPIDs(bd, 0), ctlPID) })
 }
 
 // TestUnleasedHopping: a node handed from process to process, each living
@@ -149,7 +149,7 @@ func TestUnleasedHopping(t *testing.T) {
 		`hop() { sleep 1; hop & exit 0; }; hop 8<"$1" & echo started; wait`, "sh", dev+"/davinci1"), b.Dir)))
 	hop.waitLine("started")
 	start := time.Now()
-	board, _ := w.next("the hopping use reported", func(bd *client.Board) bool {
+	board, _ := w.next("the hopping use reported", func(bd *wire.Board) bool {
 		for _, u := range bd.Unleased {
 			if u.User == alice.Name && u.Device == 1 {
 				return true
@@ -206,14 +206,14 @@ func TestUnleasedControlNode(t *testing.T) {
 	bare := startProc(t, "no lease", alice.as(exec.Command(open, manager), b.Dir))
 	pid := openedPID(t, bare, manager)
 
-	board, before := w.next("the control node's use reported", func(bd *client.Board) bool {
+	board, before := w.next("the control node's use reported", func(bd *wire.Board) bool {
 		_, ok := unleasedOf(bd, pid)
 		return ok
 	})
 	if u, _ := unleasedOf(board, pid); !u.Control || u.Device != -1 || u.Name != "" || u.Node != manager || u.User != alice.Name {
 		t.Errorf("report: %+v, want the control node %s, %s's", u, manager, alice.Name)
 	}
-	after, more := w.next("a later scan", func(bd *client.Board) bool { return bd.Scan.Last > board.Scan.Last })
+	after, more := w.next("a later scan", func(bd *wire.Board) bool { return bd.Scan.Last > board.Scan.Last })
 	for _, bd := range append(append(before, more...), board, after) {
 		if _, ok := unleasedOf(bd, covered); ok {
 			t.Fatalf("pid %d, whose parent holds a lease, was reported: %+v", covered, bd.Unleased)
@@ -246,8 +246,8 @@ func TestUnleasedSharedNumbers(t *testing.T) {
 	own := startProc(t, "own", alice.as(exec.Command(open, dev+"/davinci2"), b.Dir))
 	ownPID := openedPID(t, own, dev+"/davinci2")
 
-	board, before := w.next("npu2's use reported", func(bd *client.Board) bool { return slices.Contains(unleasedPIDs(bd, 2), ownPID) })
-	after, more := w.next("a later scan", func(bd *client.Board) bool { return bd.Scan.Last > board.Scan.Last })
+	board, before := w.next("npu2's use reported", func(bd *wire.Board) bool { return slices.Contains(unleasedPIDs(bd, 2), ownPID) })
+	after, more := w.next("a later scan", func(bd *wire.Board) bool { return bd.Scan.Last > board.Scan.Last })
 	for _, bd := range append(append(before, more...), board, after) {
 		if u, ok := unleasedOf(bd, sharedPID); ok {
 			t.Fatalf("the use of a node whose number another shares was reported, as npu %d's: %+v", u.Device, u)
@@ -291,7 +291,7 @@ func TestUnleasedBecameRoot(t *testing.T) {
 	opened := time.Now()
 	pid := pidOf(t, p.waitLine("open"))
 	// Once a scan has seen it as alice's, it becomes root.
-	w.next("a scan after alice's process opened npu0", func(bd *client.Board) bool { return time.UnixMilli(bd.Scan.Last).After(opened) })
+	w.next("a scan after alice's process opened npu0", func(bd *wire.Board) bool { return time.UnixMilli(bd.Scan.Last).After(opened) })
 	p.stdin.Write([]byte("go\n"))
 	if got := pidOf(t, p.waitLine("root")); got != pid {
 		t.Fatalf("pid %d became root, want %d", got, pid)
@@ -305,7 +305,7 @@ func TestUnleasedBecameRoot(t *testing.T) {
 		t.Fatalf("alice's control process ended by signal %v, want SIGKILL", sig)
 	}
 	killed := time.Now()
-	w.next("two scans after the control process was killed", func(bd *client.Board) bool {
+	w.next("two scans after the control process was killed", func(bd *wire.Board) bool {
 		return time.UnixMilli(bd.Scan.Last).After(killed.Add(time.Second))
 	})
 	if p.exited() {
@@ -358,7 +358,7 @@ func TestUnleasedManyDescriptors(t *testing.T) {
 		opened := time.Now()
 		p := startProc(t, u.Name, u.as(exec.Command(opener(t), node), b.Dir))
 		pid := openedPID(t, p, node)
-		board, _ := w.nextWithin(limit, u.Name+"'s use reported", func(bd *client.Board) bool {
+		board, _ := w.nextWithin(limit, u.Name+"'s use reported", func(bd *wire.Board) bool {
 			_, ok := unleasedOf(bd, pid)
 			return ok
 		})

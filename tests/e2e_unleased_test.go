@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // opener writes a script that closes the lease's lock descriptor if it
@@ -89,13 +89,13 @@ func TestUnleasedUse(t *testing.T) {
 	ctl := startProc(t, "unleased", exec.Command(open, dev+"/davinci1"))
 	ctlPID := openedPID(t, ctl, dev+"/davinci1")
 
-	board, before := w.next("pid "+strconv.Itoa(ctlPID)+" reported on npu1", func(bd *client.Board) bool {
+	board, before := w.next("pid "+strconv.Itoa(ctlPID)+" reported on npu1", func(bd *wire.Board) bool {
 		return slices.Contains(unleasedPIDs(bd, 1), ctlPID)
 	})
 	if at := time.UnixMilli(board.Time); at.Sub(start) < grace {
 		t.Errorf("reported %s after it opened the node, before the grace window of %s", at.Sub(start), grace)
 	}
-	var u client.Unleased
+	var u wire.Unleased
 	for _, x := range board.Unleased {
 		if x.PID == ctlPID {
 			u = x
@@ -107,7 +107,7 @@ func TestUnleasedUse(t *testing.T) {
 	// One full scan later: the other device of the leased tree is
 	// reported, and so is the program named npu-smi; the leased tree's own
 	// device and the exempt account's process never were.
-	board, more := w.next("a scan after the report, with npu2's use and npu-smi's", func(bd *client.Board) bool {
+	board, more := w.next("a scan after the report, with npu2's use and npu-smi's", func(bd *wire.Board) bool {
 		return bd.Scan.Last > board.Scan.Last && slices.Contains(unleasedPIDs(bd, 2), other) && slices.Contains(unleasedPIDs(bd, 3), named.Process.Pid)
 	})
 	for _, bd := range append(append(before, more...), board) {
@@ -128,7 +128,7 @@ func TestUnleasedUse(t *testing.T) {
 	if !ctl.exited() {
 		ctl.cmd.Process.Kill()
 	}
-	w.next("npu1's report gone with its process", func(bd *client.Board) bool { return !slices.Contains(unleasedPIDs(bd, 1), ctlPID) })
+	w.next("npu1's report gone with its process", func(bd *wire.Board) bool { return !slices.Contains(unleasedPIDs(bd, 1), ctlPID) })
 	leased.stdin.Close()
 	leased.mustSucceed()
 }
@@ -161,13 +161,13 @@ func TestUnleasedActions(t *testing.T) {
 			if d := time.Since(start); d < grace {
 				t.Errorf("alice's process was signalled %s after it opened the node, within the grace window", d)
 			}
-			board, _ := w.next("bob's use reported", func(bd *client.Board) bool { return slices.Contains(unleasedPIDs(bd, 1), bobPID) })
+			board, _ := w.next("bob's use reported", func(bd *wire.Board) bool { return slices.Contains(unleasedPIDs(bd, 1), bobPID) })
 			for _, u := range board.Unleased {
 				if u.PID == bobPID && (u.Restricted || u.Action != "report" || u.User != bob.Name) {
 					t.Errorf("bob's report: %+v, want an unrestricted report", u)
 				}
 			}
-			w.next("a later scan", func(bd *client.Board) bool { return bd.Scan.Last > board.Scan.Last })
+			w.next("a later scan", func(bd *wire.Board) bool { return bd.Scan.Last > board.Scan.Last })
 			if pb.exited() {
 				t.Fatalf("bob, not restricted, lost his process: %s", pb.Output())
 			}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // Issue 14.16: one user's raw session requests could flood the accounting
@@ -43,7 +43,7 @@ func TestUsageFloodSummed(t *testing.T) {
 	count := func(when string) {
 		t.Helper()
 		rep := usageReport(t, b, "--since", "1h", "--user", alice.Name)
-		if len(rep.Rows) != 1 || rep.Rows[0].Kind != client.KindLogin || rep.Rows[0].Leases != n || rep.Rows[0].DeviceSeconds <= 0 {
+		if len(rep.Rows) != 1 || rep.Rows[0].Kind != wire.KindLogin || rep.Rows[0].Leases != n || rep.Rows[0].DeviceSeconds <= 0 {
 			t.Errorf("%s: usage rows %+v, want %d login leases of %s", when, rep.Rows, n, alice.Name)
 		}
 	}
@@ -77,22 +77,22 @@ func TestUsageClaimedOrigin(t *testing.T) {
 	cmd.Env = b.Env()
 	p := startProc(t, "own session", cmd)
 	p.waitLine("holding")
-	var li *client.LeaseInfo
+	var li *wire.LeaseInfo
 	for _, d := range b.Board(t).Devices {
 		if d.Lease != nil && d.Lease.User == alice.Name {
 			li = d.Lease
 		}
 	}
-	if li == nil || li.Kind != client.KindLogin || li.Service != "sshd" || li.TTY != "pts/7" || li.RHost != "10.20.30.40" || !li.Claimed {
+	if li == nil || li.Kind != wire.KindLogin || li.Service != "sshd" || li.TTY != "pts/7" || li.RHost != "10.20.30.40" || !li.Claimed {
 		t.Fatalf("alice's own session's lease on the board: %+v, want a login from sshd pts/7 10.20.30.40, claimed", li)
 	}
 	p.stdin.Close()
 	p.mustSucceed()
 
 	// Root asks on alice's behalf, as pam_npurun does.
-	ask := exec.Command(b.Bin.Workload, "-ask", client.OpSession, "-user", alice.Name)
+	ask := exec.Command(b.Bin.Workload, "-ask", wire.OpSession, "-user", alice.Name)
 	ask.Env = b.Env()
-	if code, out := exitCode(t, ask); code != 0 || !strings.Contains(out, client.TypeGrant) {
+	if code, out := exitCode(t, ask); code != 0 || !strings.Contains(out, wire.TypeGrant) {
 		t.Fatalf("root's session request for alice: exit %d, %s", code, out)
 	}
 	b.Stop()

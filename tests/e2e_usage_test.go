@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // span bounds a lease's duration as a test sees it from outside: at least
@@ -28,7 +28,7 @@ type span struct{ lo, hi time.Duration }
 func (s *span) add(o span) { s.lo += o.lo; s.hi += o.hi }
 
 // usageReport runs `npubroker usage ARGS --json` and parses it.
-func usageReport(t testing.TB, b *Broker, args ...string) *client.UsageReport {
+func usageReport(t testing.TB, b *Broker, args ...string) *wire.UsageReport {
 	t.Helper()
 	cmd := exec.Command(b.Bin.Broker, append(append([]string{"usage"}, args...), "--json")...)
 	cmd.Env = b.Env()
@@ -36,7 +36,7 @@ func usageReport(t testing.TB, b *Broker, args ...string) *client.UsageReport {
 	if err != nil {
 		t.Fatalf("npubroker usage %s: %v\n%s", strings.Join(args, " "), err, stderrOf(err))
 	}
-	var rep client.UsageReport
+	var rep wire.UsageReport
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatalf("usage --json: %v\n%s", err, out)
 	}
@@ -120,7 +120,7 @@ func TestUsageAcrossRestart(t *testing.T) {
 	}
 	r := rep.Rows[0]
 	got := time.Duration(r.DeviceSeconds * float64(time.Second))
-	if r.User != user || r.Kind != client.KindInline || r.Pool != "default" || r.Leases != leases || got < want.lo || got > want.hi {
+	if r.User != user || r.Kind != wire.KindInline || r.Pool != "default" || r.Leases != leases || got < want.lo || got > want.hi {
 		t.Errorf("usage: %+v (%s), want %s, inline, default, %d leases, %s to %s", r, got, user, leases, want.lo, want.hi)
 	}
 	if r.DeviceHours != r.DeviceSeconds/3600 || rep.Dropped != 0 || rep.Incomplete != 0 {
@@ -149,9 +149,9 @@ func TestUsageAcrossRestart(t *testing.T) {
 	}
 	s1 := time.Now()
 	rep = usageReport(t, b, "--since", "10m", "--user", user)
-	var task *client.UsageRow
+	var task *wire.UsageRow
 	for i := range rep.Rows {
-		if rep.Rows[i].Kind == client.KindTask {
+		if rep.Rows[i].Kind == wire.KindTask {
 			task = &rep.Rows[i]
 		}
 	}
@@ -192,7 +192,7 @@ func TestUsageFullDisk(t *testing.T) {
 	if err != nil {
 		t.Fatalf("usage: %v\n%s", err, stderrOf(err))
 	}
-	var rep client.UsageReport
+	var rep wire.UsageReport
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // rawConn is a protocol connection driven by hand, to send what no client
@@ -54,7 +54,7 @@ func (c *rawConn) send(b []byte, fds ...int) {
 }
 
 // recv waits for the next packet: a reply, or nil at end of stream.
-func (c *rawConn) recv() *client.Reply {
+func (c *rawConn) recv() *wire.Reply {
 	c.t.Helper()
 	pfd := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}
 	for {
@@ -70,26 +70,26 @@ func (c *rawConn) recv() *client.Reply {
 		}
 		break
 	}
-	buf := make([]byte, client.MaxMessage+1)
-	oob := make([]byte, unix.CmsgSpace(client.MaxDevices*4))
-	data, fds, err := client.RecvMsg(c.fd, buf, oob, 0)
+	buf := make([]byte, wire.MaxMessage+1)
+	oob := make([]byte, unix.CmsgSpace(wire.MaxDevices*4))
+	data, fds, err := wire.RecvMsg(c.fd, buf, oob, 0)
 	for _, fd := range fds {
 		unix.Close(fd)
 	}
-	if errors.Is(err, client.ErrClosed) || errors.Is(err, unix.ECONNRESET) {
+	if errors.Is(err, wire.ErrClosed) || errors.Is(err, unix.ECONNRESET) {
 		return nil
 	}
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	var r client.Reply
+	var r wire.Reply
 	if err := json.Unmarshal(data, &r); err != nil {
 		c.t.Fatalf("reply %q: %v", data, err)
 	}
 	return &r
 }
 
-func (c *rawConn) request(req client.Request) []byte {
+func (c *rawConn) request(req wire.Request) []byte {
 	b, err := json.Marshal(req)
 	if err != nil {
 		c.t.Fatal(err)
@@ -108,10 +108,10 @@ func (c *rawConn) expectRejected(replyOptional bool) {
 		return
 	case r == nil:
 		c.t.Fatal("connection closed without an error reply")
-	case r.Type != client.TypeError || r.Code != client.CodeBadRequest:
-		c.t.Fatalf("reply %+v, want an error with code %q", r, client.CodeBadRequest)
-	case r.V != client.Version:
-		c.t.Errorf("error reply carries version %d, want %d", r.V, client.Version)
+	case r.Type != wire.TypeError || r.Code != wire.CodeBadRequest:
+		c.t.Fatalf("reply %+v, want an error with code %q", r, wire.CodeBadRequest)
+	case r.V != wire.Version:
+		c.t.Errorf("error reply carries version %d, want %d", r.V, wire.Version)
 	}
 	if r := c.recv(); r != nil {
 		c.t.Fatalf("after the error reply got %+v, want the connection closed", r)
@@ -122,8 +122,8 @@ func (c *rawConn) expectRejected(replyOptional bool) {
 func brokerServes(t *testing.T, b *Broker) {
 	t.Helper()
 	c := rawDial(t, b)
-	c.send(c.request(client.Request{V: client.Version, Op: client.OpPing}))
-	if r := c.recv(); r == nil || r.Type != client.TypePong {
+	c.send(c.request(wire.Request{V: wire.Version, Op: wire.OpPing}))
+	if r := c.recv(); r == nil || r.Type != wire.TypePong {
 		t.Fatalf("ping: got %+v, want pong", r)
 	}
 	if code, out := exitCode(t, b.Npurun("--timeout", "5s", "true")); code != 0 {
@@ -170,9 +170,9 @@ func TestMalformedMessages(t *testing.T) {
 		h := hold(t, b, "holder", "-n", "2")
 		defer h.release()
 		c := rawDial(t, b)
-		acquire := c.request(client.Request{V: client.Version, Op: client.OpAcquire, N: 1})
+		acquire := c.request(wire.Request{V: wire.Version, Op: wire.OpAcquire, N: 1})
 		c.send(acquire)
-		if r := c.recv(); r == nil || r.Type != client.TypeQueued {
+		if r := c.recv(); r == nil || r.Type != wire.TypeQueued {
 			t.Fatalf("first acquire: %+v, want queued", r)
 		}
 		c.send(acquire)
@@ -183,8 +183,8 @@ func TestMalformedMessages(t *testing.T) {
 		w := newWorkload(t)
 		h := hold(t, b, "holder", "-n", "2")
 		c := rawDial(t, b)
-		c.send(c.request(client.Request{V: client.Version, Op: client.OpAcquire, N: 2}))
-		if r := c.recv(); r == nil || r.Type != client.TypeQueued {
+		c.send(c.request(wire.Request{V: wire.Version, Op: wire.OpAcquire, N: 2}))
+		if r := c.recv(); r == nil || r.Type != wire.TypeQueued {
 			t.Fatalf("acquire: %+v, want queued", r)
 		}
 		// A waiter behind the one that goes away.

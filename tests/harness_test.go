@@ -16,8 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
-	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
+	"github.com/npurun/npurun/wire"
+	_ "github.com/npurun/npurun/wire/jsoncodec" // messages beyond the lease exchange
 )
 
 // Binaries are the commands under test, built once per test run into a
@@ -447,9 +447,9 @@ func (b *Broker) TaskSubmit(args ...string) *exec.Cmd {
 }
 
 // Dial opens a protocol connection to the broker.
-func (b *Broker) Dial() *client.Conn {
+func (b *Broker) Dial() *wire.Conn {
 	b.t.Helper()
-	c, err := client.Dial(b.Socket)
+	c, err := wire.Dial(b.Socket)
 	if err != nil {
 		b.t.Fatal(err)
 	}

@@ -19,13 +19,13 @@ func TestNpurunImportsLean(t *testing.T) {
 	}
 	deps := strings.Fields(string(out))
 	for _, banned := range []string{
-		"encoding/json",                // the lease exchange has its own codec (broker/client/codec.go)
-		"net",                          // raw socket calls (broker/client/conn.go)
+		"encoding/json",                // the lease exchange has its own codec (wire/codec.go)
+		"net",                          // raw socket calls (wire/conn.go)
 		"flag",                         // the command line is parsed by hand (shim/args.go)
 		"github.com/spf13/pflag",       // likewise
 		"encoding/csv",                 // pflag's
 		"github.com/prometheus/procfs", // the broker's
-		"github.com/npurun/npurun/broker/client/jsoncodec",
+		"github.com/npurun/npurun/wire/jsoncodec",
 		"github.com/npurun/npurun/policy",
 	} {
 		if slices.Contains(deps, banned) {
@@ -84,7 +84,7 @@ func TestSlurmScriptImportsLean(t *testing.T) {
 	}
 	deps := strings.Fields(string(out))
 	for _, banned := range []string{"encoding/json", "net", "flag", "github.com/spf13/pflag", "github.com/prometheus/procfs",
-		"github.com/npurun/npurun/broker/client/jsoncodec", "github.com/npurun/npurun/policy", "github.com/BurntSushi/toml"} {
+		"github.com/npurun/npurun/wire/jsoncodec", "github.com/npurun/npurun/policy", "github.com/BurntSushi/toml"} {
 		if slices.Contains(deps, banned) {
 			t.Errorf("npurun-slurm links %s", banned)
 		}

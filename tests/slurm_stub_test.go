@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // stubBroker is a socket that speaks the broker's framing and answers
@@ -25,14 +25,14 @@ type stubBroker struct {
 
 // stubRequest is one request the stub received.
 type stubRequest struct {
-	Req  client.Request
+	Req  wire.Request
 	Cred unix.Ucred
 }
 
 // stubAnswer is what the stub sends back: replies in turn, the last one
 // with fds (closed after the send); none leaves the connection silent.
 type stubAnswer struct {
-	Replies []client.Reply
+	Replies []wire.Reply
 	FDs     []int
 }
 
@@ -99,7 +99,7 @@ func (s *stubBroker) serve(fd int, handle func(stubRequest) stubAnswer) {
 	if err != nil {
 		return
 	}
-	buf := make([]byte, client.MaxMessage)
+	buf := make([]byte, wire.MaxMessage)
 	for {
 		n, _, _, _, err := unix.Recvmsg(fd, buf, nil, 0)
 		if err == unix.EINTR {
@@ -120,13 +120,13 @@ func (s *stubBroker) serve(fd int, handle func(stubRequest) stubAnswer) {
 		s.mu.Unlock()
 		a := handle(r)
 		for i, rep := range a.Replies {
-			rep.V = client.Version
+			rep.V = wire.Version
 			b, _ := json.Marshal(&rep)
 			var fds []int
 			if i == len(a.Replies)-1 {
 				fds = a.FDs
 			}
-			client.SendMsg(fd, b, fds, 0)
+			wire.SendMsg(fd, b, fds, 0)
 		}
 		for _, f := range a.FDs {
 			unix.Close(f)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/rogpeppe/go-internal/testscript"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestStatusScripts runs the scripts of testdata/status: npubroker status
@@ -182,12 +182,12 @@ func awaitLeaseGone(ts *testscript.TestScript, pid int) {
 		sc := bufio.NewScanner(out)
 		sc.Buffer(nil, 1<<22)
 		for sc.Scan() {
-			var b client.Board
+			var b wire.Board
 			if err := json.Unmarshal(sc.Bytes(), &b); err != nil {
 				gone <- fmt.Errorf("status --watch --json printed a line that does not parse: %v", err)
 				return
 			}
-			if !slices.ContainsFunc(b.Devices, func(d client.DeviceState) bool { return d.Lease != nil && d.Lease.PID == pid }) {
+			if !slices.ContainsFunc(b.Devices, func(d wire.DeviceState) bool { return d.Lease != nil && d.Lease.PID == pid }) {
 				gone <- nil
 				return
 			}

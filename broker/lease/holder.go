@@ -3,11 +3,11 @@ package lease
 import (
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // Kind is what holds a lease. Its values are the wire protocol's
-// (client.KindInline, …), so that the broker passes them through as they
+// (wire.KindInline, …), so that the broker passes them through as they
 // are; a later kind (a Slurm job, a container) adds a value here and a
 // Holder field for what names it, not a new path through the table.
 type Kind string
@@ -61,7 +61,7 @@ type Holder struct {
 
 	// Container is the container a lease of kind Container is for (a
 	// label that the runtime gave; the user is who asked); nil otherwise.
-	Container *client.ContainerRef
+	Container *wire.ContainerRef
 
 	// Limit is the longest its lease may last, from its grant: a task's
 	// time limit and the grace of its kill; 0 where none is known (an

@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/container"
+	"github.com/npurun/npurun/wire"
 )
 
 // A process holds a lease while it has a descriptor of the lease's lock
@@ -78,7 +78,7 @@ type Proc struct {
 	// /proc/PID/cgroup (container.FromCgroup; no name: the engine's names
 	// are the broker's to add); nil for a process in none, or in the
 	// broker's own (a broker run in a container tags the others only).
-	Container *client.ContainerRef
+	Container *wire.ContainerRef
 }
 
 // Result is what one scan found.
@@ -135,7 +135,7 @@ type Scanner struct {
 	// own is the container self is in (a broker run in a container), nil
 	// for none: its fellows are where the broker is, not in a container
 	// of their own, and are told as in none.
-	own *client.ContainerRef
+	own *wire.ContainerRef
 
 	// UserBudget bounds the work of one scan for the processes of one
 	// user, and of one Tree: descriptors stat'ed, and lines of maps read
@@ -451,7 +451,7 @@ const maxCgroup = 8192
 
 // container reads the container process pid is in; nil for none, or where
 // its control groups cannot be read.
-func (s *Scanner) container(pid int) *client.ContainerRef {
+func (s *Scanner) container(pid int) *wire.ContainerRef {
 	var buf [maxCgroup]byte
 	n, ok := s.readProcFile(pid, "cgroup", buf[:])
 	if !ok {

@@ -38,10 +38,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // Owner is what the room needs of the broker.
@@ -191,14 +191,14 @@ func refuse(code, format string, args ...any) *Refusal {
 func (r *Room) Devices(gres string) ([]int, error) {
 	pos, err := policy.ParsePositions(gres)
 	if err != nil {
-		return nil, refuse(client.CodeNoSlurm, "%v", err)
+		return nil, refuse(wire.CodeNoSlurm, "%v", err)
 	}
 	if len(pos) == 0 {
-		return nil, refuse(client.CodeNoSlurm, "gres %q names no device", gres)
+		return nil, refuse(wire.CodeNoSlurm, "gres %q names no device", gres)
 	}
 	ids, err := r.s.Map(pos)
 	if err != nil {
-		return nil, refuse(client.CodeNoSlurm, "gres %q: %v ([slurm] gres_devices = %q)", gres, err, npu.FormatIDs(r.s.Devices))
+		return nil, refuse(wire.CodeNoSlurm, "gres %q: %v ([slurm] gres_devices = %q)", gres, err, npu.FormatIDs(r.s.Devices))
 	}
 	return ids, nil
 }
@@ -218,7 +218,7 @@ func checkUser(uid uint32, name string) (string, error) {
 		return name, nil
 	}
 	if u.Uid != strconv.FormatUint(uint64(uid), 10) {
-		return "", refuse(client.CodeBadRequest, "user %q is uid %s, not the job's uid %d", name, u.Uid, uid)
+		return "", refuse(wire.CodeBadRequest, "user %q is uid %s, not the job's uid %d", name, u.Uid, uid)
 	}
 	return name, nil
 }
@@ -231,7 +231,7 @@ func checkUser(uid uint32, name string) (string, error) {
 // has given up waiting (Slurm gave the job the devices), until the job's
 // Epilog. A Prolog told again (slurmd tries again) is answered as the
 // first was.
-func (r *Room) Prolog(sj client.SlurmJob, progress func(reason string)) ([]int, string, error) {
+func (r *Room) Prolog(sj wire.SlurmJob, progress func(reason string)) ([]int, string, error) {
 	ids, err := r.Devices(sj.GRES)
 	if err != nil {
 		return nil, "", err
@@ -272,7 +272,7 @@ func (r *Room) Prolog(sj client.SlurmJob, progress func(reason string)) ([]int, 
 	}
 	if len(r.jobs) >= r.maxJobs() {
 		r.mu.Unlock()
-		return nil, "", refuse(client.CodeTooMany, "the broker knows %d Slurm jobs already, the most it keeps", len(r.jobs))
+		return nil, "", refuse(wire.CodeTooMany, "the broker knows %d Slurm jobs already, the most it keeps", len(r.jobs))
 	}
 	j := &job{id: sj.ID, uid: sj.UID, user: name, devices: ids, state: claiming, cancel: make(chan struct{}), ready: make(chan struct{})}
 	r.jobs[sj.ID] = j
@@ -283,7 +283,7 @@ func (r *Room) Prolog(sj client.SlurmJob, progress func(reason string)) ([]int, 
 	if err == nil {
 		if err = r.table.Allow(h); err != nil {
 			r.table.Return(h)
-			err = refuse(client.CodeNoAccess, "job %d: the broker could not open %s to %s: %v", j.id, r.vendor.Format(ids), j.user, err)
+			err = refuse(wire.CodeNoAccess, "job %d: the broker could not open %s to %s: %v", j.id, r.vendor.Format(ids), j.user, err)
 		}
 	}
 	if err != nil {
@@ -312,14 +312,14 @@ func (r *Room) Prolog(sj client.SlurmJob, progress func(reason string)) ([]int, 
 	if ending {
 		// Its Epilog came while it claimed: the lease ends at once.
 		r.end(j, "its Epilog came before its Prolog was done")
-		return nil, "", refuse(client.CodeBusy, "job %d ended before its devices were its", j.id)
+		return nil, "", refuse(wire.CodeBusy, "job %d ended before its devices were its", j.id)
 	}
 	return ids, fmt.Sprintf("job %d of %s holds %s", j.id, j.user, r.vendor.Format(ids)), nil
 }
 
 // again answers a second Prolog of job j: as the first, once that one is
 // done.
-func (r *Room) again(j *job, sj client.SlurmJob, ids []int) ([]int, string, error) {
+func (r *Room) again(j *job, sj wire.SlurmJob, ids []int) ([]int, string, error) {
 	<-j.ready
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -327,7 +327,7 @@ func (r *Room) again(j *job, sj client.SlurmJob, ids []int) ([]int, string, erro
 	case j.err != nil:
 		return nil, "", j.err
 	case j.uid != sj.UID || !slices.Equal(j.devices, ids):
-		return nil, "", refuse(client.CodeBadRequest, "job %d of uid %d holds %s already, not uid %d's %s", j.id, j.uid, r.vendor.Format(j.devices), sj.UID, r.vendor.Format(ids))
+		return nil, "", refuse(wire.CodeBadRequest, "job %d of uid %d holds %s already, not uid %d's %s", j.id, j.uid, r.vendor.Format(j.devices), sj.UID, r.vendor.Format(ids))
 	}
 	return ids, fmt.Sprintf("job %d of %s holds %s", j.id, j.user, r.vendor.Format(ids)), nil
 }
@@ -348,7 +348,7 @@ func (r *Room) claim(w *lease.Waiter, ids []int, cancel <-chan struct{}, progres
 		var busy *lease.Busy
 		if !errors.As(err, &busy) {
 			if err != nil {
-				return nil, refuse(client.CodeBadRequest, "%s: %v", who, err)
+				return nil, refuse(wire.CodeBadRequest, "%s: %v", who, err)
 			}
 			return h, nil
 		}
@@ -376,7 +376,7 @@ func (r *Room) claim(w *lease.Waiter, ids []int, cancel <-chan struct{}, progres
 		case <-freed:
 		case <-time.After(retryClaim):
 		case <-cancel:
-			return nil, refuse(client.CodeBusy, "%s ended while %s", who, reason)
+			return nil, refuse(wire.CodeBusy, "%s ended while %s", who, reason)
 		}
 	}
 }
@@ -548,7 +548,7 @@ func (r *Room) Task(id uint32, caller int) (*Grant, error) {
 
 // Epilog serves a job's Epilog: its lease ends. Idempotent: a job with
 // no lease is told so.
-func (r *Room) Epilog(sj client.SlurmJob) string {
+func (r *Room) Epilog(sj wire.SlurmJob) string {
 	r.mu.Lock()
 	if ph := r.ph; ph != nil {
 		if p := ph.byJob(sj.ID); p != nil {

@@ -15,10 +15,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // The room in process, on a real lease table (real lock files, flock and
@@ -207,7 +207,7 @@ func (o *owner) leaseOf(id uint32) *lease.Lease {
 // with no lease are ignored.
 func TestJobLease(t *testing.T) {
 	o := newRoom(t, "")
-	job := client.SlurmJob{ID: 42, UID: uint32(os.Getuid()), GRES: "1,0"}
+	job := wire.SlurmJob{ID: 42, UID: uint32(os.Getuid()), GRES: "1,0"}
 	devices, msg, err := o.room.Prolog(job, nil)
 	if err != nil || !slices.Equal(devices, []int{3, 2}) {
 		t.Fatalf("Prolog: %v, %v", devices, err)
@@ -278,13 +278,13 @@ func TestJobLease(t *testing.T) {
 	if g, err := o.room.Task(7, os.Getpid()); g != nil || err != nil {
 		t.Errorf("a task of a job with no lease: %+v, %v", g, err)
 	}
-	if msg := o.room.Epilog(client.SlurmJob{ID: 7}); msg != "no lease of job 7" {
+	if msg := o.room.Epilog(wire.SlurmJob{ID: 7}); msg != "no lease of job 7" {
 		t.Errorf("the Epilog of a job with no lease: %q", msg)
 	}
 
 	// The Epilog: what holds the lease is ended (here: the extern step).
 	o.onEnd = func(*lease.Lease) { extern.Process.Kill() }
-	if msg := o.room.Epilog(client.SlurmJob{ID: 42}); msg != "job 42's lease of npu 2-3 ends" {
+	if msg := o.room.Epilog(wire.SlurmJob{ID: 42}); msg != "job 42's lease of npu 2-3 ends" {
 		t.Errorf("the Epilog said %q", msg)
 	}
 	if !o.endedWith("job 42 ended") {
@@ -297,7 +297,7 @@ func TestJobLease(t *testing.T) {
 	if g, _ := o.room.Hold(42, os.Getpid()); g != nil {
 		t.Error("slurm-hold of an ended job is answered with a grant")
 	}
-	if msg := o.room.Epilog(client.SlurmJob{ID: 42}); msg != "no lease of job 42" {
+	if msg := o.room.Epilog(wire.SlurmJob{ID: 42}); msg != "no lease of job 42" {
 		t.Errorf("the Epilog again: %q", msg)
 	}
 }
@@ -308,7 +308,7 @@ func TestJobLease(t *testing.T) {
 func TestPrologEndsStray(t *testing.T) {
 	o := newRoom(t, "")
 	uid := uint32(os.Getuid())
-	if _, _, err := o.room.Prolog(client.SlurmJob{ID: 41, UID: uid, GRES: "0"}, nil); err != nil {
+	if _, _, err := o.room.Prolog(wire.SlurmJob{ID: 41, UID: uid, GRES: "0"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	g, err := o.room.Hold(41, os.Getpid())
@@ -323,7 +323,7 @@ func TestPrologEndsStray(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		devices, _, err = o.room.Prolog(client.SlurmJob{ID: 43, UID: uid, GRES: "0"}, func(why string) { said = append(said, why) })
+		devices, _, err = o.room.Prolog(wire.SlurmJob{ID: 43, UID: uid, GRES: "0"}, func(why string) { said = append(said, why) })
 	}()
 	select {
 	case <-done:
@@ -345,7 +345,7 @@ func TestPrologEndsStray(t *testing.T) {
 	if l := o.leaseOf(41); l != nil {
 		t.Errorf("job 41's lease is still in the table: %+v", l)
 	}
-	o.room.Epilog(client.SlurmJob{ID: 43})
+	o.room.Epilog(wire.SlurmJob{ID: 43})
 	o.awaitFreed(t, 2, 2)
 }
 
@@ -354,7 +354,7 @@ func TestPrologEndsStray(t *testing.T) {
 func TestPrologCancelled(t *testing.T) {
 	o := newRoom(t, "")
 	uid := uint32(os.Getuid())
-	if _, _, err := o.room.Prolog(client.SlurmJob{ID: 41, UID: uid, GRES: "1"}, nil); err != nil {
+	if _, _, err := o.room.Prolog(wire.SlurmJob{ID: 41, UID: uid, GRES: "1"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	g, err := o.room.Hold(41, os.Getpid())
@@ -366,7 +366,7 @@ func TestPrologCancelled(t *testing.T) {
 	waiting := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
-		_, _, err := o.room.Prolog(client.SlurmJob{ID: 44, UID: uid, GRES: "1"}, func(why string) { waiting <- why })
+		_, _, err := o.room.Prolog(wire.SlurmJob{ID: 44, UID: uid, GRES: "1"}, func(why string) { waiting <- why })
 		done <- err
 	}()
 	select {
@@ -374,13 +374,13 @@ func TestPrologCancelled(t *testing.T) {
 	case <-time.After(eventWait):
 		t.Fatal("job 44's Prolog does not wait")
 	}
-	if msg := o.room.Epilog(client.SlurmJob{ID: 44}); msg != "job 44 ended before its devices were free" {
+	if msg := o.room.Epilog(wire.SlurmJob{ID: 44}); msg != "job 44 ended before its devices were free" {
 		t.Errorf("job 44's Epilog said %q", msg)
 	}
 	select {
 	case err := <-done:
 		var r *Refusal
-		if !errors.As(err, &r) || r.Code != client.CodeBusy {
+		if !errors.As(err, &r) || r.Code != wire.CodeBusy {
 			t.Errorf("job 44's Prolog: %v", err)
 		}
 	case <-time.After(eventWait):
@@ -395,13 +395,13 @@ func TestPrologCancelled(t *testing.T) {
 func TestPrologRefusals(t *testing.T) {
 	o := newRoom(t, "")
 	for _, tc := range []struct {
-		job  client.SlurmJob
+		job  wire.SlurmJob
 		code string
 		msg  string
 	}{
-		{client.SlurmJob{ID: 1, GRES: "2"}, client.CodeNoSlurm, `gres "2": gres position 2 is past [slurm] gres_devices, which lists 2 devices: the map and gres.conf disagree ([slurm] gres_devices = "2-3")`},
-		{client.SlurmJob{ID: 1, GRES: ""}, client.CodeNoSlurm, `gres "" names no device`},
-		{client.SlurmJob{ID: 1, UID: 4242, User: "root", GRES: "0"}, client.CodeBadRequest, `user "root" is uid 0, not the job's uid 4242`},
+		{wire.SlurmJob{ID: 1, GRES: "2"}, wire.CodeNoSlurm, `gres "2": gres position 2 is past [slurm] gres_devices, which lists 2 devices: the map and gres.conf disagree ([slurm] gres_devices = "2-3")`},
+		{wire.SlurmJob{ID: 1, GRES: ""}, wire.CodeNoSlurm, `gres "" names no device`},
+		{wire.SlurmJob{ID: 1, UID: 4242, User: "root", GRES: "0"}, wire.CodeBadRequest, `user "root" is uid 0, not the job's uid 4242`},
 	} {
 		_, _, err := o.room.Prolog(tc.job, nil)
 		var r *Refusal
@@ -492,7 +492,7 @@ func TestResumeRelocks(t *testing.T) {
 	if !o.leased(2) {
 		t.Error("a hold not sent let the lease go")
 	}
-	o.room.Epilog(client.SlurmJob{ID: 5})
+	o.room.Epilog(wire.SlurmJob{ID: 5})
 	o.awaitFreed(t, 2)
 }
 

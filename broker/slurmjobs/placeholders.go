@@ -9,9 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/wire"
 )
 
 // Allocate mode ([slurm] mode "allocate"): Slurm is the only allocator
@@ -288,7 +288,7 @@ func (ph *placeholders) submit(p *placeholder) uint32 {
 		ph.forgetLocked(p)
 		r.mu.Unlock()
 		r.log.Printf("placeholder allocation for %s of %s: %v", what(w), w.User, err)
-		ph.po.Refuse(w, client.CodeDenied, fmt.Sprintf("Slurm refused a placeholder allocation of %s: %v", quantity.Count(w.N, "device", "devices"), err))
+		ph.po.Refuse(w, wire.CodeDenied, fmt.Sprintf("Slurm refused a placeholder allocation of %s: %v", quantity.Count(w.N, "device", "devices"), err))
 	case err != nil:
 	case gone:
 		ph.scancel(id, "its request left the line as it was submitted")
@@ -368,7 +368,7 @@ func (ph *placeholders) poll(ids []uint32) {
 	}
 	for _, p := range failed {
 		r.rec.removePlaceholder(p.job)
-		ph.po.Refuse(p.w, client.CodeBusy, fmt.Sprintf("Slurm ended job %d, the placeholder allocation of %s, before it started", p.job, what(p.w)))
+		ph.po.Refuse(p.w, wire.CodeBusy, fmt.Sprintf("Slurm ended job %d, the placeholder allocation of %s, before it started", p.job, what(p.w)))
 	}
 	for _, p := range ended {
 		r.rec.removePlaceholder(p.job)
@@ -397,7 +397,7 @@ func (ph *placeholders) kick() {
 
 // prolog serves the Prolog of placeholder p's job: the devices Slurm
 // picked are claimed for its request and delivered to it.
-func (ph *placeholders) prolog(p *placeholder, sj client.SlurmJob, ids []int, progress func(string)) ([]int, string, error) {
+func (ph *placeholders) prolog(p *placeholder, sj wire.SlurmJob, ids []int, progress func(string)) ([]int, string, error) {
 	r := ph.r
 	r.mu.Lock()
 	switch {
@@ -406,13 +406,13 @@ func (ph *placeholders) prolog(p *placeholder, sj client.SlurmJob, ids []int, pr
 		return ids, fmt.Sprintf("job %d is the placeholder allocation of %s of %s, granted already", sj.ID, what(p.w), p.w.User), nil
 	case p.claiming:
 		r.mu.Unlock()
-		return nil, "", refuse(client.CodeBusy, "job %d's Prolog runs already", sj.ID)
+		return nil, "", refuse(wire.CodeBusy, "job %d's Prolog runs already", sj.ID)
 	case p.w.UID != sj.UID:
 		r.mu.Unlock()
-		return nil, "", refuse(client.CodeBadRequest, "job %d of uid %d is the placeholder of uid %d", sj.ID, sj.UID, p.w.UID)
+		return nil, "", refuse(wire.CodeBadRequest, "job %d of uid %d is the placeholder of uid %d", sj.ID, sj.UID, p.w.UID)
 	case len(ids) != p.w.N:
 		r.mu.Unlock()
-		return nil, "", refuse(client.CodeBadRequest, "job %d was given %s for a request of %d", sj.ID, r.vendor.Format(ids), p.w.N)
+		return nil, "", refuse(wire.CodeBadRequest, "job %d was given %s for a request of %d", sj.ID, r.vendor.Format(ids), p.w.N)
 	}
 	p.claiming = true
 	w, cancel := p.w, p.cancel
@@ -457,7 +457,7 @@ func (ph *placeholders) epilog(p *placeholder) string {
 		}
 		return fmt.Sprintf("job %d, the placeholder allocation of %s of %s, ended after its lease", id, what(w), w.User)
 	}
-	ph.po.Refuse(w, client.CodeBusy, fmt.Sprintf("Slurm ended job %d, the placeholder allocation of %s, before it started", id, what(w)))
+	ph.po.Refuse(w, wire.CodeBusy, fmt.Sprintf("Slurm ended job %d, the placeholder allocation of %s, before it started", id, what(w)))
 	return fmt.Sprintf("job %d, the placeholder allocation of %s of %s, ended before it started", id, what(w), w.User)
 }
 

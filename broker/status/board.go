@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/wire"
 )
 
 // The board is what npubroker status shows: every device with its state,
@@ -61,7 +61,7 @@ const maxUnleasedShown = 100
 // and the change count it reflects. Any user may ask: the board shows
 // every device, state and waiter; the command lines of other users'
 // processes only where [status] show_commands allows.
-func (g *Ledger) Board(asker uint32) (*client.Board, uint64) {
+func (g *Ledger) Board(asker uint32) (*wire.Board, uint64) {
 	g.Refresh()
 	snap := g.table.Snapshot()
 	cpu, ncpu := g.tasks.CPULine(maxWaitersShown)
@@ -74,12 +74,12 @@ func (g *Ledger) Board(asker uint32) (*client.Board, uint64) {
 	return g.boardLocked(asker, snap, cpu, ncpu, why), g.gen
 }
 
-func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Waiter, ncpu int, cpuWhy []string) *client.Board {
+func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Waiter, ncpu int, cpuWhy []string) *wire.Board {
 	now := time.Now()
 	show := func(uid uint32) bool {
 		return g.policy().Status.ShowsCommand(asker, uid)
 	}
-	b := &client.Board{Time: now.UnixMilli(), Vendor: string(g.inv.Vendor), Devices: []client.DeviceState{}, Waiting: []client.Line{}, Unleased: []client.Unleased{}}
+	b := &wire.Board{Time: now.UnixMilli(), Vendor: string(g.inv.Vendor), Devices: []wire.DeviceState{}, Waiting: []wire.Line{}, Unleased: []wire.Unleased{}}
 	states, reserved := g.statesLocked(snap)
 	why := make(map[*lease.Waiter]string, len(reserved))
 	for _, p := range snap.Line {
@@ -89,9 +89,9 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 	}
 	for _, d := range snap.Devices {
 		id := d.ID
-		ds := client.DeviceState{ID: id, Name: g.deviceName(id), Pool: d.Pool, State: states[id]}
+		ds := wire.DeviceState{ID: id, Name: g.deviceName(id), Pool: d.Pool, State: states[id]}
 		if dr := d.Drain; dr != nil {
-			ds.Drain = &client.DrainInfo{Drained: true, By: dr.By, Reason: dr.Reason, Since: dr.Since.UnixMilli()}
+			ds.Drain = &wire.DrainInfo{Drained: true, By: dr.By, Reason: dr.Reason, Since: dr.Since.UnixMilli()}
 			if d.State == lease.Drained {
 				ds.Since = ds.Drain.Since
 			}
@@ -112,7 +112,7 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 				ds.Shares = append(ds.Shares, *leaseInfo(e, id, show))
 			}
 			if len(ds.Shares) > 0 {
-				ds.State = client.DeviceShared
+				ds.State = wire.DeviceShared
 				ds.Since = ds.Shares[0].Since
 			}
 		}
@@ -126,9 +126,9 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 		}
 		b.Devices = append(b.Devices, ds)
 	}
-	lines := map[string]*client.Line{}
+	lines := map[string]*wire.Line{}
 	for _, p := range g.policy().Pools {
-		b.Waiting = append(b.Waiting, client.Line{Pool: p.Name, Waiters: []client.WaiterInfo{}})
+		b.Waiting = append(b.Waiting, wire.Line{Pool: p.Name, Waiters: []wire.WaiterInfo{}})
 	}
 	for i := range b.Waiting {
 		lines[b.Waiting[i].Pool] = &b.Waiting[i]
@@ -148,7 +148,7 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 		}
 	}
 	if ncpu > 0 {
-		ln := client.Line{Pool: "cpu", Count: ncpu, Waiters: []client.WaiterInfo{}}
+		ln := wire.Line{Pool: "cpu", Count: ncpu, Waiters: []wire.WaiterInfo{}}
 		for i, w := range cpu {
 			ln.Waiters = append(ln.Waiters, waiterInfo(w, i+1, cpuWhy[i]))
 		}
@@ -161,7 +161,7 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 		}
 		b.Unleased = append(b.Unleased, g.unleasedInfo(u, show(u.uid)))
 	}
-	b.Scan = client.ScanInfo{IntervalMS: g.policy().Status.ScanInterval.Milliseconds(), GraceMS: g.policy().Status.UnleasedGrace.Milliseconds()}
+	b.Scan = wire.ScanInfo{IntervalMS: g.policy().Status.ScanInterval.Milliseconds(), GraceMS: g.policy().Status.UnleasedGrace.Milliseconds()}
 	if ls := g.lastScan; ls != nil {
 		b.Scan.Last = ls.at.UnixMilli()
 		b.Scan.TookMS = float64(ls.took.Microseconds()) / 1000
@@ -192,18 +192,18 @@ func (g *Ledger) statesLocked(snap lease.Snapshot) (map[int]string, map[int]*lea
 		case e != nil:
 			states[d.ID] = kindState(e.kind())
 		case d.State == lease.Reserved:
-			states[d.ID] = client.DeviceReserved
+			states[d.ID] = wire.DeviceReserved
 			reserved[d.ID] = d.For
 		case d.State == lease.Free:
-			states[d.ID] = client.DeviceFree
+			states[d.ID] = wire.DeviceFree
 		case d.State == lease.Drained:
-			states[d.ID] = client.DeviceDrained
+			states[d.ID] = wire.DeviceDrained
 		case d.State == lease.Granting:
 			states[d.ID] = kindState(string(d.For.Kind))
 		case d.State == lease.Leased:
 			states[d.ID] = kindState(string(d.Leases[0].Kind))
 		default:
-			states[d.ID] = client.DeviceOut
+			states[d.ID] = wire.DeviceOut
 		}
 	}
 	return states, reserved
@@ -211,18 +211,18 @@ func (g *Ledger) statesLocked(snap lease.Snapshot) (map[int]string, map[int]*lea
 
 func kindState(kind string) string {
 	switch kind {
-	case client.KindInline:
-		return client.DeviceLeased
-	case client.KindTask:
-		return client.DeviceTask
-	case client.KindLogin:
-		return client.DeviceLogin
-	case client.KindSlurm:
-		return client.DeviceSlurm
-	case client.KindContainer:
-		return client.DeviceContainer
+	case wire.KindInline:
+		return wire.DeviceLeased
+	case wire.KindTask:
+		return wire.DeviceTask
+	case wire.KindLogin:
+		return wire.DeviceLogin
+	case wire.KindSlurm:
+		return wire.DeviceSlurm
+	case wire.KindContainer:
+		return wire.DeviceContainer
 	}
-	return client.DeviceHeld
+	return wire.DeviceHeld
 }
 
 // deviceName is what people call device id: npu3, gpu3.
@@ -230,8 +230,8 @@ func (g *Ledger) deviceName(id int) string {
 	return g.inv.Vendor.Noun() + strconv.Itoa(id)
 }
 
-func leaseInfo(e *entry, id int, show func(uint32) bool) *client.LeaseInfo {
-	li := &client.LeaseInfo{ID: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, PID: e.pid, Task: e.Task,
+func leaseInfo(e *entry, id int, show func(uint32) bool) *wire.LeaseInfo {
+	li := &wire.LeaseInfo{ID: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, PID: e.pid, Task: e.Task,
 		Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed, Devices: e.Devices, Since: e.Since.UnixMilli(), Adopted: e.Adopted,
 		SlurmJob: e.SlurmJob, Container: e.container, Mem: e.Mem}
 	if m := e.mem; m != nil {
@@ -246,8 +246,8 @@ func leaseInfo(e *entry, id int, show func(uint32) bool) *client.LeaseInfo {
 
 // waiterInfo is waiter w, at place pos, waiting for why beyond its turn,
 // as the board shows it.
-func waiterInfo(w *lease.Waiter, pos int, why string) client.WaiterInfo {
-	wi := client.WaiterInfo{Position: pos, Kind: string(w.Kind), User: w.User, N: w.N, Mem: w.Mem, Since: w.Queued.UnixMilli(), Why: why, Task: w.Task, SlurmJob: w.SlurmJob}
+func waiterInfo(w *lease.Waiter, pos int, why string) wire.WaiterInfo {
+	wi := wire.WaiterInfo{Position: pos, Kind: string(w.Kind), User: w.User, N: w.N, Mem: w.Mem, Since: w.Queued.UnixMilli(), Why: why, Task: w.Task, SlurmJob: w.SlurmJob}
 	if w.Exact {
 		wi.Devices = w.Cand
 	}
@@ -257,10 +257,10 @@ func waiterInfo(w *lease.Waiter, pos int, why string) client.WaiterInfo {
 // EncodeBoard is the status reply carrying b, cut to fit one message if
 // it must be: fewer waiters, unleased uses and holders, then no commands,
 // then fewer devices; Truncated says so.
-func EncodeBoard(b *client.Board) []byte {
+func EncodeBoard(b *wire.Board) []byte {
 	for cut := 0; ; cut++ {
-		data, err := json.Marshal(&client.Reply{V: client.Version, Type: client.TypeStatus, Board: b})
-		if err == nil && len(data) <= client.MaxMessage || cut == 5 {
+		data, err := json.Marshal(&wire.Reply{V: wire.Version, Type: wire.TypeStatus, Board: b})
+		if err == nil && len(data) <= wire.MaxMessage || cut == 5 {
 			return data
 		}
 		b.Truncated = true

@@ -16,9 +16,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/wire"
 )
 
 // maxContainerNames bounds the names kept: the least recently told or
@@ -34,7 +34,7 @@ type containerNames struct {
 
 // namedContainer is a container's name and who told it.
 type namedContainer struct {
-	ref client.ContainerRef
+	ref wire.ContainerRef
 	by  uint32 // the uid that told it: root (the runtime), or the owner of a rootless engine's container
 }
 
@@ -43,7 +43,7 @@ type namedContainer struct {
 // another uid only one that no other uid has named (a container is its
 // owner's to name: one user must not wear another's container's name, nor
 // rename it). False where uid may not.
-func (c *containerNames) put(ref *client.ContainerRef, uid uint32) bool {
+func (c *containerNames) put(ref *wire.ContainerRef, uid uint32) bool {
 	if !c.mayName(ref, uid) {
 		return false
 	}
@@ -77,7 +77,7 @@ func (c *containerNames) put(ref *client.ContainerRef, uid uint32) bool {
 
 // mayName tells whether uid may name container ref: root may, another uid
 // where no other uid named it.
-func (c *containerNames) mayName(ref *client.ContainerRef, uid uint32) bool {
+func (c *containerNames) mayName(ref *wire.ContainerRef, uid uint32) bool {
 	if ref == nil || uid == 0 {
 		return true
 	}
@@ -91,7 +91,7 @@ func (c *containerNames) mayName(ref *client.ContainerRef, uid uint32) bool {
 // and for a process's ref (from its control group) in another group than
 // the one root's runtime saw the container made in: that is not the
 // container, whatever its group's name says.
-func (c *containerNames) named(ref *client.ContainerRef, show bool) *client.ContainerRef {
+func (c *containerNames) named(ref *wire.ContainerRef, show bool) *wire.ContainerRef {
 	if ref == nil || !c.inItsGroup(ref) {
 		return nil
 	}
@@ -109,7 +109,7 @@ func (c *containerNames) named(ref *client.ContainerRef, show bool) *client.Cont
 // inItsGroup tells whether ref, a process's container as its control group
 // names it, is in the group root's runtime saw that container made in
 // (true where the runtime told none, or ref has none: a lease's label).
-func (c *containerNames) inItsGroup(ref *client.ContainerRef) bool {
+func (c *containerNames) inItsGroup(ref *wire.ContainerRef) bool {
 	e := c.byID[ref.ID]
 	if e == nil || ref.Cgroup == "" {
 		return true
@@ -120,7 +120,7 @@ func (c *containerNames) inItsGroup(ref *client.ContainerRef) bool {
 
 // MayNameContainer tells whether uid may name container ref (a lease asked
 // for on its behalf): root any, another uid one that no other uid named.
-func (g *Ledger) MayNameContainer(ref *client.ContainerRef, uid uint32) bool {
+func (g *Ledger) MayNameContainer(ref *wire.ContainerRef, uid uint32) bool {
 	g.mu.Lock()
 	defer g.unlock()
 	return g.containers.mayName(ref, uid)
@@ -128,7 +128,7 @@ func (g *Ledger) MayNameContainer(ref *client.ContainerRef, uid uint32) bool {
 
 // ContainerNamed keeps the name of a container the runtime told of
 // without a lease (op container from root, no descriptors).
-func (g *Ledger) ContainerNamed(ref *client.ContainerRef) {
+func (g *Ledger) ContainerNamed(ref *wire.ContainerRef) {
 	g.mu.Lock()
 	defer g.unlock()
 	g.containers.put(ref, 0)
@@ -147,7 +147,7 @@ func (g *Ledger) ContainerNamed(ref *client.ContainerRef) {
 // owner, where not "", is the user (a name, or a uid as a number) whose
 // lease it must be: root's runtime says whom it took the lease from (the
 // hand-over's peer), and another's lease is refused (denied).
-func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, files []procscan.FileID, owner string) *client.Reply {
+func (g *Ledger) Contain(uid uint32, ref *wire.ContainerRef, devices []int, files []procscan.FileID, owner string) *wire.Reply {
 	v := g.inv.Vendor
 	g.mu.Lock()
 	defer g.unlock()
@@ -170,26 +170,26 @@ func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, fi
 			}
 		}
 		if l == nil {
-			return refusal(client.CodeBadRequest, fmt.Sprintf("descriptor %d is not %s's current lease", i, v.Format([]int{id})))
+			return refusal(wire.CodeBadRequest, fmt.Sprintf("descriptor %d is not %s's current lease", i, v.Format([]int{id})))
 		}
 		if e != nil && l != e {
-			return refusal(client.CodeBadRequest, fmt.Sprintf("descriptors 0 and %d are of two leases", i))
+			return refusal(wire.CodeBadRequest, fmt.Sprintf("descriptors 0 and %d are of two leases", i))
 		}
 		e = l
 	}
 	for _, id := range heldIDs(e) {
 		if !slices.Contains(devices, id) {
-			return refusal(client.CodeBadRequest, fmt.Sprintf("the lease of %s holds %s too, whose descriptor was not sent", v.Format(devices), v.Format([]int{id})))
+			return refusal(wire.CodeBadRequest, fmt.Sprintf("the lease of %s holds %s too, whose descriptor was not sent", v.Format(devices), v.Format([]int{id})))
 		}
 	}
 	if uid != 0 && e.UID != uid {
-		return refusal(client.CodeDenied, fmt.Sprintf("uid %d may name only its own leases' containers", uid))
+		return refusal(wire.CodeDenied, fmt.Sprintf("uid %d may name only its own leases' containers", uid))
 	}
 	if owner != "" && owner != e.User && owner != strconv.FormatUint(uint64(e.UID), 10) {
-		return refusal(client.CodeDenied, fmt.Sprintf("the lease of %s is %s's, not %s's", v.Format(heldIDs(e)), e.User, owner))
+		return refusal(wire.CodeDenied, fmt.Sprintf("the lease of %s is %s's, not %s's", v.Format(heldIDs(e)), e.User, owner))
 	}
 	if !g.containers.put(ref, uid) {
-		return refusal(client.CodeDenied, fmt.Sprintf("uid %d may not name container %.12s: it is another user's", uid, ref.ID))
+		return refusal(wire.CodeDenied, fmt.Sprintf("uid %d may not name container %.12s: it is another user's", uid, ref.ID))
 	}
 	e.container = ref.Label()
 	if ref.PID > 0 {
@@ -199,11 +199,11 @@ func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, fi
 	if !e.contained && (e.Kind == lease.Inline || e.Kind == lease.Found) {
 		e.contained = true
 		if e.logged {
-			g.usage.add(usageRec{T: time.Now().UnixMilli(), Ev: "kind", Lease: e.ID, Kind: client.KindContainer, Container: &r})
+			g.usage.add(usageRec{T: time.Now().UnixMilli(), Ev: "kind", Lease: e.ID, Kind: wire.KindContainer, Container: &r})
 		}
 	}
 	g.changedLocked()
-	return &client.Reply{Type: client.TypeOK}
+	return &wire.Reply{Type: wire.TypeOK}
 }
 
 // oneContainer is the container that every one of pids (in res) is in,
@@ -211,8 +211,8 @@ func (g *Ledger) Contain(uid uint32, ref *client.ContainerRef, devices []int, fi
 // container's processes alone is that container's. Podman's conmon, which
 // keeps a copy of the descriptors it passed on, is outside the container
 // and does not count.
-func oneContainer(res *procscan.Result, pids []int) *client.ContainerRef {
-	var ref *client.ContainerRef
+func oneContainer(res *procscan.Result, pids []int) *wire.ContainerRef {
+	var ref *wire.ContainerRef
 	for _, pid := range pids {
 		pi := res.Info[pid]
 		switch {
@@ -244,7 +244,7 @@ func inHolderContainer(res *procscan.Result, holders map[int]bool, in *map[strin
 	if pi.Container == nil || len(holders) == 0 {
 		return false
 	}
-	key := func(c *client.ContainerRef) string { return c.ID + "\x00" + c.Cgroup }
+	key := func(c *wire.ContainerRef) string { return c.ID + "\x00" + c.Cgroup }
 	if *in == nil {
 		*in = map[string]bool{}
 		for pid := range holders {
@@ -259,7 +259,7 @@ func inHolderContainer(res *procscan.Result, holders map[int]bool, in *map[strin
 }
 
 // inContainerLocked says, for a log line, which container a process is in.
-func (g *Ledger) inContainerLocked(ref *client.ContainerRef) string {
+func (g *Ledger) inContainerLocked(ref *wire.ContainerRef) string {
 	if ref == nil {
 		return ""
 	}
@@ -267,14 +267,14 @@ func (g *Ledger) inContainerLocked(ref *client.ContainerRef) string {
 }
 
 // refusal is the answer to an op the ledger refuses.
-func refusal(code, msg string) *client.Reply {
-	return &client.Reply{Type: client.TypeError, Code: code, Message: msg}
+func refusal(code, msg string) *wire.Reply {
+	return &wire.Reply{Type: wire.TypeError, Code: code, Message: msg}
 }
 
 // nameContainersLocked gives the containers that lease li and its holders
 // name the names the runtime told, each a copy: hidden where show hides
 // the commands of its process's user (the lease's user for the lease's).
-func (g *Ledger) nameContainersLocked(li *client.LeaseInfo, show func(uint32) bool) {
+func (g *Ledger) nameContainersLocked(li *wire.LeaseInfo, show func(uint32) bool) {
 	if li == nil {
 		return
 	}

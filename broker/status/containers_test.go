@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestContainerNames: the names the runtime told are kept for the
@@ -14,24 +14,24 @@ import (
 func TestContainerNames(t *testing.T) {
 	var c containerNames
 	for i := range maxContainerNames + 1 {
-		c.put(&client.ContainerRef{Engine: "docker", ID: fmt.Sprint(i), Name: fmt.Sprint("n", i)}, 0)
+		c.put(&wire.ContainerRef{Engine: "docker", ID: fmt.Sprint(i), Name: fmt.Sprint("n", i)}, 0)
 		if i == 0 {
-			c.named(&client.ContainerRef{ID: "0"}, true) // used: kept past the cap
+			c.named(&wire.ContainerRef{ID: "0"}, true) // used: kept past the cap
 		}
 		if i == 1 {
-			c.put(&client.ContainerRef{ID: "0", Name: "n0"}, 0)
+			c.put(&wire.ContainerRef{ID: "0", Name: "n0"}, 0)
 		}
 	}
-	if got := c.named(&client.ContainerRef{Engine: "docker", ID: "0"}, true); got.Name != "n0" {
+	if got := c.named(&wire.ContainerRef{Engine: "docker", ID: "0"}, true); got.Name != "n0" {
 		t.Errorf("container 0, used lately: %+v, want its name n0", got)
 	}
-	if got := c.named(&client.ContainerRef{ID: "1"}, true); got.Name != "" {
+	if got := c.named(&wire.ContainerRef{ID: "1"}, true); got.Name != "" {
 		t.Errorf("container 1, the least recently used past the cap: %+v, want no name", got)
 	}
 	if len(c.byID) != maxContainerNames {
 		t.Errorf("%d names kept, want %d", len(c.byID), maxContainerNames)
 	}
-	ref := &client.ContainerRef{Engine: "docker", ID: "7"}
+	ref := &wire.ContainerRef{Engine: "docker", ID: "7"}
 	if got := c.named(ref, false); got.Name != "" || got.ID != "7" || ref.Name != "" {
 		t.Errorf("hidden: %+v (the ref given: %+v), want the id, no name, the ref unchanged", got, ref)
 	}
@@ -44,14 +44,14 @@ func TestContainerNames(t *testing.T) {
 // its holders are in that one container, podman's conmon (outside it)
 // aside.
 func TestOneContainer(t *testing.T) {
-	a, b := &client.ContainerRef{Engine: "podman", ID: "a"}, &client.ContainerRef{Engine: "podman", ID: "b"}
+	a, b := &wire.ContainerRef{Engine: "podman", ID: "a"}, &wire.ContainerRef{Engine: "podman", ID: "b"}
 	res := &procscan.Result{Info: map[int]*procscan.Proc{
 		10: {PID: 10, Container: a}, 11: {PID: 11, Container: a}, 12: {PID: 12, Comm: "conmon"},
 		13: {PID: 13, Container: b}, 14: {PID: 14, Comm: "sleep"},
 	}}
 	for _, c := range []struct {
 		pids []int
-		want *client.ContainerRef
+		want *wire.ContainerRef
 	}{
 		{[]int{10, 11}, a}, {[]int{12, 10}, a}, {[]int{10, 13}, nil}, {[]int{10, 14}, nil}, {[]int{12}, nil}, {nil, nil},
 	} {
@@ -68,25 +68,25 @@ func TestOneContainer(t *testing.T) {
 // name a container may not name it.
 func TestContainerNamesGroup(t *testing.T) {
 	var c containerNames
-	made := &client.ContainerRef{Engine: "docker", ID: "x", Name: "train", Cgroup: "/system.slice/docker-x.scope", PID: 42}
+	made := &wire.ContainerRef{Engine: "docker", ID: "x", Name: "train", Cgroup: "/system.slice/docker-x.scope", PID: 42}
 	if !c.put(made, 0) {
 		t.Fatal("root may name any container")
 	}
-	if got := c.named(&client.ContainerRef{Engine: "docker", ID: "x", Cgroup: "/system.slice/docker-x.scope"}, true); got == nil || got.Name != "train" || got.Cgroup != "" || got.PID != 0 {
+	if got := c.named(&wire.ContainerRef{Engine: "docker", ID: "x", Cgroup: "/system.slice/docker-x.scope"}, true); got == nil || got.Name != "train" || got.Cgroup != "" || got.PID != 0 {
 		t.Errorf("a process in the container's group: %+v, want its label, named train", got)
 	}
-	if got := c.named(&client.ContainerRef{Engine: "docker", ID: "x", Cgroup: "/elsewhere/docker-x.scope"}, true); got != nil {
+	if got := c.named(&wire.ContainerRef{Engine: "docker", ID: "x", Cgroup: "/elsewhere/docker-x.scope"}, true); got != nil {
 		t.Errorf("a process in another group of that id: %+v, want no container", got)
 	}
 	// A later word without the group (a label) keeps it.
-	c.put(&client.ContainerRef{Engine: "docker", ID: "x", Name: "train2"}, 0)
-	if got := c.named(&client.ContainerRef{Engine: "docker", ID: "x", Cgroup: "/elsewhere/docker-x.scope"}, true); got != nil {
+	c.put(&wire.ContainerRef{Engine: "docker", ID: "x", Name: "train2"}, 0)
+	if got := c.named(&wire.ContainerRef{Engine: "docker", ID: "x", Cgroup: "/elsewhere/docker-x.scope"}, true); got != nil {
 		t.Errorf("after a label: a process in another group: %+v, want no container", got)
 	}
-	if c.put(&client.ContainerRef{Engine: "docker", ID: "x", Name: "mine"}, 1000) || c.mayName(made, 1000) {
+	if c.put(&wire.ContainerRef{Engine: "docker", ID: "x", Name: "mine"}, 1000) || c.mayName(made, 1000) {
 		t.Error("uid 1000 may name root's container")
 	}
-	if !c.put(&client.ContainerRef{Engine: "podman", ID: "y", Name: "hers"}, 1000) || c.put(&client.ContainerRef{Engine: "podman", ID: "y", Name: "his"}, 1001) {
+	if !c.put(&wire.ContainerRef{Engine: "podman", ID: "y", Name: "hers"}, 1000) || c.put(&wire.ContainerRef{Engine: "podman", ID: "y", Name: "his"}, 1001) {
 		t.Error("a uid names a container of its own, and another uid may not rename it")
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // A task's history outlives the journal's ended tasks (a few per user):
@@ -53,7 +53,7 @@ func taskLeases(files [][]usageRec, uid uint32, all bool, since int64, most int)
 		for _, r := range recs {
 			switch r.Ev {
 			case "start", "open":
-				if _, seen := starts[r.Lease]; seen || r.Task == 0 || r.Kind != client.KindTask || (!all && r.UID != uid) {
+				if _, seen := starts[r.Lease]; seen || r.Task == 0 || r.Kind != wire.KindTask || (!all && r.UID != uid) {
 					continue
 				}
 				starts[r.Lease] = &TaskLease{Task: r.Task, UID: r.UID, User: r.User, Pool: r.Pool,

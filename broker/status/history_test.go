@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestTaskLeases: the history takes task leases alone, of the asker
@@ -14,7 +14,7 @@ import (
 func TestTaskLeases(t *testing.T) {
 	dev := func(d int) *int { return &d }
 	start := func(lease, task uint64, uid uint32, at int64, devs ...int) usageRec {
-		return usageRec{T: at, Ev: "start", Lease: lease, Kind: client.KindTask, Task: task, UID: uid, User: "u", Devices: devs}
+		return usageRec{T: at, Ev: "start", Lease: lease, Kind: wire.KindTask, Task: task, UID: uid, User: "u", Devices: devs}
 	}
 	end := func(lease uint64, d int, at int64) usageRec {
 		return usageRec{T: at, Ev: "end", Lease: lease, Device: dev(d)}
@@ -22,11 +22,11 @@ func TestTaskLeases(t *testing.T) {
 	old := []usageRec{
 		start(1, 10, 1, 100, 0), end(1, 0, 200), // ended before since
 		start(2, 11, 1, 300, 0, 1), end(2, 0, 400),
-		{T: 300, Ev: "start", Lease: 3, Kind: client.KindInline, UID: 1, Devices: []int{2}}, end(3, 2, 1200), // not a task
+		{T: 300, Ev: "start", Lease: 3, Kind: wire.KindInline, UID: 1, Devices: []int{2}}, end(3, 2, 1200), // not a task
 		start(4, 12, 2, 500, 3), end(4, 3, 1100), // another user's
 	}
 	cur := []usageRec{
-		{T: 300, Ev: "open", Lease: 2, Kind: client.KindTask, Task: 11, UID: 1, Devices: []int{0, 1}},
+		{T: 300, Ev: "open", Lease: 2, Kind: wire.KindTask, Task: 11, UID: 1, Devices: []int{0, 1}},
 		end(2, 1, 1000),
 		start(5, 13, 1, 900, 4), end(5, 4, 1300),
 		start(6, 14, 1, 950, 5), // still held: not ended

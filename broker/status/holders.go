@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/wire"
 )
 
 // Between background scans the broker follows each lease's holders
@@ -75,7 +75,7 @@ func (g *Ledger) Refresh() {
 	names := map[uint32]string{}
 	for i := range looks {
 		lk := &looks[i]
-		if lk.e.kind() == client.KindTask && lk.pid == 0 {
+		if lk.e.kind() == wire.KindTask && lk.pid == 0 {
 			lk.pid, lk.start = g.tasks.Supervisor(lk.e.Task)
 		}
 		if lk.pid > 0 { // first: the same roots first each time
@@ -184,14 +184,14 @@ func (g *Ledger) setHoldersLocked(e *entry, found map[int][]*procscan.Proc, at t
 		}
 	}
 	devs := g.inv.Vendor.Format(heldIDs(e))
-	if e.pid > 0 && e.kind() != client.KindTask && len(all) > 0 && !e.said["pid"] &&
+	if e.pid > 0 && e.kind() != wire.KindTask && len(all) > 0 && !e.said["pid"] &&
 		!slices.ContainsFunc(all, func(h *procscan.Proc) bool { return h.PID == e.pid && (e.pidStart == 0 || h.Start == e.pidStart) }) {
 		e.said["pid"] = true
 		g.sayLocked("%s: pid %d, granted the lease of %s, holds it no more; /proc shows it held by %s", devs, e.pid, e.User, pidList(all, names))
 	}
 	for _, h := range all {
 		key := "uid " + strconv.Itoa(h.PID)
-		if h.UID != e.UID && e.User != "" && !e.said[key] && !(h.UID == 0 && e.kind() == client.KindSlurm) { // a job's step daemons are root's
+		if h.UID != e.UID && e.User != "" && !e.said[key] && !(h.UID == 0 && e.kind() == wire.KindSlurm) { // a job's step daemons are root's
 			e.said[key] = true
 			g.sayLocked("%s: the lease of %s is held by pid %d of %s: its descriptor was passed on", devs, e.User, h.PID, names[h.UID])
 		}
@@ -229,7 +229,7 @@ const maxHolders = 16
 // pid order; commands left out where show says so. Their users' names are
 // those looked up with them (a holder whose name is not known, which no
 // look leaves, is shown by its uid).
-func holdersInfo(e *entry, id int, show func(uid uint32) bool) ([]client.Holder, int) {
+func holdersInfo(e *entry, id int, show func(uid uint32) bool) ([]wire.Holder, int) {
 	hs := e.holders[id]
 	isHolder := make(map[int]bool, len(hs))
 	for _, h := range hs {
@@ -249,13 +249,13 @@ func holdersInfo(e *entry, id int, show func(uid uint32) bool) ([]client.Holder,
 		more = len(all) - maxHolders
 		all = all[:maxHolders]
 	}
-	out := make([]client.Holder, 0, len(all))
+	out := make([]wire.Holder, 0, len(all))
 	for _, h := range all {
 		name, ok := e.who[h.UID]
 		if !ok {
 			name = "uid " + strconv.FormatUint(uint64(h.UID), 10)
 		}
-		ch := client.Holder{PID: h.PID, PPID: h.PPID, UID: h.UID, User: name, Started: h.Started.UnixMilli()}
+		ch := wire.Holder{PID: h.PID, PPID: h.PPID, UID: h.UID, User: name, Started: h.Started.UnixMilli()}
 		if show(h.UID) {
 			ch.Command = CommandLine(h)
 		}

@@ -16,12 +16,12 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // What status knows of each lease, beside the lease table's record of its
@@ -186,7 +186,7 @@ type entry struct {
 
 	// the container holding it: its grant's, or the runtime's word, which
 	// re-kinds an inline lease (contained; containers.go)
-	container *client.ContainerRef
+	container *wire.ContainerRef
 	contained bool
 	// containerPID is the container's first process, as root's runtime
 	// told it once runc had made it: where Refresh looks for the lease's
@@ -223,7 +223,7 @@ func newEntry(l *lease.Lease) *entry {
 // kind is e's kind as the wire and the accounting log name it.
 func (e *entry) kind() string {
 	if e.contained {
-		return client.KindContainer
+		return wire.KindContainer
 	}
 	return string(e.Kind)
 }
@@ -725,11 +725,11 @@ func (g *Ledger) adopt(e *entry, a Adopter) {
 
 func kindName(e *entry) string {
 	switch e.kind() {
-	case client.KindTask:
+	case wire.KindTask:
 		return fmt.Sprintf("task %d", e.Task)
-	case client.KindSlurm:
+	case wire.KindSlurm:
 		return fmt.Sprintf("job %d", e.SlurmJob)
-	case client.KindHeld:
+	case wire.KindHeld:
 		return "grant unknown"
 	}
 	return e.kind()

@@ -14,12 +14,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/internal/testfs"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // The status room in process, over a real lease table (real lock files in
@@ -96,7 +96,7 @@ func (r *room) Supervisor(uint64) (int, uint64) {
 func (r *room) Counts() map[string]int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return map[string]int{client.StatePending: r.cpu.Len()}
+	return map[string]int{wire.StatePending: r.cpu.Len()}
 }
 
 func (r *room) CPULine(max int) ([]*lease.Waiter, int) {
@@ -233,7 +233,7 @@ func TestEndedBeforeStarted(t *testing.T) {
 	}
 	// Granted and not yet told to the ledger: the board shows the
 	// table's record of the grant.
-	if board, _ := r.g.Board(0); board.Devices[0].State != client.DeviceLeased || board.Devices[0].Lease == nil || board.Devices[0].Lease.ID != a.l.ID {
+	if board, _ := r.g.Board(0); board.Devices[0].State != wire.DeviceLeased || board.Devices[0].Lease == nil || board.Devices[0].Lease.ID != a.l.ID {
 		t.Errorf("npu0 granted, the ledger not told: %s, lease %+v; want leased, lease %d", board.Devices[0].State, board.Devices[0].Lease, a.l.ID)
 	}
 	a.release()
@@ -254,12 +254,12 @@ func TestEndedBeforeStarted(t *testing.T) {
 
 	st := r.g.States()
 	board, _ := r.g.Board(0)
-	if st[0] != client.DeviceLeased || board.Devices[0].Lease == nil || board.Devices[0].Lease.ID != b.l.ID {
+	if st[0] != wire.DeviceLeased || board.Devices[0].Lease == nil || board.Devices[0].Lease.ID != b.l.ID {
 		t.Errorf("npu0 while the second lease holds it: %s, lease %+v; want leased, lease %d", st[0], board.Devices[0].Lease, b.l.ID)
 	}
 	b.release()
 	r.awaitFreed(t) // its end has reached the ledger, and the device is free
-	if st := r.g.States(); st[0] != client.DeviceFree {
+	if st := r.g.States(); st[0] != wire.DeviceFree {
 		t.Errorf("npu0 once both leases ended: %s, want free", st[0])
 	}
 	evs := map[uint64][]string{}

@@ -14,8 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/wire"
 )
 
 // The Prometheus endpoint, opt-in ([broker] metrics_listen): the state of
@@ -55,7 +55,7 @@ func newMetrics(g *Ledger) *metrics {
 		scanDur: prometheus.NewGauge(prometheus.GaugeOpts{Name: "npurun_scan_duration_seconds", Help: "How long the last background /proc scan took."}),
 		scanN:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "npurun_scan_processes", Help: "Processes the last background /proc scan looked at."}),
 	}
-	for _, kind := range []string{client.KindInline, client.KindTask, client.KindLogin, client.KindContainer} {
+	for _, kind := range []string{wire.KindInline, wire.KindTask, wire.KindLogin, wire.KindContainer} {
 		m.grants.WithLabelValues(kind)
 	}
 	m.reg.MustRegister(m.grants, m.wait, m.handoffH, m.scanDur, m.scanN, stateCollector{g},
@@ -105,14 +105,14 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		waiters[p.W.Pool]++
 	}
 	waiters["cpu"] = ncpu
-	for _, st := range []string{client.DeviceFree, client.DeviceReserved, client.DeviceLeased, client.DeviceTask, client.DeviceLogin, client.DeviceSlurm, client.DeviceContainer, client.DeviceHeld, client.DeviceDrained, client.DeviceOut} {
+	for _, st := range []string{wire.DeviceFree, wire.DeviceReserved, wire.DeviceLeased, wire.DeviceTask, wire.DeviceLogin, wire.DeviceSlurm, wire.DeviceContainer, wire.DeviceHeld, wire.DeviceDrained, wire.DeviceOut} {
 		ch <- prometheus.MustNewConstMetric(devicesDesc, prometheus.GaugeValue, float64(byState[st]), st)
 	}
 	for pool, n := range waiters {
 		ch <- prometheus.MustNewConstMetric(waitersDesc, prometheus.GaugeValue, float64(n), pool)
 	}
 	ch <- prometheus.MustNewConstMetric(unleasedDesc, prometheus.GaugeValue, float64(unleased))
-	for _, st := range []string{client.StatePending, client.StateBlocked, client.StateRunning, client.StateDone, client.StateFailed, client.StateCancelled, client.StateLost} {
+	for _, st := range []string{wire.StatePending, wire.StateBlocked, wire.StateRunning, wire.StateDone, wire.StateFailed, wire.StateCancelled, wire.StateLost} {
 		ch <- prometheus.MustNewConstMetric(tasksDesc, prometheus.GaugeValue, float64(tasks[st]), st)
 	}
 	ch <- prometheus.MustNewConstMetric(droppedDesc, prometheus.CounterValue, float64(g.usage.dropped.Load()))

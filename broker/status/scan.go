@@ -10,11 +10,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // The background scan reads every process's descriptors and maps in
@@ -91,7 +91,7 @@ type use struct {
 	action     string // policy.UnleasedReport, UnleasedTerm, UnleasedKill
 	now        bool   // seen by the last scan (not only kept from an earlier one)
 
-	container *client.ContainerRef // the container the process is in; nil for none
+	container *wire.ContainerRef // the container the process is in; nil for none
 }
 
 // streakKey names one account's unleased use of one node; in a
@@ -471,8 +471,8 @@ func (g *Ledger) unleasedAccount(uid uint32) (restricted, exempt bool) {
 }
 
 // unleasedInfo is u as the board shows it.
-func (g *Ledger) unleasedInfo(u *use, showCommand bool) client.Unleased {
-	out := client.Unleased{Device: u.dev, Node: u.path, PID: u.pid, User: u.user, UID: u.uid,
+func (g *Ledger) unleasedInfo(u *use, showCommand bool) wire.Unleased {
+	out := wire.Unleased{Device: u.dev, Node: u.path, PID: u.pid, User: u.user, UID: u.uid,
 		Since: u.since.UnixMilli(), Restricted: u.restricted, Action: u.action, Mapped: u.mapped}
 	if u.dev == npu.ControlNode {
 		out.Control = true

@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // The accounting log is an append-only file of lease starts and ends, one
@@ -87,7 +87,7 @@ type usageRec struct {
 
 	// start, open, kind ("kind": the lease is a container's from T on,
 	// Kind and Container its new kind and container)
-	Container *client.ContainerRef `json:"container,omitempty"`
+	Container *wire.ContainerRef `json:"container,omitempty"`
 
 	// end
 	Device *int   `json:"device,omitempty"`
@@ -392,13 +392,13 @@ type openLease struct {
 // lease with no end counts until until if the lease is live, else not at
 // all (its end was lost). Sum records (usagelimit.go) count their leases
 // and the part of their device time within since to until.
-func sumUsage(files [][]usageRec, since, until time.Time, user string, live func(uint64) bool) *client.UsageReport {
+func sumUsage(files [][]usageRec, since, until time.Time, user string, live func(uint64) bool) *wire.UsageReport {
 	type key struct{ user, kind, pool string }
 	starts := map[uint64]usageRec{}
 	var order []uint64
 	ends := map[uint64]map[int]int64{}
 	var sums []usageRec
-	rep := &client.UsageReport{Since: since.UnixMilli(), Until: until.UnixMilli()}
+	rep := &wire.UsageReport{Since: since.UnixMilli(), Until: until.UnixMilli()}
 	for _, recs := range files {
 		for _, r := range recs {
 			if r.Ev != "open" && (rep.Oldest == 0 || r.T < rep.Oldest) {
@@ -427,12 +427,12 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 			}
 		}
 	}
-	rows := map[key]*client.UsageRow{}
+	rows := map[key]*wire.UsageRow{}
 	var keys []key
-	rowOf := func(k key) *client.UsageRow {
+	rowOf := func(k key) *wire.UsageRow {
 		row := rows[k]
 		if row == nil {
-			row = &client.UsageRow{User: k.user, Kind: k.kind, Pool: k.pool}
+			row = &wire.UsageRow{User: k.user, Kind: k.kind, Pool: k.pool}
 			rows[k] = row
 			keys = append(keys, k)
 		}
@@ -498,7 +498,7 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 		}
 		return cmp.Compare(a.pool, b.pool)
 	})
-	rep.Rows = make([]client.UsageRow, 0, len(keys))
+	rep.Rows = make([]wire.UsageRow, 0, len(keys))
 	for _, k := range keys {
 		row := rows[k]
 		row.DeviceHours = row.DeviceSeconds / 3600
@@ -679,7 +679,7 @@ var usageReads = make(chan struct{}, 2)
 // Usage sums the accounting log for npubroker usage, from q's start time
 // until now: the records written, the sums not written yet, and the
 // leases held now, counted until now.
-func (g *Ledger) Usage(q *client.UsageQuery) (*client.UsageReport, error) {
+func (g *Ledger) Usage(q *wire.UsageQuery) (*wire.UsageReport, error) {
 	now := time.Now()
 	if q == nil || q.SinceMS < 0 || q.SinceMS > now.UnixMilli() {
 		return nil, ErrBadQuery

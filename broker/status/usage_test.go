@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // syncBuffer is a log destination safe for the writer goroutine.
@@ -48,22 +48,22 @@ func endRec(id uint64, t int64, d int) usageRec {
 // lease whose end was lost does not count and is said.
 func TestSumUsage(t *testing.T) {
 	recs := []usageRec{
-		startRec(1, 1000, "alice", client.KindInline, 0, 1),
+		startRec(1, 1000, "alice", wire.KindInline, 0, 1),
 		endRec(1, 3000, 1),
-		startRec(2, 2500, "bob", client.KindTask, 2),
+		startRec(2, 2500, "bob", wire.KindTask, 2),
 		endRec(1, 5000, 0),
-		startRec(3, 4000, "alice", client.KindInline, 3), // live
-		startRec(4, 4000, "carol", client.KindInline, 4), // end lost
-		startRec(5, 100, "dave", client.KindHeld, 5),
+		startRec(3, 4000, "alice", wire.KindInline, 3), // live
+		startRec(4, 4000, "carol", wire.KindInline, 4), // end lost
+		startRec(5, 100, "dave", wire.KindHeld, 5),
 		endRec(5, 1500, 5), // ended before the window
-		{T: 4000, Ev: "open", Lease: 3, User: "alice", Kind: client.KindInline, Pool: "default", Devices: []int{3}}, // a repeat: counted once
+		{T: 4000, Ev: "open", Lease: 3, User: "alice", Kind: wire.KindInline, Pool: "default", Devices: []int{3}}, // a repeat: counted once
 	}
 	live := func(id uint64) bool { return id == 3 || id == 2 }
 	rep := sumUsage([][]usageRec{recs}, time.UnixMilli(2000), time.UnixMilli(6000), "", live)
-	want := []client.UsageRow{
+	want := []wire.UsageRow{
 		// alice: lease 1 from 2000 to 5000 on npu0 and to 3000 on npu1, lease 3 from 4000 to 6000
-		{User: "alice", Kind: client.KindInline, Pool: "default", Leases: 2, DeviceSeconds: 6},
-		{User: "bob", Kind: client.KindTask, Pool: "default", Leases: 1, DeviceSeconds: 3.5},
+		{User: "alice", Kind: wire.KindInline, Pool: "default", Leases: 2, DeviceSeconds: 6},
+		{User: "bob", Kind: wire.KindTask, Pool: "default", Leases: 1, DeviceSeconds: 3.5},
 	}
 	for i := range want {
 		want[i].DeviceHours = want[i].DeviceSeconds / 3600
@@ -92,8 +92,8 @@ func mustJSON(v any) []byte {
 // ended.
 func TestOpenLeases(t *testing.T) {
 	open := openLeases([]usageRec{
-		startRec(1, 1, "a", client.KindInline, 0, 1),
-		startRec(2, 2, "b", client.KindInline, 2),
+		startRec(1, 1, "a", wire.KindInline, 0, 1),
+		startRec(2, 2, "b", wire.KindInline, 2),
 		endRec(1, 3, 0),
 		endRec(2, 4, 2),
 		{T: 1, Ev: "open", Lease: 1, Devices: []int{0, 1}}, // a repeat: the first record stands
@@ -108,7 +108,7 @@ func TestOpenLeases(t *testing.T) {
 func TestReadUsageSkipsDamage(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "usage.log")
 	var b bytes.Buffer
-	b.Write(mustJSON(startRec(1, 1, "a", client.KindInline, 0)))
+	b.Write(mustJSON(startRec(1, 1, "a", wire.KindInline, 0)))
 	b.WriteString("\n{\"t\":2,\"ev\":\"sta\n")
 	b.WriteString("not json\n")
 	b.WriteString("{\"t\":3,\"ev\":\"start\",\"lease\":9,\"user\":\"" + strings.Repeat("x", 100<<10) + "\"}\n")
@@ -139,7 +139,7 @@ func TestUsageLogRotates(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "usage.log")
 	var logged syncBuffer
-	held := startRec(1, 1000, "alice", client.KindInline, 0)
+	held := startRec(1, 1000, "alice", wire.KindInline, 0)
 	open := func() []usageRec {
 		r := held
 		r.Ev = "open"
@@ -150,7 +150,7 @@ func TestUsageLogRotates(t *testing.T) {
 	u.add(held)
 	for i := range 100 {
 		id := uint64(100 + i)
-		u.add(startRec(id, 2000+int64(i)*10, "bob", client.KindInline, 1))
+		u.add(startRec(id, 2000+int64(i)*10, "bob", wire.KindInline, 1))
 		u.add(endRec(id, 2005+int64(i)*10, 1))
 	}
 	u.flush(10 * time.Second)
@@ -189,7 +189,7 @@ func TestUsageLogDropsAndRecovers(t *testing.T) {
 	u := newUsageLog(path, 1<<20, 1, log.New(&logged, "", 0), func() []usageRec { return nil })
 	go u.run()
 	for i := range 3 {
-		u.add(startRec(uint64(i+1), 1, "a", client.KindInline, 0))
+		u.add(startRec(uint64(i+1), 1, "a", wire.KindInline, 0))
 		u.flush(10 * time.Second)
 	}
 	if u.dropped.Load() != 3 {
@@ -201,7 +201,7 @@ func TestUsageLogDropsAndRecovers(t *testing.T) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	u.add(startRec(9, 1, "a", client.KindInline, 0))
+	u.add(startRec(9, 1, "a", wire.KindInline, 0))
 	u.flush(10 * time.Second)
 	if !strings.Contains(logged.String(), "writing again; 3 records were dropped") {
 		t.Errorf("log:\n%s", logged.String())
@@ -216,9 +216,9 @@ func TestUsageLogDropsAndRecovers(t *testing.T) {
 // are left out when one user's are asked for.
 func TestUsageSums(t *testing.T) {
 	recs := []usageRec{
-		{T: 2000, Ev: "sum", User: "alice", Kind: client.KindLogin, Pool: "default", From: 1000, Leases: 300, DevMS: 600},
-		{T: 9000, Ev: "sum", User: "bob", Kind: client.KindLogin, Pool: "default", From: 9000, Leases: 2, DevMS: 10},
-		startRec(1, 1000, "alice", client.KindLogin, 0),
+		{T: 2000, Ev: "sum", User: "alice", Kind: wire.KindLogin, Pool: "default", From: 1000, Leases: 300, DevMS: 600},
+		{T: 9000, Ev: "sum", User: "bob", Kind: wire.KindLogin, Pool: "default", From: 9000, Leases: 2, DevMS: 10},
+		startRec(1, 1000, "alice", wire.KindLogin, 0),
 		endRec(1, 3000, 0),
 	}
 	rep := sumUsage([][]usageRec{recs}, time.UnixMilli(1500), time.UnixMilli(10000), "alice", func(uint64) bool { return false })
@@ -273,12 +273,12 @@ func TestReadSinceSkipsOld(t *testing.T) {
 		}
 	}
 	hour := int64(time.Hour / time.Millisecond)
-	recs := []usageRec{startRec(1, 1000, "old", client.KindInline, 0), startRec(2, 100*hour, "middle", client.KindInline, 0), endRec(2, 100*hour+10, 0)}
+	recs := []usageRec{startRec(1, 1000, "old", wire.KindInline, 0), startRec(2, 100*hour, "middle", wire.KindInline, 0), endRec(2, 100*hour+10, 0)}
 	for i := range 2000 { // old lines after the middle: more than the tail read
-		recs = append(recs, startRec(uint64(10+i), 1500, "old", client.KindInline, 0), endRec(uint64(10+i), 1600, 0))
+		recs = append(recs, startRec(uint64(10+i), 1500, "old", wire.KindInline, 0), endRec(uint64(10+i), 1600, 0))
 	}
 	write("usage.log.1", append(recs, endRec(1, 2000, 0))...)
-	write("usage.log", startRec(3, 100*hour, "now", client.KindInline, 0), endRec(3, 100*hour+20, 0))
+	write("usage.log", startRec(3, 100*hour, "now", wire.KindInline, 0), endRec(3, 100*hour+20, 0))
 	u := newUsageLog(path, 1<<20, 1, log.New(io.Discard, "", 0), func() []usageRec { return nil })
 	since := time.UnixMilli(99 * hour)
 	files, cut, oldest, err := u.readSince(since)

@@ -3,7 +3,7 @@ package status
 import (
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // One user may make leases as fast as the broker grants them (a raw
@@ -157,7 +157,7 @@ func usageSum(r usageRec, lo, hi int64) (leases int, ms float64) {
 
 // sumKind is the usage row's kind of a record's.
 func sumKind(kind string) string {
-	if kind == client.KindHeld {
+	if kind == wire.KindHeld {
 		return "held"
 	}
 	return kind

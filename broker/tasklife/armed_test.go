@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/testfs"
+	"github.com/npurun/npurun/wire"
 )
 
 // openBoot opens the table in dir as a broker in boot would. Closing it
@@ -211,9 +211,9 @@ func TestSubmitArmed(t *testing.T) {
 	tb := openBoot(t, dir, "boot-1")
 	dep := tb.submit(1)
 	x := &Task{UID: 1, User: "u1", Slot: -1, Submitted: time.Now().UnixMilli(),
-		Sub: client.Submission{Argv: []string{"true"}, Cwd: "/"}}
+		Sub: wire.Submission{Argv: []string{"true"}, Cwd: "/"}}
 	y := &Task{UID: 1, User: "u1", Slot: -1, Submitted: time.Now().UnixMilli(),
-		Sub: client.Submission{Argv: []string{"true"}, Cwd: "/", After: []uint64{dep.ID}}}
+		Sub: wire.Submission{Argv: []string{"true"}, Cwd: "/", After: []uint64{dep.ID}}}
 	for _, task := range []*Task{x, y} {
 		task.ID = tb.NewID()
 		if err := tb.SubmitArmed(task); err != nil {
@@ -254,7 +254,7 @@ func TestStopDuringArm(t *testing.T) {
 				x = tb.submit(1)
 			} else {
 				x = &Task{UID: 1, User: "u1", Slot: -1, Submitted: time.Now().UnixMilli(),
-					Sub: client.Submission{Argv: []string{"true"}, Cwd: "/"}}
+					Sub: wire.Submission{Argv: []string{"true"}, Cwd: "/"}}
 				x.ID = tb.NewID()
 			}
 			inWrite, goOn := make(chan struct{}), make(chan struct{})

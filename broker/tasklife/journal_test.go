@@ -10,8 +10,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/testfs"
+	"github.com/npurun/npurun/wire"
 )
 
 // openJournal opens a journal in dir for appending, with what replay
@@ -239,7 +239,7 @@ func TestFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A large record cannot fit: its write fails.
-	big := &Task{UID: 1, Slot: -1, Sub: client.Submission{Shell: strings.Repeat("x", 64<<10), Cwd: "/"}}
+	big := &Task{UID: 1, Slot: -1, Sub: wire.Submission{Shell: strings.Repeat("x", 64<<10), Cwd: "/"}}
 	big.ID = tb.NewID()
 	if err := tb.Submit(big); err == nil {
 		t.Fatal("a submission was recorded on a full filesystem")

@@ -101,20 +101,20 @@ import (
 	"sync"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // The states of a task, as clients see them, and starting, which they see
 // as running.
 const (
-	Pending   = client.StatePending
-	Blocked   = client.StateBlocked
+	Pending   = wire.StatePending
+	Blocked   = wire.StateBlocked
 	Starting  = "starting"
-	Running   = client.StateRunning
-	Done      = client.StateDone
-	Failed    = client.StateFailed
-	Cancelled = client.StateCancelled
-	Lost      = client.StateLost
+	Running   = wire.StateRunning
+	Done      = wire.StateDone
+	Failed    = wire.StateFailed
+	Cancelled = wire.StateCancelled
+	Lost      = wire.StateLost
 )
 
 // transitions is the table of the states a task may move to from each
@@ -142,32 +142,33 @@ func ended(state string) bool {
 }
 
 // Task is a detached task: its submission, resolved at submit time, and
-// what became of it. The exported fields are its journal record.
+// what became of it. Its exported fields are its journal record, written
+// and read as a type of the journal's own (diskTask, record.go).
 type Task struct {
-	ID      uint64            `json:"id"`
-	UID     uint32            `json:"uid"`
-	User    string            `json:"user"`
-	Sub     client.Submission `json:"sub"`
-	Argv    []string          `json:"argv"`     // resolved: --run is [shell, -c, string]
-	Log     string            `json:"log"`      // resolved
-	TimeSec int64             `json:"time_sec"` // resolved with the policy's default
+	ID      uint64
+	UID     uint32
+	User    string
+	Sub     wire.Submission
+	Argv    []string // resolved: --run is [shell, -c, string]
+	Log     string   // resolved
+	TimeSec int64    // resolved with the policy's default
 
-	State     string         `json:"state"`
-	Submitted int64          `json:"submitted"` // Unix ms
-	Started   int64          `json:"started,omitempty"`
-	Ended     int64          `json:"ended,omitempty"`
-	Devices   []int          `json:"devices,omitempty"`
-	Slot      int            `json:"slot"`                 // CPU slot of a --no-device task, -1 otherwise
-	PID       int            `json:"pid,omitempty"`        // its supervisor
-	PIDStart  uint64         `json:"pid_start,omitempty"`  // the supervisor's start, clock ticks since boot
-	Boot      string         `json:"boot,omitempty"`       // the boot it started in (/proc/sys/kernel/random/boot_id)
-	ArmBoot   string         `json:"arm_boot,omitempty"`   // waiting: the boot it was armed in (see the rules above)
-	StartMono int64          `json:"start_mono,omitempty"` // CLOCK_MONOTONIC ms at its start, in that boot
-	Status    *client.Status `json:"status,omitempty"`
-	Reason    string         `json:"reason,omitempty"`
-	Held      bool           `json:"held,omitempty"`   // waiting: held by its owner (Hold), never granted until released
-	From      uint64         `json:"from,omitempty"`   // submitted again from this ended task (requeue)
-	Notify    string         `json:"notify,omitempty"` // resolved: its own, or the policy's at its submission
+	State     string
+	Submitted int64 // Unix ms
+	Started   int64
+	Ended     int64
+	Devices   []int
+	Slot      int    // CPU slot of a --no-device task, -1 otherwise
+	PID       int    // its supervisor
+	PIDStart  uint64 // the supervisor's start, clock ticks since boot
+	Boot      string // the boot it started in (/proc/sys/kernel/random/boot_id)
+	ArmBoot   string // waiting: the boot it was armed in (see the rules above)
+	StartMono int64  // CLOCK_MONOTONIC ms at its start, in that boot
+	Status    *wire.Status
+	Reason    string
+	Held      bool   // waiting: held by its owner (Hold), never granted until released
+	From      uint64 // submitted again from this ended task (requeue)
+	Notify    string // resolved: its own, or the policy's at its submission
 
 	busy   bool   // its cancel is being recorded: nothing else may move it
 	endSeq uint64 // order of its end among the ended tasks kept
@@ -225,22 +226,22 @@ func (t *Task) onDisk() *Task {
 
 // Record is one line of the journal.
 type Record struct {
-	Op        string         `json:"op"`             // see the op constants
-	Task      *Task          `json:"task,omitempty"` // task: the task; end: its retry, submitted with the end (EndRetried)
-	ID        uint64         `json:"id,omitempty"`
-	Time      int64          `json:"time,omitempty"`
-	Devices   []int          `json:"devices,omitempty"`
-	Slot      int            `json:"slot,omitempty"`
-	PID       int            `json:"pid,omitempty"`
-	PIDStart  uint64         `json:"pid_start,omitempty"`
-	Boot      string         `json:"boot,omitempty"`
-	StartMono int64          `json:"start_mono,omitempty"`
-	State     string         `json:"state,omitempty"`
-	Status    *client.Status `json:"status,omitempty"`
-	Reason    string         `json:"reason,omitempty"`
-	Pad       string         `json:"pad,omitempty"` // a probe's size
-	Tag       string         `json:"tag,omitempty"` // ids: the journal's tag
-	Held      bool           `json:"held,omitempty"`
+	Op        string      `json:"op"`             // see the op constants
+	Task      *Task       `json:"task,omitempty"` // task: the task; end: its retry, submitted with the end (EndRetried)
+	ID        uint64      `json:"id,omitempty"`
+	Time      int64       `json:"time,omitempty"`
+	Devices   []int       `json:"devices,omitempty"`
+	Slot      int         `json:"slot,omitempty"`
+	PID       int         `json:"pid,omitempty"`
+	PIDStart  uint64      `json:"pid_start,omitempty"`
+	Boot      string      `json:"boot,omitempty"`
+	StartMono int64       `json:"start_mono,omitempty"`
+	State     string      `json:"state,omitempty"`
+	Status    *diskStatus `json:"status,omitempty"` // the journal's own type, not the wire's (record.go)
+	Reason    string      `json:"reason,omitempty"`
+	Pad       string      `json:"pad,omitempty"` // a probe's size
+	Tag       string      `json:"tag,omitempty"` // ids: the journal's tag
+	Held      bool        `json:"held,omitempty"`
 }
 
 // The records of the journal.
@@ -807,7 +808,7 @@ func (l *Life) Unstart(t *Task, pid int) error {
 // report (or a failure to start it), a waiting task's cancel. While a
 // waiting task's end is being recorded it is busy: Settle and Grant leave
 // it alone. On an error nothing has changed.
-func (l *Life) End(t *Task, state string, st *client.Status, reason string) error {
+func (l *Life) End(t *Task, state string, st *wire.Status, reason string) error {
 	return l.EndRetried(t, state, st, reason, nil)
 }
 
@@ -817,11 +818,11 @@ func (l *Life) End(t *Task, state string, st *client.Status, reason string) erro
 // that the end is never durable without it: a broker killed after the
 // write, before anything else, replays both. Once it returns nil, retry is
 // in the table, pending; on an error nothing has changed.
-func (l *Life) EndRetried(t *Task, state string, st *client.Status, reason string, retry *Task) error {
+func (l *Life) EndRetried(t *Task, state string, st *wire.Status, reason string, retry *Task) error {
 	if !ended(state) || !allowed(t.State, state) || t.busy {
 		return fmt.Errorf("end task %d as %s: it is %s", t.ID, state, t.State)
 	}
-	rec := &Record{Op: opEnd, ID: t.ID, Time: time.Now().UnixMilli(), State: state, Status: st, Reason: reason}
+	rec := &Record{Op: opEnd, ID: t.ID, Time: time.Now().UnixMilli(), State: state, Status: statusOnDisk(st), Reason: reason}
 	if retry != nil {
 		if retry.ID == 0 || retry.ID > l.nextID || l.tasks[retry.ID] != nil || len(retry.Sub.After) > 0 || retry.Sub.Token != "" {
 			return fmt.Errorf("end task %d with retry %d: not a new task without --after or token", t.ID, retry.ID)
@@ -1099,7 +1100,7 @@ func (l *Life) applyEnd(r *Record) {
 	l.move(t, r.State)
 	t.Ended, t.Reason = r.Time, r.Reason
 	if r.Status != nil {
-		t.Status = r.Status
+		t.Status = r.Status.wire()
 	}
 	if len(t.Sub.Env) > 0 {
 		t.Sub.Env = nil // its secrets do not outlive it

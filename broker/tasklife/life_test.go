@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // table is a Life for a test, with the lock held by the test as the
@@ -59,7 +59,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 func (tb *table) submit(uid uint32, after ...uint64) *Task {
 	tb.t.Helper()
 	t := &Task{UID: uid, User: fmt.Sprint("u", uid), Slot: -1, Submitted: time.Now().UnixMilli(),
-		Sub: client.Submission{Argv: []string{"true"}, Cwd: "/", Env: []string{"SECRET=s3cr3t"}, After: after}}
+		Sub: wire.Submission{Argv: []string{"true"}, Cwd: "/", Env: []string{"SECRET=s3cr3t"}, After: after}}
 	t.ID = tb.NewID()
 	if err := tb.Submit(t); err != nil {
 		tb.t.Fatal(err)
@@ -81,7 +81,7 @@ func (tb *table) run(t *Task) {
 
 func (tb *table) end(t *Task, state string, exit int) {
 	tb.t.Helper()
-	if err := tb.End(t, state, &client.Status{Exit: &exit}, ""); err != nil {
+	if err := tb.End(t, state, &wire.Status{Exit: &exit}, ""); err != nil {
 		tb.t.Fatal(err)
 	}
 }
@@ -404,7 +404,7 @@ func TestEndedDropsEnvironment(t *testing.T) {
 	}
 	tb.Close()
 	// And a replay of a journal that still has it (no rewrite yet) drops it.
-	raw := string(mustEncode(t, &Record{Op: opTask, Task: &Task{ID: 1, UID: 1, Sub: client.Submission{Env: []string{"SECRET=s3cr3t"}}, State: Pending, Slot: -1}},
+	raw := string(mustEncode(t, &Record{Op: opTask, Task: &Task{ID: 1, UID: 1, Sub: wire.Submission{Env: []string{"SECRET=s3cr3t"}}, State: Pending, Slot: -1}},
 		&Record{Op: opEnd, ID: 1, State: Cancelled, Time: 5}))
 	d2 := t.TempDir()
 	os.WriteFile(filepath.Join(d2, journalName), []byte(raw), 0o600)
@@ -539,7 +539,7 @@ func TestTokens(t *testing.T) {
 	dir := t.TempDir()
 	tb := openTable(t, dir, 0, 0)
 	submit := func(tb *table, uid uint32, token string) (*Task, error) {
-		x := &Task{UID: uid, User: fmt.Sprint("u", uid), Slot: -1, Sub: client.Submission{Argv: []string{"true"}, Cwd: "/", Token: token}}
+		x := &Task{UID: uid, User: fmt.Sprint("u", uid), Slot: -1, Sub: wire.Submission{Argv: []string{"true"}, Cwd: "/", Token: token}}
 		x.ID = tb.NewID()
 		return x, tb.Submit(x)
 	}
@@ -608,7 +608,7 @@ func TestEndRetried(t *testing.T) {
 	a := tb.submit(1)
 	tb.run(a)
 	r := &Task{UID: 1, User: "u1", Slot: -1, Submitted: time.Now().UnixMilli(),
-		Sub: client.Submission{Argv: []string{"true"}, Cwd: "/", Env: []string{"K=v"}, Mem: 1280, RetryOf: a.ID}}
+		Sub: wire.Submission{Argv: []string{"true"}, Cwd: "/", Env: []string{"K=v"}, Mem: 1280, RetryOf: a.ID}}
 	r.ID = tb.NewID()
 	if err := tb.EndRetried(a, Failed, nil, "out of device memory: retried", r); err != nil {
 		t.Fatal(err)

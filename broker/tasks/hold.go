@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/wire"
 )
 
 // Hold and release, and requeue: what a user does with a task of theirs
@@ -17,12 +17,12 @@ import (
 // journal before it is answered, so a restart keeps it; while it is
 // written the task is held already, so that no grant comes meanwhile. If
 // it cannot be written, nothing has changed.
-func (rt *Runtime) Hold(uid uint32, id uint64, held bool) (client.TaskInfo, error) {
+func (rt *Runtime) Hold(uid uint32, id uint64, held bool) (wire.TaskInfo, error) {
 	rt.mu.Lock()
 	defer rt.unlock()
 	t, err := rt.taskFor(uid, id)
 	if err != nil {
-		return client.TaskInfo{}, err
+		return wire.TaskInfo{}, err
 	}
 	j := rt.jobs[t.ID]
 	verb := "held"
@@ -31,13 +31,13 @@ func (rt *Runtime) Hold(uid uint32, id uint64, held bool) (client.TaskInfo, erro
 	}
 	switch {
 	case t.Busy():
-		return client.TaskInfo{}, refuse(ErrBusy, "", "task %d is being cancelled", t.ID)
+		return wire.TaskInfo{}, refuse(ErrBusy, "", "task %d is being cancelled", t.ID)
 	case !t.IsWaiting() || j == nil:
 		hint := ""
 		if t.Shown() == tasklife.Running {
 			hint = fmt.Sprintf("stop it with 'task-submit cancel %d'", t.ID)
 		}
-		return client.TaskInfo{}, refuse(ErrDenied, hint, "task %d is %s: only a waiting task can be %s", t.ID, t.Shown(), verb)
+		return wire.TaskInfo{}, refuse(ErrDenied, hint, "task %d is %s: only a waiting task can be %s", t.ID, t.Shown(), verb)
 	}
 	if held {
 		rt.holdLocked(j, true) // no grant while the hold is written
@@ -46,7 +46,7 @@ func (rt *Runtime) Hold(uid uint32, id uint64, held bool) (client.TaskInfo, erro
 	rt.holdLocked(j, rt.heldLocked(j))
 	if err != nil {
 		rt.log.Printf("task %d: %v", t.ID, err)
-		return client.TaskInfo{}, refuse(ErrSpool, "", "the broker could not record that task %d is %s, so nothing changed: %v", t.ID, verb, err)
+		return wire.TaskInfo{}, refuse(ErrSpool, "", "the broker could not record that task %d is %s, so nothing changed: %v", t.ID, verb, err)
 	}
 	if held {
 		rt.run.Unwarm(j) // it may wait for long: its readied start goes
@@ -92,7 +92,7 @@ func (rt *Runtime) HeldByOwner(ids ...uint64) map[uint64]bool {
 // the umask, the token). Its --after tasks are not named again: they were
 // settled for the first one. Only the task's owner may requeue it: the new
 // task is the asker's (root's tasks are root's).
-func (rt *Runtime) Requeue(by Submitter, id uint64, s *client.Submission, left func() bool) (*Submitted, error) {
+func (rt *Runtime) Requeue(by Submitter, id uint64, s *wire.Submission, left func() bool) (*Submitted, error) {
 	if s == nil {
 		return nil, refuse(ErrBadRequest, "", "requeue without the asker's environment")
 	}

@@ -11,10 +11,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestHoldOutlivesAPause: a task its owner holds stays held when task
@@ -45,7 +45,7 @@ func TestHoldOutlivesAPause(t *testing.T) {
 	uid := uint32(os.Geteuid())
 	by := Submitter{UID: uid, Account: &Account{Name: "alice", Home: t.TempDir(), Shell: "/bin/sh", Known: true}}
 	submit := func() *Submitted {
-		sub, err := rt.Submit(by, &client.Submission{Argv: []string{"train"}, Cwd: "/", Log: filepath.Join(t.TempDir(), "log")}, func() bool { return false })
+		sub, err := rt.Submit(by, &wire.Submission{Argv: []string{"train"}, Cwd: "/", Log: filepath.Join(t.TempDir(), "log")}, func() bool { return false })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,14 +82,14 @@ func TestHoldOutlivesAPause(t *testing.T) {
 	}
 	// The first task ends and its device frees: the line is served (Freed)
 	// and the held task is passed over.
-	if err := rt.Done(uid, int32(4000+first.ID), first.ID, &client.Status{Exit: new(int)}); err != nil {
+	if err := rt.Done(uid, int32(4000+first.ID), first.ID, &wire.Status{Exit: new(int)}); err != nil {
 		t.Fatal(err)
 	}
 	for _, fd := range st.fds {
 		unix.Close(fd)
 	}
 	<-tableOwner.freed
-	if ti, err := rt.Show(uid, held.ID); err != nil || ti.State != client.StatePending || !ti.Held {
+	if ti, err := rt.Show(uid, held.ID); err != nil || ti.State != wire.StatePending || !ti.Held {
 		t.Errorf("held task %d once npu 0 is free: %+v, %v; want pending, held", held.ID, ti, err)
 	}
 	if d := table.Snapshot().Devices[0]; d.State != lease.Free {

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // Idle supervisors. Starting a supervisor is starting a process, the
@@ -163,7 +163,7 @@ func letGo(sup *supervisor) {
 
 // bindSupervisor gives an idle supervisor t: it is moved into t's control
 // group, then given t's Spec. On an error its socket is closed.
-func (l *local) bindSupervisor(t *Task, sup *supervisor, spec *client.Spec) error {
+func (l *local) bindSupervisor(t *Task, sup *supervisor, spec *wire.Spec) error {
 	<-sup.started
 	if sup.err != nil {
 		return sup.err

@@ -10,10 +10,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // A granted task starts in three steps, the same for every runner: its
@@ -42,7 +42,7 @@ func (rt *Runtime) launch(t *Task, fds []int) {
 	}()
 	rt.mu.Lock()
 	defer rt.unlock()
-	spec := func() *client.Spec { return rt.specLocked(t.Task) }
+	spec := func() *wire.Spec { return rt.specLocked(t.Task) }
 	var p Proc
 	for try := 0; ; try++ {
 		wait := rt.run.Prepare(t, spec, try > 0) // the second try: not the readied one, which failed or died while waiting
@@ -198,7 +198,7 @@ func (rt *Runtime) holdTasksLocked(hold bool) {
 // specLocked is what t's process is told when it is got ready: what it
 // runs, where, as whom, with what limits; the devices and their variables
 // come with the go-ahead.
-func (rt *Runtime) specLocked(t *tasklife.Task) *client.Spec {
+func (rt *Runtime) specLocked(t *tasklife.Task) *wire.Spec {
 	env := slices.Clone(t.Sub.Env)
 	if t.Sub.NoDevice {
 		env = append(env, npu.HiddenEnv()...)
@@ -208,7 +208,7 @@ func (rt *Runtime) specLocked(t *tasklife.Task) *client.Spec {
 		}
 	}
 	env = append(env, "NPURUN_TASK_ID="+strconv.FormatUint(t.ID, 10), "NPURUN_SOCKET="+rt.socket)
-	return &client.Spec{
+	return &wire.Spec{
 		ID: t.ID, UID: t.UID, Argv: t.Argv, Cwd: t.Sub.Cwd, Env: env, Log: t.Log, Umask: t.Sub.Umask,
 		TimeSec: t.TimeSec, GraceSec: int64(rt.policy().Tasks.KillGrace / time.Second),
 		Idle: t.Sub.NoDevice && rt.policy().Tasks.IdlePriority, Socket: rt.socket, Notify: t.Notify, Name: t.Sub.Name,
@@ -217,8 +217,8 @@ func (rt *Runtime) specLocked(t *tasklife.Task) *client.Spec {
 
 // goAheadLocked is the go-ahead for a granted task: its devices and their
 // variables (the descriptors travel beside it).
-func (rt *Runtime) goAheadLocked(t *tasklife.Task) *client.Spec {
-	g := &client.Spec{ID: t.ID, Devices: t.Devices}
+func (rt *Runtime) goAheadLocked(t *tasklife.Task) *wire.Spec {
+	g := &wire.Spec{ID: t.ID, Devices: t.Devices}
 	if !t.Sub.NoDevice {
 		g.Env = rt.inv.Env(t.Devices)
 	}

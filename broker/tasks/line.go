@@ -4,10 +4,10 @@ import (
 	"slices"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // Tasks wait in one line with every other request: a device task in the
@@ -439,7 +439,7 @@ func (rt *Runtime) warmLocked() {
 		if warm, _ := rt.run.Warmed(t); warm {
 			continue
 		}
-		ready, ok := rt.run.Warm(t, func() *client.Spec { return rt.specLocked(t.Task) })
+		ready, ok := rt.run.Warm(t, func() *wire.Spec { return rt.specLocked(t.Task) })
 		if !ok {
 			return
 		}

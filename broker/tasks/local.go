@@ -17,9 +17,9 @@ import (
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/internal/testhook"
+	"github.com/npurun/npurun/wire"
 )
 
 // The local runner: a task runs under a supervisor, `npurun-supervise
@@ -243,7 +243,7 @@ func closed(ch <-chan struct{}) bool {
 
 // Warm starts a supervisor for t, which waits, with its Spec: it opens
 // the log and finds the program while t waits.
-func (l *local) Warm(t *Task, spec func() *client.Spec) (func(), bool) {
+func (l *local) Warm(t *Task, spec func() *wire.Spec) (func(), bool) {
 	if len(l.warm) >= maxWarm || l.idle.closed {
 		return nil, false
 	}
@@ -275,7 +275,7 @@ func (l *local) Unwarm(t *Task) {
 }
 
 // Prepare takes t's warm supervisor, or starts one.
-func (l *local) Prepare(t *Task, spec func() *client.Spec, fresh bool) func() (Proc, error) {
+func (l *local) Prepare(t *Task, spec func() *wire.Spec, fresh bool) func() (Proc, error) {
 	l.of(t).heard = false // not yet, from this supervisor
 	var sup *supervisor
 	if fresh {
@@ -307,7 +307,7 @@ func (l *local) Prepare(t *Task, spec func() *client.Spec, fresh bool) func() (P
 // one, else a new one. The function returned, run without the lock, gives
 // the idle one t's Spec or starts the new one, and closes its ready
 // channel.
-func (l *local) spawnLocked(t *Task, spec *client.Spec) (*supervisor, func()) {
+func (l *local) spawnLocked(t *Task, spec *wire.Spec) (*supervisor, func()) {
 	acct := t.Account()
 	if l.cg != nil {
 		l.of(t).cgroup = true // from now on its end removes the group
@@ -354,7 +354,7 @@ var errStartTime = errors.New("its start time cannot be read from /proc")
 
 // startSupervisor starts a supervisor for t as the submitter, in t's
 // control group, and gives it its Spec.
-func (l *local) startSupervisor(t *Task, sup *supervisor, spec *client.Spec, acct *Account) error {
+func (l *local) startSupervisor(t *Task, sup *supervisor, spec *wire.Spec, acct *Account) error {
 	sup.uid = t.UID
 	if !l.unpriv {
 		if acct == nil || !acct.Known {
@@ -408,7 +408,7 @@ func (l *local) execSupervisor(sup *supervisor, id uint64, cgfd int) error {
 	// path now (supervisorbin.go).
 	cmd := &exec.Cmd{
 		Path:        l.supBin.execPath(),
-		Args:        []string{client.SupervisorName},
+		Args:        []string{wire.SupervisorName},
 		Dir:         "/",
 		Env:         []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		Stdin:       child,
@@ -453,10 +453,10 @@ func (l *local) execSupervisor(sup *supervisor, id uint64, cgfd int) error {
 
 // sendSpec gives a supervisor its task's Spec; on an error its socket is
 // closed, and it exits having run nothing.
-func sendSpec(sup *supervisor, spec *client.Spec) error {
+func sendSpec(sup *supervisor, spec *wire.Spec) error {
 	b, err := json.Marshal(spec)
 	if err == nil {
-		err = client.SendMsg(int(sup.sock.Fd()), b, nil, 0)
+		err = wire.SendMsg(int(sup.sock.Fd()), b, nil, 0)
 	}
 	if err != nil {
 		sup.sock.Close()
@@ -492,8 +492,8 @@ func (l *local) Release(t *Task, p Proc) { dropSupervisor(p.(*supervisor), t.ID)
 // supervisor then tells the next broker that the task never started
 // (Runtime.NotStarted).
 func dropSupervisor(sup *supervisor, id uint64) {
-	if b, err := json.Marshal(&client.Spec{ID: id, Drop: true}); err == nil {
-		_ = client.SendMsg(int(sup.sock.Fd()), b, nil, unix.MSG_DONTWAIT) // failing, it asks, and hears there is nothing to undo
+	if b, err := json.Marshal(&wire.Spec{ID: id, Drop: true}); err == nil {
+		_ = wire.SendMsg(int(sup.sock.Fd()), b, nil, unix.MSG_DONTWAIT) // failing, it asks, and hears there is nothing to undo
 	}
 	sup.sock.Close()
 }
@@ -530,11 +530,11 @@ func (l *local) dropWarm(d time.Duration) {
 // GoAhead sends the go-ahead with the lock descriptors. Closed without a
 // word on an error: the supervisor tells the broker that its task never
 // started (Runtime.NotStarted), and it goes back in line.
-func (l *local) GoAhead(t *Task, p Proc, goAhead *client.Spec, fds []int) error {
+func (l *local) GoAhead(t *Task, p Proc, goAhead *wire.Spec, fds []int) error {
 	sup := p.(*supervisor)
 	b, err := json.Marshal(goAhead)
 	if err == nil {
-		err = client.SendMsg(int(sup.sock.Fd()), b, fds, 0)
+		err = wire.SendMsg(int(sup.sock.Fd()), b, fds, 0)
 	}
 	if err != nil {
 		sup.sock.Close()
@@ -558,7 +558,7 @@ func (l *local) Unstarted(t *Task) { l.of(t).heard = false }
 // now (Stop).
 func (l *local) awaitStarted(sup *supervisor) {
 	buf := make([]byte, 512)
-	_, fds, _ := client.RecvMsg(int(sup.sock.Fd()), buf, nil, 0)
+	_, fds, _ := wire.RecvMsg(int(sup.sock.Fd()), buf, nil, 0)
 	for _, fd := range fds {
 		closeFD(fd)
 	}
@@ -618,7 +618,7 @@ func (l *local) Usage(t *Task) (time.Duration, int64) {
 // Ended lets t's warm supervisor go, and kills what is left in t's
 // control group at once, removing the group once empty. A task that
 // ended by its supervisor's report and has a notify command is left to
-// its supervisor, which runs it now, in the group, for client.NotifyFor
+// its supervisor, which runs it now, in the group, for wire.NotifyFor
 // at most: the group is killed once the supervisor has exited, or after
 // that and notifySlack.
 func (l *local) Ended(t *Task) {
@@ -640,7 +640,7 @@ func (l *local) Ended(t *Task) {
 		go func() {
 			select {
 			case <-exited:
-			case <-time.After(client.NotifyFor + notifySlack):
+			case <-time.After(wire.NotifyFor + notifySlack):
 			}
 			kill()
 			l.reapCgroup(id)
@@ -651,7 +651,7 @@ func (l *local) Ended(t *Task) {
 	go l.reapCgroup(id)
 }
 
-// notifySlack is how long past client.NotifyFor a supervisor running its
+// notifySlack is how long past wire.NotifyFor a supervisor running its
 // task's notify command may take to exit before its group is killed.
 const notifySlack = 10 * time.Second
 

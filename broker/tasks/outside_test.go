@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // slurmLike is an allocator outside the line, as the broker's Slurm room
@@ -70,7 +70,7 @@ func TestOutside(t *testing.T) {
 	}
 	by := Submitter{UID: uid, Account: &Account{Name: "alice", Home: t.TempDir(), Shell: "/bin/sh", Known: true}}
 	sub := func(devices []int) (*Submitted, error) {
-		return rt.Submit(by, &client.Submission{Argv: []string{"train"}, Cwd: "/", N: len(devices), Devices: devices,
+		return rt.Submit(by, &wire.Submission{Argv: []string{"train"}, Cwd: "/", N: len(devices), Devices: devices,
 			Log: filepath.Join(t.TempDir(), "log")}, func() bool { return false })
 	}
 	if s, err := sub([]int{1}); !errors.Is(err, lease.ErrNoDevice) || !strings.Contains(err.Error(), "npu 1 is Slurm's") {
@@ -84,7 +84,7 @@ func TestOutside(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ti.State != client.StatePending || !strings.HasPrefix(ti.Reason, "Slurm: Resources (") {
+	if ti.State != wire.StatePending || !strings.HasPrefix(ti.Reason, "Slurm: Resources (") {
 		t.Errorf("a task waiting for npu 0: %s, %q; want pending, with what Slurm says", ti.State, ti.Reason)
 	}
 }
@@ -141,7 +141,7 @@ func TestOutsideDeliver(t *testing.T) {
 	uid := uint32(os.Geteuid())
 	by := Submitter{UID: uid, Account: &Account{Name: "alice", Home: t.TempDir(), Shell: "/bin/sh", Known: true}}
 	submit := func(limit int64) *Submitted {
-		s, err := rt.Submit(by, &client.Submission{Argv: []string{"train"}, Cwd: "/", N: 1, Log: filepath.Join(t.TempDir(), "log"), TimeSec: limit},
+		s, err := rt.Submit(by, &wire.Submission{Argv: []string{"train"}, Cwd: "/", N: 1, Log: filepath.Join(t.TempDir(), "log"), TimeSec: limit},
 			func() bool { return false })
 		if err != nil {
 			t.Fatal(err)
@@ -191,7 +191,7 @@ func TestOutsideDeliver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ti.State != client.StateFailed || ti.Reason != "not started: Slurm ended the placeholder" {
+	if ti.State != wire.StateFailed || ti.Reason != "not started: Slurm ended the placeholder" {
 		t.Errorf("task %d refused: %s, %q; want failed, not started, saying why", second.ID, ti.State, ti.Reason)
 	}
 	if left := table.FirstTasks(few[:0]); len(left) != 0 {

@@ -10,9 +10,9 @@ import (
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/internal/testhook"
+	"github.com/npurun/npurun/wire"
 )
 
 // Every signal the broker sends to a task's processes goes through
@@ -65,7 +65,7 @@ func supervisorArgs(args []string, id uint64) bool {
 	sid := strconv.FormatUint(id, 10)
 	switch {
 	case len(args) == 1 || len(args) == 2:
-		return args[0] == client.SupervisorName && (len(args) == 1 || args[1] == sid)
+		return args[0] == wire.SupervisorName && (len(args) == 1 || args[1] == sid)
 	case len(args) == 3:
 		return args[1] == "supervise" && args[2] == sid
 	}

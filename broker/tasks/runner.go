@@ -4,9 +4,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/wire"
 )
 
 // Runner is one way of running granted tasks. The runtime owns a task's
@@ -42,7 +42,7 @@ type Runner interface {
 	// Spec (spec makes it). It tells false when it readies no more now
 	// (it readies a few at most). The function it returns readies t,
 	// unlocked.
-	Warm(t *Task, spec func() *client.Spec) (ready func(), ok bool)
+	Warm(t *Task, spec func() *wire.Spec) (ready func(), ok bool)
 	// Warmed tells whether t's start is readied (Warm), and whether it is
 	// ready already.
 	Warmed(t *Task) (warm, ready bool)
@@ -52,13 +52,13 @@ type Runner interface {
 	// unless fresh, or a new one (from the Spec spec makes). The function
 	// it returns waits for it, unlocked, and gives the process that will
 	// run t, or why not (passing tells whether that passes).
-	Prepare(t *Task, spec func() *client.Spec, fresh bool) func() (Proc, error)
+	Prepare(t *Task, spec func() *wire.Spec, fresh bool) func() (Proc, error)
 	// Release tells p, which Prepare gave, that t will not start under it.
 	Release(t *Task, p Proc)
 	// GoAhead, unlocked, once t's start is recorded, starts t under p:
 	// its devices' variables in goAhead and their lock descriptors fds,
 	// which p keeps (the runtime closes its own copies after).
-	GoAhead(t *Task, p Proc, goAhead *client.Spec, fds []int) error
+	GoAhead(t *Task, p Proc, goAhead *wire.Spec, fds []int) error
 	// Gone tells whether p has exited.
 	Gone(p Proc) bool
 	// Unstarted tells that t's process never got its go-ahead (its own

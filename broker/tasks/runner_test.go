@@ -15,10 +15,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // A second way to run tasks, in process: the runner a test drives. It runs
@@ -34,7 +34,7 @@ type testRunner struct {
 
 type testStart struct {
 	t       *Task
-	goAhead *client.Spec
+	goAhead *wire.Spec
 	fds     []int
 	onDisk  bool // the start record was in the journal when the go-ahead came
 }
@@ -49,28 +49,28 @@ func (r *testRunner) note(format string, args ...any) {
 	r.mu.Unlock()
 }
 
-func (r *testRunner) Open(string) error                              { return nil }
-func (r *testRunner) TakeUp([]*Task)                                 {}
-func (r *testRunner) Adopt(*Task) bool                               { return false }
-func (r *testRunner) Warm(*Task, func() *client.Spec) (func(), bool) { return nil, false }
-func (r *testRunner) Warmed(*Task) (bool, bool)                      { return false, false }
-func (r *testRunner) Unwarm(*Task)                                   {}
-func (r *testRunner) Release(t *Task, _ Proc)                        { r.note("release %d", t.ID) }
-func (r *testRunner) Gone(Proc) bool                                 { return false }
-func (r *testRunner) Unstarted(t *Task)                              { r.note("unstarted %d", t.ID) }
-func (r *testRunner) Stop(t *Task)                                   { r.note("stop %d", t.ID) }
-func (r *testRunner) Kill(t *Task)                                   { r.note("kill %d", t.ID) }
-func (r *testRunner) Usage(*Task) (time.Duration, int64)             { return 0, 0 }
-func (r *testRunner) Ended(t *Task)                                  { r.note("ended %d", t.ID) }
-func (r *testRunner) Close(time.Duration)                            {}
+func (r *testRunner) Open(string) error                            { return nil }
+func (r *testRunner) TakeUp([]*Task)                               {}
+func (r *testRunner) Adopt(*Task) bool                             { return false }
+func (r *testRunner) Warm(*Task, func() *wire.Spec) (func(), bool) { return nil, false }
+func (r *testRunner) Warmed(*Task) (bool, bool)                    { return false, false }
+func (r *testRunner) Unwarm(*Task)                                 {}
+func (r *testRunner) Release(t *Task, _ Proc)                      { r.note("release %d", t.ID) }
+func (r *testRunner) Gone(Proc) bool                               { return false }
+func (r *testRunner) Unstarted(t *Task)                            { r.note("unstarted %d", t.ID) }
+func (r *testRunner) Stop(t *Task)                                 { r.note("stop %d", t.ID) }
+func (r *testRunner) Kill(t *Task)                                 { r.note("kill %d", t.ID) }
+func (r *testRunner) Usage(*Task) (time.Duration, int64)           { return 0, 0 }
+func (r *testRunner) Ended(t *Task)                                { r.note("ended %d", t.ID) }
+func (r *testRunner) Close(time.Duration)                          {}
 
-func (r *testRunner) Prepare(t *Task, spec func() *client.Spec, _ bool) func() (Proc, error) {
+func (r *testRunner) Prepare(t *Task, spec func() *wire.Spec, _ bool) func() (Proc, error) {
 	s := spec()
 	r.note("prepare %d %v", t.ID, s.Argv)
 	return func() (Proc, error) { return testProc{pid: 4000 + int(t.ID)}, nil }
 }
 
-func (r *testRunner) GoAhead(t *Task, _ Proc, goAhead *client.Spec, fds []int) error {
+func (r *testRunner) GoAhead(t *Task, _ Proc, goAhead *wire.Spec, fds []int) error {
 	// Its own copies of the descriptors, as a process that inherits them
 	// has: the runtime closes its own after.
 	var mine []int
@@ -135,9 +135,9 @@ func (o *freeOwner) Freed() {
 }
 
 // endWatcher is told of tasks' ends.
-type endWatcher chan client.TaskInfo
+type endWatcher chan wire.TaskInfo
 
-func (w endWatcher) TaskEnded(ti client.TaskInfo) { w <- ti }
+func (w endWatcher) TaskEnded(ti wire.TaskInfo) { w <- ti }
 
 // TestRunnerStart: a task submitted to a free device is granted, its
 // process got ready (Prepare, with its Spec), its start recorded in the
@@ -169,7 +169,7 @@ func TestRunnerStart(t *testing.T) {
 	uid := uint32(os.Geteuid())
 	acct := &Account{Name: "alice", Home: t.TempDir(), Shell: "/bin/sh", Known: true}
 	sub, err := rt.Submit(Submitter{UID: uid, Account: acct},
-		&client.Submission{Argv: []string{"train"}, Cwd: "/", Log: filepath.Join(t.TempDir(), "log")}, func() bool { return false })
+		&wire.Submission{Argv: []string{"train"}, Cwd: "/", Log: filepath.Join(t.TempDir(), "log")}, func() bool { return false })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestRunnerStart(t *testing.T) {
 		}
 		unix.Close(fd)
 	}
-	if sub.State != client.StateRunning || sub.Reason != "starting on npu 0" {
+	if sub.State != wire.StateRunning || sub.Reason != "starting on npu 0" {
 		t.Errorf("submission answered %+v; want running, starting on npu 0", sub)
 	}
 
@@ -202,15 +202,15 @@ func TestRunnerStart(t *testing.T) {
 		t.Fatalf("wait for a running task: %+v, %v", ti, err)
 	}
 	pid, _ := testProc{pid: 4000 + int(sub.ID)}.Process()
-	if err := rt.Done(uid+1, int32(pid), sub.ID, &client.Status{Exit: new(int)}); err == nil {
+	if err := rt.Done(uid+1, int32(pid), sub.ID, &wire.Status{Exit: new(int)}); err == nil {
 		t.Error("another uid's report of the task's end was taken")
 	}
-	if err := rt.Done(uid, int32(pid), sub.ID, &client.Status{Exit: new(int)}); err != nil {
+	if err := rt.Done(uid, int32(pid), sub.ID, &wire.Status{Exit: new(int)}); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case ti := <-ended:
-		if ti.ID != sub.ID || ti.State != client.StateDone {
+		if ti.ID != sub.ID || ti.State != wire.StateDone {
 			t.Errorf("the watcher heard %+v; want task %d done", ti, sub.ID)
 		}
 	case <-time.After(10 * time.Second):

@@ -8,12 +8,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/leaseend"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // Owner is the runtime's owner (the broker): what the runtime asks of it,
@@ -31,7 +31,7 @@ type Watcher interface {
 	// TaskEnded tells that a task waited for has ended, as info shows
 	// it (full: the watcher was allowed to wait for it). It is called
 	// holding no lock of the runtime's.
-	TaskEnded(info client.TaskInfo)
+	TaskEnded(info wire.TaskInfo)
 }
 
 // Account is what the user database says of a submitter, as the broker
@@ -166,7 +166,7 @@ type outbox struct {
 
 type endNote struct {
 	w    Watcher
-	info client.TaskInfo
+	info wire.TaskInfo
 }
 
 // New makes the runtime; Open takes up the journal.

@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // Tasks run under npurun-supervise (package supervisor), a small static
@@ -35,7 +35,7 @@ import (
 
 // InstalledSupervisor is where make install puts the supervisor; the
 // Makefile sets it at build time from LIBEXECDIR.
-var InstalledSupervisor = "/usr/local/libexec/npurun/" + client.SupervisorName
+var InstalledSupervisor = "/usr/local/libexec/npurun/" + wire.SupervisorName
 
 // supervisorBin is the supervisor program, open for the broker's life.
 type supervisorBin struct {
@@ -54,7 +54,7 @@ var errNoSupervisor = errors.New("no supervisor program")
 // findSupervisor finds, checks and opens the supervisor program for a
 // broker whose executable is self.
 func findSupervisor(self string) (*supervisorBin, error) {
-	beside := filepath.Join(filepath.Dir(self), client.SupervisorName)
+	beside := filepath.Join(filepath.Dir(self), wire.SupervisorName)
 	for _, p := range []string{beside, InstalledSupervisor} {
 		if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
 			continue

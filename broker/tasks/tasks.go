@@ -11,11 +11,11 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // The operations of task-submit and of the supervisors: submit, show,
@@ -64,7 +64,7 @@ const (
 	maxReasonBytes  = 1024     // a supervisor's reason
 	maxAfter        = 1024     // --after ids
 	maxWaitsPerConn = 64
-	maxTimeSec      = client.MaxTimeSec
+	maxTimeSec      = wire.MaxTimeSec
 	// A task's show reply and its supervisor's Spec must fit in one
 	// message, with room for what is added later (a reason, devices).
 	replyRoom = 8 << 10
@@ -76,8 +76,8 @@ const (
 // names paths and programs). Another user sees that it exists, whose it
 // is, its state and how it ended, and its command where [status]
 // show_commands shows others' (Listing). pos is its place in line.
-func Info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
-	ti := client.TaskInfo{
+func Info(t *tasklife.Task, full bool, pos int) wire.TaskInfo {
+	ti := wire.TaskInfo{
 		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
 		N: t.Sub.N, Pool: t.Sub.Pool, Mem: t.Sub.Mem, OOMRetries: t.Sub.OOMRetries, RetryOf: t.Sub.RetryOf, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
 		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
@@ -106,7 +106,7 @@ func Info(t *tasklife.Task, full bool, pos int) client.TaskInfo {
 // root (Info's full); to another user, with its command where shows says
 // another's command may be shown (npubroker status's rule, [status]
 // show_commands), but never its directory, environment, log or reason.
-func Listing(t *tasklife.Task, asker uint32, shows func(asker, owner uint32) bool, pos int) client.TaskInfo {
+func Listing(t *tasklife.Task, asker uint32, shows func(asker, owner uint32) bool, pos int) wire.TaskInfo {
 	full := asker == t.UID || asker == 0
 	ti := Info(t, full, pos)
 	if !full && shows(asker, t.UID) {
@@ -183,12 +183,12 @@ func (rt *Runtime) taskFor(uid uint32, id uint64) (*tasklife.Task, error) {
 
 // Show is task id as its owner (uid, or root) sees it, with its place in
 // line and why it waits.
-func (rt *Runtime) Show(uid uint32, id uint64) (client.TaskInfo, error) {
+func (rt *Runtime) Show(uid uint32, id uint64) (wire.TaskInfo, error) {
 	rt.mu.Lock()
 	defer rt.unlock()
 	t, err := rt.taskFor(uid, id)
 	if err != nil {
-		return client.TaskInfo{}, err
+		return wire.TaskInfo{}, err
 	}
 	ti := Info(t, true, rt.positionLocked(rt.jobs[t.ID]))
 	if j := rt.jobs[t.ID]; j != nil && t.IsWaiting() {
@@ -200,7 +200,7 @@ func (rt *Runtime) Show(uid uint32, id uint64) (client.TaskInfo, error) {
 // Wait has w told of task id's end (Watcher.TaskEnded), for asker uid.
 // A task that has ended is returned at once; else nil, and w is told
 // later (once, however often it asks).
-func (rt *Runtime) Wait(w Watcher, uid uint32, id uint64) (*client.TaskInfo, error) {
+func (rt *Runtime) Wait(w Watcher, uid uint32, id uint64) (*wire.TaskInfo, error) {
 	rt.mu.Lock()
 	defer rt.unlock()
 	t, err := rt.taskFor(uid, id)
@@ -253,20 +253,20 @@ func (rt *Runtime) unwatchLocked(w Watcher, t *Task) {
 // task ends cancelled once that is recorded, and not otherwise; a
 // starting or running one is asked to stop. The answer says what became
 // of it.
-func (rt *Runtime) Cancel(uid uint32, who string, id uint64) (client.TaskInfo, error) {
+func (rt *Runtime) Cancel(uid uint32, who string, id uint64) (wire.TaskInfo, error) {
 	rt.mu.Lock()
 	defer rt.unlock()
 	t, err := rt.taskFor(uid, id)
 	if err != nil {
-		return client.TaskInfo{}, err
+		return wire.TaskInfo{}, err
 	}
 	j := rt.jobs[t.ID]
 	switch {
 	case t.Busy():
-		return client.TaskInfo{}, refuse(ErrBusy, "", "task %d is being cancelled already", t.ID)
+		return wire.TaskInfo{}, refuse(ErrBusy, "", "task %d is being cancelled already", t.ID)
 	case t.IsWaiting() && j != nil:
 		if err := rt.cancelLocked(j, who); err != nil {
-			return client.TaskInfo{}, refuse(ErrSpool, "", "the broker could not record the cancel, so task %d still waits: %v", t.ID, err)
+			return wire.TaskInfo{}, refuse(ErrSpool, "", "the broker could not record the cancel, so task %d still waits: %v", t.ID, err)
 		}
 	case (t.State == tasklife.Starting || t.State == tasklife.Running) && j != nil:
 		j.cancelBy = who
@@ -317,13 +317,13 @@ type Submitted struct {
 // left tells whether the submitter has gone (a quick look at its socket:
 // it is called holding the lock); a submission it left is not recorded
 // (ErrLeft).
-func (rt *Runtime) Submit(by Submitter, sub *client.Submission, left func() bool) (*Submitted, error) {
+func (rt *Runtime) Submit(by Submitter, sub *wire.Submission, left func() bool) (*Submitted, error) {
 	return rt.submit(by, sub, left, 0)
 }
 
 // submit is Submit, of a task submitted again from ended task from (0:
 // none).
-func (rt *Runtime) submit(by Submitter, sub *client.Submission, left func() bool, from uint64) (*Submitted, error) {
+func (rt *Runtime) submit(by Submitter, sub *wire.Submission, left func() bool, from uint64) (*Submitted, error) {
 	if err := rt.Unavailable(sub != nil && sub.Token != ""); err != nil {
 		return nil, err
 	}
@@ -453,7 +453,7 @@ const unknownID = ^uint64(0)
 
 // resolve checks a submission on its own, without the lock, and resolves
 // it into a task (no id yet, its default log named with unknownID).
-func (rt *Runtime) resolve(by Submitter, sub *client.Submission) (*Task, error) {
+func (rt *Runtime) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
 	bad := func(format string, args ...any) (*Task, error) {
 		return nil, refuse(ErrBadRequest, "", format, args...)
 	}
@@ -486,12 +486,12 @@ func (rt *Runtime) resolve(by Submitter, sub *client.Submission) (*Task, error) 
 		return bad("bad device count %d", sub.N)
 	case sub.NoDevice && (sub.N != 0 || len(sub.Devices) > 0 || sub.Pool != ""):
 		return bad("a --no-device task takes no device, count or pool")
-	case client.CheckName("task", sub.Name, client.MaxTaskName) != nil:
-		return bad("%v", client.CheckName("task", sub.Name, client.MaxTaskName))
+	case wire.CheckName("task", sub.Name, wire.MaxTaskName) != nil:
+		return bad("%v", wire.CheckName("task", sub.Name, wire.MaxTaskName))
 	case len(sub.After) > maxAfter:
 		return bad("--after names %d tasks, more than %d", len(sub.After), maxAfter)
-	case len(sub.Token) > client.MaxToken || strings.IndexFunc(sub.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:
-		return bad("token of %d bytes: a token is at most %d bytes of printable ASCII, no space", len(sub.Token), client.MaxToken)
+	case len(sub.Token) > wire.MaxToken || strings.IndexFunc(sub.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:
+		return bad("token of %d bytes: a token is at most %d bytes of printable ASCII, no space", len(sub.Token), wire.MaxToken)
 	case acct.unanswered() != nil:
 		// Not an answer: the task would be recorded as "uid N", its log
 		// under "/" (issue 15.3), or run without some of its groups.
@@ -524,7 +524,7 @@ func (rt *Runtime) resolve(by Submitter, sub *client.Submission) (*Task, error) 
 	t.Log, t.Notify = sub.Log, sub.Notify
 	if t.Log == "" {
 		// Its size is all that counts until it has its id and the tag.
-		t.Log = client.DefaultLog(acct.Home, unknownID, strings.Repeat("f", tasklife.TagLen))
+		t.Log = wire.DefaultLog(acct.Home, unknownID, strings.Repeat("f", tasklife.TagLen))
 	}
 	if err := rt.checkSize(t.Task); err != nil {
 		return nil, err
@@ -579,7 +579,7 @@ func (rt *Runtime) admitLocked(by Submitter, t *Task, freed int) error {
 	}
 	t.ID = rt.life.NewID()
 	if sub.Log == "" {
-		t.Log = client.DefaultLog(acct.Home, t.ID, rt.life.Tag())
+		t.Log = wire.DefaultLog(acct.Home, t.ID, rt.life.Tag())
 	}
 	return nil
 }
@@ -591,11 +591,11 @@ func (rt *Runtime) admitLocked(by Submitter, t *Task, freed int) error {
 // (TestEncodedSizeBounds).
 func (rt *Runtime) checkSize(t *tasklife.Task) error {
 	const why = "JSON writes each control character, <, > and & as 6 bytes"
-	if n := replyLen(t); n+replyRoom > client.MaxMessage {
-		return refuse(ErrBadRequest, "", "task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, client.MaxMessage-replyRoom, why)
+	if n := replyLen(t); n+replyRoom > wire.MaxMessage {
+		return refuse(ErrBadRequest, "", "task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, wire.MaxMessage-replyRoom, why)
 	}
-	if n := rt.specLen(t); n+specRoom > client.MaxMessage {
-		return refuse(ErrBadRequest, "", "task too large: what its supervisor is given takes %d bytes encoded, more than %d (%s)", n, client.MaxMessage-specRoom, why)
+	if n := rt.specLen(t); n+specRoom > wire.MaxMessage {
+		return refuse(ErrBadRequest, "", "task too large: what its supervisor is given takes %d bytes encoded, more than %d (%s)", n, wire.MaxMessage-specRoom, why)
 	}
 	return nil
 }
@@ -692,7 +692,7 @@ func cleanEnv(env []string) []string {
 // from SO_PEERCRED (uid, pid). The supervisor is answered once the end is
 // recorded; if it cannot be, it is told so (ErrSpool) and reports again
 // later.
-func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *client.Status) error {
+func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *wire.Status) error {
 	rt.mu.Lock()
 	defer rt.unlock()
 	if err := rt.unavailableLocked(false); err != nil {
@@ -717,7 +717,7 @@ func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *client.Status) err
 	if t.Sub.Mem > 0 && rt.devPeak != nil {
 		st.DevicePeak = rt.devPeak(id)
 	}
-	state := client.EndState(st)
+	state := wire.EndState(st)
 	var retry *Task
 	reason := ""
 	if state == tasklife.Failed && st.OOM && t.Sub.Mem > 0 && t.Sub.OOMRetries > 0 {
@@ -912,7 +912,7 @@ func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter, page []Lis
 	scanned, size := 0, 0
 	var inLine []*lease.Waiter
 	rt.life.EachAfter(after, func(t *tasklife.Task) bool {
-		if scanned == listScan || len(page) == listPage || size > client.MaxMessage {
+		if scanned == listScan || len(page) == listPage || size > wire.MaxMessage {
 			more = true
 			return false
 		}

@@ -12,10 +12,10 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestEncodedSizeBounds: the sizes a submission is checked by are never
@@ -34,7 +34,7 @@ func TestEncodedSizeBounds(t *testing.T) {
 		return b.String()
 	}
 	for i := range 200 {
-		sub := client.Submission{Cwd: "/" + text(20), Name: text(10), NoDevice: i%2 == 0}
+		sub := wire.Submission{Cwd: "/" + text(20), Name: text(10), NoDevice: i%2 == 0}
 		if i%5 == 0 {
 			sub.After = []uint64{1 << 63, 12, 99999999}
 			sub.Devices = []int{0, 100, 1 << 20}
@@ -54,7 +54,7 @@ func TestEncodedSizeBounds(t *testing.T) {
 		if sub.Shell != "" {
 			tk.Argv = []string{"/bin/sh", "-c", sub.Shell}
 		}
-		reply, err := json.Marshal(&client.Reply{V: client.Version, Type: client.TypeTasks, Tasks: []client.TaskInfo{Info(tk, true, 1<<20)}})
+		reply, err := json.Marshal(&wire.Reply{V: wire.Version, Type: wire.TypeTasks, Tasks: []wire.TaskInfo{Info(tk, true, 1<<20)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,7 +151,7 @@ pools = ["interactive", "queue"]
 	const uid = 4242
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	tk := &tasklife.Task{ID: life.NewID(), UID: uid, User: "alice", Slot: -1, Sub: client.Submission{Pool: "queue", Cwd: "/", Argv: []string{"true"}}}
+	tk := &tasklife.Task{ID: life.NewID(), UID: uid, User: "alice", Slot: -1, Sub: wire.Submission{Pool: "queue", Cwd: "/", Argv: []string{"true"}}}
 	if err := life.Submit(tk); err != nil {
 		t.Fatal(err)
 	}

@@ -8,10 +8,10 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // warmLine is a broker whose line holds n waiters in pools "interactive"
@@ -101,7 +101,7 @@ func BenchmarkWarmLine(b *testing.B) {
 // second pass starts nothing more.
 func TestWarmFirstTaskOfEachPool(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, client.SupervisorName)
+	bin := filepath.Join(dir, wire.SupervisorName)
 	build := exec.Command("go", "build", "-o", bin, "../../cmd/npurun-supervise")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -122,7 +122,7 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 		w := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid}, N: 1, Cand: []int{0}, Pool: pool, Held: held}
 		if isTask {
 			tk := &tasklife.Task{ID: s.life.NewID(), UID: uid, User: name, Slot: -1,
-				Argv: []string{"/bin/true"}, Log: filepath.Join(dir, name+".log"), Sub: client.Submission{Cwd: "/"}}
+				Argv: []string{"/bin/true"}, Log: filepath.Join(dir, name+".log"), Sub: wire.Submission{Cwd: "/"}}
 			if err := s.life.Submit(tk); err != nil {
 				t.Fatal(err)
 			}

@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/npurun/npurun/broker"
-	"github.com/npurun/npurun/broker/report"
+	"github.com/npurun/npurun/cmd/npubroker/cli"
 	"github.com/npurun/npurun/internal/completion"
 )
 
@@ -53,11 +53,11 @@ func completionCommand() *completion.Command {
 		Subcommands: []completion.Subcommand{
 			{Name: "serve", Help: "run the broker", Options: append(pflagOptions(serveFS), help)},
 			{Name: "check-config", Help: "validate a configuration file", Options: []completion.Option{{Long: "socket", Value: "PATH", Complete: completion.Files, Help: "the socket of the broker whose reload to check the file against"}, help}, Args: completion.Files, MaxArgs: 1},
-			{Name: "status", Help: "who holds which device, the line, unleased use", Options: append(helpOptions(report.Status), help)},
-			{Name: "usage", Help: "device-hours per user and kind of lease", Options: append(helpOptions(report.Usage), help)},
-			{Name: "drain", Help: "take a device out of service (root)", Options: append(helpOptions(report.Drain), help), MaxArgs: 1},
-			{Name: "undrain", Help: "put a drained device back in service (root)", Options: append(helpOptions(report.Undrain), help), MaxArgs: 1},
-			{Name: "reload", Help: "read the configuration file again (root)", Options: append(helpOptions(report.Reload), help)},
+			{Name: "status", Help: "who holds which device, the line, unleased use", Options: append(helpOptions(cli.Status), help)},
+			{Name: "usage", Help: "device-hours per user and kind of lease", Options: append(helpOptions(cli.Usage), help)},
+			{Name: "drain", Help: "take a device out of service (root)", Options: append(helpOptions(cli.Drain), help), MaxArgs: 1},
+			{Name: "undrain", Help: "put a drained device back in service (root)", Options: append(helpOptions(cli.Undrain), help), MaxArgs: 1},
+			{Name: "reload", Help: "read the configuration file again (root)", Options: append(helpOptions(cli.Reload), help)},
 		},
 	}
 }
@@ -79,13 +79,13 @@ func pflagOptions(fs *pflag.FlagSet) []completion.Option {
 }
 
 // helpOptions are the options of a command that keeps its flag set to
-// itself (status and usage, in broker/report), as its --help lists them
+// itself (status and usage, in cmd/npubroker/cli), as its --help lists them
 // (pflag's PrintDefaults): "  -w, --watch[=true|false]   HELP",
 // "      --socket string   HELP". A value's type follows its option's
 // name after one blank; the help, after two or more.
-func helpOptions(run func([]string, report.Env) int) []completion.Option {
+func helpOptions(run func([]string, cli.Env) int) []completion.Option {
 	var out bytes.Buffer
-	run([]string{"--help"}, report.Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }})
+	run([]string{"--help"}, cli.Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }})
 	var opts []completion.Option
 	for _, line := range strings.Split(out.String(), "\n") {
 		line = strings.TrimLeft(line, " ")

@@ -9,7 +9,7 @@ import (
 
 // TestCompletionOptions: the completion scripts see each command's options
 // as its flag set parses them: serve's from its flag set, status's and
-// usage's read from their --help (their flag sets live in broker/report),
+// usage's read from their --help (their flag sets live in cmd/npubroker/cli),
 // with what completes each value.
 func TestCompletionOptions(t *testing.T) {
 	type opt struct {

@@ -16,13 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker"
-	"github.com/npurun/npurun/broker/client"
-	"github.com/npurun/npurun/broker/report"
 	"github.com/npurun/npurun/broker/tasks"
+	"github.com/npurun/npurun/cmd/npubroker/cli"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/npu"
-	"github.com/npurun/npurun/pam"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 var version = "dev"
@@ -30,11 +29,11 @@ var version = "dev"
 const usage = `Usage:
   npubroker serve [--config FILE] [--socket PATH] [--run-dir DIR] [--state-dir DIR] [--cgroup DIR] [--log WHERE]
   npubroker check-config [--socket PATH] [FILE]
-  ` + report.StatusUsage + `
-  ` + report.UsageUsage + `
-  ` + report.DrainUsage + `
-  ` + report.UndrainUsage + `
-  ` + report.ReloadUsage + `
+  ` + cli.StatusUsage + `
+  ` + cli.UsageUsage + `
+  ` + cli.DrainUsage + `
+  ` + cli.UndrainUsage + `
+  ` + cli.ReloadUsage + `
   npubroker --version
 
 Commands:
@@ -61,15 +60,15 @@ func main() {
 	case "check-config":
 		os.Exit(checkConfig(os.Args[2:]))
 	case "status":
-		os.Exit(report.Status(os.Args[2:], report.OSEnv()))
+		os.Exit(cli.Status(os.Args[2:], cli.OSEnv()))
 	case "usage":
-		os.Exit(report.Usage(os.Args[2:], report.OSEnv()))
+		os.Exit(cli.Usage(os.Args[2:], cli.OSEnv()))
 	case "drain":
-		os.Exit(report.Drain(os.Args[2:], report.OSEnv()))
+		os.Exit(cli.Drain(os.Args[2:], cli.OSEnv()))
 	case "undrain":
-		os.Exit(report.Undrain(os.Args[2:], report.OSEnv()))
+		os.Exit(cli.Undrain(os.Args[2:], cli.OSEnv()))
 	case "reload":
-		os.Exit(report.Reload(os.Args[2:], report.OSEnv()))
+		os.Exit(cli.Reload(os.Args[2:], cli.OSEnv()))
 	case "--version", "version":
 		fmt.Println("npubroker", version)
 	case "--completion":
@@ -105,7 +104,7 @@ func checkConfig(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprint(os.Stderr, usage, "\n", checkConfigHelp)
 	}
-	socket := fs.String("socket", "", "the socket of the broker whose reload to check the file against, where one runs (default $NPURUN_SOCKET, or "+client.DefaultSocket+")")
+	socket := fs.String("socket", "", "the socket of the broker whose reload to check the file against, where one runs (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return exitcode.OK
@@ -143,10 +142,10 @@ func checkConfig(args []string) int {
 		warnings = append(warnings, policy.Error{File: path, Key: "[tasks]", Msg: fmt.Sprintf("warning: %v: npubroker serve would serve leases but refuse tasks", err)})
 	}
 	if cfg.Restrict.Active() && devices != nil {
-		groups, open := pam.NodeAccess(npu.Vendor(cfg.Vendor), cfg.DevDir, devices)
-		warnings = append(warnings, cfg.RestrictWarnings(groups, open, pam.Member, pam.Members)...)
+		groups, open := npu.NodeAccess(npu.Vendor(cfg.Vendor), cfg.DevDir, devices)
+		warnings = append(warnings, cfg.RestrictWarnings(groups, open, npu.Member, npu.Members)...)
 	}
-	warnings = append(warnings, cfg.EngineWarnings(pam.EngineGroups(pam.EngineSockets), pam.Member, pam.Members)...)
+	warnings = append(warnings, cfg.EngineWarnings(npu.EngineGroups(npu.EngineSockets), npu.Member, npu.Members)...)
 	if w, ok := reloadWarning(path, *socket); ok {
 		warnings = append(warnings, w)
 	}
@@ -171,17 +170,17 @@ func reloadWarning(path, socket string) (policy.Error, bool) {
 	if err != nil {
 		return policy.Error{}, false
 	}
-	c, err := client.Dial(client.SocketPath(socket))
+	c, err := wire.Dial(wire.SocketPath(socket))
 	if err != nil {
 		return policy.Error{}, false
 	}
 	defer c.Close()
 	_, err = c.CheckReload(abs)
-	var cerr *client.Error
+	var cerr *wire.Error
 	switch {
 	case err == nil:
 		return policy.Error{}, false
-	case errors.As(err, &cerr) && cerr.Code == client.CodeConfigRefused:
+	case errors.As(err, &cerr) && cerr.Code == wire.CodeConfigRefused:
 		msg, _ := strings.CutPrefix(cerr.Message, broker.ErrReloadRefused.Error()+": ")
 		return policy.Error{File: path, Msg: "warning: npubroker reload of the broker running here refuses it: " + msg}, true
 	}
@@ -341,11 +340,11 @@ func serve(args []string) int {
 		}
 	}()
 	if cfg.Restrict.Active() {
-		groups, open := pam.NodeAccess(inv.Vendor, inv.DevDir, inv.IDs)
-		for _, w := range cfg.RestrictWarnings(groups, open, pam.Member, pam.Members) {
+		groups, open := npu.NodeAccess(inv.Vendor, inv.DevDir, inv.IDs)
+		for _, w := range cfg.RestrictWarnings(groups, open, npu.Member, npu.Members) {
 			lg.Print(w.Error())
 		}
-		for _, w := range cfg.EngineWarnings(pam.EngineGroups(pam.EngineSockets), pam.Member, pam.Members) {
+		for _, w := range cfg.EngineWarnings(npu.EngineGroups(npu.EngineSockets), npu.Member, npu.Members) {
 			lg.Print(w.Error())
 		}
 	}

@@ -9,7 +9,7 @@ package main
 import (
 	"os"
 
-	"github.com/npurun/npurun/broker/supervisor"
+	"github.com/npurun/npurun/supervisor"
 )
 
 func main() { os.Exit(supervisor.Main(os.Args[1:])) }

@@ -13,19 +13,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/exitcode"
+	"github.com/npurun/npurun/wire"
 )
 
-// A stand-in for npubroker that speaks the protocol of broker/client:
+// A stand-in for npubroker that speaks the protocol of package wire:
 // handle gets each request and the connection to answer it on.
 type fakeBroker struct {
 	path string
 	mu   sync.Mutex
-	reqs []client.Request
+	reqs []wire.Request
 }
 
-func startBroker(t *testing.T, handle func(req client.Request, c *net.UnixConn)) *fakeBroker {
+func startBroker(t *testing.T, handle func(req wire.Request, c *net.UnixConn)) *fakeBroker {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "ts") // short: socket paths are limited
 	if err != nil {
@@ -47,21 +47,21 @@ func startBroker(t *testing.T, handle func(req client.Request, c *net.UnixConn))
 			}
 			wg.Go(func() {
 				defer c.Close()
-				buf := make([]byte, client.MaxMessage)
+				buf := make([]byte, wire.MaxMessage)
 				for {
 					n, err := c.Read(buf)
 					if err != nil || n == 0 {
 						return
 					}
-					var req client.Request
+					var req wire.Request
 					if err := json.Unmarshal(buf[:n], &req); err != nil {
 						t.Errorf("broker: bad request %q: %v", buf[:n], err)
 						return
 					}
-					if req.Op == client.OpPing {
+					if req.Op == wire.OpPing {
 						// As the real broker: a client pings to see that it
 						// is served while its real answer may take long.
-						reply(t, c, client.Reply{Type: client.TypePong})
+						reply(t, c, wire.Reply{Type: wire.TypePong})
 						continue
 					}
 					b.mu.Lock()
@@ -75,14 +75,14 @@ func startBroker(t *testing.T, handle func(req client.Request, c *net.UnixConn))
 	return b
 }
 
-func (b *fakeBroker) requests() []client.Request {
+func (b *fakeBroker) requests() []wire.Request {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return append([]client.Request(nil), b.reqs...)
+	return append([]wire.Request(nil), b.reqs...)
 }
 
-func reply(t *testing.T, c *net.UnixConn, r client.Reply) {
-	r.V = client.Version
+func reply(t *testing.T, c *net.UnixConn, r wire.Reply) {
+	r.V = wire.Version
 	p, err := json.Marshal(r)
 	if err != nil {
 		t.Error(err)
@@ -107,8 +107,8 @@ func runCmd(t *testing.T, b *fakeBroker, args ...string) (int, string) {
 }
 
 func TestSubmitRequest(t *testing.T) {
-	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
-		reply(t, c, client.Reply{Type: client.TypeSubmitted, ID: 118, Position: 4, Pool: "queue"})
+	b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
+		reply(t, c, wire.Reply{Type: wire.TypeSubmitted, ID: 118, Position: 4, Pool: "queue"})
 	})
 	code, out := runCmd(t, b, "-n", "2", "--time", "90m", "--log", "out.log", "--after", "7", "--run", "python train.py")
 	if code != 0 || out != "task 118 queued (4th in line in pool \"queue\")\n" {
@@ -120,7 +120,7 @@ func TestSubmitRequest(t *testing.T) {
 		t.Fatalf("broker got %d requests, want 1", len(reqs))
 	}
 	got := reqs[0]
-	if got.V != client.Version || got.Op != client.OpSubmit || got.Task == nil {
+	if got.V != wire.Version || got.Op != wire.OpSubmit || got.Task == nil {
 		t.Fatalf("request %+v, want a submit", got)
 	}
 	s := *got.Task
@@ -138,7 +138,7 @@ func TestSubmitRequest(t *testing.T) {
 		t.Errorf("token %q, want 32 random hexadecimal digits", s.Token)
 	}
 	s.Token = ""
-	want := client.Submission{Shell: "python train.py", Cwd: cwd, N: 2, TimeSec: 5400, After: []uint64{7}, Log: filepath.Join(cwd, "out.log")}
+	want := wire.Submission{Shell: "python train.py", Cwd: cwd, N: 2, TimeSec: 5400, After: []uint64{7}, Log: filepath.Join(cwd, "out.log")}
 	if !reflect.DeepEqual(s, want) {
 		t.Errorf("submission %+v, want %+v", s, want)
 	}
@@ -158,20 +158,20 @@ func TestBrokerErrors(t *testing.T) {
 		args []string
 		want int
 	}{
-		{client.CodeNoSuchTask, []string{"show", "118"}, 1},
-		{client.CodeNoSuchTask, []string{"wait", "118"}, 1},
-		{client.CodeDenied, []string{"-n", "64", "--run", "x"}, 77},
-		{client.CodeTooMany, []string{"--run", "x"}, 75},
-		{client.CodeBusy, []string{"--run", "x"}, 75},
-		{client.CodeSpool, []string{"--run", "x"}, 75},
-		{client.CodeSpool, []string{"cancel", "118"}, 75},
-		{client.CodeBadRequest, []string{"list"}, 2},
-		{client.CodeNoSuchPool, []string{"-p", "nope", "--run", "x"}, 2},
+		{wire.CodeNoSuchTask, []string{"show", "118"}, 1},
+		{wire.CodeNoSuchTask, []string{"wait", "118"}, 1},
+		{wire.CodeDenied, []string{"-n", "64", "--run", "x"}, 77},
+		{wire.CodeTooMany, []string{"--run", "x"}, 75},
+		{wire.CodeBusy, []string{"--run", "x"}, 75},
+		{wire.CodeSpool, []string{"--run", "x"}, 75},
+		{wire.CodeSpool, []string{"cancel", "118"}, 75},
+		{wire.CodeBadRequest, []string{"list"}, 2},
+		{wire.CodeNoSuchPool, []string{"-p", "nope", "--run", "x"}, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.code+" "+strings.Join(tt.args, " "), func(t *testing.T) {
-			b := startBroker(t, func(req client.Request, c *net.UnixConn) {
-				reply(t, c, client.Reply{Type: client.TypeError, Code: tt.code, Message: "no"})
+			b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
+				reply(t, c, wire.Reply{Type: wire.TypeError, Code: tt.code, Message: "no"})
 			})
 			if code, out := runCmd(t, b, tt.args...); code != tt.want || out != "" {
 				t.Errorf("exit %d, stdout %q; want %d and nothing", code, out, tt.want)
@@ -190,8 +190,8 @@ func TestNoBroker(t *testing.T) {
 }
 
 func TestListEmpty(t *testing.T) {
-	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
-		reply(t, c, client.Reply{Type: client.TypeTasks})
+	b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
+		reply(t, c, wire.Reply{Type: wire.TypeTasks})
 	})
 	if code, out := runCmd(t, b, "list", "--all"); code != 0 || out != "" {
 		t.Errorf("list of nothing = %d, %q; want 0 and nothing", code, out)
@@ -199,7 +199,7 @@ func TestListEmpty(t *testing.T) {
 	if code, out := runCmd(t, b, "list", "--json"); code != 0 || out != "[]\n" {
 		t.Errorf("list --json of nothing = %d, %q; want 0 and []", code, out)
 	}
-	if reqs := b.requests(); !reqs[0].All || reqs[1].All || reqs[0].Op != client.OpList {
+	if reqs := b.requests(); !reqs[0].All || reqs[1].All || reqs[0].Op != wire.OpList {
 		t.Errorf("requests %+v", reqs)
 	}
 }
@@ -208,20 +208,20 @@ func TestListEmpty(t *testing.T) {
 // once it has read that page, until a page says no more (an empty page
 // with more is a page of others' tasks skipped).
 func TestListPages(t *testing.T) {
-	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+	b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
 		switch req.After {
 		case 0:
-			reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Next: 1, Tasks: []client.TaskInfo{{ID: 1, State: client.StateDone}}})
+			reply(t, c, wire.Reply{Type: wire.TypeTasks, More: true, Next: 1, Tasks: []wire.TaskInfo{{ID: 1, State: wire.StateDone}}})
 		case 1:
-			reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Next: 4096})
+			reply(t, c, wire.Reply{Type: wire.TypeTasks, More: true, Next: 4096})
 		case 4096:
-			reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: 5000, State: client.StateRunning}}})
+			reply(t, c, wire.Reply{Type: wire.TypeTasks, Tasks: []wire.TaskInfo{{ID: 5000, State: wire.StateRunning}}})
 		default:
-			reply(t, c, client.Reply{Type: client.TypeError, Code: client.CodeBadRequest, Message: "no such page"})
+			reply(t, c, wire.Reply{Type: wire.TypeError, Code: wire.CodeBadRequest, Message: "no such page"})
 		}
 	})
 	code, out := runCmd(t, b, "list", "--json")
-	var ts []client.TaskInfo
+	var ts []wire.TaskInfo
 	if err := json.Unmarshal([]byte(out), &ts); code != 0 || err != nil || len(ts) != 2 || ts[0].ID != 1 || ts[1].ID != 5000 {
 		t.Errorf("list --json = %d, %q (%v); want tasks 1 and 5000", code, out, err)
 	}
@@ -237,8 +237,8 @@ func TestListPages(t *testing.T) {
 // TestListNoProgress: a broker whose page does not move on is an error,
 // not a loop.
 func TestListNoProgress(t *testing.T) {
-	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
-		reply(t, c, client.Reply{Type: client.TypeTasks, More: true, Next: req.After})
+	b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
+		reply(t, c, wire.Reply{Type: wire.TypeTasks, More: true, Next: req.After})
 	})
 	if code, _ := runCmd(t, b, "list"); code != 1 {
 		t.Errorf("list from a broker stuck on a page: exit %d, want 1", code)
@@ -249,7 +249,7 @@ func TestListNoProgress(t *testing.T) {
 func TestWaitAcrossRestart(t *testing.T) {
 	var mu sync.Mutex
 	n := 0
-	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+	b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
 		mu.Lock()
 		n++
 		first := n == 1
@@ -258,14 +258,14 @@ func TestWaitAcrossRestart(t *testing.T) {
 			c.Close()
 			return
 		}
-		reply(t, c, client.Reply{Type: client.TypeQueued, Position: 1})
-		reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: 118, State: client.StateFailed, Exit: exit(3)}}})
+		reply(t, c, wire.Reply{Type: wire.TypeQueued, Position: 1})
+		reply(t, c, wire.Reply{Type: wire.TypeTasks, Tasks: []wire.TaskInfo{{ID: 118, State: wire.StateFailed, Exit: exit(3)}}})
 	})
 	if code, out := runCmd(t, b, "wait", "118"); code != 3 || out != "" {
 		t.Errorf("wait = %d, %q; want 3 and nothing", code, out)
 	}
 	for _, r := range b.requests() {
-		if r.Op != client.OpWait || r.ID != 118 {
+		if r.Op != wire.OpWait || r.ID != 118 {
 			t.Errorf("request %+v, want wait 118", r)
 		}
 	}
@@ -275,13 +275,13 @@ func TestWaitAcrossRestart(t *testing.T) {
 }
 
 func TestCancel(t *testing.T) {
-	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
-		reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: req.ID, State: client.StateRunning, Started: 1}}})
+	b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
+		reply(t, c, wire.Reply{Type: wire.TypeTasks, Tasks: []wire.TaskInfo{{ID: req.ID, State: wire.StateRunning, Started: 1}}})
 	})
 	if code, out := runCmd(t, b, "cancel", "118"); code != 0 || out != "task 118: SIGTERM sent; SIGKILL follows after the grace period\n" {
 		t.Errorf("cancel = %d, %q", code, out)
 	}
-	if r := b.requests()[0]; r.Op != client.OpCancel || r.ID != 118 {
+	if r := b.requests()[0]; r.Op != wire.OpCancel || r.ID != 118 {
 		t.Errorf("request %+v, want cancel 118", r)
 	}
 }
@@ -314,13 +314,13 @@ func TestLogsFollow(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "118.log")
 	appendFile(t, log, "a\n")
 	end := make(chan struct{})
-	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
-		task := client.TaskInfo{ID: 118, UID: uint32(os.Getuid()), State: client.StateRunning, Started: 1, Log: log}
-		if req.Op == client.OpWait {
+	b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
+		task := wire.TaskInfo{ID: 118, UID: uint32(os.Getuid()), State: wire.StateRunning, Started: 1, Log: log}
+		if req.Op == wire.OpWait {
 			<-end
-			task.State, task.Ended, task.Exit = client.StateFailed, 2, exit(1)
+			task.State, task.Ended, task.Exit = wire.StateFailed, 2, exit(1)
 		}
-		reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{task}})
+		reply(t, c, wire.Reply{Type: wire.TypeTasks, Tasks: []wire.TaskInfo{task}})
 	})
 	o, err := parse([]string{"--socket", b.path, "logs", "-f", "118"}, io.Discard)
 	if err != nil {
@@ -357,8 +357,8 @@ func TestLogsFollow(t *testing.T) {
 }
 
 func TestLogsNotStarted(t *testing.T) {
-	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
-		reply(t, c, client.Reply{Type: client.TypeTasks, Tasks: []client.TaskInfo{{ID: 118, UID: uint32(os.Getuid()), State: client.StatePending, Log: "/x/118.log"}}})
+	b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
+		reply(t, c, wire.Reply{Type: wire.TypeTasks, Tasks: []wire.TaskInfo{{ID: 118, UID: uint32(os.Getuid()), State: wire.StatePending, Log: "/x/118.log"}}})
 	})
 	if code, out := runCmd(t, b, "logs", "118"); code != 1 || out != "" {
 		t.Errorf("logs of a pending task = %d, %q; want 1 and nothing", code, out)
@@ -369,8 +369,8 @@ func TestLogsNotStarted(t *testing.T) {
 // (--after a task that did not succeed) is not reported as started: its
 // id is printed, and task-submit exits 1.
 func TestSubmitFailedAtOnce(t *testing.T) {
-	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
-		reply(t, c, client.Reply{Type: client.TypeSubmitted, ID: 9, State: client.StateFailed, Reason: "failed: dependency 8 failed with exit status 3"})
+	b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
+		reply(t, c, wire.Reply{Type: wire.TypeSubmitted, ID: 9, State: wire.StateFailed, Reason: "failed: dependency 8 failed with exit status 3"})
 	})
 	code, out := runCmd(t, b, "--after", "8", "--", "true")
 	if code != 1 || !strings.Contains(out, "task 9 submitted: failed: dependency 8") {
@@ -393,14 +393,14 @@ func TestSubmitAnswerLost(t *testing.T) {
 	resolveFor = time.Second
 	tests := []struct {
 		name     string
-		repeat   *client.Reply // the answer to the repeat; nil: the connection closed again
+		repeat   *wire.Reply // the answer to the repeat; nil: the connection closed again
 		wantCode int
 		wantOut  string
 		wantErr  string
 	}{
-		{"recorded", &client.Reply{Type: client.TypeSubmitted, ID: 12, Existing: true, Position: 1, Pool: "default"}, 0,
+		{"recorded", &wire.Reply{Type: wire.TypeSubmitted, ID: 12, Existing: true, Position: 1, Pool: "default"}, 0,
 			"task 12 queued (1st in line in pool \"default\")\n", "the broker had recorded it before its answer was lost"},
-		{"refused", &client.Reply{Type: client.TypeError, Code: client.CodeDenied, Message: "pool \"x\" is not open to alice"}, 77,
+		{"refused", &wire.Reply{Type: wire.TypeError, Code: wire.CodeDenied, Message: "pool \"x\" is not open to alice"}, 77,
 			"", "the task was not submitted"},
 		{"no answer", nil, exitcode.Unknown, "", "cannot tell whether the task was submitted"},
 	}
@@ -408,7 +408,7 @@ func TestSubmitAnswerLost(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex
 			n := 0
-			b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+			b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
 				mu.Lock()
 				n++
 				first := n == 1
@@ -471,7 +471,7 @@ func TestCheckLog(t *testing.T) {
 			}
 		})
 	}
-	b := startBroker(t, func(req client.Request, c *net.UnixConn) {
+	b := startBroker(t, func(req wire.Request, c *net.UnixConn) {
 		t.Errorf("a submission with a bad log reached the broker: %+v", req)
 	})
 	if code, _ := runCmd(t, b, "--log", link, "--", "true"); code != 1 {

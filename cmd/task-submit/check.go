@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // A task bound to fail should not be reported as queued: what can be
@@ -72,9 +72,9 @@ func checkDefaultLog() error {
 		return nil
 	}
 	if fi, err := os.Stat(home); err != nil || !fi.IsDir() {
-		return fmt.Errorf("your home directory %s does not exist, and a task's log goes under it (~/%s/ID-TAG.log) unless --log names another", home, client.DefaultLogDir)
+		return fmt.Errorf("your home directory %s does not exist, and a task's log goes under it (~/%s/ID-TAG.log) unless --log names another", home, wire.DefaultLogDir)
 	}
-	return checkLog(client.DefaultLog(home, 1, "check"))
+	return checkLog(wire.DefaultLog(home, 1, "check"))
 }
 
 // unwrapPath drops the path an error already names.

@@ -9,11 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/completion"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/shim"
+	"github.com/npurun/npurun/wire"
 )
 
 // Shell completion: task-submit --completion SHELL prints task-submit's
@@ -124,7 +124,7 @@ func completeValues(args []string, stdout io.Writer) int {
 		}
 	}
 	done := make(chan []byte, 1)
-	go func() { done <- queryValues(kind, client.SocketPath(socket)) }()
+	go func() { done <- queryValues(kind, wire.SocketPath(socket)) }()
 	select {
 	case out := <-done:
 		stdout.Write(out)
@@ -136,7 +136,7 @@ func completeValues(args []string, stdout io.Writer) int {
 
 // queryValues asks the broker at path for kind's values; nil on any error.
 func queryValues(kind completion.Kind, path string) []byte {
-	c, err := client.Dial(path)
+	c, err := wire.Dial(path)
 	if err != nil {
 		return nil
 	}
@@ -177,7 +177,7 @@ func queryValues(kind completion.Kind, path string) []byte {
 			for _, d := range board.Devices {
 				if d.Pool == p {
 					all++
-					if d.State == client.DeviceFree {
+					if d.State == wire.DeviceFree {
 						free++
 					}
 				}
@@ -210,7 +210,7 @@ func queryValues(kind completion.Kind, path string) []byte {
 
 // deviceWhat says what a device is doing: "npu3 in pool queue: free",
 // "npu4 in pool queue: task 118 of bob", "npu5: leased by alice".
-func deviceWhat(d *client.DeviceState) string {
+func deviceWhat(d *wire.DeviceState) string {
 	s := d.Name
 	if d.Pool != "" {
 		s += " in pool " + d.Pool

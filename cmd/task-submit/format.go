@@ -14,9 +14,9 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // submitted is submit's --json output.
@@ -32,7 +32,7 @@ type submitted struct {
 
 // submittedLine is submit's answer: the id, and the place in line when
 // the task waits for devices.
-func submittedLine(r *client.Reply) string {
+func submittedLine(r *wire.Reply) string {
 	if r.Position <= 0 {
 		if r.Reason != "" { // "started on npu 0", "waits for task 2", "failed: …"
 			return fmt.Sprintf("task %d submitted: %s", r.ID, r.Reason)
@@ -40,9 +40,9 @@ func submittedLine(r *client.Reply) string {
 		return fmt.Sprintf("task %d submitted", r.ID)
 	}
 	if r.Pool == "" {
-		return fmt.Sprintf("task %d queued (%s in line)", r.ID, client.Ordinal(r.Position))
+		return fmt.Sprintf("task %d queued (%s in line)", r.ID, wire.Ordinal(r.Position))
 	}
-	return fmt.Sprintf("task %d queued (%s in line in pool %q)", r.ID, client.Ordinal(r.Position), r.Pool)
+	return fmt.Sprintf("task %d queued (%s in line in pool %q)", r.ID, wire.Ordinal(r.Position), r.Pool)
 }
 
 // writeJSON writes v as one line of JSON.
@@ -53,10 +53,10 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 // writeTasksJSON writes list --json's array of tasks as writeJSON does,
-// byte for byte, with the hand encoder (client.AppendTaskInfoNoHTML):
+// byte for byte, with the hand encoder (wire.AppendTaskInfoNoHTML):
 // encoding/json's reflection took a third of list --json's time for
 // 10,000 tasks.
-func writeTasksJSON(w io.Writer, ts []client.TaskInfo) error {
+func writeTasksJSON(w io.Writer, ts []wire.TaskInfo) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	bw.WriteByte('[')
 	var b []byte
@@ -64,7 +64,7 @@ func writeTasksJSON(w io.Writer, ts []client.TaskInfo) error {
 		if i > 0 {
 			bw.WriteByte(',')
 		}
-		b = client.AppendTaskInfoNoHTML(b[:0], &ts[i])
+		b = wire.AppendTaskInfoNoHTML(b[:0], &ts[i])
 		bw.Write(b)
 	}
 	bw.WriteString("]\n")
@@ -83,23 +83,23 @@ const tablePadding = 2
 
 // writeTable writes list's table. all adds the USER column; now decides
 // which times are today's.
-func writeTable(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) error {
-	return writeTaskRows(w, ts, all, []string{"STATE", "DEVICES", "SUBMITTED", "STARTED"}, func(t *client.TaskInfo) []string {
+func writeTable(w io.Writer, ts []wire.TaskInfo, all bool, now time.Time) error {
+	return writeTaskRows(w, ts, all, []string{"STATE", "DEVICES", "SUBMITTED", "STARTED"}, func(t *wire.TaskInfo) []string {
 		return []string{stateCell(t), deviceCell(t), timeCell(t.Submitted, now), startCell(t, now)}
 	})
 }
 
 // writeHistory writes list --ended's table: how each task ended, when it
 // started and ended. all adds the USER column.
-func writeHistory(w io.Writer, ts []client.TaskInfo, all bool, now time.Time) error {
-	return writeTaskRows(w, ts, all, []string{"END", "DEVICES", "STARTED", "ENDED"}, func(t *client.TaskInfo) []string {
+func writeHistory(w io.Writer, ts []wire.TaskInfo, all bool, now time.Time) error {
+	return writeTaskRows(w, ts, all, []string{"END", "DEVICES", "STARTED", "ENDED"}, func(t *wire.TaskInfo) []string {
 		return []string{endCell(t), deviceCell(t), startedCell(t, now), timeCell(t.Ended, now)}
 	})
 }
 
 // writeTaskRows writes a table of tasks: ID, USER where all, then the
 // columns head names, each task's cells as cells gives them.
-func writeTaskRows(w io.Writer, ts []client.TaskInfo, all bool, head []string, cells func(*client.TaskInfo) []string) error {
+func writeTaskRows(w io.Writer, ts []wire.TaskInfo, all bool, head []string, cells func(*wire.TaskInfo) []string) error {
 	first := []string{"ID"}
 	if all {
 		first = append(first, "USER")
@@ -117,15 +117,15 @@ func writeTaskRows(w io.Writer, ts []client.TaskInfo, all bool, head []string, c
 }
 
 // sortEnded orders a history by end, oldest first (ties by id).
-func sortEnded(ts []client.TaskInfo) {
-	slices.SortStableFunc(ts, func(a, b client.TaskInfo) int {
+func sortEnded(ts []wire.TaskInfo) {
+	slices.SortStableFunc(ts, func(a, b wire.TaskInfo) int {
 		return cmp.Or(cmp.Compare(a.Ended, b.Ended), cmp.Compare(a.ID, b.ID))
 	})
 }
 
 // stateCell is a task's state in list's table: "held" for a task held in
 // its place.
-func stateCell(t *client.TaskInfo) string {
+func stateCell(t *wire.TaskInfo) string {
 	if t.Held {
 		return "held"
 	}
@@ -135,13 +135,13 @@ func stateCell(t *client.TaskInfo) string {
 // endCell is how a task ended in the history's table: "done", "exit 3",
 // "SIGKILL", "cancelled", "lost", or "ended" where only the accounting
 // log remembers it.
-func endCell(t *client.TaskInfo) string {
+func endCell(t *wire.TaskInfo) string {
 	switch {
-	case t.State == client.StateDone:
+	case t.State == wire.StateDone:
 		return "done"
-	case t.Exit != nil && t.State == client.StateFailed:
+	case t.Exit != nil && t.State == wire.StateFailed:
 		return "exit " + strconv.Itoa(*t.Exit)
-	case t.Signal != "" && t.State == client.StateFailed:
+	case t.Signal != "" && t.State == wire.StateFailed:
 		return t.Signal
 	}
 	return t.State
@@ -155,7 +155,7 @@ func endCell(t *client.TaskInfo) string {
 // list's time for 10,000 tasks. Cells holding what tabwriter reads as
 // more than text (tabs, line breaks, its escape byte) go through
 // tabwriter itself; list's cells never do (oneLine, valid UTF-8).
-func writeRows(w io.Writer, rows [][]string, ts []client.TaskInfo) error {
+func writeRows(w io.Writer, rows [][]string, ts []wire.TaskInfo) error {
 	widths, lasts := layoutRows(rows, ts)
 	bw := bufio.NewWriterSize(w, 64<<10)
 	if !plainCells(rows, lasts) {
@@ -166,7 +166,7 @@ func writeRows(w io.Writer, rows [][]string, ts []client.TaskInfo) error {
 
 // layoutRows is the width of each column of rows as tabwriter makes it,
 // and each row's last cell: its task's name or command, shortened to fit.
-func layoutRows(rows [][]string, ts []client.TaskInfo) (widths []int, lasts []string) {
+func layoutRows(rows [][]string, ts []wire.TaskInfo) (widths []int, lasts []string) {
 	head := rows[0]
 	widths = make([]int, len(head))
 	// The last column starts where tabwriter will put it: after every
@@ -246,7 +246,7 @@ func writeRowsTabwriter(bw *bufio.Writer, rows [][]string, lasts []string) error
 
 // nameOrCommand is what list shows of a task: its name if it has one, else
 // its command, else "-" (another user's command, hidden).
-func nameOrCommand(t *client.TaskInfo) string {
+func nameOrCommand(t *wire.TaskInfo) string {
 	switch {
 	case t.Name != "":
 		return oneLine(t.Name)
@@ -260,7 +260,7 @@ func nameOrCommand(t *client.TaskInfo) string {
 // what it asked for: "3,5", "2 wanted", "device 9", "devices 2-3", or "-"
 // for none; a share's declaration of each after it: "3 (12G)". (The
 // client does not know the vendor, so the noun is npu.Unknown's.)
-func deviceCell(t *client.TaskInfo) string {
+func deviceCell(t *wire.TaskInfo) string {
 	cell := strconv.Itoa(max(t.N, 1)) + " wanted"
 	switch {
 	case t.NoDevice:
@@ -293,7 +293,7 @@ func timeCell(ms int64, now time.Time) string {
 // startedCell is when the task started, "never" for one that ended
 // without running (its --after task did not succeed, it was cancelled
 // while it waited), "-" while it has not.
-func startedCell(t *client.TaskInfo, now time.Time) string {
+func startedCell(t *wire.TaskInfo, now time.Time) string {
 	if t.NeverRan {
 		return "never"
 	}
@@ -304,9 +304,9 @@ func startedCell(t *client.TaskInfo, now time.Time) string {
 // one pending for devices, when it starts at the latest ("by 14:05:00",
 // reckoned by the broker from the time limits of what holds and waits
 // ahead), or "unknown" where something ahead has no limit.
-func startCell(t *client.TaskInfo, now time.Time) string {
+func startCell(t *wire.TaskInfo, now time.Time) string {
 	switch {
-	case t.Started != 0 || t.State != client.StatePending || t.NoDevice:
+	case t.Started != 0 || t.State != wire.StatePending || t.NoDevice:
 		return startedCell(t, now)
 	case t.Start == 0:
 		return "unknown"
@@ -323,7 +323,7 @@ func fullTime(ms int64, loc *time.Location) string {
 
 // writeShow writes show's "key: value" lines, times in loc; what is not
 // known is left out.
-func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
+func writeShow(w io.Writer, t *wire.TaskInfo, loc *time.Location) error {
 	var b strings.Builder
 	line := func(key, value string) {
 		if value != "" {
@@ -395,16 +395,16 @@ func writeShow(w io.Writer, t *client.TaskInfo, loc *time.Location) error {
 	}
 	line("log", quoteIfNeeded(t.Log))
 	if t.Position > 0 {
-		line("position", client.Ordinal(t.Position)+" in line")
+		line("position", wire.Ordinal(t.Position)+" in line")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
 
 // ended reports whether a task has ended, for good.
-func ended(t *client.TaskInfo) bool {
+func ended(t *wire.TaskInfo) bool {
 	switch t.State {
-	case client.StatePending, client.StateBlocked, client.StateRunning:
+	case wire.StatePending, wire.StateBlocked, wire.StateRunning:
 		return false
 	}
 	return true
@@ -413,7 +413,7 @@ func ended(t *client.TaskInfo) bool {
 // describeEnd says how a task ended, to follow "task 118 ": "succeeded",
 // "failed: exit 3", "failed: killed by SIGKILL (time limit 1h0m0s
 // reached)", "cancelled", "lost (…)".
-func describeEnd(t *client.TaskInfo) string {
+func describeEnd(t *wire.TaskInfo) string {
 	how := ""
 	switch {
 	case t.Exit != nil:
@@ -423,9 +423,9 @@ func describeEnd(t *client.TaskInfo) string {
 	}
 	reason := oneLine(t.Reason)
 	switch t.State {
-	case client.StateDone:
+	case wire.StateDone:
 		return "succeeded"
-	case client.StateFailed:
+	case wire.StateFailed:
 		failed := "failed"
 		if t.NeverRan {
 			failed = "failed without running"
@@ -439,7 +439,7 @@ func describeEnd(t *client.TaskInfo) string {
 			return "failed: " + how
 		}
 		return "failed: " + how + " (" + reason + ")"
-	case client.StateCancelled, client.StateLost:
+	case wire.StateCancelled, wire.StateLost:
 		base := t.State
 		var notes []string
 		switch {
@@ -462,12 +462,12 @@ func describeEnd(t *client.TaskInfo) string {
 // waitStatus is wait's exit status for an ended task: the task's own
 // (128+N for signal N), and 1 for any end but success that would
 // otherwise read as 0 (never ran, lost, cancelled yet exited 0).
-func waitStatus(t *client.TaskInfo) int {
+func waitStatus(t *wire.TaskInfo) int {
 	s := t.ExitStatus()
 	if s < 0 || s > 255 {
 		s = 1
 	}
-	if s == 0 && t.State != client.StateDone {
+	if s == 0 && t.State != wire.StateDone {
 		s = 1
 	}
 	return s
@@ -475,26 +475,26 @@ func waitStatus(t *client.TaskInfo) int {
 
 // holdLine is the answer of hold and release, from the task as the
 // broker left it.
-func holdLine(t *client.TaskInfo) string {
+func holdLine(t *wire.TaskInfo) string {
 	switch {
 	case t.Held && t.Position > 0:
-		return fmt.Sprintf("task %d held (%s in line); 'task-submit release %d' lets it start", t.ID, client.Ordinal(t.Position), t.ID)
+		return fmt.Sprintf("task %d held (%s in line); 'task-submit release %d' lets it start", t.ID, wire.Ordinal(t.Position), t.ID)
 	case t.Held:
 		return fmt.Sprintf("task %d held; 'task-submit release %d' lets it start", t.ID, t.ID)
 	case t.Position > 0:
-		return fmt.Sprintf("task %d released (%s in line)", t.ID, client.Ordinal(t.Position))
+		return fmt.Sprintf("task %d released (%s in line)", t.ID, wire.Ordinal(t.Position))
 	}
 	return fmt.Sprintf("task %d released: %s", t.ID, t.State)
 }
 
 // cancelLine is cancel's answer, from the task as the broker left it.
-func cancelLine(t *client.TaskInfo) string {
+func cancelLine(t *wire.TaskInfo) string {
 	switch {
-	case t.State == client.StateRunning || (t.Started != 0 && t.Ended == 0):
+	case t.State == wire.StateRunning || (t.Started != 0 && t.Ended == 0):
 		return fmt.Sprintf("task %d: SIGTERM sent; SIGKILL follows after the grace period", t.ID)
-	case t.State == client.StateCancelled && t.Started == 0:
+	case t.State == wire.StateCancelled && t.Started == 0:
 		return fmt.Sprintf("task %d cancelled", t.ID)
-	case t.State == client.StateCancelled:
+	case t.State == wire.StateCancelled:
 		return fmt.Sprintf("task %d was already %s", t.ID, describeEnd(t))
 	case ended(t):
 		return fmt.Sprintf("task %d had already ended: %s", t.ID, describeEnd(t))

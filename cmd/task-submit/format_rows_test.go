@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // TestRowsAsTabwriter: list's table written straight out is, byte for
@@ -26,7 +26,7 @@ func TestRowsAsTabwriter(t *testing.T) {
 	for round := range 300 {
 		cols := 2 + rng.IntN(5)
 		rows := [][]string{}
-		var ts []client.TaskInfo
+		var ts []wire.TaskInfo
 		for i := range 1 + rng.IntN(30) {
 			row := make([]string, cols)
 			for c := range row {
@@ -34,7 +34,7 @@ func TestRowsAsTabwriter(t *testing.T) {
 			}
 			rows = append(rows, row)
 			if i > 0 {
-				ts = append(ts, client.TaskInfo{Name: word(rng.IntN(120))})
+				ts = append(ts, wire.TaskInfo{Name: word(rng.IntN(120))})
 			}
 		}
 		widths, lasts := layoutRows(rows, ts)
@@ -58,7 +58,7 @@ func TestRowsAsTabwriter(t *testing.T) {
 	}
 	for _, odd := range []string{"a\tb", "a\nb", "a\vb", "a\fb", "a\xffb\xff"} {
 		rows := [][]string{{"ID", "STATE"}, {"1", odd}}
-		ts := []client.TaskInfo{{Name: "x"}}
+		ts := []wire.TaskInfo{{Name: "x"}}
 		_, lasts := layoutRows(rows, ts)
 		if plainCells(rows, lasts) {
 			t.Errorf("cell %q taken for plain text", odd)

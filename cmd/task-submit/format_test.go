@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // now is the clock of these tests: times on March 10 are "today".
@@ -21,17 +21,17 @@ func exit(n int) *int { return &n }
 func lines(ls ...string) string { return strings.Join(ls, "\n") + "\n" }
 
 func TestTable(t *testing.T) {
-	mine := []client.TaskInfo{
-		{ID: 118, User: "alice", State: client.StateRunning, Devices: []int{3, 5}, N: 2,
+	mine := []wire.TaskInfo{
+		{ID: 118, User: "alice", State: wire.StateRunning, Devices: []int{3, 5}, N: 2,
 			Command: "python train.py --lr 3e-4", Submitted: ms(3, 9, 22, 15, 0), Started: ms(3, 10, 9, 30, 5)},
-		{ID: 119, User: "alice", State: client.StatePending, N: 2, Name: "big",
+		{ID: 119, User: "alice", State: wire.StatePending, N: 2, Name: "big",
 			Command: "torchrun --nproc_per_node=2 train.py", Submitted: ms(3, 10, 11, 58, 2), Position: 4, Start: ms(3, 10, 14, 30, 0)},
-		{ID: 120, User: "alice", State: client.StatePending, Devices: []int{9},
+		{ID: 120, User: "alice", State: wire.StatePending, Devices: []int{9},
 			Command: "python probe.py", Submitted: ms(3, 10, 11, 59, 0)},
-		{ID: 121, User: "alice", State: client.StateDone, NoDevice: true, Exit: exit(0),
+		{ID: 121, User: "alice", State: wire.StateDone, NoDevice: true, Exit: exit(0),
 			Command:   "./run-experiment.sh --config configs/very/long/path/to/experiment.yaml --seed 42",
 			Submitted: ms(3, 1, 8, 0, 0), Started: ms(3, 1, 8, 1, 0), Ended: ms(3, 1, 9, 0, 0)},
-		{ID: 122, User: "alice", State: client.StateBlocked, After: []uint64{118},
+		{ID: 122, User: "alice", State: wire.StateBlocked, After: []uint64{118},
 			Command: "echo a\n\techo b", Submitted: ms(3, 10, 11, 59, 30)},
 	}
 	// The last column starts at 5+9+10+14+14 = 52: 48 characters are left.
@@ -44,10 +44,10 @@ func TestTable(t *testing.T) {
 		"122  blocked  1 wanted  11:59:30      -             echo a echo b",
 	)
 
-	everyone := []client.TaskInfo{
+	everyone := []wire.TaskInfo{
 		mine[0],
-		{ID: 130, User: "bob", UID: 1001, State: client.StatePending, N: 1, Submitted: ms(3, 10, 10, 0, 0), Position: 1},
-		{ID: 131, User: "bob", UID: 1001, State: client.StateRunning, Devices: []int{7}, Name: "sweep",
+		{ID: 130, User: "bob", UID: 1001, State: wire.StatePending, N: 1, Submitted: ms(3, 10, 10, 0, 0), Position: 1},
+		{ID: 131, User: "bob", UID: 1001, State: wire.StateRunning, Devices: []int{7}, Name: "sweep",
 			Submitted: ms(3, 10, 10, 0, 1), Started: ms(3, 10, 10, 5, 0)},
 	}
 	wantEveryone := lines(
@@ -59,7 +59,7 @@ func TestTable(t *testing.T) {
 
 	tests := []struct {
 		name string
-		ts   []client.TaskInfo
+		ts   []wire.TaskInfo
 		all  bool
 		want string
 	}{
@@ -85,7 +85,7 @@ func TestTable(t *testing.T) {
 }
 
 func TestTableNarrowsToMinimum(t *testing.T) {
-	ts := []client.TaskInfo{{ID: 1, User: strings.Repeat("u", 80), State: client.StateRunning, Devices: []int{0},
+	ts := []wire.TaskInfo{{ID: 1, User: strings.Repeat("u", 80), State: wire.StateRunning, Devices: []int{0},
 		Command: strings.Repeat("c", 40), Submitted: ms(3, 10, 1, 0, 0), Started: ms(3, 10, 1, 0, 0)}}
 	var b strings.Builder
 	if err := writeTable(&b, ts, true, now); err != nil {
@@ -100,17 +100,17 @@ func TestTableNarrowsToMinimum(t *testing.T) {
 func TestDeviceCell(t *testing.T) {
 	tests := []struct {
 		name string
-		t    client.TaskInfo
+		t    wire.TaskInfo
 		want string
 	}{
-		{"default request", client.TaskInfo{State: client.StatePending}, "1 wanted"},
-		{"count", client.TaskInfo{State: client.StatePending, N: 4}, "4 wanted"},
-		{"named", client.TaskInfo{State: client.StatePending, Devices: []int{9, 10}}, "devices 9-10"},
-		{"granted", client.TaskInfo{State: client.StateRunning, Devices: []int{2, 3}, N: 2, Started: 1}, "2-3"},
-		{"no device", client.TaskInfo{State: client.StateRunning, NoDevice: true, Started: 1}, "-"},
-		{"cancelled before it ran", client.TaskInfo{State: client.StateCancelled, N: 2}, "2 wanted"},
-		{"a share waiting", client.TaskInfo{State: client.StatePending, Mem: 12 << 10}, "1 wanted (12G)"},
-		{"a share granted", client.TaskInfo{State: client.StateRunning, Devices: []int{3}, N: 1, Mem: 1536, Started: 1}, "3 (1.5G)"},
+		{"default request", wire.TaskInfo{State: wire.StatePending}, "1 wanted"},
+		{"count", wire.TaskInfo{State: wire.StatePending, N: 4}, "4 wanted"},
+		{"named", wire.TaskInfo{State: wire.StatePending, Devices: []int{9, 10}}, "devices 9-10"},
+		{"granted", wire.TaskInfo{State: wire.StateRunning, Devices: []int{2, 3}, N: 2, Started: 1}, "2-3"},
+		{"no device", wire.TaskInfo{State: wire.StateRunning, NoDevice: true, Started: 1}, "-"},
+		{"cancelled before it ran", wire.TaskInfo{State: wire.StateCancelled, N: 2}, "2 wanted"},
+		{"a share waiting", wire.TaskInfo{State: wire.StatePending, Mem: 12 << 10}, "1 wanted (12G)"},
+		{"a share granted", wire.TaskInfo{State: wire.StateRunning, Devices: []int{3}, N: 1, Mem: 1536, Started: 1}, "3 (1.5G)"},
 	}
 	for _, tt := range tests {
 		if got := deviceCell(&tt.t); got != tt.want {
@@ -173,11 +173,11 @@ func TestOneLine(t *testing.T) {
 func TestShow(t *testing.T) {
 	tests := []struct {
 		name string
-		t    client.TaskInfo
+		t    wire.TaskInfo
 		want string
 	}{
-		{"failed", client.TaskInfo{
-			ID: 118, Name: "big", User: "alice", UID: 1000, State: client.StateFailed,
+		{"failed", wire.TaskInfo{
+			ID: 118, Name: "big", User: "alice", UID: 1000, State: wire.StateFailed,
 			Command: "torchrun --nproc_per_node=2 train.py", Cwd: "/home/alice/proj",
 			Env: []string{"HOME=/home/alice"}, Log: "/home/alice/.local/state/npurun/tasks/118.log",
 			N: 2, Pool: "queue", Devices: []int{4, 5}, After: []uint64{116, 117}, TimeSec: 3600,
@@ -201,8 +201,8 @@ func TestShow(t *testing.T) {
 			"reason: time limit 1h reached",
 			"log: /home/alice/.local/state/npurun/tasks/118.log",
 		)},
-		{"pending", client.TaskInfo{
-			ID: 119, User: "alice", State: client.StatePending, Command: "echo a\necho b",
+		{"pending", wire.TaskInfo{
+			ID: 119, User: "alice", State: wire.StatePending, Command: "echo a\necho b",
 			Cwd: "/tmp", Log: "/tmp/x.log", Pool: "queue", Submitted: ms(3, 10, 11, 0, 0), Position: 2,
 		}, lines(
 			"id: 119",
@@ -216,8 +216,8 @@ func TestShow(t *testing.T) {
 			"log: /tmp/x.log",
 			"position: 2nd in line",
 		)},
-		{"another's, done, no device", client.TaskInfo{
-			ID: 7, User: "bob", UID: 1001, State: client.StateDone, NoDevice: true,
+		{"another's, done, no device", wire.TaskInfo{
+			ID: 7, User: "bob", UID: 1001, State: wire.StateDone, NoDevice: true,
 			Submitted: ms(3, 1, 8, 0, 0), Started: ms(3, 1, 8, 0, 1), Ended: ms(3, 1, 8, 0, 3), Exit: exit(0),
 		}, lines(
 			"id: 7",
@@ -247,25 +247,25 @@ func TestShow(t *testing.T) {
 func TestWaitStatus(t *testing.T) {
 	tests := []struct {
 		name     string
-		t        client.TaskInfo
+		t        wire.TaskInfo
 		code     int
 		describe string
 	}{
-		{"succeeded", client.TaskInfo{State: client.StateDone, Exit: exit(0)}, 0, "succeeded"},
-		{"exit 3", client.TaskInfo{State: client.StateFailed, Exit: exit(3)}, 3, "failed: exit 3"},
-		{"exit 255", client.TaskInfo{State: client.StateFailed, Exit: exit(255)}, 255, "failed: exit 255"},
-		{"time limit", client.TaskInfo{State: client.StateFailed, Signal: "SIGKILL", Reason: "time limit 1h reached"},
+		{"succeeded", wire.TaskInfo{State: wire.StateDone, Exit: exit(0)}, 0, "succeeded"},
+		{"exit 3", wire.TaskInfo{State: wire.StateFailed, Exit: exit(3)}, 3, "failed: exit 3"},
+		{"exit 255", wire.TaskInfo{State: wire.StateFailed, Exit: exit(255)}, 255, "failed: exit 255"},
+		{"time limit", wire.TaskInfo{State: wire.StateFailed, Signal: "SIGKILL", Reason: "time limit 1h reached"},
 			137, "failed: killed by SIGKILL (time limit 1h reached)"},
-		{"segfault", client.TaskInfo{State: client.StateFailed, Signal: "SIGSEGV"}, 139, "failed: killed by SIGSEGV"},
-		{"did not start", client.TaskInfo{State: client.StateFailed, Reason: `start: exec: "pyhton": not found`},
+		{"segfault", wire.TaskInfo{State: wire.StateFailed, Signal: "SIGSEGV"}, 139, "failed: killed by SIGSEGV"},
+		{"did not start", wire.TaskInfo{State: wire.StateFailed, Reason: `start: exec: "pyhton": not found`},
 			1, `failed: start: exec: "pyhton": not found`},
-		{"cancelled while pending", client.TaskInfo{State: client.StateCancelled, Reason: "cancelled"}, 1, "cancelled"},
-		{"cancelled while running", client.TaskInfo{State: client.StateCancelled, Signal: "SIGTERM", Reason: "cancelled"},
+		{"cancelled while pending", wire.TaskInfo{State: wire.StateCancelled, Reason: "cancelled"}, 1, "cancelled"},
+		{"cancelled while running", wire.TaskInfo{State: wire.StateCancelled, Signal: "SIGTERM", Reason: "cancelled"},
 			143, "cancelled (killed by SIGTERM)"},
-		{"cancelled, exited 0 on SIGTERM", client.TaskInfo{State: client.StateCancelled, Exit: exit(0)}, 1, "cancelled (exit 0)"},
-		{"cancelled by root", client.TaskInfo{State: client.StateCancelled, Reason: "cancelled by root"}, 1, "cancelled by root"},
-		{"lost", client.TaskInfo{State: client.StateLost, Reason: "its supervisor vanished"}, 1, "lost (its supervisor vanished)"},
-		{"not ended", client.TaskInfo{State: client.StateRunning}, 1, "is running"},
+		{"cancelled, exited 0 on SIGTERM", wire.TaskInfo{State: wire.StateCancelled, Exit: exit(0)}, 1, "cancelled (exit 0)"},
+		{"cancelled by root", wire.TaskInfo{State: wire.StateCancelled, Reason: "cancelled by root"}, 1, "cancelled by root"},
+		{"lost", wire.TaskInfo{State: wire.StateLost, Reason: "its supervisor vanished"}, 1, "lost (its supervisor vanished)"},
+		{"not ended", wire.TaskInfo{State: wire.StateRunning}, 1, "is running"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -282,16 +282,16 @@ func TestWaitStatus(t *testing.T) {
 func TestCancelLine(t *testing.T) {
 	tests := []struct {
 		name string
-		t    client.TaskInfo
+		t    wire.TaskInfo
 		want string
 	}{
-		{"pending", client.TaskInfo{ID: 118, State: client.StateCancelled, Ended: 5}, "task 118 cancelled"},
-		{"running", client.TaskInfo{ID: 118, State: client.StateRunning, Started: 5}, "task 118: SIGTERM sent; SIGKILL follows after the grace period"},
-		{"marked cancelled, still running", client.TaskInfo{ID: 118, State: client.StateCancelled, Started: 5},
+		{"pending", wire.TaskInfo{ID: 118, State: wire.StateCancelled, Ended: 5}, "task 118 cancelled"},
+		{"running", wire.TaskInfo{ID: 118, State: wire.StateRunning, Started: 5}, "task 118: SIGTERM sent; SIGKILL follows after the grace period"},
+		{"marked cancelled, still running", wire.TaskInfo{ID: 118, State: wire.StateCancelled, Started: 5},
 			"task 118: SIGTERM sent; SIGKILL follows after the grace period"},
-		{"done", client.TaskInfo{ID: 118, State: client.StateDone, Started: 5, Ended: 6, Exit: exit(0)}, "task 118 had already ended: succeeded"},
-		{"failed", client.TaskInfo{ID: 118, State: client.StateFailed, Started: 5, Ended: 6, Exit: exit(3)}, "task 118 had already ended: failed: exit 3"},
-		{"cancelled before", client.TaskInfo{ID: 118, State: client.StateCancelled, Started: 5, Ended: 6, Signal: "SIGTERM"},
+		{"done", wire.TaskInfo{ID: 118, State: wire.StateDone, Started: 5, Ended: 6, Exit: exit(0)}, "task 118 had already ended: succeeded"},
+		{"failed", wire.TaskInfo{ID: 118, State: wire.StateFailed, Started: 5, Ended: 6, Exit: exit(3)}, "task 118 had already ended: failed: exit 3"},
+		{"cancelled before", wire.TaskInfo{ID: 118, State: wire.StateCancelled, Started: 5, Ended: 6, Signal: "SIGTERM"},
 			"task 118 was already cancelled (killed by SIGTERM)"},
 	}
 	for _, tt := range tests {
@@ -303,14 +303,14 @@ func TestCancelLine(t *testing.T) {
 
 func TestSubmitted(t *testing.T) {
 	tests := []struct {
-		r        client.Reply
+		r        wire.Reply
 		want     string
 		wantJSON string
 	}{
-		{client.Reply{ID: 118, Position: 4, Pool: "queue"}, `task 118 queued (4th in line in pool "queue")`, `{"id":118,"position":4,"pool":"queue"}`},
-		{client.Reply{ID: 119, Position: 1, Pool: "default"}, `task 119 queued (1st in line in pool "default")`, `{"id":119,"position":1,"pool":"default"}`},
-		{client.Reply{ID: 120, Position: 12}, `task 120 queued (12th in line)`, `{"id":120,"position":12}`},
-		{client.Reply{ID: 121}, `task 121 submitted`, `{"id":121}`},
+		{wire.Reply{ID: 118, Position: 4, Pool: "queue"}, `task 118 queued (4th in line in pool "queue")`, `{"id":118,"position":4,"pool":"queue"}`},
+		{wire.Reply{ID: 119, Position: 1, Pool: "default"}, `task 119 queued (1st in line in pool "default")`, `{"id":119,"position":1,"pool":"default"}`},
+		{wire.Reply{ID: 120, Position: 12}, `task 120 queued (12th in line)`, `{"id":120,"position":12}`},
+		{wire.Reply{ID: 121}, `task 121 submitted`, `{"id":121}`},
 	}
 	for _, tt := range tests {
 		if got := submittedLine(&tt.r); got != tt.want {
@@ -328,7 +328,7 @@ func TestSubmitted(t *testing.T) {
 
 // list --json is an array of TaskInfo that reads back as it was.
 func TestListJSON(t *testing.T) {
-	ts := []client.TaskInfo{{ID: 1, User: "alice", State: client.StateDone, Command: "a && b <c>", Exit: exit(0), Submitted: 1}}
+	ts := []wire.TaskInfo{{ID: 1, User: "alice", State: wire.StateDone, Command: "a && b <c>", Exit: exit(0), Submitted: 1}}
 	var b strings.Builder
 	if err := writeJSON(&b, ts); err != nil {
 		t.Fatal(err)
@@ -336,7 +336,7 @@ func TestListJSON(t *testing.T) {
 	if !strings.Contains(b.String(), `"command":"a && b <c>"`) {
 		t.Errorf("list --json = %s, want the command unescaped", b.String())
 	}
-	var back []client.TaskInfo
+	var back []wire.TaskInfo
 	if err := json.Unmarshal([]byte(b.String()), &back); err != nil {
 		t.Fatal(err)
 	}
@@ -349,11 +349,11 @@ func TestListJSON(t *testing.T) {
 // what encoding/json's Encoder (writeJSON) writes, byte for byte: for no
 // tasks, and for tasks with every kind of field and character.
 func TestTasksJSONAsEncoder(t *testing.T) {
-	for _, ts := range [][]client.TaskInfo{
+	for _, ts := range [][]wire.TaskInfo{
 		{},
-		{{ID: 1, User: "alice", State: client.StateDone, Command: "a && b <c> \"q\" \\ \u2028 é \xff \x01", Exit: exit(0), Submitted: 1}},
-		{{ID: 2, User: "bob", UID: 1001, State: client.StatePending, N: 2, Pool: "queue", Devices: []int{3}, After: []uint64{1}, Position: 4, Start: 5, Submitted: 6, Held: true},
-			{ID: 18446744073709551615, State: client.StateFailed, Signal: "SIGKILL", Reason: "time limit", Exit: exit(-1), Env: []string{"A=<b>"}, Source: client.SourceAccounting}},
+		{{ID: 1, User: "alice", State: wire.StateDone, Command: "a && b <c> \"q\" \\ \u2028 é \xff \x01", Exit: exit(0), Submitted: 1}},
+		{{ID: 2, User: "bob", UID: 1001, State: wire.StatePending, N: 2, Pool: "queue", Devices: []int{3}, After: []uint64{1}, Position: 4, Start: 5, Submitted: 6, Held: true},
+			{ID: 18446744073709551615, State: wire.StateFailed, Signal: "SIGKILL", Reason: "time limit", Exit: exit(-1), Env: []string{"A=<b>"}, Source: wire.SourceAccounting}},
 	} {
 		var hand, enc strings.Builder
 		if err := writeTasksJSON(&hand, ts); err != nil {
@@ -374,7 +374,7 @@ func TestTasksJSONAsEncoder(t *testing.T) {
 
 func TestOrdinal(t *testing.T) {
 	for n, want := range map[int]string{1: "1st", 2: "2nd", 3: "3rd", 4: "4th", 11: "11th", 12: "12th", 13: "13th", 21: "21st", 22: "22nd", 111: "111th", 101: "101st"} {
-		if got := client.Ordinal(n); got != want {
+		if got := wire.Ordinal(n); got != want {
 			t.Errorf("Ordinal(%d) = %q, want %q", n, got, want)
 		}
 	}

@@ -12,12 +12,12 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/npurun/npurun/broker/client"
-	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
 	"github.com/npurun/npurun/internal/completion"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
+	_ "github.com/npurun/npurun/wire/jsoncodec" // messages beyond the lease exchange
 )
 
 var version = "dev"
@@ -80,7 +80,7 @@ type options struct {
 	since   time.Duration // list --ended
 	follow  bool          // logs
 	id      uint64        // show, logs, wait, cancel, hold, release, requeue
-	sub     client.Submission
+	sub     wire.Submission
 	version bool
 	// completion is the shell whose completion script was asked for
 	// (--completion SHELL).
@@ -132,7 +132,7 @@ func main() {
 // maxTime is the longest --time, the broker's: rounded up to seconds
 // below, it stays inside a time.Duration (the largest ones wrapped
 // negative).
-const maxTime = client.MaxTimeSec * time.Second
+const maxTime = wire.MaxTimeSec * time.Second
 
 // defaultSince is how far back list --ended looks without --since, and
 // maxSince the furthest it may (beyond it the accounting log is gone).
@@ -283,10 +283,10 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("--notify and --no-notify exclude each other")
 	case strings.ContainsFunc(s.Notify, func(r rune) bool { return unicode.IsControl(r) && r != '\t' }):
 		return nil, usagef("--notify takes one line of shell")
-	case client.CheckName("task", s.Name, client.MaxTaskName) != nil:
-		return nil, usagef("--name takes one line of printable text: %v", client.CheckName("task", s.Name, client.MaxTaskName))
-	case fs.changed["token"] && (s.Token == "" || len(s.Token) > client.MaxToken || strings.IndexFunc(s.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0):
-		return nil, usagef("--token takes 1 to %d characters of printable ASCII, no space", client.MaxToken)
+	case wire.CheckName("task", s.Name, wire.MaxTaskName) != nil:
+		return nil, usagef("--name takes one line of printable text: %v", wire.CheckName("task", s.Name, wire.MaxTaskName))
+	case fs.changed["token"] && (s.Token == "" || len(s.Token) > wire.MaxToken || strings.IndexFunc(s.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0):
+		return nil, usagef("--token takes 1 to %d characters of printable ASCII, no space", wire.MaxToken)
 	}
 	for _, v := range a.after {
 		id, err := parseID(v)

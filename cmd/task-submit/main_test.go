@@ -7,55 +7,55 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 func TestParseSubmit(t *testing.T) {
 	tests := []struct {
 		name string
 		args []string
-		want client.Submission
+		want wire.Submission
 	}{
 		{"run", []string{"--run", "python train.py --lr 3e-4"},
-			client.Submission{Shell: "python train.py --lr 3e-4"}},
+			wire.Submission{Shell: "python train.py --lr 3e-4"}},
 		{"argv", []string{"-n", "2", "--time", "6h", "--name", "big", "--", "torchrun", "--nproc_per_node=2", "train.py"},
-			client.Submission{Argv: []string{"torchrun", "--nproc_per_node=2", "train.py"}, N: 2, TimeSec: 6 * 3600, Name: "big"}},
+			wire.Submission{Argv: []string{"torchrun", "--nproc_per_node=2", "train.py"}, N: 2, TimeSec: 6 * 3600, Name: "big"}},
 		{"device", []string{"--device", "9", "--run", "python probe.py"},
-			client.Submission{Shell: "python probe.py", Devices: []int{9}}},
+			wire.Submission{Shell: "python probe.py", Devices: []int{9}}},
 		{"devices with matching count", []string{"-n", "2", "-d", "2,3", "--run", "x"},
-			client.Submission{Shell: "x", N: 2, Devices: []int{2, 3}}},
+			wire.Submission{Shell: "x", N: 2, Devices: []int{2, 3}}},
 		{"device ranges as in the config", []string{"-d", "8,0-3", "--run", "x"},
-			client.Submission{Shell: "x", Devices: []int{0, 1, 2, 3, 8}}},
+			wire.Submission{Shell: "x", Devices: []int{0, 1, 2, 3, 8}}},
 		{"repeated and overlapping", []string{"-d", "2-3", "-d", "3,5", "--run", "x"},
-			client.Submission{Shell: "x", Devices: []int{2, 3, 5}}},
+			wire.Submission{Shell: "x", Devices: []int{2, 3, 5}}},
 		{"a count with a leading zero is decimal", []string{"-n", "010", "--run", "x"},
-			client.Submission{Shell: "x", N: 10}},
+			wire.Submission{Shell: "x", N: 10}},
 		{"no device", []string{"--no-device", "--run", "make build"},
-			client.Submission{Shell: "make build", NoDevice: true}},
+			wire.Submission{Shell: "make build", NoDevice: true}},
 		{"after", []string{"--after", "118,7", "--after", "9", "--run", "python eval.py"},
-			client.Submission{Shell: "python eval.py", After: []uint64{118, 7, 9}}},
+			wire.Submission{Shell: "python eval.py", After: []uint64{118, 7, 9}}},
 		{"pool and log", []string{"-p", "queue", "--log", "out.log", "--", "true"},
-			client.Submission{Argv: []string{"true"}, Pool: "queue", Log: "out.log"}},
+			wire.Submission{Argv: []string{"true"}, Pool: "queue", Log: "out.log"}},
 		{"time rounds up to seconds", []string{"--time", "1500ms", "--run", "x"},
-			client.Submission{Shell: "x", TimeSec: 2}},
+			wire.Submission{Shell: "x", TimeSec: 2}},
 		{"time in days", []string{"--time", "1d12h", "--run", "x"},
-			client.Submission{Shell: "x", TimeSec: 36 * 3600}},
+			wire.Submission{Shell: "x", TimeSec: 36 * 3600}},
 		{"time of a century, the longest", []string{"--time", "36500d", "--run", "x"},
-			client.Submission{Shell: "x", TimeSec: 100 * 365 * 24 * 3600}},
+			wire.Submission{Shell: "x", TimeSec: 100 * 365 * 24 * 3600}},
 		{"time of a century, the longest", []string{"--time", "876000h", "--run", "x"},
-			client.Submission{Shell: "x", TimeSec: 100 * 365 * 24 * 3600}},
+			wire.Submission{Shell: "x", TimeSec: 100 * 365 * 24 * 3600}},
 		{"command flags are the command's", []string{"--", "ls", "-n", "--json"},
-			client.Submission{Argv: []string{"ls", "-n", "--json"}}},
+			wire.Submission{Argv: []string{"ls", "-n", "--json"}}},
 		{"a subcommand's name after --", []string{"--", "list"},
-			client.Submission{Argv: []string{"list"}}},
+			wire.Submission{Argv: []string{"list"}}},
 		{"values attached", []string{"-n2", "-d0-1", "--time=1m", "--name=a=b", "--after=3,4", "--log=l", "--", "x"},
-			client.Submission{Argv: []string{"x"}, N: 2, Devices: []int{0, 1}, TimeSec: 60, Name: "a=b", After: []uint64{3, 4}, Log: "l"}},
+			wire.Submission{Argv: []string{"x"}, N: 2, Devices: []int{0, 1}, TimeSec: 60, Name: "a=b", After: []uint64{3, 4}, Log: "l"}},
 		{"pool attached", []string{"-pqueue", "--run=x"},
-			client.Submission{Shell: "x", Pool: "queue"}},
+			wire.Submission{Shell: "x", Pool: "queue"}},
 		{"a switch set and unset", []string{"--no-device=true", "--no-device=false", "--run", "x"},
-			client.Submission{Shell: "x"}},
+			wire.Submission{Shell: "x"}},
 		{"a value that looks like an option", []string{"--name", "--json", "--log", "-", "--", "x"},
-			client.Submission{Argv: []string{"x"}, Name: "--json", Log: "-"}},
+			wire.Submission{Argv: []string{"x"}, Name: "--json", Log: "-"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -14,9 +14,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/container"
 	"github.com/npurun/npurun/internal/exitcode"
+	"github.com/npurun/npurun/wire"
 )
 
 // stdout is where answers go; a variable for the tests.
@@ -87,13 +87,13 @@ func submit(o *options) int {
 	// whether the broker recorded it: it is sent again with its token,
 	// which the broker answers with the task it made, if it made one.
 	asked := false
-	r, err := client.SubmitResolved(client.SocketPath(o.socket), &s, resolveFor, func(why error) {
+	r, err := wire.SubmitResolved(wire.SocketPath(o.socket), &s, resolveFor, func(why error) {
 		if !asked {
 			warn("the broker's answer was lost (%v); asking again whether it recorded the task", why)
 			asked = true
 		}
 	})
-	if errors.Is(err, client.ErrSubmitUnknown) {
+	if errors.Is(err, wire.ErrSubmitUnknown) {
 		warn("%v", err)
 		hint("look for it with 'task-submit list' (its token is %s) before submitting it again, or submit it again with --token %s, which makes no second task", s.Token, s.Token)
 		return exitcode.Unknown
@@ -124,7 +124,7 @@ func submit(o *options) int {
 	switch {
 	case r.Existing:
 		// Submitted already; what became of it since is its own story.
-	case r.State == client.StateFailed || r.State == client.StateCancelled || r.State == client.StateLost:
+	case r.State == wire.StateFailed || r.State == wire.StateCancelled || r.State == wire.StateLost:
 		// Recorded, and already over: --after a task that did not succeed.
 		warn("task %d will not run: %s", r.ID, oneLine(strings.TrimPrefix(r.Reason, r.State+": ")))
 		return exitcode.Failure
@@ -134,12 +134,12 @@ func submit(o *options) int {
 
 func list(o *options) int {
 	listMemory()
-	c, err := client.Dial(client.SocketPath(o.socket))
+	c, err := wire.Dial(wire.SocketPath(o.socket))
 	if err != nil {
 		return failure(err, 0)
 	}
 	defer c.Close()
-	var ts []client.TaskInfo
+	var ts []wire.TaskInfo
 	cut := false
 	if o.ended {
 		ts, cut, err = c.ListEnded(o.all, time.Now().Add(-o.since))
@@ -187,8 +187,8 @@ func show(o *options) int {
 }
 
 // showTask asks for one task; nil and the exit status when that fails.
-func showTask(o *options) (*client.TaskInfo, int) {
-	c, err := client.Dial(client.SocketPath(o.socket))
+func showTask(o *options) (*wire.TaskInfo, int) {
+	c, err := wire.Dial(wire.SocketPath(o.socket))
 	if err != nil {
 		return nil, failure(err, o.id)
 	}
@@ -213,7 +213,7 @@ func logs(o *options) int {
 		}
 		return exitcode.Failure
 	}
-	waiting := t.State == client.StatePending || t.State == client.StateBlocked
+	waiting := t.State == wire.StatePending || t.State == wire.StateBlocked
 	if !o.follow || ended(t) {
 		if waiting {
 			warn("task %d has not started; its log will be %s", t.ID, t.Log)
@@ -229,7 +229,7 @@ func logs(o *options) int {
 		}
 		return 0
 	}
-	w, err := startWait(client.SocketPath(o.socket), t.ID)
+	w, err := startWait(wire.SocketPath(o.socket), t.ID)
 	if err != nil {
 		return failure(err, t.ID)
 	}
@@ -251,7 +251,7 @@ func logs(o *options) int {
 }
 
 // logFailure reports a log that cannot be read.
-func logFailure(t *client.TaskInfo, err error) int {
+func logFailure(t *wire.TaskInfo, err error) int {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		msg := fmt.Sprintf("task %d has no log at %s", t.ID, t.Log)
@@ -269,7 +269,7 @@ func logFailure(t *client.TaskInfo, err error) int {
 }
 
 func wait(o *options) int {
-	w, err := startWait(client.SocketPath(o.socket), o.id)
+	w, err := startWait(wire.SocketPath(o.socket), o.id)
 	if err != nil {
 		return failure(err, o.id)
 	}
@@ -284,14 +284,14 @@ func wait(o *options) int {
 		}
 	}
 	code := waitStatus(w.task)
-	if code != 0 || w.task.State != client.StateDone {
+	if code != 0 || w.task.State != wire.StateDone {
 		warn("task %d %s", w.task.ID, describeEnd(w.task))
 	}
 	return code
 }
 
 func cancel(o *options) int {
-	c, err := client.Dial(client.SocketPath(o.socket))
+	c, err := wire.Dial(wire.SocketPath(o.socket))
 	if err != nil {
 		return failure(err, o.id)
 	}
@@ -309,12 +309,12 @@ func cancel(o *options) int {
 
 // holdOrRelease holds a waiting task in its place, or releases it.
 func holdOrRelease(o *options) int {
-	c, err := client.Dial(client.SocketPath(o.socket))
+	c, err := wire.Dial(wire.SocketPath(o.socket))
 	if err != nil {
 		return failure(err, o.id)
 	}
 	defer c.Close()
-	var t *client.TaskInfo
+	var t *wire.TaskInfo
 	if o.cmd == "hold" {
 		t, err = c.Hold(o.id)
 	} else {
@@ -333,7 +333,7 @@ func holdOrRelease(o *options) int {
 // requeue submits an ended task again, from here: with this
 // environment and umask, as a submission takes them.
 func requeue(o *options) int {
-	s := client.Submission{Env: os.Environ()}
+	s := wire.Submission{Env: os.Environ()}
 	mask := uint32(syscall.Umask(0o022))
 	syscall.Umask(int(mask))
 	s.Umask = &mask
@@ -342,7 +342,7 @@ func requeue(o *options) int {
 		warn("%v", err)
 		return exitcode.Failure
 	}
-	c, err := client.Dial(client.SocketPath(o.socket))
+	c, err := wire.Dial(wire.SocketPath(o.socket))
 	if err != nil {
 		return failure(err, o.id)
 	}
@@ -368,9 +368,9 @@ func requeue(o *options) int {
 type taskWaiter struct {
 	path    string
 	id      uint64
-	c       *client.Conn
+	c       *wire.Conn
 	redials int
-	task    *client.TaskInfo // once it has ended
+	task    *wire.TaskInfo // once it has ended
 }
 
 // maxRedials bounds how often a wait is renewed after the broker closed
@@ -379,14 +379,14 @@ type taskWaiter struct {
 const maxRedials = 10
 
 func startWait(path string, id uint64) (*taskWaiter, error) {
-	c, err := client.Dial(path)
+	c, err := wire.Dial(path)
 	if err != nil {
 		return nil, err
 	}
 	w := &taskWaiter{path: path, id: id, c: c}
 	if err := w.send(); err != nil {
 		c.Close()
-		if !client.Gone(err) {
+		if !wire.Gone(err) {
 			return nil, err
 		}
 		// The broker went away between our connect and our request: it
@@ -400,7 +400,7 @@ func startWait(path string, id uint64) (*taskWaiter, error) {
 }
 
 func (w *taskWaiter) send() error {
-	if err := w.c.Send(&client.Request{Op: client.OpWait, ID: w.id}); err != nil {
+	if err := w.c.Send(&wire.Request{Op: wire.OpWait, ID: w.id}); err != nil {
 		return fmt.Errorf("send wait: %w", err)
 	}
 	return nil
@@ -416,17 +416,17 @@ func (w *taskWaiter) Fd() int { return w.c.Fd() }
 func (w *taskWaiter) recv(timeout time.Duration) (bool, error) {
 	r, _, err := w.c.Recv(timeout)
 	switch {
-	case errors.Is(err, client.ErrTimeout):
+	case errors.Is(err, wire.ErrTimeout):
 		return false, nil
-	case client.Gone(err) && w.redials < maxRedials:
+	case wire.Gone(err) && w.redials < maxRedials:
 		w.redials++
 		w.c.Close()
 		return false, w.redial()
 	case err != nil:
 		return false, err
-	case r.Type == client.TypeQueued:
+	case r.Type == wire.TypeQueued:
 		return false, nil
-	case r.Type != client.TypeTasks:
+	case r.Type != wire.TypeTasks:
 		return false, fmt.Errorf("unexpected reply %q to wait", r.Type)
 	case len(r.Tasks) != 1:
 		return false, fmt.Errorf("wait: %d tasks in reply, want 1", len(r.Tasks))
@@ -444,7 +444,7 @@ const redialFor = 10 * time.Minute
 func (w *taskWaiter) redial() error {
 	deadline := time.Now().Add(redialFor)
 	for pause := 100 * time.Millisecond; ; pause = min(2*pause, 2*time.Second) {
-		c, err := client.Dial(w.path)
+		c, err := wire.Dial(w.path)
 		if err == nil {
 			w.c = c
 			if err = w.send(); err == nil {
@@ -480,13 +480,13 @@ func newToken() (string, error) {
 }
 
 // failure reports an error from the broker or the connection to it and
-// returns the exit status for it (client.ExitStatus: npurun's and
+// returns the exit status for it (wire.ExitStatus: npurun's and
 // npubroker's too). id is the task asked about, 0 if none.
 func failure(err error, id uint64) int {
-	var be *client.Error
+	var be *wire.Error
 	switch {
 	case errors.As(err, &be):
-		if be.Code == client.CodeNoSuchTask && id != 0 {
+		if be.Code == wire.CodeNoSuchTask && id != 0 {
 			warn("no task %d (or not yours)", id)
 		} else if be.Message != "" {
 			warn("%s", be.Message)
@@ -496,16 +496,16 @@ func failure(err error, id uint64) int {
 		if be.Hint != "" {
 			hint("%s", be.Hint)
 		}
-	case errors.Is(err, client.ErrNoBroker) || errors.Is(err, client.ErrNoAnswer):
+	case errors.Is(err, wire.ErrNoBroker) || errors.Is(err, wire.ErrNoAnswer):
 		warn("%v", err)
-		hint("%s", client.Hint(err))
-	case client.Gone(err):
+		hint("%s", wire.Hint(err))
+	case wire.Gone(err):
 		warn("the broker went away before it answered (%v)", err)
-		hint("%s", client.Hint(err))
+		hint("%s", wire.Hint(err))
 	default:
 		warn("%v", err)
 	}
-	return client.ExitStatus(err)
+	return wire.ExitStatus(err)
 }
 
 // checkContainer refuses, before it is submitted, a task the supervisor
@@ -513,7 +513,7 @@ func failure(err error, id uint64) int {
 // that is not a run, or a detached run (the task would end at once, and
 // its container with it). The supervisor hands the lease into the
 // container (package container).
-func checkContainer(s *client.Submission) error {
+func checkContainer(s *wire.Submission) error {
 	engine := container.Detect(s.Argv)
 	if engine == "" || s.NoDevice {
 		return nil

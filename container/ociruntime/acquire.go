@@ -6,9 +6,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
-	_ "github.com/npurun/npurun/broker/client/jsoncodec" // a request naming a container goes as JSON
 	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/wire"
+	_ "github.com/npurun/npurun/wire/jsoncodec" // a request naming a container goes as JSON
 
 	"golang.org/x/sys/unix"
 )
@@ -17,14 +17,14 @@ import (
 // user ("" for the runtime's own uid, root), for container ref, and waits
 // in line as any request does: at most wait, where wait is not 0. It
 // returns the descriptors in the order of devices.
-func acquire(socket, user string, devices []int, ref *client.ContainerRef, wait time.Duration) ([]int, error) {
-	c, err := client.Dial(socket)
+func acquire(socket, user string, devices []int, ref *wire.ContainerRef, wait time.Duration) ([]int, error) {
+	c, err := wire.Dial(socket)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
 	ids := slices.Sorted(slices.Values(devices))
-	if err := c.Send(&client.Request{Op: client.OpAcquire, Devices: ids, User: user, Container: ref}); err != nil {
+	if err := c.Send(&wire.Request{Op: wire.OpAcquire, Devices: ids, User: user, Container: ref}); err != nil {
 		return nil, fmt.Errorf("ask the broker: %w", err)
 	}
 	timeout := time.Duration(-1)
@@ -37,20 +37,20 @@ func acquire(socket, user string, devices []int, ref *client.ContainerRef, wait 
 			timeout = max(time.Until(deadline), 0)
 		}
 		r, fds, err := c.Recv(timeout)
-		var be *client.Error
+		var be *wire.Error
 		switch {
 		case errors.As(err, &be):
 			if be.Hint != "" {
 				return nil, fmt.Errorf("%s (%s)", be.Message, be.Hint)
 			}
 			return nil, errors.New(be.Message)
-		case errors.Is(err, client.ErrTimeout):
+		case errors.Is(err, wire.ErrTimeout):
 			return nil, fmt.Errorf("still waiting after %s ([containers] restart_wait)", quantity.Duration(wait))
 		case err != nil:
 			return nil, err
-		case r.Type == client.TypeQueued:
+		case r.Type == wire.TypeQueued:
 			continue
-		case r.Type != client.TypeGrant:
+		case r.Type != wire.TypeGrant:
 			return nil, fmt.Errorf("unexpected reply %q from the broker", r.Type)
 		}
 		if len(fds) != len(r.Devices) {
@@ -84,14 +84,14 @@ func closeFD(fd int) { unix.Close(fd) }
 // control groups all the same, only later; a failure (a broker that
 // predates op container refuses it as a bad request) is the caller's to
 // log.
-func tellBroker(socket string, ref *client.ContainerRef, devices, fds []int) error {
+func tellBroker(socket string, ref *wire.ContainerRef, devices, fds []int) error {
 	return tellBrokerFor(socket, ref, "", devices, fds)
 }
 
 // tellBrokerFor is tellBroker where the lease must be owner's ("" for
-// anyone's): a *client.Error where the broker refuses.
-func tellBrokerFor(socket string, ref *client.ContainerRef, owner string, devices, fds []int) error {
-	c, err := client.Dial(socket)
+// anyone's): a *wire.Error where the broker refuses.
+func tellBrokerFor(socket string, ref *wire.ContainerRef, owner string, devices, fds []int) error {
+	c, err := wire.Dial(socket)
 	if err != nil {
 		return err
 	}

@@ -24,7 +24,7 @@ package ociruntime
 //     lease as root, or let it run (the broker reports the use).
 //
 // Each descriptor is checked to be its device's current lock file with
-// the flock held (client.HoldsLock) before it goes on. runc then gets
+// the flock held (wire.HoldsLock) before it goes on. runc then gets
 // them at 20 and above, /dev/null at 3 to 19, and --preserve-fds, so
 // that the container's processes hold the lease and nothing else does: it
 // ends when they are gone, whatever ends them. A refusal fails the create
@@ -46,10 +46,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/container"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // Defaults of npurun-runtime's own options.
@@ -125,7 +125,7 @@ func parse(args []string) (*invocation, error) {
 	if inv.o.Config == "" {
 		inv.o.Config = DefaultConfig
 	}
-	inv.o.Socket = client.SocketPath(inv.o.Socket)
+	inv.o.Socket = wire.SocketPath(inv.o.Socket)
 	return inv, nil
 }
 
@@ -265,7 +265,7 @@ func execRunc(inv *invocation, runc string, args []string) int {
 type lease struct {
 	devices []int
 	fds     []int
-	ref     *client.ContainerRef // the container, as the broker is told of it once made
+	ref     *wire.ContainerRef // the container, as the broker is told of it once made
 }
 
 func (l *lease) close() {
@@ -295,8 +295,8 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 		vendor, nodes = managed(cfg)
 	}
 	wanted := s.wanted(nodes)
-	lockDir := client.LockDir(inv.o.Socket)
-	ref := &client.ContainerRef{Engine: s.engine(), ID: c.id}
+	lockDir := wire.LockDir(inv.o.Socket)
+	ref := &wire.ContainerRef{Engine: s.engine(), ID: c.id}
 
 	l := &lease{ref: ref}
 	fail := func(err error) (*lease, error) {
@@ -327,8 +327,8 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 			// share's, which op container does not know), leaves
 			// HoldsLock's word, below, and the owner's).
 			ref.Name = s.name()
-			var be *client.Error
-			if berr := tellBrokerFor(inv.o.Socket, ref, userName(r.UID), r.Devices, r.FDs); errors.As(berr, &be) && be.Code == client.CodeDenied {
+			var be *wire.Error
+			if berr := tellBrokerFor(inv.o.Socket, ref, userName(r.UID), r.Devices, r.FDs); errors.As(berr, &be) && be.Code == wire.CodeDenied {
 				closeAll(r.FDs)
 				r, err = nil, fmt.Errorf("%w: the broker refuses the lease handed over by uid %d: %v", container.ErrGone, r.UID, be.Message)
 			} else if berr != nil {
@@ -367,7 +367,7 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 		default:
 			l.add(r.Devices, r.FDs)
 			for i, id := range r.Devices {
-				if !client.HoldsLock(r.FDs[i], id, lockDir) {
+				if !wire.HoldsLock(r.FDs[i], id, lockDir) {
 					return fail(fmt.Errorf("the lease handed over is not npu %d's current lease at %s", id, lockDir))
 				}
 			}
@@ -381,12 +381,12 @@ func leaseFor(inv *invocation, c *createArgs) (*lease, error) {
 				}
 			}
 		}
-	case c.preserveFDs > client.FirstLeaseFD-3:
+	case c.preserveFDs > wire.FirstLeaseFD-3:
 		// podman run --preserve-fds, as npurun runs it: the lease is at
 		// 20 and above, and goes on as podman placed it.
-		for fd := client.FirstLeaseFD; fd < 3+c.preserveFDs; fd++ {
+		for fd := wire.FirstLeaseFD; fd < 3+c.preserveFDs; fd++ {
 			for _, id := range wanted {
-				if client.HoldsLock(fd, id, lockDir) {
+				if wire.HoldsLock(fd, id, lockDir) {
 					l.devices = append(l.devices, id)
 				}
 			}
@@ -495,7 +495,7 @@ func startRunc(inv *invocation, runc string, c *createArgs, l *lease) int {
 	}
 	defer null.Close()
 	files := []uintptr{0, 1, 2}
-	for len(files) < client.FirstLeaseFD {
+	for len(files) < wire.FirstLeaseFD {
 		files = append(files, null.Fd())
 	}
 	for _, fd := range l.fds {

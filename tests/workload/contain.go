@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // contain plays npurun-runtime's op container: it tells the broker at
@@ -25,15 +25,15 @@ func contain(spec, file string, none bool, owner string) {
 	for len(parts) < 3 {
 		parts = append(parts, "")
 	}
-	ref := &client.ContainerRef{Engine: parts[0], ID: parts[1], Name: parts[2]}
+	ref := &wire.ContainerRef{Engine: parts[0], ID: parts[1], Name: parts[2]}
 	var devices, fds []int
 	if !none {
-		for _, e := range strings.Split(os.Getenv(client.LeaseVar), ",") {
+		for _, e := range strings.Split(os.Getenv(wire.LeaseVar), ",") {
 			dev, fd, ok := strings.Cut(e, ":")
 			d, err1 := strconv.Atoi(dev)
 			f, err2 := strconv.Atoi(fd)
 			if !ok || err1 != nil || err2 != nil {
-				fmt.Fprintf(os.Stderr, "workload: NPURUN_LEASE %q\n", os.Getenv(client.LeaseVar))
+				fmt.Fprintf(os.Stderr, "workload: NPURUN_LEASE %q\n", os.Getenv(wire.LeaseVar))
 				os.Exit(4)
 			}
 			devices, fds = append(devices, d), append(fds, f)
@@ -47,14 +47,14 @@ func contain(spec, file string, none bool, owner string) {
 			fds[0] = fd
 		}
 	}
-	c, err := client.Dial(client.SocketPath(""))
+	c, err := wire.Dial(wire.SocketPath(""))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "workload:", err)
 		os.Exit(4)
 	}
 	err = c.ContainFor(ref, owner, devices, fds)
 	c.Close()
-	var be *client.Error
+	var be *wire.Error
 	switch {
 	case errors.As(err, &be):
 		fmt.Printf("%s: %s\n", be.Code, be.Message)
@@ -62,7 +62,7 @@ func contain(spec, file string, none bool, owner string) {
 		fmt.Fprintln(os.Stderr, "workload:", err)
 		os.Exit(4)
 	default:
-		fmt.Println(client.TypeOK)
+		fmt.Println(wire.TypeOK)
 	}
 	done := make(chan struct{})
 	go func() {

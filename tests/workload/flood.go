@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // The attacks of BenchmarkFlood, each run by one user against the broker at
@@ -33,7 +33,7 @@ func flood(mode string, conns, n int) {
 		lim.Cur = lim.Max
 		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 	}
-	sock := client.SocketPath("")
+	sock := wire.SocketPath("")
 	switch mode {
 	case "fill":
 		hold1(sock)
@@ -73,9 +73,9 @@ func flood(mode string, conns, n int) {
 	os.Exit(0)
 }
 
-func mustDial(sock string) *client.Conn {
+func mustDial(sock string) *wire.Conn {
 	for {
-		c, err := client.Dial(sock)
+		c, err := wire.Dial(sock)
 		if err == nil {
 			return c
 		}
@@ -87,20 +87,20 @@ func mustDial(sock string) *client.Conn {
 // hold1 takes a lease on device 1 and keeps it for the process's life.
 func hold1(sock string) {
 	c := mustDial(sock)
-	if err := c.Send(&client.Request{Op: client.OpAcquire, N: 1, Devices: []int{1}}); err != nil {
+	if err := c.Send(&wire.Request{Op: wire.OpAcquire, N: 1, Devices: []int{1}}); err != nil {
 		fail("acquire npu 1", err)
 	}
 	r, fds, err := c.Recv(30 * time.Second)
-	if err != nil || r.Type != client.TypeGrant || len(fds) != 1 {
+	if err != nil || r.Type != wire.TypeGrant || len(fds) != 1 {
 		fail("acquire npu 1", fmt.Errorf("%v %v", r, err))
 	}
 	// Kept open: the lease lasts until the process exits.
 }
 
 // sub is a task for device 1 with a command of size bytes.
-func sub(size int, after ...uint64) *client.Submission {
+func sub(size int, after ...uint64) *wire.Submission {
 	cwd, _ := os.Getwd()
-	return &client.Submission{Argv: []string{"echo", strings.Repeat("x", size)}, Cwd: cwd, Env: []string{"PATH=/usr/bin:/bin"},
+	return &wire.Submission{Argv: []string{"echo", strings.Repeat("x", size)}, Cwd: cwd, Env: []string{"PATH=/usr/bin:/bin"},
 		N: 1, Devices: []int{1}, Log: "/tmp/npurun-flood.log", After: after}
 }
 
@@ -136,7 +136,7 @@ func fill(sock string, n int) {
 // floodList asks for the first page of the user's listing again and again
 // and reads nothing; when the broker drops the connection, it connects again.
 func floodList(sock string, ready chan<- struct{}) {
-	req, _ := client.Encode(&client.Request{V: client.Version, Op: client.OpList})
+	req, _ := wire.Encode(&wire.Request{V: wire.Version, Op: wire.OpList})
 	first := true
 	for {
 		c := mustDial(sock)
@@ -145,7 +145,7 @@ func floodList(sock string, ready chan<- struct{}) {
 			ready <- struct{}{}
 			first = false
 		}
-		for client.SendMsg(fd, req, nil, 0) == nil {
+		for wire.SendMsg(fd, req, nil, 0) == nil {
 		}
 		c.Close()
 	}
@@ -173,8 +173,8 @@ func floodChurn(sock string, ready chan<- struct{}) {
 // protocol's cap or a submission over the command cap, and reads the
 // refusal.
 func floodOversize(sock string, ready chan<- struct{}, i int) {
-	big := bytes.Repeat([]byte("x"), client.MaxMessage+client.MaxMessage/2)
-	huge, _ := client.Encode(&client.Request{V: client.Version, Op: client.OpSubmit, Task: sub(60000)})
+	big := bytes.Repeat([]byte("x"), wire.MaxMessage+wire.MaxMessage/2)
+	huge, _ := wire.Encode(&wire.Request{V: wire.Version, Op: wire.OpSubmit, Task: sub(60000)})
 	first := true
 	for k := i; ; k++ {
 		c := mustDial(sock)
@@ -186,7 +186,7 @@ func floodOversize(sock string, ready chan<- struct{}, i int) {
 		if k%2 == 1 {
 			msg = huge
 		}
-		if client.SendMsg(connFD(c), msg, nil, 0) == nil {
+		if wire.SendMsg(connFD(c), msg, nil, 0) == nil {
 			c.Recv(10 * time.Second)
 		}
 		c.Close()
@@ -194,4 +194,4 @@ func floodOversize(sock string, ready chan<- struct{}, i int) {
 }
 
 // connFD is a connection's descriptor.
-func connFD(c *client.Conn) int { return c.Fd() }
+func connFD(c *wire.Conn) int { return c.Fd() }

@@ -21,12 +21,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
-	_ "github.com/npurun/npurun/broker/client/jsoncodec" // messages beyond the lease exchange
+	"github.com/npurun/npurun/wire"
+	_ "github.com/npurun/npurun/wire/jsoncodec" // messages beyond the lease exchange
 )
 
 func main() {
-	if filepath.Base(os.Args[0]) == client.SupervisorName {
+	if filepath.Base(os.Args[0]) == wire.SupervisorName {
 		slowSupervisor() // see slowsup.go
 		return
 	}
@@ -198,18 +198,18 @@ func relockLease() {
 // askBroker sends one request naming user and prints the reply's type, or
 // the error's code and message.
 func askBroker(op, user string) {
-	c, err := client.Dial(client.SocketPath(""))
+	c, err := wire.Dial(wire.SocketPath(""))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "workload:", err)
 		os.Exit(4)
 	}
 	defer c.Close()
-	if err := c.Send(&client.Request{Op: op, User: user, Login: op == client.OpSession}); err != nil {
+	if err := c.Send(&wire.Request{Op: op, User: user, Login: op == wire.OpSession}); err != nil {
 		fmt.Fprintln(os.Stderr, "workload:", err)
 		os.Exit(4)
 	}
 	r, _, err := c.Recv(10 * time.Second)
-	var be *client.Error
+	var be *wire.Error
 	switch {
 	case errors.As(err, &be):
 		fmt.Printf("%s: %s\n", be.Code, be.Message)

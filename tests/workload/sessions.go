@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // sessions asks the broker at $NPURUN_SOCKET for n login sessions of its
@@ -23,9 +23,9 @@ func sessions(n int, origin string, hold bool) {
 		f = append(f, "")
 	}
 	one := func() []int {
-		c := mustDial(client.SocketPath(""))
+		c := mustDial(wire.SocketPath(""))
 		defer c.Close()
-		if err := c.Send(&client.Request{Op: client.OpSession, Login: true, Service: f[0], TTY: f[1], RHost: f[2]}); err != nil {
+		if err := c.Send(&wire.Request{Op: wire.OpSession, Login: true, Service: f[0], TTY: f[1], RHost: f[2]}); err != nil {
 			fail("session", err)
 		}
 		for {
@@ -34,9 +34,9 @@ func sessions(n int, origin string, hold bool) {
 				fail("session", err)
 			}
 			switch r.Type {
-			case client.TypeQueued:
+			case wire.TypeQueued:
 				continue
-			case client.TypeGrant:
+			case wire.TypeGrant:
 				return fds
 			}
 			fail("session", fmt.Errorf("reply %q: %s", r.Type, r.Message))

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/client"
+	"github.com/npurun/npurun/wire"
 )
 
 // squat binds addr (a container's NPURUN_HANDOVER, once the npurun that
@@ -22,11 +22,11 @@ import (
 func squat(addr string) {
 	var devices []string
 	var fds []int
-	for _, e := range strings.Split(os.Getenv(client.LeaseVar), ",") {
+	for _, e := range strings.Split(os.Getenv(wire.LeaseVar), ",") {
 		dev, fd, ok := strings.Cut(e, ":")
 		f, err := strconv.Atoi(fd)
 		if !ok || err != nil {
-			fail("squat", fmt.Errorf("NPURUN_LEASE %q", os.Getenv(client.LeaseVar)))
+			fail("squat", fmt.Errorf("NPURUN_LEASE %q", os.Getenv(wire.LeaseVar)))
 		}
 		devices, fds = append(devices, dev), append(fds, f)
 	}

@@ -1,0 +1,79 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/npurun/npurun/internal/exitcode"
+	"github.com/npurun/npurun/internal/quantity"
+	"github.com/npurun/npurun/wire"
+)
+
+// ReloadUsage is reload's line of npubroker's usage.
+const ReloadUsage = "npubroker reload [--json] [--socket PATH]"
+
+const reloadHelp = `Usage:
+  ` + ReloadUsage + `
+
+reload has the broker read its configuration file again (the one it was
+started with) and take it up without a restart: pools, limits, [user.*],
+[group.*], [restrict], [status], time limits. A file that does not
+validate, or that changes what only a restart changes (the device list,
+the state directory, [usage], [slurm], metrics_listen), is not taken: the
+broker says why, and nothing changes. No lease, connection or task is
+dropped; a request waiting in line that the new configuration refuses is
+told why and ends (npurun exits 77, a task fails, not started), while a
+lease it would not grant runs on to its end. Root only; SIGHUP does the
+same and says the outcome in the broker's log. Exit status: 0 taken,
+1 refused (the broker's words say why), 2 usage, 69 no broker (or gone
+during the call), 75 the broker at a cap (try again later), 77 not root.
+
+Options:
+`
+
+// Reload runs npubroker reload ARGS and returns its exit status.
+func Reload(args []string, env Env) int {
+	fs := pflag.NewFlagSet("npubroker reload", pflag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	fs.Usage = func() {
+		fmt.Fprint(env.Stderr, reloadHelp)
+		fs.PrintDefaults()
+	}
+	asJSON := fs.Bool("json", false, "print the broker's answer as JSON")
+	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return exitcode.OK
+		}
+		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
+		return exitcode.Usage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(env.Stderr, "npubroker: reload takes no arguments, got %q\n", fs.Arg(0))
+		return exitcode.Usage
+	}
+	c, code := dial(*socket, env)
+	if c == nil {
+		return code
+	}
+	defer c.Close()
+	info, err := c.Reload()
+	if err != nil {
+		return fail(env, err)
+	}
+	if *asJSON {
+		return writeJSON(env, info, true)
+	}
+	changed := "nothing changed"
+	if len(info.Changed) > 0 {
+		changed = strings.Join(info.Changed, ", ") + " changed"
+	}
+	fmt.Fprintf(env.Stdout, "reloaded %s: %s\n", info.Config, changed)
+	if info.Refused > 0 {
+		fmt.Fprintf(env.Stdout, "%s waiting refused by the new configuration, and told why\n", quantity.Count(info.Refused, "request", "requests"))
+	}
+	return exitcode.OK
+}
