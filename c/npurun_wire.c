@@ -40,13 +40,18 @@
 #include <time.h>
 #include <unistd.h>
 
+/* The Go side's values, compiled and compared by c/ctest (go test ./c/ctest):
+ * change both together. FIRST_LEASE_FD: a login bash marks 3 to 19
+ * close-on-exec. */
 #define DEFAULT_SOCKET "/run/npurun/broker.sock"
 #define PROTOCOL_VERSION 1
-#define MAX_MESSAGE (64 * 1024)   /* the broker's MaxMessage */
-#define MAX_DEVICES 64            /* the broker's MaxDevices */
+#define MAX_MESSAGE (64 * 1024)
+#define MAX_DEVICES 64
+#define FIRST_LEASE_FD 20
+
+/* The reader's own caps. */
 #define MAX_ENV 16
 #define MAX_STRING 4096
-#define FIRST_LEASE_FD 20 /* client.FirstLeaseFD: a login bash marks 3 to 19 close-on-exec */
 
 /* A reply, as the strict reader accepts it. */
 struct reply {

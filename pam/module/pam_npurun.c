@@ -50,6 +50,10 @@
 #include <security/pam_ext.h>
 #include <security/pam_modules.h>
 
+/* Checked against the Go side by c/ctest (go test ./c/ctest): the
+ * session-policy file's name and size cap as the Go reader has them, a wait
+ * no shorter than the longest on_busy wait policy allows, and hidden_env
+ * below. */
 #define POLICY_FILE "session-policy"
 #define MAX_POLICY (64 * 1024)
 #define MAX_WAIT_MS (11 * 60 * 1000) /* the longest on_busy wait, and then some */
@@ -68,7 +72,7 @@
 #define MAX_NSS_BUF (1024 * 1024)
 #define MAX_GROUPS 65536
 
-/* The variables that hide every device: npu.HiddenEnv. */
+/* The variables that hide every device: npu.HiddenEnv (c/ctest). */
 static const char *const hidden_env[] = {
 	"NPURUN_DEVICES=", "ASCEND_RT_VISIBLE_DEVICES=", "CUDA_VISIBLE_DEVICES=",
 };
