@@ -23,9 +23,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/npurun/npurun/broker/client"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
+	"github.com/npurun/npurun/wire"
 )
 
 // needCC returns the C compiler, skipping without one, except in CI
@@ -129,16 +129,16 @@ int main(void)
 	return 0;
 }
 `)
-	agree(t, source, vals, "DEFAULT_SOCKET", client.DefaultSocket, "client.DefaultSocket")
-	agree(t, source, vals, "PROTOCOL_VERSION", client.Version, "client.Version")
-	agree(t, source, vals, "MAX_MESSAGE", client.MaxMessage, "client.MaxMessage")
-	agree(t, source, vals, "MAX_DEVICES", client.MaxDevices, "client.MaxDevices")
-	agree(t, source, vals, "FIRST_LEASE_FD", client.FirstLeaseFD, "client.FirstLeaseFD")
+	agree(t, source, vals, "DEFAULT_SOCKET", wire.DefaultSocket, "wire.DefaultSocket")
+	agree(t, source, vals, "PROTOCOL_VERSION", wire.Version, "wire.Version")
+	agree(t, source, vals, "MAX_MESSAGE", wire.MaxMessage, "wire.MaxMessage")
+	agree(t, source, vals, "MAX_DEVICES", wire.MaxDevices, "wire.MaxDevices")
+	agree(t, source, vals, "FIRST_LEASE_FD", wire.FirstLeaseFD, "wire.FirstLeaseFD")
 }
 
 // TestPAMConstantsAgree: pam_npurun.c reads the session-policy file the
 // broker writes, by the same name and with the same cap on its size as
-// client.ReadSessionPolicy; it waits out any on_busy wait policy allows;
+// wire.ReadSessionPolicy; it waits out any on_busy wait policy allows;
 // and it hides the devices with npu.HiddenEnv's variables.
 func TestPAMConstantsAgree(t *testing.T) {
 	cc := needCC(t)
@@ -158,7 +158,7 @@ int main(void)
 	return 0;
 }
 `, "-lpam")
-	agree(t, source, vals, "POLICY_FILE", client.SessionPolicyFile, "client.SessionPolicyFile")
+	agree(t, source, vals, "POLICY_FILE", wire.SessionPolicyFile, "wire.SessionPolicyFile")
 	if got := strings.Fields(vals["HIDDEN_ENV"]); !reflect.DeepEqual(got, npu.HiddenEnv()) {
 		t.Errorf("%s: hidden_env is %q, but Go's npu.HiddenEnv() is %q: change both together", source, got, npu.HiddenEnv())
 	}
@@ -180,14 +180,14 @@ int main(void)
 		t.Skip("comparing MAX_POLICY with Go's cap needs root: the Go reader reads only a file of root's")
 	}
 	dir := t.TempDir()
-	socket, path := filepath.Join(dir, "broker.sock"), filepath.Join(dir, client.SessionPolicyFile)
+	socket, path := filepath.Join(dir, "broker.sock"), filepath.Join(dir, wire.SessionPolicyFile)
 	head := "on_broker_down deny\n"
 	for _, size := range []int{max, max + 1} {
 		data := []byte(head + strings.Repeat("#", size-len(head)-1) + "\n")
 		if err := os.WriteFile(path, data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		p, err := client.ReadSessionPolicy(socket)
+		p, err := wire.ReadSessionPolicy(socket)
 		switch {
 		case size == max && err != nil:
 			t.Errorf("%s's MAX_POLICY is %d, but Go does not read a file of %d bytes: %v", source, max, size, err)
