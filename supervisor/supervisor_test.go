@@ -626,6 +626,7 @@ type broker struct {
 	hold    chan struct{} // when set, replies wait until it is closed
 	refuse  []string      // error codes to answer with first, one request each
 	done    chan struct{}
+	stop    chan struct{} // closed when the test ends
 }
 
 func listen(t *testing.T, path string) *broker {
@@ -634,9 +635,10 @@ func listen(t *testing.T, path string) *broker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &broker{ln: ln, reports: make(chan *wire.Request, 16), done: make(chan struct{})}
+	b := &broker{ln: ln, reports: make(chan *wire.Request, 16), done: make(chan struct{}), stop: make(chan struct{})}
 	go b.serve(t)
 	t.Cleanup(func() {
+		close(b.stop) // a report no test reads any more does not hold serve
 		ln.Close()
 		<-b.done
 	})
@@ -691,7 +693,11 @@ func (b *broker) answer(c *net.UnixConn) error {
 	if err := json.Unmarshal(msg, &req); err != nil {
 		return fmt.Errorf("decode %q: %w", msg, err)
 	}
-	b.reports <- &req
+	select {
+	case b.reports <- &req:
+	case <-b.stop:
+		return nil
+	}
 	b.mu.Lock()
 	hold := b.hold
 	b.mu.Unlock()
