@@ -11,6 +11,7 @@ import (
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/broker/status"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
 )
@@ -216,9 +217,9 @@ func (o *slurmOwner) Holders(l *lease.Lease) []slurmjobs.Proc {
 	if len(out) > 0 {
 		return out
 	}
-	targets := procscan.Targets{Files: map[procscan.FileID]bool{}}
+	targets := procscan.Targets{Files: map[fileid.ID]bool{}}
 	for _, f := range l.Files {
-		targets.Files[procscan.FileID(f)] = true
+		targets.Files[f] = true
 	}
 	res, err := s.scanner.Sweep(targets)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/internal/quantity"
 )
 
@@ -49,7 +50,7 @@ type share struct {
 	slot  int
 	mem   int64
 	path  string
-	file  FileID
+	file  fileid.ID
 	fd    int // the locked descriptor, the handover's until delivered; -1 after
 	spare int // a second open, for its watcher; -1 once closed
 	ended atomic.Bool
@@ -278,7 +279,7 @@ func (t *Table) dropShares(h *Handover) {
 }
 
 // unlinkIf removes path if it names file still.
-func unlinkIf(path string, file FileID) {
+func unlinkIf(path string, file fileid.ID) {
 	var st unix.Stat_t
 	if unix.Lstat(path, &st) == nil && st.Dev == file.Dev && st.Ino == file.Ino {
 		unix.Unlink(path)
@@ -369,7 +370,7 @@ func (t *Table) findShares(dir string) error {
 			continue
 		}
 		d := t.devs[id]
-		file, err := fileID(fd)
+		file, err := fileid.Of(fd)
 		if err != nil {
 			t.log.Printf("npu %d: share lock file %s: %v; the share is kept until its release", id, path, err)
 		}
@@ -380,7 +381,7 @@ func (t *Table) findShares(dir string) error {
 			// Not knowing what it declared, count the whole device.
 			mem = max(d.capacity, 1)
 		}
-		l := &Lease{Pool: t.pc.Load().poolOf[id], Devices: []int{id}, Files: []FileID{file}, Mem: mem, Since: time.Now(), Adopted: true}
+		l := &Lease{Pool: t.pc.Load().poolOf[id], Devices: []int{id}, Files: []fileid.ID{file}, Mem: mem, Since: time.Now(), Adopted: true}
 		l.ID = t.newIDLocked(time.Now())
 		s := &share{lease: l, slot: slot, mem: mem, path: path, file: file, fd: -1, spare: fd, poke: make(chan struct{}, 1)}
 		d.shares = append(d.shares, s)

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/internal/testfs"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -218,22 +219,22 @@ func awaitEvent(t *testing.T, o *owner, prefix string) string {
 	}
 }
 
-func fdFile(t *testing.T, fd int) FileID {
+func fdFile(t *testing.T, fd int) fileid.ID {
 	t.Helper()
-	f, err := fileID(fd)
+	f, err := fileid.Of(fd)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return f
 }
 
-func pathFile(t *testing.T, path string) FileID {
+func pathFile(t *testing.T, path string) fileid.ID {
 	t.Helper()
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		t.Fatal(err)
 	}
-	return FileID{Dev: st.Dev, Ino: st.Ino}
+	return fileid.ID{Dev: st.Dev, Ino: st.Ino}
 }
 
 // TestHandoff: a lease's end hands its device to the request waiting for
@@ -538,7 +539,7 @@ func TestFoundAtStart(t *testing.T) {
 	if len(found) != 1 || found[1] != fdFile(t, held) {
 		t.Fatalf("found %v, want npu1 on %v", found, fdFile(t, held))
 	}
-	l := &Lease{ID: 42, Holder: Holder{Kind: Inline, UID: 7, User: "u7"}, Devices: []int{1}, Files: []FileID{found[1]}, Since: time.Now(), Adopted: true}
+	l := &Lease{ID: 42, Holder: Holder{Kind: Inline, UID: 7, User: "u7"}, Devices: []int{1}, Files: []fileid.ID{found[1]}, Since: time.Now(), Adopted: true}
 	if err := tbl.Adopt(l); err != nil {
 		t.Fatal(err)
 	}
