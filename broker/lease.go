@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -86,24 +85,6 @@ func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int
 		return nil, refusalReply(err)
 	}
 	return w, nil
-}
-
-// refusalReply is the answer to a request the lease table refused.
-func refusalReply(err error) *wire.Reply {
-	var r *lease.Refusal
-	if !errors.As(err, &r) {
-		return errReply(wire.CodeBadRequest, err.Error(), "")
-	}
-	code := wire.CodeDenied
-	switch {
-	case errors.Is(r, lease.ErrBadRequest):
-		code = wire.CodeBadRequest
-	case errors.Is(r, lease.ErrNoDevice):
-		code = wire.CodeNoDevice
-	case errors.Is(r, lease.ErrNoPool):
-		code = wire.CodeNoSuchPool
-	}
-	return errReply(code, r.Msg, r.Hint)
 }
 
 // The lease table's cap on the devices a request names is the wire's.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/broker/status"
 	"github.com/npurun/npurun/internal/fileid"
@@ -71,7 +72,7 @@ func (s *Server) slurmRefusal(devices []int) error {
 	}
 	for _, id := range devices {
 		if sc.Manages(id) {
-			return &lease.Refusal{Err: lease.ErrNoDevice, Msg: fmt.Sprintf("%s is Slurm's ([slurm] mode %q): ask Slurm for it (srun --gres=%s:1)", s.inv.Vendor.Format([]int{id}), sc.Mode, sc.GRES)}
+			return &refusal.Refusal{Err: lease.ErrNoDevice, Msg: fmt.Sprintf("%s is Slurm's ([slurm] mode %q): ask Slurm for it (srun --gres=%s:1)", s.inv.Vendor.Format([]int{id}), sc.Mode, sc.GRES)}
 		}
 	}
 	return nil

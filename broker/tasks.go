@@ -79,33 +79,11 @@ func (s *Server) taskOp(c *conn, req *wire.Request) bool {
 // answer sends rep, or the refusal err.
 func (s *Server) answer(c *conn, rep *wire.Reply, err error) {
 	if err != nil {
-		rep = taskRefusalReply(err)
+		rep = refusalReply(err)
 	}
 	s.mu.Lock()
 	c.sendLocked(rep)
 	s.mu.Unlock()
-}
-
-// taskRefusalReply is the answer to an operation the task room refused.
-func taskRefusalReply(err error) *wire.Reply {
-	var r *tasks.Refusal
-	if !errors.As(err, &r) {
-		return refusalReply(err) // the lease table's
-	}
-	code := wire.CodeDenied
-	switch {
-	case errors.Is(r, tasks.ErrBadRequest):
-		code = wire.CodeBadRequest
-	case errors.Is(r, tasks.ErrTooMany):
-		code = wire.CodeTooMany
-	case errors.Is(r, tasks.ErrNoSuchTask):
-		code = wire.CodeNoSuchTask
-	case errors.Is(r, tasks.ErrBusy):
-		code = wire.CodeBusy
-	case errors.Is(r, tasks.ErrSpool):
-		code = wire.CodeSpool
-	}
-	return errReply(code, r.Msg, r.Hint)
 }
 
 func tasksReply(ti wire.TaskInfo) *wire.Reply {

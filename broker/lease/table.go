@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/internal/owndir"
 	"github.com/npurun/npurun/internal/quantity"
@@ -992,17 +993,17 @@ func (b *Busy) Error() string {
 // deliver, then Commit or Return, as Schedule's.
 func (t *Table) Claim(w *Waiter, ids []int) (*Handover, error) {
 	if len(ids) == 0 || len(ids) > MaxDevices {
-		return nil, refuse(ErrBadRequest, "", "claim of %d devices", len(ids))
+		return nil, refusal.New(ErrBadRequest, "", "claim of %d devices", len(ids))
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var busy *Busy
 	for i, id := range ids {
 		if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
-			return nil, refuse(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
+			return nil, refusal.New(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
 		}
 		if slices.Contains(ids[:i], id) {
-			return nil, refuse(ErrBadRequest, "", "device named twice in %v", ids)
+			return nil, refusal.New(ErrBadRequest, "", "device named twice in %v", ids)
 		}
 		d := t.devs[id]
 		if d.free() {

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/internal/testfs"
 	"github.com/npurun/npurun/npu"
@@ -717,7 +718,7 @@ func TestAdmit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.r.Holder = Holder{UID: 1, User: "u1"}
 			_, err := o.tbl.Admit(tc.r)
-			var r *Refusal
+			var r *refusal.Refusal
 			if !errors.Is(err, tc.want) || !errors.As(err, &r) || r.Msg != tc.msg {
 				t.Errorf("%v, want %v: %q", err, tc.want, tc.msg)
 			}
@@ -727,8 +728,8 @@ func TestAdmit(t *testing.T) {
 	if err != nil || !w.Exact || !slices.Equal(w.Cand, []int{0, 1}) || w.Pool != "a" || w.N != 2 {
 		t.Errorf("exact request: %+v, %v", w, err)
 	}
-	if _, err := o.tbl.Admit(Request{Pool: "c"}); !strings.Contains(err.(*Refusal).Hint, "pools: a, b") {
-		t.Errorf("no such pool: hint %q", err.(*Refusal).Hint)
+	if _, err := o.tbl.Admit(Request{Pool: "c"}); !strings.Contains(err.(*refusal.Refusal).Hint, "pools: a, b") {
+		t.Errorf("no such pool: hint %q", err.(*refusal.Refusal).Hint)
 	}
 }
 
@@ -876,7 +877,7 @@ func TestClaim(t *testing.T) {
 	}
 
 	_, err = o.tbl.Admit(Request{Holder: Holder{UID: 7, User: "u7"}, Devices: []int{1}})
-	var r *Refusal
+	var r *refusal.Refusal
 	if !errors.Is(err, ErrBadRequest) || !errors.As(err, &r) || r.Msg != `Slurm picks the devices of pool "slurm": ask for a count (-n), not for npu 1` {
 		t.Errorf("a request naming an external pool's device: %v", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/wire"
 )
@@ -31,13 +32,13 @@ func (rt *Runtime) Hold(uid uint32, id uint64, held bool) (wire.TaskInfo, error)
 	}
 	switch {
 	case t.Busy():
-		return wire.TaskInfo{}, refuse(ErrBusy, "", "task %d is being cancelled", t.ID)
+		return wire.TaskInfo{}, refusal.New(ErrBusy, "", "task %d is being cancelled", t.ID)
 	case !t.IsWaiting() || j == nil:
 		hint := ""
 		if t.Shown() == tasklife.Running {
 			hint = fmt.Sprintf("stop it with 'task-submit cancel %d'", t.ID)
 		}
-		return wire.TaskInfo{}, refuse(ErrDenied, hint, "task %d is %s: only a waiting task can be %s", t.ID, t.Shown(), verb)
+		return wire.TaskInfo{}, refusal.New(ErrDenied, hint, "task %d is %s: only a waiting task can be %s", t.ID, t.Shown(), verb)
 	}
 	if held {
 		rt.holdLocked(j, true) // no grant while the hold is written
@@ -46,7 +47,7 @@ func (rt *Runtime) Hold(uid uint32, id uint64, held bool) (wire.TaskInfo, error)
 	rt.holdLocked(j, rt.heldLocked(j))
 	if err != nil {
 		rt.log.Printf("task %d: %v", t.ID, err)
-		return wire.TaskInfo{}, refuse(ErrSpool, "", "the broker could not record that task %d is %s, so nothing changed: %v", t.ID, verb, err)
+		return wire.TaskInfo{}, refusal.New(ErrSpool, "", "the broker could not record that task %d is %s, so nothing changed: %v", t.ID, verb, err)
 	}
 	if held {
 		rt.run.Unwarm(j) // it may wait for long: its readied start goes
@@ -94,23 +95,23 @@ func (rt *Runtime) HeldByOwner(ids ...uint64) map[uint64]bool {
 // task is the asker's (root's tasks are root's).
 func (rt *Runtime) Requeue(by Submitter, id uint64, s *wire.Submission, left func() bool) (*Submitted, error) {
 	if s == nil {
-		return nil, refuse(ErrBadRequest, "", "requeue without the asker's environment")
+		return nil, refusal.New(ErrBadRequest, "", "requeue without the asker's environment")
 	}
 	rt.mu.Lock()
 	t, err := rt.taskFor(by.UID, id)
 	switch {
 	case err != nil:
 		rt.unlock()
-		if r := (*Refusal)(nil); errors.As(err, &r) && errors.Is(r, ErrNoSuchTask) {
+		if r := (*refusal.Refusal)(nil); errors.As(err, &r) && errors.Is(r, ErrNoSuchTask) {
 			r.Hint = "the broker keeps a user's latest ended tasks only (see 'task-submit list --ended')"
 		}
 		return nil, err
 	case t.UID != by.UID:
 		rt.unlock()
-		return nil, refuse(ErrDenied, "", "task %d is %s's: a task is submitted again as the user who asks, so only its owner may requeue it", t.ID, t.User)
+		return nil, refusal.New(ErrDenied, "", "task %d is %s's: a task is submitted again as the user who asks, so only its owner may requeue it", t.ID, t.User)
 	case !t.IsEnded():
 		rt.unlock()
-		return nil, refuse(ErrDenied, "cancel it first, or wait for it to end", "task %d is %s: only an ended task can be requeued", t.ID, t.Shown())
+		return nil, refusal.New(ErrDenied, "cancel it first, or wait for it to end", "task %d is %s: only an ended task can be requeued", t.ID, t.Shown())
 	}
 	sub := t.Sub
 	rt.unlock()

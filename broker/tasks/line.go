@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/wire"
@@ -28,7 +29,7 @@ func (rt *Runtime) waiterLocked(t *Task) (*lease.Waiter, error) {
 	acct := t.acct
 	if t.Sub.NoDevice {
 		if len(rt.cpuFree) == 0 {
-			return nil, refuse(ErrDenied, "", "this broker has no CPU slots for --no-device tasks ([tasks] cpu_slots = 0)")
+			return nil, refusal.New(ErrDenied, "", "this broker has no CPU slots for --no-device tasks ([tasks] cpu_slots = 0)")
 		}
 		w := &lease.Waiter{Holder: rt.taskHolder(t), N: 1, Cand: rt.cpuSlots, Pool: cpuPool, Ref: t,
 			Limit: rt.policy().LimitFor(acct.Name, acct.Groups), Queued: time.Now()}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
@@ -23,7 +24,7 @@ type slurmLike struct{}
 func (slurmLike) Refusal(devices []int) error {
 	for _, id := range devices {
 		if id == 1 {
-			return &lease.Refusal{Err: lease.ErrNoDevice, Msg: "npu 1 is Slurm's"}
+			return &refusal.Refusal{Err: lease.ErrNoDevice, Msg: "npu 1 is Slurm's"}
 		}
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/broker/tasklife"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
@@ -21,13 +22,14 @@ import (
 // The operations of task-submit and of the supervisors: submit, show,
 // wait, cancel, list, and the supervisors' reports. Each is called by the
 // broker's protocol handler, which has read the request and the peer's
-// credentials, holding no lock; the answer is data and a Refusal, which
-// the handler turns into its reply.
+// credentials, holding no lock; the answer is data and a refusal.Refusal,
+// which the handler turns into its reply.
 
-// What a task operation may be refused for: a Refusal wraps one, and the
-// broker maps it to its answer (errors.Is). A request the lease table
-// refuses (its pool, its devices) comes back as the table's
-// lease.Refusal.
+// What a task operation may be refused for: a refusal.Refusal wraps one,
+// and the broker maps it to its answer (errors.Is), in the one mapping of
+// the lease table's and the task room's refusals to wire codes. A request
+// the lease table refuses (its pool, its devices) comes back with the
+// table's reason.
 var (
 	ErrBadRequest = errors.New("bad request") // malformed: the connection is closed after the answer
 	ErrDenied     = errors.New("denied")      // the policy, or the asker's identity, refuses it
@@ -39,21 +41,6 @@ var (
 	// recorded: it is not, and nobody reads an answer.
 	ErrLeft = errors.New("the submitter left")
 )
-
-// Refusal is why an operation is refused: one of the errors above, a
-// message for its user, and a hint where a next step helps.
-type Refusal struct {
-	Err  error
-	Msg  string
-	Hint string
-}
-
-func (r *Refusal) Error() string { return r.Msg }
-func (r *Refusal) Unwrap() error { return r.Err }
-
-func refuse(err error, hint string, format string, args ...any) *Refusal {
-	return &Refusal{Err: err, Msg: fmt.Sprintf(format, args...), Hint: hint}
-}
 
 // Caps on what one submission and one watcher may hold.
 const (
@@ -161,7 +148,7 @@ func (rt *Runtime) unavailableLocked(token bool) error {
 	if rt.life != nil {
 		return nil
 	}
-	r := refuse(ErrSpool, "leases are served meanwhile; the broker tries again by itself (see npubroker(8))", "tasks are unavailable: %v", rt.taskErr)
+	r := refusal.New(ErrSpool, "leases are served meanwhile; the broker tries again by itself (see npubroker(8))", "tasks are unavailable: %v", rt.taskErr)
 	if token {
 		r.Err = ErrBusy
 	}
@@ -176,7 +163,7 @@ func (rt *Runtime) taskFor(uid uint32, id uint64) (*tasklife.Task, error) {
 	}
 	t := rt.life.Get(id)
 	if t == nil || (t.UID != uid && uid != 0) {
-		return nil, refuse(ErrNoSuchTask, "", "no task %d", id)
+		return nil, refusal.New(ErrNoSuchTask, "", "no task %d", id)
 	}
 	return t, nil
 }
@@ -216,7 +203,7 @@ func (rt *Runtime) Wait(w Watcher, uid uint32, id uint64) (*wire.TaskInfo, error
 		return nil, nil
 	}
 	if len(rt.watching[w]) >= maxWaitsPerConn {
-		return nil, refuse(ErrTooMany, "", "one connection waits for at most %d tasks", maxWaitsPerConn)
+		return nil, refusal.New(ErrTooMany, "", "one connection waits for at most %d tasks", maxWaitsPerConn)
 	}
 	j.waits = append(j.waits, w)
 	rt.watching[w] = append(rt.watching[w], j)
@@ -263,10 +250,10 @@ func (rt *Runtime) Cancel(uid uint32, who string, id uint64) (wire.TaskInfo, err
 	j := rt.jobs[t.ID]
 	switch {
 	case t.Busy():
-		return wire.TaskInfo{}, refuse(ErrBusy, "", "task %d is being cancelled already", t.ID)
+		return wire.TaskInfo{}, refusal.New(ErrBusy, "", "task %d is being cancelled already", t.ID)
 	case t.IsWaiting() && j != nil:
 		if err := rt.cancelLocked(j, who); err != nil {
-			return wire.TaskInfo{}, refuse(ErrSpool, "", "the broker could not record the cancel, so task %d still waits: %v", t.ID, err)
+			return wire.TaskInfo{}, refusal.New(ErrSpool, "", "the broker could not record the cancel, so task %d still waits: %v", t.ID, err)
 		}
 	case (t.State == tasklife.Starting || t.State == tasklife.Running) && j != nil:
 		j.cancelBy = who
@@ -341,9 +328,9 @@ func (rt *Runtime) submit(by Submitter, sub *wire.Submission, left func() bool, 
 		old, recording := rt.life.ByToken(by.UID, tok)
 		switch {
 		case recording:
-			return nil, refuse(ErrBusy, "ask again", "a submission with the same token is being recorded")
+			return nil, refusal.New(ErrBusy, "ask again", "a submission with the same token is being recorded")
 		case old != nil && (old.Sub.Shell != t.Sub.Shell || !slices.Equal(old.Sub.Argv, t.Sub.Argv) || old.Sub.Cwd != t.Sub.Cwd):
-			return nil, refuse(ErrBadRequest, "a token names one submission: give another", "token %q names task %d, another command or directory", tok, old.ID)
+			return nil, refusal.New(ErrBadRequest, "a token names one submission: give another", "token %q names task %d, another command or directory", tok, old.ID)
 		case old != nil:
 			return rt.submittedLocked(rt.jobs[old.ID], old, true), nil
 		}
@@ -381,7 +368,7 @@ func (rt *Runtime) submit(by Submitter, sub *wire.Submission, left func() bool, 
 	if err := submit(t.Task); err != nil {
 		unarm()
 		rt.log.Printf("task %d: %v", t.ID, err)
-		return nil, refuse(ErrSpool, "the broker's state directory may be full; leases are not affected", "the broker could not record the task: %v", err)
+		return nil, refusal.New(ErrSpool, "the broker's state directory may be full; leases are not affected", "the broker could not record the task: %v", err)
 	}
 	rt.jobs[t.ID] = t
 	rt.settleLocked(t)
@@ -455,7 +442,7 @@ const unknownID = ^uint64(0)
 // it into a task (no id yet, its default log named with unknownID).
 func (rt *Runtime) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
 	bad := func(format string, args ...any) (*Task, error) {
-		return nil, refuse(ErrBadRequest, "", format, args...)
+		return nil, refusal.New(ErrBadRequest, "", format, args...)
 	}
 	acct := by.Account
 	switch {
@@ -497,14 +484,14 @@ func (rt *Runtime) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
 		// under "/" (issue 15.3), or run without some of its groups.
 		// Nothing is recorded; it is for the submitter to try again, as
 		// for any passing shortage.
-		return nil, refuse(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.unanswered())
+		return nil, refusal.New(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.unanswered())
 	case sub.Shell != "" && acct.ShellErr != nil:
-		return nil, refuse(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.ShellErr)
+		return nil, refusal.New(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.ShellErr)
 	case sub.Log == "" && acct.Home == "":
-		return nil, refuse(ErrBadRequest, "give --log FILE", "%s has no home directory, and a task's log goes under it unless --log names another", acct.Name)
+		return nil, refusal.New(ErrBadRequest, "give --log FILE", "%s has no home directory, and a task's log goes under it unless --log names another", acct.Name)
 	}
 	if rt.unpriv && by.UID != uint32(os.Geteuid()) {
-		return nil, refuse(ErrDenied, "", "this broker runs unprivileged as uid %d and can run tasks for that uid only", os.Geteuid())
+		return nil, refusal.New(ErrDenied, "", "this broker runs unprivileged as uid %d and can run tasks for that uid only", os.Geteuid())
 	}
 	t := &Task{acct: acct, Task: &tasklife.Task{
 		UID: by.UID, User: acct.Name, Sub: *sub, Submitted: time.Now().UnixMilli(), Slot: -1,
@@ -552,7 +539,7 @@ func (rt *Runtime) admitLocked(by Submitter, t *Task, freed int) error {
 		limit = rt.policy().Tasks.MaxTime // a cap applies to tasks that name no limit too
 	}
 	if max := rt.policy().Tasks.MaxTime; max > 0 && limit > max {
-		return refuse(ErrDenied, "", "time limit %s is longer than the %s allowed", quantity.Duration(limit), quantity.Duration(max))
+		return refusal.New(ErrDenied, "", "time limit %s is longer than the %s allowed", quantity.Duration(limit), quantity.Duration(max))
 	}
 	t.TimeSec = int64(limit / time.Second)
 	if t.Notify == "" && !sub.NoNotify && rt.policy().Tasks.Notify != "" {
@@ -562,15 +549,15 @@ func (rt *Runtime) admitLocked(by Submitter, t *Task, freed int) error {
 		}
 	}
 	if rt.life.Live()-freed >= rt.policy().Tasks.MaxTasks {
-		return refuse(ErrTooMany, "", "the broker holds %d tasks, its most", rt.policy().Tasks.MaxTasks)
+		return refusal.New(ErrTooMany, "", "the broker holds %d tasks, its most", rt.policy().Tasks.MaxTasks)
 	}
 	if n := rt.life.Waiting(by.UID); lim.MaxQueued > 0 && n >= lim.MaxQueued {
-		return refuse(ErrDenied, "", "%s has %s waiting, the limit (%s)", acct.Name, quantity.Count(n, "task", "tasks"), lim.Source)
+		return refusal.New(ErrDenied, "", "%s has %s waiting, the limit (%s)", acct.Name, quantity.Count(n, "task", "tasks"), lim.Source)
 	}
 	for _, dep := range sub.After {
 		d := rt.life.Get(dep)
 		if d == nil || (d.UID != by.UID && by.UID != 0) {
-			return refuse(ErrNoSuchTask, "", "--after %d: no task %d", dep, dep)
+			return refusal.New(ErrNoSuchTask, "", "--after %d: no task %d", dep, dep)
 		}
 	}
 	// Check the request now, so that a bad one is refused, not queued.
@@ -592,10 +579,10 @@ func (rt *Runtime) admitLocked(by Submitter, t *Task, freed int) error {
 func (rt *Runtime) checkSize(t *tasklife.Task) error {
 	const why = "JSON writes each control character, <, > and & as 6 bytes"
 	if n := replyLen(t); n+replyRoom > wire.MaxMessage {
-		return refuse(ErrBadRequest, "", "task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, wire.MaxMessage-replyRoom, why)
+		return refusal.New(ErrBadRequest, "", "task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, wire.MaxMessage-replyRoom, why)
 	}
 	if n := rt.specLen(t); n+specRoom > wire.MaxMessage {
-		return refuse(ErrBadRequest, "", "task too large: what its supervisor is given takes %d bytes encoded, more than %d (%s)", n, wire.MaxMessage-specRoom, why)
+		return refusal.New(ErrBadRequest, "", "task too large: what its supervisor is given takes %d bytes encoded, more than %d (%s)", n, wire.MaxMessage-specRoom, why)
 	}
 	return nil
 }
@@ -703,7 +690,7 @@ func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *wire.Status) error
 		(t.State == tasklife.Running || t.State == tasklife.Lost) &&
 		t.PID != 0 && int(pid) == t.PID
 	if !ok {
-		return refuse(ErrDenied, "", "not the supervisor of a running task %d", id)
+		return refusal.New(ErrDenied, "", "not the supervisor of a running task %d", id)
 	}
 	if len(st.Reason) > maxReasonBytes {
 		st.Reason = st.Reason[:maxReasonBytes] + "…"
@@ -726,7 +713,7 @@ func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *wire.Status) error
 		if errors.Is(err, ErrBusy) {
 			// The user database cannot be read now: the end waits with
 			// its retry, rather than go in without it.
-			return refuse(ErrBusy, "report again later", "task %d ran out of device memory, and its retry cannot be submitted now: %v", id, err)
+			return refusal.New(ErrBusy, "report again later", "task %d ran out of device memory, and its retry cannot be submitted now: %v", id, err)
 		}
 		if err != nil {
 			rt.log.Printf("task %d ran out of device memory: its retry was not submitted: %v", id, err)
@@ -741,7 +728,7 @@ func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *wire.Status) error
 	}
 	if err := rt.life.EndRetried(t, state, st, reason, rtask); err != nil {
 		rt.log.Printf("task %d: %v", id, err)
-		return refuse(ErrSpool, "report again later", "the broker could not record the end of task %d: %v", id, err)
+		return refusal.New(ErrSpool, "report again later", "the broker could not record the end of task %d: %v", id, err)
 	}
 	testHook(rt.log, hookAfterEnd, id)
 	if retry != nil {
@@ -769,12 +756,12 @@ func (rt *Runtime) NotStarted(uid uint32, pid int32, id uint64) error {
 	t := rt.life.Get(id)
 	j := rt.jobs[id]
 	if t == nil || j == nil || uid != t.UID || t.State != tasklife.Running || t.PID == 0 || int(pid) != t.PID {
-		return refuse(ErrDenied, "", "not the supervisor of a running task %d", id)
+		return refusal.New(ErrDenied, "", "not the supervisor of a running task %d", id)
 	}
 	if j.launching {
 		// Its go-ahead is being sent (or failed): launch is not done
 		// with it yet.
-		return refuse(ErrBusy, "ask again", "task %d is being started", id)
+		return refusal.New(ErrBusy, "ask again", "task %d is being started", id)
 	}
 	slot := t.Slot
 	var err error
@@ -798,7 +785,7 @@ func (rt *Runtime) NotStarted(uid uint32, pid int32, id uint64) error {
 	}
 	if err != nil {
 		rt.log.Printf("task %d: %v", id, err)
-		return refuse(ErrSpool, "ask again later", "the broker could not record that task %d never started: %v", id, err)
+		return refusal.New(ErrSpool, "ask again later", "the broker could not record that task %d never started: %v", id, err)
 	}
 	return nil
 }
