@@ -169,7 +169,7 @@ func (c *conn) finish() {
 	if c.placeholder != 0 && s.byPlaceholder[c.placeholder] == c {
 		delete(s.byPlaceholder, c.placeholder)
 	}
-	s.rt.Unwatch(c) // the tasks whose end it waits for
+	s.tasks.Unwatch(c) // the tasks whose end it waits for
 	if c.w != nil && s.table.Remove(c.w) {
 		s.unwaitLocked(c)
 		s.scheduleLocked() // its reservations are gone

@@ -264,7 +264,7 @@ func (o *slurmOwner) Changed(w *lease.Waiter, id uint32) {
 // the line, and answers it; a task's, the task room fails, not started.
 func (o *slurmOwner) Refuse(w *lease.Waiter, code, msg string) {
 	s := (*Server)(o)
-	task := s.rt.Refuse(w, msg)
+	task := s.tasks.Refuse(w, msg)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch c := connOf(w); {
@@ -285,7 +285,7 @@ func (o *slurmOwner) Refuse(w *lease.Waiter, code, msg string) {
 
 // TimeLimit is waiter w's time limit: a task's --time.
 func (o *slurmOwner) TimeLimit(w *lease.Waiter) time.Duration {
-	return (*Server)(o).rt.TimeLimit(w)
+	return (*Server)(o).tasks.TimeLimit(w)
 }
 
 // slurmOutside is the Slurm room as the task room asks it of tasks'

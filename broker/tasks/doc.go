@@ -1,4 +1,4 @@
-// Package tasks is the broker's task room (Runtime): it owns the detached
+// Package tasks is the broker's task room (Room): it owns the detached
 // tasks from submission to end: their checks and tokens, their journal
 // (package tasklife, the only writer of it), their place in the lease
 // table's line (and the CPU slots' queue for --no-device tasks), their

@@ -490,7 +490,7 @@ func (l *local) Release(t *Task, p Proc) { dropSupervisor(p.(*supervisor), t.ID)
 // run nothing. A socket that closes without this word (nor a go-ahead)
 // means that the broker died, maybe after it recorded the start: the
 // supervisor then tells the next broker that the task never started
-// (Runtime.NotStarted).
+// (Room.NotStarted).
 func dropSupervisor(sup *supervisor, id uint64) {
 	if b, err := json.Marshal(&wire.Spec{ID: id, Drop: true}); err == nil {
 		_ = wire.SendMsg(int(sup.sock.Fd()), b, nil, unix.MSG_DONTWAIT) // failing, it asks, and hears there is nothing to undo
@@ -529,7 +529,7 @@ func (l *local) dropWarm(d time.Duration) {
 
 // GoAhead sends the go-ahead with the lock descriptors. Closed without a
 // word on an error: the supervisor tells the broker that its task never
-// started (Runtime.NotStarted), and it goes back in line.
+// started (Room.NotStarted), and it goes back in line.
 func (l *local) GoAhead(t *Task, p Proc, goAhead *wire.Spec, fds []int) error {
 	sup := p.(*supervisor)
 	b, err := json.Marshal(goAhead)

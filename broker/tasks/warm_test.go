@@ -19,13 +19,13 @@ import (
 // the CPU queue, with a table that has a task waiting, as warmLocked sees
 // it on a scheduling pass. The tasks are in line order: the lease table's
 // line's, then s.cpuq's.
-func warmLine(tb testing.TB, n int) (*Runtime, []*Task) {
+func warmLine(tb testing.TB, n int) (*Room, []*Task) {
 	tb.Helper()
 	table, err := lease.Open(lease.Config{Dir: tb.TempDir()})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := testRuntime(tb, &policy.Config{}, table, nil)
+	s := testRoom(tb, &policy.Config{}, table, nil)
 	life := s.life
 	s.mu.Lock()
 	defer s.mu.Unlock()
