@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/npurun/npurun/broker/refusal"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -35,7 +35,7 @@ func (room *Room) Hold(uid uint32, id uint64, held bool) (wire.TaskInfo, error) 
 		return wire.TaskInfo{}, refusal.New(ErrBusy, "", "task %d is being cancelled", t.ID)
 	case !t.IsWaiting() || j == nil:
 		hint := ""
-		if t.Shown() == tasklife.Running {
+		if t.Shown() == journal.Running {
 			hint = fmt.Sprintf("stop it with 'task-submit cancel %d'", t.ID)
 		}
 		return wire.TaskInfo{}, refusal.New(ErrDenied, hint, "task %d is %s: only a waiting task can be %s", t.ID, t.Shown(), verb)

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/wire"
@@ -19,7 +19,7 @@ import (
 // A granted task starts in three steps, the same for every runner: its
 // process is got ready (Runner.Prepare: readied while it waited, or made
 // now), its start is recorded with that process in the journal (durable,
-// or written only for an armed task: tasklife), and only then is the
+// or written only for an armed task: package journal), and only then is the
 // process given its go-ahead with the devices (Runner.GoAhead). So a
 // broker that dies before the start record is on disk leaves nothing
 // running that the journal does not know, and a task runs at most once.
@@ -61,7 +61,7 @@ func (room *Room) launch(t *Task, fds []int) {
 			return
 		}
 		room.log.Printf("task %d: %v", t.ID, err)
-		if err := room.life.End(t.Task, tasklife.Failed, nil, "not started: "+err.Error()); err != nil {
+		if err := room.life.End(t.Task, journal.Failed, nil, "not started: "+err.Error()); err != nil {
 			room.ungrantLocked(t, fmt.Errorf("task %d: record its failure: %w", t.ID, err), true)
 		}
 		return
@@ -198,7 +198,7 @@ func (room *Room) holdTasksLocked(hold bool) {
 // specLocked is what t's process is told when it is got ready: what it
 // runs, where, as whom, with what limits; the devices and their variables
 // come with the go-ahead.
-func (room *Room) specLocked(t *tasklife.Task) *wire.Spec {
+func (room *Room) specLocked(t *journal.Task) *wire.Spec {
 	env := slices.Clone(t.Sub.Env)
 	if t.Sub.NoDevice {
 		env = append(env, npu.HiddenEnv()...)
@@ -217,7 +217,7 @@ func (room *Room) specLocked(t *tasklife.Task) *wire.Spec {
 
 // goAheadLocked is the go-ahead for a granted task: its devices and their
 // variables (the descriptors travel beside it).
-func (room *Room) goAheadLocked(t *tasklife.Task) *wire.Spec {
+func (room *Room) goAheadLocked(t *journal.Task) *wire.Spec {
 	g := &wire.Spec{ID: t.ID, Devices: t.Devices}
 	if !t.Sub.NoDevice {
 		g.Env = room.inv.Env(t.Devices)
@@ -247,25 +247,25 @@ func capThreads(env []string, name string, n int, text string) []string {
 // kept them. A process that exits while its task is being started is
 // launch's to handle.
 func (room *Room) goneLocked(t *Task, pid int) {
-	if t.launching || t.State != tasklife.Running || t.PID != pid {
+	if t.launching || t.State != journal.Running || t.PID != pid {
 		return
 	}
 	room.run.Kill(t)
-	if t.State != tasklife.Running || t.PID != pid {
+	if t.State != journal.Running || t.PID != pid {
 		return // it reported meanwhile
 	}
 	reason := "its supervisor ended without reporting; exit status unknown"
 	if t.overran {
 		reason = fmt.Sprintf("killed by the broker: time limit %s overrun", quantity.Duration(time.Duration(t.TimeSec)*time.Second))
 	}
-	room.life.EndNow(t.Task, tasklife.Lost, reason)
+	room.life.EndNow(t.Task, journal.Lost, reason)
 }
 
 // stopLocked has a running task stopped: its runner asks it to stop as
 // soon as it can take it (Runner.Stop).
 func (room *Room) stopLocked(t *Task) {
 	t.cancel = true
-	if t.State == tasklife.Running {
+	if t.State == journal.Running {
 		room.run.Stop(t)
 	}
 }
@@ -294,7 +294,7 @@ func (room *Room) backstopLocked(t *Task) time.Duration {
 	time.AfterFunc(left, func() {
 		room.mu.Lock()
 		defer room.unlock()
-		if t.State != tasklife.Running || t.PID != pid {
+		if t.State != journal.Running || t.PID != pid {
 			return
 		}
 		t.overran = true

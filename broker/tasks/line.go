@@ -6,7 +6,7 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/refusal"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/wire"
 )
@@ -85,7 +85,7 @@ func (room *Room) settleLocked(t *Task) {
 		t.lookupErr = nil
 		w, err := room.waiterLocked(t)
 		if err != nil {
-			room.life.EndNow(t.Task, tasklife.Failed, "cannot be queued: "+err.Error())
+			room.life.EndNow(t.Task, journal.Failed, "cannot be queued: "+err.Error())
 			return
 		}
 		t.w = w
@@ -216,7 +216,7 @@ func (room *Room) removeLineLocked(t *Task) {
 // its watchers are told, and the tasks waiting for it are settled. (Its
 // devices free themselves once their locks go: their watchers see it;
 // endLeaseLocked ends whoever holds them still.)
-func (room *Room) endedLocked(t *tasklife.Task) {
+func (room *Room) endedLocked(t *journal.Task) {
 	room.endLeaseLocked(t.ID) // its lease too, whoever holds its descriptors (taskend.go)
 	if j := room.jobs[t.ID]; j != nil {
 		delete(room.jobs, t.ID)
@@ -232,7 +232,7 @@ func (room *Room) endedLocked(t *tasklife.Task) {
 		j.waits = nil
 	}
 	for _, d := range room.life.Dependents(t.ID) {
-		if j := room.jobs[d.ID]; j != nil && d.State == tasklife.Blocked {
+		if j := room.jobs[d.ID]; j != nil && d.State == journal.Blocked {
 			room.settleLocked(j)
 		}
 	}
@@ -339,7 +339,7 @@ func (room *Room) Refuse(w *lease.Waiter, msg string) bool {
 		return false
 	}
 	room.removeLineLocked(t)
-	room.life.EndNow(t.Task, tasklife.Failed, "not started: "+msg)
+	room.life.EndNow(t.Task, journal.Failed, "not started: "+msg)
 	return true
 }
 
@@ -448,7 +448,7 @@ func (room *Room) warmLocked() {
 	}
 }
 
-// warmUp readies t's start with ready, then arms t (tasklife): its start,
+// warmUp readies t's start with ready, then arms t (package journal): its start,
 // when it is granted, need not wait for the disk. An arm that cannot be
 // recorded leaves t's start to wait for the disk, as any.
 func (room *Room) warmUp(t *Task, ready func()) {

@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/internal/testhook"
 	"github.com/npurun/npurun/wire"
 )
@@ -567,7 +567,7 @@ func (l *local) awaitStarted(sup *supervisor) {
 	defer l.host.Unlock()
 	if t := sup.t; t != nil && t.PID == sup.pid {
 		l.of(t).heard = true
-		if t.Cancelled() && t.State == tasklife.Running {
+		if t.Cancelled() && t.State == journal.Running {
 			l.Stop(t)
 		}
 	}

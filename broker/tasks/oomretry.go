@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/internal/quantity"
 )
 
@@ -17,7 +17,7 @@ import (
 // declaration raised to 1.25× the most it was seen to use (or to 1.25× its
 // declaration, if that was more or is all that is known), one retry fewer
 // left, RetryOf saying why. The retry is recorded in the journal in the
-// end's own record (tasklife's EndRetried): no broker's death between the
+// end's own record (the journal's EndRetried): no broker's death between the
 // end and the retry loses it, and a restart replays it with the end. Any
 // other failure ends the task and uses no retry. The ended task's reason
 // says it was retried, and with what, or why not.
@@ -39,7 +39,7 @@ func oomRaise(mem, peak int64) int64 {
 // room has none for t (a task taken up at start) or the last lookup
 // gave no answer. A refusal says why there is no retry; one wrapping
 // ErrBusy, that the user database gives no answer now.
-func (room *Room) oomRetryLocked(t *tasklife.Task, peak int64) (*Task, error) {
+func (room *Room) oomRetryLocked(t *journal.Task, peak int64) (*Task, error) {
 	sub := t.Sub
 	sub.Argv, sub.Env, sub.Devices = slices.Clone(sub.Argv), slices.Clone(sub.Env), slices.Clone(sub.Devices)
 	sub.Mem = oomRaise(sub.Mem, peak)

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/internal/quantity"
 )
 
@@ -58,7 +58,7 @@ func (room *Room) takeUp(dir string) error {
 	if err := room.run.Open(dir); err != nil {
 		return err
 	}
-	life, err := tasklife.Open(dir, tasklife.Options{
+	life, err := journal.Open(dir, journal.Options{
 		Lock: &room.mu, Keep: room.policy().Tasks.KeepEnded, KeepPerUser: room.policy().Tasks.KeepEndedPer,
 		Ended: room.endedLocked, Log: room.log, Boot: room.boot,
 	})
@@ -70,7 +70,7 @@ func (room *Room) takeUp(dir string) error {
 	room.loading = true
 	room.life, room.running, room.taskErr = life, life.RunningByUser(), nil
 	var all []*Task
-	life.Each(func(t *tasklife.Task) bool {
+	life.Each(func(t *journal.Task) bool {
 		if !t.IsEnded() {
 			all = append(all, &Task{Task: t})
 		}
@@ -82,7 +82,7 @@ func (room *Room) takeUp(dir string) error {
 	var gone []*Task
 	for _, j := range all {
 		t := j.Task
-		if t.State != tasklife.Running {
+		if t.State != journal.Running {
 			continue
 		}
 		room.jobs[t.ID] = j
@@ -94,7 +94,7 @@ func (room *Room) takeUp(dir string) error {
 		if t.Boot != "" && t.Boot != room.boot {
 			reason = "the machine restarted while it ran; exit status unknown"
 		}
-		life.EndNow(t, tasklife.Lost, reason)
+		life.EndNow(t, journal.Lost, reason)
 	}
 	for _, j := range all {
 		if j.IsWaiting() {

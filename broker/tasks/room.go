@@ -10,7 +10,7 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/leaseend"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
@@ -115,7 +115,7 @@ var ErrFatal = errors.New("cannot start")
 // the views holding its own lock; every other method is called holding
 // none, and the room calls its owner and its watchers holding none of
 // its own: what they are told is gathered under mu and told once it is
-// let go (unlock). The journal (tasklife) and the runner
+// let go (unlock). The journal (package journal) and the runner
 // share mu, and let it go while they wait (the disk, a process, /proc).
 type Room struct {
 	// cfg is the policy: replaced, never changed, by SetPolicy.
@@ -140,7 +140,7 @@ type Room struct {
 	mu sync.Mutex
 	// The task table (nil while the journal cannot be opened, taskErr
 	// says why) and, for each task not ended, what the room holds.
-	life       *tasklife.Life
+	life       *journal.Life
 	taskErr    error
 	jobs       map[uint64]*Task
 	running    map[uint32]int // tasks starting or running per uid: the table's own count
@@ -211,7 +211,7 @@ func (room *Room) unlock() {
 func (room *Room) serveLocked() { room.out.serve = true }
 
 // Stop, as the broker stops, disarms the waiting tasks durably
-// (tasklife): a clean stop starts nothing more, and a machine restarted
+// (package journal): a clean stop starts nothing more, and a machine restarted
 // before the next broker must not take them for tasks that may have
 // started.
 func (room *Room) Stop() {
@@ -256,7 +256,7 @@ func (room *Room) Counts() map[string]int {
 	if room.life == nil {
 		return n
 	}
-	room.life.Each(func(t *tasklife.Task) bool {
+	room.life.Each(func(t *journal.Task) bool {
 		n[t.Shown()]++
 		return true
 	})

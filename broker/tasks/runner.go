@@ -5,12 +5,12 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/wire"
 )
 
 // Runner is one way of running granted tasks. The room owns a task's
-// life (tasklife: the journal, a start at most once), its place in line,
+// life (package journal: the journal, a start at most once), its place in line,
 // its grant and its time limit; the runner owns its processes: it readies
 // a task's start, runs it once the start is recorded, stops and kills it,
 // measures it, and tells the room when its process is gone (Host.Gone).
@@ -82,7 +82,7 @@ type Runner interface {
 }
 
 // Proc is the process that runs a task: the start record names it
-// (tasklife), and only it may report the task's end.
+// (package journal), and only it may report the task's end.
 type Proc interface {
 	Process() (pid int, start uint64)
 }
@@ -116,7 +116,7 @@ func (h *host) Lookup(uid uint32) *Account { return h.accounts.Lookup(uid) }
 
 // Task is a task that has not ended, and what the room holds for it.
 type Task struct {
-	*tasklife.Task
+	*journal.Task
 	acct      *Account      // the submitter, as looked up at submission
 	w         *lease.Waiter // its place in line (kept while it starts, to put it back)
 	inLine    bool          // w is in a queue

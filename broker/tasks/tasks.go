@@ -13,7 +13,7 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/refusal"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/wire"
@@ -63,13 +63,13 @@ const (
 // names paths and programs). Another user sees that it exists, whose it
 // is, its state and how it ended, and its command where [status]
 // show_commands shows others' (Listing). pos is its place in line.
-func Info(t *tasklife.Task, full bool, pos int) wire.TaskInfo {
+func Info(t *journal.Task, full bool, pos int) wire.TaskInfo {
 	ti := wire.TaskInfo{
 		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
 		N: t.Sub.N, Pool: t.Sub.Pool, Mem: t.Sub.Mem, OOMRetries: t.Sub.OOMRetries, RetryOf: t.Sub.RetryOf, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
 		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
 		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended, Held: t.Held, From: t.From,
-		NeverRan: t.Started == 0 && (t.State == tasklife.Failed || t.State == tasklife.Cancelled),
+		NeverRan: t.Started == 0 && (t.State == journal.Failed || t.State == journal.Cancelled),
 	}
 	if len(t.Devices) == 0 && len(t.Sub.Devices) > 0 {
 		ti.Devices = t.Sub.Devices
@@ -93,7 +93,7 @@ func Info(t *tasklife.Task, full bool, pos int) wire.TaskInfo {
 // root (Info's full); to another user, with its command where shows says
 // another's command may be shown (npubroker status's rule, [status]
 // show_commands), but never its directory, environment, log or reason.
-func Listing(t *tasklife.Task, asker uint32, shows func(asker, owner uint32) bool, pos int) wire.TaskInfo {
+func Listing(t *journal.Task, asker uint32, shows func(asker, owner uint32) bool, pos int) wire.TaskInfo {
 	full := asker == t.UID || asker == 0
 	ti := Info(t, full, pos)
 	if !full && shows(asker, t.UID) {
@@ -102,7 +102,7 @@ func Listing(t *tasklife.Task, asker uint32, shows func(asker, owner uint32) boo
 	return ti
 }
 
-func command(t *tasklife.Task) string {
+func command(t *journal.Task) string {
 	if t.Sub.Shell != "" {
 		return t.Sub.Shell
 	}
@@ -157,7 +157,7 @@ func (room *Room) unavailableLocked(token bool) error {
 
 // taskFor is task id as asker uid may name it: its own, or anyone's for
 // root.
-func (room *Room) taskFor(uid uint32, id uint64) (*tasklife.Task, error) {
+func (room *Room) taskFor(uid uint32, id uint64) (*journal.Task, error) {
 	if err := room.unavailableLocked(false); err != nil {
 		return nil, err
 	}
@@ -255,7 +255,7 @@ func (room *Room) Cancel(uid uint32, who string, id uint64) (wire.TaskInfo, erro
 		if err := room.cancelLocked(j, who); err != nil {
 			return wire.TaskInfo{}, refusal.New(ErrSpool, "", "the broker could not record the cancel, so task %d still waits: %v", t.ID, err)
 		}
-	case (t.State == tasklife.Starting || t.State == tasklife.Running) && j != nil:
+	case (t.State == journal.Starting || t.State == journal.Running) && j != nil:
 		j.cancelBy = who
 		room.stopLocked(j)
 	}
@@ -269,7 +269,7 @@ func (room *Room) cancelLocked(j *Task, who string) error {
 	if j.w != nil {
 		room.holdLocked(j, true)
 	}
-	err := room.life.End(j.Task, tasklife.Cancelled, nil, "cancelled by "+who)
+	err := room.life.End(j.Task, journal.Cancelled, nil, "cancelled by "+who)
 	if err == nil {
 		return nil
 	}
@@ -384,14 +384,14 @@ func (room *Room) submit(by Submitter, sub *wire.Submission, left func() bool, f
 // submittedLocked is the answer to a submission that made task t (j, what
 // the room holds for it, nil once it has ended); existing tells that an
 // earlier submission with the same token made it.
-func (room *Room) submittedLocked(j *Task, t *tasklife.Task, existing bool) *Submitted {
+func (room *Room) submittedLocked(j *Task, t *journal.Task, existing bool) *Submitted {
 	rep := &Submitted{ID: t.ID, State: t.Shown(), Existing: existing}
 	switch t.State {
-	case tasklife.Pending:
+	case journal.Pending:
 		if j != nil && j.inLine {
 			rep.Position, rep.Pool = room.positionLocked(j), j.w.Pool
 		}
-	case tasklife.Starting, tasklife.Running:
+	case journal.Starting, journal.Running:
 		rep.Reason = "starting"
 		if existing {
 			rep.Reason = "running"
@@ -399,7 +399,7 @@ func (room *Room) submittedLocked(j *Task, t *tasklife.Task, existing bool) *Sub
 		if len(t.Devices) > 0 {
 			rep.Reason += " on " + room.inv.Vendor.Format(t.Devices)
 		}
-	case tasklife.Blocked:
+	case journal.Blocked:
 		rep.Reason = "waits for task " + joinIDs(t.Sub.After)
 	default:
 		rep.Reason = t.State + ": " + t.Reason
@@ -493,7 +493,7 @@ func (room *Room) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
 	if room.unpriv && by.UID != uint32(os.Geteuid()) {
 		return nil, refusal.New(ErrDenied, "", "this broker runs unprivileged as uid %d and can run tasks for that uid only", os.Geteuid())
 	}
-	t := &Task{acct: acct, Task: &tasklife.Task{
+	t := &Task{acct: acct, Task: &journal.Task{
 		UID: by.UID, User: acct.Name, Sub: *sub, Submitted: time.Now().UnixMilli(), Slot: -1,
 	}}
 	t.Sub.Env = cleanEnv(sub.Env)
@@ -511,7 +511,7 @@ func (room *Room) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
 	t.Log, t.Notify = sub.Log, sub.Notify
 	if t.Log == "" {
 		// Its size is all that counts until it has its id and the tag.
-		t.Log = wire.DefaultLog(acct.Home, unknownID, strings.Repeat("f", tasklife.TagLen))
+		t.Log = wire.DefaultLog(acct.Home, unknownID, strings.Repeat("f", journal.TagLen))
 	}
 	if err := room.checkSize(t.Task); err != nil {
 		return nil, err
@@ -576,7 +576,7 @@ func (room *Room) admitLocked(by Submitter, t *Task, freed int) error {
 // control character, <, > or & as 6 bytes. The sizes are counted, not
 // encoded; replyLen and specLen bound the encodings from above
 // (TestEncodedSizeBounds).
-func (room *Room) checkSize(t *tasklife.Task) error {
+func (room *Room) checkSize(t *journal.Task) error {
 	const why = "JSON writes each control character, <, > and & as 6 bytes"
 	if n := replyLen(t); n+replyRoom > wire.MaxMessage {
 		return refusal.New(ErrBadRequest, "", "task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, wire.MaxMessage-replyRoom, why)
@@ -595,13 +595,13 @@ const (
 )
 
 // replyLen bounds the size of t's show reply (full, with its environment).
-func replyLen(t *tasklife.Task) int {
+func replyLen(t *journal.Task) int {
 	return replyFrame + jsonListLen(t.Sub.Env) + jsonLen(command(t)) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) +
 		jsonLen(t.Sub.Name) + jsonLen(t.User) + jsonLen(t.Sub.Pool) + 21*len(t.Sub.After) + 12*len(t.Sub.Devices)
 }
 
 // specLen bounds the size of t's Spec, with the variables the room adds.
-func (room *Room) specLen(t *tasklife.Task) int {
+func (room *Room) specLen(t *journal.Task) int {
 	n := specFrame + jsonListLen(t.Sub.Env) + jsonListLen(t.Argv) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) + 2*jsonLen(room.socket) +
 		jsonLen(t.Notify) + jsonLen(t.Sub.Name)
 	if t.Sub.NoDevice {
@@ -687,7 +687,7 @@ func (room *Room) Done(uid uint32, pid int32, id uint64, st *wire.Status) error 
 	}
 	t := room.life.Get(id)
 	ok := t != nil && st != nil && uid == t.UID &&
-		(t.State == tasklife.Running || t.State == tasklife.Lost) &&
+		(t.State == journal.Running || t.State == journal.Lost) &&
 		t.PID != 0 && int(pid) == t.PID
 	if !ok {
 		return refusal.New(ErrDenied, "", "not the supervisor of a running task %d", id)
@@ -707,7 +707,7 @@ func (room *Room) Done(uid uint32, pid int32, id uint64, st *wire.Status) error 
 	state := wire.EndState(st)
 	var retry *Task
 	reason := ""
-	if state == tasklife.Failed && st.OOM && t.Sub.Mem > 0 && t.Sub.OOMRetries > 0 {
+	if state == journal.Failed && st.OOM && t.Sub.Mem > 0 && t.Sub.OOMRetries > 0 {
 		var err error
 		retry, err = room.oomRetryLocked(t, st.DevicePeak)
 		if errors.Is(err, ErrBusy) {
@@ -722,7 +722,7 @@ func (room *Room) Done(uid uint32, pid int32, id uint64, st *wire.Status) error 
 			reason = oomReason(retry.Sub.Mem)
 		}
 	}
-	var rtask *tasklife.Task
+	var rtask *journal.Task
 	if retry != nil {
 		rtask = retry.Task
 	}
@@ -755,7 +755,7 @@ func (room *Room) NotStarted(uid uint32, pid int32, id uint64) error {
 	}
 	t := room.life.Get(id)
 	j := room.jobs[id]
-	if t == nil || j == nil || uid != t.UID || t.State != tasklife.Running || t.PID == 0 || int(pid) != t.PID {
+	if t == nil || j == nil || uid != t.UID || t.State != journal.Running || t.PID == 0 || int(pid) != t.PID {
 		return refusal.New(ErrDenied, "", "not the supervisor of a running task %d", id)
 	}
 	if j.launching {
@@ -766,7 +766,7 @@ func (room *Room) NotStarted(uid uint32, pid int32, id uint64) error {
 	slot := t.Slot
 	var err error
 	if j.cancel {
-		err = room.life.End(t, tasklife.Cancelled, nil, "cancelled by "+j.cancelBy+" before it started")
+		err = room.life.End(t, journal.Cancelled, nil, "cancelled by "+j.cancelBy+" before it started")
 	} else if err = room.life.Unstart(t, int(pid)); err == nil {
 		room.log.Printf("task %d never got its go-ahead (its supervisor %d says so): it waits again", id, pid)
 		if slot >= 0 && slot < len(room.cpuFree) {
@@ -805,7 +805,7 @@ func (room *Room) waitReasonLocked(j *Task) string {
 	if j.Held {
 		return fmt.Sprintf("held: it keeps its place in line, and 'task-submit release %d' lets it start", j.ID)
 	}
-	if j.State == tasklife.Blocked {
+	if j.State == journal.Blocked {
 		var ids []uint64
 		for _, dep := range j.Sub.After {
 			if d := room.life.Get(dep); d != nil && !d.IsEnded() {
@@ -868,7 +868,7 @@ const (
 
 // Listed is a task copied for a page of a listing, with its place in line.
 type Listed struct {
-	Task  tasklife.Task
+	Task  journal.Task
 	Pos   int
 	Start time.Time // when it starts at the latest, waiting for devices (lease.Place.Start); zero: unknown
 }
@@ -881,7 +881,7 @@ type Filter struct {
 }
 
 // keeps tells whether f lists t.
-func (f Filter) keeps(t *tasklife.Task) bool {
+func (f Filter) keeps(t *journal.Task) bool {
 	return !f.Ended || (t.IsEnded() && t.Ended >= f.Since)
 }
 
@@ -898,7 +898,7 @@ func (room *Room) Page(uid uint32, all bool, after uint64, f Filter, page []List
 	page = page[:0]
 	scanned, size := 0, 0
 	var inLine []*lease.Waiter
-	room.life.EachAfter(after, func(t *tasklife.Task) bool {
+	room.life.EachAfter(after, func(t *journal.Task) bool {
 		if scanned == listScan || len(page) == listPage || size > wire.MaxMessage {
 			more = true
 			return false

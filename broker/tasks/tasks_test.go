@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
 )
@@ -49,7 +49,7 @@ func TestEncodedSizeBounds(t *testing.T) {
 				sub.Argv = append(sub.Argv, text(rnd.IntN(200)))
 			}
 		}
-		tk := &tasklife.Task{ID: 1 << 40, UID: 1000, User: "u" + text(5), Sub: sub, Log: "/" + text(50), Slot: -1,
+		tk := &journal.Task{ID: 1 << 40, UID: 1000, User: "u" + text(5), Sub: sub, Log: "/" + text(50), Slot: -1,
 			Argv: sub.Argv}
 		if sub.Shell != "" {
 			tk.Argv = []string{"/bin/sh", "-c", sub.Shell}
@@ -109,7 +109,7 @@ func testRoom(tb testing.TB, cfg *policy.Config, table *lease.Table, accts Accou
 		accts = &testAccounts{}
 	}
 	room := New(Config{Policy: cfg, Table: table, Owner: &serveCount{}, Accounts: accts, Log: log.New(io.Discard, "", 0)})
-	life, err := tasklife.Open(tb.TempDir(), tasklife.Options{Lock: &room.mu, Log: room.log, Keep: 10, KeepPerUser: 10, Ended: room.endedLocked})
+	life, err := journal.Open(tb.TempDir(), journal.Options{Lock: &room.mu, Log: room.log, Keep: 10, KeepPerUser: 10, Ended: room.endedLocked})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -151,7 +151,7 @@ pools = ["interactive", "queue"]
 	const uid = 4242
 	room.mu.Lock()
 	defer room.mu.Unlock()
-	tk := &tasklife.Task{ID: life.NewID(), UID: uid, User: "alice", Slot: -1, Sub: wire.Submission{Pool: "queue", Cwd: "/", Argv: []string{"true"}}}
+	tk := &journal.Task{ID: life.NewID(), UID: uid, User: "alice", Slot: -1, Sub: wire.Submission{Pool: "queue", Cwd: "/", Argv: []string{"true"}}}
 	if err := life.Submit(tk); err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ pools = ["interactive", "queue"]
 	// The user database does not answer now.
 	accts.store(uid, &Account{Name: "uid 4242", Home: "/", Err: errors.New("too many open files")})
 	room.settleLocked(j)
-	if tk.State != tasklife.Pending || j.inLine {
+	if tk.State != journal.Pending || j.inLine {
 		t.Fatalf("task of an account that cannot be looked up now: %s (%s), in line %v; want pending, out of line", tk.State, tk.Reason, j.inLine)
 	}
 	if why := room.waitReasonLocked(j); !strings.Contains(why, "user database") {
@@ -171,7 +171,7 @@ pools = ["interactive", "queue"]
 	room.mu.Unlock()
 	room.lookupAgain()
 	room.mu.Lock()
-	if tk.State != tasklife.Pending || !j.inLine || j.w.Pool != "queue" || j.w.User != "alice" {
+	if tk.State != journal.Pending || !j.inLine || j.w.Pool != "queue" || j.w.User != "alice" {
 		t.Errorf("once its account can be read: %s (%s), in line %v; want pending in line for pool queue as alice", tk.State, tk.Reason, j.inLine)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
 )
@@ -33,7 +33,7 @@ func warmLine(tb testing.TB, n int) (*Room, []*Task) {
 	add := func(cpu bool, uid uint32, pool string, isTask bool) {
 		w := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid}, N: 1, Cand: []int{0}, Pool: pool}
 		if isTask {
-			tk := &tasklife.Task{ID: life.NewID(), UID: uid, User: fmt.Sprint("u", uid), Slot: -1}
+			tk := &journal.Task{ID: life.NewID(), UID: uid, User: fmt.Sprint("u", uid), Slot: -1}
 			if err := life.Submit(tk); err != nil {
 				tb.Fatal(err)
 			}
@@ -121,7 +121,7 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 	add := func(name string, cpu bool, uid uint32, pool string, isTask, held bool) {
 		w := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid}, N: 1, Cand: []int{0}, Pool: pool, Held: held}
 		if isTask {
-			tk := &tasklife.Task{ID: s.life.NewID(), UID: uid, User: name, Slot: -1,
+			tk := &journal.Task{ID: s.life.NewID(), UID: uid, User: name, Slot: -1,
 				Argv: []string{"/bin/true"}, Log: filepath.Join(dir, name+".log"), Sub: wire.Submission{Cwd: "/"}}
 			if err := s.life.Submit(tk); err != nil {
 				t.Fatal(err)
