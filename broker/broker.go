@@ -80,8 +80,8 @@ type Options struct {
 // (taskRoomOwner, a connection waiting for a task's end) holding none of
 // its own, so no room's lock is ever held under one that comes after it
 // here; a release goes from the table to the status room (Ended) without
-// Server.mu. The task room's journal (package tasks/journal) and its runner share its
-// lock. TestRoomsLockOrder runs all of them at once under -race.
+// Server.mu. The task room's journal (package tasks/journal) and its
+// runner share its lock. TestRoomsLockOrder runs all of them at once under -race.
 type Server struct {
 	// cfg is the policy, read without a lock (policy) and replaced, never
 	// changed, by a reload (reload.go), which hands each room its copy.

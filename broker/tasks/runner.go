@@ -10,8 +10,8 @@ import (
 )
 
 // Runner is one way of running granted tasks. The room owns a task's
-// life (package journal: the journal, a start at most once), its place in line,
-// its grant and its time limit; the runner owns its processes: it readies
+// life (package journal: the journal, a start at most once), its place in
+// line, its grant and its time limit; the runner owns its processes: it readies
 // a task's start, runs it once the start is recorded, stops and kills it,
 // measures it, and tells the room when its process is gone (Host.Gone).
 // The local runner (local.go: supervisors on this machine, warm and idle
