@@ -80,8 +80,8 @@ type Options struct {
 // (taskRoomOwner, a connection waiting for a task's end) holding none of
 // its own, so no room's lock is ever held under one that comes after it
 // here; a release goes from the table to the status room (Ended) without
-// Server.mu. The task room's journal (tasklife) and its runner share its
-// lock. TestRoomsLockOrder runs all of them at once under -race.
+// Server.mu. The task room's journal (package tasks/journal) and its
+// runner share its lock. TestRoomsLockOrder runs all of them at once under -race.
 type Server struct {
 	// cfg is the policy, read without a lock (policy) and replaced, never
 	// changed, by a reload (reload.go), which hands each room its copy.
@@ -107,7 +107,7 @@ type Server struct {
 
 	table  *lease.Table   // the devices, their lock files, the line, caps and grants: its own lock
 	acc    *access        // device access of restricted accounts (access.go), the table's gate: its own lock
-	rt     *tasks.Runtime // the tasks: their journal, line, start and end; its own lock
+	tasks  *tasks.Room    // the tasks: their journal, line, start and end; its own lock
 	status *status.Ledger // what status reports: the ledger, holders, the scan, usage, metrics; its own lock
 
 	scanner *procscan.Scanner // reads /proc: for the status room, and for the ender
@@ -240,13 +240,13 @@ func New(o Options) (*Server, error) {
 	if s.slurm != nil {
 		tc.Outside = (*slurmOutside)(s) // Slurm's devices, its placeholders' reasons
 	}
-	s.rt = tasks.New(tc)
+	s.tasks = tasks.New(tc)
 	s.table.Start(failed)
 	s.followAdopted()
 	if s.slurm != nil {
 		s.slurm.Resume((*slurmOwner)(s))
 	}
-	if err := s.rt.Open(stateDir); err != nil {
+	if err := s.tasks.Open(stateDir); err != nil {
 		return nil, err
 	}
 	s.fdReserve()
@@ -322,7 +322,7 @@ func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, last bool) {
 // Freed serves the line: a device came into service. The tasks it grants
 // are launched here, on the table's goroutine that freed the device: a
 // goroutine started for the launch would cost a wake-up on the path from
-// a lease's end to the next task's start (tasks.Runtime.Schedule).
+// a lease's end to the next task's start (tasks.Room.Schedule).
 func (o *tableOwner) Freed() {
 	s := (*Server)(o)
 	if s.slurm != nil {
@@ -331,7 +331,7 @@ func (o *tableOwner) Freed() {
 	s.mu.Lock()
 	starts := s.serveLocked(true)
 	s.mu.Unlock()
-	s.rt.Launch(starts)
+	s.tasks.Launch(starts)
 }
 
 // Listen opens the broker's socket at path. A socket file left by a broker
@@ -393,11 +393,11 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	s.status.ServeMetrics(ctx)
 	hctx, endHealth := context.WithCancel(ctx)
 	defer endHealth()
-	go s.watchHealth(hctx)        // [devices] health_interval
-	go s.askCapacities(hctx)      // a shared device's memory the vendor's tool could not say at start
-	defer s.status.Stop()         // every lease it knows in the accounting log, written
-	defer s.rt.Close(time.Second) // a broker that stops leaves no idle supervisor
-	defer s.rt.Stop()             // nor a task armed
+	go s.watchHealth(hctx)           // [devices] health_interval
+	go s.askCapacities(hctx)         // a shared device's memory the vendor's tool could not say at start
+	defer s.status.Stop()            // every lease it knows in the accounting log, written
+	defer s.tasks.Close(time.Second) // a broker that stops leaves no idle supervisor
+	defer s.tasks.Stop()             // nor a task armed
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {

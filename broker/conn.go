@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -31,7 +31,7 @@ type conn struct {
 	closed bool
 	unread int // bytes sent that the client had not read when last looked at (SIOCOUTQ)
 
-	passed []procscan.FileID // the files of the descriptors the request read last came with (op container)
+	passed []fileid.ID // the files of the descriptors the request read last came with (op container)
 
 	origin *Origin // a session's, or a request's on behalf of another user
 	login  *login  // a login session waiting for its lease
@@ -169,7 +169,7 @@ func (c *conn) finish() {
 	if c.placeholder != 0 && s.byPlaceholder[c.placeholder] == c {
 		delete(s.byPlaceholder, c.placeholder)
 	}
-	s.rt.Unwatch(c) // the tasks whose end it waits for
+	s.tasks.Unwatch(c) // the tasks whose end it waits for
 	if c.w != nil && s.table.Remove(c.w) {
 		s.unwaitLocked(c)
 		s.scheduleLocked() // its reservations are gone

@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -29,16 +29,16 @@ func closeAll(fds []int) {
 // passedFiles are the files of the descriptors that req came with: op
 // container's, the lease it names (the caller closes them all; the broker
 // keeps none). Any other request comes with none.
-func passedFiles(req *wire.Request, fds []int) ([]procscan.FileID, error) {
+func passedFiles(req *wire.Request, fds []int) ([]fileid.ID, error) {
 	if len(fds) == 0 {
 		return nil, nil
 	}
 	if req.Op != wire.OpContainer {
 		return nil, &badRequest{"clients send no descriptors"}
 	}
-	files := make([]procscan.FileID, len(fds))
+	files := make([]fileid.ID, len(fds))
 	for i, fd := range fds {
-		id, err := procscan.ID(fd)
+		id, err := fileid.Of(fd)
 		if err != nil {
 			return nil, &badRequest{fmt.Sprintf("descriptor %d: %v", i, err)}
 		}

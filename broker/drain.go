@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/internal/testhook"
 	"github.com/npurun/npurun/wire"
 )
@@ -78,7 +79,7 @@ func (s *Server) deviceByName(name string) (int, error) {
 	num := strings.TrimPrefix(name, noun)
 	id, err := strconv.Atoi(num)
 	if err != nil || id < 0 || num == "" || num[0] == '+' || num[0] == '-' {
-		return 0, &lease.Refusal{Err: lease.ErrNoDevice, Msg: fmt.Sprintf("no device %q here: name one as %s3 or 3", name, noun),
+		return 0, &refusal.Refusal{Err: lease.ErrNoDevice, Msg: fmt.Sprintf("no device %q here: name one as %s3 or 3", name, noun),
 			Hint: "this broker manages " + s.inv.Vendor.Format(s.inv.IDs)}
 	}
 	return id, nil

@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -88,24 +87,6 @@ func (s *Server) admitLocked(h lease.Holder, acct *account, n int, devices []int
 	return w, nil
 }
 
-// refusalReply is the answer to a request the lease table refused.
-func refusalReply(err error) *wire.Reply {
-	var r *lease.Refusal
-	if !errors.As(err, &r) {
-		return errReply(wire.CodeBadRequest, err.Error(), "")
-	}
-	code := wire.CodeDenied
-	switch {
-	case errors.Is(r, lease.ErrBadRequest):
-		code = wire.CodeBadRequest
-	case errors.Is(r, lease.ErrNoDevice):
-		code = wire.CodeNoDevice
-	case errors.Is(r, lease.ErrNoPool):
-		code = wire.CodeNoSuchPool
-	}
-	return errReply(code, r.Msg, r.Hint)
-}
-
 // The lease table's cap on the devices a request names is the wire's.
 var _ = [1]struct{}{}[lease.MaxDevices-wire.MaxDevices]
 
@@ -129,7 +110,7 @@ func connOf(w *lease.Waiter) *conn {
 // line (a reload's Reconfigure, a device found not shared:
 // lease.Table.SetCapacity) that they are refused (code denied: npurun
 // exits 77), msg before each refusal's reason. It returns the tasks'
-// among them, for tasks.Runtime.Refuse once s.mu is let go.
+// among them, for tasks.Room.Refuse once s.mu is let go.
 func (s *Server) refuseLocked(refused []lease.Refused, msg string) (tasks []lease.Refused) {
 	for _, r := range refused {
 		c := connOf(r.W)
@@ -194,13 +175,13 @@ func (s *Server) scheduleLocked() {
 }
 
 // serveLocked is scheduleLocked for a caller that launches the tasks
-// granted itself (here), with tasks.Runtime.Launch once it has let the
+// granted itself (here), with tasks.Room.Launch once it has let the
 // lock go: it returns them.
 func (s *Server) serveLocked(here bool) []tasks.Start {
 	s.status.Changed() // for status watchers: the line or the devices changed
 	var starts []tasks.Start
 	for {
-		sv := s.rt.Schedule(here)
+		sv := s.tasks.Schedule(here)
 		starts = append(starts, sv.Starts...)
 		for _, b := range sv.Begun {
 			s.status.Started(b.Lease, b.H)
@@ -223,11 +204,11 @@ func (s *Server) serveLocked(here bool) []tasks.Start {
 }
 
 // deliverLocked delivers handover h to its waiter: a task's start (the
-// task room's: tasks.Runtime.Deliver), or a grant to the client waiting on
+// task room's: tasks.Room.Deliver), or a grant to the client waiting on
 // its connection. It tells whether it did; if not, the devices are free
 // again.
 func (s *Server) deliverLocked(h *lease.Handover) bool {
-	if sv, mine := s.rt.Deliver(h); mine {
+	if sv, mine := s.tasks.Deliver(h); mine {
 		for _, b := range sv.Begun {
 			s.status.Started(b.Lease, b.H)
 		}

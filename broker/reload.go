@@ -59,7 +59,7 @@ func (s *Server) Reload() (*wire.ReloadInfo, error) {
 	var tasksRefused []lease.Refused
 	s.mu.Lock()
 	s.cfg.Store(n)
-	s.rt.SetPolicy(n, func() {
+	s.tasks.SetPolicy(n, func() {
 		refused, tableErr = s.table.Reconfigure(pools, n.DefaultPool, limitOf)
 	})
 	tasksRefused = s.refuseLocked(refused, "the broker's configuration, reloaded, refuses this request: ")
@@ -68,7 +68,7 @@ func (s *Server) Reload() (*wire.ReloadInfo, error) {
 		s.log.Printf("reload %s: the lease table kept its pools: %v", path, tableErr)
 	}
 	for _, r := range tasksRefused {
-		s.rt.Refuse(r.W, "the broker's configuration, reloaded, refuses it: "+r.Why.Msg)
+		s.tasks.Refuse(r.W, "the broker's configuration, reloaded, refuses it: "+r.Why.Msg)
 	}
 	info.Refused = len(refused)
 	if err := s.writeSessionPolicy(s.runDir); err != nil {

@@ -151,7 +151,7 @@ func (s *Server) askCapacities(ctx context.Context) {
 		tasks := s.refuseLocked(refused, "the broker refuses this request now that it knows its device's memory: ")
 		s.mu.Unlock()
 		for _, r := range tasks {
-			s.rt.Refuse(r.W, "the broker refuses it now that it knows its device's memory: "+r.Why.Msg)
+			s.tasks.Refuse(r.W, "the broker refuses it now that it knows its device's memory: "+r.Why.Msg)
 		}
 		(*tableOwner)(s).Freed() // the line, served on the devices that take shares now
 	}

@@ -9,8 +9,10 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/broker/status"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
 )
@@ -70,7 +72,7 @@ func (s *Server) slurmRefusal(devices []int) error {
 	}
 	for _, id := range devices {
 		if sc.Manages(id) {
-			return &lease.Refusal{Err: lease.ErrNoDevice, Msg: fmt.Sprintf("%s is Slurm's ([slurm] mode %q): ask Slurm for it (srun --gres=%s:1)", s.inv.Vendor.Format([]int{id}), sc.Mode, sc.GRES)}
+			return &refusal.Refusal{Err: lease.ErrNoDevice, Msg: fmt.Sprintf("%s is Slurm's ([slurm] mode %q): ask Slurm for it (srun --gres=%s:1)", s.inv.Vendor.Format([]int{id}), sc.Mode, sc.GRES)}
 		}
 	}
 	return nil
@@ -216,9 +218,9 @@ func (o *slurmOwner) Holders(l *lease.Lease) []slurmjobs.Proc {
 	if len(out) > 0 {
 		return out
 	}
-	targets := procscan.Targets{Files: map[procscan.FileID]bool{}}
+	targets := procscan.Targets{Files: map[fileid.ID]bool{}}
 	for _, f := range l.Files {
-		targets.Files[procscan.FileID(f)] = true
+		targets.Files[f] = true
 	}
 	res, err := s.scanner.Sweep(targets)
 	if err != nil {
@@ -262,7 +264,7 @@ func (o *slurmOwner) Changed(w *lease.Waiter, id uint32) {
 // the line, and answers it; a task's, the task room fails, not started.
 func (o *slurmOwner) Refuse(w *lease.Waiter, code, msg string) {
 	s := (*Server)(o)
-	task := s.rt.Refuse(w, msg)
+	task := s.tasks.Refuse(w, msg)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch c := connOf(w); {
@@ -283,7 +285,7 @@ func (o *slurmOwner) Refuse(w *lease.Waiter, code, msg string) {
 
 // TimeLimit is waiter w's time limit: a task's --time.
 func (o *slurmOwner) TimeLimit(w *lease.Waiter) time.Duration {
-	return (*Server)(o).rt.TimeLimit(w)
+	return (*Server)(o).tasks.TimeLimit(w)
 }
 
 // slurmOutside is the Slurm room as the task room asks it of tasks'

@@ -44,7 +44,7 @@ func (v *tableView) Snapshot() lease.Snapshot {
 			ids = append(ids, p.W.Task)
 		}
 	}
-	if held := s.rt.HeldByOwner(ids...); len(held) > 0 {
+	if held := s.tasks.HeldByOwner(ids...); len(held) > 0 {
 		for i, p := range snap.Line {
 			if p.Why == "" && held[p.W.Task] {
 				snap.Line[i].Why = tasks.HeldWhy
@@ -72,7 +72,7 @@ func (v *tableView) Reason(w *lease.Waiter) string {
 // heldWhy is why, or, for a task its owner holds (task-submit hold), that
 // it is held: the line passes over it, so the board says why.
 func (s *Server) heldWhy(w *lease.Waiter, why string) string {
-	if why == "" && w.Task != 0 && s.rt.HeldByOwner(w.Task)[w.Task] {
+	if why == "" && w.Task != 0 && s.tasks.HeldByOwner(w.Task)[w.Task] {
 		return tasks.HeldWhy
 	}
 	return why

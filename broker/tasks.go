@@ -23,24 +23,24 @@ import (
 
 // taskOp serves the task operations.
 func (s *Server) taskOp(c *conn, req *wire.Request) bool {
-	if err := s.rt.Unavailable((req.Op == wire.OpSubmit || req.Op == wire.OpRequeue) && req.Task != nil && req.Task.Token != ""); err != nil {
+	if err := s.tasks.Unavailable((req.Op == wire.OpSubmit || req.Op == wire.OpRequeue) && req.Task != nil && req.Task.Token != ""); err != nil {
 		s.answer(c, nil, err)
 		return true
 	}
 	switch req.Op {
 	case wire.OpSubmit:
-		sub, err := s.rt.Submit(tasks.Submitter{UID: c.uid, Account: c.acct.forTasks()}, req.Task, c.peerGone)
+		sub, err := s.tasks.Submit(tasks.Submitter{UID: c.uid, Account: c.acct.forTasks()}, req.Task, c.peerGone)
 		if errors.Is(err, tasks.ErrLeft) {
 			return false
 		}
 		s.answer(c, submittedReply(sub), err)
 		return !errors.Is(err, tasks.ErrBadRequest) && !errors.Is(err, lease.ErrBadRequest)
 	case wire.OpTaskDone:
-		err := s.rt.Done(c.uid, c.pid, req.ID, req.Status)
+		err := s.tasks.Done(c.uid, c.pid, req.ID, req.Status)
 		s.answer(c, &wire.Reply{Type: wire.TypeOK}, err)
 		return !errors.Is(err, tasks.ErrDenied)
 	case wire.OpNotStarted:
-		err := s.rt.NotStarted(c.uid, c.pid, req.ID)
+		err := s.tasks.NotStarted(c.uid, c.pid, req.ID)
 		s.answer(c, &wire.Reply{Type: wire.TypeOK}, err)
 		return !errors.Is(err, tasks.ErrDenied)
 	case wire.OpList:
@@ -48,10 +48,10 @@ func (s *Server) taskOp(c *conn, req *wire.Request) bool {
 	case wire.OpHistory:
 		return s.history(c, req.All, req.Since)
 	case wire.OpShow:
-		ti, err := s.rt.Show(c.uid, req.ID)
+		ti, err := s.tasks.Show(c.uid, req.ID)
 		s.answer(c, tasksReply(ti), err)
 	case wire.OpWait:
-		ti, err := s.rt.Wait(c, c.uid, req.ID)
+		ti, err := s.tasks.Wait(c, c.uid, req.ID)
 		switch {
 		case err != nil:
 			s.answer(c, nil, err)
@@ -60,13 +60,13 @@ func (s *Server) taskOp(c *conn, req *wire.Request) bool {
 		}
 		return !errors.Is(err, tasks.ErrTooMany)
 	case wire.OpCancel:
-		ti, err := s.rt.Cancel(c.uid, c.acct.name, req.ID)
+		ti, err := s.tasks.Cancel(c.uid, c.acct.name, req.ID)
 		s.answer(c, tasksReply(ti), err)
 	case wire.OpHold, wire.OpRelease:
-		ti, err := s.rt.Hold(c.uid, req.ID, req.Op == wire.OpHold)
+		ti, err := s.tasks.Hold(c.uid, req.ID, req.Op == wire.OpHold)
 		s.answer(c, tasksReply(ti), err)
 	case wire.OpRequeue:
-		sub, err := s.rt.Requeue(tasks.Submitter{UID: c.uid, Account: c.acct.forTasks()}, req.ID, req.Task, c.peerGone)
+		sub, err := s.tasks.Requeue(tasks.Submitter{UID: c.uid, Account: c.acct.forTasks()}, req.ID, req.Task, c.peerGone)
 		if errors.Is(err, tasks.ErrLeft) {
 			return false
 		}
@@ -79,33 +79,11 @@ func (s *Server) taskOp(c *conn, req *wire.Request) bool {
 // answer sends rep, or the refusal err.
 func (s *Server) answer(c *conn, rep *wire.Reply, err error) {
 	if err != nil {
-		rep = taskRefusalReply(err)
+		rep = refusalReply(err)
 	}
 	s.mu.Lock()
 	c.sendLocked(rep)
 	s.mu.Unlock()
-}
-
-// taskRefusalReply is the answer to an operation the task room refused.
-func taskRefusalReply(err error) *wire.Reply {
-	var r *tasks.Refusal
-	if !errors.As(err, &r) {
-		return refusalReply(err) // the lease table's
-	}
-	code := wire.CodeDenied
-	switch {
-	case errors.Is(r, tasks.ErrBadRequest):
-		code = wire.CodeBadRequest
-	case errors.Is(r, tasks.ErrTooMany):
-		code = wire.CodeTooMany
-	case errors.Is(r, tasks.ErrNoSuchTask):
-		code = wire.CodeNoSuchTask
-	case errors.Is(r, tasks.ErrBusy):
-		code = wire.CodeBusy
-	case errors.Is(r, tasks.ErrSpool):
-		code = wire.CodeSpool
-	}
-	return errReply(code, r.Msg, r.Hint)
 }
 
 func tasksReply(ti wire.TaskInfo) *wire.Reply {
@@ -146,7 +124,7 @@ func (s *Server) list(c *conn, all bool, after uint64, f tasks.Filter) bool {
 	var next uint64
 	var more bool
 	var err error
-	buf.page, next, more, err = s.rt.Page(c.uid, all, after, f, buf.page[:0])
+	buf.page, next, more, err = s.tasks.Page(c.uid, all, after, f, buf.page[:0])
 	if err != nil {
 		s.answer(c, nil, err)
 		return true
@@ -195,7 +173,7 @@ func (s *Server) history(c *conn, all bool, since int64) bool {
 	}
 	rep := &wire.Reply{Type: wire.TypeTasks, More: more, Tasks: []wire.TaskInfo{}}
 	for _, tl := range tls {
-		if s.rt.Keeps(tl.Task, tl.Started) {
+		if s.tasks.Keeps(tl.Task, tl.Started) {
 			continue
 		}
 		rep.Tasks = append(rep.Tasks, wire.TaskInfo{ID: tl.Task, User: tl.User, UID: tl.UID, State: wire.StateEnded,

@@ -14,7 +14,7 @@ import (
 	"github.com/npurun/npurun/wire"
 )
 
-// The first task waiting for a device is armed (tasklife): its warm
+// The first task waiting for a device is armed (broker/tasks/journal): its warm
 // supervisor is ready and a durable arm record names this boot, so that
 // its start record, when the device frees, need only be written, not
 // synced, before the go-ahead. These tests restart the broker with such a

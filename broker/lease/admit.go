@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/policy"
 )
@@ -13,8 +14,8 @@ import (
 // MaxDevices bounds the devices one request may name.
 const MaxDevices = 64
 
-// What a request may be refused for: a Refusal wraps one, and the owner
-// maps it to its own answer (errors.Is).
+// What a request may be refused for: a refusal.Refusal wraps one, and the
+// owner maps it to its own answer (errors.Is).
 var (
 	ErrBadRequest = errors.New("bad request")    // malformed: a device named twice, a count below 0
 	ErrNoDevice   = errors.New("no such device") // a device this table does not manage
@@ -25,21 +26,6 @@ var (
 	// answer.
 	ErrGone = errors.New("the request left the line")
 )
-
-// Refusal is why a request is refused: one of the errors above, a message
-// for its user, and a hint where a next step helps.
-type Refusal struct {
-	Err  error
-	Msg  string
-	Hint string
-}
-
-func (r *Refusal) Error() string { return r.Msg }
-func (r *Refusal) Unwrap() error { return r.Err }
-
-func refuse(err error, hint string, format string, args ...any) *Refusal {
-	return &Refusal{Err: err, Msg: fmt.Sprintf(format, args...), Hint: hint}
-}
 
 // Request is what a holder asks for: n devices of a pool, or exactly
 // Devices.
@@ -54,7 +40,7 @@ type Request struct {
 
 // Admit checks a request against the devices, the pools and its holder's
 // limit, and returns the waiter that queues it (not yet in line), or a
-// Refusal.
+// refusal.Refusal.
 func (t *Table) Admit(r Request) (*Waiter, error) {
 	return t.admit(t.pc.Load(), r, false)
 }
@@ -67,25 +53,25 @@ func (t *Table) admit(pc *poolSet, r Request, locked bool) (*Waiter, error) {
 	w := &Waiter{Holder: r.Holder, Limit: lim, Queued: time.Now()}
 	if len(r.Devices) > 0 {
 		if len(r.Devices) > MaxDevices {
-			return nil, refuse(ErrBadRequest, "", "at most %d devices in one request", MaxDevices)
+			return nil, refusal.New(ErrBadRequest, "", "at most %d devices in one request", MaxDevices)
 		}
 		ids := slices.Clone(r.Devices)
 		slices.Sort(ids)
 		if len(slices.Compact(slices.Clone(ids))) != len(ids) {
-			return nil, refuse(ErrBadRequest, "", "device named twice in %v", r.Devices)
+			return nil, refusal.New(ErrBadRequest, "", "device named twice in %v", r.Devices)
 		}
 		for _, id := range ids {
 			if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
-				return nil, refuse(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
+				return nil, refusal.New(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
 			}
 			p, inPool := pc.poolOf[id]
 			switch {
 			case !inPool:
-				return nil, refuse(ErrDenied, "", "%s is in no pool, so nobody may lease it", t.vendor.Format([]int{id}))
+				return nil, refusal.New(ErrDenied, "", "%s is in no pool, so nobody may lease it", t.vendor.Format([]int{id}))
 			case !lim.AllowsPool(p):
-				return nil, refuse(ErrDenied, "", "%s is in pool %q, which %s does not open to %s", t.vendor.Format([]int{id}), p, lim.Source, r.Holder.User)
+				return nil, refusal.New(ErrDenied, "", "%s is in pool %q, which %s does not open to %s", t.vendor.Format([]int{id}), p, lim.Source, r.Holder.User)
 			case pc.external[p] != "":
-				return nil, refuse(ErrBadRequest, fmt.Sprintf("npurun -n %d --pool %s", len(ids), p), "%s picks the devices of pool %q: ask for a count (-n), not for %s", pc.external[p], p, t.vendor.Format([]int{id}))
+				return nil, refusal.New(ErrBadRequest, fmt.Sprintf("npurun -n %d --pool %s", len(ids), p), "%s picks the devices of pool %q: ask for a count (-n), not for %s", pc.external[p], p, t.vendor.Format([]int{id}))
 			}
 			w.Pool = p
 		}
@@ -96,24 +82,24 @@ func (t *Table) admit(pc *poolSet, r Request, locked bool) (*Waiter, error) {
 			w.N = 1
 		}
 		if w.N < 0 {
-			return nil, refuse(ErrBadRequest, "", "bad device count %d", r.N)
+			return nil, refusal.New(ErrBadRequest, "", "bad device count %d", r.N)
 		}
 		w.Pool = pc.name(r.Pool)
 		ids, ok := pc.poolIDs[w.Pool]
 		if !ok {
-			return nil, refuse(ErrNoPool, "pools: "+pc.list(), "no pool %q here", r.Pool)
+			return nil, refusal.New(ErrNoPool, "pools: "+pc.list(), "no pool %q here", r.Pool)
 		}
 		if !lim.AllowsPool(w.Pool) {
-			return nil, refuse(ErrDenied, "", "pool %q is not open to %s (%s)", w.Pool, r.Holder.User, lim.Source)
+			return nil, refusal.New(ErrDenied, "", "pool %q is not open to %s (%s)", w.Pool, r.Holder.User, lim.Source)
 		}
 		if w.N > len(ids) {
-			return nil, refuse(ErrDenied, "", "%s asked, pool %q has only %d", quantity.Count(w.N, "device", "devices"), w.Pool, len(ids))
+			return nil, refusal.New(ErrDenied, "", "%s asked, pool %q has only %d", quantity.Count(w.N, "device", "devices"), w.Pool, len(ids))
 		}
 		w.Cand = ids
 		w.External = pc.external[w.Pool] != ""
 	}
 	if r.Mem < 0 {
-		return nil, refuse(ErrBadRequest, "", "bad memory size %d", r.Mem)
+		return nil, refusal.New(ErrBadRequest, "", "bad memory size %d", r.Mem)
 	}
 	if r.Mem > 0 {
 		if err := t.admitShare(pc, w, r.Mem, locked); err != nil {
@@ -121,7 +107,7 @@ func (t *Table) admit(pc *poolSet, r Request, locked bool) (*Waiter, error) {
 		}
 	}
 	if lim.MaxDevices > 0 && w.N > lim.MaxDevices {
-		return nil, refuse(ErrDenied, "", "%s asked, the limit for %s is %d held at once (%s)", quantity.Count(w.N, "device", "devices"), r.Holder.User, lim.MaxDevices, lim.Source)
+		return nil, refusal.New(ErrDenied, "", "%s asked, the limit for %s is %d held at once (%s)", quantity.Count(w.N, "device", "devices"), r.Holder.User, lim.MaxDevices, lim.Source)
 	}
 	return w, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/internal/atomicfile"
 )
 
@@ -132,13 +133,13 @@ func writeDrains(path string, drains map[int]Drain) error {
 // leaves the device as it was. It returns the drain in force.
 func (t *Table) Drain(id int, d Drain) (Drain, error) {
 	if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
-		return Drain{}, refuse(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
+		return Drain{}, refusal.New(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
 	}
 	if len(d.Reason) > MaxDrainReason {
-		return Drain{}, refuse(ErrBadRequest, "", "a drain's reason is at most %d bytes, got %d", MaxDrainReason, len(d.Reason))
+		return Drain{}, refusal.New(ErrBadRequest, "", "a drain's reason is at most %d bytes, got %d", MaxDrainReason, len(d.Reason))
 	}
 	if i := strings.IndexFunc(d.Reason, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
-		return Drain{}, refuse(ErrBadRequest, "", "a drain's reason is one line of text: a control character at byte %d", i)
+		return Drain{}, refusal.New(ErrBadRequest, "", "a drain's reason is one line of text: a control character at byte %d", i)
 	}
 	in, _, err := t.changeDrain(id, &d)
 	return in, err
@@ -149,7 +150,7 @@ func (t *Table) Drain(id int, d Drain) (Drain, error) {
 // free, to serve its line.
 func (t *Table) Undrain(id int) (bool, error) {
 	if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
-		return false, refuse(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
+		return false, refusal.New(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
 	}
 	_, was, err := t.changeDrain(id, nil)
 	if err != nil || !was {

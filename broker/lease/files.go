@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/npurun/npurun/internal/fileid"
 	"golang.org/x/sys/unix"
 )
 
@@ -80,21 +81,12 @@ func tryLock(path string) (int, bool, error) {
 	}
 }
 
-// fileID names the file open at fd.
-func fileID(fd int) (FileID, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return FileID{}, err
-	}
-	return FileID{Dev: st.Dev, Ino: st.Ino}, nil
-}
-
 // freshLock is a fresh lock file made aside, locked, with a second open of
 // it, ready to be put in place of a device's lock file.
 type freshLock struct {
 	tmp           string
 	locked, spare int
-	file          FileID
+	file          fileid.ID
 }
 
 // prepareLock makes a fresh lock file beside path, under a name of its
@@ -125,7 +117,7 @@ func prepareLockWith(path string, content []byte) (*freshLock, error) {
 		f.discard()
 		return nil, fmt.Errorf("lock %s: %w", tmp, err)
 	}
-	if f.file, err = fileID(locked); err != nil {
+	if f.file, err = fileid.Of(locked); err != nil {
 		f.discard()
 		return nil, fmt.Errorf("stat %s: %w", tmp, err)
 	}
@@ -166,7 +158,7 @@ var errReplaced = errors.New("replaced while it was being made")
 
 // reopen opens the file at path again, never following a link, and checks
 // that it is file.
-func reopen(path string, file FileID) (int, error) {
+func reopen(path string, file fileid.ID) (int, error) {
 	var fd int
 	var err error
 	for {
@@ -178,7 +170,7 @@ func reopen(path string, file FileID) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	if got, err := fileID(fd); err != nil || got != file {
+	if got, err := fileid.Of(fd); err != nil || got != file {
 		unix.Close(fd)
 		return -1, errReplaced
 	}
@@ -187,7 +179,7 @@ func reopen(path string, file FileID) (int, error) {
 
 // writeTo writes content to the file at path, never following a link,
 // once it has checked that it is file.
-func writeTo(path string, file FileID, content []byte) error {
+func writeTo(path string, file fileid.ID, content []byte) error {
 	var fd int
 	var err error
 	for {
@@ -200,7 +192,7 @@ func writeTo(path string, file FileID, content []byte) error {
 		return err
 	}
 	defer unix.Close(fd)
-	if got, err := fileID(fd); err != nil || got != file {
+	if got, err := fileid.Of(fd); err != nil || got != file {
 		return errReplaced
 	}
 	_, err = unix.Write(fd, content)

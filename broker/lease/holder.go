@@ -3,6 +3,7 @@ package lease
 import (
 	"time"
 
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -70,9 +71,6 @@ type Holder struct {
 	Limit time.Duration
 }
 
-// FileID names a lock file: the device and inode of its file system.
-type FileID struct{ Dev, Ino uint64 }
-
 // Lease is the record of one grant: who holds it, which devices, on which
 // lock files, since when. It is never changed once the table hands it
 // out, so any room may keep and read it without the table's lock; which
@@ -83,7 +81,7 @@ type Lease struct {
 	ID      uint64
 	Pool    string
 	Devices []int
-	Files   []FileID // the lock files, in the order of Devices
+	Files   []fileid.ID // the lock files, in the order of Devices
 	Since   time.Time
 	Adopted bool // held since before this broker's start
 	// Mem is what a share declared of each of its devices, in MiB; 0
@@ -96,11 +94,11 @@ type Lease struct {
 }
 
 // FileOf returns the lock file of device id in l.
-func (l *Lease) FileOf(id int) (FileID, bool) {
+func (l *Lease) FileOf(id int) (fileid.ID, bool) {
 	for i, d := range l.Devices {
 		if d == id && i < len(l.Files) {
 			return l.Files[i], true
 		}
 	}
-	return FileID{}, false
+	return fileid.ID{}, false
 }

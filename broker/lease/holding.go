@@ -1,12 +1,16 @@
 package lease
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/npurun/npurun/internal/fileid"
+)
 
 // Holding is a device a lease holds still, on lock file File.
 type Holding struct {
 	Lease  *Lease
 	Device int
-	File   FileID
+	File   fileid.ID
 }
 
 // OfTask returns the devices that the leases of task id (Kind Task) hold

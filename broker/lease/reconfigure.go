@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
@@ -81,10 +82,10 @@ func CheckPools(ids []int, pools []Pool, defaultPool string) error {
 }
 
 // Refused is a waiter that a Reconfigure took out of the line, with why:
-// the new policy would refuse its request (Admit's Refusal).
+// the new policy would refuse its request (Admit's refusal.Refusal).
 type Refused struct {
 	W   *Waiter
-	Why *Refusal
+	Why *refusal.Refusal
 }
 
 // Reconfigure takes up a new policy: pools (and the default pool) in
@@ -125,9 +126,9 @@ func (t *Table) Reconfigure(pools []Pool, defaultPool string, limitOf func(uid u
 		}
 		nw, err := t.admit(pc, r, true)
 		if err != nil {
-			rf, ok := err.(*Refusal)
+			rf, ok := err.(*refusal.Refusal)
 			if !ok {
-				rf = &Refusal{Err: ErrDenied, Msg: err.Error()}
+				rf = &refusal.Refusal{Err: ErrDenied, Msg: err.Error()}
 			}
 			t.removeLocked(w, false)
 			refused = append(refused, Refused{W: w, Why: rf})

@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/refusal"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/internal/quantity"
 )
 
@@ -49,7 +51,7 @@ type share struct {
 	slot  int
 	mem   int64
 	path  string
-	file  FileID
+	file  fileid.ID
 	fd    int // the locked descriptor, the handover's until delivered; -1 after
 	spare int // a second open, for its watcher; -1 once closed
 	ended atomic.Bool
@@ -186,9 +188,9 @@ func (t *Table) SetCapacity(id int, capacity int64) []Refused {
 			continue
 		}
 		t.removeLocked(w, false)
-		why := refuse(ErrDenied, "", "%s asked of %s, which holds %s for shares at most", sizeOf(w.Mem), t.vendor.Format([]int{id}), sizeOf(d.capacity))
+		why := refusal.New(ErrDenied, "", "%s asked of %s, which holds %s for shares at most", sizeOf(w.Mem), t.vendor.Format([]int{id}), sizeOf(d.capacity))
 		if d.capacity == 0 {
-			why = refuse(ErrDenied, "npurun without --mem asks for the whole device", "%s is not shared: its memory is no more than the margin kept free ([share] margin)", t.vendor.Format([]int{id}))
+			why = refusal.New(ErrDenied, "npurun without --mem asks for the whole device", "%s is not shared: its memory is no more than the margin kept free ([share] margin)", t.vendor.Format([]int{id}))
 		}
 		refused = append(refused, Refused{W: w, Why: why})
 	}
@@ -278,7 +280,7 @@ func (t *Table) dropShares(h *Handover) {
 }
 
 // unlinkIf removes path if it names file still.
-func unlinkIf(path string, file FileID) {
+func unlinkIf(path string, file fileid.ID) {
 	var st unix.Stat_t
 	if unix.Lstat(path, &st) == nil && st.Dev == file.Dev && st.Ino == file.Ino {
 		unix.Unlink(path)
@@ -369,7 +371,7 @@ func (t *Table) findShares(dir string) error {
 			continue
 		}
 		d := t.devs[id]
-		file, err := fileID(fd)
+		file, err := fileid.Of(fd)
 		if err != nil {
 			t.log.Printf("npu %d: share lock file %s: %v; the share is kept until its release", id, path, err)
 		}
@@ -380,7 +382,7 @@ func (t *Table) findShares(dir string) error {
 			// Not knowing what it declared, count the whole device.
 			mem = max(d.capacity, 1)
 		}
-		l := &Lease{Pool: t.pc.Load().poolOf[id], Devices: []int{id}, Files: []FileID{file}, Mem: mem, Since: time.Now(), Adopted: true}
+		l := &Lease{Pool: t.pc.Load().poolOf[id], Devices: []int{id}, Files: []fileid.ID{file}, Mem: mem, Since: time.Now(), Adopted: true}
 		l.ID = t.newIDLocked(time.Now())
 		s := &share{lease: l, slot: slot, mem: mem, path: path, file: file, fd: -1, spare: fd, poke: make(chan struct{}, 1)}
 		d.shares = append(d.shares, s)
@@ -405,7 +407,7 @@ func (t *Table) findShares(dir string) error {
 // lock: admitShare takes it, unless locked (Reconfigure holds it).
 func (t *Table) admitShare(pc *poolSet, w *Waiter, mem int64, locked bool) error {
 	if w.External {
-		return refuse(ErrBadRequest, "", "pool %q is %s's to allocate, and holds no shares", w.Pool, pc.external[w.Pool])
+		return refusal.New(ErrBadRequest, "", "pool %q is %s's to allocate, and holds no shares", w.Pool, pc.external[w.Pool])
 	}
 	if !locked {
 		t.mu.Lock()
@@ -426,18 +428,18 @@ func (t *Table) admitShare(pc *poolSet, w *Waiter, mem int64, locked bool) error
 			unknown = unknown || d.unknown != ""
 		} else if w.Exact {
 			if c <= 0 {
-				return refuse(ErrDenied, "npurun without --mem asks for the whole device", "%s is not shared", t.vendor.Format([]int{id}))
+				return refusal.New(ErrDenied, "npurun without --mem asks for the whole device", "%s is not shared", t.vendor.Format([]int{id}))
 			}
-			return refuse(ErrDenied, "", "%s asked of %s, which holds %s for shares at most", sizeOf(mem), t.vendor.Format([]int{id}), sizeOf(c))
+			return refusal.New(ErrDenied, "", "%s asked of %s, which holds %s for shares at most", sizeOf(mem), t.vendor.Format([]int{id}), sizeOf(c))
 		}
 	}
 	switch {
 	case !shared:
-		return refuse(ErrDenied, "npurun without --mem asks for whole devices", "the devices of pool %q are not shared", w.Pool)
+		return refusal.New(ErrDenied, "npurun without --mem asks for whole devices", "the devices of pool %q are not shared", w.Pool)
 	case len(fit) < w.N && len(fit) == 0:
-		return refuse(ErrDenied, "", "%s asked, the largest share a device of pool %q holds is %s", sizeOf(mem), w.Pool, sizeOf(largest))
+		return refusal.New(ErrDenied, "", "%s asked, the largest share a device of pool %q holds is %s", sizeOf(mem), w.Pool, sizeOf(largest))
 	case len(fit) < w.N:
-		return refuse(ErrDenied, "", "%s of %s asked, only %d devices of pool %q hold that much", sizeOf(mem), quantity.Count(w.N, "device", "devices"), len(fit), w.Pool)
+		return refusal.New(ErrDenied, "", "%s of %s asked, only %d devices of pool %q hold that much", sizeOf(mem), quantity.Count(w.N, "device", "devices"), len(fit), w.Pool)
 	}
 	w.Cand, w.Mem = fit, mem
 	if unknown && t.ask != nil {

@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/refusal"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/internal/owndir"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
@@ -152,9 +154,9 @@ type Table struct {
 type device struct {
 	id    int
 	path  string
-	fd    int    // the lock file, locked, while free; -1 otherwise (in a handover, it is the handover's)
-	spare int    // a second open of the current lock file, for the watcher, until a lease begins; -1 if none
-	file  FileID // the current lock file
+	fd    int       // the lock file, locked, while free; -1 otherwise (in a handover, it is the handover's)
+	spare int       // a second open of the current lock file, for the watcher, until a lease begins; -1 if none
+	file  fileid.ID // the current lock file
 
 	leases   []*Lease  // the leases held on it
 	counted  bool      // its lease counts against its holder's devices (held)
@@ -167,13 +169,13 @@ type device struct {
 	// abandoned is the lock file of the lease Abandon ended (its holders
 	// gone, its lock held by a descriptor no process has), poke wakes the
 	// watcher to look at it (abandon.go).
-	abandoned FileID
+	abandoned fileid.ID
 	poke      chan struct{}
 
 	// ended is the lock file whose release the watcher has seen, from the
 	// moment flock returns (before the table records the end); nil while
 	// it waits on a lease.
-	ended atomic.Pointer[FileID]
+	ended atomic.Pointer[fileid.ID]
 
 	// Shares (share.go): capacity is what shares may declare on it
 	// together, in MiB (0: not shared); external what processes outside
@@ -235,7 +237,7 @@ func Open(c Config) (*Table, error) {
 		}
 		t.log.Printf("npu %d is held by a lease from before this start; waiting for its release", id)
 		t.found[id] = fd
-		if d.file, err = fileID(fd); err != nil {
+		if d.file, err = fileid.Of(fd); err != nil {
 			t.log.Printf("npu %d: lock file: %v; its holders will not be found", id, err)
 		}
 	}
@@ -290,10 +292,10 @@ func (noOwner) Released(*Lease, int, time.Time, bool) {}
 func (noOwner) Freed()                                {}
 
 // Found returns the devices found held at Open, with their lock files.
-func (t *Table) Found() map[int]FileID {
+func (t *Table) Found() map[int]fileid.ID {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make(map[int]FileID, len(t.found))
+	out := make(map[int]fileid.ID, len(t.found))
 	for id := range t.found {
 		out[id] = t.devs[id].file
 	}
@@ -397,7 +399,7 @@ func (t *Table) watch(d *device) {
 		// after: a lease's end, when waiters are many and descriptors
 		// may be short, then needs no new descriptor.
 		ahead := t.prepareAhead(d)
-		file, ferr := fileID(fd)
+		file, ferr := fileid.Of(fd)
 		stale, err := t.waitRelease(fd, d.poke, func() bool {
 			t.mu.Lock()
 			defer t.mu.Unlock()
@@ -543,7 +545,7 @@ func (t *Table) renewOnce(d *device, old int, next *freshLock, tell bool) error 
 // Ended tells whether device id's watcher has seen the release of the
 // lease on lock file file (from the moment its flock returns, before the
 // table has recorded the end).
-func (t *Table) Ended(id int, file FileID) bool {
+func (t *Table) Ended(id int, file fileid.ID) bool {
 	if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
 		return false
 	}
@@ -843,7 +845,7 @@ type Handover struct {
 	Devices []int
 
 	fds    []int       // the lock files' locked descriptors, in the order of Devices
-	files  []FileID    // those files
+	files  []fileid.ID // those files
 	freed  []time.Time // when each device's last lease ended
 	opened bool        // the gate was asked to open the devices
 	done   bool
@@ -855,7 +857,7 @@ type Handover struct {
 func (h *Handover) Mem() int64 { return h.W.Mem }
 
 // Files are the lock files of FDs, in the order of Devices.
-func (h *Handover) Files() []FileID { return h.files }
+func (h *Handover) Files() []fileid.ID { return h.files }
 
 // FDs are the locked descriptors to deliver, in the order of Devices:
 // the table's until Commit, the owner's after it (it closes them once
@@ -922,7 +924,7 @@ func (t *Table) scheduleLocked(running map[uint32]int) []*Handover {
 	for i, g := range grants {
 		t.removeLocked(g.W, true)
 		h := &Handover{W: g.W, Devices: g.Devices, fds: make([]int, len(g.Devices)),
-			files: make([]FileID, len(g.Devices)), freed: make([]time.Time, len(g.Devices))}
+			files: make([]fileid.ID, len(g.Devices)), freed: make([]time.Time, len(g.Devices))}
 		if g.W.Mem > 0 {
 			h.shares = make([]*share, len(g.Devices))
 			for j, id := range g.Devices {
@@ -991,17 +993,17 @@ func (b *Busy) Error() string {
 // deliver, then Commit or Return, as Schedule's.
 func (t *Table) Claim(w *Waiter, ids []int) (*Handover, error) {
 	if len(ids) == 0 || len(ids) > MaxDevices {
-		return nil, refuse(ErrBadRequest, "", "claim of %d devices", len(ids))
+		return nil, refusal.New(ErrBadRequest, "", "claim of %d devices", len(ids))
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var busy *Busy
 	for i, id := range ids {
 		if id < 0 || id >= len(t.devs) || t.devs[id] == nil {
-			return nil, refuse(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
+			return nil, refusal.New(ErrNoDevice, "this broker manages "+t.vendor.Format(t.ids), "no %s here", t.vendor.Format([]int{id}))
 		}
 		if slices.Contains(ids[:i], id) {
-			return nil, refuse(ErrBadRequest, "", "device named twice in %v", ids)
+			return nil, refusal.New(ErrBadRequest, "", "device named twice in %v", ids)
 		}
 		d := t.devs[id]
 		if d.free() {
@@ -1024,7 +1026,7 @@ func (t *Table) Claim(w *Waiter, ids []int) (*Handover, error) {
 		return nil, ErrGone
 	}
 	h := &Handover{W: w, Devices: slices.Clone(ids), fds: make([]int, len(ids)),
-		files: make([]FileID, len(ids)), freed: make([]time.Time, len(ids))}
+		files: make([]fileid.ID, len(ids)), freed: make([]time.Time, len(ids))}
 	for j, id := range ids {
 		d := t.devs[id]
 		h.fds[j], h.files[j], h.freed[j] = d.fd, d.file, d.freed
@@ -1175,7 +1177,7 @@ type Device struct {
 	Leases []*Lease  // held on it: one whole lease today
 	For    *Waiter   // Reserved, Granting: the waiter it is kept for, or handed to
 	Freed  time.Time // when its last lease ended; zero if it has not since its grant
-	File   FileID    // its current lock file
+	File   fileid.ID // its current lock file
 	Drain  *Drain    // drained: why, by whom, since when (in any State: a lease that held it when it was drained runs on)
 
 	// Capacity is what shares may declare on it together, in MiB (its

@@ -13,6 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/refusal"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/internal/testfs"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -218,22 +220,22 @@ func awaitEvent(t *testing.T, o *owner, prefix string) string {
 	}
 }
 
-func fdFile(t *testing.T, fd int) FileID {
+func fdFile(t *testing.T, fd int) fileid.ID {
 	t.Helper()
-	f, err := fileID(fd)
+	f, err := fileid.Of(fd)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return f
 }
 
-func pathFile(t *testing.T, path string) FileID {
+func pathFile(t *testing.T, path string) fileid.ID {
 	t.Helper()
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		t.Fatal(err)
 	}
-	return FileID{Dev: st.Dev, Ino: st.Ino}
+	return fileid.ID{Dev: st.Dev, Ino: st.Ino}
 }
 
 // TestHandoff: a lease's end hands its device to the request waiting for
@@ -538,7 +540,7 @@ func TestFoundAtStart(t *testing.T) {
 	if len(found) != 1 || found[1] != fdFile(t, held) {
 		t.Fatalf("found %v, want npu1 on %v", found, fdFile(t, held))
 	}
-	l := &Lease{ID: 42, Holder: Holder{Kind: Inline, UID: 7, User: "u7"}, Devices: []int{1}, Files: []FileID{found[1]}, Since: time.Now(), Adopted: true}
+	l := &Lease{ID: 42, Holder: Holder{Kind: Inline, UID: 7, User: "u7"}, Devices: []int{1}, Files: []fileid.ID{found[1]}, Since: time.Now(), Adopted: true}
 	if err := tbl.Adopt(l); err != nil {
 		t.Fatal(err)
 	}
@@ -716,7 +718,7 @@ func TestAdmit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.r.Holder = Holder{UID: 1, User: "u1"}
 			_, err := o.tbl.Admit(tc.r)
-			var r *Refusal
+			var r *refusal.Refusal
 			if !errors.Is(err, tc.want) || !errors.As(err, &r) || r.Msg != tc.msg {
 				t.Errorf("%v, want %v: %q", err, tc.want, tc.msg)
 			}
@@ -726,8 +728,8 @@ func TestAdmit(t *testing.T) {
 	if err != nil || !w.Exact || !slices.Equal(w.Cand, []int{0, 1}) || w.Pool != "a" || w.N != 2 {
 		t.Errorf("exact request: %+v, %v", w, err)
 	}
-	if _, err := o.tbl.Admit(Request{Pool: "c"}); !strings.Contains(err.(*Refusal).Hint, "pools: a, b") {
-		t.Errorf("no such pool: hint %q", err.(*Refusal).Hint)
+	if _, err := o.tbl.Admit(Request{Pool: "c"}); !strings.Contains(err.(*refusal.Refusal).Hint, "pools: a, b") {
+		t.Errorf("no such pool: hint %q", err.(*refusal.Refusal).Hint)
 	}
 }
 
@@ -875,7 +877,7 @@ func TestClaim(t *testing.T) {
 	}
 
 	_, err = o.tbl.Admit(Request{Holder: Holder{UID: 7, User: "u7"}, Devices: []int{1}})
-	var r *Refusal
+	var r *refusal.Refusal
 	if !errors.Is(err, ErrBadRequest) || !errors.As(err, &r) || r.Msg != `Slurm picks the devices of pool "slurm": ask for a count (-n), not for npu 1` {
 		t.Errorf("a request naming an external pool's device: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -182,11 +183,11 @@ func (e *Ender) chase(held []lease.Holding, why string, grace time.Duration) {
 // is found by the second.
 func (e *Ender) sweep(held []lease.Holding, why string, sig unix.Signal) (found []*procscan.Proc, done bool) {
 	for pass := range 2 {
-		targets := procscan.Targets{Files: map[procscan.FileID]bool{}}
-		devOf := map[procscan.FileID]lease.Holding{}
+		targets := procscan.Targets{Files: map[fileid.ID]bool{}}
+		devOf := map[fileid.ID]lease.Holding{}
 		for _, h := range held {
 			if e.c.Table.LockHeld(h.Lease, h.Device) {
-				f := procscan.FileID(h.File)
+				f := h.File
 				targets.Files[f] = true
 				devOf[f] = h
 			}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -188,13 +189,13 @@ func receive(t *testing.T, s int) int {
 }
 
 // fileOf is the lock file open at fd.
-func fileOf(t *testing.T, fd int) lease.FileID {
+func fileOf(t *testing.T, fd int) fileid.ID {
 	t.Helper()
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		t.Fatal(err)
 	}
-	return lease.FileID{Dev: st.Dev, Ino: st.Ino}
+	return fileid.ID{Dev: st.Dev, Ino: st.Ino}
 }
 
 // TestEndLease: a lease that is not a task's (as a Slurm job's, whose

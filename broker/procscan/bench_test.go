@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/npurun/npurun/internal/fileid"
 )
 
 // BenchmarkTreeManyFDs: one look at a process with 4,000 descriptors open,
@@ -25,7 +27,7 @@ func BenchmarkTreeManyFDs(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer null.Close()
-	id, err := ID(int(lock.Fd()))
+	id, err := fileid.Of(int(lock.Fd()))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -43,7 +45,7 @@ func BenchmarkTreeManyFDs(b *testing.B) {
 		b.Fatal(err)
 	}
 	s.UserBudget = 1 << 20
-	targets := Targets{Files: map[FileID]bool{id: true}}
+	targets := Targets{Files: map[fileid.ID]bool{id: true}}
 	if r := s.Tree([]int{cmd.Process.Pid}, targets, 10); len(r.Files[id]) != 1 || r.Procs != 1 {
 		b.Fatalf("holders %v of %d processes, want the child of 1", r.Files[id], r.Procs)
 	}
@@ -87,8 +89,8 @@ func BenchmarkMaps(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	lk := &look{s: s, t: Targets{Files: map[FileID]bool{{Dev: 1, Ino: 1}: true}, Nodes: map[uint64]bool{7: true}},
-		r: s.result(), b: new(buffers), maps: true, left: 1 << 30, kinds: map[FileID]uint64{}}
+	lk := &look{s: s, t: Targets{Files: map[fileid.ID]bool{{Dev: 1, Ino: 1}: true}, Nodes: map[uint64]bool{7: true}},
+		r: s.result(), b: new(buffers), maps: true, left: 1 << 30, kinds: map[fileid.ID]uint64{}}
 	lk.mappings(cmd.Process.Pid)
 	if lk.lines < 2000 {
 		b.Fatalf("%d lines of maps read, want 2,000 and more", lk.lines)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/npurun/npurun/internal/fileid"
 	"golang.org/x/sys/unix"
 )
 
@@ -139,7 +140,7 @@ func TestScanFindsMapped(t *testing.T) {
 	}
 	s.UserBudget = 1 << 30 // the whole machine in one scan: other tests' processes are root's too
 	file := startHelper(t, "mmap", lock.Name())
-	r, err := s.Scan(Targets{Files: map[FileID]bool{id: true}})
+	r, err := s.Scan(Targets{Files: map[fileid.ID]bool{id: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +206,7 @@ func TestScanUserBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	id, err := ID(int(f.Fd()))
+	id, err := fileid.Of(int(f.Fd()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +215,7 @@ func TestScanUserBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.UserBudget = 100
-	targets := Targets{Files: map[FileID]bool{id: true}}
+	targets := Targets{Files: map[fileid.ID]bool{id: true}}
 	// 370 descriptors of user 1000 at 100 a scan, in pid order: 10 is
 	// read over three scans (100, 100, 50) and 11 begun in the third (50
 	// of it) and read to its end in the fourth, which goes on with 10
@@ -263,7 +264,7 @@ func TestTreeBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	id, err := ID(int(f.Fd()))
+	id, err := fileid.Of(int(f.Fd()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +272,7 @@ func TestTreeBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	targets := Targets{Files: map[FileID]bool{id: true}}
+	targets := Targets{Files: map[fileid.ID]bool{id: true}}
 	if r := s.Tree([]int{10}, targets, 100); !r.Looked(10) || !r.Looked(11) || r.Cut || !slices.Equal(r.Files[id], []int{11}) {
 		t.Fatalf("a look with the default budget: looked at 10 %v, 11 %v, cut %v, holders %v", r.Looked(10), r.Looked(11), r.Cut, r.Files[id])
 	}
@@ -414,7 +415,7 @@ func TestScanLeavesOutForks(t *testing.T) {
 		t.Fatalf("%s said %q: %v", bin, line, err)
 	}
 	other := child(t, f, `echo ready >&4; exec 4>&-; exec sleep 600`)
-	targets := Targets{Files: map[FileID]bool{id: true}}
+	targets := Targets{Files: map[fileid.ID]bool{id: true}}
 
 	s, err := New("/proc", cmd.Process.Pid) // the program is self
 	if err != nil {

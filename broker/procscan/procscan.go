@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/container"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -43,22 +44,10 @@ import (
 // stopped (see Scan). The look that ends a lease (Sweep) has no budget:
 // it must see every holder.
 
-// FileID names a file by the device it is on and its inode.
-type FileID struct{ Dev, Ino uint64 }
-
-// ID returns the FileID of the file open at fd.
-func ID(fd int) (FileID, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return FileID{}, err
-	}
-	return FileID{Dev: st.Dev, Ino: st.Ino}, nil
-}
-
 // Targets are what a scan looks for.
 type Targets struct {
-	Files map[FileID]bool // regular files (lock files) by device and inode
-	Nodes map[uint64]bool // character device nodes by device number (rdev)
+	Files map[fileid.ID]bool // regular files (lock files) by device and inode
+	Nodes map[uint64]bool    // character device nodes by device number (rdev)
 }
 
 func (t Targets) empty() bool { return len(t.Files) == 0 && len(t.Nodes) == 0 }
@@ -86,7 +75,7 @@ type Result struct {
 	At    time.Time     // when the scan started
 	Took  time.Duration // how long it took
 	Procs int           // processes looked at
-	Files map[FileID][]int
+	Files map[fileid.ID][]int
 	Nodes map[uint64][]int // at a descriptor or in a mapping
 	// Mapped has, of the processes in Nodes, those that have the node
 	// mapped and no descriptor of it open.
@@ -143,9 +132,9 @@ type Scanner struct {
 	// first scan.
 	UserBudget int
 
-	mu      sync.Mutex         // one Scan at a time: the fields below are its own
-	cursors map[uint32]*cursor // per user whose work the last scan cut short: where to go on
-	kinds   map[FileID]uint64  // mapped files the scan stat'ed: the rdev of a character device, else 0
+	mu      sync.Mutex           // one Scan at a time: the fields below are its own
+	cursors map[uint32]*cursor   // per user whose work the last scan cut short: where to go on
+	kinds   map[fileid.ID]uint64 // mapped files the scan stat'ed: the rdev of a character device, else 0
 }
 
 // DefaultUserBudget is UserBudget unless set: some milliseconds of a scan
@@ -190,7 +179,7 @@ func New(root string, self int, _ ...string) (*Scanner, error) {
 		return nil, err
 	}
 	s := &Scanner{fs: fs, root: root, self: self, UserBudget: DefaultUserBudget,
-		cursors: map[uint32]*cursor{}, kinds: map[FileID]uint64{}}
+		cursors: map[uint32]*cursor{}, kinds: map[fileid.ID]uint64{}}
 	s.boot = bootTime(root, fs)
 	s.own = s.container(self)
 	return s, nil
@@ -331,7 +320,7 @@ func (s *Scanner) Sweep(t Targets) (*Result, error) {
 		return nil, err
 	}
 	b := new(buffers)
-	lk := &look{s: s, t: t, r: r, b: b, maps: true, kinds: map[FileID]uint64{}}
+	lk := &look{s: s, t: t, r: r, b: b, maps: true, kinds: map[fileid.ID]uint64{}}
 	for _, p := range procs {
 		if p.PID == s.self {
 			continue
@@ -394,7 +383,7 @@ func (s *Scanner) Tree(roots []int, t Targets, limit int) *Result {
 }
 
 func (s *Scanner) result() *Result {
-	return &Result{At: time.Now(), Files: map[FileID][]int{}, Nodes: map[uint64][]int{}, Mapped: map[uint64][]int{}, Info: map[int]*Proc{}}
+	return &Result{At: time.Now(), Files: map[fileid.ID][]int{}, Nodes: map[uint64][]int{}, Mapped: map[uint64][]int{}, Info: map[int]*Proc{}}
 }
 
 func appendOnce(pids []int, pid int) []int {

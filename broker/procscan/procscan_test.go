@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/npurun/npurun/internal/fileid"
 	"golang.org/x/sys/unix"
 )
 
@@ -48,14 +49,14 @@ func child(t *testing.T, file *os.File, script string, args ...string) *exec.Cmd
 	return cmd
 }
 
-func tempFile(t *testing.T) (*os.File, FileID) {
+func tempFile(t *testing.T) (*os.File, fileid.ID) {
 	t.Helper()
 	f, err := os.Create(filepath.Join(t.TempDir(), "npu0.lock"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	id, err := ID(int(f.Fd()))
+	id, err := fileid.Of(int(f.Fd()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +80,7 @@ echo ready >&4; exec 4>&-; wait`)
 		t.Fatal(err)
 	}
 	s.UserBudget = 1 << 30 // the whole machine in one scan: other tests' processes are root's too
-	r, err := s.Scan(Targets{Files: map[FileID]bool{id: true}})
+	r, err := s.Scan(Targets{Files: map[fileid.ID]bool{id: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,13 +110,13 @@ echo ready >&4; exec 4>&-; wait`)
 	}
 
 	// Tree from the shell finds the same holders without a full scan.
-	tr := s.Tree([]int{cmd.Process.Pid}, Targets{Files: map[FileID]bool{id: true}}, 100)
+	tr := s.Tree([]int{cmd.Process.Pid}, Targets{Files: map[fileid.ID]bool{id: true}}, 100)
 	slices.Sort(got)
 	tg := slices.Sorted(slices.Values(tr.Files[id]))
 	if !slices.Equal(tg, got) || tr.Procs != 3 {
 		t.Errorf("Tree: holders %v of %d processes, want %v of 3", tg, tr.Procs, got)
 	}
-	if tr := s.Tree([]int{cmd.Process.Pid}, Targets{Files: map[FileID]bool{id: true}}, 1); tr.Procs != 1 {
+	if tr := s.Tree([]int{cmd.Process.Pid}, Targets{Files: map[fileid.ID]bool{id: true}}, 1); tr.Procs != 1 {
 		t.Errorf("Tree with limit 1 looked at %d processes", tr.Procs)
 	}
 }
@@ -256,11 +257,11 @@ func TestFakeTree(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	id, err := ID(int(f.Fd()))
+	id, err := fileid.Of(int(f.Fd()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	targets := Targets{Files: map[FileID]bool{id: true}}
+	targets := Targets{Files: map[fileid.ID]bool{id: true}}
 	r, err := s.Scan(targets)
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"unsafe"
 
+	"github.com/npurun/npurun/internal/fileid"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,7 +29,7 @@ type buffers struct {
 
 // find is one target found in a process.
 type find struct {
-	file   FileID
+	file   fileid.ID
 	node   uint64 // a device node's number; 0 for a file
 	mapped bool   // found in its maps, not at a descriptor
 }
@@ -39,11 +40,11 @@ type look struct {
 	t     Targets
 	r     *Result
 	b     *buffers
-	maps  bool              // read maps too (Scan)
-	left  int               // work left to the process's user (Scan) or to the Tree
-	lines int               // lines of maps read: every other one is charged to left
-	found []find            // what was found in the process being read
-	kinds map[FileID]uint64 // the mapped files' kinds (Scanner.kinds): the Scan's, or a Sweep's own
+	maps  bool                 // read maps too (Scan)
+	left  int                  // work left to the process's user (Scan) or to the Tree
+	lines int                  // lines of maps read: every other one is charged to left
+	found []find               // what was found in the process being read
+	kinds map[fileid.ID]uint64 // the mapped files' kinds (Scanner.kinds): the Scan's, or a Sweep's own
 }
 
 // openFDDir opens /proc/PID/fd and returns it with the account its
@@ -211,7 +212,7 @@ func (lk *look) descriptor(dir int, fd *byte) {
 	}
 	switch uint32(st.Mode) & unix.S_IFMT {
 	case unix.S_IFREG:
-		if id := (FileID{Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}); lk.t.Files[id] {
+		if id := (fileid.ID{Dev: unix.Mkdev(st.Dev_major, st.Dev_minor), Ino: st.Ino}); lk.t.Files[id] {
 			lk.add(find{file: id})
 		}
 	case unix.S_IFCHR:
@@ -300,7 +301,7 @@ func (lk *look) mapping(pid int, line []byte) {
 	if !ok1 || !ok2 {
 		return
 	}
-	id := FileID{Dev: unix.Mkdev(uint32(major), uint32(minor)), Ino: ino}
+	id := fileid.ID{Dev: unix.Mkdev(uint32(major), uint32(minor)), Ino: ino}
 	if lk.t.Files[id] {
 		lk.add(find{file: id, mapped: true})
 		return

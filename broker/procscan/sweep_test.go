@@ -5,13 +5,15 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/npurun/npurun/internal/fileid"
 )
 
 // budgetTree is a fake /proc for the budget tests: pid 10, of user 1000,
 // with 250 descriptors, none of them the lock file; pid 11 of fdOwner
 // (its fd directory's owner) whose status shows uid statusUID, holding
 // the lock file. It returns the tree's root and the lock file.
-func budgetTree(t *testing.T, fdOwner10, status10 int) (string, FileID) {
+func budgetTree(t *testing.T, fdOwner10, status10 int) (string, fileid.ID) {
 	t.Helper()
 	needRoot(t, "fd directories of several owners (chown)")
 	root, files := t.TempDir(), t.TempDir()
@@ -33,7 +35,7 @@ func budgetTree(t *testing.T, fdOwner10, status10 int) (string, FileID) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	id, err := ID(int(f.Fd()))
+	id, err := fileid.Of(int(f.Fd()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +68,7 @@ func TestScanChargesNotDumpable(t *testing.T) {
 				t.Fatal(err)
 			}
 			s.UserBudget = 100
-			r, err := s.Scan(Targets{Files: map[FileID]bool{id: true}})
+			r, err := s.Scan(Targets{Files: map[fileid.ID]bool{id: true}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -96,7 +98,7 @@ func TestSweepIgnoresBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.UserBudget = 100
-	targets := Targets{Files: map[FileID]bool{id: true}}
+	targets := Targets{Files: map[fileid.ID]bool{id: true}}
 	if r, err := s.Scan(targets); err != nil || r.Looked(11) && len(r.Files[id]) > 0 {
 		t.Fatalf("a scan with the budget found %v (%v): the test shows nothing", r.Files[id], err)
 	}

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/internal/fileid"
 )
 
 // Once the extern step holds a job's lease, the broker holds none of its
@@ -78,7 +79,7 @@ func (r *Room) copies(j *job) ([]int, error) {
 // takeFrom takes, from process p, a descriptor of each lock file of
 // files (at paths), in their order; nil if p is gone, is not the process
 // recorded, or does not hold them all.
-func (r *Room) takeFrom(p Proc, files []lease.FileID, paths []string) ([]int, error) {
+func (r *Room) takeFrom(p Proc, files []fileid.ID, paths []string) ([]int, error) {
 	pidfd, err := unix.PidfdOpen(p.PID, 0)
 	if err != nil {
 		return nil, nil
@@ -122,7 +123,7 @@ func (r *Room) takeFrom(p Proc, files []lease.FileID, paths []string) ([]int, er
 				break
 			}
 			var st unix.Stat_t
-			if unix.Fstat(fd, &st) != nil || (lease.FileID{Dev: st.Dev, Ino: st.Ino}) != files[i] {
+			if unix.Fstat(fd, &st) != nil || (fileid.ID{Dev: st.Dev, Ino: st.Ino}) != files[i] {
 				unix.Close(fd)
 				break
 			}

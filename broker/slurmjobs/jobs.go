@@ -39,6 +39,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
@@ -114,7 +115,7 @@ type job struct {
 	cancel  chan struct{} // closed at its Epilog, while it is claiming
 	ready   chan struct{} // closed once its Prolog is done, well or not
 
-	files  []lease.FileID // the lease's lock files, from its claim
+	files  []fileid.ID // the lease's lock files, from its claim
 	since  time.Time
 	l      *lease.Lease
 	fds    []int // the broker's locked descriptors, while told

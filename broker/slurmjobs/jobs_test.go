@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
@@ -142,14 +143,14 @@ func holder(t *testing.T, fds []int) *exec.Cmd {
 }
 
 // on tells whether fds are open on files, in order.
-func on(t *testing.T, fds []int, files []lease.FileID) bool {
+func on(t *testing.T, fds []int, files []fileid.ID) bool {
 	t.Helper()
 	if len(fds) != len(files) {
 		return false
 	}
 	for i, fd := range fds {
 		var st unix.Stat_t
-		if err := unix.Fstat(fd, &st); err != nil || (lease.FileID{Dev: st.Dev, Ino: st.Ino}) != files[i] {
+		if err := unix.Fstat(fd, &st); err != nil || (fileid.ID{Dev: st.Dev, Ino: st.Ino}) != files[i] {
 			return false
 		}
 	}
@@ -436,13 +437,13 @@ func TestRecordsAdoptable(t *testing.T) {
 		}
 	}
 	pool := func(int) string { return "" }
-	if got := o.room.Adoptable(map[int]lease.FileID{3: {Dev: 8, Ino: 30}}, pool); len(got) != 0 {
+	if got := o.room.Adoptable(map[int]fileid.ID{3: {Dev: 8, Ino: 30}}, pool); len(got) != 0 {
 		t.Errorf("adoptable with npu 2 free: %+v", got)
 	}
-	if got := o.room.Adoptable(map[int]lease.FileID{3: {Dev: 8, Ino: 30}, 2: {Dev: 8, Ino: 21}}, pool); len(got) != 0 {
+	if got := o.room.Adoptable(map[int]fileid.ID{3: {Dev: 8, Ino: 30}, 2: {Dev: 8, Ino: 21}}, pool); len(got) != 0 {
 		t.Errorf("adoptable with npu 2 on another file: %+v", got)
 	}
-	got := o.room.Adoptable(map[int]lease.FileID{3: {Dev: 8, Ino: 30}, 2: {Dev: 8, Ino: 20}}, pool)
+	got := o.room.Adoptable(map[int]fileid.ID{3: {Dev: 8, Ino: 30}, 2: {Dev: 8, Ino: 20}}, pool)
 	if len(got) != 1 || got[0].ID != 77 || got[0].Kind != lease.Slurm || got[0].SlurmJob != 9 || got[0].User != "u5" || got[0].PID != 99 ||
 		!slices.Equal(got[0].Devices, []int{3, 2}) {
 		t.Errorf("adoptable: %+v", got)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/internal/atomicfile"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/internal/owndir"
 )
 
@@ -61,10 +62,10 @@ func (j *job) record() *record {
 }
 
 // files are the lock files rec names, in the order of its devices.
-func (rec *record) files() []lease.FileID {
-	out := make([]lease.FileID, len(rec.Inodes))
+func (rec *record) files() []fileid.ID {
+	out := make([]fileid.ID, len(rec.Inodes))
 	for i, ino := range rec.Inodes {
-		out[i] = lease.FileID{Dev: rec.FSDev, Ino: ino}
+		out[i] = fileid.ID{Dev: rec.FSDev, Ino: ino}
 	}
 	return out
 }
@@ -236,12 +237,12 @@ func (rs *records) remove(id uint32) error {
 // (lease.Table.Adopt) as the job's lease; a record's lease is adoptable
 // only where every device of it is held on the file it names. poolOf
 // names a device's pool.
-func (r *Room) Adoptable(held map[int]lease.FileID, poolOf func(int) string) []*lease.Lease {
+func (r *Room) Adoptable(held map[int]fileid.ID, poolOf func(int) string) []*lease.Lease {
 	var out []*lease.Lease
 	for _, rec := range r.rec.read {
 		files, all := rec.files(), true
 		for i, id := range rec.Devices {
-			all = all && held[id] == files[i] && files[i] != (lease.FileID{})
+			all = all && held[id] == files[i] && files[i] != (fileid.ID{})
 		}
 		if all && len(rec.Devices) > 0 {
 			out = append(out, rec.lease(poolOf(rec.Devices[0]), r.table.NewID))

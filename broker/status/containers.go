@@ -18,6 +18,7 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -147,7 +148,7 @@ func (g *Ledger) ContainerNamed(ref *wire.ContainerRef) {
 // owner, where not "", is the user (a name, or a uid as a number) whose
 // lease it must be: root's runtime says whom it took the lease from (the
 // hand-over's peer), and another's lease is refused (denied).
-func (g *Ledger) Contain(uid uint32, ref *wire.ContainerRef, devices []int, files []procscan.FileID, owner string) *wire.Reply {
+func (g *Ledger) Contain(uid uint32, ref *wire.ContainerRef, devices []int, files []fileid.ID, owner string) *wire.Reply {
 	v := g.inv.Vendor
 	g.mu.Lock()
 	defer g.unlock()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -48,7 +49,7 @@ func (g *Ledger) Refresh() {
 	}
 	var looks []look
 	for _, e := range g.uniqueLocked() {
-		lk := look{e: e, pid: e.pid, start: e.pidStart, targets: procscan.Targets{Files: map[procscan.FileID]bool{}}, uids: map[uint32]bool{}}
+		lk := look{e: e, pid: e.pid, start: e.pidStart, targets: procscan.Targets{Files: map[fileid.ID]bool{}}, uids: map[uint32]bool{}}
 		in := map[int]bool{}
 		for _, id := range e.Devices { // in device order: the same roots first each time
 			for _, h := range e.holders[id] {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 )
@@ -32,7 +33,7 @@ func manyHolders(n int) *entry {
 		hs = append(hs, &procscan.Proc{PID: root, PPID: 1, UID: uid, Start: uint64(root), Started: time.Now(), Comm: "torchrun", Cmdline: []string{"torchrun", "train.py"}},
 			&procscan.Proc{PID: root + 1, PPID: root, UID: uid, Start: uint64(root + 1), Started: time.Now(), Comm: "python", Cmdline: []string{"python", "worker.py"}})
 	}
-	l := newEntry(&lease.Lease{Holder: lease.Holder{UID: uid, User: "bench"}, Devices: []int{0}, Files: []lease.FileID{{Dev: 1, Ino: 1}}})
+	l := newEntry(&lease.Lease{Holder: lease.Holder{UID: uid, User: "bench"}, Devices: []int{0}, Files: []fileid.ID{{Dev: 1, Ino: 1}}})
 	l.holders = map[int][]*procscan.Proc{0: hs}
 	return l
 }
@@ -147,7 +148,7 @@ func TestCutLookKeepsHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	fid, err := procscan.ID(int(f.Fd()))
+	fid, err := fileid.Of(int(f.Fd()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,10 +160,10 @@ func TestCutLookKeepsHolders(t *testing.T) {
 	scanner.UserBudget = 1 << 30 // a full scan reads the n holders at once (and other tests' processes, root's too)
 	g := testLedger(&npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, &policy.Config{})
 	l := newEntry(&lease.Lease{Holder: lease.Holder{Kind: lease.Inline, UID: uint32(os.Getuid()), User: "u", PID: sh.Process.Pid},
-		Devices: []int{0}, Files: []lease.FileID{lease.FileID(fid)}, Since: time.Now()})
+		Devices: []int{0}, Files: []fileid.ID{fid}, Since: time.Now()})
 	g.leases = map[int]*entry{0: l}
 	g.scanner = scanner
-	targets := procscan.Targets{Files: map[procscan.FileID]bool{fid: true}}
+	targets := procscan.Targets{Files: map[fileid.ID]bool{fid: true}}
 
 	fullScan := func() {
 		t.Helper()
@@ -223,7 +224,7 @@ func BenchmarkUnleased(b *testing.B) {
 	g := testLedger(&npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, &policy.Config{})
 	g.leases = map[int]*entry{0: l}
 	g.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
-	res := &procscan.Result{At: time.Now(), Files: map[procscan.FileID][]int{}, Nodes: map[uint64][]int{}, Info: map[int]*procscan.Proc{}}
+	res := &procscan.Result{At: time.Now(), Files: map[fileid.ID][]int{}, Nodes: map[uint64][]int{}, Info: map[int]*procscan.Proc{}}
 	ancestors := map[int][]int{}
 	for _, h := range l.holders[0] {
 		res.Files[l.files[0]] = append(res.Files[l.files[0]], h.PID)
@@ -231,7 +232,7 @@ func BenchmarkUnleased(b *testing.B) {
 		res.Info[h.PID] = h
 		ancestors[h.PID] = []int{h.PPID}
 	}
-	targets := procscan.Targets{Files: map[procscan.FileID]bool{l.files[0]: true}, Nodes: map[uint64]bool{7: true}}
+	targets := procscan.Targets{Files: map[fileid.ID]bool{l.files[0]: true}, Nodes: map[uint64]bool{7: true}}
 	for b.Loop() {
 		if acts := g.unleasedLocked(res, targets, &judgement{ancestors: ancestors}); len(acts) != 0 || len(g.seen) != 0 {
 			b.Fatalf("holders taken for unleased use: %d", len(g.seen))
@@ -247,11 +248,11 @@ func TestUnleasedAcrossSlowScans(t *testing.T) {
 	g := testLedger(&npu.Inventory{Vendor: npu.Ascend, IDs: []int{0}},
 		&policy.Config{Status: policy.Status{UnleasedGrace: 3 * time.Second, UnleasedUse: policy.UnleasedReport}})
 	g.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
-	targets := procscan.Targets{Files: map[procscan.FileID]bool{}, Nodes: map[uint64]bool{7: true}}
+	targets := procscan.Targets{Files: map[fileid.ID]bool{}, Nodes: map[uint64]bool{7: true}}
 	p := &procscan.Proc{PID: 100, PPID: 1, UID: 1000, Start: 5, Cmdline: []string{"python", "x.py"}}
 	t0 := time.Now()
 	for i, at := range []time.Time{t0, t0.Add(5 * time.Second)} {
-		res := &procscan.Result{At: at, Files: map[procscan.FileID][]int{}, Nodes: map[uint64][]int{7: {100}}, Info: map[int]*procscan.Proc{100: p}}
+		res := &procscan.Result{At: at, Files: map[fileid.ID][]int{}, Nodes: map[uint64][]int{7: {100}}, Info: map[int]*procscan.Proc{100: p}}
 		g.unleasedLocked(res, targets, &judgement{ancestors: map[int][]int{}, names: map[uint32]string{1000: "alice"}})
 		if got, want := len(g.reported), i; got != want {
 			t.Fatalf("scan %d, %s after the first: %d reported, want %d", i+1, at.Sub(t0), got, want)

@@ -19,6 +19,7 @@ import (
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/broker/slurmjobs"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
@@ -69,7 +70,7 @@ type Jobs interface {
 	// Adoptable returns the leases of the jobs whose records name the
 	// held lock files (held: device id -> its held lock file); poolOf
 	// names a device's pool.
-	Adoptable(held map[int]lease.FileID, poolOf func(int) string) []*lease.Lease
+	Adoptable(held map[int]fileid.ID, poolOf func(int) string) []*lease.Lease
 	// JobUser asks Slurm whose job id is.
 	JobUser(id uint32) (uid uint32, user string, err error)
 }
@@ -172,12 +173,12 @@ type Ledger struct {
 
 // entry is one grant while any of its devices is held.
 type entry struct {
-	*lease.Lease                   // the table's record of the grant
-	pid          int               // the process granted it; for a task, its supervisor once known
-	pidStart     uint64            // against pid reuse: taken when /proc first shows it holding the lease; 0 until then
-	files        []procscan.FileID // the lease's lock files, in the order of its devices
-	held         map[int]bool      // devices not yet released
-	logged       bool              // its start is in the accounting log; else it is summed (usagelimit.go)
+	*lease.Lease              // the table's record of the grant
+	pid          int          // the process granted it; for a task, its supervisor once known
+	pidStart     uint64       // against pid reuse: taken when /proc first shows it holding the lease; 0 until then
+	files        []fileid.ID  // the lease's lock files, in the order of its devices
+	held         map[int]bool // devices not yet released
+	logged       bool         // its start is in the accounting log; else it is summed (usagelimit.go)
 
 	holders map[int][]*procscan.Proc // per device: who /proc shows holding it, from the last look
 	who     map[uint32]string        // the names of the holders' users, as looked up with them
@@ -214,7 +215,7 @@ func newEntry(l *lease.Lease) *entry {
 	for i, id := range l.Devices {
 		e.held[id] = true
 		if i < len(l.Files) {
-			e.files = append(e.files, procscan.FileID(l.Files[i]))
+			e.files = append(e.files, l.Files[i])
 		}
 	}
 	return e
@@ -229,11 +230,11 @@ func (e *entry) kind() string {
 }
 
 // fileOf returns the lock file of device id in e.
-func (e *entry) fileOf(id int) (procscan.FileID, bool) {
+func (e *entry) fileOf(id int) (fileid.ID, bool) {
 	if i := slices.Index(e.Devices, id); i >= 0 && i < len(e.files) {
 		return e.files[i], true
 	}
-	return procscan.FileID{}, false
+	return fileid.ID{}, false
 }
 
 // Open prepares the ledger: the device nodes to watch, the metrics
@@ -242,7 +243,7 @@ func (e *entry) fileOf(id int) (procscan.FileID, bool) {
 // each taken up by adopter. It returns once every held device has its
 // lease adopted or recorded as found, with the accounting log's writer,
 // the background scan and the sums' writer started.
-func Open(c Config, held map[int]lease.FileID, adopter Adopter) *Ledger {
+func Open(c Config, held map[int]fileid.ID, adopter Adopter) *Ledger {
 	g := &Ledger{inv: c.Inventory, log: c.Log, repeat: c.Repeat, table: c.Table, tasks: c.Tasks,
 		account: c.Account, scanner: c.Scanner, nodes: map[uint64]npu.Node{}, kick: make(chan struct{}, 1),
 		leases: map[int]*entry{}, shares: map[int][]*entry{}, early: map[*lease.Lease][]ended{}, seen: map[useKey]*use{},
@@ -516,13 +517,13 @@ func (g *Ledger) uniqueLocked() []*entry {
 // was down: its ends are written with the time it was found gone. Each
 // lease is adopted by the lease table, which releases it through its
 // watchers as any other. held maps device ids to their held lock file.
-func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]lease.FileID, a Adopter, jobs Jobs) {
+func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]fileid.ID, a Adopter, jobs Jobs) {
 	now := time.Now()
-	byFile := map[lease.FileID]*openLease{}
+	byFile := map[fileid.ID]*openLease{}
 	for _, ol := range open {
 		for i, ino := range ol.rec.Inodes {
 			if i < len(ol.rec.Devices) {
-				byFile[lease.FileID{Dev: ol.rec.FSDev, Ino: ino}] = ol
+				byFile[fileid.ID{Dev: ol.rec.FSDev, Ino: ino}] = ol
 			}
 		}
 	}
@@ -532,7 +533,7 @@ func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 	for _, id := range slices.Sorted(maps.Keys(held)) {
 		fid := held[id]
 		ol := byFile[fid]
-		if fid == (lease.FileID{}) || ol == nil || !ol.held[id] || !slices.Contains(ol.rec.Devices, id) {
+		if fid == (fileid.ID{}) || ol == nil || !ol.held[id] || !slices.Contains(ol.rec.Devices, id) {
 			unknown = append(unknown, id)
 			continue
 		}
@@ -577,8 +578,8 @@ func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]lease.File
 // name among the held devices ids the accounting log does not know (its
 // records of their starts were summed or lost), and returns the devices
 // left unknown.
-func (g *Ledger) adoptJobs(ids []int, held map[int]lease.FileID, a Adopter, jobs Jobs) []int {
-	unknown := map[int]lease.FileID{}
+func (g *Ledger) adoptJobs(ids []int, held map[int]fileid.ID, a Adopter, jobs Jobs) []int {
+	unknown := map[int]fileid.ID{}
 	for _, id := range ids {
 		unknown[id] = held[id]
 	}
@@ -597,11 +598,11 @@ func (g *Ledger) adoptJobs(ids []int, held map[int]lease.FileID, a Adopter, jobs
 // findHolders makes a lease of each held device the log does not know,
 // for whoever a scan of /proc shows holding it: a Slurm job's where that
 // is the job's extern step (findJobs).
-func (g *Ledger) findHolders(ids []int, held map[int]lease.FileID, now time.Time, a Adopter, jobs Jobs) {
-	targets := procscan.Targets{Files: map[procscan.FileID]bool{}}
+func (g *Ledger) findHolders(ids []int, held map[int]fileid.ID, now time.Time, a Adopter, jobs Jobs) {
+	targets := procscan.Targets{Files: map[fileid.ID]bool{}}
 	for _, id := range ids {
-		if fid := held[id]; fid != (lease.FileID{}) {
-			targets.Files[procscan.FileID(fid)] = true
+		if fid := held[id]; fid != (fileid.ID{}) {
+			targets.Files[fid] = true
 		}
 	}
 	// A sweep, not a scan: every process read to its end whatever the
@@ -617,12 +618,12 @@ func (g *Ledger) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 	}
 	for _, id := range ids {
 		fid := held[id]
-		if fid == (lease.FileID{}) {
+		if fid == (fileid.ID{}) {
 			continue
 		}
 		l := &lease.Lease{ID: a.NewID(), Holder: lease.Holder{Kind: lease.Found}, Since: now, Adopted: true,
-			Pool: a.PoolOf(id), Devices: []int{id}, Files: []lease.FileID{fid}}
-		pids := res.Files[procscan.FileID(fid)]
+			Pool: a.PoolOf(id), Devices: []int{id}, Files: []fileid.ID{fid}}
+		pids := res.Files[fid]
 		if len(pids) == 0 {
 			g.log.Printf("npu %d is held by a lease from before this start, and no process shows holding it", id)
 		} else if pi := res.Info[pids[0]]; pi != nil {
@@ -647,14 +648,14 @@ func (g *Ledger) findHolders(ids []int, held map[int]lease.FileID, now time.Time
 // the job's extern step (a root "slurmstepd: [N.extern]"), one lease per
 // job; its user is the other holders', else Slurm's (squeue). It returns
 // the devices left.
-func (g *Ledger) findJobs(ids []int, held map[int]lease.FileID, res *procscan.Result, now time.Time, a Adopter, jobs Jobs) []int {
+func (g *Ledger) findJobs(ids []int, held map[int]fileid.ID, res *procscan.Result, now time.Time, a Adopter, jobs Jobs) []int {
 	var left []int
 	found := map[uint32]*lease.Lease{}
 	for _, id := range ids {
 		fid := held[id]
 		var job uint32
 		var user, extern *procscan.Proc
-		for _, pid := range res.Files[procscan.FileID(fid)] {
+		for _, pid := range res.Files[fid] {
 			pi := res.Info[pid]
 			switch {
 			case pi == nil:
@@ -666,7 +667,7 @@ func (g *Ledger) findJobs(ids []int, held map[int]lease.FileID, res *procscan.Re
 				}
 			}
 		}
-		if fid == (lease.FileID{}) || job == 0 {
+		if fid == (fileid.ID{}) || job == 0 {
 			left = append(left, id)
 			continue
 		}

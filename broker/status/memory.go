@@ -9,6 +9,7 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -224,7 +225,7 @@ func (g *Ledger) notePeakLocked(e *entry) {
 // lease of the accounting log names goes on as that lease (its holder,
 // its record), and that lease is not ended; any other is a share found
 // now, of whoever the scans show holding it.
-func (g *Ledger) adoptShares(byFile map[lease.FileID]*openLease, a Adopter) {
+func (g *Ledger) adoptShares(byFile map[fileid.ID]*openLease, a Adopter) {
 	for _, d := range g.table.Snapshot().Devices {
 		for _, found := range d.Leases {
 			if found.Mem == 0 || !found.Adopted || found.Kind != lease.Found || len(found.Files) != 1 {
@@ -235,7 +236,7 @@ func (g *Ledger) adoptShares(byFile map[lease.FileID]*openLease, a Adopter) {
 			logged := false
 			if ol := byFile[fid]; ol != nil && ol.held[id] {
 				r := ol.rec
-				l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true, Devices: []int{id}, Files: []lease.FileID{fid},
+				l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true, Devices: []int{id}, Files: []fileid.ID{fid},
 					Mem: found.Mem, Share: r.Share,
 					Holder: lease.Holder{Kind: lease.Kind(r.Kind), UID: r.UID, User: r.User, PID: r.PID, PIDStart: r.PIDStart, Task: r.Task,
 						Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob, Container: r.Container}}

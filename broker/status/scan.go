@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/procscan"
+	"github.com/npurun/npurun/internal/fileid"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -171,7 +172,7 @@ func threadCPU() time.Duration {
 // scanOnce scans /proc for the holders of every lease and for device
 // nodes used without a lease, then acts on what it found.
 func (g *Ledger) scanOnce() {
-	targets := procscan.Targets{Files: map[procscan.FileID]bool{}, Nodes: map[uint64]bool{}}
+	targets := procscan.Targets{Files: map[fileid.ID]bool{}, Nodes: map[uint64]bool{}}
 	for rdev := range g.nodes {
 		targets.Nodes[rdev] = true
 	}

@@ -1,6 +1,6 @@
-// Package tasks is the broker's task room (Runtime): it owns the detached
+// Package tasks is the broker's task room (Room): it owns the detached
 // tasks from submission to end: their checks and tokens, their journal
-// (package tasklife, the only writer of it), their place in the lease
+// (package journal, the only writer of it), their place in the lease
 // table's line (and the CPU slots' queue for --no-device tasks), their
 // grant and its lease, their start at most once (the start record before
 // the go-ahead), the pause of task starts while the journal cannot be

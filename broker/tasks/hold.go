@@ -4,7 +4,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/refusal"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -17,45 +18,45 @@ import (
 // journal before it is answered, so a restart keeps it; while it is
 // written the task is held already, so that no grant comes meanwhile. If
 // it cannot be written, nothing has changed.
-func (rt *Runtime) Hold(uid uint32, id uint64, held bool) (wire.TaskInfo, error) {
-	rt.mu.Lock()
-	defer rt.unlock()
-	t, err := rt.taskFor(uid, id)
+func (room *Room) Hold(uid uint32, id uint64, held bool) (wire.TaskInfo, error) {
+	room.mu.Lock()
+	defer room.unlock()
+	t, err := room.taskFor(uid, id)
 	if err != nil {
 		return wire.TaskInfo{}, err
 	}
-	j := rt.jobs[t.ID]
+	j := room.jobs[t.ID]
 	verb := "held"
 	if !held {
 		verb = "released"
 	}
 	switch {
 	case t.Busy():
-		return wire.TaskInfo{}, refuse(ErrBusy, "", "task %d is being cancelled", t.ID)
+		return wire.TaskInfo{}, refusal.New(ErrBusy, "", "task %d is being cancelled", t.ID)
 	case !t.IsWaiting() || j == nil:
 		hint := ""
-		if t.Shown() == tasklife.Running {
+		if t.Shown() == journal.Running {
 			hint = fmt.Sprintf("stop it with 'task-submit cancel %d'", t.ID)
 		}
-		return wire.TaskInfo{}, refuse(ErrDenied, hint, "task %d is %s: only a waiting task can be %s", t.ID, t.Shown(), verb)
+		return wire.TaskInfo{}, refusal.New(ErrDenied, hint, "task %d is %s: only a waiting task can be %s", t.ID, t.Shown(), verb)
 	}
 	if held {
-		rt.holdLocked(j, true) // no grant while the hold is written
+		room.holdLocked(j, true) // no grant while the hold is written
 	}
-	err = rt.life.Hold(t, held)
-	rt.holdLocked(j, rt.heldLocked(j))
+	err = room.life.Hold(t, held)
+	room.holdLocked(j, room.heldLocked(j))
 	if err != nil {
-		rt.log.Printf("task %d: %v", t.ID, err)
-		return wire.TaskInfo{}, refuse(ErrSpool, "", "the broker could not record that task %d is %s, so nothing changed: %v", t.ID, verb, err)
+		room.log.Printf("task %d: %v", t.ID, err)
+		return wire.TaskInfo{}, refusal.New(ErrSpool, "", "the broker could not record that task %d is %s, so nothing changed: %v", t.ID, verb, err)
 	}
 	if held {
-		rt.run.Unwarm(j) // it may wait for long: its readied start goes
+		room.run.Unwarm(j) // it may wait for long: its readied start goes
 	} else {
-		rt.serveLocked()
+		room.serveLocked()
 	}
-	ti := Info(t, true, rt.positionLocked(j))
+	ti := Info(t, true, room.positionLocked(j))
 	if t.IsWaiting() {
-		ti.Reason = rt.waitReasonLocked(j)
+		ti.Reason = room.waitReasonLocked(j)
 	}
 	return ti, nil
 }
@@ -64,18 +65,18 @@ func (rt *Runtime) Hold(uid uint32, id uint64, held bool) (wire.TaskInfo, error)
 const HeldWhy = "held by its owner (task-submit release lets it start)"
 
 // HeldByOwner tells which of tasks ids wait held by their owner (Hold).
-func (rt *Runtime) HeldByOwner(ids ...uint64) map[uint64]bool {
-	if rt == nil || len(ids) == 0 {
+func (room *Room) HeldByOwner(ids ...uint64) map[uint64]bool {
+	if room == nil || len(ids) == 0 {
 		return nil
 	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if rt.life == nil {
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	if room.life == nil {
 		return nil
 	}
 	var held map[uint64]bool
 	for _, id := range ids {
-		if t := rt.life.Get(id); t != nil && t.Held && t.IsWaiting() {
+		if t := room.life.Get(id); t != nil && t.Held && t.IsWaiting() {
 			if held == nil {
 				held = map[uint64]bool{}
 			}
@@ -92,30 +93,30 @@ func (rt *Runtime) HeldByOwner(ids ...uint64) map[uint64]bool {
 // the umask, the token). Its --after tasks are not named again: they were
 // settled for the first one. Only the task's owner may requeue it: the new
 // task is the asker's (root's tasks are root's).
-func (rt *Runtime) Requeue(by Submitter, id uint64, s *wire.Submission, left func() bool) (*Submitted, error) {
+func (room *Room) Requeue(by Submitter, id uint64, s *wire.Submission, left func() bool) (*Submitted, error) {
 	if s == nil {
-		return nil, refuse(ErrBadRequest, "", "requeue without the asker's environment")
+		return nil, refusal.New(ErrBadRequest, "", "requeue without the asker's environment")
 	}
-	rt.mu.Lock()
-	t, err := rt.taskFor(by.UID, id)
+	room.mu.Lock()
+	t, err := room.taskFor(by.UID, id)
 	switch {
 	case err != nil:
-		rt.unlock()
-		if r := (*Refusal)(nil); errors.As(err, &r) && errors.Is(r, ErrNoSuchTask) {
+		room.unlock()
+		if r := (*refusal.Refusal)(nil); errors.As(err, &r) && errors.Is(r, ErrNoSuchTask) {
 			r.Hint = "the broker keeps a user's latest ended tasks only (see 'task-submit list --ended')"
 		}
 		return nil, err
 	case t.UID != by.UID:
-		rt.unlock()
-		return nil, refuse(ErrDenied, "", "task %d is %s's: a task is submitted again as the user who asks, so only its owner may requeue it", t.ID, t.User)
+		room.unlock()
+		return nil, refusal.New(ErrDenied, "", "task %d is %s's: a task is submitted again as the user who asks, so only its owner may requeue it", t.ID, t.User)
 	case !t.IsEnded():
-		rt.unlock()
-		return nil, refuse(ErrDenied, "cancel it first, or wait for it to end", "task %d is %s: only an ended task can be requeued", t.ID, t.Shown())
+		room.unlock()
+		return nil, refusal.New(ErrDenied, "cancel it first, or wait for it to end", "task %d is %s: only an ended task can be requeued", t.ID, t.Shown())
 	}
 	sub := t.Sub
-	rt.unlock()
+	room.unlock()
 	sub.Argv = append([]string(nil), sub.Argv...)
 	sub.Devices = append([]int(nil), sub.Devices...)
 	sub.Env, sub.Umask, sub.Token, sub.After = s.Env, s.Umask, s.Token, nil
-	return rt.submit(by, &sub, left, id)
+	return room.submit(by, &sub, left, id)
 }

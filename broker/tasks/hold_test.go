@@ -35,17 +35,17 @@ func TestHoldOutlivesAPause(t *testing.T) {
 	run := &testRunner{dir: dir, starts: make(chan testStart, 2)}
 	resumed := make(chan struct{}, 1)
 	lg := log.New(logWatch{"task starts resume", resumed}, "", 0)
-	rt := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}},
+	room := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}},
 		Table: table, Owner: owner, Accounts: &testAccounts{}, Socket: "/run/npurun/broker.sock", Log: lg, Runner: run,
 		Claim: func(string) error { return nil }})
-	owner.rt = rt
-	if err := rt.Open(dir); err != nil {
+	owner.room = room
+	if err := room.Open(dir); err != nil {
 		t.Fatal(err)
 	}
 	uid := uint32(os.Geteuid())
 	by := Submitter{UID: uid, Account: &Account{Name: "alice", Home: t.TempDir(), Shell: "/bin/sh", Known: true}}
 	submit := func() *Submitted {
-		sub, err := rt.Submit(by, &wire.Submission{Argv: []string{"train"}, Cwd: "/", Log: filepath.Join(t.TempDir(), "log")}, func() bool { return false })
+		sub, err := room.Submit(by, &wire.Submission{Argv: []string{"train"}, Cwd: "/", Log: filepath.Join(t.TempDir(), "log")}, func() bool { return false })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,39 +63,39 @@ func TestHoldOutlivesAPause(t *testing.T) {
 	first := submit() // takes npu 0
 	st := started()
 	held := submit()
-	if ti, err := rt.Hold(uid, held.ID, true); err != nil || !ti.Held || ti.Position != 1 {
+	if ti, err := room.Hold(uid, held.ID, true); err != nil || !ti.Held || ti.Position != 1 {
 		t.Fatalf("hold task %d: %+v, %v; want held, 1st in line", held.ID, ti, err)
 	}
-	rt.mu.Lock()
-	rt.pauseStartsLocked(errTestPause, false)
-	rt.mu.Unlock()
+	room.mu.Lock()
+	room.pauseStartsLocked(errTestPause, false)
+	room.mu.Unlock()
 	select { // resumed by its timer: the journal is writable
 	case <-resumed:
 	case <-time.After(10 * time.Second):
 		t.Fatal("task starts did not resume")
 	}
-	rt.mu.Lock()
-	stillHeld := rt.jobs[held.ID].w.Held
-	rt.mu.Unlock()
+	room.mu.Lock()
+	stillHeld := room.jobs[held.ID].w.Held
+	room.mu.Unlock()
 	if !stillHeld {
 		t.Errorf("task %d's waiter is not held after task starts resumed", held.ID)
 	}
 	// The first task ends and its device frees: the line is served (Freed)
 	// and the held task is passed over.
-	if err := rt.Done(uid, int32(4000+first.ID), first.ID, &wire.Status{Exit: new(int)}); err != nil {
+	if err := room.Done(uid, int32(4000+first.ID), first.ID, &wire.Status{Exit: new(int)}); err != nil {
 		t.Fatal(err)
 	}
 	for _, fd := range st.fds {
 		unix.Close(fd)
 	}
 	<-tableOwner.freed
-	if ti, err := rt.Show(uid, held.ID); err != nil || ti.State != wire.StatePending || !ti.Held {
+	if ti, err := room.Show(uid, held.ID); err != nil || ti.State != wire.StatePending || !ti.Held {
 		t.Errorf("held task %d once npu 0 is free: %+v, %v; want pending, held", held.ID, ti, err)
 	}
 	if d := table.Snapshot().Devices[0]; d.State != lease.Free {
 		t.Errorf("npu 0 with only a held task waiting: %+v, want free", d)
 	}
-	if _, err := rt.Hold(uid, held.ID, false); err != nil {
+	if _, err := room.Hold(uid, held.ID, false); err != nil {
 		t.Fatal(err)
 	}
 	if st := started(); st.t.ID != held.ID {

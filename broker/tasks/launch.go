@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/wire"
@@ -19,37 +19,37 @@ import (
 // A granted task starts in three steps, the same for every runner: its
 // process is got ready (Runner.Prepare: readied while it waited, or made
 // now), its start is recorded with that process in the journal (durable,
-// or written only for an armed task: tasklife), and only then is the
+// or written only for an armed task: package journal), and only then is the
 // process given its go-ahead with the devices (Runner.GoAhead). So a
 // broker that dies before the start record is on disk leaves nothing
 // running that the journal does not know, and a task runs at most once.
 //
 // When a start cannot be made for a reason that passes (the journal cannot
 // be written, the broker is out of descriptors or processes), the task goes
-// back to its place in line and the runtime starts no task until it has
+// back to its place in line and the room starts no task until it has
 // tried again, with a growing wait; leases are served meanwhile.
 
 // launch starts a granted task: its process (readied, or made now), the
 // start record with the process made durable, then the go-ahead with the
-// lock descriptors. The runtime's copies of the descriptors are closed at
+// lock descriptors. The room's copies of the descriptors are closed at
 // the end: by then the process has them, or nobody will, and the devices
 // go back to the line.
-func (rt *Runtime) launch(t *Task, fds []int) {
+func (room *Room) launch(t *Task, fds []int) {
 	defer func() {
 		for _, fd := range fds {
 			closeFD(fd)
 		}
 	}()
-	rt.mu.Lock()
-	defer rt.unlock()
-	spec := func() *wire.Spec { return rt.specLocked(t.Task) }
+	room.mu.Lock()
+	defer room.unlock()
+	spec := func() *wire.Spec { return room.specLocked(t.Task) }
 	var p Proc
 	for try := 0; ; try++ {
-		wait := rt.run.Prepare(t, spec, try > 0) // the second try: not the readied one, which failed or died while waiting
-		rt.unlock()
+		wait := room.run.Prepare(t, spec, try > 0) // the second try: not the readied one, which failed or died while waiting
+		room.unlock()
 		var err error
 		p, err = wait() // here: a goroutine more would be a wake-up more
-		rt.mu.Lock()
+		room.mu.Lock()
 		if err == nil {
 			break
 		}
@@ -57,48 +57,48 @@ func (rt *Runtime) launch(t *Task, fds []int) {
 			continue
 		}
 		if passing(err) {
-			rt.ungrantLocked(t, fmt.Errorf("task %d: %w", t.ID, err), false)
+			room.ungrantLocked(t, fmt.Errorf("task %d: %w", t.ID, err), false)
 			return
 		}
-		rt.log.Printf("task %d: %v", t.ID, err)
-		if err := rt.life.End(t.Task, tasklife.Failed, nil, "not started: "+err.Error()); err != nil {
-			rt.ungrantLocked(t, fmt.Errorf("task %d: record its failure: %w", t.ID, err), true)
+		room.log.Printf("task %d: %v", t.ID, err)
+		if err := room.life.End(t.Task, journal.Failed, nil, "not started: "+err.Error()); err != nil {
+			room.ungrantLocked(t, fmt.Errorf("task %d: record its failure: %w", t.ID, err), true)
 		}
 		return
 	}
 	if t.cancel {
 		// Cancelled while it was being granted: it never starts.
-		rt.run.Release(t, p)
-		rt.ungrantLocked(t, nil, false)
-		rt.cancelLocked(t, t.cancelBy)
+		room.run.Release(t, p)
+		room.ungrantLocked(t, nil, false)
+		room.cancelLocked(t, t.cancelBy)
 		return
 	}
 	pid, start := p.Process()
-	if err := rt.life.Start(t.Task, pid, start, rt.boot, int64(monoNow()/time.Millisecond)); err != nil {
-		rt.run.Release(t, p) // it exits having run nothing
-		rt.ungrantLocked(t, fmt.Errorf("task %d: record its start: %w", t.ID, err), true)
+	if err := room.life.Start(t.Task, pid, start, room.boot, int64(monoNow()/time.Millisecond)); err != nil {
+		room.run.Release(t, p) // it exits having run nothing
+		room.ungrantLocked(t, fmt.Errorf("task %d: record its start: %w", t.ID, err), true)
 		return
 	}
-	rt.pauseWait = 0
-	goAhead := rt.goAheadLocked(t.Task)
+	room.pauseWait = 0
+	goAhead := room.goAheadLocked(t.Task)
 	t.launching = true
-	rt.unlock()
-	testHook(rt.log, hookBeforeGoAhead, t.ID)
-	err := rt.run.GoAhead(t, p, goAhead, fds)
-	rt.mu.Lock()
+	room.unlock()
+	testHook(room.log, hookBeforeGoAhead, t.ID)
+	err := room.run.GoAhead(t, p, goAhead, fds)
+	room.mu.Lock()
 	t.launching = false
 	if err != nil {
-		rt.log.Printf("task %d: give the supervisor its go-ahead: %v", t.ID, err)
+		room.log.Printf("task %d: give the supervisor its go-ahead: %v", t.ID, err)
 	}
-	if rt.run.Gone(p) {
+	if room.run.Gone(p) {
 		// Gone before or while starting: goneLocked left it to us, so
 		// that its end is recorded after its start.
-		rt.goneLocked(t, pid)
+		room.goneLocked(t, pid)
 		return
 	}
-	rt.backstopLocked(t)
+	room.backstopLocked(t)
 	if t.cancel {
-		rt.stopLocked(t) // cancelled while it was being started
+		room.stopLocked(t) // cancelled while it was being started
 	}
 }
 
@@ -117,17 +117,17 @@ func passing(err error) bool {
 
 // ungrantLocked puts a task whose start could not be made back in its
 // place in line, and, when why is not nil, stops task starts until the
-// runtime has tried again: journal tells that the journal could not be
+// room has tried again: journal tells that the journal could not be
 // written.
-func (rt *Runtime) ungrantLocked(t *Task, why error, journal bool) {
-	if t.Slot >= 0 && t.Slot < len(rt.cpuFree) {
-		rt.cpuFree[t.Slot] = true
+func (room *Room) ungrantLocked(t *Task, why error, journal bool) {
+	if t.Slot >= 0 && t.Slot < len(room.cpuFree) {
+		room.cpuFree[t.Slot] = true
 	}
-	rt.life.Ungrant(t.Task)
+	room.life.Ungrant(t.Task)
 	if why != nil {
-		rt.pauseStartsLocked(why, journal)
+		room.pauseStartsLocked(why, journal)
 	}
-	rt.requeueLocked(t)
+	room.requeueLocked(t)
 }
 
 // A pause of task starts, and how long it waits before trying again.
@@ -143,54 +143,54 @@ type pause struct {
 }
 
 // pauseStartsLocked stops task starts: every task waiting is held in its
-// place, and the runtime tries again after a wait that grows each time.
-func (rt *Runtime) pauseStartsLocked(why error, journal bool) {
-	if rt.paused != nil {
-		rt.paused.journal = rt.paused.journal || journal
+// place, and the room tries again after a wait that grows each time.
+func (room *Room) pauseStartsLocked(why error, journal bool) {
+	if room.paused != nil {
+		room.paused.journal = room.paused.journal || journal
 		return
 	}
-	rt.paused = &pause{why: why, journal: journal}
-	rt.pauseWait = min(max(2*rt.pauseWait, firstPause), maxPause)
-	rt.log.Printf("%v; task starts paused (leases go on), trying again in %s", why, quantity.Duration(rt.pauseWait))
-	rt.holdTasksLocked(true)
-	time.AfterFunc(rt.pauseWait, rt.retryStarts)
+	room.paused = &pause{why: why, journal: journal}
+	room.pauseWait = min(max(2*room.pauseWait, firstPause), maxPause)
+	room.log.Printf("%v; task starts paused (leases go on), trying again in %s", why, quantity.Duration(room.pauseWait))
+	room.holdTasksLocked(true)
+	time.AfterFunc(room.pauseWait, room.retryStarts)
 }
 
 // retryStarts resumes task starts once the journal can be written, or
 // waits longer.
-func (rt *Runtime) retryStarts() {
-	rt.mu.Lock()
-	defer rt.unlock()
-	p := rt.paused
-	if p.journal || rt.life.Writable() != nil {
-		if err := rt.life.Recover(); err != nil {
-			rt.pauseWait = min(2*rt.pauseWait, maxPause)
+func (room *Room) retryStarts() {
+	room.mu.Lock()
+	defer room.unlock()
+	p := room.paused
+	if p.journal || room.life.Writable() != nil {
+		if err := room.life.Recover(); err != nil {
+			room.pauseWait = min(2*room.pauseWait, maxPause)
 			if err.Error() != p.why.Error() {
-				rt.log.Printf("the journal: %v; task starts stay paused", err)
+				room.log.Printf("the journal: %v; task starts stay paused", err)
 				p.why = err
 			}
-			time.AfterFunc(rt.pauseWait, rt.retryStarts)
+			time.AfterFunc(room.pauseWait, room.retryStarts)
 			return
 		}
 	}
-	rt.paused = nil
-	rt.log.Print("task starts resume")
-	rt.holdTasksLocked(false)
-	rt.serveLocked()
+	room.paused = nil
+	room.log.Print("task starts resume")
+	room.holdTasksLocked(false)
+	room.serveLocked()
 }
 
 // holdTasksLocked holds (or releases) every task waiting in line, as
 // task starts are paused (resumed). A task being cancelled, or one its
 // owner holds, stays held.
-func (rt *Runtime) holdTasksLocked(hold bool) {
-	for _, w := range rt.cpuq.Waiters() {
+func (room *Room) holdTasksLocked(hold bool) {
+	for _, w := range room.cpuq.Waiters() {
 		if t := taskOf(w); t != nil {
-			w.Held = hold || rt.heldLocked(t)
+			w.Held = hold || room.heldLocked(t)
 		}
 	}
-	for _, t := range rt.jobs {
+	for _, t := range room.jobs {
 		if t.inLine && !t.Sub.NoDevice {
-			rt.table.Hold(t.w, hold || rt.heldLocked(t))
+			room.table.Hold(t.w, hold || room.heldLocked(t))
 		}
 	}
 }
@@ -198,29 +198,29 @@ func (rt *Runtime) holdTasksLocked(hold bool) {
 // specLocked is what t's process is told when it is got ready: what it
 // runs, where, as whom, with what limits; the devices and their variables
 // come with the go-ahead.
-func (rt *Runtime) specLocked(t *tasklife.Task) *wire.Spec {
+func (room *Room) specLocked(t *journal.Task) *wire.Spec {
 	env := slices.Clone(t.Sub.Env)
 	if t.Sub.NoDevice {
 		env = append(env, npu.HiddenEnv()...)
-		threads := strconv.Itoa(rt.policy().Tasks.CPUThreads)
+		threads := strconv.Itoa(room.policy().Tasks.CPUThreads)
 		for _, v := range []string{"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"} {
-			env = capThreads(env, v, rt.policy().Tasks.CPUThreads, threads)
+			env = capThreads(env, v, room.policy().Tasks.CPUThreads, threads)
 		}
 	}
-	env = append(env, "NPURUN_TASK_ID="+strconv.FormatUint(t.ID, 10), "NPURUN_SOCKET="+rt.socket)
+	env = append(env, "NPURUN_TASK_ID="+strconv.FormatUint(t.ID, 10), "NPURUN_SOCKET="+room.socket)
 	return &wire.Spec{
 		ID: t.ID, UID: t.UID, Argv: t.Argv, Cwd: t.Sub.Cwd, Env: env, Log: t.Log, Umask: t.Sub.Umask,
-		TimeSec: t.TimeSec, GraceSec: int64(rt.policy().Tasks.KillGrace / time.Second),
-		Idle: t.Sub.NoDevice && rt.policy().Tasks.IdlePriority, Socket: rt.socket, Notify: t.Notify, Name: t.Sub.Name,
+		TimeSec: t.TimeSec, GraceSec: int64(room.policy().Tasks.KillGrace / time.Second),
+		Idle: t.Sub.NoDevice && room.policy().Tasks.IdlePriority, Socket: room.socket, Notify: t.Notify, Name: t.Sub.Name,
 	}
 }
 
 // goAheadLocked is the go-ahead for a granted task: its devices and their
 // variables (the descriptors travel beside it).
-func (rt *Runtime) goAheadLocked(t *tasklife.Task) *wire.Spec {
+func (room *Room) goAheadLocked(t *journal.Task) *wire.Spec {
 	g := &wire.Spec{ID: t.ID, Devices: t.Devices}
 	if !t.Sub.NoDevice {
-		g.Env = rt.inv.Env(t.Devices)
+		g.Env = room.inv.Env(t.Devices)
 	}
 	return g
 }
@@ -246,27 +246,27 @@ func capThreads(env []string, name string, n int, text string) []string {
 // that its lease, time limit and slot do not outlive the process that
 // kept them. A process that exits while its task is being started is
 // launch's to handle.
-func (rt *Runtime) goneLocked(t *Task, pid int) {
-	if t.launching || t.State != tasklife.Running || t.PID != pid {
+func (room *Room) goneLocked(t *Task, pid int) {
+	if t.launching || t.State != journal.Running || t.PID != pid {
 		return
 	}
-	rt.run.Kill(t)
-	if t.State != tasklife.Running || t.PID != pid {
+	room.run.Kill(t)
+	if t.State != journal.Running || t.PID != pid {
 		return // it reported meanwhile
 	}
 	reason := "its supervisor ended without reporting; exit status unknown"
 	if t.overran {
 		reason = fmt.Sprintf("killed by the broker: time limit %s overrun", quantity.Duration(time.Duration(t.TimeSec)*time.Second))
 	}
-	rt.life.EndNow(t.Task, tasklife.Lost, reason)
+	room.life.EndNow(t.Task, journal.Lost, reason)
 }
 
 // stopLocked has a running task stopped: its runner asks it to stop as
 // soon as it can take it (Runner.Stop).
-func (rt *Runtime) stopLocked(t *Task) {
+func (room *Room) stopLocked(t *Task) {
 	t.cancel = true
-	if t.State == tasklife.Running {
-		rt.run.Stop(t)
+	if t.State == journal.Running {
+		room.run.Stop(t)
 	}
 }
 
@@ -274,17 +274,17 @@ func (rt *Runtime) stopLocked(t *Task) {
 // before the broker, not trusting the submitter's supervisor, kills it.
 const overrunLimit = 30 * time.Second
 
-// backstopLocked arms the runtime's own backstop for t's time limit,
+// backstopLocked arms the room's own backstop for t's time limit,
 // measured on the monotonic clock from the start recorded in this boot,
 // so that a step of the wall clock cannot fool it. It returns how long the
 // task may run on (0: no limit).
-func (rt *Runtime) backstopLocked(t *Task) time.Duration {
+func (room *Room) backstopLocked(t *Task) time.Duration {
 	if t.TimeSec <= 0 {
 		return 0
 	}
-	limit := time.Duration(t.TimeSec)*time.Second + rt.policy().Tasks.KillGrace + overrunLimit
+	limit := time.Duration(t.TimeSec)*time.Second + room.policy().Tasks.KillGrace + overrunLimit
 	var left time.Duration
-	if t.StartMono > 0 && t.Boot == rt.boot {
+	if t.StartMono > 0 && t.Boot == room.boot {
 		left = limit - (monoNow() - time.Duration(t.StartMono)*time.Millisecond)
 	} else {
 		// Recorded by an older broker, without the monotonic clock.
@@ -292,14 +292,14 @@ func (rt *Runtime) backstopLocked(t *Task) time.Duration {
 	}
 	pid := t.PID
 	time.AfterFunc(left, func() {
-		rt.mu.Lock()
-		defer rt.unlock()
-		if t.State != tasklife.Running || t.PID != pid {
+		room.mu.Lock()
+		defer room.unlock()
+		if t.State != journal.Running || t.PID != pid {
 			return
 		}
 		t.overran = true
-		rt.log.Printf("task %d overran its time limit; killing what is left of it", t.ID)
-		rt.run.Kill(t)
+		room.log.Printf("task %d overran its time limit; killing what is left of it", t.ID)
+		room.run.Kill(t)
 	})
 	return max(left, time.Nanosecond)
 }

@@ -5,7 +5,8 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/refusal"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/wire"
 )
@@ -13,9 +14,9 @@ import (
 // Tasks wait in one line with every other request: a device task in the
 // lease table's (Plan serves tasks, npurun requests and login sessions
 // alike, interleaved across users), a --no-device task in the CPU slots'
-// queue, which the runtime serves with the same Plan. The owner serves
+// queue, which the room serves with the same Plan. The owner serves
 // the table's line (Schedule), holding its lock; the grants of tasks are
-// the runtime's, the others the owner's.
+// the room's, the others the owner's.
 
 // taskOf is the task a waiter queues; nil for another holder's request.
 func taskOf(w *lease.Waiter) *Task {
@@ -24,23 +25,23 @@ func taskOf(w *lease.Waiter) *Task {
 }
 
 // waiterLocked makes the waiter that queues t.
-func (rt *Runtime) waiterLocked(t *Task) (*lease.Waiter, error) {
+func (room *Room) waiterLocked(t *Task) (*lease.Waiter, error) {
 	acct := t.acct
 	if t.Sub.NoDevice {
-		if len(rt.cpuFree) == 0 {
-			return nil, refuse(ErrDenied, "", "this broker has no CPU slots for --no-device tasks ([tasks] cpu_slots = 0)")
+		if len(room.cpuFree) == 0 {
+			return nil, refusal.New(ErrDenied, "", "this broker has no CPU slots for --no-device tasks ([tasks] cpu_slots = 0)")
 		}
-		w := &lease.Waiter{Holder: rt.taskHolder(t), N: 1, Cand: rt.cpuSlots, Pool: cpuPool, Ref: t,
-			Limit: rt.policy().LimitFor(acct.Name, acct.Groups), Queued: time.Now()}
+		w := &lease.Waiter{Holder: room.taskHolder(t), N: 1, Cand: room.cpuSlots, Pool: cpuPool, Ref: t,
+			Limit: room.policy().LimitFor(acct.Name, acct.Groups), Queued: time.Now()}
 		return w, nil
 	}
-	if rt.outside != nil {
-		if err := rt.outside.Refusal(t.Sub.Devices); err != nil {
+	if room.outside != nil {
+		if err := room.outside.Refusal(t.Sub.Devices); err != nil {
 			return nil, err
 		}
 	}
-	w, err := rt.table.Admit(lease.Request{Holder: rt.taskHolder(t), N: t.Sub.N, Devices: t.Sub.Devices, Pool: t.Sub.Pool,
-		Limit: rt.policy().LimitFor(acct.Name, acct.Groups), Mem: t.Sub.Mem})
+	w, err := room.table.Admit(lease.Request{Holder: room.taskHolder(t), N: t.Sub.N, Devices: t.Sub.Devices, Pool: t.Sub.Pool,
+		Limit: room.policy().LimitFor(acct.Name, acct.Groups), Mem: t.Sub.Mem})
 	if err != nil {
 		return nil, err
 	}
@@ -51,10 +52,10 @@ func (rt *Runtime) waiterLocked(t *Task) (*lease.Waiter, error) {
 // taskHolder is the holder of t's lease: its submitter, as recorded, and
 // the longest the lease may last (its time limit, then kill_grace's
 // SIGTERM to SIGKILL), if it has a limit.
-func (rt *Runtime) taskHolder(t *Task) lease.Holder {
+func (room *Room) taskHolder(t *Task) lease.Holder {
 	h := lease.Holder{Kind: lease.Task, UID: t.UID, User: t.User, Task: t.ID}
 	if t.TimeSec > 0 {
-		h.Limit = time.Duration(t.TimeSec)*time.Second + rt.policy().Tasks.KillGrace
+		h.Limit = time.Duration(t.TimeSec)*time.Second + room.policy().Tasks.KillGrace
 	}
 	return h
 }
@@ -65,33 +66,33 @@ func (rt *Runtime) taskHolder(t *Task) lease.Holder {
 // it only puts the task in line: the line is served once all of them are
 // back (a pass per task would give the free devices to the first user's
 // tasks before the other users' are in line to interleave with them).
-func (rt *Runtime) settleLocked(t *Task) {
-	if !rt.life.Settle(t.Task) || t.inLine {
+func (room *Room) settleLocked(t *Task) {
+	if !room.life.Settle(t.Task) || t.inLine {
 		return
 	}
 	if t.w == nil {
 		if t.acct == nil || t.lookupErr != nil {
-			t.acct = rt.accounts.Lookup(t.UID) // replayed from the journal
+			t.acct = room.accounts.Lookup(t.UID) // replayed from the journal
 		}
 		if err := t.acct.unanswered(); err != nil {
 			// Its limits and pools depend on its account: it waits out
 			// of line until the user database answers (a name service
 			// not up yet at boot, no descriptors left), rather than be
 			// judged on a stand-in's.
-			rt.lookupLaterLocked(t, err)
+			room.lookupLaterLocked(t, err)
 			return
 		}
 		t.lookupErr = nil
-		w, err := rt.waiterLocked(t)
+		w, err := room.waiterLocked(t)
 		if err != nil {
-			rt.life.EndNow(t.Task, tasklife.Failed, "cannot be queued: "+err.Error())
+			room.life.EndNow(t.Task, journal.Failed, "cannot be queued: "+err.Error())
 			return
 		}
 		t.w = w
 	}
-	rt.addLineLocked(t, false)
-	if !rt.loading {
-		rt.serveLocked()
+	room.addLineLocked(t, false)
+	if !room.loading {
+		room.serveLocked()
 	}
 }
 
@@ -104,60 +105,60 @@ const (
 
 // lookupLaterLocked keeps waiting task t out of line until its account can
 // be looked up, and arranges for it to be settled again then.
-func (rt *Runtime) lookupLaterLocked(t *Task, why error) {
+func (room *Room) lookupLaterLocked(t *Task, why error) {
 	if t.lookupErr == nil {
-		rt.log.Printf("task %d: %v; it waits until the user database can be read", t.ID, why)
+		room.log.Printf("task %d: %v; it waits until the user database can be read", t.ID, why)
 	}
 	t.lookupErr = why
-	if rt.unresolved == nil {
-		rt.unresolved = map[uint64]*Task{}
+	if room.unresolved == nil {
+		room.unresolved = map[uint64]*Task{}
 	}
-	rt.unresolved[t.ID] = t
-	if rt.lookupSet {
+	room.unresolved[t.ID] = t
+	if room.lookupSet {
 		return
 	}
-	rt.lookupSet = true
-	rt.lookupWait = min(max(2*rt.lookupWait, firstLookupWait), maxLookupWait)
-	time.AfterFunc(rt.lookupWait, rt.lookupAgain)
+	room.lookupSet = true
+	room.lookupWait = min(max(2*room.lookupWait, firstLookupWait), maxLookupWait)
+	time.AfterFunc(room.lookupWait, room.lookupAgain)
 }
 
 // lookupAgain looks up the accounts of the tasks kept out of line for a
 // failed lookup, without the lock, then settles them again.
-func (rt *Runtime) lookupAgain() {
-	rt.mu.Lock()
-	rt.lookupSet = false
+func (room *Room) lookupAgain() {
+	room.mu.Lock()
+	room.lookupSet = false
 	uids := map[uint32]bool{}
-	for _, t := range rt.unresolved {
+	for _, t := range room.unresolved {
 		uids[t.UID] = true
 	}
-	rt.mu.Unlock()
+	room.mu.Unlock()
 	ok := true
 	for uid := range uids {
-		if rt.accounts.Lookup(uid).unanswered() != nil {
+		if room.accounts.Lookup(uid).unanswered() != nil {
 			ok = false
 		}
 	}
-	rt.mu.Lock()
-	defer rt.unlock()
+	room.mu.Lock()
+	defer room.unlock()
 	if ok {
-		rt.lookupWait = 0
+		room.lookupWait = 0
 	}
-	todo := rt.unresolved
-	rt.unresolved = nil
+	todo := room.unresolved
+	room.unresolved = nil
 	for id, t := range todo {
-		if rt.jobs[id] == t && t.IsWaiting() && !t.inLine {
-			rt.settleLocked(t)
+		if room.jobs[id] == t && t.IsWaiting() && !t.inLine {
+			room.settleLocked(t)
 		}
 	}
 }
 
 // requeueLocked puts a task that was taken out of line for its start back
 // in the place it had.
-func (rt *Runtime) requeueLocked(t *Task) {
+func (room *Room) requeueLocked(t *Task) {
 	if t.inLine || t.w == nil || !t.IsWaiting() {
 		return
 	}
-	rt.addLineLocked(t, true)
+	room.addLineLocked(t, true)
 }
 
 // addLineLocked puts t's waiter in its line: the lease table's, or the CPU
@@ -165,47 +166,47 @@ func (rt *Runtime) requeueLocked(t *Task) {
 // place it had. (Waiting tasks are capped by max_queued_tasks, not by
 // max_waiting_per_user, which is for npurun's requests: a user's queued
 // tasks never lock them out of an interactive npurun.)
-func (rt *Runtime) addLineLocked(t *Task, readd bool) {
-	t.w.Held = rt.heldLocked(t) // not in line yet: nobody else reads it
+func (room *Room) addLineLocked(t *Task, readd bool) {
+	t.w.Held = room.heldLocked(t) // not in line yet: nobody else reads it
 	t.inLine = true
 	switch {
 	case t.Sub.NoDevice && readd:
-		rt.cpuq.Readd(t.w)
+		room.cpuq.Readd(t.w)
 	case t.Sub.NoDevice:
-		rt.cpuq.Add(t.w)
+		room.cpuq.Add(t.w)
 	case readd:
-		rt.table.Readd(t.w)
+		room.table.Readd(t.w)
 	default:
-		rt.table.Add(t.w)
+		room.table.Add(t.w)
 	}
 }
 
 // heldLocked tells whether t's waiter is to be held in its place in line:
 // task starts are paused, its cancel is being recorded, or its owner
 // holds it (task-submit hold).
-func (rt *Runtime) heldLocked(t *Task) bool { return rt.paused != nil || t.Busy() || t.Held }
+func (room *Room) heldLocked(t *Task) bool { return room.paused != nil || t.Busy() || t.Held }
 
 // holdLocked holds t's waiter in its place in line (skipped, reserving
 // nothing), or lets it be served again.
-func (rt *Runtime) holdLocked(t *Task, held bool) {
+func (room *Room) holdLocked(t *Task, held bool) {
 	switch {
 	case t.w == nil:
 	case t.inLine && !t.Sub.NoDevice:
-		rt.table.Hold(t.w, held)
+		room.table.Hold(t.w, held)
 	default:
 		t.w.Held = held
 	}
 }
 
 // removeLineLocked takes t out of its queue.
-func (rt *Runtime) removeLineLocked(t *Task) {
+func (room *Room) removeLineLocked(t *Task) {
 	if !t.inLine {
 		return
 	}
 	if t.Sub.NoDevice {
-		rt.cpuq.Remove(t.w, false)
+		room.cpuq.Remove(t.w, false)
 	} else {
-		rt.table.Remove(t.w)
+		room.table.Remove(t.w)
 	}
 	t.inLine = false
 }
@@ -215,28 +216,28 @@ func (rt *Runtime) removeLineLocked(t *Task) {
 // its watchers are told, and the tasks waiting for it are settled. (Its
 // devices free themselves once their locks go: their watchers see it;
 // endLeaseLocked ends whoever holds them still.)
-func (rt *Runtime) endedLocked(t *tasklife.Task) {
-	rt.endLeaseLocked(t.ID) // its lease too, whoever holds its descriptors (taskend.go)
-	if j := rt.jobs[t.ID]; j != nil {
-		delete(rt.jobs, t.ID)
-		rt.removeLineLocked(j)
-		rt.run.Ended(j)
-		if t.Slot >= 0 && t.Slot < len(rt.cpuFree) {
-			rt.cpuFree[t.Slot] = true
+func (room *Room) endedLocked(t *journal.Task) {
+	room.endLeaseLocked(t.ID) // its lease too, whoever holds its descriptors (taskend.go)
+	if j := room.jobs[t.ID]; j != nil {
+		delete(room.jobs, t.ID)
+		room.removeLineLocked(j)
+		room.run.Ended(j)
+		if t.Slot >= 0 && t.Slot < len(room.cpuFree) {
+			room.cpuFree[t.Slot] = true
 		}
 		for _, w := range j.waits {
-			rt.unwatchLocked(w, j)
-			rt.out.ended = append(rt.out.ended, endNote{w: w, info: Info(t, true, 0)})
+			room.unwatchLocked(w, j)
+			room.out.ended = append(room.out.ended, endNote{w: w, info: Info(t, true, 0)})
 		}
 		j.waits = nil
 	}
-	for _, d := range rt.life.Dependents(t.ID) {
-		if j := rt.jobs[d.ID]; j != nil && d.State == tasklife.Blocked {
-			rt.settleLocked(j)
+	for _, d := range room.life.Dependents(t.ID) {
+		if j := room.jobs[d.ID]; j != nil && d.State == journal.Blocked {
+			room.settleLocked(j)
 		}
 	}
-	if !rt.loading {
-		rt.serveLocked()
+	if !room.loading {
+		room.serveLocked()
 	}
 }
 
@@ -267,9 +268,9 @@ type Start struct {
 }
 
 // Schedule serves the line, for its owner, which calls it holding its own
-// lock: the lease table plans (Table.Schedule); the runtime starts the
+// lock: the lease table plans (Table.Schedule); the room starts the
 // tasks among its grants (they are recorded as starting and their leases
-// begin; the runtime launches them, or, with here, leaves that to the
+// begin; the room launches them, or, with here, leaves that to the
 // caller: Launch) and returns the others; then the CPU slots go to the
 // tasks that need no device, and the first tasks waiting have their
 // starts readied.
@@ -278,27 +279,27 @@ type Start struct {
 // has let its lock go: where a lease's end hands its device to the next
 // task (the handoff), a goroutine started for the launch costs a wake-up
 // on the start's path, 0.1–0.3 ms on a busy machine here.
-func (rt *Runtime) Schedule(here bool) Served {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
+func (room *Room) Schedule(here bool) Served {
+	room.mu.Lock()
+	defer room.mu.Unlock()
 	var sv Served
-	for _, h := range rt.table.Schedule(rt.running) {
+	for _, h := range room.table.Schedule(room.running) {
 		if t := taskOf(h.W); t != nil {
-			if !rt.startLocked(t, h, -1, here, &sv) {
+			if !room.startLocked(t, h, -1, here, &sv) {
 				sv.Again = true
 			}
 			continue
 		}
 		sv.Others = append(sv.Others, h)
 	}
-	if rt.cpuq.Len() > 0 && slices.Contains(rt.cpuFree, true) {
-		for _, g := range lease.Plan(rt.cpuq.Waiters(), rt.cpuFree, rt.table.RoomFor(rt.cpuq, rt.running)) {
-			rt.cpuq.Remove(g.W, true)
-			rt.startLocked(taskOf(g.W), nil, g.Devices[0], here, &sv)
+	if room.cpuq.Len() > 0 && slices.Contains(room.cpuFree, true) {
+		for _, g := range lease.Plan(room.cpuq.Waiters(), room.cpuFree, room.table.RoomFor(room.cpuq, room.running)) {
+			room.cpuq.Remove(g.W, true)
+			room.startLocked(taskOf(g.W), nil, g.Devices[0], here, &sv)
 		}
 	}
-	if !rt.loading {
-		rt.warmLocked()
+	if !room.loading {
+		room.warmLocked()
 	}
 	return sv
 }
@@ -310,14 +311,14 @@ func (rt *Runtime) Schedule(here bool) Served {
 // is launched in a goroutine of its own. mine tells whether h was a task's
 // (else the owner delivers it); Served.Again that its start failed, its
 // devices free again.
-func (rt *Runtime) Deliver(h *lease.Handover) (sv Served, mine bool) {
+func (room *Room) Deliver(h *lease.Handover) (sv Served, mine bool) {
 	t := taskOf(h.W)
 	if t == nil {
 		return sv, false
 	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if !rt.startLocked(t, h, -1, false, &sv) {
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	if !room.startLocked(t, h, -1, false, &sv) {
 		sv.Again = true
 	}
 	return sv, true
@@ -327,31 +328,31 @@ func (rt *Runtime) Deliver(h *lease.Handover) (sv Served, mine bool) {
 // line refused or gave up (its placeholder refused or ended by Slurm; msg
 // says why): it fails, not started. It tells whether w was a task's,
 // waiting in line. It is called holding no lock of the owner's.
-func (rt *Runtime) Refuse(w *lease.Waiter, msg string) bool {
+func (room *Room) Refuse(w *lease.Waiter, msg string) bool {
 	t := taskOf(w)
 	if t == nil {
 		return false
 	}
-	rt.mu.Lock()
-	defer rt.unlock()
+	room.mu.Lock()
+	defer room.unlock()
 	if t.w != w || !t.inLine {
 		return false
 	}
-	rt.removeLineLocked(t)
-	rt.life.EndNow(t.Task, tasklife.Failed, "not started: "+msg)
+	room.removeLineLocked(t)
+	room.life.EndNow(t.Task, journal.Failed, "not started: "+msg)
 	return true
 }
 
 // TimeLimit is the time limit of the task waiter w queues, its --time
 // (an allocator outside the line asks it for its placeholder); 0 for
 // another holder's request, or a task without one.
-func (rt *Runtime) TimeLimit(w *lease.Waiter) time.Duration {
+func (room *Room) TimeLimit(w *lease.Waiter) time.Duration {
 	t := taskOf(w)
 	if t == nil {
 		return 0
 	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
+	room.mu.Lock()
+	defer room.mu.Unlock()
 	return time.Duration(t.TimeSec) * time.Second
 }
 
@@ -359,24 +360,24 @@ func (rt *Runtime) TimeLimit(w *lease.Waiter) time.Duration {
 // from now on, and it is starting; its process, its start record and the
 // go-ahead follow in launch. h is the lease table's handover of its
 // devices (nil for a --no-device task, granted CPU slot slot instead, -1
-// otherwise): its lease begins here, and the runtime keeps its copies of
+// otherwise): its lease begins here, and the room keeps its copies of
 // the lock descriptors only until the task's process has them.
-func (rt *Runtime) startLocked(t *Task, h *lease.Handover, slot int, here bool, sv *Served) bool {
+func (room *Room) startLocked(t *Task, h *lease.Handover, slot int, here bool, sv *Served) bool {
 	var devices []int
 	if h != nil {
 		devices = h.Devices
 	}
-	if err := rt.life.Grant(t.Task, devices, slot, time.Now()); err != nil {
+	if err := room.life.Grant(t.Task, devices, slot, time.Now()); err != nil {
 		// Only pending tasks that are not being cancelled are in line
 		// unheld: this is a bug. Keep the devices free and the task in
 		// its place, held so that the next pass does not grant it again.
-		rt.log.Printf("%v", err)
+		room.log.Printf("%v", err)
 		if h != nil {
-			rt.table.Return(h)
+			room.table.Return(h)
 		}
 		t.inLine = false // Plan's caller took it out
-		rt.requeueLocked(t)
-		rt.holdLocked(t, true)
+		room.requeueLocked(t)
+		room.holdLocked(t, true)
 		return false
 	}
 	t.inLine = false
@@ -384,21 +385,21 @@ func (rt *Runtime) startLocked(t *Task, h *lease.Handover, slot int, here bool, 
 	if h != nil {
 		// A restricted account's access, before its supervisor starts (a
 		// --no-device task gets none, the control nodes' included).
-		if err := rt.table.Allow(h); err != nil {
-			rt.log.Printf("task %d: open npu %s to uid %d: %v", t.ID, npu.FormatIDs(devices), t.UID, err)
+		if err := room.table.Allow(h); err != nil {
+			room.log.Printf("task %d: open npu %s to uid %d: %v", t.ID, npu.FormatIDs(devices), t.UID, err)
 		}
-		l := rt.table.Commit(h)
+		l := room.table.Commit(h)
 		fds = h.FDs()
 		sv.Begun = append(sv.Begun, Begun{Lease: l, H: h})
 	}
 	if slot >= 0 {
-		rt.cpuFree[slot] = false
+		room.cpuFree[slot] = false
 	}
 	if here {
-		_, ready := rt.run.Warmed(t)
+		_, ready := room.run.Warmed(t)
 		sv.Starts = append(sv.Starts, Start{t, fds, ready})
 	} else {
-		go rt.launch(t, fds)
+		go room.launch(t, fds)
 	}
 	return true
 }
@@ -407,7 +408,7 @@ func (rt *Runtime) startLocked(t *Task, h *lease.Handover, slot int, here bool, 
 // start is ready in this goroutine (the caller, a device's release
 // watcher, waits for its next release meanwhile: not for a process start
 // or a lookup), the others in goroutines of their own.
-func (rt *Runtime) Launch(starts []Start) {
+func (room *Room) Launch(starts []Start) {
 	here := -1
 	for i, l := range starts {
 		if l.ready {
@@ -416,45 +417,45 @@ func (rt *Runtime) Launch(starts []Start) {
 	}
 	for i, l := range starts {
 		if i != here {
-			go rt.launch(l.t, l.fds)
+			go room.launch(l.t, l.fds)
 		}
 	}
 	if here >= 0 {
-		rt.launch(starts[here].t, starts[here].fds)
+		room.launch(starts[here].t, starts[here].fds)
 	}
 }
 
 // warmLocked has the runner ready the starts of the first task waiting in
 // each pool, so that their grants start their commands at once.
-func (rt *Runtime) warmLocked() {
+func (room *Room) warmLocked() {
 	// Called on every scheduling pass, under the lock: with no task waiting
 	// (npurun alone) it must cost nothing, and with a long line no more
 	// than the walk to each pool's first task.
-	if rt.life == nil || !rt.life.AnyWaiting() || rt.paused != nil {
+	if room.life == nil || !room.life.AnyWaiting() || room.paused != nil {
 		return
 	}
 	var few [16]*lease.Waiter
-	for _, w := range rt.cpuq.FirstTasks(rt.table.FirstTasks(few[:0])) {
+	for _, w := range room.cpuq.FirstTasks(room.table.FirstTasks(few[:0])) {
 		t := taskOf(w)
-		if warm, _ := rt.run.Warmed(t); warm {
+		if warm, _ := room.run.Warmed(t); warm {
 			continue
 		}
-		ready, ok := rt.run.Warm(t, func() *wire.Spec { return rt.specLocked(t.Task) })
+		ready, ok := room.run.Warm(t, func() *wire.Spec { return room.specLocked(t.Task) })
 		if !ok {
 			return
 		}
-		go rt.warmUp(t, ready)
+		go room.warmUp(t, ready)
 	}
 }
 
-// warmUp readies t's start with ready, then arms t (tasklife): its start,
+// warmUp readies t's start with ready, then arms t (package journal): its start,
 // when it is granted, need not wait for the disk. An arm that cannot be
 // recorded leaves t's start to wait for the disk, as any.
-func (rt *Runtime) warmUp(t *Task, ready func()) {
+func (room *Room) warmUp(t *Task, ready func()) {
 	ready()
-	rt.mu.Lock()
-	defer rt.unlock()
-	if rt.life != nil && t.IsWaiting() {
-		_ = rt.life.Arm(t.Task)
+	room.mu.Lock()
+	defer room.unlock()
+	if room.life != nil && t.IsWaiting() {
+		_ = room.life.Arm(t.Task)
 	}
 }

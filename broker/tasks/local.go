@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/internal/testhook"
 	"github.com/npurun/npurun/wire"
 )
@@ -490,7 +490,7 @@ func (l *local) Release(t *Task, p Proc) { dropSupervisor(p.(*supervisor), t.ID)
 // run nothing. A socket that closes without this word (nor a go-ahead)
 // means that the broker died, maybe after it recorded the start: the
 // supervisor then tells the next broker that the task never started
-// (Runtime.NotStarted).
+// (Room.NotStarted).
 func dropSupervisor(sup *supervisor, id uint64) {
 	if b, err := json.Marshal(&wire.Spec{ID: id, Drop: true}); err == nil {
 		_ = wire.SendMsg(int(sup.sock.Fd()), b, nil, unix.MSG_DONTWAIT) // failing, it asks, and hears there is nothing to undo
@@ -529,7 +529,7 @@ func (l *local) dropWarm(d time.Duration) {
 
 // GoAhead sends the go-ahead with the lock descriptors. Closed without a
 // word on an error: the supervisor tells the broker that its task never
-// started (Runtime.NotStarted), and it goes back in line.
+// started (Room.NotStarted), and it goes back in line.
 func (l *local) GoAhead(t *Task, p Proc, goAhead *wire.Spec, fds []int) error {
 	sup := p.(*supervisor)
 	b, err := json.Marshal(goAhead)
@@ -567,7 +567,7 @@ func (l *local) awaitStarted(sup *supervisor) {
 	defer l.host.Unlock()
 	if t := sup.t; t != nil && t.PID == sup.pid {
 		l.of(t).heard = true
-		if t.Cancelled() && t.State == tasklife.Running {
+		if t.Cancelled() && t.State == journal.Running {
 			l.Stop(t)
 		}
 	}

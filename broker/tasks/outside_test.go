@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/broker/refusal"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
@@ -23,7 +24,7 @@ type slurmLike struct{}
 func (slurmLike) Refusal(devices []int) error {
 	for _, id := range devices {
 		if id == 1 {
-			return &lease.Refusal{Err: lease.ErrNoDevice, Msg: "npu 1 is Slurm's"}
+			return &refusal.Refusal{Err: lease.ErrNoDevice, Msg: "npu 1 is Slurm's"}
 		}
 	}
 	return nil
@@ -61,16 +62,16 @@ func TestOutside(t *testing.T) {
 	// test's directories are removed.
 
 	dir := t.TempDir()
-	rt := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0, 1}},
+	room := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0, 1}},
 		Table: table, Owner: owner, Accounts: &testAccounts{}, Log: log.New(io.Discard, "", 0),
 		Runner: &testRunner{dir: dir, starts: make(chan testStart, 1)}, Claim: func(string) error { return nil }, Outside: slurmLike{}})
-	owner.rt = rt
-	if err := rt.Open(dir); err != nil {
+	owner.room = room
+	if err := room.Open(dir); err != nil {
 		t.Fatal(err)
 	}
 	by := Submitter{UID: uid, Account: &Account{Name: "alice", Home: t.TempDir(), Shell: "/bin/sh", Known: true}}
 	sub := func(devices []int) (*Submitted, error) {
-		return rt.Submit(by, &wire.Submission{Argv: []string{"train"}, Cwd: "/", N: len(devices), Devices: devices,
+		return room.Submit(by, &wire.Submission{Argv: []string{"train"}, Cwd: "/", N: len(devices), Devices: devices,
 			Log: filepath.Join(t.TempDir(), "log")}, func() bool { return false })
 	}
 	if s, err := sub([]int{1}); !errors.Is(err, lease.ErrNoDevice) || !strings.Contains(err.Error(), "npu 1 is Slurm's") {
@@ -80,7 +81,7 @@ func TestOutside(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ti, err := rt.Show(uid, s.ID)
+	ti, err := room.Show(uid, s.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func awaitFree(t *testing.T, table *lease.Table, f *os.File, freed chan struct{}
 	}
 }
 
-// idleOwner serves no line, as the runtime's owner and as the table's
+// idleOwner serves no line, as the room's owner and as the table's
 // (it tells of each device freed): the test hands out the devices.
 type idleOwner struct{ freed chan struct{} }
 
@@ -132,16 +133,16 @@ func TestOutsideDeliver(t *testing.T) {
 	table.Start(nil)
 	dir := t.TempDir()
 	run := &testRunner{dir: dir, starts: make(chan testStart, 1)}
-	rt := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100, KeepEnded: 10, KeepEndedPer: 10}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}},
+	room := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100, KeepEnded: 10, KeepEndedPer: 10}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}},
 		Table: table, Owner: idleOwner{}, Accounts: &testAccounts{}, Log: log.New(io.Discard, "", 0), Runner: run,
 		Claim: func(string) error { return nil }, Outside: slurmLike{}})
-	if err := rt.Open(dir); err != nil {
+	if err := room.Open(dir); err != nil {
 		t.Fatal(err)
 	}
 	uid := uint32(os.Geteuid())
 	by := Submitter{UID: uid, Account: &Account{Name: "alice", Home: t.TempDir(), Shell: "/bin/sh", Known: true}}
 	submit := func(limit int64) *Submitted {
-		s, err := rt.Submit(by, &wire.Submission{Argv: []string{"train"}, Cwd: "/", N: 1, Log: filepath.Join(t.TempDir(), "log"), TimeSec: limit},
+		s, err := room.Submit(by, &wire.Submission{Argv: []string{"train"}, Cwd: "/", N: 1, Log: filepath.Join(t.TempDir(), "log"), TimeSec: limit},
 			func() bool { return false })
 		if err != nil {
 			t.Fatal(err)
@@ -154,7 +155,7 @@ func TestOutsideDeliver(t *testing.T) {
 	if len(hs) != 1 || taskOf(hs[0].W) == nil || taskOf(hs[0].W).ID != first.ID {
 		t.Fatalf("the line's grants: %+v; want task %d's", hs, first.ID)
 	}
-	sv, mine := rt.Deliver(hs[0])
+	sv, mine := room.Deliver(hs[0])
 	if !mine || sv.Again || len(sv.Begun) != 1 || sv.Begun[0].Lease.Task != first.ID {
 		t.Fatalf("Deliver(task %d's grant) = %+v, %v; want its lease begun", first.ID, sv, mine)
 	}
@@ -175,19 +176,19 @@ func TestOutsideDeliver(t *testing.T) {
 		t.Fatalf("waiting in line: %v; want task %d", waiting, second.ID)
 	}
 	other := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid, User: "alice"}, N: 1}
-	if got := rt.TimeLimit(waiting[0]); got != 90*time.Second {
+	if got := room.TimeLimit(waiting[0]); got != 90*time.Second {
 		t.Errorf("task %d's time limit for its placeholder: %v; want its --time, 1m30s", second.ID, got)
 	}
-	if got := rt.TimeLimit(other); got != 0 {
+	if got := room.TimeLimit(other); got != 0 {
 		t.Errorf("an npurun's request's time limit: %v; want none", got)
 	}
-	if rt.Refuse(other, "no") {
+	if room.Refuse(other, "no") {
 		t.Error("an npurun's request was refused as a task's")
 	}
-	if !rt.Refuse(waiting[0], "Slurm ended the placeholder") {
+	if !room.Refuse(waiting[0], "Slurm ended the placeholder") {
 		t.Fatalf("task %d's request not refused", second.ID)
 	}
-	ti, err := rt.Show(uid, second.ID)
+	ti, err := room.Show(uid, second.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +198,7 @@ func TestOutsideDeliver(t *testing.T) {
 	if left := table.FirstTasks(few[:0]); len(left) != 0 {
 		t.Errorf("waiting in line after the refusal: %v", left)
 	}
-	if rt.Refuse(waiting[0], "again") {
+	if room.Refuse(waiting[0], "again") {
 		t.Error("a task refused twice")
 	}
 }

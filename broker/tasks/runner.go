@@ -5,23 +5,23 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/wire"
 )
 
-// Runner is one way of running granted tasks. The runtime owns a task's
-// life (tasklife: the journal, a start at most once), its place in line,
-// its grant and its time limit; the runner owns its processes: it readies
+// Runner is one way of running granted tasks. The room owns a task's
+// life (package journal: the journal, a start at most once), its place in
+// line, its grant and its time limit; the runner owns its processes: it readies
 // a task's start, runs it once the start is recorded, stops and kills it,
-// measures it, and tells the runtime when its process is gone (Host.Gone).
+// measures it, and tells the room when its process is gone (Host.Gone).
 // The local runner (local.go: supervisors on this machine, warm and idle
 // ones, control groups) is the one of today; another way of running a
 // task (a Slurm batch job) is a sibling implementing this interface, not
 // a branch inside the local one.
 //
-// The runtime calls each method holding its lock, which the runner shares
+// The room calls each method holding its lock, which the runner shares
 // (Host), except where "unlocked" says it holds none; a method that must
-// wait returns a function for the runtime to call without the lock.
+// wait returns a function for the room to call without the lock.
 type Runner interface {
 	// Open readies the runner, unlocked, once the state directory dir is
 	// the broker's: the local runner finds its supervisor program and
@@ -57,7 +57,7 @@ type Runner interface {
 	Release(t *Task, p Proc)
 	// GoAhead, unlocked, once t's start is recorded, starts t under p:
 	// its devices' variables in goAhead and their lock descriptors fds,
-	// which p keeps (the runtime closes its own copies after).
+	// which p keeps (the room closes its own copies after).
 	GoAhead(t *Task, p Proc, goAhead *wire.Spec, fds []int) error
 	// Gone tells whether p has exited.
 	Gone(p Proc) bool
@@ -82,13 +82,13 @@ type Runner interface {
 }
 
 // Proc is the process that runs a task: the start record names it
-// (tasklife), and only it may report the task's end.
+// (package journal), and only it may report the task's end.
 type Proc interface {
 	Process() (pid int, start uint64)
 }
 
-// Host is the runtime as its runner sees it. The runner takes its lock
-// (the room's: the runtime's and the journal's) from its own goroutines.
+// Host is the room as its runner sees it. The runner takes its lock
+// (the room's: the room's and the journal's) from its own goroutines.
 type Host interface {
 	sync.Locker
 	// Gone tells, with the lock held, that process pid of task t has
@@ -104,19 +104,19 @@ type Host interface {
 	Lookup(uid uint32) *Account
 }
 
-// host is the runtime as Host.
-type host Runtime
+// host is the room as Host.
+type host Room
 
 func (h *host) Lock()                      { h.mu.Lock() }
-func (h *host) Unlock()                    { (*Runtime)(h).unlock() }
-func (h *host) Gone(t *Task, pid int)      { (*Runtime)(h).goneLocked(t, pid) }
+func (h *host) Unlock()                    { (*Room)(h).unlock() }
+func (h *host) Gone(t *Task, pid int)      { (*Room)(h).goneLocked(t, pid) }
 func (h *host) Paused() bool               { return h.paused != nil }
 func (h *host) Known(id uint64) bool       { return h.jobs[id] != nil }
 func (h *host) Lookup(uid uint32) *Account { return h.accounts.Lookup(uid) }
 
-// Task is a task that has not ended, and what the runtime holds for it.
+// Task is a task that has not ended, and what the room holds for it.
 type Task struct {
-	*tasklife.Task
+	*journal.Task
 	acct      *Account      // the submitter, as looked up at submission
 	w         *lease.Waiter // its place in line (kept while it starts, to put it back)
 	inLine    bool          // w is in a queue

@@ -24,7 +24,7 @@ import (
 // A second way to run tasks, in process: the runner a test drives. It runs
 // nothing; it hands each go-ahead to the test, which reports the task's end
 // as its process would. It shows what a runner beside the local one (a
-// Slurm batch runner) gets from the runtime, and in which order.
+// Slurm batch runner) gets from the room, and in which order.
 type testRunner struct {
 	dir    string // the journal's directory
 	mu     sync.Mutex
@@ -72,7 +72,7 @@ func (r *testRunner) Prepare(t *Task, spec func() *wire.Spec, _ bool) func() (Pr
 
 func (r *testRunner) GoAhead(t *Task, _ Proc, goAhead *wire.Spec, fds []int) error {
 	// Its own copies of the descriptors, as a process that inherits them
-	// has: the runtime closes its own after.
+	// has: the room closes its own after.
 	var mine []int
 	for _, fd := range fds {
 		d, err := unix.Dup(fd)
@@ -107,14 +107,14 @@ func journalHas(dir, op string, id uint64) bool {
 // lineOwner serves the line as the broker does: under a lock of its own,
 // by Schedule; it holds no request of its own.
 type lineOwner struct {
-	mu sync.Mutex
-	rt *Runtime
+	mu   sync.Mutex
+	room *Room
 }
 
 func (o *lineOwner) Serve() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	sv := o.rt.Schedule(false)
+	sv := o.room.Schedule(false)
 	for _, h := range sv.Others {
 		panic(fmt.Sprintf("a grant for %v, which is not a task's", h.W.Holder))
 	}
@@ -144,7 +144,7 @@ func (w endWatcher) TaskEnded(ti wire.TaskInfo) { w <- ti }
 // journal, and only then given its go-ahead with the device's variables
 // and its locked lock file; its process's report ends it, the runner lets
 // it go, a watcher hears of it, and the device is free again once the
-// descriptors are closed. The runtime's own lock is let go whenever it
+// descriptors are closed. The room's own lock is let go whenever it
 // calls its owner or the watcher (they take their own locks, as the
 // broker's do).
 func TestRunnerStart(t *testing.T) {
@@ -159,16 +159,16 @@ func TestRunnerStart(t *testing.T) {
 	table.Start(nil)
 	dir := t.TempDir()
 	run := &testRunner{dir: dir, starts: make(chan testStart, 1)}
-	rt := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}},
+	room := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}},
 		Table: table, Owner: owner, Accounts: &testAccounts{}, Socket: "/run/npurun/broker.sock", Log: log.New(io.Discard, "", 0), Runner: run,
 		Claim: func(string) error { return nil }})
-	owner.rt = rt
-	if err := rt.Open(dir); err != nil {
+	owner.room = room
+	if err := room.Open(dir); err != nil {
 		t.Fatal(err)
 	}
 	uid := uint32(os.Geteuid())
 	acct := &Account{Name: "alice", Home: t.TempDir(), Shell: "/bin/sh", Known: true}
-	sub, err := rt.Submit(Submitter{UID: uid, Account: acct},
+	sub, err := room.Submit(Submitter{UID: uid, Account: acct},
 		&wire.Submission{Argv: []string{"train"}, Cwd: "/", Log: filepath.Join(t.TempDir(), "log")}, func() bool { return false })
 	if err != nil {
 		t.Fatal(err)
@@ -198,14 +198,14 @@ func TestRunnerStart(t *testing.T) {
 	}
 
 	ended := make(endWatcher, 1)
-	if ti, err := rt.Wait(ended, uid, sub.ID); ti != nil || err != nil {
+	if ti, err := room.Wait(ended, uid, sub.ID); ti != nil || err != nil {
 		t.Fatalf("wait for a running task: %+v, %v", ti, err)
 	}
 	pid, _ := testProc{pid: 4000 + int(sub.ID)}.Process()
-	if err := rt.Done(uid+1, int32(pid), sub.ID, &wire.Status{Exit: new(int)}); err == nil {
+	if err := room.Done(uid+1, int32(pid), sub.ID, &wire.Status{Exit: new(int)}); err == nil {
 		t.Error("another uid's report of the task's end was taken")
 	}
-	if err := rt.Done(uid, int32(pid), sub.ID, &wire.Status{Exit: new(int)}); err != nil {
+	if err := room.Done(uid, int32(pid), sub.ID, &wire.Status{Exit: new(int)}); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -20,13 +20,13 @@ import (
 // lock that no process holds any more is let go of.
 
 // endLeaseLocked ends the lease of task id, which has ended.
-func (rt *Runtime) endLeaseLocked(id uint64) {
-	rt.endLease(rt.table.OfTask(id), fmt.Sprintf("task %d has ended", id))
+func (room *Room) endLeaseLocked(id uint64) {
+	room.endLease(room.table.OfTask(id), fmt.Sprintf("task %d has ended", id))
 }
 
 // endLease ends the holdings held, whose task has ended.
-func (rt *Runtime) endLease(held []lease.Holding, why string) {
-	if rt.ender != nil {
-		rt.ender.End(held, why)
+func (room *Room) endLease(held []lease.Holding, why string) {
+	if room.ender != nil {
+		room.ender.End(held, why)
 	}
 }

@@ -12,7 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/refusal"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/wire"
@@ -21,13 +22,14 @@ import (
 // The operations of task-submit and of the supervisors: submit, show,
 // wait, cancel, list, and the supervisors' reports. Each is called by the
 // broker's protocol handler, which has read the request and the peer's
-// credentials, holding no lock; the answer is data and a Refusal, which
-// the handler turns into its reply.
+// credentials, holding no lock; the answer is data and a refusal.Refusal,
+// which the handler turns into its reply.
 
-// What a task operation may be refused for: a Refusal wraps one, and the
-// broker maps it to its answer (errors.Is). A request the lease table
-// refuses (its pool, its devices) comes back as the table's
-// lease.Refusal.
+// What a task operation may be refused for: a refusal.Refusal wraps one,
+// and the broker maps it to its answer (errors.Is), in the one mapping of
+// the lease table's and the task room's refusals to wire codes. A request
+// the lease table refuses (its pool, its devices) comes back with the
+// table's reason.
 var (
 	ErrBadRequest = errors.New("bad request") // malformed: the connection is closed after the answer
 	ErrDenied     = errors.New("denied")      // the policy, or the asker's identity, refuses it
@@ -39,21 +41,6 @@ var (
 	// recorded: it is not, and nobody reads an answer.
 	ErrLeft = errors.New("the submitter left")
 )
-
-// Refusal is why an operation is refused: one of the errors above, a
-// message for its user, and a hint where a next step helps.
-type Refusal struct {
-	Err  error
-	Msg  string
-	Hint string
-}
-
-func (r *Refusal) Error() string { return r.Msg }
-func (r *Refusal) Unwrap() error { return r.Err }
-
-func refuse(err error, hint string, format string, args ...any) *Refusal {
-	return &Refusal{Err: err, Msg: fmt.Sprintf(format, args...), Hint: hint}
-}
 
 // Caps on what one submission and one watcher may hold.
 const (
@@ -76,13 +63,13 @@ const (
 // names paths and programs). Another user sees that it exists, whose it
 // is, its state and how it ended, and its command where [status]
 // show_commands shows others' (Listing). pos is its place in line.
-func Info(t *tasklife.Task, full bool, pos int) wire.TaskInfo {
+func Info(t *journal.Task, full bool, pos int) wire.TaskInfo {
 	ti := wire.TaskInfo{
 		ID: t.ID, User: t.User, UID: t.UID, Name: t.Sub.Name, State: t.Shown(),
 		N: t.Sub.N, Pool: t.Sub.Pool, Mem: t.Sub.Mem, OOMRetries: t.Sub.OOMRetries, RetryOf: t.Sub.RetryOf, NoDevice: t.Sub.NoDevice, Devices: t.Devices,
 		After: t.Sub.After, TimeSec: t.TimeSec, Position: pos,
 		Submitted: t.Submitted, Started: t.Started, Ended: t.Ended, Held: t.Held, From: t.From,
-		NeverRan: t.Started == 0 && (t.State == tasklife.Failed || t.State == tasklife.Cancelled),
+		NeverRan: t.Started == 0 && (t.State == journal.Failed || t.State == journal.Cancelled),
 	}
 	if len(t.Devices) == 0 && len(t.Sub.Devices) > 0 {
 		ti.Devices = t.Sub.Devices
@@ -106,7 +93,7 @@ func Info(t *tasklife.Task, full bool, pos int) wire.TaskInfo {
 // root (Info's full); to another user, with its command where shows says
 // another's command may be shown (npubroker status's rule, [status]
 // show_commands), but never its directory, environment, log or reason.
-func Listing(t *tasklife.Task, asker uint32, shows func(asker, owner uint32) bool, pos int) wire.TaskInfo {
+func Listing(t *journal.Task, asker uint32, shows func(asker, owner uint32) bool, pos int) wire.TaskInfo {
 	full := asker == t.UID || asker == 0
 	ti := Info(t, full, pos)
 	if !full && shows(asker, t.UID) {
@@ -115,7 +102,7 @@ func Listing(t *tasklife.Task, asker uint32, shows func(asker, owner uint32) boo
 	return ti
 }
 
-func command(t *tasklife.Task) string {
+func command(t *journal.Task) string {
 	if t.Sub.Shell != "" {
 		return t.Sub.Shell
 	}
@@ -151,17 +138,17 @@ var bareChar = func() (t [utf8.RuneSelf]bool) {
 // they can. A submission with a token (token) is asked to ask again, not
 // told of a spool: whether an earlier submission with the token was
 // recorded cannot be told now.
-func (rt *Runtime) Unavailable(token bool) error {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	return rt.unavailableLocked(token)
+func (room *Room) Unavailable(token bool) error {
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	return room.unavailableLocked(token)
 }
 
-func (rt *Runtime) unavailableLocked(token bool) error {
-	if rt.life != nil {
+func (room *Room) unavailableLocked(token bool) error {
+	if room.life != nil {
 		return nil
 	}
-	r := refuse(ErrSpool, "leases are served meanwhile; the broker tries again by itself (see npubroker(8))", "tasks are unavailable: %v", rt.taskErr)
+	r := refusal.New(ErrSpool, "leases are served meanwhile; the broker tries again by itself (see npubroker(8))", "tasks are unavailable: %v", room.taskErr)
 	if token {
 		r.Err = ErrBusy
 	}
@@ -170,29 +157,29 @@ func (rt *Runtime) unavailableLocked(token bool) error {
 
 // taskFor is task id as asker uid may name it: its own, or anyone's for
 // root.
-func (rt *Runtime) taskFor(uid uint32, id uint64) (*tasklife.Task, error) {
-	if err := rt.unavailableLocked(false); err != nil {
+func (room *Room) taskFor(uid uint32, id uint64) (*journal.Task, error) {
+	if err := room.unavailableLocked(false); err != nil {
 		return nil, err
 	}
-	t := rt.life.Get(id)
+	t := room.life.Get(id)
 	if t == nil || (t.UID != uid && uid != 0) {
-		return nil, refuse(ErrNoSuchTask, "", "no task %d", id)
+		return nil, refusal.New(ErrNoSuchTask, "", "no task %d", id)
 	}
 	return t, nil
 }
 
 // Show is task id as its owner (uid, or root) sees it, with its place in
 // line and why it waits.
-func (rt *Runtime) Show(uid uint32, id uint64) (wire.TaskInfo, error) {
-	rt.mu.Lock()
-	defer rt.unlock()
-	t, err := rt.taskFor(uid, id)
+func (room *Room) Show(uid uint32, id uint64) (wire.TaskInfo, error) {
+	room.mu.Lock()
+	defer room.unlock()
+	t, err := room.taskFor(uid, id)
 	if err != nil {
 		return wire.TaskInfo{}, err
 	}
-	ti := Info(t, true, rt.positionLocked(rt.jobs[t.ID]))
-	if j := rt.jobs[t.ID]; j != nil && t.IsWaiting() {
-		ti.Reason = rt.waitReasonLocked(j)
+	ti := Info(t, true, room.positionLocked(room.jobs[t.ID]))
+	if j := room.jobs[t.ID]; j != nil && t.IsWaiting() {
+		ti.Reason = room.waitReasonLocked(j)
 	}
 	return ti, nil
 }
@@ -200,14 +187,14 @@ func (rt *Runtime) Show(uid uint32, id uint64) (wire.TaskInfo, error) {
 // Wait has w told of task id's end (Watcher.TaskEnded), for asker uid.
 // A task that has ended is returned at once; else nil, and w is told
 // later (once, however often it asks).
-func (rt *Runtime) Wait(w Watcher, uid uint32, id uint64) (*wire.TaskInfo, error) {
-	rt.mu.Lock()
-	defer rt.unlock()
-	t, err := rt.taskFor(uid, id)
+func (room *Room) Wait(w Watcher, uid uint32, id uint64) (*wire.TaskInfo, error) {
+	room.mu.Lock()
+	defer room.unlock()
+	t, err := room.taskFor(uid, id)
 	if err != nil {
 		return nil, err
 	}
-	j := rt.jobs[t.ID]
+	j := room.jobs[t.ID]
 	if t.IsEnded() || j == nil {
 		ti := Info(t, true, 0)
 		return &ti, nil
@@ -215,37 +202,37 @@ func (rt *Runtime) Wait(w Watcher, uid uint32, id uint64) (*wire.TaskInfo, error
 	if slices.Contains(j.waits, w) {
 		return nil, nil
 	}
-	if len(rt.watching[w]) >= maxWaitsPerConn {
-		return nil, refuse(ErrTooMany, "", "one connection waits for at most %d tasks", maxWaitsPerConn)
+	if len(room.watching[w]) >= maxWaitsPerConn {
+		return nil, refusal.New(ErrTooMany, "", "one connection waits for at most %d tasks", maxWaitsPerConn)
 	}
 	j.waits = append(j.waits, w)
-	rt.watching[w] = append(rt.watching[w], j)
+	room.watching[w] = append(room.watching[w], j)
 	return nil, nil
 }
 
 // Unwatch forgets w, which is closed, in the tasks it waits for. The owner
 // may call it holding its lock.
-func (rt *Runtime) Unwatch(w Watcher) {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	for _, t := range rt.watching[w] {
+func (room *Room) Unwatch(w Watcher) {
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	for _, t := range room.watching[w] {
 		if i := slices.Index(t.waits, w); i >= 0 {
 			t.waits = slices.Delete(t.waits, i, i+1)
 		}
 	}
-	delete(rt.watching, w)
+	delete(room.watching, w)
 }
 
 // unwatchLocked forgets that w waits for t, which has ended.
-func (rt *Runtime) unwatchLocked(w Watcher, t *Task) {
-	ts := rt.watching[w]
+func (room *Room) unwatchLocked(w Watcher, t *Task) {
+	ts := room.watching[w]
 	if i := slices.Index(ts, t); i >= 0 {
 		ts = slices.Delete(ts, i, i+1)
 	}
 	if len(ts) == 0 {
-		delete(rt.watching, w)
+		delete(room.watching, w)
 	} else {
-		rt.watching[w] = ts
+		room.watching[w] = ts
 	}
 }
 
@@ -253,24 +240,24 @@ func (rt *Runtime) unwatchLocked(w Watcher, t *Task) {
 // task ends cancelled once that is recorded, and not otherwise; a
 // starting or running one is asked to stop. The answer says what became
 // of it.
-func (rt *Runtime) Cancel(uid uint32, who string, id uint64) (wire.TaskInfo, error) {
-	rt.mu.Lock()
-	defer rt.unlock()
-	t, err := rt.taskFor(uid, id)
+func (room *Room) Cancel(uid uint32, who string, id uint64) (wire.TaskInfo, error) {
+	room.mu.Lock()
+	defer room.unlock()
+	t, err := room.taskFor(uid, id)
 	if err != nil {
 		return wire.TaskInfo{}, err
 	}
-	j := rt.jobs[t.ID]
+	j := room.jobs[t.ID]
 	switch {
 	case t.Busy():
-		return wire.TaskInfo{}, refuse(ErrBusy, "", "task %d is being cancelled already", t.ID)
+		return wire.TaskInfo{}, refusal.New(ErrBusy, "", "task %d is being cancelled already", t.ID)
 	case t.IsWaiting() && j != nil:
-		if err := rt.cancelLocked(j, who); err != nil {
-			return wire.TaskInfo{}, refuse(ErrSpool, "", "the broker could not record the cancel, so task %d still waits: %v", t.ID, err)
+		if err := room.cancelLocked(j, who); err != nil {
+			return wire.TaskInfo{}, refusal.New(ErrSpool, "", "the broker could not record the cancel, so task %d still waits: %v", t.ID, err)
 		}
-	case (t.State == tasklife.Starting || t.State == tasklife.Running) && j != nil:
+	case (t.State == journal.Starting || t.State == journal.Running) && j != nil:
 		j.cancelBy = who
-		rt.stopLocked(j)
+		room.stopLocked(j)
 	}
 	return Info(t, true, 0), nil
 }
@@ -278,20 +265,20 @@ func (rt *Runtime) Cancel(uid uint32, who string, id uint64) (wire.TaskInfo, err
 // cancelLocked ends a waiting task as cancelled by who, once that is
 // recorded; meanwhile it keeps its place in line but is not started. If
 // the record cannot be made, it waits on as before.
-func (rt *Runtime) cancelLocked(j *Task, who string) error {
+func (room *Room) cancelLocked(j *Task, who string) error {
 	if j.w != nil {
-		rt.holdLocked(j, true)
+		room.holdLocked(j, true)
 	}
-	err := rt.life.End(j.Task, tasklife.Cancelled, nil, "cancelled by "+who)
+	err := room.life.End(j.Task, journal.Cancelled, nil, "cancelled by "+who)
 	if err == nil {
 		return nil
 	}
-	rt.log.Printf("task %d: cancel: %v", j.ID, err)
+	room.log.Printf("task %d: cancel: %v", j.ID, err)
 	if j.w != nil {
-		rt.holdLocked(j, rt.heldLocked(j))
+		room.holdLocked(j, room.heldLocked(j))
 	}
-	rt.settleLocked(j) // its --after tasks may have ended meanwhile
-	rt.serveLocked()
+	room.settleLocked(j) // its --after tasks may have ended meanwhile
+	room.serveLocked()
 	return err
 }
 
@@ -317,38 +304,38 @@ type Submitted struct {
 // left tells whether the submitter has gone (a quick look at its socket:
 // it is called holding the lock); a submission it left is not recorded
 // (ErrLeft).
-func (rt *Runtime) Submit(by Submitter, sub *wire.Submission, left func() bool) (*Submitted, error) {
-	return rt.submit(by, sub, left, 0)
+func (room *Room) Submit(by Submitter, sub *wire.Submission, left func() bool) (*Submitted, error) {
+	return room.submit(by, sub, left, 0)
 }
 
 // submit is Submit, of a task submitted again from ended task from (0:
 // none).
-func (rt *Runtime) submit(by Submitter, sub *wire.Submission, left func() bool, from uint64) (*Submitted, error) {
-	if err := rt.Unavailable(sub != nil && sub.Token != ""); err != nil {
+func (room *Room) submit(by Submitter, sub *wire.Submission, left func() bool, from uint64) (*Submitted, error) {
+	if err := room.Unavailable(sub != nil && sub.Token != ""); err != nil {
 		return nil, err
 	}
-	t, err := rt.resolve(by, sub)
+	t, err := room.resolve(by, sub)
 	if err != nil {
 		return nil, err
 	}
 	t.From = from
-	rt.mu.Lock()
-	defer rt.unlock()
+	room.mu.Lock()
+	defer room.unlock()
 	// A repeat of a submission (its answer was lost) is answered with the
 	// task it made, before anything that could refuse it: a refusal must
 	// mean that no task was made.
 	if tok := t.Sub.Token; tok != "" {
-		old, recording := rt.life.ByToken(by.UID, tok)
+		old, recording := room.life.ByToken(by.UID, tok)
 		switch {
 		case recording:
-			return nil, refuse(ErrBusy, "ask again", "a submission with the same token is being recorded")
+			return nil, refusal.New(ErrBusy, "ask again", "a submission with the same token is being recorded")
 		case old != nil && (old.Sub.Shell != t.Sub.Shell || !slices.Equal(old.Sub.Argv, t.Sub.Argv) || old.Sub.Cwd != t.Sub.Cwd):
-			return nil, refuse(ErrBadRequest, "a token names one submission: give another", "token %q names task %d, another command or directory", tok, old.ID)
+			return nil, refusal.New(ErrBadRequest, "a token names one submission: give another", "token %q names task %d, another command or directory", tok, old.ID)
 		case old != nil:
-			return rt.submittedLocked(rt.jobs[old.ID], old, true), nil
+			return room.submittedLocked(room.jobs[old.ID], old, true), nil
 		}
 	}
-	if err := rt.admitLocked(by, t, 0); err != nil {
+	if err := room.admitLocked(by, t, 0); err != nil {
 		return nil, err
 	}
 	if left() {
@@ -357,62 +344,62 @@ func (rt *Runtime) submit(by Submitter, sub *wire.Submission, left func() bool, 
 		// check and the token's registration (Submit) are one step
 		// under the lock, so a repeat either finds it being recorded or
 		// finds it was not.
-		rt.log.Printf("task %d: its submitter left before it was recorded; not recorded", t.ID)
+		room.log.Printf("task %d: its submitter left before it was recorded; not recorded", t.ID)
 		return nil, ErrLeft
 	}
 	// Durable before it is acknowledged or run; the lock is let go
 	// meanwhile. The first task waiting in its pool is armed with it (see
 	// warmUp).
-	submit, unarm := rt.life.Submit, func() {}
-	if pool := rt.taskPool(t); rt.firstTaskLocked(t) {
+	submit, unarm := room.life.Submit, func() {}
+	if pool := room.taskPool(t); room.firstTaskLocked(t) {
 		// Counted until it is in line: another submission meanwhile
 		// (the lock is let go for the disk) is not first.
-		submit = rt.life.SubmitArmed
-		if rt.arming == nil {
-			rt.arming = map[string]int{}
+		submit = room.life.SubmitArmed
+		if room.arming == nil {
+			room.arming = map[string]int{}
 		}
-		rt.arming[pool]++
+		room.arming[pool]++
 		unarm = func() {
-			if rt.arming[pool]--; rt.arming[pool] == 0 {
-				delete(rt.arming, pool)
+			if room.arming[pool]--; room.arming[pool] == 0 {
+				delete(room.arming, pool)
 			}
 		}
 	}
 	if err := submit(t.Task); err != nil {
 		unarm()
-		rt.log.Printf("task %d: %v", t.ID, err)
-		return nil, refuse(ErrSpool, "the broker's state directory may be full; leases are not affected", "the broker could not record the task: %v", err)
+		room.log.Printf("task %d: %v", t.ID, err)
+		return nil, refusal.New(ErrSpool, "the broker's state directory may be full; leases are not affected", "the broker could not record the task: %v", err)
 	}
-	rt.jobs[t.ID] = t
-	rt.settleLocked(t)
+	room.jobs[t.ID] = t
+	room.settleLocked(t)
 	unarm()
-	testHook(rt.log, hookBeforeSubmitReply, t.ID)
+	testHook(room.log, hookBeforeSubmitReply, t.ID)
 	// The answer says what became of it once the line is served: started
 	// at once, or its place in line.
-	rt.unlock()
-	rt.mu.Lock()
-	return rt.submittedLocked(rt.jobs[t.ID], t.Task, false), nil
+	room.unlock()
+	room.mu.Lock()
+	return room.submittedLocked(room.jobs[t.ID], t.Task, false), nil
 }
 
 // submittedLocked is the answer to a submission that made task t (j, what
-// the runtime holds for it, nil once it has ended); existing tells that an
+// the room holds for it, nil once it has ended); existing tells that an
 // earlier submission with the same token made it.
-func (rt *Runtime) submittedLocked(j *Task, t *tasklife.Task, existing bool) *Submitted {
+func (room *Room) submittedLocked(j *Task, t *journal.Task, existing bool) *Submitted {
 	rep := &Submitted{ID: t.ID, State: t.Shown(), Existing: existing}
 	switch t.State {
-	case tasklife.Pending:
+	case journal.Pending:
 		if j != nil && j.inLine {
-			rep.Position, rep.Pool = rt.positionLocked(j), j.w.Pool
+			rep.Position, rep.Pool = room.positionLocked(j), j.w.Pool
 		}
-	case tasklife.Starting, tasklife.Running:
+	case journal.Starting, journal.Running:
 		rep.Reason = "starting"
 		if existing {
 			rep.Reason = "running"
 		}
 		if len(t.Devices) > 0 {
-			rep.Reason += " on " + rt.inv.Vendor.Format(t.Devices)
+			rep.Reason += " on " + room.inv.Vendor.Format(t.Devices)
 		}
-	case tasklife.Blocked:
+	case journal.Blocked:
 		rep.Reason = "waits for task " + joinIDs(t.Sub.After)
 	default:
 		rep.Reason = t.State + ": " + t.Reason
@@ -428,23 +415,23 @@ const cpuPool = "cpu"
 
 // firstTaskLocked tells whether t, not yet submitted, would be the first
 // task waiting in its pool: none waits there, nor is being submitted armed.
-func (rt *Runtime) firstTaskLocked(t *Task) bool {
-	pool := rt.taskPool(t)
-	if rt.arming[pool] > 0 {
+func (room *Room) firstTaskLocked(t *Task) bool {
+	pool := room.taskPool(t)
+	if room.arming[pool] > 0 {
 		return false
 	}
 	if t.Sub.NoDevice {
-		return rt.cpuq.Tasks(pool) == 0
+		return room.cpuq.Tasks(pool) == 0
 	}
-	return rt.table.Tasks(pool) == 0
+	return room.table.Tasks(pool) == 0
 }
 
 // taskPool is the pool t waits in.
-func (rt *Runtime) taskPool(t *Task) string {
+func (room *Room) taskPool(t *Task) string {
 	if t.Sub.NoDevice {
 		return cpuPool
 	}
-	return rt.table.PoolName(t.Sub.Pool)
+	return room.table.PoolName(t.Sub.Pool)
 }
 
 // unknownID stands for a task's id until it gets one: no id is longer, so
@@ -453,9 +440,9 @@ const unknownID = ^uint64(0)
 
 // resolve checks a submission on its own, without the lock, and resolves
 // it into a task (no id yet, its default log named with unknownID).
-func (rt *Runtime) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
+func (room *Room) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
 	bad := func(format string, args ...any) (*Task, error) {
-		return nil, refuse(ErrBadRequest, "", format, args...)
+		return nil, refusal.New(ErrBadRequest, "", format, args...)
 	}
 	acct := by.Account
 	switch {
@@ -497,16 +484,16 @@ func (rt *Runtime) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
 		// under "/" (issue 15.3), or run without some of its groups.
 		// Nothing is recorded; it is for the submitter to try again, as
 		// for any passing shortage.
-		return nil, refuse(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.unanswered())
+		return nil, refusal.New(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.unanswered())
 	case sub.Shell != "" && acct.ShellErr != nil:
-		return nil, refuse(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.ShellErr)
+		return nil, refusal.New(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.ShellErr)
 	case sub.Log == "" && acct.Home == "":
-		return nil, refuse(ErrBadRequest, "give --log FILE", "%s has no home directory, and a task's log goes under it unless --log names another", acct.Name)
+		return nil, refusal.New(ErrBadRequest, "give --log FILE", "%s has no home directory, and a task's log goes under it unless --log names another", acct.Name)
 	}
-	if rt.unpriv && by.UID != uint32(os.Geteuid()) {
-		return nil, refuse(ErrDenied, "", "this broker runs unprivileged as uid %d and can run tasks for that uid only", os.Geteuid())
+	if room.unpriv && by.UID != uint32(os.Geteuid()) {
+		return nil, refusal.New(ErrDenied, "", "this broker runs unprivileged as uid %d and can run tasks for that uid only", os.Geteuid())
 	}
-	t := &Task{acct: acct, Task: &tasklife.Task{
+	t := &Task{acct: acct, Task: &journal.Task{
 		UID: by.UID, User: acct.Name, Sub: *sub, Submitted: time.Now().UnixMilli(), Slot: -1,
 	}}
 	t.Sub.Env = cleanEnv(sub.Env)
@@ -524,9 +511,9 @@ func (rt *Runtime) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
 	t.Log, t.Notify = sub.Log, sub.Notify
 	if t.Log == "" {
 		// Its size is all that counts until it has its id and the tag.
-		t.Log = wire.DefaultLog(acct.Home, unknownID, strings.Repeat("f", tasklife.TagLen))
+		t.Log = wire.DefaultLog(acct.Home, unknownID, strings.Repeat("f", journal.TagLen))
 	}
-	if err := rt.checkSize(t.Task); err != nil {
+	if err := room.checkSize(t.Task); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -537,49 +524,49 @@ func (rt *Runtime) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
 func (a *Account) unanswered() error { return a.Err }
 
 // admitLocked checks a resolved task against the policy and the
-// runtime's state, and gives it its id; it is not recorded yet. freed is
+// room's state, and gives it its id; it is not recorded yet. freed is
 // how many tasks not ended its record ends (an out-of-memory retry's: the
 // task it retries).
-func (rt *Runtime) admitLocked(by Submitter, t *Task, freed int) error {
+func (room *Room) admitLocked(by Submitter, t *Task, freed int) error {
 	sub := &t.Sub
 	acct := by.Account
-	lim := rt.policy().LimitFor(acct.Name, acct.Groups)
+	lim := room.policy().LimitFor(acct.Name, acct.Groups)
 	limit := time.Duration(sub.TimeSec) * time.Second
 	if limit == 0 {
-		limit = rt.policy().Tasks.TimeLimit
+		limit = room.policy().Tasks.TimeLimit
 	}
 	if limit == 0 {
-		limit = rt.policy().Tasks.MaxTime // a cap applies to tasks that name no limit too
+		limit = room.policy().Tasks.MaxTime // a cap applies to tasks that name no limit too
 	}
-	if max := rt.policy().Tasks.MaxTime; max > 0 && limit > max {
-		return refuse(ErrDenied, "", "time limit %s is longer than the %s allowed", quantity.Duration(limit), quantity.Duration(max))
+	if max := room.policy().Tasks.MaxTime; max > 0 && limit > max {
+		return refusal.New(ErrDenied, "", "time limit %s is longer than the %s allowed", quantity.Duration(limit), quantity.Duration(max))
 	}
 	t.TimeSec = int64(limit / time.Second)
-	if t.Notify == "" && !sub.NoNotify && rt.policy().Tasks.Notify != "" {
-		t.Notify = rt.policy().Tasks.Notify // resolved now: its journal record keeps it
-		if err := rt.checkSize(t.Task); err != nil {
+	if t.Notify == "" && !sub.NoNotify && room.policy().Tasks.Notify != "" {
+		t.Notify = room.policy().Tasks.Notify // resolved now: its journal record keeps it
+		if err := room.checkSize(t.Task); err != nil {
 			return err
 		}
 	}
-	if rt.life.Live()-freed >= rt.policy().Tasks.MaxTasks {
-		return refuse(ErrTooMany, "", "the broker holds %d tasks, its most", rt.policy().Tasks.MaxTasks)
+	if room.life.Live()-freed >= room.policy().Tasks.MaxTasks {
+		return refusal.New(ErrTooMany, "", "the broker holds %d tasks, its most", room.policy().Tasks.MaxTasks)
 	}
-	if n := rt.life.Waiting(by.UID); lim.MaxQueued > 0 && n >= lim.MaxQueued {
-		return refuse(ErrDenied, "", "%s has %s waiting, the limit (%s)", acct.Name, quantity.Count(n, "task", "tasks"), lim.Source)
+	if n := room.life.Waiting(by.UID); lim.MaxQueued > 0 && n >= lim.MaxQueued {
+		return refusal.New(ErrDenied, "", "%s has %s waiting, the limit (%s)", acct.Name, quantity.Count(n, "task", "tasks"), lim.Source)
 	}
 	for _, dep := range sub.After {
-		d := rt.life.Get(dep)
+		d := room.life.Get(dep)
 		if d == nil || (d.UID != by.UID && by.UID != 0) {
-			return refuse(ErrNoSuchTask, "", "--after %d: no task %d", dep, dep)
+			return refusal.New(ErrNoSuchTask, "", "--after %d: no task %d", dep, dep)
 		}
 	}
 	// Check the request now, so that a bad one is refused, not queued.
-	if _, err := rt.waiterLocked(t); err != nil {
+	if _, err := room.waiterLocked(t); err != nil {
 		return err
 	}
-	t.ID = rt.life.NewID()
+	t.ID = room.life.NewID()
 	if sub.Log == "" {
-		t.Log = wire.DefaultLog(acct.Home, t.ID, rt.life.Tag())
+		t.Log = wire.DefaultLog(acct.Home, t.ID, room.life.Tag())
 	}
 	return nil
 }
@@ -589,13 +576,13 @@ func (rt *Runtime) admitLocked(by Submitter, t *Task, freed int) error {
 // control character, <, > or & as 6 bytes. The sizes are counted, not
 // encoded; replyLen and specLen bound the encodings from above
 // (TestEncodedSizeBounds).
-func (rt *Runtime) checkSize(t *tasklife.Task) error {
+func (room *Room) checkSize(t *journal.Task) error {
 	const why = "JSON writes each control character, <, > and & as 6 bytes"
 	if n := replyLen(t); n+replyRoom > wire.MaxMessage {
-		return refuse(ErrBadRequest, "", "task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, wire.MaxMessage-replyRoom, why)
+		return refusal.New(ErrBadRequest, "", "task too large: its command, environment and paths take %d bytes encoded, more than %d (%s)", n, wire.MaxMessage-replyRoom, why)
 	}
-	if n := rt.specLen(t); n+specRoom > wire.MaxMessage {
-		return refuse(ErrBadRequest, "", "task too large: what its supervisor is given takes %d bytes encoded, more than %d (%s)", n, wire.MaxMessage-specRoom, why)
+	if n := room.specLen(t); n+specRoom > wire.MaxMessage {
+		return refusal.New(ErrBadRequest, "", "task too large: what its supervisor is given takes %d bytes encoded, more than %d (%s)", n, wire.MaxMessage-specRoom, why)
 	}
 	return nil
 }
@@ -608,14 +595,14 @@ const (
 )
 
 // replyLen bounds the size of t's show reply (full, with its environment).
-func replyLen(t *tasklife.Task) int {
+func replyLen(t *journal.Task) int {
 	return replyFrame + jsonListLen(t.Sub.Env) + jsonLen(command(t)) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) +
 		jsonLen(t.Sub.Name) + jsonLen(t.User) + jsonLen(t.Sub.Pool) + 21*len(t.Sub.After) + 12*len(t.Sub.Devices)
 }
 
-// specLen bounds the size of t's Spec, with the variables the runtime adds.
-func (rt *Runtime) specLen(t *tasklife.Task) int {
-	n := specFrame + jsonListLen(t.Sub.Env) + jsonListLen(t.Argv) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) + 2*jsonLen(rt.socket) +
+// specLen bounds the size of t's Spec, with the variables the room adds.
+func (room *Room) specLen(t *journal.Task) int {
+	n := specFrame + jsonListLen(t.Sub.Env) + jsonListLen(t.Argv) + jsonLen(t.Sub.Cwd) + jsonLen(t.Log) + 2*jsonLen(room.socket) +
 		jsonLen(t.Notify) + jsonLen(t.Sub.Name)
 	if t.Sub.NoDevice {
 		n += jsonListLen(npu.HiddenEnv()) + 3*(len("OPENBLAS_NUM_THREADS=")+24)
@@ -692,60 +679,60 @@ func cleanEnv(env []string) []string {
 // from SO_PEERCRED (uid, pid). The supervisor is answered once the end is
 // recorded; if it cannot be, it is told so (ErrSpool) and reports again
 // later.
-func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *wire.Status) error {
-	rt.mu.Lock()
-	defer rt.unlock()
-	if err := rt.unavailableLocked(false); err != nil {
+func (room *Room) Done(uid uint32, pid int32, id uint64, st *wire.Status) error {
+	room.mu.Lock()
+	defer room.unlock()
+	if err := room.unavailableLocked(false); err != nil {
 		return err
 	}
-	t := rt.life.Get(id)
+	t := room.life.Get(id)
 	ok := t != nil && st != nil && uid == t.UID &&
-		(t.State == tasklife.Running || t.State == tasklife.Lost) &&
+		(t.State == journal.Running || t.State == journal.Lost) &&
 		t.PID != 0 && int(pid) == t.PID
 	if !ok {
-		return refuse(ErrDenied, "", "not the supervisor of a running task %d", id)
+		return refusal.New(ErrDenied, "", "not the supervisor of a running task %d", id)
 	}
 	if len(st.Reason) > maxReasonBytes {
 		st.Reason = st.Reason[:maxReasonBytes] + "…"
 	}
 	// What the task used is the broker's to say, from its control group.
 	st.CPUMs, st.MemPeak, st.DevicePeak = 0, 0, 0
-	if j := rt.jobs[id]; j != nil {
-		cpu, peak := rt.run.Usage(j)
+	if j := room.jobs[id]; j != nil {
+		cpu, peak := room.run.Usage(j)
 		st.CPUMs, st.MemPeak = cpu.Milliseconds(), peak
 	}
-	if t.Sub.Mem > 0 && rt.devPeak != nil {
-		st.DevicePeak = rt.devPeak(id)
+	if t.Sub.Mem > 0 && room.devPeak != nil {
+		st.DevicePeak = room.devPeak(id)
 	}
 	state := wire.EndState(st)
 	var retry *Task
 	reason := ""
-	if state == tasklife.Failed && st.OOM && t.Sub.Mem > 0 && t.Sub.OOMRetries > 0 {
+	if state == journal.Failed && st.OOM && t.Sub.Mem > 0 && t.Sub.OOMRetries > 0 {
 		var err error
-		retry, err = rt.oomRetryLocked(t, st.DevicePeak)
+		retry, err = room.oomRetryLocked(t, st.DevicePeak)
 		if errors.Is(err, ErrBusy) {
 			// The user database cannot be read now: the end waits with
 			// its retry, rather than go in without it.
-			return refuse(ErrBusy, "report again later", "task %d ran out of device memory, and its retry cannot be submitted now: %v", id, err)
+			return refusal.New(ErrBusy, "report again later", "task %d ran out of device memory, and its retry cannot be submitted now: %v", id, err)
 		}
 		if err != nil {
-			rt.log.Printf("task %d ran out of device memory: its retry was not submitted: %v", id, err)
+			room.log.Printf("task %d ran out of device memory: its retry was not submitted: %v", id, err)
 			reason = "out of device memory: not retried: " + err.Error()
 		} else {
 			reason = oomReason(retry.Sub.Mem)
 		}
 	}
-	var rtask *tasklife.Task
+	var rtask *journal.Task
 	if retry != nil {
 		rtask = retry.Task
 	}
-	if err := rt.life.EndRetried(t, state, st, reason, rtask); err != nil {
-		rt.log.Printf("task %d: %v", id, err)
-		return refuse(ErrSpool, "report again later", "the broker could not record the end of task %d: %v", id, err)
+	if err := room.life.EndRetried(t, state, st, reason, rtask); err != nil {
+		room.log.Printf("task %d: %v", id, err)
+		return refusal.New(ErrSpool, "report again later", "the broker could not record the end of task %d: %v", id, err)
 	}
-	testHook(rt.log, hookAfterEnd, id)
+	testHook(room.log, hookAfterEnd, id)
 	if retry != nil {
-		rt.retriedLocked(id, retry)
+		room.retriedLocked(id, retry)
 	}
 	return nil
 }
@@ -760,45 +747,45 @@ func (rt *Runtime) Done(uid uint32, pid int32, id uint64, st *wire.Status) error
 // once that is recorded; an error answer tells it there is nothing to undo
 // (its task's start was never recorded: ErrDenied), ErrBusy or ErrSpool
 // to ask again.
-func (rt *Runtime) NotStarted(uid uint32, pid int32, id uint64) error {
-	rt.mu.Lock()
-	defer rt.unlock()
-	if err := rt.unavailableLocked(false); err != nil {
+func (room *Room) NotStarted(uid uint32, pid int32, id uint64) error {
+	room.mu.Lock()
+	defer room.unlock()
+	if err := room.unavailableLocked(false); err != nil {
 		return err
 	}
-	t := rt.life.Get(id)
-	j := rt.jobs[id]
-	if t == nil || j == nil || uid != t.UID || t.State != tasklife.Running || t.PID == 0 || int(pid) != t.PID {
-		return refuse(ErrDenied, "", "not the supervisor of a running task %d", id)
+	t := room.life.Get(id)
+	j := room.jobs[id]
+	if t == nil || j == nil || uid != t.UID || t.State != journal.Running || t.PID == 0 || int(pid) != t.PID {
+		return refusal.New(ErrDenied, "", "not the supervisor of a running task %d", id)
 	}
 	if j.launching {
 		// Its go-ahead is being sent (or failed): launch is not done
 		// with it yet.
-		return refuse(ErrBusy, "ask again", "task %d is being started", id)
+		return refusal.New(ErrBusy, "ask again", "task %d is being started", id)
 	}
 	slot := t.Slot
 	var err error
 	if j.cancel {
-		err = rt.life.End(t, tasklife.Cancelled, nil, "cancelled by "+j.cancelBy+" before it started")
-	} else if err = rt.life.Unstart(t, int(pid)); err == nil {
-		rt.log.Printf("task %d never got its go-ahead (its supervisor %d says so): it waits again", id, pid)
-		if slot >= 0 && slot < len(rt.cpuFree) {
-			rt.cpuFree[slot] = true
+		err = room.life.End(t, journal.Cancelled, nil, "cancelled by "+j.cancelBy+" before it started")
+	} else if err = room.life.Unstart(t, int(pid)); err == nil {
+		room.log.Printf("task %d never got its go-ahead (its supervisor %d says so): it waits again", id, pid)
+		if slot >= 0 && slot < len(room.cpuFree) {
+			room.cpuFree[slot] = true
 		}
 		j.overran = false
-		rt.run.Unstarted(j)
+		room.run.Unstarted(j)
 		if j.w != nil {
 			// This broker's own grant, whose go-ahead it could not
 			// send: back in the place it had.
-			rt.requeueLocked(j)
-			rt.serveLocked()
+			room.requeueLocked(j)
+			room.serveLocked()
 		} else {
-			rt.settleLocked(j) // adopted at a restart: it queues anew
+			room.settleLocked(j) // adopted at a restart: it queues anew
 		}
 	}
 	if err != nil {
-		rt.log.Printf("task %d: %v", id, err)
-		return refuse(ErrSpool, "ask again later", "the broker could not record that task %d never started: %v", id, err)
+		room.log.Printf("task %d: %v", id, err)
+		return refusal.New(ErrSpool, "ask again later", "the broker could not record that task %d never started: %v", id, err)
 	}
 	return nil
 }
@@ -814,14 +801,14 @@ func joinIDs(ids []uint64) string {
 // waitReasonLocked says why a waiting task waits beyond its turn, if it
 // does: the tasks it waits for, its user's cap on running tasks or on
 // devices, task starts paused.
-func (rt *Runtime) waitReasonLocked(j *Task) string {
+func (room *Room) waitReasonLocked(j *Task) string {
 	if j.Held {
 		return fmt.Sprintf("held: it keeps its place in line, and 'task-submit release %d' lets it start", j.ID)
 	}
-	if j.State == tasklife.Blocked {
+	if j.State == journal.Blocked {
 		var ids []uint64
 		for _, dep := range j.Sub.After {
-			if d := rt.life.Get(dep); d != nil && !d.IsEnded() {
+			if d := room.life.Get(dep); d != nil && !d.IsEnded() {
 				ids = append(ids, dep)
 			}
 		}
@@ -831,30 +818,30 @@ func (rt *Runtime) waitReasonLocked(j *Task) string {
 	switch {
 	case j.lookupErr != nil:
 		return "waits until the user database can be read: " + j.lookupErr.Error()
-	case rt.paused != nil:
-		return "task starts are paused: " + rt.paused.why.Error()
+	case room.paused != nil:
+		return "task starts are paused: " + room.paused.why.Error()
 	case w == nil:
 		return ""
-	case w.Limit.MaxRunning > 0 && rt.running[j.UID] >= w.Limit.MaxRunning:
-		return fmt.Sprintf("%s runs %d of %s allowed (%s)", w.User, rt.running[j.UID], quantity.Count(w.Limit.MaxRunning, "task", "tasks"), w.Limit.Source)
-	case !j.Sub.NoDevice && rt.outside != nil:
-		return rt.outside.Why(w, rt.table.Reason(w))
+	case w.Limit.MaxRunning > 0 && room.running[j.UID] >= w.Limit.MaxRunning:
+		return fmt.Sprintf("%s runs %d of %s allowed (%s)", w.User, room.running[j.UID], quantity.Count(w.Limit.MaxRunning, "task", "tasks"), w.Limit.Source)
+	case !j.Sub.NoDevice && room.outside != nil:
+		return room.outside.Why(w, room.table.Reason(w))
 	case !j.Sub.NoDevice:
-		return rt.table.Reason(w)
+		return room.table.Reason(w)
 	}
 	return ""
 }
 
 // positionLocked is a waiting task's place in its line, 0 otherwise.
-func (rt *Runtime) positionLocked(t *Task) int {
+func (room *Room) positionLocked(t *Task) int {
 	if t == nil || !t.inLine {
 		return 0
 	}
 	if !t.Sub.NoDevice {
-		return rt.table.Position(t.w)
+		return room.table.Position(t.w)
 	}
 	pos := 0
-	for _, w := range rt.cpuq.Waiters() {
+	for _, w := range room.cpuq.Waiters() {
 		if w.Pool == t.w.Pool {
 			pos++
 		}
@@ -881,7 +868,7 @@ const (
 
 // Listed is a task copied for a page of a listing, with its place in line.
 type Listed struct {
-	Task  tasklife.Task
+	Task  journal.Task
 	Pos   int
 	Start time.Time // when it starts at the latest, waiting for devices (lease.Place.Start); zero: unknown
 }
@@ -894,7 +881,7 @@ type Filter struct {
 }
 
 // keeps tells whether f lists t.
-func (f Filter) keeps(t *tasklife.Task) bool {
+func (f Filter) keeps(t *journal.Task) bool {
 	return !f.Ended || (t.IsEnded() && t.Ended >= f.Since)
 }
 
@@ -902,16 +889,16 @@ func (f Filter) keeps(t *tasklife.Task) bool {
 // first: its room is reused): its tasks (everyone's with all) with ids
 // above after that f keeps, oldest first. more tells that others follow,
 // from next.
-func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter, page []Listed) (_ []Listed, next uint64, more bool, err error) {
-	rt.mu.Lock()
-	defer rt.unlock()
-	if err := rt.unavailableLocked(false); err != nil {
+func (room *Room) Page(uid uint32, all bool, after uint64, f Filter, page []Listed) (_ []Listed, next uint64, more bool, err error) {
+	room.mu.Lock()
+	defer room.unlock()
+	if err := room.unavailableLocked(false); err != nil {
 		return page[:0], 0, false, err
 	}
 	page = page[:0]
 	scanned, size := 0, 0
 	var inLine []*lease.Waiter
-	rt.life.EachAfter(after, func(t *tasklife.Task) bool {
+	room.life.EachAfter(after, func(t *journal.Task) bool {
 		if scanned == listScan || len(page) == listPage || size > wire.MaxMessage {
 			more = true
 			return false
@@ -922,7 +909,7 @@ func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter, page []Lis
 			return true
 		}
 		page = append(page, Listed{Task: *t})
-		if j := rt.jobs[t.ID]; j != nil && j.inLine {
+		if j := room.jobs[t.ID]; j != nil && j.inLine {
 			inLine = append(inLine, j.w)
 		}
 		// A guess at its size, to stop copying once a message is full:
@@ -937,7 +924,7 @@ func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter, page []Lis
 		return true
 	})
 	if len(inLine) > 0 {
-		pos := rt.positionsOfLocked(inLine)
+		pos := room.positionsOfLocked(inLine)
 		starts := make(map[*lease.Waiter]time.Time, len(inLine))
 		for _, w := range inLine {
 			if t := taskOf(w); t != nil && !t.Sub.NoDevice {
@@ -945,10 +932,10 @@ func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter, page []Lis
 			}
 		}
 		if len(starts) > 0 {
-			rt.table.Starts(starts)
+			room.table.Starts(starts)
 		}
 		for i := range page {
-			if j := rt.jobs[page[i].Task.ID]; j != nil && j.inLine {
+			if j := room.jobs[page[i].Task.ID]; j != nil && j.inLine {
 				page[i].Pos, page[i].Start = pos[j.w], starts[j.w]
 			}
 		}
@@ -958,7 +945,7 @@ func (rt *Runtime) Page(uid uint32, all bool, after uint64, f Filter, page []Lis
 
 // positionsOfLocked is the place in line of each of ws, walking each line
 // only as far as the last of them in it.
-func (rt *Runtime) positionsOfLocked(ws []*lease.Waiter) map[*lease.Waiter]int {
+func (room *Room) positionsOfLocked(ws []*lease.Waiter) map[*lease.Waiter]int {
 	want := make(map[*lease.Waiter]int, len(ws))
 	inTable := make(map[*lease.Waiter]int, len(ws))
 	left := 0 // in the CPU slots' queue
@@ -971,10 +958,10 @@ func (rt *Runtime) positionsOfLocked(ws []*lease.Waiter) map[*lease.Waiter]int {
 		}
 	}
 	if len(inTable) > 0 {
-		rt.table.Positions(inTable)
+		room.table.Positions(inTable)
 	}
 	if left > 0 {
-		rt.cpuq.Positions(want)
+		room.cpuq.Positions(want)
 	}
 	for w, pos := range inTable {
 		want[w] = pos
@@ -985,12 +972,12 @@ func (rt *Runtime) positionsOfLocked(ws []*lease.Waiter) map[*lease.Waiter]int {
 // Keeps tells whether the table keeps task id started at started (Unix
 // ms, within a minute: the accounting log's time of its lease): ids start
 // again with a new journal, so an id alone may name an older task.
-func (rt *Runtime) Keeps(id uint64, started int64) bool {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if rt.life == nil {
+func (room *Room) Keeps(id uint64, started int64) bool {
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	if room.life == nil {
 		return false
 	}
-	t := rt.life.Get(id)
+	t := room.life.Get(id)
 	return t != nil && t.Started != 0 && t.Started-started < 60_000 && started-t.Started < 60_000
 }

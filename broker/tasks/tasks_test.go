@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
 )
@@ -22,8 +22,8 @@ import (
 // below what the show reply and the supervisor's Spec encode to, and not
 // far above, whatever the strings hold.
 func TestEncodedSizeBounds(t *testing.T) {
-	rt := &Runtime{socket: "/run/npurun/broker.sock"}
-	rt.cfg.Store(&policy.Config{Tasks: policy.Tasks{CPUThreads: 4, IdlePriority: true}})
+	room := &Room{socket: "/run/npurun/broker.sock"}
+	room.cfg.Store(&policy.Config{Tasks: policy.Tasks{CPUThreads: 4, IdlePriority: true}})
 	pieces := []string{"a", "<", ">", "&", "\"", "\\", "\n", "\t", "\x01", "\x7f", "é", "\u2028", "\xff", "'", " ", "𝄞"}
 	rnd := rand.New(rand.NewPCG(1, 2))
 	text := func(n int) string {
@@ -49,7 +49,7 @@ func TestEncodedSizeBounds(t *testing.T) {
 				sub.Argv = append(sub.Argv, text(rnd.IntN(200)))
 			}
 		}
-		tk := &tasklife.Task{ID: 1 << 40, UID: 1000, User: "u" + text(5), Sub: sub, Log: "/" + text(50), Slot: -1,
+		tk := &journal.Task{ID: 1 << 40, UID: 1000, User: "u" + text(5), Sub: sub, Log: "/" + text(50), Slot: -1,
 			Argv: sub.Argv}
 		if sub.Shell != "" {
 			tk.Argv = []string{"/bin/sh", "-c", sub.Shell}
@@ -58,14 +58,14 @@ func TestEncodedSizeBounds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		spec, err := json.Marshal(rt.specLocked(tk))
+		spec, err := json.Marshal(room.specLocked(tk))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got := replyLen(tk); got < len(reply) || got > len(reply)+replyFrame {
 			t.Errorf("case %d: replyLen %d for a reply of %d bytes", i, got, len(reply))
 		}
-		if got := rt.specLen(tk); got < len(spec) || got > len(spec)+specFrame+1024 {
+		if got := room.specLen(tk); got < len(spec) || got > len(spec)+specFrame+1024 {
 			t.Errorf("case %d: specLen %d for a Spec of %d bytes", i, got, len(spec))
 		}
 	}
@@ -101,21 +101,21 @@ type serveCount struct{ n atomic.Int64 }
 
 func (o *serveCount) Serve() { o.n.Add(1) }
 
-// testRuntime is a runtime over table, with its journal in a temporary
+// testRoom is a room over table, with its journal in a temporary
 // directory open (as Open does, without the runner), no task in it.
-func testRuntime(tb testing.TB, cfg *policy.Config, table *lease.Table, accts Accounts) *Runtime {
+func testRoom(tb testing.TB, cfg *policy.Config, table *lease.Table, accts Accounts) *Room {
 	tb.Helper()
 	if accts == nil {
 		accts = &testAccounts{}
 	}
-	rt := New(Config{Policy: cfg, Table: table, Owner: &serveCount{}, Accounts: accts, Log: log.New(io.Discard, "", 0)})
-	life, err := tasklife.Open(tb.TempDir(), tasklife.Options{Lock: &rt.mu, Log: rt.log, Keep: 10, KeepPerUser: 10, Ended: rt.endedLocked})
+	room := New(Config{Policy: cfg, Table: table, Owner: &serveCount{}, Accounts: accts, Log: log.New(io.Discard, "", 0)})
+	life, err := journal.Open(tb.TempDir(), journal.Options{Lock: &room.mu, Log: room.log, Keep: 10, KeepPerUser: 10, Ended: room.endedLocked})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { life.Close() })
-	rt.life, rt.running = life, life.RunningByUser()
-	return rt
+	room.life, room.running = life, life.RunningByUser()
+	return room
 }
 
 // TestReplayedTaskWaitsForItsAccount: a task taken up from the journal
@@ -146,32 +146,32 @@ pools = ["interactive", "queue"]
 		t.Fatal(err)
 	}
 	accts := &testAccounts{}
-	rt := testRuntime(t, cfg, table, accts)
-	life := rt.life
+	room := testRoom(t, cfg, table, accts)
+	life := room.life
 	const uid = 4242
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	tk := &tasklife.Task{ID: life.NewID(), UID: uid, User: "alice", Slot: -1, Sub: wire.Submission{Pool: "queue", Cwd: "/", Argv: []string{"true"}}}
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	tk := &journal.Task{ID: life.NewID(), UID: uid, User: "alice", Slot: -1, Sub: wire.Submission{Pool: "queue", Cwd: "/", Argv: []string{"true"}}}
 	if err := life.Submit(tk); err != nil {
 		t.Fatal(err)
 	}
 	j := &Task{Task: tk} // as takeUp makes it: no account yet
-	rt.jobs[tk.ID] = j
+	room.jobs[tk.ID] = j
 	// The user database does not answer now.
 	accts.store(uid, &Account{Name: "uid 4242", Home: "/", Err: errors.New("too many open files")})
-	rt.settleLocked(j)
-	if tk.State != tasklife.Pending || j.inLine {
+	room.settleLocked(j)
+	if tk.State != journal.Pending || j.inLine {
 		t.Fatalf("task of an account that cannot be looked up now: %s (%s), in line %v; want pending, out of line", tk.State, tk.Reason, j.inLine)
 	}
-	if why := rt.waitReasonLocked(j); !strings.Contains(why, "user database") {
+	if why := room.waitReasonLocked(j); !strings.Contains(why, "user database") {
 		t.Errorf("it waits, saying %q; want it to name the user database", why)
 	}
 	// Now it answers: alice is in group lab, which opens pool "queue".
 	accts.store(uid, &Account{Name: "alice", Groups: []string{"lab"}, Home: "/home/alice", Known: true, Shell: "/bin/sh"})
-	rt.mu.Unlock()
-	rt.lookupAgain()
-	rt.mu.Lock()
-	if tk.State != tasklife.Pending || !j.inLine || j.w.Pool != "queue" || j.w.User != "alice" {
+	room.mu.Unlock()
+	room.lookupAgain()
+	room.mu.Lock()
+	if tk.State != journal.Pending || !j.inLine || j.w.Pool != "queue" || j.w.User != "alice" {
 		t.Errorf("once its account can be read: %s (%s), in line %v; want pending in line for pool queue as alice", tk.State, tk.Reason, j.inLine)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/npurun/npurun/broker/lease"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
 )
@@ -19,13 +19,13 @@ import (
 // the CPU queue, with a table that has a task waiting, as warmLocked sees
 // it on a scheduling pass. The tasks are in line order: the lease table's
 // line's, then s.cpuq's.
-func warmLine(tb testing.TB, n int) (*Runtime, []*Task) {
+func warmLine(tb testing.TB, n int) (*Room, []*Task) {
 	tb.Helper()
 	table, err := lease.Open(lease.Config{Dir: tb.TempDir()})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := testRuntime(tb, &policy.Config{}, table, nil)
+	s := testRoom(tb, &policy.Config{}, table, nil)
 	life := s.life
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -33,7 +33,7 @@ func warmLine(tb testing.TB, n int) (*Runtime, []*Task) {
 	add := func(cpu bool, uid uint32, pool string, isTask bool) {
 		w := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid}, N: 1, Cand: []int{0}, Pool: pool}
 		if isTask {
-			tk := &tasklife.Task{ID: life.NewID(), UID: uid, User: fmt.Sprint("u", uid), Slot: -1}
+			tk := &journal.Task{ID: life.NewID(), UID: uid, User: fmt.Sprint("u", uid), Slot: -1}
 			if err := life.Submit(tk); err != nil {
 				tb.Fatal(err)
 			}
@@ -121,7 +121,7 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 	add := func(name string, cpu bool, uid uint32, pool string, isTask, held bool) {
 		w := &lease.Waiter{Holder: lease.Holder{Kind: lease.Inline, UID: uid}, N: 1, Cand: []int{0}, Pool: pool, Held: held}
 		if isTask {
-			tk := &tasklife.Task{ID: s.life.NewID(), UID: uid, User: name, Slot: -1,
+			tk := &journal.Task{ID: s.life.NewID(), UID: uid, User: name, Slot: -1,
 				Argv: []string{"/bin/true"}, Log: filepath.Join(dir, name+".log"), Sub: wire.Submission{Cwd: "/"}}
 			if err := s.life.Submit(tk); err != nil {
 				t.Fatal(err)

@@ -1,4 +1,4 @@
-package tasklife
+package journal
 
 import (
 	"bytes"

@@ -1,5 +1,5 @@
-// Package tasklife is the life of a detached task, from its submission to its end, and the journal that lets it outlive the broker.
-package tasklife
+// Package journal is the life of a detached task, from its submission to its end, and the journal that lets it outlive the broker.
+package journal
 
 // Every transition of a task's life is one function in this file. The
 // broker decides when (it schedules: the queue, the devices, the
@@ -1128,7 +1128,7 @@ func (l *Life) move(t *Task, to string) {
 		return
 	}
 	if !allowed(from, to) {
-		panic(fmt.Sprintf("tasklife: task %d: %s → %s is not a transition", t.ID, from, to))
+		panic(fmt.Sprintf("journal: task %d: %s → %s is not a transition", t.ID, from, to))
 	}
 	count := func(m map[uint32]int, d int) {
 		if m[t.UID] += d; m[t.UID] <= 0 {

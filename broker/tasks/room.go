@@ -10,14 +10,14 @@ import (
 
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/leaseend"
-	"github.com/npurun/npurun/broker/tasklife"
+	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
 )
 
-// Owner is the runtime's owner (the broker): what the runtime asks of it,
-// always holding no lock of the runtime's.
+// Owner is the room's owner (the broker): what the room asks of it,
+// always holding no lock of the room's.
 type Owner interface {
 	// Serve asks for the lease table's line to be served (the owner
 	// calls Schedule): a task came into line, was let go by a hold, or
@@ -30,7 +30,7 @@ type Owner interface {
 type Watcher interface {
 	// TaskEnded tells that a task waited for has ended, as info shows
 	// it (full: the watcher was allowed to wait for it). It is called
-	// holding no lock of the runtime's.
+	// holding no lock of the room's.
 	TaskEnded(info wire.TaskInfo)
 }
 
@@ -54,14 +54,14 @@ type Account struct {
 
 // Accounts looks up accounts: the broker's cache of the user database. A
 // task taken up from the journal is settled with its account under the
-// runtime's lock: Lookup must take no lock of the runtime's.
+// room's lock: Lookup must take no lock of the room's.
 type Accounts interface {
 	Lookup(uid uint32) *Account
 }
 
 // Outside is an allocator of devices outside the line (Slurm's, on a
-// Slurm node: the broker's Slurm room), as the runtime asks it of its
-// tasks' requests. It is called under the runtime's lock: it must take no
+// Slurm node: the broker's Slurm room), as the room asks it of its
+// tasks' requests. It is called under the room's lock: it must take no
 // lock that comes before it (the broker's).
 type Outside interface {
 	// Refusal refuses a request that names devices that are not the
@@ -73,7 +73,7 @@ type Outside interface {
 	Why(w *lease.Waiter, why string) string
 }
 
-// Config configures a Runtime.
+// Config configures a Room.
 type Config struct {
 	Policy    *policy.Config
 	Inventory *npu.Inventory
@@ -107,17 +107,17 @@ type Config struct {
 // for its tasks cannot be had (Runner.Open).
 var ErrFatal = errors.New("cannot start")
 
-// Runtime is the task room.
+// Room is the task room.
 //
 // Lock order: the owner's lock (Server.mu), then mu, then an outside
 // allocator's (Outside: the Slurm room's), then the lease table's, then
 // the access room's. The owner calls Schedule, Unwatch and
 // the views holding its own lock; every other method is called holding
-// none, and the runtime calls its owner and its watchers holding none of
+// none, and the room calls its owner and its watchers holding none of
 // its own: what they are told is gathered under mu and told once it is
-// let go (unlock). The journal (tasklife) and the runner
+// let go (unlock). The journal (package journal) and the runner
 // share mu, and let it go while they wait (the disk, a process, /proc).
-type Runtime struct {
+type Room struct {
 	// cfg is the policy: replaced, never changed, by SetPolicy.
 	cfg atomic.Pointer[policy.Config]
 
@@ -139,8 +139,8 @@ type Runtime struct {
 
 	mu sync.Mutex
 	// The task table (nil while the journal cannot be opened, taskErr
-	// says why) and, for each task not ended, what the runtime holds.
-	life       *tasklife.Life
+	// says why) and, for each task not ended, what the room holds.
+	life       *journal.Life
 	taskErr    error
 	jobs       map[uint64]*Task
 	running    map[uint32]int // tasks starting or running per uid: the table's own count
@@ -157,7 +157,7 @@ type Runtime struct {
 	out        outbox              // what to tell once mu is let go
 }
 
-// outbox is what the runtime tells its owner and watchers once its lock
+// outbox is what the room tells its owner and watchers once its lock
 // is let go.
 type outbox struct {
 	serve bool
@@ -169,94 +169,94 @@ type endNote struct {
 	info wire.TaskInfo
 }
 
-// New makes the runtime; Open takes up the journal.
-func New(c Config) *Runtime {
-	rt := &Runtime{inv: c.Inventory, table: c.Table, owner: c.Owner, accounts: c.Accounts,
+// New makes the room; Open takes up the journal.
+func New(c Config) *Room {
+	room := &Room{inv: c.Inventory, table: c.Table, owner: c.Owner, accounts: c.Accounts,
 		ender: c.Ender, socket: c.Socket, claim: c.Claim, log: c.Log, devPeak: c.DevicePeak,
 		boot: bootID(), unpriv: os.Geteuid() != 0,
 		jobs: map[uint64]*Task{}, running: map[uint32]int{}, cpuq: lease.NewQueue(),
 		cpuFree: make([]bool, c.Policy.Tasks.CPUSlots), watching: map[Watcher][]*Task{}}
-	rt.cfg.Store(c.Policy)
-	for i := range rt.cpuFree {
-		rt.cpuFree[i] = true
-		rt.cpuSlots = append(rt.cpuSlots, i)
+	room.cfg.Store(c.Policy)
+	for i := range room.cpuFree {
+		room.cpuFree[i] = true
+		room.cpuSlots = append(room.cpuSlots, i)
 	}
-	if rt.log == nil {
-		rt.log = log.Default()
+	if room.log == nil {
+		room.log = log.Default()
 	}
-	rt.run = c.Runner
-	rt.outside = c.Outside
-	if rt.run == nil {
-		rt.run = newLocal((*host)(rt), c.Self, c.Cgroup, rt.log, rt.boot, rt.unpriv)
+	room.run = c.Runner
+	room.outside = c.Outside
+	if room.run == nil {
+		room.run = newLocal((*host)(room), c.Self, c.Cgroup, room.log, room.boot, room.unpriv)
 	}
-	return rt
+	return room
 }
 
 // unlock lets mu go, then tells the watchers and the owner what happened
 // meanwhile. It is how every method called holding no lock of the
 // owner's ends; those the owner calls under its lock let mu go plainly.
-func (rt *Runtime) unlock() {
-	out := rt.out
-	rt.out = outbox{}
-	rt.mu.Unlock()
+func (room *Room) unlock() {
+	out := room.out
+	room.out = outbox{}
+	room.mu.Unlock()
 	for _, e := range out.ended {
 		e.w.TaskEnded(e.info)
 	}
 	if out.serve {
-		rt.owner.Serve()
+		room.owner.Serve()
 	}
 }
 
 // serveLocked asks for the line to be served once mu is let go.
-func (rt *Runtime) serveLocked() { rt.out.serve = true }
+func (room *Room) serveLocked() { room.out.serve = true }
 
 // Stop, as the broker stops, disarms the waiting tasks durably
-// (tasklife): a clean stop starts nothing more, and a machine restarted
+// (package journal): a clean stop starts nothing more, and a machine restarted
 // before the next broker must not take them for tasks that may have
 // started.
-func (rt *Runtime) Stop() {
-	rt.mu.Lock()
-	defer rt.unlock()
-	if rt.life != nil {
-		rt.life.Stop()
+func (room *Room) Stop() {
+	room.mu.Lock()
+	defer room.unlock()
+	if room.life != nil {
+		room.life.Stop()
 	}
 }
 
 // Close, as the broker stops, lets the runner's ready processes go (warm
 // and idle supervisors), waiting up to d.
-func (rt *Runtime) Close(d time.Duration) { rt.run.Close(d) }
+func (room *Room) Close(d time.Duration) { room.run.Close(d) }
 
 // What status reads: copies, each taken under mu.
 
 // Supervisor is the pid and start time of task id's supervisor, zero
 // while it has none: the process its lease is held by.
-func (rt *Runtime) Supervisor(id uint64) (pid int, start uint64) {
-	if rt == nil {
+func (room *Room) Supervisor(id uint64) (pid int, start uint64) {
+	if room == nil {
 		return 0, 0
 	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if rt.life == nil {
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	if room.life == nil {
 		return 0, 0
 	}
-	if t := rt.life.Get(id); t != nil {
+	if t := room.life.Get(id); t != nil {
 		return t.PID, t.PIDStart
 	}
 	return 0, 0
 }
 
 // Counts counts the tasks by state, as clients see the states.
-func (rt *Runtime) Counts() map[string]int {
+func (room *Room) Counts() map[string]int {
 	n := map[string]int{}
-	if rt == nil {
+	if room == nil {
 		return n
 	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	if rt.life == nil {
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	if room.life == nil {
 		return n
 	}
-	rt.life.Each(func(t *tasklife.Task) bool {
+	room.life.Each(func(t *journal.Task) bool {
 		n[t.Shown()]++
 		return true
 	})
@@ -266,18 +266,18 @@ func (rt *Runtime) Counts() map[string]int {
 // CPULine is the line of the tasks that need no device, waiting for a CPU
 // slot: the first max of them in service order, and how many wait. A
 // Waiter is shared, not copied: of its fields only Held changes.
-func (rt *Runtime) CPULine(max int) (first []*lease.Waiter, n int) {
-	if rt == nil {
+func (room *Room) CPULine(max int) (first []*lease.Waiter, n int) {
+	if room == nil {
 		return nil, 0
 	}
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	ws := rt.cpuq.Waiters()
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	ws := room.cpuq.Waiters()
 	return append([]*lease.Waiter(nil), ws[:min(max, len(ws))]...), len(ws)
 }
 
 // policy is the configuration in force (SetPolicy).
-func (rt *Runtime) policy() *policy.Config { return rt.cfg.Load() }
+func (room *Room) policy() *policy.Config { return room.cfg.Load() }
 
 // SetPolicy takes up a reloaded configuration: the tasks submitted from
 // now on are checked against its limits and time limits, those waiting
@@ -289,15 +289,15 @@ func (rt *Runtime) policy() *policy.Config { return rt.cfg.Load() }
 // the room's lock, after the change: a task that joins the line meanwhile
 // does so under one policy or the other, never between (the broker
 // reconfigures the lease table's line in then).
-func (rt *Runtime) SetPolicy(cfg *policy.Config, then func()) {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	rt.cfg.Store(cfg)
+func (room *Room) SetPolicy(cfg *policy.Config, then func()) {
+	room.mu.Lock()
+	defer room.mu.Unlock()
+	room.cfg.Store(cfg)
 	// The CPU slots' line counts its users under the new limits
 	// (max_running_tasks), as the lease table's does (then).
-	for _, w := range rt.cpuq.Waiters() {
+	for _, w := range room.cpuq.Waiters() {
 		if t := taskOf(w); t != nil && t.acct != nil {
-			rt.cpuq.SetLimit(w.UID, cfg.LimitFor(t.acct.Name, t.acct.Groups))
+			room.cpuq.SetLimit(w.UID, cfg.LimitFor(t.acct.Name, t.acct.Groups))
 		}
 	}
 	if then != nil {
