@@ -35,7 +35,7 @@ func TestNpurunImportsLean(t *testing.T) {
 }
 
 // TestTaskSubmitImportsLean: task-submit starts in front of every task;
-// it parses its command line by hand (cmd/task-submit/args.go), since
+// it parses its command line by hand (cmd/task-submit/cli/args.go), since
 // pflag brings net, flag and encoding/csv, whose initialisation costs
 // 0.6 to 0.9 ms of its start (issue 9). encoding/json stays for the
 // listings and --json; the submission itself goes through the hand codec.

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"os"
@@ -7,7 +7,7 @@ import (
 
 // readManPage reads man/task-submit.1 from the repository.
 func readManPage() (string, error) {
-	b, err := os.ReadFile("../../man/task-submit.1")
+	b, err := os.ReadFile("../../../man/task-submit.1")
 	return string(b), err
 }
 
