@@ -1,4 +1,9 @@
-// Package broker is the npubroker daemon: it owns the device locks, queues the requests and hands out leases.
+// Package broker is the npubroker daemon: it owns the device locks, queues
+// the requests and hands out leases. It is only what runs in npubroker: the
+// listener, the peer's identity (SO_PEERCRED, its one source), the
+// protocol's handlers (decode, call a room, answer), device access, and the
+// wiring of its rooms, whose locks it takes in the order written on Server.
+// No other program may import it or a package under it.
 package broker
 
 import (

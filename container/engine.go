@@ -1,4 +1,7 @@
-// Package container hands a lease to a container: the engine's command line npurun runs, the hand-over of the lease's descriptors to the runtime, and the container a process belongs to.
+// Package container hands a lease to a container: the engine's command line
+// npurun runs, the hand-over of the lease's descriptors to the runtime, and
+// the container a process belongs to. It is client code: it imports only
+// the wire and npu, and must never import the daemon (broker/...).
 package container
 
 import (

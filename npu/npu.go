@@ -1,4 +1,7 @@
-// Package npu finds the accelerators of this machine and the variables that select them.
+// Package npu finds the accelerators of this machine and the variables that
+// select them, and owns their device nodes and who may open them (ACLs). It
+// imports nothing of the project: it knows no lease, broker, policy or
+// wire.
 package npu
 
 import (

@@ -1,4 +1,7 @@
-// Package policy reads the configuration file and decides what each user may ask for.
+// Package policy reads the configuration file and decides what each user
+// may ask for. It imports nothing of the project but internal/quantity, and
+// must never do I/O beyond reading the file it is given: no sockets, no
+// /proc, no devices.
 package policy
 
 import (

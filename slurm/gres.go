@@ -1,4 +1,7 @@
-// Package slurm is npurun's side of a Slurm node: gres.conf read and checked against npurun's map, and the Prolog's and Epilog's word to the broker.
+// Package slurm is npurun's side of a Slurm node: gres.conf read and
+// checked against npurun's map, and the Prolog's and Epilog's word to the
+// broker. It talks to the broker only over the wire and must never import
+// the daemon (broker/...).
 package slurm
 
 import (

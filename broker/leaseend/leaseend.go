@@ -1,4 +1,7 @@
-// Package leaseend ends a lease when its holders end, whatever became of its descriptors.
+// Package leaseend ends a lease when its holders end, whatever became of
+// its descriptors. It reaches the lease table only through Table, and lets
+// a lease's lock go (Abandon) only once a full sweep of /proc found no
+// process holding it; it must never touch a socket or a task.
 package leaseend
 
 import (

@@ -1,4 +1,7 @@
-// Package procscan finds, in /proc, the processes that have given files open: the lock files of leases and the device nodes of accelerators.
+// Package procscan finds, in /proc, the processes that have given files
+// open: the lock files of leases and the device nodes of accelerators. It
+// only reads /proc: it names a file by what it is (fileid), never by its
+// path, and must never change a lease or take a room's lock.
 package procscan
 
 import (

@@ -1,4 +1,9 @@
-// Package slurmjobs is the broker's room for a Slurm node: the leases of Slurm jobs from their Prolog to their end, their records on disk, and the placeholder allocations of allocate mode.
+// Package slurmjobs is the broker's room for a Slurm node: the leases of
+// Slurm jobs from their Prolog to their end, their records on disk, and the
+// placeholder allocations of allocate mode. Its lock is taken after its
+// owner's and nothing slow (a disk write, /proc, pidfd_getfd, a Slurm
+// command) happens under it; it must never touch a client's socket or a
+// task.
 package slurmjobs
 
 // A Slurm job's lease (kind lease.Slurm) lives through these states:

@@ -1,4 +1,7 @@
-// Package ociruntime is npurun-runtime: an OCI runtime in front of runc that gives a container the lease of the devices it may open, or refuses to create it.
+// Package ociruntime is npurun-runtime: an OCI runtime in front of runc
+// that gives a container the lease of the devices it may open, or refuses
+// to create it. It asks the broker only over the wire and must never import
+// the daemon (broker/...); every step but create is runc's.
 package ociruntime
 
 // An engine (dockerd through containerd's shim; podman through conmon)

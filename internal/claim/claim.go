@@ -1,4 +1,8 @@
-// Package claim takes the flocks by which a broker claims what it must not share with another broker for its life: its state directory, its devices, the parent of its tasks' control groups.
+// Package claim takes the flocks by which a broker claims what it must not
+// share with another broker for its life: its state directory, its devices,
+// the parent of its tasks' control groups. It imports only the standard
+// library and x/sys/unix; a claim is a flock held on a descriptor for the
+// broker's life, never a file's content.
 package claim
 
 import (

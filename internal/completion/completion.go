@@ -1,4 +1,7 @@
-// Package completion writes the bash, zsh and fish completion scripts of a command from the table of options that parses its command line.
+// Package completion writes the bash, zsh and fish completion scripts of a
+// command from the table of options that parses its command line. It
+// imports only the standard library and must never keep a second list of
+// options.
 package completion
 
 import "strings"

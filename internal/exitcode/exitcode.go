@@ -1,4 +1,6 @@
-// Package exitcode is the one table of the exit statuses that npurun, task-submit and npubroker give of themselves.
+// Package exitcode is the one table of the exit statuses that npurun,
+// task-submit and npubroker give of themselves. It imports nothing and must
+// hold no other table.
 package exitcode
 
 // The statuses. npurun(1), task-submit(1) and npubroker(8) list them

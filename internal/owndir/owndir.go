@@ -1,4 +1,6 @@
-// Package owndir makes directories that only the running user may write.
+// Package owndir makes directories that only the running user may write. It
+// imports only the standard library and x/sys/unix, and never accepts a
+// symbolic link or a directory that someone else owns.
 package owndir
 
 import (

@@ -1,4 +1,7 @@
-// Package quantity writes and reads the durations and counts that people see (1d6h, 2h27s, 850ms; 1 device, 2 devices), one way for every command, log line and the configuration file.
+// Package quantity writes and reads the durations and counts that people
+// see (1d6h, 2h27s, 850ms; 1 device, 2 devices), one way for every command,
+// log line and the configuration file. It imports only the standard
+// library.
 package quantity
 
 import (

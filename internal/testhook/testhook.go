@@ -1,4 +1,7 @@
-// Package testhook stops a broker at a named point, or makes a named fault happen once, for a test that must kill it inside a window too narrow to hit by chance.
+// Package testhook stops a broker at a named point, or makes a named fault
+// happen once, for a test that must kill it inside a window too narrow to
+// hit by chance. It imports only the standard library, and a hook does
+// nothing unless a test's environment names it.
 package testhook
 
 import (

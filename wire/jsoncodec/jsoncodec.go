@@ -1,4 +1,6 @@
-// Package jsoncodec lets the wire's client speak every message with encoding/json, not only the lease exchange.
+// Package jsoncodec lets the wire's client speak every message with
+// encoding/json, not only the lease exchange. npurun must never import it
+// (its start path stays free of encoding/json).
 package jsoncodec
 
 // A program imports this package for its effect: wire.Encode and
