@@ -27,6 +27,7 @@ import (
 	"github.com/npurun/npurun/broker/slurmjobs"
 	"github.com/npurun/npurun/broker/status"
 	"github.com/npurun/npurun/broker/tasks"
+	"github.com/npurun/npurun/broker/tasks/local"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
@@ -238,8 +239,9 @@ func New(o Options) (*Server, error) {
 		Describe: s.describeHolder, Grace: func() time.Duration { return s.policy().Tasks.KillGrace }, Log: s.log})
 	tc := tasks.Config{
 		Policy: s.policy(), Inventory: s.inv, Table: s.table, Owner: (*taskRoomOwner)(s), Accounts: taskAccounts{&s.users},
-		Ender: s.ender, Socket: o.Socket, Self: self, Cgroup: cgMode,
-		Claim: s.claimTasks, Log: s.log,
+		Ender: s.ender, Socket: o.Socket, Claim: s.claimTasks, Log: s.log,
+		// The local runner: supervisors on this machine.
+		Runner: func(h tasks.Host) tasks.Runner { return local.New(h, self, cgMode, s.log) },
 	}
 	tc.DevicePeak = func(id uint64) int64 { return s.status.TaskPeak(id) }
 	if s.slurm != nil {

@@ -7,10 +7,10 @@
 // written, the lookups that wait for the user database, their time-limit
 // backstop, the end of their lease with them, their take-up at a restart,
 // and what status reads of them (Supervisor, Counts, CPULine: copies). How
-// a granted task's processes run is a Runner's: the local runner
-// (local.go, idle.go, cgroup.go, supervisorbin.go: warm and idle
-// supervisors, the supervisor program's trust walk, control groups,
-// adoption) is today's, and a second way to run a task (a Slurm batch
+// a granted task's processes run is a Runner's, made by Config.Runner:
+// the local runner (package local, which broker.New gives the room: warm
+// and idle supervisors, the supervisor program's trust walk, control
+// groups, adoption) is today's, and a second way to run a task (a Slurm batch
 // job) is a sibling implementing Runner, not a branch inside it. A task
 // for devices that an allocator outside the line hands out (Slurm's, in
 // allocate mode: the broker's Slurm room) waits in the line as any, is

@@ -36,7 +36,7 @@ func TestHoldOutlivesAPause(t *testing.T) {
 	resumed := make(chan struct{}, 1)
 	lg := log.New(logWatch{"task starts resume", resumed}, "", 0)
 	room := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}},
-		Table: table, Owner: owner, Accounts: &testAccounts{}, Socket: "/run/npurun/broker.sock", Log: lg, Runner: run,
+		Table: table, Owner: owner, Accounts: &testAccounts{}, Socket: "/run/npurun/broker.sock", Log: lg, Runner: func(Host) Runner { return run },
 		Claim: func(string) error { return nil }})
 	owner.room = room
 	if err := room.Open(dir); err != nil {

@@ -107,7 +107,7 @@ func (room *Room) launch(t *Task, fds []int) {
 // control group cannot be made, its start time cannot be read, the broker
 // is out of descriptors, processes or memory.
 func passing(err error) bool {
-	for _, e := range []error{errLookup, errCgroup, errStartTime, unix.EMFILE, unix.ENFILE, unix.EAGAIN, unix.ENOMEM, unix.ENOBUFS, unix.EINTR} {
+	for _, e := range []error{ErrLookup, ErrCgroup, ErrStartTime, unix.EMFILE, unix.ENFILE, unix.EAGAIN, unix.ENOMEM, unix.ENOBUFS, unix.EINTR} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -74,7 +74,7 @@ func (room *Room) settleLocked(t *Task) {
 		if t.acct == nil || t.lookupErr != nil {
 			t.acct = room.accounts.Lookup(t.UID) // replayed from the journal
 		}
-		if err := t.acct.unanswered(); err != nil {
+		if err := t.acct.Unanswered(); err != nil {
 			// Its limits and pools depend on its account: it waits out
 			// of line until the user database answers (a name service
 			// not up yet at boot, no descriptors left), rather than be
@@ -134,7 +134,7 @@ func (room *Room) lookupAgain() {
 	room.mu.Unlock()
 	ok := true
 	for uid := range uids {
-		if room.accounts.Lookup(uid).unanswered() != nil {
+		if room.accounts.Lookup(uid).Unanswered() != nil {
 			ok = false
 		}
 	}

@@ -52,7 +52,7 @@ func (room *Room) oomRetryLocked(t *journal.Task, peak int64) (*Task, error) {
 	if j != nil {
 		acct = j.acct
 	}
-	if acct == nil || acct.unanswered() != nil {
+	if acct == nil || acct.Unanswered() != nil {
 		acct = room.accounts.Lookup(t.UID)
 		if j != nil {
 			j.acct = acct

@@ -64,7 +64,7 @@ func TestOutside(t *testing.T) {
 	dir := t.TempDir()
 	room := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0, 1}},
 		Table: table, Owner: owner, Accounts: &testAccounts{}, Log: log.New(io.Discard, "", 0),
-		Runner: &testRunner{dir: dir, starts: make(chan testStart, 1)}, Claim: func(string) error { return nil }, Outside: slurmLike{}})
+		Runner: func(Host) Runner { return &testRunner{dir: dir, starts: make(chan testStart, 1)} }, Claim: func(string) error { return nil }, Outside: slurmLike{}})
 	owner.room = room
 	if err := room.Open(dir); err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestOutsideDeliver(t *testing.T) {
 	dir := t.TempDir()
 	run := &testRunner{dir: dir, starts: make(chan testStart, 1)}
 	room := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100, KeepEnded: 10, KeepEndedPer: 10}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}},
-		Table: table, Owner: idleOwner{}, Accounts: &testAccounts{}, Log: log.New(io.Discard, "", 0), Runner: run,
+		Table: table, Owner: idleOwner{}, Accounts: &testAccounts{}, Log: log.New(io.Discard, "", 0), Runner: func(Host) Runner { return run },
 		Claim: func(string) error { return nil }, Outside: slurmLike{}})
 	if err := room.Open(dir); err != nil {
 		t.Fatal(err)

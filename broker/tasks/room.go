@@ -84,8 +84,6 @@ type Config struct {
 	// descriptors then; nil: its lock alone ends it.
 	Ender  *leaseend.Ender
 	Socket string // the broker's socket, told to tasks and supervisors
-	Self   string // the broker's executable, beside which the supervisor program is looked for first
-	Cgroup string // where tasks' control groups go: auto, off or a directory
 	// Claim takes the state directory for the broker's life, once: two
 	// brokers replaying one journal would run the same task twice. An
 	// error wrapping ErrFatal (another broker's) stops the broker.
@@ -97,9 +95,9 @@ type Config struct {
 	// share were seen to use, in MiB (the status room's, from the vendor's
 	// tool); 0 where unknown. nil: never known.
 	DevicePeak func(id uint64) int64
-	// Runner runs the tasks granted; nil: the local one (supervisors on
-	// this machine, local.go).
-	Runner Runner
+	// Runner makes the runner of the tasks granted (package local: the
+	// local one, supervisors on this machine), given the room as its Host.
+	Runner func(Host) Runner
 }
 
 // ErrFatal marks an error of Open that must stop the broker: its state
@@ -173,7 +171,7 @@ type endNote struct {
 func New(c Config) *Room {
 	room := &Room{inv: c.Inventory, table: c.Table, owner: c.Owner, accounts: c.Accounts,
 		ender: c.Ender, socket: c.Socket, claim: c.Claim, log: c.Log, devPeak: c.DevicePeak,
-		boot: bootID(), unpriv: os.Geteuid() != 0,
+		boot: BootID(), unpriv: os.Geteuid() != 0,
 		jobs: map[uint64]*Task{}, running: map[uint32]int{}, cpuq: lease.NewQueue(),
 		cpuFree: make([]bool, c.Policy.Tasks.CPUSlots), watching: map[Watcher][]*Task{}}
 	room.cfg.Store(c.Policy)
@@ -184,11 +182,8 @@ func New(c Config) *Room {
 	if room.log == nil {
 		room.log = log.Default()
 	}
-	room.run = c.Runner
 	room.outside = c.Outside
-	if room.run == nil {
-		room.run = newLocal((*host)(room), c.Self, c.Cgroup, room.log, room.boot, room.unpriv)
-	}
+	room.run = c.Runner((*host)(room))
 	return room
 }
 

@@ -1,6 +1,7 @@
 package tasks
 
 import (
+	"errors"
 	"sync"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 // line, its grant and its time limit; the runner owns its processes: it readies
 // a task's start, runs it once the start is recorded, stops and kills it,
 // measures it, and tells the room when its process is gone (Host.Gone).
-// The local runner (local.go: supervisors on this machine, warm and idle
+// The local runner (package local: supervisors on this machine, warm and idle
 // ones, control groups) is the one of today; another way of running a
 // task (a Slurm batch job) is a sibling implementing this interface, not
 // a branch inside the local one.
@@ -81,6 +82,21 @@ type Runner interface {
 	Close(d time.Duration)
 }
 
+// What a runner's Prepare may fail with that passes: the task waits and
+// its start is tried again later.
+var (
+	// ErrLookup is a submitter that could not be asked about (the user
+	// database cannot be read now).
+	ErrLookup = errors.New("the user database cannot be read now")
+	// ErrCgroup is a task's control group that cannot be made now: the
+	// task waits rather than run outside it.
+	ErrCgroup = errors.New("no control group for the task")
+	// ErrStartTime is a supervisor whose start time could not be read
+	// from /proc (out of descriptors or memory): let go, and started
+	// again later.
+	ErrStartTime = errors.New("its start time cannot be read from /proc")
+)
+
 // Proc is the process that runs a task: the start record names it
 // (package journal), and only it may report the task's end.
 type Proc interface {
@@ -128,6 +144,13 @@ type Task struct {
 	lookupErr error         // its account could not be looked up: it waits out of line (lookupLaterLocked)
 	run       any           // the runner's own
 }
+
+// RunnerData is what t's runner holds for it (SetRunnerData); nil until
+// it holds something.
+func (t *Task) RunnerData() any { return t.run }
+
+// SetRunnerData keeps v, the runner's own, with t, under the room's lock.
+func (t *Task) SetRunnerData(v any) { t.run = v }
 
 // Account is t's submitter's account as looked up when it was submitted
 // or taken up; nil if it was not yet.

@@ -160,7 +160,7 @@ func TestRunnerStart(t *testing.T) {
 	dir := t.TempDir()
 	run := &testRunner{dir: dir, starts: make(chan testStart, 1)}
 	room := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}},
-		Table: table, Owner: owner, Accounts: &testAccounts{}, Socket: "/run/npurun/broker.sock", Log: log.New(io.Discard, "", 0), Runner: run,
+		Table: table, Owner: owner, Accounts: &testAccounts{}, Socket: "/run/npurun/broker.sock", Log: log.New(io.Discard, "", 0), Runner: func(Host) Runner { return run },
 		Claim: func(string) error { return nil }})
 	owner.room = room
 	if err := room.Open(dir); err != nil {

@@ -479,12 +479,12 @@ func (room *Room) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
 		return bad("--after names %d tasks, more than %d", len(sub.After), maxAfter)
 	case len(sub.Token) > wire.MaxToken || strings.IndexFunc(sub.Token, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0:
 		return bad("token of %d bytes: a token is at most %d bytes of printable ASCII, no space", len(sub.Token), wire.MaxToken)
-	case acct.unanswered() != nil:
+	case acct.Unanswered() != nil:
 		// Not an answer: the task would be recorded as "uid N", its log
 		// under "/" (issue 15.3), or run without some of its groups.
 		// Nothing is recorded; it is for the submitter to try again, as
 		// for any passing shortage.
-		return nil, refusal.New(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.unanswered())
+		return nil, refusal.New(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.Unanswered())
 	case sub.Shell != "" && acct.ShellErr != nil:
 		return nil, refusal.New(ErrBusy, "try again in a moment", "the user database cannot be read now, so the task was not submitted: %v", acct.ShellErr)
 	case sub.Log == "" && acct.Home == "":
@@ -519,9 +519,9 @@ func (room *Room) resolve(by Submitter, sub *wire.Submission) (*Task, error) {
 	return t, nil
 }
 
-// unanswered is why the user database gave no answer about the account
+// Unanswered is why the user database gave no answer about the account
 // now (Account.Err), nil when it answered.
-func (a *Account) unanswered() error { return a.Err }
+func (a *Account) Unanswered() error { return a.Err }
 
 // admitLocked checks a resolved task against the policy and the
 // room's state, and gives it its id; it is not recorded yet. freed is

@@ -105,10 +105,17 @@ func (o *serveCount) Serve() { o.n.Add(1) }
 // directory open (as Open does, without the runner), no task in it.
 func testRoom(tb testing.TB, cfg *policy.Config, table *lease.Table, accts Accounts) *Room {
 	tb.Helper()
+	return testRoomWith(tb, cfg, table, accts, &testRunner{})
+}
+
+// testRoomWith is testRoom whose runner is run.
+func testRoomWith(tb testing.TB, cfg *policy.Config, table *lease.Table, accts Accounts, run Runner) *Room {
+	tb.Helper()
 	if accts == nil {
 		accts = &testAccounts{}
 	}
-	room := New(Config{Policy: cfg, Table: table, Owner: &serveCount{}, Accounts: accts, Log: log.New(io.Discard, "", 0)})
+	room := New(Config{Policy: cfg, Table: table, Owner: &serveCount{}, Accounts: accts, Log: log.New(io.Discard, "", 0),
+		Runner: func(Host) Runner { return run }})
 	life, err := journal.Open(tb.TempDir(), journal.Options{Lock: &room.mu, Log: room.log, Keep: 10, KeepPerUser: 10, Ended: room.endedLocked})
 	if err != nil {
 		tb.Fatal(err)

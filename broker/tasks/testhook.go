@@ -22,15 +22,6 @@ const (
 	// retry, if any) and nothing else done for it yet: its supervisor not
 	// answered, its retry not in line (the task room's lock is held).
 	hookAfterEnd = "after-end"
-	// hookNoStartTime, a fault rather than a stop (testhook.Fails): the
-	// first supervisor's start time cannot be read from /proc.
-	hookNoStartTime = "no-start-time"
-	// hookAdoptUnreadable and hookNoPidfd, faults: a broker that takes up
-	// a running task finds /proc unreadable once as it looks at the task's
-	// supervisor, and out of descriptors once as it opens the pidfd that
-	// watches for its exit.
-	hookAdoptUnreadable = "adopt-unreadable"
-	hookNoPidfd         = "no-pidfd"
 )
 
 // testHook stops task id's goroutine at point (testhook.Stop).

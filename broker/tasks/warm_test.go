@@ -2,8 +2,7 @@ package tasks
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
+	"maps"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -19,13 +18,14 @@ import (
 // the CPU queue, with a table that has a task waiting, as warmLocked sees
 // it on a scheduling pass. The tasks are in line order: the lease table's
 // line's, then s.cpuq's.
-func warmLine(tb testing.TB, n int) (*Room, []*Task) {
+func warmLine(tb testing.TB, n int) (*Room, *warmRunner, []*Task) {
 	tb.Helper()
 	table, err := lease.Open(lease.Config{Dir: tb.TempDir()})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := testRoom(tb, &policy.Config{}, table, nil)
+	run := &warmRunner{warm: map[*Task]bool{}}
+	s := testRoomWith(tb, &policy.Config{}, table, nil, run)
 	life := s.life
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -72,23 +72,40 @@ func warmLine(tb testing.TB, n int) (*Room, []*Task) {
 	if len(inLine) != len(tasks) {
 		tb.Fatalf("%d tasks in line, %d made", len(inLine), len(tasks))
 	}
-	return s, inLine
+	return s, run, inLine
 }
+
+// warmRunner is a runner that readies starts at once (Warm), as many as
+// it is asked to (the local runner's limit is its own: package local),
+// and records which tasks it readied.
+type warmRunner struct {
+	testRunner
+	warm map[*Task]bool
+}
+
+func (r *warmRunner) Warm(t *Task, spec func() *wire.Spec) (func(), bool) {
+	spec()
+	r.warm[t] = true
+	return func() {}, true
+}
+
+func (r *warmRunner) Warmed(t *Task) (bool, bool) { return r.warm[t], r.warm[t] }
+
+func (r *warmRunner) Unwarm(t *Task) { delete(r.warm, t) }
 
 // BenchmarkWarmLine is one scheduling pass's warmLocked over a line of
 // 10,000 waiters whose first tasks have their supervisors already: there
 // is nothing to do.
 func BenchmarkWarmLine(b *testing.B) {
-	s, all := warmLine(b, 10000)
+	s, run, all := warmLine(b, 10000)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Each pool's first task is warm already.
-	l := s.run.(*local)
 	seen := map[string]bool{}
 	for _, t := range all {
 		if !seen[t.w.Pool] {
 			seen[t.w.Pool] = true
-			l.warm[t] = &supervisor{ready: make(chan struct{})}
+			run.warm[t] = true
 		}
 	}
 	for b.Loop() {
@@ -96,25 +113,14 @@ func BenchmarkWarmLine(b *testing.B) {
 	}
 }
 
-// TestWarmFirstTaskOfEachPool: warmLocked starts a real supervisor for the
-// first unheld task of each pool, in both queues, and for no other; a
-// second pass starts nothing more.
+// TestWarmFirstTaskOfEachPool: warmLocked has the runner ready the start
+// of the first unheld task of each pool, in both queues, and of no other;
+// a second pass readies nothing more. (That the local runner's Warm starts
+// a real supervisor, ready and exiting having run nothing, is package
+// local's TestWarmStartsASupervisor.)
 func TestWarmFirstTaskOfEachPool(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, wire.SupervisorName)
-	build := exec.Command("go", "build", "-o", bin, "../../cmd/npurun-supervise")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the supervisor: %v\n%s", err, out)
-	}
-	sb, err := findSupervisor(filepath.Join(dir, "npubroker"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sb.f.Close() })
-	s, _ := warmLine(t, 0)
-	l := s.run.(*local)
-	l.supBin, l.unpriv = sb, true
+	s, run, _ := warmLine(t, 0)
 
 	s.mu.Lock()
 	tasks := map[string]*Task{}
@@ -149,29 +155,16 @@ func TestWarmFirstTaskOfEachPool(t *testing.T) {
 	add("secondC", true, 10, "cpu", true, false)
 	s.warmLocked()
 	s.warmLocked() // nothing more
-	warm := len(l.warm)
-	sups := map[*Task]*supervisor{}
-	for tk, sup := range l.warm {
-		sups[tk] = sup
-	}
+	warm := len(run.warm)
+	warmed := maps.Clone(run.warm)
 	s.mu.Unlock()
 
 	want := []string{"firstC", "firstI", "firstQ"}
 	var got []string
 	for name, tk := range tasks {
-		sup := sups[tk]
-		if sup == nil {
-			continue
+		if warmed[tk] {
+			got = append(got, name)
 		}
-		got = append(got, name)
-		<-sup.ready
-		if sup.err != nil || sup.pid <= 0 {
-			t.Errorf("%s: supervisor pid %d: %v", name, sup.pid, sup.err)
-		}
-		if sup.sock != nil {
-			sup.sock.Close() // it exits having run nothing
-		}
-		<-sup.exited
 	}
 	slices.Sort(got)
 	if !slices.Equal(got, want) || warm != len(want) {

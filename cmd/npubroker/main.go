@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker"
-	"github.com/npurun/npurun/broker/tasks"
+	"github.com/npurun/npurun/broker/tasks/local"
 	"github.com/npurun/npurun/cmd/npubroker/cli"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/npu"
@@ -138,7 +138,7 @@ func checkConfig(args []string) int {
 	if cfg.Slurm.Active() {
 		warnings = append(warnings, slurmWarnings(path, cfg, inv)...)
 	}
-	if err := tasks.CheckSupervisor(); err != nil {
+	if err := local.CheckSupervisor(); err != nil {
 		warnings = append(warnings, policy.Error{File: path, Key: "[tasks]", Msg: fmt.Sprintf("warning: %v: npubroker serve would serve leases but refuse tasks", err)})
 	}
 	if cfg.Restrict.Active() && devices != nil {

@@ -1,4 +1,4 @@
-package tasks
+package local
 
 import (
 	"encoding/json"
@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/broker/tasks/journal"
 	"github.com/npurun/npurun/internal/testhook"
 	"github.com/npurun/npurun/wire"
@@ -61,7 +62,7 @@ const MaxReady = maxWarm + maxIdle
 // task room's), but for what Open sets before any task runs.
 type local struct {
 	// Set by newLocal, never changed.
-	host   Host
+	host   tasks.Host
 	self   string // the broker's executable, beside which the supervisor program is looked for first
 	cgMode string // what was asked for: auto, off or a directory
 	log    *log.Logger
@@ -76,11 +77,11 @@ type local struct {
 	cgReady bool           // cg was set up (once the state directory is ours)
 	found   map[uint64]bool
 
-	warm map[*Task]*supervisor // supervisors started for tasks still waiting
-	idle idlePool              // idle supervisors, one per user at most (idle.go)
+	warm map[*tasks.Task]*supervisor // supervisors started for tasks still waiting
+	idle idlePool                    // idle supervisors, one per user at most (idle.go)
 }
 
-// localTask is what the local runner holds for a task (Task.run).
+// localTask is what the local runner holds for a task (tasks.Task.RunnerData).
 type localTask struct {
 	cgroup bool // its control group may exist (cgroup.go)
 	heard  bool // running: its supervisor spoke since its go-ahead (or was adopted), so it catches SIGTERM
@@ -89,21 +90,31 @@ type localTask struct {
 	exited <-chan struct{}
 }
 
-func newLocal(h Host, self, cgMode string, lg *log.Logger, boot string, unpriv bool) *local {
+// New makes the local runner of the room h: self is the broker's
+// executable, beside which the supervisor program is looked for first;
+// cgMode is where tasks' control groups go (auto, off or a directory).
+func New(h tasks.Host, self, cgMode string, lg *log.Logger) tasks.Runner {
+	return newLocal(h, self, cgMode, lg)
+}
+
+func newLocal(h tasks.Host, self, cgMode string, lg *log.Logger) *local {
+	if lg == nil {
+		lg = log.Default()
+	}
 	fs, err := procfs.NewFS("/proc")
 	if err != nil {
 		lg.Printf("read /proc: %v", err)
 	}
-	return &local{host: h, self: self, cgMode: cgMode, log: lg, boot: boot, unpriv: unpriv, proc: fs,
-		warm: map[*Task]*supervisor{}}
+	return &local{host: h, self: self, cgMode: cgMode, log: lg, boot: tasks.BootID(), unpriv: os.Geteuid() != 0, proc: fs,
+		warm: map[*tasks.Task]*supervisor{}}
 }
 
 // of is what l holds for t.
-func (l *local) of(t *Task) *localTask {
-	lt, _ := t.run.(*localTask)
+func (l *local) of(t *tasks.Task) *localTask {
+	lt, _ := t.RunnerData().(*localTask)
 	if lt == nil {
 		lt = &localTask{}
-		t.run = lt
+		t.SetRunnerData(lt)
 	}
 	return lt
 }
@@ -132,7 +143,7 @@ func (l *local) Open(dir string) error {
 		}
 		cg, err := setupCgroups(l.cgMode, owner, l.log)
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrFatal, err) // asked for by name, and cannot be had
+			return fmt.Errorf("%w: %w", tasks.ErrFatal, err) // asked for by name, and cannot be had
 		}
 		l.host.Lock()
 		l.cg, l.cgReady = cg, true
@@ -160,7 +171,7 @@ func (l *local) Open(dir string) error {
 // others: those of tasks that had ended, or that the journal forgot.
 // Nothing of them may run on. (Those of tasks found lost are killed and
 // reaped by their end, once: not here as well.)
-func (l *local) TakeUp(live []*Task) {
+func (l *local) TakeUp(live []*tasks.Task) {
 	known := make(map[uint64]bool, len(live))
 	for _, t := range live {
 		known[t.ID] = true
@@ -176,7 +187,7 @@ func (l *local) TakeUp(live []*Task) {
 
 // Adopt takes up a task that was running when the broker stopped: its
 // supervisor, if still there, reports to this broker.
-func (l *local) Adopt(t *Task) bool {
+func (l *local) Adopt(t *tasks.Task) bool {
 	if !adoptable(l.proc, t.PID, t.PIDStart, t.ID) {
 		return false
 	}
@@ -209,7 +220,7 @@ type supervisor struct {
 	gid  uint32
 	gids []uint32
 
-	t       *Task         // its task; nil while idle (the host's lock)
+	t       *tasks.Task   // its task; nil while idle (the host's lock)
 	started chan struct{} // idle: closed once its process exists (or failed: err)
 	expire  *time.Timer   // idle: lets it go after idleFor
 	group   uint64        // idle: its own control group, idle-N (0: none)
@@ -243,7 +254,7 @@ func closed(ch <-chan struct{}) bool {
 
 // Warm starts a supervisor for t, which waits, with its Spec: it opens
 // the log and finds the program while t waits.
-func (l *local) Warm(t *Task, spec func() *wire.Spec) (func(), bool) {
+func (l *local) Warm(t *tasks.Task, spec func() *wire.Spec) (func(), bool) {
 	if len(l.warm) >= maxWarm || l.idle.closed {
 		return nil, false
 	}
@@ -253,14 +264,14 @@ func (l *local) Warm(t *Task, spec func() *wire.Spec) (func(), bool) {
 }
 
 // Warmed tells whether t has a warm supervisor, and whether it is ready.
-func (l *local) Warmed(t *Task) (bool, bool) {
+func (l *local) Warmed(t *tasks.Task) (bool, bool) {
 	sup := l.warm[t]
 	return sup != nil, sup != nil && closed(sup.ready)
 }
 
 // Unwarm lets t's warm supervisor go: t will not start now (cancelled, or
 // failed in line). It exits having run nothing.
-func (l *local) Unwarm(t *Task) {
+func (l *local) Unwarm(t *tasks.Task) {
 	sup := l.warm[t]
 	if sup == nil {
 		return
@@ -275,7 +286,7 @@ func (l *local) Unwarm(t *Task) {
 }
 
 // Prepare takes t's warm supervisor, or starts one.
-func (l *local) Prepare(t *Task, spec func() *wire.Spec, fresh bool) func() (Proc, error) {
+func (l *local) Prepare(t *tasks.Task, spec func() *wire.Spec, fresh bool) func() (tasks.Proc, error) {
 	l.of(t).heard = false // not yet, from this supervisor
 	var sup *supervisor
 	if fresh {
@@ -287,7 +298,7 @@ func (l *local) Prepare(t *Task, spec func() *wire.Spec, fresh bool) func() (Pro
 	if sup == nil {
 		sup, run = l.spawnLocked(t, spec())
 	}
-	return func() (Proc, error) {
+	return func() (tasks.Proc, error) {
 		if run != nil {
 			run()
 		}
@@ -307,7 +318,7 @@ func (l *local) Prepare(t *Task, spec func() *wire.Spec, fresh bool) func() (Pro
 // one, else a new one. The function returned, run without the lock, gives
 // the idle one t's Spec or starts the new one, and closes its ready
 // channel.
-func (l *local) spawnLocked(t *Task, spec *wire.Spec) (*supervisor, func()) {
+func (l *local) spawnLocked(t *tasks.Task, spec *wire.Spec) (*supervisor, func()) {
 	acct := t.Account()
 	if l.cg != nil {
 		l.of(t).cgroup = true // from now on its end removes the group
@@ -338,30 +349,19 @@ func (l *local) spawnLocked(t *Task, spec *wire.Spec) (*supervisor, func()) {
 }
 
 // errUnknownUser is a submitter that the user database does not know;
-// errLookup, one it could not be asked about (that passes).
-var (
-	errUnknownUser = errors.New("is not in the user database now: its groups are unknown")
-	errLookup      = errors.New("the user database cannot be read now")
-)
-
-// errCgroup is a task's control group that cannot be made now: the task
-// waits rather than run outside it.
-var errCgroup = errors.New("no control group for the task")
-
-// errStartTime is a supervisor whose start time could not be read from
-// /proc (out of descriptors or memory): let go, and started again later.
-var errStartTime = errors.New("its start time cannot be read from /proc")
+// tasks.ErrLookup, one it could not be asked about (that passes).
+var errUnknownUser = errors.New("is not in the user database now: its groups are unknown")
 
 // startSupervisor starts a supervisor for t as the submitter, in t's
 // control group, and gives it its Spec.
-func (l *local) startSupervisor(t *Task, sup *supervisor, spec *wire.Spec, acct *Account) error {
+func (l *local) startSupervisor(t *tasks.Task, sup *supervisor, spec *wire.Spec, acct *tasks.Account) error {
 	sup.uid = t.UID
 	if !l.unpriv {
 		if acct == nil || !acct.Known {
 			acct = l.host.Lookup(t.UID)
 		}
-		if err := acct.unanswered(); err != nil {
-			return fmt.Errorf("look up uid %d: %w: %w", t.UID, errLookup, err)
+		if err := acct.Unanswered(); err != nil {
+			return fmt.Errorf("look up uid %d: %w: %w", t.UID, tasks.ErrLookup, err)
 		}
 		if !acct.Known {
 			return fmt.Errorf("uid %d %w", t.UID, errUnknownUser)
@@ -374,7 +374,7 @@ func (l *local) startSupervisor(t *Task, sup *supervisor, spec *wire.Spec, acct 
 		// the task runs outside it, not even for a moment.
 		fd, err := l.cg.open(t.ID)
 		if err != nil {
-			return fmt.Errorf("start supervisor: %w: %w", errCgroup, err)
+			return fmt.Errorf("start supervisor: %w: %w", tasks.ErrCgroup, err)
 		}
 		defer unix.Close(fd)
 		cgfd = fd
@@ -431,7 +431,7 @@ func (l *local) execSupervisor(sup *supervisor, id uint64, cgfd int) error {
 		sock.Close()
 		cmd.Process.Kill()
 		cmd.Wait()
-		return fmt.Errorf("start supervisor: %w", errStartTime)
+		return fmt.Errorf("start supervisor: %w", tasks.ErrStartTime)
 	}
 	sup.sock = sock
 	sup.pid, sup.start = cmd.Process.Pid, start
@@ -483,7 +483,7 @@ func (l *local) supervisorExited(sup *supervisor) {
 
 // Release tells a supervisor waiting for t's go-ahead that t will not
 // start under it.
-func (l *local) Release(t *Task, p Proc) { dropSupervisor(p.(*supervisor), t.ID) }
+func (l *local) Release(t *tasks.Task, p tasks.Proc) { dropSupervisor(p.(*supervisor), t.ID) }
 
 // dropSupervisor tells a supervisor waiting for task id's go-ahead that
 // the task will not start under it, and closes its socket: it exits having
@@ -530,7 +530,7 @@ func (l *local) dropWarm(d time.Duration) {
 // GoAhead sends the go-ahead with the lock descriptors. Closed without a
 // word on an error: the supervisor tells the broker that its task never
 // started (Room.NotStarted), and it goes back in line.
-func (l *local) GoAhead(t *Task, p Proc, goAhead *wire.Spec, fds []int) error {
+func (l *local) GoAhead(t *tasks.Task, p tasks.Proc, goAhead *wire.Spec, fds []int) error {
 	sup := p.(*supervisor)
 	b, err := json.Marshal(goAhead)
 	if err == nil {
@@ -545,11 +545,11 @@ func (l *local) GoAhead(t *Task, p Proc, goAhead *wire.Spec, fds []int) error {
 }
 
 // Gone tells whether p's supervisor has exited.
-func (l *local) Gone(p Proc) bool { return p.(*supervisor).gone() }
+func (l *local) Gone(p tasks.Proc) bool { return p.(*supervisor).gone() }
 
 // Unstarted: t's supervisor never got its go-ahead, and has not been
 // heard since one.
-func (l *local) Unstarted(t *Task) { l.of(t).heard = false }
+func (l *local) Unstarted(t *tasks.Task) { l.of(t).heard = false }
 
 // awaitStarted waits for a supervisor given its go-ahead to say that its
 // command has started (or for it to close its socket: it could not, or
@@ -579,7 +579,7 @@ func (l *local) awaitStarted(sup *supervisor) {
 // go-ahead gets the signal once it has (awaitStarted): one just started
 // may not catch SIGTERM yet, and would die of it, leaving its task lost
 // rather than cancelled.
-func (l *local) Stop(t *Task) {
+func (l *local) Stop(t *tasks.Task) {
 	if l.of(t).heard && (t.Boot == "" || t.Boot == l.boot) {
 		signalChecked(l.proc, t.PID, t.PIDStart, unix.SIGTERM)
 	}
@@ -588,7 +588,7 @@ func (l *local) Stop(t *Task) {
 // Kill kills what is left of a running task: everything in its control
 // group, or, without one, in its supervisor's session (with the lock
 // released during the /proc scan).
-func (l *local) Kill(t *Task) {
+func (l *local) Kill(t *tasks.Task) {
 	pid, start, uid := t.PID, t.PIDStart, t.UID
 	if t.Boot != "" && t.Boot != l.boot {
 		return // started in an earlier boot: nothing of it is left
@@ -608,7 +608,7 @@ func (l *local) Kill(t *Task) {
 }
 
 // Usage is what t's control group measured, if it has one.
-func (l *local) Usage(t *Task) (time.Duration, int64) {
+func (l *local) Usage(t *tasks.Task) (time.Duration, int64) {
 	if !l.of(t).cgroup {
 		return 0, 0
 	}
@@ -621,7 +621,7 @@ func (l *local) Usage(t *Task) (time.Duration, int64) {
 // its supervisor, which runs it now, in the group, for wire.NotifyFor
 // at most: the group is killed once the supervisor has exited, or after
 // that and notifySlack.
-func (l *local) Ended(t *Task) {
+func (l *local) Ended(t *tasks.Task) {
 	l.Unwarm(t)
 	lt := l.of(t)
 	if !lt.cgroup {

@@ -1,4 +1,4 @@
-package tasks
+package local
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/tasks"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -121,7 +122,7 @@ func (l *local) reapIdleLocked(sup *supervisor) {
 
 // takeIdleLocked takes the idle supervisor of t's user for t, if there is
 // one of the same account; one of another is let go.
-func (l *local) takeIdleLocked(t *Task) *supervisor {
+func (l *local) takeIdleLocked(t *tasks.Task) *supervisor {
 	sup := l.idle.m[t.UID]
 	if sup == nil {
 		return nil
@@ -163,7 +164,7 @@ func letGo(sup *supervisor) {
 
 // bindSupervisor gives an idle supervisor t: it is moved into t's control
 // group, then given t's Spec. On an error its socket is closed.
-func (l *local) bindSupervisor(t *Task, sup *supervisor, spec *wire.Spec) error {
+func (l *local) bindSupervisor(t *tasks.Task, sup *supervisor, spec *wire.Spec) error {
 	<-sup.started
 	if sup.err != nil {
 		return sup.err
@@ -187,7 +188,7 @@ func (l *local) bindSupervisor(t *Task, sup *supervisor, spec *wire.Spec) error 
 			return errIdleGone
 		case err != nil:
 			sup.sock.Close()
-			return fmt.Errorf("start supervisor: %w: %w", errCgroup, err)
+			return fmt.Errorf("start supervisor: %w: %w", tasks.ErrCgroup, err)
 		}
 	}
 	return sendSpec(sup, spec)

@@ -1,4 +1,4 @@
-package tasks
+package local
 
 import (
 	"bytes"
@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/npurun/npurun/policy"
 )
 
 func TestCgroup2Mount(t *testing.T) {
@@ -199,7 +197,7 @@ func TestReapGroup(t *testing.T) {
 	parent := testGroup(t)
 	d := filepath.Join(parent, "g")
 	var logged bytes.Buffer
-	s := New(Config{Policy: &policy.Config{}, Log: log.New(&logged, "", 0)}).run.(*local)
+	s := newLocal(&testHost{}, "", "", log.New(&logged, "", 0))
 
 	// Not ours: nothing is touched.
 	exited := startIn(t, d)
