@@ -310,6 +310,16 @@ func TestRevokeFailsClosed(t *testing.T) {
 	if named() {
 		t.Error("npu 0 was granted again with nobody's entry still on davinci0")
 	}
+	// The waiter's lease ended as its descriptors were closed: the broker
+	// puts a fresh lock file in locks/ as it takes the device back. Wait
+	// for that before the test's directories are removed, which failed
+	// once with "locks: directory not empty" (the file came meanwhile).
+	for deadline := time.Now().Add(10 * time.Second); s.status.States()[0] != wire.DeviceFree; {
+		if time.Now().After(deadline) {
+			t.Fatalf("npu 0 not free again 10s after its last lease ended: %s", s.status.States()[0])
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // TestGroupLookupFailsClosed: an account whose groups cannot be read (the
