@@ -256,18 +256,39 @@ func (d *Dockerd) Kill() {
 	d.t.Helper()
 	d.proc.cmd.Process.Signal(syscall.SIGKILL)
 	d.proc.wait()
-	// Its containerd dies with it (a parent-death signal), and is left a
-	// zombie of init, which this machine's init reaps only in a while;
-	// a dockerd started meanwhile finds its pid file, takes the zombie for
-	// a live containerd and waits for its socket in vain. Where init
-	// reaps at once (systemd, tini) the pid is free: so it is made here.
+	// Its containerd dies with it (a parent-death signal, delivered in its
+	// own time), and is left a zombie of init, which this machine's init
+	// reaps only in a while; a dockerd started meanwhile finds its pid
+	// file, takes the zombie (or the containerd still on its way out) for
+	// a live containerd and waits for its socket in vain. Where init reaps
+	// at once (systemd, tini) the pid is free: so it is made here, once
+	// containerd has exited (its pidfd readable), not before: removing the
+	// file only where it was a zombie already failed CI once.
 	pidFile := filepath.Join(d.Dir, "exec", "containerd", "containerd.pid")
-	if data, err := os.ReadFile(pidFile); err == nil {
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
-		if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Contains(string(stat), ") Z ") {
-			os.Remove(pidFile)
-		}
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		return
 	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return
+	}
+	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(fds, int(eventTimeout.Milliseconds()))
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || n == 0 {
+				unix.Close(fd)
+				d.t.Fatalf("containerd (pid %d) still runs %s after its dockerd was killed", pid, eventTimeout)
+			}
+			break
+		}
+		unix.Close(fd)
+	}
+	os.Remove(pidFile)
 }
 
 // Docker is a docker command for this dockerd.
