@@ -167,7 +167,7 @@ need_cgo = if [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
 $(BUILDDIR)/npubroker: $(SOURCES)
 	@mkdir -p $(BUILDDIR)
 	@$(call need_cgo,npubroker)
-	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS) -X main.version=$(VERSION) -X github.com/npurun/npurun/broker/tasks.InstalledSupervisor=$(SUPERVISOR)" -o $@ ./cmd/npubroker
+	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS) -X main.version=$(VERSION) -X github.com/npurun/npurun/broker/tasks/local.InstalledSupervisor=$(SUPERVISOR)" -o $@ ./cmd/npubroker
 
 # The OCI runtime that hands a lease into a container: a small C program
 # that an engine runs for every step of a container (create, start, state,
