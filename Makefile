@@ -277,7 +277,8 @@ $(BUILDDIR)/completion/fish/%.fish: $(BUILDDIR)/%
 $(BUILDDIR)/completion/bash/npurun $(BUILDDIR)/completion/zsh/_npurun $(BUILDDIR)/completion/fish/npurun.fish: $(BUILDDIR)/task-submit
 
 # The whole suite: unit tests under the race detector, then the end-to-end
-# tests of the built binaries. As root with CI=true, tests that need root
+# tests of the built binaries (tests/..., one package at a time: they
+# share the machine's users, cgroups and daemons). As root with CI=true, tests that need root
 # (other users, the PAM stack) must run: a skip is a failure there.
 # The output is each package's verdict ("ok", "FAIL"), every skipped test
 # with its reason and every failed test's whole output. Without the PAM
@@ -291,14 +292,16 @@ test:
 	@if $(pam_headers); then echo "$(GO) vet -tags pamhelper ./tests/pamhelper"; $(GO) vet -tags pamhelper ./tests/pamhelper; \
 	else echo "no PAM headers (libpam0g-dev): the PAM tests skip, and tests/pamhelper is not vetted"; fi
 	$(GO) build -o $(BUILDDIR)/.testsummary ./tests/testsummary
-	$(GO) test -race -count=1 -timeout 20m -json ./... 2>&1 | $(BUILDDIR)/.testsummary
+	{ $(GO) test -race -count=1 -timeout 20m -json $$($(GO) list ./... | grep -v '/tests/'); unit=$$?; \
+	  $(GO) test -race -count=1 -timeout 20m -json -p 1 ./tests/...; e2e=$$?; \
+	  exit $$((unit | e2e)); } 2>&1 | $(BUILDDIR)/.testsummary
 
 # The demo needs no PAM module (nor its headers).
 demo: $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise
 	@bash tests/demo.sh $(BUILDDIR)
 
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m ./tests/ ./broker/lease/
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m -p 1 ./tests/bench/ ./broker/lease/
 
 man:
 	@ls man/*.[0-9]
@@ -378,7 +381,7 @@ clean:
 # not, else all but .git and $(BUILDDIR)) with the vendored modules, offline.
 # Needs dpkg-dev and debhelper (and this Makefile's Go and C compiler).
 # make deb-test installs, upgrades and purges them on this machine, in a
-# mount namespace of its own (tests/deb_test.go); as root, for CI.
+# mount namespace of its own (tests/packaging/deb_test.go); as root, for CI.
 DEBDIR      ?= $(BUILDDIR)/deb
 VENDORDIR   ?= $(BUILDDIR)/vendor
 DEB_BASE     = $(shell head -n 1 debian/changelog | cut -d ' ' -f 2 | tr -d '()')
@@ -413,4 +416,4 @@ deb: $(VENDORDIR)/modules.txt
 	@ls -l $(DEBDIR)/*_$(DEB_VERSION)_*.deb
 
 deb-test:
-	$(GO) test -tags debtest -count=1 -v -timeout 60m -run '^TestDebPackages$$' ./tests/
+	$(GO) test -tags debtest -count=1 -v -timeout 60m -run '^TestDebPackages$$' ./tests/packaging/

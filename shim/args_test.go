@@ -81,7 +81,7 @@ func TestParseArgsRefuses(t *testing.T) {
 
 // TestUsage: --help, its list of options written from the table that
 // parses them, reads as it did when it was written out by hand (the man
-// page's SYNOPSIS follows the usage lines; tests/man_test.go).
+// page's SYNOPSIS follows the usage lines; tests/docs/man_test.go).
 func TestUsage(t *testing.T) {
 	want := `Usage:
   npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]

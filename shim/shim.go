@@ -1,6 +1,6 @@
 // Package shim is what npurun does: find or ask for a lease, set the device
 // variables and become the command. It sits in front of every job, so its
-// imports stay lean (tests/lean_test.go: no encoding/json, no net) and it
+// imports stay lean (tests/e2e/cli/lean_test.go: no encoding/json, no net) and it
 // must never import the daemon (broker/...).
 package shim
 

@@ -66,7 +66,7 @@ func (p *SessionPolicy) Marshal() []byte {
 
 // ParseSessionPolicy reads the file's contents. pam_npurun.c's
 // restricted_down reads it the same way, and the same files are run through
-// both (tests/e2e_pam_rule_test.go): lines split at '\n', fields at ASCII
+// both (tests/e2e/access/e2e_pam_rule_test.go): lines split at '\n', fields at ASCII
 // blanks (space, \t, \r, \v, \f); a line blank or starting with '#' (after
 // blanks) is skipped; "on_broker_down hide|deny" (the last one counts), "user
 // NAME ID" and "group NAME ID" with ID decimal digits within 32 bits or "-",
@@ -203,7 +203,7 @@ func Self() Identity {
 
 // Restricts tells whether the file restricts account a while no broker
 // answers. The rule, pam_npurun.c's restricted_down's too (the same table
-// runs through both: tests/e2e_pam_rule_test.go):
+// runs through both: tests/e2e/access/e2e_pam_rule_test.go):
 //
 //   - root (uid 0) never is restricted;
 //   - a "user NAME ID" line restricts the account whose uid is ID, and the

@@ -1,7 +1,7 @@
 package lease
 
 // BenchmarkPlanMakespan replays BenchmarkShares's workloads (tests/
-// bench_share_test.go: the same 40 jobs, the same seed) through Plan in
+// tests/bench/bench_share_test.go: the same 40 jobs, the same seed) through Plan in
 // simulated time: no processes, no broker, each job's run time known to
 // the simulation only. It shows what the line's rules themselves give, and
 // what a schedule that knew every run time in advance could give, so that

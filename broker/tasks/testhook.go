@@ -8,7 +8,7 @@ import (
 )
 
 // Points where a broker stops for a test that must kill it inside a
-// window too narrow to hit by chance (tests/e2e_task_faults_test.go),
+// window too narrow to hit by chance (tests/e2e/tasks/e2e_task_faults_test.go),
 // named by NPUBROKER_TEST_HOOK (internal/testhook).
 const (
 	// hookBeforeGoAhead: a task's start is recorded and its go-ahead not

@@ -6,7 +6,7 @@ package completion
 
 import "strings"
 
-// It is imported by npurun, whose import graph tests/lean_test.go keeps
+// It is imported by npurun, whose import graph tests/e2e/cli/lean_test.go keeps
 // small, and whose start-up is measured: the standard library's strings
 // only, and nothing computed at package initialisation. A script is
 // written only when one is asked for (npurun --completion bash).

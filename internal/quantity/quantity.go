@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// It is imported by npurun, whose import graph tests/lean_test.go keeps
+// It is imported by npurun, whose import graph tests/e2e/cli/lean_test.go keeps
 // small: the standard library's strconv, strings, errors and time only.
 
 // Day and Week are the units beyond Go's hours.

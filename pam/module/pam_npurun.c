@@ -386,7 +386,7 @@ static long long policy_id(const char *s)
  * ids of digits within 32 bits or "-"; anything else, a NUL byte or no
  * on_broker_down line, and there is no file to go by), and the rule is
  * client.SessionPolicy.Restricts's; the same table of accounts and files
- * runs through both (tests/e2e_pam_rule_test.go). The account is the user
+ * runs through both (tests/e2e/access/e2e_pam_rule_test.go). The account is the user
  * database's for user: its uid, name and groups (getgrouplist). Root (uid 0)
  * never is restricted; "user NAME ID" restricts uid ID and the account named
  * NAME; "group NAME ID" restricts the members of group ID, or with ID "-",

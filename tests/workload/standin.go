@@ -14,7 +14,7 @@ import (
 
 // standIn is the workload run under another name (a link named python,
 // torchrun, make or bench.sh): a stand-in for a user's program in the
-// documents' examples (tests/docs_test.go), whose command line /proc shows
+// documents' examples (tests/docs/docs_test.go), whose command line /proc shows
 // as the example's ("python train.py"). It says nothing and exits 0, unless
 // NPURUN_STANDIN says otherwise:
 //
@@ -52,7 +52,7 @@ func standIn() {
 }
 
 // standInNames are the names the documents' examples run the workload
-// under (tests/docs_test.go links them). Other copies of it (a set-user-ID
+// under (tests/docs/docs_test.go links them). Other copies of it (a set-user-ID
 // copy, a supervisor's stand-in) are the workload itself.
 var standInNames = map[string]bool{"python": true, "torchrun": true, "make": true, "bench.sh": true}
 

@@ -1,7 +1,7 @@
 package local
 
 // Faults a test makes the local runner meet at a point too narrow to hit
-// by chance (tests/e2e_task_faults_test.go), named by
+// by chance (tests/e2e/tasks/e2e_task_faults_test.go), named by
 // NPUBROKER_TEST_HOOK (internal/testhook: testhook.Fails).
 const (
 	// hookNoStartTime, a fault rather than a stop (testhook.Fails): the
