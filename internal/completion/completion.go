@@ -1,7 +1,10 @@
-// Package completion writes the bash, zsh and fish completion scripts of a
-// command from the table of options that parses its command line. It
-// imports only the standard library and must never keep a second list of
-// options.
+// Package completion owns the one type of a table of options (Option),
+// which each program's parser is made from (task-submit's flag sets,
+// npubroker's pflag sets) or held to by test (npurun's hand parser), its
+// --help lists, and its completion script is written from; and it writes
+// the bash, zsh and fish scripts. It imports only the standard library,
+// never parses a command line itself, and must never keep a second list
+// of options.
 package completion
 
 import "strings"
