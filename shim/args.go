@@ -44,8 +44,13 @@ Options:
 `
 
 // options are npurun's options: the parser below, the --help text and the
-// completion scripts (npurun --completion SHELL) all read this table. It
-// is laid out by the compiler: nothing of it is computed at start-up.
+// completion scripts (npurun --completion SHELL) all read this table.
+// The parser is by hand, but TestParserIsTable holds it to the table:
+// every option that set handles is in it, every one in it is handled,
+// and its value is read where the table says it has one. It is laid out
+// by the compiler: nothing of it is computed at start-up (-h, --help and
+// --completion are written out, as completion.HelpOption and
+// CompletionOption are, TestSharedOptions says).
 var options = []completion.Option{
 	{Short: 'n', Long: "devices", Value: "N", Help: "number of devices (default 1)"},
 	{Short: 'd', Long: "device", Value: "LIST", Many: true, Complete: completion.Devices,

@@ -8,9 +8,9 @@ import (
 )
 
 // TestCompletionOptions: the completion scripts see each command's options
-// as its flag set parses them: serve's from its flag set, status's and
-// usage's read from their --help (their flag sets live in cmd/npubroker/cli),
-// with what completes each value.
+// as its flag set parses them, from the same table (serveOptions,
+// checkConfigOptions, cli.StatusOptions ...), with what completes each
+// value.
 func TestCompletionOptions(t *testing.T) {
 	type opt struct {
 		short    byte

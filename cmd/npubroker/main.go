@@ -18,6 +18,7 @@ import (
 	"github.com/npurun/npurun/broker"
 	"github.com/npurun/npurun/broker/tasks/local"
 	"github.com/npurun/npurun/cmd/npubroker/cli"
+	"github.com/npurun/npurun/internal/completion"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/policy"
@@ -99,12 +100,18 @@ refuses (a change that needs a restart, named), by the broker's own
 checks.
 `
 
+// checkConfigOptions are check-config's options.
+var checkConfigOptions = []completion.Option{
+	{Long: "socket", Value: "PATH", Complete: completion.Files,
+		Help:    "the socket of the broker whose reload to check the file against, where one runs (default $NPURUN_SOCKET, or " + wire.DefaultSocket + ")",
+		Summary: "the socket of the broker whose reload to check the file against"},
+}
+
 func checkConfig(args []string) int {
-	fs := pflag.NewFlagSet("npubroker check-config", pflag.ContinueOnError)
+	fs := cli.NewFlags("npubroker check-config", checkConfigOptions)
 	fs.Usage = func() {
 		fmt.Fprint(os.Stderr, usage, "\n", checkConfigHelp)
 	}
-	socket := fs.String("socket", "", "the socket of the broker whose reload to check the file against, where one runs (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return exitcode.OK
@@ -146,7 +153,7 @@ func checkConfig(args []string) int {
 		warnings = append(warnings, cfg.RestrictWarnings(groups, open, npu.Member, npu.Members)...)
 	}
 	warnings = append(warnings, cfg.EngineWarnings(npu.EngineGroups(npu.EngineSockets), npu.Member, npu.Members)...)
-	if w, ok := reloadWarning(path, *socket); ok {
+	if w, ok := reloadWarning(path, fs.String("socket")); ok {
 		warnings = append(warnings, w)
 	}
 	for _, w := range warnings {
@@ -199,32 +206,26 @@ func accountExists(kind, name string) bool {
 	return err == nil
 }
 
-// serveOptions are serve's options, as serveFlags parses them.
-type serveOptions struct {
-	config, runDir, socket, stateDir, cgroup, logTo *string
+// serveOptions are serve's options, in the order of its --help.
+var serveOptions = []completion.Option{
+	{Long: "cgroup", Value: "DIR", Complete: completion.Dirs, Words: []string{"auto", "off"},
+		Help: "where tasks' control groups go: a cgroup v2 directory, auto or off (default the config's [tasks] cgroup, auto)"},
+	{Long: "config", Value: "FILE", Complete: completion.Files, Default: broker.DefaultConfig, Help: "configuration file"},
+	{Long: "log", Value: "WHERE", Words: []string{broker.LogAuto, broker.LogStderr, broker.LogSyslog}, Default: broker.LogAuto,
+		Help: "where the log goes: stderr, syslog (/dev/log), or auto: standard error, unless it goes nowhere (closed, /dev/null), then the system log"},
+	{Long: "run-dir", Value: "DIR", Complete: completion.Dirs, Default: broker.DefaultRunDir,
+		Help: "directory of the lock files (RUN-DIR/locks) and, by default, the socket"},
+	{Long: "socket", Value: "PATH", Complete: completion.Files, Help: "socket to listen on (default RUN-DIR/broker.sock)"},
+	{Long: "state-dir", Value: "DIR", Complete: completion.Dirs,
+		Help: "task spool (default the config's [tasks] state_dir, /var/spool/npurun; RUN-DIR/spool when not root)"},
 }
 
-// serveFlags are serve's options: the parser and the completion scripts
-// read them.
-func serveFlags() (*pflag.FlagSet, *serveOptions) {
-	fs := pflag.NewFlagSet("npubroker serve", pflag.ContinueOnError)
+func serve(args []string) int {
+	fs := cli.NewFlags("npubroker serve", serveOptions)
 	fs.Usage = func() {
 		fmt.Fprint(os.Stderr, usage, "\nOptions of serve:\n")
 		fs.PrintDefaults()
 	}
-	return fs, &serveOptions{
-		config:   fs.String("config", broker.DefaultConfig, "configuration file"),
-		runDir:   fs.String("run-dir", broker.DefaultRunDir, "directory of the lock files (RUN-DIR/locks) and, by default, the socket"),
-		socket:   fs.String("socket", "", "socket to listen on (default RUN-DIR/broker.sock)"),
-		stateDir: fs.String("state-dir", "", "task spool (default the config's [tasks] state_dir, /var/spool/npurun; RUN-DIR/spool when not root)"),
-		cgroup:   fs.String("cgroup", "", "where tasks' control groups go: a cgroup v2 directory, auto or off (default the config's [tasks] cgroup, auto)"),
-		logTo:    fs.String("log", broker.LogAuto, "where the log goes: stderr, syslog (/dev/log), or auto: standard error, unless it goes nowhere (closed, /dev/null), then the system log"),
-	}
-}
-
-func serve(args []string) int {
-	fs, so := serveFlags()
-	config, runDir, socket, stateDir, cgroup, logTo := so.config, so.runDir, so.socket, so.stateDir, so.cgroup, so.logTo
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return exitcode.OK
@@ -232,16 +233,18 @@ func serve(args []string) int {
 		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
 		return exitcode.Usage
 	}
+	config, runDir, socket := fs.String("config"), fs.String("run-dir"), fs.String("socket")
+	stateDir, cgroup, logTo := fs.String("state-dir"), fs.String("cgroup"), fs.String("log")
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "npubroker: serve takes no arguments, got %q\n", fs.Arg(0))
 		return exitcode.Usage
 	}
-	if *socket == "" {
-		*socket = filepath.Join(*runDir, "broker.sock")
+	if socket == "" {
+		socket = filepath.Join(runDir, "broker.sock")
 	}
 	// Supervisors run in "/" and are told the socket's path: every path is
 	// made absolute here, once, against the directory the broker starts in.
-	for _, p := range []*string{runDir, socket, stateDir, config} {
+	for _, p := range []*string{&runDir, &socket, &stateDir, &config} {
 		if *p == "" {
 			continue
 		}
@@ -252,23 +255,23 @@ func serve(args []string) int {
 		}
 		*p = abs
 	}
-	if c := *cgroup; c != "" && c != "auto" && c != "off" && !filepath.IsAbs(c) {
+	if c := cgroup; c != "" && c != "auto" && c != "off" && !filepath.IsAbs(c) {
 		fmt.Fprintf(os.Stderr, "npubroker: --cgroup takes an absolute directory, auto or off, not %q\n", c)
 		return exitcode.Usage
 	}
 	// Whatever descriptors the broker inherited (from a root shell, say)
 	// must not reach the supervisors it starts as other users.
 	unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
-	if l := *logTo; l != broker.LogAuto && l != broker.LogStderr && l != broker.LogSyslog {
+	if l := logTo; l != broker.LogAuto && l != broker.LogStderr && l != broker.LogSyslog {
 		fmt.Fprintf(os.Stderr, "npubroker: --log takes auto, stderr or syslog, not %q\n", l)
 		return exitcode.Usage
 	}
-	lg, _, err := broker.NewLog(*logTo)
+	lg, _, err := broker.NewLog(logTo)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
 		return exitcode.Failure
 	}
-	cfg, inv, err := broker.LoadConfig(*config) // check-config's and reload's validation
+	cfg, inv, err := broker.LoadConfig(config) // check-config's and reload's validation
 	if err != nil {
 		if perrs := (*policy.Errors)(nil); errors.As(err, &perrs) {
 			for _, e := range *perrs { // one line each: the log takes no newline inside a line
@@ -280,19 +283,19 @@ func serve(args []string) int {
 		return exitcode.Failure
 	}
 	if cfg.Slurm.Active() {
-		for _, w := range slurmWarnings(*config, cfg, inv) { // as check-config says them
+		for _, w := range slurmWarnings(config, cfg, inv) { // as check-config says them
 			lg.Print(w.Error())
 		}
 	}
-	if *stateDir == "" && os.Geteuid() != 0 && cfg.Tasks.StateDir == policy.DefaultStateDir {
-		*stateDir = filepath.Join(*runDir, "spool")
+	if stateDir == "" && os.Geteuid() != 0 && cfg.Tasks.StateDir == policy.DefaultStateDir {
+		stateDir = filepath.Join(runDir, "spool")
 	}
 	// One broker per run directory and per state directory, for life.
-	if err := os.MkdirAll(*runDir, 0o755); err != nil {
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
 		lg.Print(err)
 		return exitcode.Failure
 	}
-	runClaim, err := broker.Claim(*runDir)
+	runClaim, err := broker.Claim(runDir)
 	if err != nil {
 		lg.Print(err)
 		return exitcode.Failure
@@ -308,16 +311,16 @@ func serve(args []string) int {
 	defer devClaims.Close()
 	ln, err := broker.Activated()
 	if err == nil && ln == nil {
-		ln, err = broker.Listen(*socket)
+		ln, err = broker.Listen(socket)
 	}
 	if err != nil {
 		lg.Print(err)
 		return exitcode.Failure
 	}
-	if addr := ln.Addr().String(); filepath.Dir(addr) != filepath.Clean(*runDir) {
-		lg.Printf("warning: socket %s is not in the run directory %s: a nested npurun looks for the lock files beside the socket, so it will not recognise its parent's lease", addr, *runDir)
+	if addr := ln.Addr().String(); filepath.Dir(addr) != filepath.Clean(runDir) {
+		lg.Printf("warning: socket %s is not in the run directory %s: a nested npurun looks for the lock files beside the socket, so it will not recognise its parent's lease", addr, runDir)
 	}
-	s, err := broker.New(broker.Options{Config: cfg, ConfigPath: *config, Inventory: inv, RunDir: *runDir, StateDir: *stateDir, Socket: ln.Addr().String(), Cgroup: *cgroup, Log: lg})
+	s, err := broker.New(broker.Options{Config: cfg, ConfigPath: config, Inventory: inv, RunDir: runDir, StateDir: stateDir, Socket: ln.Addr().String(), Cgroup: cgroup, Log: lg})
 	if err != nil {
 		ln.Close()
 		lg.Print(err)

@@ -1,7 +1,10 @@
-// Package completion writes the bash, zsh and fish completion scripts of a
-// command from the table of options that parses its command line. It
-// imports only the standard library and must never keep a second list of
-// options.
+// Package completion owns the one type of a table of options (Option),
+// which each program's parser is made from (task-submit's flag sets,
+// npubroker's pflag sets) or held to by test (npurun's hand parser), its
+// --help lists, and its completion script is written from; and it writes
+// the bash, zsh and fish scripts. It imports only the standard library,
+// never parses a command line itself, and must never keep a second list
+// of options.
 package completion
 
 import "strings"
@@ -61,13 +64,24 @@ func ParseQuery(name string) (Kind, bool) {
 // path (./bin/npurun), else in PATH.
 const QueryCommand = "task-submit"
 
-// Option is one option of a command line.
+// Option is one entry of a command's table of options: the one table
+// from which its parser is made (npurun's by hand, task-submit's own flag
+// set, npubroker's pflag sets), its --help lists the options, and its
+// completion script is written. A command keeps no second list of its
+// options beside its table.
 type Option struct {
 	Short byte   // one letter, or 0
 	Long  string // without the dashes
 	Value string // the name of its value (N, POOL, FILE); "" for a switch
 	Help  string // one line, or lines separated by "\n"
-	Many  bool   // may be given more than once
+	// Default is the value of an option not given, for a parser that
+	// keeps and prints it (npubroker's pflag sets: their --help says it
+	// after Help); "" for none, or where Help says it.
+	Default string
+	// Summary is what the completion scripts show of the option where it
+	// is not Help on one line; "" for Help.
+	Summary string
+	Many    bool // may be given more than once
 	// Hidden options are parsed, and neither listed by Help nor offered
 	// by the scripts (npurun --completion: the man page tells of it).
 	Hidden bool
@@ -75,6 +89,14 @@ type Option struct {
 	Complete Kind
 	Words    []string
 }
+
+// HelpOption is -h, --help, as every command takes it.
+var HelpOption = Option{Short: 'h', Long: "help", Help: "print this help and exit"}
+
+// CompletionOption is --completion SHELL, as every command takes it: it
+// prints the command's script for SHELL, one of Shells.
+var CompletionOption = Option{Long: "completion", Value: "SHELL", Hidden: true, Words: Shells,
+	Help: "print the completion script for bash, zsh or fish and exit"}
 
 // Subcommand is a command word with options and arguments of its own
 // (task-submit list, npubroker status).
@@ -167,8 +189,11 @@ func (o *Option) names() []string {
 	return n
 }
 
-// oneLine is an option's help on one line.
+// oneLine is an option's help on one line, as the scripts show it.
 func (o *Option) oneLine() string {
+	if o.Summary != "" {
+		return o.Summary
+	}
 	return strings.Join(strings.Fields(o.Help), " ")
 }
 

@@ -145,3 +145,21 @@ printf '%s\n' "${COMPREPLY[@]}"
 		}
 	}
 }
+
+// TestSummary: the scripts that show an option's help show its Summary
+// where it has one, else its Help on one line; --help lists Help.
+func TestSummary(t *testing.T) {
+	c := &Command{Name: "prog", Options: []Option{
+		{Long: "socket", Value: "PATH", Help: "the long\nhelp", Summary: "short"},
+		{Long: "all", Help: "every\none"},
+	}}
+	for _, sh := range []string{"zsh", "fish"} {
+		s, _ := Script(sh, c)
+		if !strings.Contains(s, "short") || strings.Contains(s, "the long") || !strings.Contains(s, "every one") {
+			t.Errorf("%s script:\n%s", sh, s)
+		}
+	}
+	if h := Help(c.Options, 2); !strings.Contains(h, "the long") || strings.Contains(h, "short") {
+		t.Errorf("Help:\n%s", h)
+	}
+}

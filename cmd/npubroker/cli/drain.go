@@ -44,18 +44,16 @@ func Drain(args []string, env Env) int { return drainCmd("drain", args, env) }
 func Undrain(args []string, env Env) int { return drainCmd("undrain", args, env) }
 
 func drainCmd(op string, args []string, env Env) int {
-	fs := pflag.NewFlagSet("npubroker "+op, pflag.ContinueOnError)
+	table := UndrainOptions
+	if op == "drain" {
+		table = DrainOptions
+	}
+	fs := NewFlags("npubroker "+op, table)
 	fs.SetOutput(env.Stderr)
 	fs.Usage = func() {
 		fmt.Fprint(env.Stderr, drainHelp)
 		fs.PrintDefaults()
 	}
-	var reason *string
-	if op == "drain" {
-		reason = fs.String("reason", "", "why, shown in status and to the requests that wait for it")
-	}
-	asJSON := fs.Bool("json", false, "print the broker's answer as JSON")
-	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return exitcode.OK
@@ -63,6 +61,7 @@ func drainCmd(op string, args []string, env Env) int {
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
 		return exitcode.Usage
 	}
+	asJSON, socket := fs.Bool("json"), fs.String("socket")
 	if fs.NArg() != 1 {
 		fmt.Fprintf(env.Stderr, "npubroker: %s takes one device, such as npu3, got %d arguments\n", op, fs.NArg())
 		return exitcode.Usage
@@ -70,17 +69,17 @@ func drainCmd(op string, args []string, env Env) int {
 	ask := func(c *wire.Conn) (*wire.DrainInfo, error) {
 		defer c.Close()
 		if op == "drain" {
-			return c.Drain(fs.Arg(0), *reason)
+			return c.Drain(fs.Arg(0), fs.String("reason"))
 		}
 		return c.Undrain(fs.Arg(0))
 	}
-	c, code := dial(*socket, env)
+	c, code := dial(socket, env)
 	if c == nil {
 		return code
 	}
 	info, err := ask(c)
 	if wire.Gone(err) {
-		info, err = askAgain(env, socketPath(*socket, env), op, ask, err)
+		info, err = askAgain(env, socketPath(socket, env), op, ask, err)
 		if errors.Is(err, wire.ErrNoBroker) {
 			fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
 			return exitcode.Unavailable
@@ -89,7 +88,7 @@ func drainCmd(op string, args []string, env Env) int {
 	if err != nil {
 		return fail(env, err)
 	}
-	if *asJSON {
+	if asJSON {
 		return writeJSON(env, info, true)
 	}
 	writeDrain(env.Stdout, op, info)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
-	"github.com/npurun/npurun/wire"
 )
 
 // ReloadUsage is reload's line of npubroker's usage.
@@ -36,14 +35,12 @@ Options:
 
 // Reload runs npubroker reload ARGS and returns its exit status.
 func Reload(args []string, env Env) int {
-	fs := pflag.NewFlagSet("npubroker reload", pflag.ContinueOnError)
+	fs := NewFlags("npubroker reload", ReloadOptions)
 	fs.SetOutput(env.Stderr)
 	fs.Usage = func() {
 		fmt.Fprint(env.Stderr, reloadHelp)
 		fs.PrintDefaults()
 	}
-	asJSON := fs.Bool("json", false, "print the broker's answer as JSON")
-	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return exitcode.OK
@@ -55,7 +52,8 @@ func Reload(args []string, env Env) int {
 		fmt.Fprintf(env.Stderr, "npubroker: reload takes no arguments, got %q\n", fs.Arg(0))
 		return exitcode.Usage
 	}
-	c, code := dial(*socket, env)
+	asJSON, socket := fs.Bool("json"), fs.String("socket")
+	c, code := dial(socket, env)
 	if c == nil {
 		return code
 	}
@@ -64,7 +62,7 @@ func Reload(args []string, env Env) int {
 	if err != nil {
 		return fail(env, err)
 	}
-	if *asJSON {
+	if asJSON {
 		return writeJSON(env, info, true)
 	}
 	changed := "nothing changed"

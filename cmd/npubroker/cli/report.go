@@ -1,7 +1,9 @@
-// Package cli is npubroker's status and usage commands: it asks the broker
-// over the wire and writes its answer as a table or as JSON. It is client
-// code: it must never import the daemon (broker/...), and the daemon never
-// imports it.
+// Package cli is npubroker's commands for clients (status, usage, drain,
+// undrain, reload): it asks the broker over the wire and writes its answer
+// as a table or as JSON. It also makes every npubroker command's flag set
+// from that command's table of options (NewFlags), the table its
+// completion script is written from. It is client code: it must never
+// import the daemon (broker/...), and the daemon never imports it.
 package cli
 
 import (
@@ -65,30 +67,28 @@ func OSEnv() Env { return Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.G
 
 // Status runs `npubroker status ARGS` and returns its exit status.
 func Status(args []string, env Env) int {
-	fs := pflag.NewFlagSet("npubroker status", pflag.ContinueOnError)
+	fs := NewFlags("npubroker status", StatusOptions)
 	fs.SetOutput(env.Stderr)
 	fs.Usage = func() {
 		fmt.Fprint(env.Stderr, statusHelp)
 		fs.PrintDefaults()
 	}
-	asJSON := fs.Bool("json", false, "print the broker's answer as JSON (one object per line with --watch)")
-	watch := fs.BoolP("watch", "w", false, "print again whenever something changes, until interrupted")
-	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
 	if code, done := parse(fs, args, env); done {
 		return code
 	}
-	c, code := dial(*socket, env)
+	asJSON, watch, socket := fs.Bool("json"), fs.Bool("watch"), fs.String("socket")
+	c, code := dial(socket, env)
 	if c == nil {
 		return code
 	}
 	defer c.Close()
 	width := termWidth(env)
-	if !*watch {
+	if !watch {
 		b, err := c.Status()
 		if err != nil {
 			return fail(env, err)
 		}
-		if *asJSON {
+		if asJSON {
 			return writeJSON(env, b, true)
 		}
 		io.WriteString(env.Stdout, Table(b, width, time.UnixMilli(b.Time)))
@@ -104,7 +104,7 @@ func Status(args []string, env Env) int {
 			return fail(env, err)
 		}
 		switch {
-		case *asJSON:
+		case asJSON:
 			if code := writeJSON(env, b, false); code != exitcode.OK {
 				return code
 			}
@@ -125,31 +125,28 @@ const DefaultUsageSince = "7d"
 
 // Usage runs `npubroker usage ARGS` and returns its exit status.
 func Usage(args []string, env Env) int {
-	fs := pflag.NewFlagSet("npubroker usage", pflag.ContinueOnError)
+	fs := NewFlags("npubroker usage", UsageOptions)
 	fs.SetOutput(env.Stderr)
 	fs.Usage = func() {
 		fmt.Fprint(env.Stderr, usageHelp)
 		fs.PrintDefaults()
 	}
-	sinceText := fs.String("since", DefaultUsageSince, "how far back to count: a duration such as 7d, 24h or 90m")
-	user := fs.String("user", "", "only this user's leases")
-	asJSON := fs.Bool("json", false, "print the sums as JSON")
-	socket := fs.String("socket", "", "the broker's socket (default $NPURUN_SOCKET, or "+wire.DefaultSocket+")")
 	if code, done := parse(fs, args, env); done {
 		return code
 	}
-	since, err := ParseSince(*sinceText)
+	user, asJSON, socket := fs.String("user"), fs.Bool("json"), fs.String("socket")
+	since, err := ParseSince(fs.String("since"))
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
 		fmt.Fprintf(env.Stderr, "npubroker: hint: --since takes %s\n", quantity.DurationHelp)
 		return exitcode.Usage
 	}
-	c, code := dial(*socket, env)
+	c, code := dial(socket, env)
 	if c == nil {
 		return code
 	}
 	defer c.Close()
-	rep, err := c.Usage(wire.UsageQuery{SinceMS: time.Now().Add(-since).UnixMilli(), User: *user})
+	rep, err := c.Usage(wire.UsageQuery{SinceMS: time.Now().Add(-since).UnixMilli(), User: user})
 	if err != nil {
 		return fail(env, err)
 	}
@@ -162,7 +159,7 @@ func Usage(args []string, env Env) int {
 	if rep.Oldest > rep.Since {
 		fmt.Fprintf(env.Stderr, "npubroker: note: the accounting log goes back to %s only (older files were rotated away)\n", time.UnixMilli(rep.Oldest).Format("2006-01-02 15:04"))
 	}
-	if *asJSON {
+	if asJSON {
 		return writeJSON(env, rep, true)
 	}
 	io.WriteString(env.Stdout, UsageTable(rep))
@@ -170,7 +167,7 @@ func Usage(args []string, env Env) int {
 }
 
 // parse parses the flags; done says the command ends with code.
-func parse(fs *pflag.FlagSet, args []string, env Env) (int, bool) {
+func parse(fs *Flags, args []string, env Env) (int, bool) {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return exitcode.OK, true

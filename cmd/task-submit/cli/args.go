@@ -24,19 +24,11 @@ import (
 // option (the command's own options are its own); the other commands take
 // their options anywhere.
 
-// flagDef is one option: its names, the name of its value ("" for a
-// switch), its help, and what sets it; and for the completion scripts,
-// what completes its value and whether it may be given again.
+// flagDef is one entry of a form's table of options (submitOptions, a
+// command's options), and what sets it.
 type flagDef struct {
-	short    byte
-	long     string
-	value    string
-	help     string
-	set      func(v string) error
-	complete completion.Kind
-	words    []string
-	many     bool
-	hidden   bool
+	completion.Option
+	set func(v string) error
 }
 
 // flagSet is one form's options, and what a parse found.
@@ -51,61 +43,86 @@ type flagSet struct {
 	as      string          // the option being set, as it was written (-n, --time), for messages
 }
 
-func newFlags(name string, interspersed bool) *flagSet {
-	return &flagSet{name: name, interspersed: interspersed, changed: map[string]bool{}, dashAt: -1}
+// newFlags is the flag set of table: each of its options is then bound to
+// what it sets (switchVar, stringVar ...), and parse refuses to run with
+// one unbound.
+func newFlags(name string, interspersed bool, table []completion.Option) *flagSet {
+	fs := &flagSet{name: name, interspersed: interspersed, changed: map[string]bool{}, dashAt: -1}
+	for _, o := range table {
+		fs.defs = append(fs.defs, &flagDef{Option: o})
+	}
+	return fs
 }
 
-// switchVar adds a switch (a flag without a value).
-func (fs *flagSet) switchVar(p *bool, short byte, long, help string) *flagDef {
-	return fs.add(&flagDef{short: short, long: long, help: help, set: func(v string) error {
+// bind has set set the option long of fs's table; value tells whether set
+// reads a value, many whether it keeps every one given. An option that is
+// not in the table is left alone (commandFlags binds every command's
+// options in each); one that the table says takes a value, or may be
+// given again, otherwise than set does is a mistake here: bind panics.
+func (fs *flagSet) bind(long string, value, many bool, set func(v string) error) {
+	d := fs.long(long)
+	switch {
+	case d == nil:
+		return
+	case d.set != nil:
+		panic(fs.name + ": option --" + long + " bound twice")
+	case (d.Value != "") != value || d.Many != many:
+		panic(fs.name + ": option --" + long + " takes a value or may be repeated otherwise than its table says")
+	}
+	d.set = set
+}
+
+// switchVar binds the switch long (a flag without a value) to p.
+func (fs *flagSet) switchVar(p *bool, long string) {
+	fs.bind(long, false, false, func(v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
 			return err
 		}
 		*p = b
 		return nil
-	}})
+	})
 }
 
-// stringVar adds an option whose value is a string.
-func (fs *flagSet) stringVar(p *string, short byte, long, value, help string) *flagDef {
-	return fs.add(&flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
+// stringVar binds the option long, whose value is a string, to p.
+func (fs *flagSet) stringVar(p *string, long string) {
+	fs.bind(long, true, false, func(v string) error {
 		*p = v
 		return nil
-	}})
+	})
 }
 
-// listVar adds an option that may be given again, each value appended;
-// split, when set, cuts each value at commas first.
-func (fs *flagSet) listVar(p *[]string, short byte, long, value, help string, split bool) *flagDef {
-	return fs.add(&flagDef{short: short, long: long, value: value, help: help, many: true, set: func(v string) error {
+// listVar binds the option long, which may be given again, each value
+// appended, to p; split, when set, cuts each value at commas first.
+func (fs *flagSet) listVar(p *[]string, long string, split bool) {
+	fs.bind(long, true, true, func(v string) error {
 		if split {
 			*p = append(*p, strings.Split(v, ",")...)
 		} else {
 			*p = append(*p, v)
 		}
 		return nil
-	}})
+	})
 }
 
-// countVar adds an option whose value is a decimal count of what, such
-// as "device count" (-n 010 is ten, as a person means it, not eight); an
-// example of the option goes in the hint of a bad one.
-func (fs *flagSet) countVar(p *int, short byte, long, value, help, what, example string) *flagDef {
-	return fs.add(&flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
+// countVar binds the option long, whose value is a decimal count of what,
+// such as "device count" (-n 010 is ten, as a person means it, not
+// eight), to p; an example of the option goes in the hint of a bad one.
+func (fs *flagSet) countVar(p *int, long, what, example string) {
+	fs.bind(long, true, false, func(v string) error {
 		n, err := strconv.ParseInt(v, 10, strconv.IntSize)
 		if err != nil {
 			return &usageError{msg: fmt.Sprintf("bad %s %q for %s", what, v, fs.as), hint: example}
 		}
 		*p = int(n)
 		return nil
-	}})
+	})
 }
 
-// durationVar adds an option whose value is a duration (6h, 90m, 1d), as
-// quantity.ParseDuration reads it, of at most max.
-func (fs *flagSet) durationVar(p *time.Duration, short byte, long, value, help string, max time.Duration) *flagDef {
-	return fs.add(&flagDef{short: short, long: long, value: value, help: help, set: func(v string) error {
+// durationVar binds the option long, whose value is a duration (6h, 90m,
+// 1d), as quantity.ParseDuration reads it, of at most max, to p.
+func (fs *flagSet) durationVar(p *time.Duration, long string, max time.Duration) {
+	fs.bind(long, true, false, func(v string) error {
 		d, err := quantity.ParseDuration(v)
 		if de := (*quantity.DurationError)(nil); errors.As(err, &de) {
 			return &usageError{msg: de.For(fs.as), hint: fs.as + " takes " + quantity.DurationHelp}
@@ -115,25 +132,22 @@ func (fs *flagSet) durationVar(p *time.Duration, short byte, long, value, help s
 		}
 		*p = d
 		return nil
-	}})
+	})
 }
 
-// add adds d to fs and returns it.
-func (fs *flagSet) add(d *flagDef) *flagDef {
-	fs.defs = append(fs.defs, d)
-	return d
-}
-
-// completes sets what completes d's value in the completion scripts, and
-// words offered besides; it returns d.
-func (d *flagDef) completes(k completion.Kind, words ...string) *flagDef {
-	d.complete, d.words = k, words
-	return d
+// unbound is the first option of fs's table that nothing sets, or nil.
+func (fs *flagSet) unbound() *flagDef {
+	for _, d := range fs.defs {
+		if d.set == nil {
+			return d
+		}
+	}
+	return nil
 }
 
 func (fs *flagSet) long(name string) *flagDef {
 	for _, d := range fs.defs {
-		if d.long == name {
+		if d.Long == name {
 			return d
 		}
 	}
@@ -142,7 +156,7 @@ func (fs *flagSet) long(name string) *flagDef {
 
 func (fs *flagSet) short(c byte) *flagDef {
 	for _, d := range fs.defs {
-		if d.short == c && c != 0 {
+		if d.Short == c && c != 0 {
 			return d
 		}
 	}
@@ -151,6 +165,9 @@ func (fs *flagSet) short(c byte) *flagDef {
 
 // parse reads args; -h or --help anywhere among the options is errHelp.
 func (fs *flagSet) parse(args []string) error {
+	if d := fs.unbound(); d != nil {
+		panic(fs.name + ": option --" + d.Long + " of the table is bound to nothing")
+	}
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		switch {
@@ -172,7 +189,7 @@ func (fs *flagSet) parse(args []string) error {
 				return errHelp
 			case d == nil:
 				return fs.unknown("--" + name)
-			case d.value == "" && !hasValue:
+			case d.Value == "" && !hasValue:
 				value = "true"
 			case !hasValue:
 				if i+1 == len(args) {
@@ -192,7 +209,7 @@ func (fs *flagSet) parse(args []string) error {
 					return errHelp
 				case d == nil:
 					return fs.unknown("-" + a[j:j+1])
-				case d.value == "":
+				case d.Value == "":
 					if err := fs.set(d, "-"+string(a[j]), "true"); err != nil {
 						return err
 					}
@@ -224,11 +241,11 @@ func (fs *flagSet) set(d *flagDef, as, value string) error {
 	var ue *usageError
 	switch {
 	case err == nil:
-		fs.changed[d.long] = true
+		fs.changed[d.Long] = true
 		return nil
 	case errors.As(err, &ue):
 		return err
-	case d.value == "":
+	case d.Value == "":
 		return usagef("option %s takes no value (or =true, =false), not %q", as, value)
 	}
 	return usagef("bad value %q for %s: %v", value, as, err)
@@ -255,13 +272,12 @@ func (fs *flagSet) printUsage(w io.Writer) {
 	fmt.Fprint(w, completion.Help(fs.options(), 2))
 }
 
-// options are fs's options as --help and the completion scripts read
-// them, -h and --help last.
+// options are fs's table as --help and the completion scripts read it,
+// -h and --help last.
 func (fs *flagSet) options() []completion.Option {
 	var opts []completion.Option
 	for _, d := range fs.defs {
-		opts = append(opts, completion.Option{Short: d.short, Long: d.long, Value: d.value, Help: d.help,
-			Many: d.many, Hidden: d.hidden, Complete: d.complete, Words: d.words})
+		opts = append(opts, d.Option)
 	}
-	return append(opts, completion.Option{Short: 'h', Long: "help", Help: "print this help and exit"})
+	return append(opts, completion.HelpOption)
 }

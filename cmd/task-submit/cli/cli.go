@@ -44,22 +44,46 @@ Options:
 
 // subcommand is a command other than submitting.
 type subcommand struct {
-	name string
-	json bool            // takes --json
-	id   completion.Kind // what completes its task id; None: it takes none
-	help string          // what it does, for the completion scripts
+	name    string
+	id      completion.Kind     // what completes its task id; None: it takes none
+	help    string              // what it does, for the completion scripts
+	options []completion.Option // its table of options, in the order of --help
 }
+
+// socketOption is --socket, of every form.
+var socketOption = completion.Option{Long: "socket", Value: "PATH", Complete: completion.Files, Help: socketHelp}
 
 // commands are the commands other than submitting.
 var commands = []subcommand{
-	{"list", true, completion.None, "list your tasks (--all: everyone's)"},
-	{"show", true, completion.Tasks, "show a task"},
-	{"logs", false, completion.Tasks, "print a task's log (-f: follow it)"},
-	{"wait", false, completion.Tasks, "wait for a task to end and exit with its status"},
-	{"cancel", false, completion.LiveTasks, "cancel a task"},
-	{"hold", false, completion.LiveTasks, "keep a waiting task from starting; it keeps its place in line"},
-	{"release", false, completion.LiveTasks, "let a held task start again"},
-	{"requeue", true, completion.Tasks, "submit an ended task again, as a new task"},
+	{"list", completion.None, "list your tasks (--all: everyone's)", []completion.Option{
+		{Long: "all", Help: "everyone's tasks (others' commands as npubroker status shows them)"},
+		{Long: "ended", Help: "the tasks that have ended: those the broker keeps, then those its accounting log remembers"},
+		{Long: "since", Value: "DURATION", Help: "with --ended: those that ended within DURATION, e.g. 7d or 12h (default 7d)"},
+		{Long: "json", Help: "print the tasks as a JSON array"},
+		socketOption}},
+	{"show", completion.Tasks, "show a task", []completion.Option{
+		{Long: "json", Help: "print the task as JSON"},
+		socketOption}},
+	{"logs", completion.Tasks, "print a task's log (-f: follow it)", []completion.Option{
+		{Short: 'f', Long: "follow", Help: "follow the log until the task ends"},
+		socketOption}},
+	{"wait", completion.Tasks, "wait for a task to end and exit with its status", []completion.Option{socketOption}},
+	{"cancel", completion.LiveTasks, "cancel a task", []completion.Option{socketOption}},
+	{"hold", completion.LiveTasks, "keep a waiting task from starting; it keeps its place in line", []completion.Option{socketOption}},
+	{"release", completion.LiveTasks, "let a held task start again", []completion.Option{socketOption}},
+	{"requeue", completion.Tasks, "submit an ended task again, as a new task", []completion.Option{
+		{Long: "json", Help: "print the new task's id, position and pool as JSON"},
+		socketOption}},
+}
+
+// takes tells whether c has the option long.
+func (c *subcommand) takes(long string) bool {
+	for _, o := range c.options {
+		if o.Long == long {
+			return true
+		}
+	}
+	return false
 }
 
 // lookupCommand is the command named name, or nil.
@@ -157,48 +181,64 @@ type submitArgs struct {
 	mem     string
 }
 
-// submitFlags are the options of submitting, set in o and a.
+// submitOptions are the options of submitting, in the order of --help.
+var submitOptions = []completion.Option{
+	{Short: 'n', Long: "devices", Value: "N", Help: "number of devices (default 1)"},
+	{Short: 'd', Long: "device", Value: "LIST", Many: true, Complete: completion.Devices,
+		Help: "exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)"},
+	{Long: "no-device", Help: "take no device; run when a CPU slot is free"},
+	{Short: 'p', Long: "pool", Value: "POOL", Complete: completion.Pools, Help: "pool to take devices from (default: the policy's default pool)"},
+	{Short: 'm', Long: "mem", Value: "SIZE", Help: "a share of each device, of SIZE of its memory (12G, 512M; a bare number is GiB)"},
+	{Long: "oom-retries", Value: "N", Help: "with --mem: submit the task again, up to N times, if it fails out of device memory, declaring 1.25x its peak"},
+	{Long: "time", Value: "DURATION", Help: "time limit, e.g. 6h, 90m or 1d, after which the task is killed (default: the policy's)"},
+	{Long: "name", Value: "NAME", Help: "name to list the task by instead of its command"},
+	{Long: "after", Value: "ID[,ID...]", Many: true, Complete: completion.Tasks, Help: "start only once these tasks have succeeded"},
+	{Long: "log", Value: "FILE", Complete: completion.Files, Help: "log file (default ~/.local/state/npurun/tasks/ID-TAG.log, TAG naming the broker's journal)"},
+	{Long: "run", Value: "STRING", Help: "command line run by your shell, instead of -- COMMAND [ARG...]"},
+	{Long: "notify", Value: "CMD", Help: "command line run by /bin/sh as you once the task has ended, with NPURUN_TASK_ID, NPURUN_TASK_STATE and NPURUN_TASK_EXIT set (default: the policy's [tasks] notify)"},
+	{Long: "no-notify", Help: "run no notify command, not even the policy's"},
+	{Long: "token", Value: "TOKEN", Help: "name this submission (default: a random one): submitted again with the same TOKEN, it makes no second task"},
+	{Long: "json", Help: "print the task's id, position and pool as JSON"},
+	socketOption,
+	{Long: "version", Help: "print the version and exit"},
+	completion.CompletionOption,
+}
+
+// submitFlags are the options of submitting, bound to o and a.
 func submitFlags(o *options, a *submitArgs) *flagSet {
-	fs := newFlags("task-submit", false)
-	fs.countVar(&o.sub.N, 'n', "devices", "N", "number of devices (default 1)", "device count", "-n takes a number of devices, such as -n 2")
-	fs.listVar(&a.devices, 'd', "device", "LIST", "exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)", false).completes(completion.Devices)
-	fs.switchVar(&o.sub.NoDevice, 0, "no-device", "take no device; run when a CPU slot is free")
-	fs.stringVar(&o.sub.Pool, 'p', "pool", "POOL", "pool to take devices from (default: the policy's default pool)").completes(completion.Pools)
-	fs.stringVar(&a.mem, 'm', "mem", "SIZE", "a share of each device, of SIZE of its memory (12G, 512M; a bare number is GiB)")
-	fs.countVar(&o.sub.OOMRetries, 0, "oom-retries", "N", "with --mem: submit the task again, up to N times, if it fails out of device memory, declaring 1.25x its peak", "retry count", "--oom-retries takes a number of retries, such as --oom-retries 2")
-	fs.durationVar(&a.limit, 0, "time", "DURATION", "time limit, e.g. 6h, 90m or 1d, after which the task is killed (default: the policy's)", maxTime)
-	fs.stringVar(&o.sub.Name, 0, "name", "NAME", "name to list the task by instead of its command")
-	fs.listVar(&a.after, 0, "after", "ID[,ID...]", "start only once these tasks have succeeded", true).completes(completion.Tasks)
-	fs.stringVar(&o.sub.Log, 0, "log", "FILE", "log file (default ~/.local/state/npurun/tasks/ID-TAG.log, TAG naming the broker's journal)").completes(completion.Files)
-	fs.stringVar(&a.run, 0, "run", "STRING", "command line run by your shell, instead of -- COMMAND [ARG...]")
-	fs.stringVar(&o.sub.Notify, 0, "notify", "CMD", "command line run by /bin/sh as you once the task has ended, with NPURUN_TASK_ID, NPURUN_TASK_STATE and NPURUN_TASK_EXIT set (default: the policy's [tasks] notify)")
-	fs.switchVar(&o.sub.NoNotify, 0, "no-notify", "run no notify command, not even the policy's")
-	fs.stringVar(&o.sub.Token, 0, "token", "TOKEN", "name this submission (default: a random one): submitted again with the same TOKEN, it makes no second task")
-	fs.switchVar(&o.json, 0, "json", "print the task's id, position and pool as JSON")
-	fs.stringVar(&o.socket, 0, "socket", "PATH", socketHelp).completes(completion.Files)
-	fs.switchVar(&o.version, 0, "version", "print the version and exit")
+	fs := newFlags("task-submit", false, submitOptions)
+	fs.countVar(&o.sub.N, "devices", "device count", "-n takes a number of devices, such as -n 2")
+	fs.listVar(&a.devices, "device", false)
+	fs.switchVar(&o.sub.NoDevice, "no-device")
+	fs.stringVar(&o.sub.Pool, "pool")
+	fs.stringVar(&a.mem, "mem")
+	fs.countVar(&o.sub.OOMRetries, "oom-retries", "retry count", "--oom-retries takes a number of retries, such as --oom-retries 2")
+	fs.durationVar(&a.limit, "time", maxTime)
+	fs.stringVar(&o.sub.Name, "name")
+	fs.listVar(&a.after, "after", true)
+	fs.stringVar(&o.sub.Log, "log")
+	fs.stringVar(&a.run, "run")
+	fs.stringVar(&o.sub.Notify, "notify")
+	fs.switchVar(&o.sub.NoNotify, "no-notify")
+	fs.stringVar(&o.sub.Token, "token")
+	fs.switchVar(&o.json, "json")
+	fs.stringVar(&o.socket, "socket")
+	fs.switchVar(&o.version, "version")
 	completionFlag(fs, &o.completion)
 	return fs
 }
 
 // commandFlags are the options of cmd, a command other than submitting,
-// set in o.
+// bound to o: those of every command are bound, each flag set taking
+// those of its table.
 func commandFlags(o *options, cmd string) *flagSet {
-	fs := newFlags("task-submit "+cmd, true)
-	switch cmd {
-	case "list":
-		fs.switchVar(&o.all, 0, "all", "everyone's tasks (others' commands as npubroker status shows them)")
-		fs.switchVar(&o.ended, 0, "ended", "the tasks that have ended: those the broker keeps, then those its accounting log remembers")
-		fs.durationVar(&o.since, 0, "since", "DURATION", "with --ended: those that ended within DURATION, e.g. 7d or 12h (default 7d)", maxSince)
-		fs.switchVar(&o.json, 0, "json", "print the tasks as a JSON array")
-	case "requeue":
-		fs.switchVar(&o.json, 0, "json", "print the new task's id, position and pool as JSON")
-	case "show":
-		fs.switchVar(&o.json, 0, "json", "print the task as JSON")
-	case "logs":
-		fs.switchVar(&o.follow, 'f', "follow", "follow the log until the task ends")
-	}
-	fs.stringVar(&o.socket, 0, "socket", "PATH", socketHelp).completes(completion.Files)
+	fs := newFlags("task-submit "+cmd, true, lookupCommand(cmd).options)
+	fs.switchVar(&o.all, "all")
+	fs.switchVar(&o.ended, "ended")
+	fs.durationVar(&o.since, "since", maxSince)
+	fs.switchVar(&o.json, "json")
+	fs.switchVar(&o.follow, "follow")
+	fs.stringVar(&o.socket, "socket")
 	return fs
 }
 
@@ -312,7 +352,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 func parseCommand(o *options, cmd string, args []string, stderr io.Writer) (*options, error) {
 	o.cmd = cmd
 	fs := commandFlags(o, cmd)
-	if o.json && !lookupCommand(cmd).json {
+	if o.json && !lookupCommand(cmd).takes("json") {
 		return nil, usagef("%s takes no --json", cmd)
 	}
 	if err := fs.parse(args); err != nil {

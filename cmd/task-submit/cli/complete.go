@@ -18,35 +18,34 @@ import (
 
 // Shell completion: task-submit --completion SHELL prints task-submit's
 // script, made of the same option tables that parse its command line
-// (submitFlags, commandFlags); task-submit __complete KIND is how the
+// (submitOptions, each command's options); task-submit __complete KIND is how the
 // scripts of npurun, task-submit and npubroker ask the broker for task
 // ids, pools and devices.
 
-// completionFlag adds the hidden --completion SHELL to fs.
+// completionFlag binds the hidden --completion SHELL of fs to shell.
 func completionFlag(fs *flagSet, shell *string) {
-	d := fs.stringVar(shell, 0, "completion", "SHELL", "print the completion script for bash, zsh or fish and exit")
-	d.hidden = true
-	d.completes(completion.None, completion.Shells...)
-	set := d.set
-	d.set = func(v string) error {
+	fs.bind(completion.CompletionOption.Long, true, false, func(v string) error {
 		if !slices.Contains(completion.Shells, v) {
 			return &usageError{msg: "--completion takes bash, zsh or fish, not " + strconv.Quote(v)}
 		}
-		return set(v)
-	}
+		*shell = v
+		return nil
+	})
 }
 
 // completionCommand is task-submit's command line as the completion
-// scripts see it.
+// scripts see it: its tables of options, -h and --help added to each.
 func completionCommand() *completion.Command {
-	o := &options{}
+	withHelp := func(table []completion.Option) []completion.Option {
+		return append(slices.Clip(table), completion.HelpOption)
+	}
 	c := &completion.Command{
 		Name:    "task-submit",
-		Options: submitFlags(o, &submitArgs{}).options(),
+		Options: withHelp(submitOptions),
 		Args:    completion.CommandLine, // after "--"
 	}
 	for _, sc := range commands {
-		s := completion.Subcommand{Name: sc.name, Help: sc.help, Options: commandFlags(o, sc.name).options(), Args: sc.id}
+		s := completion.Subcommand{Name: sc.name, Help: sc.help, Options: withHelp(sc.options), Args: sc.id}
 		if sc.id != completion.None {
 			s.MaxArgs = 1
 		}
