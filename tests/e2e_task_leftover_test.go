@@ -25,7 +25,9 @@ func TestTaskSupervisorTermWhileReporting(t *testing.T) {
 	awaitFileLine(t, log, fmt.Sprintf("task %d started", id))
 	sup := 0
 	for _, p := range supervisors(b.Bin) {
-		if p.id == fmt.Sprint(id) {
+		// This broker's child: a previous test's broker ran a task of
+		// the same id with the same program.
+		if p.id == fmt.Sprint(id) && p.ppid == b.Pid() {
 			sup = p.pid
 		}
 	}
@@ -40,11 +42,10 @@ func TestTaskSupervisorTermWhileReporting(t *testing.T) {
 	b.Stop() // the task goes on without it
 	openFIFO(t, proceed, os.O_WRONLY).Close()
 	awaitFileLine(t, log, fmt.Sprintf("task %d ended", id))
-	// Now it reports to no broker, and retries. Through its pidfd: one
-	// that has ended already (ESRCH; CI saw it once) lingers no more,
-	// which is what is asked of it, and its pid may be another's by now.
-	if err := unix.PidfdSendSignal(pidfd, unix.SIGTERM, nil, 0); err != nil && err != unix.ESRCH {
-		t.Fatal(err)
+	// Now it reports to no broker, and retries: it must be there still
+	// (one that had ended would have dropped its task's end).
+	if err := unix.PidfdSendSignal(pidfd, unix.SIGTERM, nil, 0); err != nil {
+		t.Fatalf("supervisor %d of task %d, reporting to a broker that is gone: SIGTERM: %v", sup, id, err)
 	}
 	if !awaitExit(pidfd, eventTimeout) {
 		unix.Kill(sup, unix.SIGKILL)

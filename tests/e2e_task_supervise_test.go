@@ -29,6 +29,11 @@ type supProc struct {
 // supervisors lists the running supervisors started from b's binaries:
 // processes whose executable is bin.Supervisor (the broker runs it from
 // the file it opened at its start, so /proc/PID/exe names that file).
+// A supervisor's own child is not one: between its fork and the exec of
+// the task's command (the log says "task N started" just before the
+// fork) it has the supervisor's executable and command line, and is
+// soon the command (TestTaskSupervisorTermWhileReporting took it for
+// the supervisor, and found it gone once the task had ended).
 func supervisors(bin *Binaries) []supProc {
 	ents, _ := os.ReadDir("/proc")
 	var out []supProc
@@ -61,7 +66,11 @@ func supervisors(bin *Binaries) []supProc {
 		p.idle = p.id == "" && strings.HasPrefix(fd0, "socket:")
 		out = append(out, p)
 	}
-	return out
+	sup := map[int]bool{}
+	for _, p := range out {
+		sup[p.pid] = true
+	}
+	return slices.DeleteFunc(out, func(p supProc) bool { return sup[p.ppid] })
 }
 
 // procPPID is pid's parent, 0 when unknown.
