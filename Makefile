@@ -147,10 +147,11 @@ $(BUILDDIR)/task-submit: $(SOURCES)
 
 # The supervisor of each task, run by npubroker as the submitter: static
 # and small too, as its start is part of a task's (it looks nothing up:
-# the broker resolved the account).
+# the broker resolved the account). It has no version to stamp: the
+# linker would ignore -X main.version there.
 $(BUILDDIR)/npurun-supervise: $(SOURCES)
 	@mkdir -p $(BUILDDIR)
-	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $@ ./cmd/npurun-supervise
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./cmd/npurun-supervise
 
 # Slurm's Prolog and Epilog (slurm.conf Prolog=, Epilog=), run twice for
 # every Slurm job with devices: static and lean, like npurun.

@@ -299,6 +299,53 @@ func TestReportRetried(t *testing.T) {
 	checkStatus(t, st, 4, "", "")
 }
 
+// TestReportRetriedAcrossBrokerStop: a broker that stops while a report
+// is in flight hangs up without an answer (EOF), and leaves its socket
+// with no one listening (connection refused); neither is an answer, and
+// the supervisor goes on trying until the next broker takes the report.
+// (Only a broker's refusal is final: a stopping broker sends none.)
+func TestReportRetriedAcrossBrokerStop(t *testing.T) {
+	spec := newSpec(t, "sh", "-c", "exit 4")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: spec.Socket, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false) // as a killed broker leaves it
+	s := startSupervisor(t, spec, nil)
+	ln.SetDeadline(time.Now().Add(patience))
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		t.Fatalf("no report: %v", err)
+	}
+	c.SetReadDeadline(time.Now().Add(patience))
+	buf := make([]byte, wire.MaxMessage)
+	n, err := c.Read(buf)
+	if err != nil {
+		t.Fatalf("no report: %v", err)
+	}
+	var req wire.Request
+	if err := json.Unmarshal(buf[:n], &req); err != nil || req.Op != wire.OpTaskDone {
+		t.Fatalf("not a task-done: %q (%v)", buf[:n], err)
+	}
+	c.Close() // the broker stops: no answer
+	ln.Close()
+	// Its next tries, from minBackoff on, find the socket refusing.
+	select {
+	case <-s.exited:
+		t.Fatalf("supervisor exited (%d) while no broker was there to take its report; stderr:\n%s", s.cmd.ProcessState.ExitCode(), s.stderr)
+	case <-time.After(5 * minBackoff):
+	}
+	if err := os.Remove(spec.Socket); err != nil {
+		t.Fatal(err)
+	}
+	b := listen(t, spec.Socket) // the next broker
+	st := b.awaitReport(t)
+	if code := s.wait(t); code != 0 {
+		t.Fatalf("supervisor exit %d, want 0; stderr:\n%s", code, s.stderr)
+	}
+	checkStatus(t, st, 4, "", "")
+}
+
 // TestReportAfterLateCancel: a SIGTERM that comes once the command's
 // leader has exited (the broker's cancel of a task that was ending) is
 // done with when the task's end is known: the report that follows is not

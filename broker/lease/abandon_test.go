@@ -6,45 +6,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/internal/testfd"
 	"github.com/npurun/npurun/policy"
 )
-
-// inFlight sends fd over one end of a socketpair that nobody reads and
-// closes fd: the descriptor is then held by the socket's queue alone.
-// It returns the other end, from which it can be received later.
-func inFlight(t *testing.T, fd int) int {
-	t.Helper()
-	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Sendmsg(sp[0], []byte("x"), unix.UnixRights(fd), nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	unix.Close(fd)
-	unix.Close(sp[0])
-	t.Cleanup(func() { unix.Close(sp[1]) })
-	return sp[1]
-}
-
-// receive takes the descriptor waiting on socket s.
-func receive(t *testing.T, s int) int {
-	t.Helper()
-	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
-	_, oobn, _, _, err := unix.Recvmsg(s, buf, oob, unix.MSG_CMSG_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		t.Fatalf("no descriptor: %v", err)
-	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
-		t.Fatalf("no descriptor: %v", err)
-	}
-	return fds[0]
-}
 
 // TestAbandonInFlight: a lease whose only descriptor is in a socket's
 // queue keeps its lock; the owner, its holders gone, ends it (Abandon):
@@ -70,7 +34,7 @@ func TestAbandonInFlight(t *testing.T) {
 			}
 			_, ch := o.request(t, Request{Holder: Holder{Kind: Inline, UID: 1, User: "u1"}, N: 1, Mem: mem})
 			a := got(t, ch, "a")
-			sock := inFlight(t, a.fds[0])
+			sock := testfd.InFlight(t, a.fds[0])
 			if !o.tbl.LockHeld(a.l, 0) {
 				t.Fatal("LockHeld says no while a's descriptor is in flight")
 			}
@@ -94,7 +58,7 @@ func TestAbandonInFlight(t *testing.T) {
 			if stale != 1 {
 				t.Errorf("%d lock files waited on after their lease, want 1", stale)
 			}
-			late := receive(t, sock)
+			late := testfd.Receive(t, sock)
 			if f := fdFile(t, late); f != a.l.Files[0] {
 				t.Errorf("the descriptor received late is on %v, want a's old file %v", f, a.l.Files[0])
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/broker/procscan"
 	"github.com/npurun/npurun/internal/fileid"
+	"github.com/npurun/npurun/internal/testfd"
 	"github.com/npurun/npurun/npu"
 )
 
@@ -151,43 +152,6 @@ func (f *fixture) waitFree(t *testing.T, what string) {
 	}
 }
 
-// inFlight sends fd over one end of a socketpair that nobody reads and
-// closes fd: the descriptor is then held by the socket's queue alone. It
-// returns the other end, from which it can be received later.
-func inFlight(t *testing.T, fd int) int {
-	t.Helper()
-	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Sendmsg(sp[0], []byte("x"), unix.UnixRights(fd), nil, 0); err != nil {
-		t.Fatal(err)
-	}
-	unix.Close(fd)
-	unix.Close(sp[0])
-	t.Cleanup(func() { unix.Close(sp[1]) })
-	return sp[1]
-}
-
-// receive takes the descriptor waiting on socket s.
-func receive(t *testing.T, s int) int {
-	t.Helper()
-	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
-	_, oobn, _, _, err := unix.Recvmsg(s, buf, oob, unix.MSG_CMSG_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		t.Fatalf("no descriptor: %v", err)
-	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
-		t.Fatalf("no descriptor: %v", err)
-	}
-	return fds[0]
-}
-
 // fileOf is the lock file open at fd.
 func fileOf(t *testing.T, fd int) fileid.ID {
 	t.Helper()
@@ -255,13 +219,13 @@ func TestEndLease(t *testing.T) {
 // received later, it holds the old file.
 func TestEndInFlight(t *testing.T) {
 	f := newFixture(t, lease.Holder{Kind: lease.Task, UID: uint32(os.Geteuid()), User: "alice", Task: 7})
-	sock := inFlight(t, f.fd)
+	sock := testfd.InFlight(t, f.fd)
 	f.ender.End(f.table.HeldBy(f.l), "task 7 has ended")
 	f.waitFree(t, "its descriptor in flight")
 	if !f.logs.await("task 7 has ended: no process holds its lease of npu 0, whose lock is held still by a descriptor no process has") {
 		t.Errorf("the log says %q", f.logs.String())
 	}
-	late := receive(t, sock)
+	late := testfd.Receive(t, sock)
 	defer unix.Close(late)
 	if got := fileOf(t, late); got != f.l.Files[0] {
 		t.Errorf("the descriptor received late is on %v, want the lease's old file %v", got, f.l.Files[0])
@@ -302,7 +266,7 @@ func TestFollow(t *testing.T) {
 	}
 	lockFile.Close()
 	t.Cleanup(func() { passed.Process.Kill(); passed.Wait() })
-	sock := inFlight(t, f.fd)
+	sock := testfd.InFlight(t, f.fd)
 
 	f.ender.Follow(f.l)
 	granted.Process.Kill()
@@ -321,7 +285,7 @@ func TestFollow(t *testing.T) {
 	if s := f.logs.String(); strings.Contains(s, "sent SIG") {
 		t.Errorf("a follow signalled a holder: %q", s)
 	}
-	late := receive(t, sock)
+	late := testfd.Receive(t, sock)
 	unix.Close(late)
 }
 

@@ -239,17 +239,27 @@ const Unknown = ^uint32(0)
 // what it found there, and that the process was not looked at (Looked,
 // Deferred). So one user with a great many descriptors delays the finding
 // of that user's own use, not everyone's.
-func (s *Scanner) Scan(t Targets) (*Result, error) {
+func (s *Scanner) Scan(t Targets) (*Result, error) { return s.everyProcess(t, s.scan) }
+
+// everyProcess is what Scan and Sweep share: a result with its Looked and
+// Deferred records, which look fills from the processes of /proc (unless
+// t has nothing to look for), and the time it took.
+func (s *Scanner) everyProcess(t Targets, look func(t Targets, r *Result, procs []procfs.Proc)) (*Result, error) {
 	r := s.result()
 	r.skipped, r.deferred = map[int]bool{}, map[uint32]bool{}
-	if t.empty() {
-		r.Took = time.Since(r.At)
-		return r, nil
+	if !t.empty() {
+		procs, err := s.fs.AllProcs()
+		if err != nil {
+			return nil, err
+		}
+		look(t, r, procs)
 	}
-	procs, err := s.fs.AllProcs()
-	if err != nil {
-		return nil, err
-	}
+	r.Took = time.Since(r.At)
+	return r, nil
+}
+
+// scan is Scan's look, at procs for t, into r.
+func (s *Scanner) scan(t Targets, r *Result, procs []procfs.Proc) {
 	slices.SortFunc(procs, func(a, b procfs.Proc) int { return a.PID - b.PID })
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -301,8 +311,6 @@ func (s *Scanner) Scan(t Targets) (*Result, error) {
 	for _, pid := range later {
 		one(pid, true)
 	}
-	r.Took = time.Since(r.At)
-	return r, nil
 }
 
 // Sweep looks at every process, its descriptors and its maps, whatever
@@ -311,17 +319,10 @@ func (s *Scanner) Scan(t Targets) (*Result, error) {
 // hide one). It leaves Scan's cursors as they are, and runs beside a Scan.
 // Every process it could open is looked at (Looked); Deferred is never
 // set.
-func (s *Scanner) Sweep(t Targets) (*Result, error) {
-	r := s.result()
-	r.skipped, r.deferred = map[int]bool{}, map[uint32]bool{}
-	if t.empty() {
-		r.Took = time.Since(r.At)
-		return r, nil
-	}
-	procs, err := s.fs.AllProcs()
-	if err != nil {
-		return nil, err
-	}
+func (s *Scanner) Sweep(t Targets) (*Result, error) { return s.everyProcess(t, s.sweep) }
+
+// sweep is Sweep's look, at procs for t, into r.
+func (s *Scanner) sweep(t Targets, r *Result, procs []procfs.Proc) {
 	b := new(buffers)
 	lk := &look{s: s, t: t, r: r, b: b, maps: true, kinds: map[fileid.ID]uint64{}}
 	for _, p := range procs {
@@ -338,8 +339,6 @@ func (s *Scanner) Sweep(t Targets) (*Result, error) {
 		unix.Close(dir)
 		lk.record(p.PID)
 	}
-	r.Took = time.Since(r.At)
-	return r, nil
 }
 
 // Tree looks at the processes roots and their descendants, at most limit

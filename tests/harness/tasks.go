@@ -419,6 +419,11 @@ type supProc struct {
 // Supervisors lists the running supervisors started from b's binaries:
 // processes whose executable is bin.Supervisor (the broker runs it from
 // the file it opened at its start, so /proc/PID/exe names that file).
+// A supervisor's own child is not one: between its fork and the exec of
+// the task's command (the log says "task N started" just before the
+// fork) it has the supervisor's executable and command line, and is
+// soon the command (TestTaskSupervisorTermWhileReporting took it for
+// the supervisor, and found it gone once the task had ended).
 func Supervisors(bin *Binaries) []supProc {
 	ents, _ := os.ReadDir("/proc")
 	var out []supProc
@@ -451,7 +456,11 @@ func Supervisors(bin *Binaries) []supProc {
 		p.Idle = p.ID == "" && strings.HasPrefix(fd0, "socket:")
 		out = append(out, p)
 	}
-	return out
+	sup := map[int]bool{}
+	for _, p := range out {
+		sup[p.PID] = true
+	}
+	return slices.DeleteFunc(out, func(p supProc) bool { return sup[p.PPID] })
 }
 
 // procPPID is pid's parent, 0 when unknown.
