@@ -341,7 +341,7 @@ func awaitIdleGone(pid int, deadline time.Time) {
 // otherwise run on after the test (for a day), and be taken for a later
 // test's. Each gets SIGTERM (a cancel of its task, then, reporting to no
 // broker, its end) again every second until it is gone, and SIGKILL after
-// eventTimeout.
+// EventTimeout.
 func (b *Broker) endSupervisors() {
 	b.Mu.Lock()
 	sups := b.sups
@@ -383,7 +383,7 @@ func (b *Broker) Pid() int {
 
 // WaitLog waits for the broker to log a line containing substr after the
 // first skip bytes of its log, and returns the log's length after that
-// line; it fails the test if none comes within eventTimeout.
+// line; it fails the test if none comes within EventTimeout.
 func (b *Broker) WaitLog(skip int, substr string) int {
 	b.T.Helper()
 	return b.WaitLogWithin(skip, substr, EventTimeout)

@@ -95,7 +95,7 @@ func statBin(p string) error {
 }
 
 // ContainerDev makes the fake device tree for containers: davinci0..n-1
-// and the three control nodes, of major containerMajor, minors base+0..
+// and the three control nodes, of major ContainerMajor, minors base+0..
 // and base+100.. (base keeps two tests' trees apart).
 func ContainerDev(t testing.TB, n int) string {
 	t.Helper()

@@ -87,7 +87,7 @@ func (n *slurmNode) AwaitBoard(t testing.TB, what string, ok func(*wire.Board) b
 type SlurmOptions struct {
 	Devices   int    // GRES devices: davinciF..F+Devices-1 of DevDir, F = GresFirst (default 4)
 	GresFirst int    // the first GRES device's N
-	DevDir    string // device nodes the test made (fakeDev); "" for nodes of the harness's own
+	DevDir    string // device nodes the test made (FakeDev); "" for nodes of the harness's own
 	GresType  string // gres.conf Type= ("910b"); "" for none
 	Prolog    string // slurm.conf Prolog= (a program: slurmd passes no arguments); "" for none
 	Epilog    string // slurm.conf Epilog=; "" for none

@@ -13,7 +13,7 @@ import (
 )
 
 // spank_npurun.so, built as the Makefile builds it (warnings are errors),
-// against Slurm's spank.h, into spankDir (removed by TestMain).
+// against Slurm's spank.h, into SpankDir (removed by Main).
 var SpankDir string
 
 var spankOnce = sync.OnceValues(func() (string, error) {

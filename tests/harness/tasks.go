@@ -73,7 +73,7 @@ func Gone(pid int) bool {
 
 // AwaitRemoved waits for the control group dir to be removed, woken by
 // inotify on its parent; it fails the test if that does not happen within
-// eventTimeout.
+// EventTimeout.
 func AwaitRemoved(t *testing.T, dir string) {
 	t.Helper()
 	ifd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
@@ -249,7 +249,7 @@ func MakeFIFO(t testing.TB, path string) {
 
 // OpenFIFO opens a named pipe in flag's direction, which blocks until a
 // process opens the other end: the event that a task has got that far.
-// It fails the test if none does within eventTimeout.
+// It fails the test if none does within EventTimeout.
 func OpenFIFO(t testing.TB, path string, flag int) *os.File {
 	t.Helper()
 	type res struct {
@@ -304,7 +304,7 @@ func UserDir(t testing.TB, u *TestUser, mode os.FileMode) string {
 	return dir
 }
 
-// ProcGone waits up to eventTimeout for process pid to be gone (a zombie
+// ProcGone waits up to EventTimeout for process pid to be gone (a zombie
 // counts as gone) and tells whether it went. comm, when not empty, is the
 // process's name: a process of another name under that pid is a reuse,
 // so the original is gone.

@@ -1110,7 +1110,7 @@ func debBusy(t *testing.T, u harness.TestUser, markers string, id int, when stri
 }
 
 // debFree returns once npu id is granted again (to root), within
-// eventTimeout.
+// EventTimeout.
 func debFree(t *testing.T, id int) {
 	t.Helper()
 	cmd := exec.Command("/usr/bin/npurun", "-d", strconv.Itoa(id), "--timeout", harness.EventTimeout.String(), "true")
@@ -1131,7 +1131,7 @@ func debShow(t *testing.T, u harness.TestUser, id uint64) wire.TaskInfo {
 }
 
 // debReadFIFO reads what the writer of the named pipe p writes, waiting
-// for it to open the pipe (an event) up to eventTimeout.
+// for it to open the pipe (an event) up to EventTimeout.
 func debReadFIFO(t *testing.T, p string) string {
 	t.Helper()
 	got := make(chan string, 1)

@@ -370,7 +370,7 @@ func TestUnleasedManyDescriptors(t *testing.T) {
 	}
 	baseline := reported(carol, dev+"/davinci1", 2*time.Minute)
 	for i := range (total + per - 1) / per {
-		// Its standard input is /dev/null, not startProc's pipe: the
+		// Its standard input is /dev/null, not StartProc's pipe: the
 		// pipe would keep it waiting for a reader.
 		cmd := alice.As(exec.Command("sh", "-c", `exec "$1" -dups "$2" </dev/null`, "sh", b.Bin.Workload, strconv.Itoa(per)), b.Dir)
 		p := harness.StartProc(t, "dups"+strconv.Itoa(i), cmd)

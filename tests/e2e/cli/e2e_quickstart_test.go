@@ -78,7 +78,7 @@ func TestQuickStartNeedsNoPAM(t *testing.T) {
 
 // TestPAMBuild: where the PAM headers are, pam_npurun.so builds as the
 // Makefile builds it, and the PAM helper with its build tag; every PAM
-// test starts so (pamBins).
+// test starts so (PAMBins).
 func TestPAMBuild(t *testing.T) {
 	p := harness.PAMBins(t)
 	for _, f := range []string{p.Module, p.Helper} {

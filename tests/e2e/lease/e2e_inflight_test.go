@@ -74,7 +74,7 @@ func TestLeaseInFlightNpurun(t *testing.T) {
 	}
 
 	// The lease's tree is gone, its descriptor in flight: the device
-	// comes free (waitFree: a new lease of it within 20 s), and with it
+	// comes free (WaitFree: a new lease of it within 20 s), and with it
 	// the account's access.
 	h := harness.LeaseAs(t, b, other, "other", "--timeout", "20s", "-d", "0")
 	b.WaitLog(0, "no process holds its lease of npu 0, whose lock is held still by a descriptor no process has")

@@ -349,7 +349,7 @@ func externSleep(pid int) int {
 }
 
 // readLines reads n lines from f, failing the test if they do not come
-// within eventTimeout.
+// within EventTimeout.
 func readLines(t testing.TB, f *os.File, n int) []string {
 	t.Helper()
 	ch := make(chan []string, 1)

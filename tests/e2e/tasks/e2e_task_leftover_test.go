@@ -56,7 +56,7 @@ func TestTaskSupervisorTermWhileReporting(t *testing.T) {
 }
 
 // awaitFileLine waits (inotify) until the file at path holds a line
-// containing want, within eventTimeout.
+// containing want, within EventTimeout.
 func awaitFileLine(t testing.TB, path, want string) {
 	t.Helper()
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)

@@ -78,7 +78,7 @@ func TestTaskEndSweepPastBudget(t *testing.T) {
 	student := harness.NewUser(t)
 	b := harness.StartBroker(t, dev.Config("0", fmt.Sprintf("[restrict]\nusers = [%q]\n\n[tasks]\nkill_grace = \"2s\"\n", student.Name)))
 	dir := harness.UserDir(t, &student, 0o755)
-	// Its standard input is /dev/null, not startProc's pipe: the pipe
+	// Its standard input is /dev/null, not StartProc's pipe: the pipe
 	// would keep it waiting for a reader.
 	many := harness.StartProc(t, "dups", student.As(exec.Command("sh", "-c", `exec "$1" -dups "$2" </dev/null`, "sh", b.Bin.Workload, strconv.Itoa(dups)), dir))
 	many.WaitLine("duped")
