@@ -46,48 +46,96 @@ func TestDebPackages(t *testing.T) {
 		debInner(t, dir)
 		return
 	}
-	harness.NeedRoot(t)
-	for _, tool := range []string{"make", "dpkg-buildpackage", "dh", "lintian", "apt-get", "pam-auth-update", "su", "useradd"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s not found: the package test needs dpkg-dev, debhelper, lintian, apt, libpam-runtime, util-linux and passwd (.ci/run installs them)", tool)
+	var (
+		before, dir string
+		v1, v2      debPair
+	)
+	steps := []debStep{{"prerequisites; the machine as found noted", func(t *testing.T) {
+		harness.NeedRoot(t)
+		for _, tool := range []string{"make", "dpkg-buildpackage", "dh", "lintian", "apt-get", "pam-auth-update", "su", "useradd"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				t.Fatalf("%s not found: the package test needs dpkg-dev, debhelper, lintian, apt, libpam-runtime, util-linux and passwd (.ci/run installs them)", tool)
+			}
 		}
-	}
-	debRefuseIfInstalled(t)
-	before := debHostState(t)
+		debRefuseIfInstalled(t)
+		before = debHostState(t)
 
-	dir, err := os.MkdirTemp("", "npurun-deb-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil { // apt's _apt reads the packages
-		t.Fatal(err)
-	}
-
-	var v1, v2 debPair
+		var err error
+		dir, err = os.MkdirTemp("", "npurun-deb-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		if err := os.Chmod(dir, 0o755); err != nil { // apt's _apt reads the packages
+			t.Fatal(err)
+		}
+	}}}
 	if reuse := os.Getenv("NPURUN_DEBTEST_PACKAGES"); reuse != "" {
 		// Working on the test: the packages of an earlier build, as
 		// DIR/v1 and DIR/v2, instead of two builds.
-		for _, v := range []string{"v1", "v2"} {
-			if out, err := exec.Command("cp", "-R", filepath.Join(reuse, v), filepath.Join(dir, v)).CombinedOutput(); err != nil {
-				t.Fatalf("NPURUN_DEBTEST_PACKAGES: %v: %s", err, out)
+		steps = append(steps, debStep{"the packages of NPURUN_DEBTEST_PACKAGES", func(t *testing.T) {
+			for _, v := range []string{"v1", "v2"} {
+				if out, err := exec.Command("cp", "-R", filepath.Join(reuse, v), filepath.Join(dir, v)).CombinedOutput(); err != nil {
+					t.Fatalf("NPURUN_DEBTEST_PACKAGES: %v: %s", err, out)
+				}
 			}
-		}
-		v1, v2 = debFind(t, filepath.Join(dir, "v1")), debFind(t, filepath.Join(dir, "v2"))
+			v1, v2 = debFind(t, filepath.Join(dir, "v1")), debFind(t, filepath.Join(dir, "v2"))
+		}})
 	} else {
-		v1 = debBuild(t, dir, "v1", "")
-		v2 = debBuild(t, dir, "v2", v1.Version+"+debtest2")
+		steps = append(steps,
+			debStep{"build v1", func(t *testing.T) { v1 = debBuild(t, dir, "v1", "") }},
+			debStep{"build v2", func(t *testing.T) { v2 = debBuild(t, dir, "v2", v1.Version+"+debtest2") }})
 	}
-	if err := exec.Command("dpkg", "--compare-versions", v2.Version, "gt", v1.Version).Run(); err != nil {
-		t.Fatalf("version %s does not upgrade %s", v2.Version, v1.Version)
-	}
-	debLintian(t, v1)
-	debReadmeSize(t, v1)
+	steps = append(steps,
+		debStep{"v2 upgrades v1", func(t *testing.T) {
+			if err := exec.Command("dpkg", "--compare-versions", v2.Version, "gt", v1.Version).Run(); err != nil {
+				t.Fatalf("version %s does not upgrade %s", v2.Version, v1.Version)
+			}
+		}},
+		debStep{"lintian", func(t *testing.T) { debLintian(t, v1) }},
+		debStep{"README size", func(t *testing.T) { debReadmeSize(t, v1) }},
+		debStep{"the inner run, in a mount namespace", func(t *testing.T) { debRunInner(t, dir) }},
+		debStep{"the machine left as found", func(t *testing.T) {
+			if after := debHostState(t); after != before {
+				t.Errorf("the machine's PAM configuration or packages changed:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+		}})
+	debSteps(t, "outside", steps)
+}
 
-	debRunInner(t, dir)
+// debStep is one named step of the package test. The steps run in order
+// on the test's own *testing.T, not as subtests: what a step registers with
+// t.Cleanup (users, the shared directory, processes, the systemctl
+// stand-in's broker) must last until the whole test ends, as later steps
+// use it, and a step's t.Fatal must stop the test, not only the step.
+type debStep struct {
+	name string
+	run  func(*testing.T)
+}
 
-	if after := debHostState(t); after != before {
-		t.Errorf("the machine's PAM configuration or packages changed:\nbefore:\n%s\nafter:\n%s", before, after)
+// debSteps runs steps in order, logging each by name as it starts and,
+// where one fails, naming it: a t.Fatal (or a panic) stops the test in
+// that step; a t.Error lets it go on to the next, as it would without
+// steps.
+func debSteps(t *testing.T, what string, steps []debStep) {
+	t.Helper()
+	for i, s := range steps {
+		t.Logf("%s, step %d of %d: %s", what, i+1, len(steps), s.name)
+		failed, done := t.Failed(), false
+		func() {
+			defer func() {
+				switch {
+				case !done && t.Skipped():
+					t.Logf("%s: step %q skipped the test", what, s.name)
+				case !done:
+					t.Logf("%s: step %q failed and stopped the test", what, s.name)
+				case t.Failed() && !failed:
+					t.Logf("%s: step %q failed; the test goes on", what, s.name)
+				}
+			}()
+			s.run(t)
+			done = true
+		}()
 	}
 }
 
@@ -473,15 +521,81 @@ func debOverlay(t *testing.T, dir string) debNS {
 	return ns
 }
 
+// debRun is the inner test's state, from step to step.
+type debRun struct {
+	dir    string
+	ns     debNS
+	v1, v2 debPair
+
+	dev            harness.DevTree
+	student, staff harness.TestUser
+	shared         string // the users' shared directory, with the FIFOs started and gate
+	markers        string // a file per npu in use, made exclusively by its holder
+	procsBefore    map[string]string
+
+	conf     string        // the administrator's npurun.conf
+	first    int           // the broker's pid before the upgrade with systemd
+	holder   *harness.Proc // staff's lease of npu 1, held over the upgrade
+	taskID   uint64        // staff's task on npu 2, running over the upgrade
+	taskLog  string
+	startCmd string // the documented command that starts the broker without systemd
+	pid      int    // the broker started so, without systemd
+}
+
+// debHandPAM is the PAM service of the administrator's that loads the
+// module by a line of its own.
+const debHandPAM = "/etc/pam.d/npurun-debtest"
+
 // debInner is the package test proper, in the mount namespace.
 func debInner(t *testing.T, dir string) {
-	ns := debOverlay(t, dir)
+	r := &debRun{dir: dir}
+	debSteps(t, "in the namespace", []debStep{
+		{"mount the overlays", r.overlay},
+		{"find the packages", r.findPackages},
+		{"the systemctl stand-in", r.standIn},
+		{"users, devices and the shared directory", r.usersAndDirs},
+		// 1. Install, without systemd: everything in place, nothing started.
+		{"install without systemd", r.installNoSystemd},
+		{"installed files, nothing started", r.checkInstalled},
+		// 2. The administrator's configuration, and the broker started as
+		// its unit says (here by the test: there is no systemd to do it).
+		{"configure and start the broker", r.configureAndStart},
+		{"npurun and npubroker as a user", r.useAsUser},
+		{"a lease and a task held", r.holdLeaseAndTask},
+		// 3. PAM.
+		{"PAM", r.pam},
+		// 4. Upgrade, with systemd.
+		{"upgrade with systemd", r.upgradeWithSystemd},
+		{"the lease and the task survive the upgrade", r.surviveUpgrade},
+		{"the lease and the task end under the new broker", r.endUnderNewBroker},
+		// 5. Purge, with systemd.
+		{"purge with systemd", r.purgeWithSystemd},
+		{"nothing left after the purge", r.purgeLeftNothing},
+		// 6. Without systemd from install to purge.
+		{"without systemd: install and start as documented", r.noSystemdInstall},
+		{"without systemd: upgrade, the old broker runs on", r.noSystemdUpgrade},
+		{"without systemd: a PAM line by hand refuses removal", r.noSystemdHandPAM},
+		{"without systemd: NPURUN_REMOVE_FORCE=1 removes", r.noSystemdForceRemove},
+		{"without systemd: an sshd ForceCommand refuses purge", r.noSystemdForceCommand},
+		{"without systemd: purge", r.noSystemdPurge},
+	})
+}
 
-	v1 := debFind(t, filepath.Join(dir, "v1"))
-	v2 := debFind(t, filepath.Join(dir, "v2"))
+// overlay puts the namespace's overlays in place.
+func (r *debRun) overlay(t *testing.T) {
+	r.ns = debOverlay(t, r.dir)
+}
 
-	// The systemctl stand-in in place of systemctl, so that no maintainer
-	// script reaches a systemd of the host's; no systemd running yet.
+// findPackages finds the two builds' packages.
+func (r *debRun) findPackages(t *testing.T) {
+	r.v1 = debFind(t, filepath.Join(r.dir, "v1"))
+	r.v2 = debFind(t, filepath.Join(r.dir, "v2"))
+}
+
+// standIn puts the systemctl stand-in in place of systemctl, so that no
+// maintainer script reaches a systemd of the host's; no systemd running
+// yet.
+func (r *debRun) standIn(t *testing.T) {
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -497,8 +611,8 @@ func debInner(t *testing.T, dir string) {
 	// A policy-rc.d that forbids starting services (build images have one)
 	// would keep the maintainer scripts from the units: the namespace is a
 	// machine whose services its packages manage.
-	ns.Removed = append([]string{"/run/systemd/system", standInDir, "/usr/sbin/policy-rc.d"}, debHidden...)
-	for _, d := range ns.Removed {
+	r.ns.Removed = append([]string{"/run/systemd/system", standInDir, "/usr/sbin/policy-rc.d"}, debHidden...)
+	for _, d := range r.ns.Removed {
 		if err := os.RemoveAll(d); err != nil {
 			t.Fatal(err)
 		}
@@ -506,7 +620,7 @@ func debInner(t *testing.T, dir string) {
 	if err := os.Mkdir(standInDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(standInDir, "host"), []byte(ns.Host), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(standInDir, "host"), []byte(r.ns.Host), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -517,26 +631,35 @@ func debInner(t *testing.T, dir string) {
 		}
 		standInStop()
 	})
+}
 
-	dev := harness.NewDevTree(t, 3)
-	student, staff := harness.NewUser(t), harness.NewUser(t)
+// usersAndDirs makes the fake devices, the two users (student restricted,
+// staff not), the shared directory with its FIFOs and markers, and notes
+// the processes there are before the first install.
+func (r *debRun) usersAndDirs(t *testing.T) {
+	r.dev = harness.NewDevTree(t, 3)
+	r.student, r.staff = harness.NewUser(t), harness.NewUser(t)
+	student, staff := r.student, r.staff
 	t.Cleanup(func() { debKillUsers(student.UID, staff.UID) }) // before userdel, should the test fail midway
-	shared := harness.SharedDir(t)
+	r.shared = harness.SharedDir(t)
 	for _, name := range []string{"started", "gate"} {
-		harness.MakeFIFO(t, filepath.Join(shared, name))
+		harness.MakeFIFO(t, filepath.Join(r.shared, name))
 	}
-	markers := filepath.Join(shared, "markers")
-	if err := os.Mkdir(markers, 0o777); err != nil {
+	r.markers = filepath.Join(r.shared, "markers")
+	if err := os.Mkdir(r.markers, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(markers, 0o777); err != nil {
+	if err := os.Chmod(r.markers, 0o777); err != nil {
 		t.Fatal(err)
 	}
 
-	procsBefore := debProcs(t)
+	r.procsBefore = debProcs(t)
+}
 
-	// 1. Install, without systemd: everything in place, nothing started.
-	out := debApt(t, "install", v1.Npurun, v1.PAM)
+// installNoSystemd installs v1 without systemd: the install says the
+// broker was not started and calls no systemctl verb that needs systemd.
+func (r *debRun) installNoSystemd(t *testing.T) {
+	out := debApt(t, "install", r.v1.Npurun, r.v1.PAM)
 	if !strings.Contains(out, "npurun: systemd is not running: the broker was not started") {
 		t.Errorf("the install without systemd did not say that the broker was not started:\n%s", out)
 	}
@@ -550,6 +673,11 @@ func debInner(t *testing.T, dir string) {
 			}
 		}
 	}
+}
+
+// checkInstalled: everything in place after the install, nothing started,
+// the PAM profile off.
+func (r *debRun) checkInstalled(t *testing.T) {
 	for _, p := range []string{"/usr/bin/npurun", "/usr/bin/task-submit", "/usr/sbin/npubroker", "/usr/libexec/npurun/npurun-supervise", "/usr/libexec/npurun/npurun-runtime", "/usr/libexec/npurun/npurun-runtime-create", "/usr/share/man/man8/npurun-runtime.8.gz",
 		"/usr/libexec/npurun/npurun-slurm", "/usr/lib/npurun/spank_npurun.so", "/usr/libexec/npurun/npurun-remove-check",
 		"/lib/systemd/system/npubroker.service", "/lib/systemd/system/npubroker.socket", "/etc/npurun/npurun.conf",
@@ -580,15 +708,18 @@ func debInner(t *testing.T, dir string) {
 	if pids := debBrokers(t); len(pids) != 0 {
 		t.Errorf("a broker runs after an install without systemd: %v", pids)
 	}
-	if out, _ := exec.Command("/usr/sbin/npubroker", "--version").Output(); strings.TrimSpace(string(out)) != "npubroker "+v1.Version {
-		t.Errorf("npubroker --version: %q, want the package's version %s", out, v1.Version)
+	if out, _ := exec.Command("/usr/sbin/npubroker", "--version").Output(); strings.TrimSpace(string(out)) != "npubroker "+r.v1.Version {
+		t.Errorf("npubroker --version: %q, want the package's version %s", out, r.v1.Version)
 	}
 	debNoModuleLine(t, "after the install (the profile is off by default)")
+}
 
-	// 2. The administrator's configuration, and the broker started as its
-	// unit says (here by the test: there is no systemd to do it).
-	conf := dev.Config("0-2", fmt.Sprintf("[pools]\ninteractive = \"0\"\nqueue = \"1-2\"\n\n[tasks]\ncgroup = \"off\"\nkill_grace = \"1s\"\n\n[restrict]\nusers = [%q]\nlogin_pool = \"interactive\"\n", student.Name))
-	if err := os.WriteFile("/etc/npurun/npurun.conf", []byte(conf), 0o644); err != nil {
+// configureAndStart writes the administrator's configuration and starts
+// the broker as its unit says (here by the test: there is no systemd to
+// do it).
+func (r *debRun) configureAndStart(t *testing.T) {
+	r.conf = r.dev.Config("0-2", fmt.Sprintf("[pools]\ninteractive = \"0\"\nqueue = \"1-2\"\n\n[tasks]\ncgroup = \"off\"\nkill_grace = \"1s\"\n\n[restrict]\nusers = [%q]\nlogin_pool = \"interactive\"\n", r.student.Name))
+	if err := os.WriteFile("/etc/npurun/npurun.conf", []byte(r.conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("/usr/sbin/npubroker", "check-config").CombinedOutput(); err != nil {
@@ -597,9 +728,13 @@ func debInner(t *testing.T, dir string) {
 	if out, err := exec.Command("/usr/bin/systemctl", "start", "npubroker.socket", "npubroker.service").CombinedOutput(); err != nil {
 		t.Fatalf("start the broker as npubroker.service does: %v\n%s", err, out)
 	}
-	first := standInPid()
+	r.first = standInPid()
+}
 
-	// An ordinary user: npurun and task-submit on the default socket.
+// useAsUser: an ordinary user's npurun and npubroker status on the default
+// socket, and the package's bash completion.
+func (r *debRun) useAsUser(t *testing.T) {
+	staff := r.staff
 	if code, out := harness.ExitCode(t, debAs(staff, "/usr/bin/npurun", "-d", "2", "--", "sh", "-c", `echo "dev=$NPURUN_DEVICES"`)); code != 0 || !strings.Contains(out, "dev=2") {
 		t.Fatalf("npurun as %s: exit %d: %s", staff.Name, code, out)
 	}
@@ -611,9 +746,15 @@ func debInner(t *testing.T, dir string) {
 	if code, out := harness.ExitCode(t, debAs(staff, "/bin/bash", "-c", complete)); code != 0 || out != "interactive\nqueue\n" {
 		t.Errorf("bash completing npurun -p as %s with the package's script: exit %d: %q, want the pools interactive and queue", staff.Name, code, out)
 	}
+}
+
+// holdLeaseAndTask: staff holds a lease of npu 1 and runs a task on npu
+// 2, both of which run on over the upgrade.
+func (r *debRun) holdLeaseAndTask(t *testing.T) {
+	staff, shared, markers := r.staff, r.shared, r.markers
 	excl := `set -C; : > "$1/npu$NPURUN_DEVICES" || { echo "DOUBLE GRANT of npu $NPURUN_DEVICES"; exit 3; }; `
-	holder := harness.StartProc(t, "lease holder", debAs(staff, "/usr/bin/npurun", "-d", "1", "--", "sh", "-c", excl+`echo held; read x; rm -f "$1/npu$NPURUN_DEVICES"`, "sh", markers))
-	holder.WaitLine("held")
+	r.holder = harness.StartProc(t, "lease holder", debAs(staff, "/usr/bin/npurun", "-d", "1", "--", "sh", "-c", excl+`echo held; read x; rm -f "$1/npu$NPURUN_DEVICES"`, "sh", markers))
+	r.holder.WaitLine("held")
 	staffDir := filepath.Join(shared, "staff")
 	if err := os.Mkdir(staffDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -621,8 +762,8 @@ func debInner(t *testing.T, dir string) {
 	if err := os.Chown(staffDir, int(staff.UID), int(staff.GID)); err != nil {
 		t.Fatal(err)
 	}
-	taskLog := filepath.Join(staffDir, "task.log")
-	code, out := harness.ExitCode(t, debAs(staff, "/usr/bin/task-submit", "--json", "-d", "2", "--log", taskLog, "--", "sh", "-c",
+	r.taskLog = filepath.Join(staffDir, "task.log")
+	code, out := harness.ExitCode(t, debAs(staff, "/usr/bin/task-submit", "--json", "-d", "2", "--log", r.taskLog, "--", "sh", "-c",
 		excl+`echo "$NPURUN_DEVICES" > "$2"; read x < "$3"; rm -f "$1/npu$NPURUN_DEVICES"; echo "task done on $NPURUN_DEVICES"`,
 		"sh", markers, filepath.Join(shared, "started"), filepath.Join(shared, "gate")))
 	var submitted struct {
@@ -631,15 +772,19 @@ func debInner(t *testing.T, dir string) {
 	if code != 0 || json.Unmarshal([]byte(out), &submitted) != nil || submitted.ID == 0 {
 		t.Fatalf("task-submit as %s: exit %d: %s", staff.Name, code, out)
 	}
+	r.taskID = submitted.ID
 	if got := debReadFIFO(t, filepath.Join(shared, "started")); got != "2\n" {
 		t.Fatalf("the task started with NPURUN_DEVICES=%q, want 2", got)
 	}
 	debBusy(t, staff, markers, 1, "before the upgrade")
 	debBusy(t, staff, markers, 2, "before the upgrade")
+}
 
-	// 3. PAM: off until enabled; then one line in common-session, which
-	// gives su -l (su-l) the login lease and marks su (su).
-	devNode := dev.Node("davinci0")
+// pam: off until enabled; then one line in common-session, which gives su
+// -l (su-l) the login lease and marks su (su).
+func (r *debRun) pam(t *testing.T) {
+	student, staff := r.student, r.staff
+	devNode := r.dev.Node("davinci0")
 	if s := debSu(t, student, true, devNode); !strings.Contains(s, "devices=unset lease=unset") || !strings.Contains(s, "node closed") {
 		t.Errorf("su -l before pam-auth-update --enable: want no PAM module at work:\n%s", s)
 	}
@@ -658,14 +803,16 @@ func debInner(t *testing.T, dir string) {
 	if s := debSu(t, staff, true, devNode); !strings.Contains(s, "devices=unset lease=unset") {
 		t.Errorf("su -l of unrestricted %s: want the session left as it is:\n%s", staff.Name, s)
 	}
+}
 
-	// 4. Upgrade, with systemd: the service restarts into the new broker,
-	// the socket is not stopped, the lease and the task run on.
+// upgradeWithSystemd: the service restarts into the new broker, the
+// socket is not stopped.
+func (r *debRun) upgradeWithSystemd(t *testing.T) {
 	if err := os.MkdirAll("/run/systemd/system", 0o755); err != nil {
 		t.Fatal(err)
 	}
 	standInReset(t)
-	out = debApt(t, "install", v2.Npurun, v2.PAM)
+	out := debApt(t, "install", r.v2.Npurun, r.v2.PAM)
 	calls := standInCalls(t)
 	t.Logf("the upgrade's systemctl calls: %q", calls)
 	if !debCalled(calls, "restart", "npubroker.service") {
@@ -677,43 +824,55 @@ func debInner(t *testing.T, dir string) {
 		}
 	}
 	second := standInPid()
-	if second == 0 || second == first {
-		t.Fatalf("the broker after the upgrade: pid %d, before %d; want a new one. systemctl calls: %q\napt-get:\n%s", second, first, calls, out)
+	if second == 0 || second == r.first {
+		t.Fatalf("the broker after the upgrade: pid %d, before %d; want a new one. systemctl calls: %q\napt-get:\n%s", second, r.first, calls, out)
 	}
 	if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", second)); exe != "/usr/sbin/npubroker" {
 		t.Errorf("the broker after the upgrade runs %q, want the new /usr/sbin/npubroker", exe)
 	}
-	if out, _ := exec.Command("/usr/sbin/npubroker", "--version").Output(); strings.TrimSpace(string(out)) != "npubroker "+v2.Version {
-		t.Errorf("npubroker --version after the upgrade: %q, want %s", out, v2.Version)
+	if out, _ := exec.Command("/usr/sbin/npubroker", "--version").Output(); strings.TrimSpace(string(out)) != "npubroker "+r.v2.Version {
+		t.Errorf("npubroker --version after the upgrade: %q, want %s", out, r.v2.Version)
 	}
-	if holder.Exited() {
-		t.Fatalf("the lease holder ended during the upgrade:\n%s", holder.Output())
+}
+
+// surviveUpgrade: the lease and the task run on over the upgrade, the
+// PAM line stays.
+func (r *debRun) surviveUpgrade(t *testing.T) {
+	staff, markers := r.staff, r.markers
+	if r.holder.Exited() {
+		t.Fatalf("the lease holder ended during the upgrade:\n%s", r.holder.Output())
 	}
 	debBusy(t, staff, markers, 1, "after the upgrade")
 	debBusy(t, staff, markers, 2, "after the upgrade")
-	if ti := debShow(t, staff, submitted.ID); ti.State != "running" || len(ti.Devices) != 1 || ti.Devices[0] != 2 {
-		t.Errorf("task %d after the upgrade: %+v, want running on npu 2", submitted.ID, ti)
+	if ti := debShow(t, staff, r.taskID); ti.State != "running" || len(ti.Devices) != 1 || ti.Devices[0] != 2 {
+		t.Errorf("task %d after the upgrade: %+v, want running on npu 2", r.taskID, ti)
 	}
 	debModuleLine(t, "after the upgrade")
-	// The task and the lease end under the new broker, which frees their
-	// devices and records the task's success.
-	debWriteFIFO(t, filepath.Join(shared, "gate"), "go\n")
-	if code, out := harness.ExitCode(t, debAs(staff, "/usr/bin/task-submit", "wait", strconv.FormatUint(submitted.ID, 10))); code != 0 {
-		t.Errorf("task-submit wait %d after the upgrade: exit %d: %s", submitted.ID, code, out)
+}
+
+// endUnderNewBroker: the task and the lease end under the new broker,
+// which frees their devices and records the task's success.
+func (r *debRun) endUnderNewBroker(t *testing.T) {
+	staff := r.staff
+	debWriteFIFO(t, filepath.Join(r.shared, "gate"), "go\n")
+	if code, out := harness.ExitCode(t, debAs(staff, "/usr/bin/task-submit", "wait", strconv.FormatUint(r.taskID, 10))); code != 0 {
+		t.Errorf("task-submit wait %d after the upgrade: exit %d: %s", r.taskID, code, out)
 	}
-	if log, _ := os.ReadFile(taskLog); !strings.Contains(string(log), "task done on 2") {
+	if log, _ := os.ReadFile(r.taskLog); !strings.Contains(string(log), "task done on 2") {
 		t.Errorf("the task's log: %q", log)
 	}
-	holder.Stdin.Close()
-	holder.MustSucceed()
+	r.holder.Stdin.Close()
+	r.holder.MustSucceed()
 	debFree(t, 1)
 	debFree(t, 2)
+}
 
-	// 5. Purge, with systemd: the broker stopped, the PAM line and every
-	// file of the packages gone, the spool and the run directory too.
+// purgeWithSystemd: the purge stops the broker's units, and no broker
+// runs.
+func (r *debRun) purgeWithSystemd(t *testing.T) {
 	standInReset(t)
 	debApt(t, "purge", "npurun", "libpam-npurun")
-	calls = standInCalls(t)
+	calls := standInCalls(t)
 	t.Logf("the purge's systemctl calls: %q", calls)
 	for _, unit := range []string{"npubroker.service", "npubroker.socket"} {
 		if !debCalled(calls, "stop", unit) {
@@ -723,10 +882,15 @@ func debInner(t *testing.T, dir string) {
 	if pids := debBrokers(t); len(pids) != 0 {
 		t.Errorf("brokers still run after the purge: %v", pids)
 	}
+}
+
+// purgeLeftNothing: the PAM line and every file of the packages gone, the
+// spool and the run directory too, and no process left.
+func (r *debRun) purgeLeftNothing(t *testing.T) {
 	debNoModuleLine(t, "after the purge")
 	for _, p := range []string{"/etc/pam.d/common-session", "/etc/pam.d/common-session-noninteractive"} {
 		now, err1 := os.ReadFile(p)
-		was, err2 := os.ReadFile(filepath.Join(ns.Host, p))
+		was, err2 := os.ReadFile(filepath.Join(r.ns.Host, p))
 		if err1 != nil || err2 != nil || !bytes.Equal(now, was) {
 			t.Errorf("%s after the purge is not what it was (%v, %v):\n%s\nwas:\n%s", p, err1, err2, now, was)
 		}
@@ -740,37 +904,45 @@ func debInner(t *testing.T, dir string) {
 	if out, _ := exec.Command("dpkg-query", "-W", "-f", "${db:Status-Status}", "npurun", "libpam-npurun").Output(); strings.Contains(string(out), "installed") || strings.Contains(string(out), "config-files") {
 		t.Errorf("dpkg after the purge: %q", out)
 	}
-	debAudit(t, ns)
-	debProcsLeft(t, procsBefore, "after the purge")
+	debAudit(t, r.ns)
+	debProcsLeft(t, r.procsBefore, "after the purge")
+}
 
-	// 6. Without systemd from install to purge (issue 27, items 11, 12 and
-	// 14): the broker started as npubroker(8) and the README say, its log
-	// where they say, an upgrade that says the truth of the broker that
-	// runs, a removal refused while a PAM file or an sshd ForceCommand of
-	// the administrator's needs what it removes, and a purge that stops the
-	// broker and leaves the machine as it was, file by file and process by
-	// process.
+// The steps noSystemd*: without systemd from install to purge (issue 27,
+// items 11, 12 and 14): the broker started as npubroker(8) and the README
+// say, its log where they say, an upgrade that says the truth of the
+// broker that runs, a removal refused while a PAM file or an sshd
+// ForceCommand of the administrator's needs what it removes, and a purge
+// that stops the broker and leaves the machine as it was, file by file and
+// process by process.
+
+// noSystemdInstall installs v1 without systemd, which says how to start
+// the broker, and starts it so.
+func (r *debRun) noSystemdInstall(t *testing.T) {
 	if err := os.RemoveAll("/run/systemd/system"); err != nil {
 		t.Fatal(err)
 	}
 	standInReset(t)
-	out = debApt(t, "install", v1.Npurun, v1.PAM)
-	startCmd := debNoSystemdCommand(t)
-	if !strings.Contains(out, "npurun: systemd is not running: the broker was not started; start it as root: "+startCmd) {
-		t.Errorf("the install without systemd did not say how to start the broker (%q):\n%s", startCmd, out)
+	out := debApt(t, "install", r.v1.Npurun, r.v1.PAM)
+	r.startCmd = debNoSystemdCommand(t)
+	if !strings.Contains(out, "npurun: systemd is not running: the broker was not started; start it as root: "+r.startCmd) {
+		t.Errorf("the install without systemd did not say how to start the broker (%q):\n%s", r.startCmd, out)
 	}
-	if err := os.WriteFile("/etc/npurun/npurun.conf", []byte(conf), 0o644); err != nil {
+	if err := os.WriteFile("/etc/npurun/npurun.conf", []byte(r.conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pid := debStartDocumented(t, startCmd, 1)
+	r.pid = debStartDocumented(t, r.startCmd, 1)
 	debFree(t, 0)
 	if _, err := os.Stat("/run/npurun-devices"); err != nil {
 		t.Errorf("the broker claims no device in /run/npurun-devices: %v", err)
 	}
+}
 
-	// The upgrade leaves that broker running, the previous version, and
-	// says so; restarted as the message says, the new one runs.
-	out = debApt(t, "install", v2.Npurun, v2.PAM)
+// noSystemdUpgrade: the upgrade leaves that broker running, the previous
+// version, and says so; restarted as the message says, the new one runs.
+func (r *debRun) noSystemdUpgrade(t *testing.T) {
+	pid := r.pid
+	out := debApt(t, "install", r.v2.Npurun, r.v2.PAM)
 	if want := fmt.Sprintf("npurun: systemd is not running: the broker that runs (pid %d) is still the previous version's; restart it to run this one: kill %d", pid, pid); !strings.Contains(out, want) {
 		t.Errorf("the upgrade without systemd did not say %q:\n%s", want, out)
 	}
@@ -781,23 +953,25 @@ func debInner(t *testing.T, dir string) {
 	if !debAwaitExit(pid, harness.EventTimeout) {
 		t.Fatalf("the broker %d did not stop on SIGTERM", pid)
 	}
-	pid = debStartDocumented(t, startCmd, 2)
-	if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); exe != "/usr/sbin/npubroker" {
+	r.pid = debStartDocumented(t, r.startCmd, 2)
+	if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", r.pid)); exe != "/usr/sbin/npubroker" {
 		t.Errorf("the restarted broker runs %q, want the new /usr/sbin/npubroker", exe)
 	}
 	debFree(t, 0)
+}
 
-	// A PAM line added by hand (as the README allowed before the package)
-	// and the profile's own: removing libpam-npurun is refused, naming the
-	// hand's line and not the profile's; nothing changes.
+// noSystemdHandPAM: a PAM line added by hand (as the README allowed before
+// the package) and the profile's own: removing libpam-npurun is refused,
+// naming the hand's line and not the profile's; nothing changes.
+func (r *debRun) noSystemdHandPAM(t *testing.T) {
 	if out, err := exec.Command("pam-auth-update", "--enable", "npurun").CombinedOutput(); err != nil {
 		t.Fatalf("pam-auth-update --enable npurun: %v\n%s", err, out)
 	}
-	handPAM := "/etc/pam.d/npurun-debtest"
+	handPAM := debHandPAM
 	if err := os.WriteFile(handPAM, []byte("# a service of the administrator's\nsession required pam_npurun.so\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err = debAptErr("remove", "libpam-npurun")
+	out, err := debAptErr("remove", "libpam-npurun")
 	if err == nil {
 		t.Errorf("apt-get remove libpam-npurun went ahead while %s loads the module:\n%s", handPAM, out)
 	}
@@ -813,8 +987,13 @@ func debInner(t *testing.T, dir string) {
 		t.Errorf("the refused removal removed the module: %v", m)
 	}
 	debModuleLine(t, "after the refused removal")
-	// NPURUN_REMOVE_FORCE=1: removed all the same, the lines named.
-	out, err = debAptErr("remove", "libpam-npurun", "NPURUN_REMOVE_FORCE=1")
+}
+
+// noSystemdForceRemove: NPURUN_REMOVE_FORCE=1: removed all the same, the
+// lines named.
+func (r *debRun) noSystemdForceRemove(t *testing.T) {
+	handPAM := debHandPAM
+	out, err := debAptErr("remove", "libpam-npurun", "NPURUN_REMOVE_FORCE=1")
 	if err != nil || !strings.Contains(out, "libpam-npurun: warning: PAM loads pam_npurun.so here") || !strings.Contains(out, handPAM+":2:") {
 		t.Errorf("NPURUN_REMOVE_FORCE=1 apt-get remove libpam-npurun: %v, want it removed with a warning naming %s:\n%s", err, handPAM, out)
 	}
@@ -825,18 +1004,20 @@ func debInner(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	debNoModuleLine(t, "after the removal of libpam-npurun")
+}
 
-	// An sshd ForceCommand that runs npurun: purging npurun is refused,
-	// naming it, and the broker runs on; once it is out, the purge stops
-	// the broker and removes the device claims and the log.
+// noSystemdForceCommand: an sshd ForceCommand that runs npurun: purging
+// npurun is refused, naming it, and the broker runs on; then the
+// ForceCommand goes.
+func (r *debRun) noSystemdForceCommand(t *testing.T) {
 	snippet := "/etc/ssh/sshd_config.d/npurun.conf"
 	if err := os.MkdirAll(filepath.Dir(snippet), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(snippet, []byte(fmt.Sprintf("Match User %s\n    ForceCommand /usr/bin/npurun --login\n", student.Name)), 0o644); err != nil {
+	if err := os.WriteFile(snippet, []byte(fmt.Sprintf("Match User %s\n    ForceCommand /usr/bin/npurun --login\n", r.student.Name)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err = debAptErr("purge", "npurun", "libpam-npurun")
+	out, err := debAptErr("purge", "npurun", "libpam-npurun")
 	if err == nil {
 		t.Errorf("apt-get purge npurun went ahead while %s runs npurun:\n%s", snippet, out)
 	}
@@ -848,14 +1029,20 @@ func debInner(t *testing.T, dir string) {
 	if _, err := os.Stat("/usr/bin/npurun"); err != nil {
 		t.Errorf("the refused purge removed npurun: %v", err)
 	}
-	if !slices.Contains(debBrokers(t), pid) {
-		t.Errorf("the refused purge stopped the broker %d", pid)
+	if !slices.Contains(debBrokers(t), r.pid) {
+		t.Errorf("the refused purge stopped the broker %d", r.pid)
 	}
 	if err := os.Remove(snippet); err != nil {
 		t.Fatal(err)
 	}
-	out = debApt(t, "purge", "npurun", "libpam-npurun")
-	if want := fmt.Sprintf("npurun: stopping the broker (pid %d), which systemd does not run", pid); !strings.Contains(out, want) {
+}
+
+// noSystemdPurge: with the ForceCommand out, the purge stops the
+// broker and removes the device claims and the log, and leaves the
+// machine as it was.
+func (r *debRun) noSystemdPurge(t *testing.T) {
+	out := debApt(t, "purge", "npurun", "libpam-npurun")
+	if want := fmt.Sprintf("npurun: stopping the broker (pid %d), which systemd does not run", r.pid); !strings.Contains(out, want) {
 		t.Errorf("the purge without systemd did not say %q:\n%s", want, out)
 	}
 	if pids := debBrokers(t); len(pids) != 0 {
@@ -867,8 +1054,8 @@ func debInner(t *testing.T, dir string) {
 		}
 	}
 	debNoModuleLine(t, "after the purge without systemd")
-	debAudit(t, ns)
-	debProcsLeft(t, procsBefore, "after the purge without systemd")
+	debAudit(t, r.ns)
+	debProcsLeft(t, r.procsBefore, "after the purge without systemd")
 }
 
 // debNoSystemdCommand is the command that npubroker(8)'s WITHOUT SYSTEMD
