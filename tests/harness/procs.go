@@ -135,6 +135,14 @@ func (p *Proc) Wait() (int, syscall.Signal) {
 	case <-time.After(EventTimeout):
 		p.t.Fatalf("%s did not exit within %s; output:\n%s", p.Name, EventTimeout, p.Output())
 	}
+	// Its exit comes before the reader has taken its last lines from the
+	// pipe: wait for the pipe's end, so that Output after Wait has all it
+	// printed (TestLeaseInFlightTask once missed the last line so). A
+	// process that leaves a child holding the pipe gets a second.
+	select {
+	case <-p.OutDone:
+	case <-time.After(time.Second):
+	}
 	var ee *exec.ExitError
 	if errors.As(p.Err, &ee) {
 		ws := ee.Sys().(syscall.WaitStatus)
