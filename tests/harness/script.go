@@ -23,10 +23,12 @@ import (
 // a broker of the script's own where it starts one. Besides the standard
 // commands:
 //
-//	broker start CONF   start `npubroker serve` on CONF in $WORK, stopped at the end
+//	broker start CONF   start `npubroker serve --cgroup off` on CONF in $WORK, stopped at the end
 //	broker kill         kill it with SIGKILL (broker start starts it again)
 //	hold NAME ARGS...   run `npurun ARGS... sh -c 'echo held; read x'` until it holds
-//	release NAME        end NAME's command, wait for it, and for the broker to show its lease gone
+//	release NAME        end NAME's command, wait for it (it must exit 0), and for the broker to show its lease gone
+//	awaitfree           wait for the broker to show no device leased: a lease ends at the
+//	                    broker when its lock is let go, a moment after its command exits
 //
 // The binaries are on PATH, and NPURUN_SOCKET names the broker's socket
 // ($WORK/run/broker.sock). A test adds commands of its own to Cmds.
@@ -41,9 +43,10 @@ func ScriptParams(t testing.TB, dir string) testscript.Params {
 			return nil
 		},
 		Cmds: map[string]func(ts *testscript.TestScript, neg bool, args []string){
-			"broker":  scriptBroker,
-			"hold":    scriptHold,
-			"release": scriptRelease,
+			"broker":    scriptBroker,
+			"hold":      scriptHold,
+			"release":   scriptRelease,
+			"awaitfree": scriptAwaitFree,
 		},
 	}
 }
@@ -65,6 +68,7 @@ type scriptProc struct {
 	stdin   io.WriteCloser
 	done    chan error
 	stopped bool
+	err     error // how it exited, once stopped
 }
 
 // startScriptProc starts cmd and returns once a line of its output (on the
@@ -114,7 +118,7 @@ func (p *scriptProc) stop(ts *testscript.TestScript, how os.Signal) {
 	}
 	p.stdin.Close()
 	select {
-	case <-p.done:
+	case p.err = <-p.done:
 	case <-time.After(EventTimeout):
 		p.cmd.Process.Kill()
 		ts.Fatalf("%s did not exit within %s", p.cmd.Args[0], EventTimeout)
@@ -130,9 +134,13 @@ func scriptBroker(ts *testscript.TestScript, neg bool, args []string) {
 		if len(args) != 2 {
 			ts.Fatalf("usage: broker start CONF")
 		}
+		// --cgroup off: in auto, the default, a broker run as root moves
+		// itself into a group below the test's own (or makes /npurun
+		// below the root group), the machine's groups, and the scripts'
+		// brokers, run side by side, contend for that one parent.
 		work := ts.Getenv("WORK")
 		cmd := exec.Command(filepath.Join(state(ts).bin, "npubroker"), "serve", "--config", ts.MkAbs(args[1]),
-			"--run-dir", filepath.Join(work, "run"), "--state-dir", filepath.Join(work, "spool"))
+			"--run-dir", filepath.Join(work, "run"), "--state-dir", filepath.Join(work, "spool"), "--cgroup", "off")
 		p := startScriptProc(ts, cmd, (*exec.Cmd).StderrPipe, "serving")
 		state(ts).broker = p
 		ts.Defer(func() { p.stop(ts, os.Interrupt) })
@@ -166,13 +174,25 @@ func scriptRelease(ts *testscript.TestScript, neg bool, args []string) {
 	p := state(ts).holders[args[0]]
 	p.stop(ts, nil)
 	delete(state(ts).holders, args[0])
-	awaitLeaseGone(ts, p.cmd.Process.Pid)
+	if p.err != nil {
+		ts.Fatalf("%s: %v", args[0], p.err)
+	}
+	pid := p.cmd.Process.Pid
+	awaitBoard(ts, fmt.Sprintf("a lease of pid %d", pid), func(d wire.DeviceState) bool { return d.Lease != nil && d.Lease.PID == pid })
 }
 
-// awaitLeaseGone waits, through a status watch, for the broker to show no
-// lease granted to pid: a holder's exit reaches the broker through its
-// lock's release, after the holder's parent has seen it.
-func awaitLeaseGone(ts *testscript.TestScript, pid int) {
+func scriptAwaitFree(ts *testscript.TestScript, neg bool, args []string) {
+	if neg || len(args) != 0 {
+		ts.Fatalf("usage: awaitfree")
+	}
+	awaitBoard(ts, "a lease", func(d wire.DeviceState) bool { return d.Lease != nil })
+}
+
+// awaitBoard waits, through a status watch, for the broker to show no
+// device of which leased is true (what names such a lease): a holder's
+// exit reaches the broker through its lock's release, after the holder's
+// parent has seen it.
+func awaitBoard(ts *testscript.TestScript, what string, leased func(wire.DeviceState) bool) {
 	cmd := exec.Command(filepath.Join(state(ts).bin, "npubroker"), "status", "--watch", "--json")
 	cmd.Env = append(os.Environ(), "NPURUN_SOCKET="+ts.Getenv("NPURUN_SOCKET"))
 	out, err := cmd.StdoutPipe()
@@ -189,7 +209,7 @@ func awaitLeaseGone(ts *testscript.TestScript, pid int) {
 				gone <- fmt.Errorf("status --watch --json printed a line that does not parse: %v", err)
 				return
 			}
-			if !slices.ContainsFunc(b.Devices, func(d wire.DeviceState) bool { return d.Lease != nil && d.Lease.PID == pid }) {
+			if !slices.ContainsFunc(b.Devices, leased) {
 				gone <- nil
 				return
 			}
@@ -200,6 +220,6 @@ func awaitLeaseGone(ts *testscript.TestScript, pid int) {
 	case err := <-gone:
 		ts.Check(err)
 	case <-time.After(EventTimeout):
-		ts.Fatalf("the broker still shows a lease of pid %d %s after it ended", pid, EventTimeout)
+		ts.Fatalf("the broker still shows %s %s after it ended", what, EventTimeout)
 	}
 }
