@@ -99,7 +99,7 @@ func manExamples(t *testing.T, page string) []docExample {
 
 // docNotRun are the example commands no scene runs, and why.
 var docNotRun = map[string]string{
-	"npurun --timeout 10m ...":           "a placeholder (...); TestExitStatuses runs --timeout",
+	"npurun --timeout 10m ...":           "a placeholder (...); tests/e2e/cli/testdata/cli/exit_statuses.txtar runs --timeout",
 	"ssh student@box":                    "a login over ssh with the PAM module: TestSSHD (tests/e2e/access/e2e_sshd_test.go) runs it",
 	"ssh student@box python x.py":        "a command over ssh: TestSSHD runs it",
 	"ssh student@box npurun python x.py": "npurun over ssh: TestSSHD runs it",
