@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,6 +24,18 @@ type Util struct {
 	MemTotal int64
 }
 
+// ErrNoTool is the vendor's tool missing: there is nothing to ask, as
+// opposed to a tool that fails.
+var ErrNoTool = errors.New("no such tool")
+
+// noTool marks err, from running bin, ErrNoTool where bin is not there.
+func noTool(err error) error {
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %v", ErrNoTool, err)
+	}
+	return err
+}
+
 // Utilization reads the compute utilization and memory of the devices
 // ids (physical), within ctx: the one round a sample takes. A device the
 // tool did not answer for is in errs, by id, with why (the tool failed,
@@ -34,6 +48,9 @@ type Util struct {
 //     (ParseGPUUtil).
 //   - Fake: the file npuN in tools.FakeUtilDir for device N
 //     (ReadFakeUtil); no directory configured: errs says so for all.
+//
+// Where the vendor's tool is not there at all, every device's error is
+// ErrNoTool.
 func (inv *Inventory) Utilization(ctx context.Context, ids []int, tools Tools) (map[int]Util, map[int]error) {
 	got := map[int]Util{}
 	errs := map[int]error{}
@@ -53,6 +70,10 @@ func (inv *Inventory) Utilization(ctx context.Context, ids []int, tools Tools) (
 			card, chip := inv.chipOf(id)
 			args := []string{"info", "-t", "usages", "-i", strconv.Itoa(card), "-c", strconv.Itoa(chip)}
 			out, err := runTool(ctx, bin, args...)
+			if err = noTool(err); errors.Is(err, ErrNoTool) {
+				fail(err)
+				break
+			}
 			if err == nil {
 				var u Util
 				if u, err = ParseNPUSmiUsages(out); err == nil {
@@ -71,7 +92,7 @@ func (inv *Inventory) Utilization(ctx context.Context, ids []int, tools Tools) (
 		bin := tools.nvidiaSmi()
 		out, err := runTool(ctx, bin, "--query-gpu=minor_number,utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits")
 		if err != nil {
-			fail(err)
+			fail(noTool(err))
 			break
 		}
 		all, bad := ParseGPUUtil(out)

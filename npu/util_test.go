@@ -2,6 +2,7 @@ package npu
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,7 +86,7 @@ case $5 in 0) cat `+idle+`;; 1) cat `+busy+`;; *) echo "Error: no such card" >&2
 `)
 	inv := &Inventory{Vendor: Ascend, IDs: []int{0, 1, 2}, NPUSmi: npuSmi, Logical: map[int]int{0: 0, 1: 1, 2: 2}}
 	got, errs := inv.Utilization(context.Background(), inv.IDs, Tools{})
-	if got[0].Percent != 0 || got[1].Percent != 97 || len(got) != 2 || errs[2] == nil || !strings.Contains(errs[2].Error(), "no such card") {
+	if got[0].Percent != 0 || got[1].Percent != 97 || len(got) != 2 || errs[2] == nil || !strings.Contains(errs[2].Error(), "no such card") || errors.Is(errs[2], ErrNoTool) {
 		t.Errorf("ascend: got %+v, errs %v", got, errs)
 	}
 	// A chip map: device 5 is card 2's chip 1.
@@ -111,6 +112,17 @@ printf '0, 97, 30120, 81559\n1, [N/A], 0, 81559\n'
 	got, errs = nv.Utilization(ctx, nv.IDs, Tools{NVIDIASmi: hang})
 	if len(got) != 0 || len(errs) != 3 || !strings.Contains(errs[0].Error(), "no answer in time") {
 		t.Errorf("hung nvidia-smi: got %+v, errs %v", got, errs)
+	}
+	// No tool at all: ErrNoTool for every device.
+	for _, bin := range []string{filepath.Join(dir, "none"), "no-such-npu-smi"} {
+		inv.NPUSmi = bin
+		got, errs = inv.Utilization(context.Background(), inv.IDs, Tools{})
+		if len(got) != 0 || len(errs) != 3 || !errors.Is(errs[0], ErrNoTool) || !errors.Is(errs[2], ErrNoTool) {
+			t.Errorf("npu-smi %s missing: got %+v, errs %v; want ErrNoTool for all", bin, got, errs)
+		}
+	}
+	if _, errs = nv.Utilization(context.Background(), nv.IDs, Tools{NVIDIASmi: filepath.Join(dir, "none")}); !errors.Is(errs[1], ErrNoTool) {
+		t.Errorf("nvidia-smi missing: errs %v; want ErrNoTool", errs)
 	}
 	inv.Chips, inv.NPUSmi = nil, hang
 	got, errs = inv.Utilization(ctx, inv.IDs, Tools{})

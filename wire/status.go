@@ -68,7 +68,7 @@ type Board struct {
 	Waiting   []Line        `json:"waiting"`  // one per pool, in the configuration's order
 	Unleased  []Unleased    `json:"unleased"` // reported unleased use, past its grace window
 	Scan      ScanInfo      `json:"scan"`
-	Util      *UtilInfo     `json:"util,omitempty"`      // the utilization sampling; nil where the broker does not sample
+	Util      *UtilInfo     `json:"util,omitempty"`      // the utilization sampling; nil where the broker does not sample (no interval, no tool), and before its first sample
 	Truncated bool          `json:"truncated,omitempty"` // lists were cut to fit one message
 }
 
@@ -76,8 +76,8 @@ type Board struct {
 // util_interval) and when a lease is idle ([idle] below).
 type UtilInfo struct {
 	IntervalMS int64   `json:"interval_ms"`
-	Below      float64 `json:"below"`          // percent: a lease whose devices are all under it is idle
-	Last       int64   `json:"last,omitempty"` // Unix ms of the last sample; 0 before the first
+	Below      float64 `json:"below"` // percent: a lease whose devices are all under it is idle
+	Last       int64   `json:"last"`  // Unix ms of the last sample
 }
 
 // DeviceState is one device on the board.

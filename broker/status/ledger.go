@@ -171,9 +171,10 @@ type Ledger struct {
 	containers containerNames // container id -> its name, as the runtime told (containers.go)
 
 	// the last utilization sample (util.go)
-	util    map[int]npu.Util // the devices the tool answered for
-	utilErr map[int]string   // why it did not, for the others
-	utilAt  time.Time        // when; zero before the first
+	util     map[int]npu.Util // the devices the tool answered for
+	utilErr  map[int]string   // why it did not, for the others
+	utilAt   time.Time        // when; zero before the first
+	utilNone bool             // the vendor's tool is not there: nothing sampled
 }
 
 // entry is one grant while any of its devices is held.

@@ -2,6 +2,7 @@ package status
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
@@ -91,6 +92,33 @@ func (g *Ledger) sampleUtil(ctx context.Context, wait time.Duration, said map[in
 	if ctx.Err() != nil {
 		return
 	}
+	// No tool at all (npu-smi or nvidia-smi not installed): nothing is
+	// sampled, said once, and status has no UTIL; asked again each
+	// interval.
+	none := len(got) == 0 && len(errs) > 0
+	for _, err := range errs {
+		none = none && errors.Is(err, npu.ErrNoTool)
+	}
+	if none {
+		var why string
+		for _, id := range g.inv.IDs {
+			if err := errs[id]; err != nil {
+				why = err.Error()
+				break
+			}
+		}
+		if line := "utilization not sampled: " + why; said[-1] != line {
+			g.log.Print(line)
+			clear(said)
+			said[-1] = line
+		}
+		g.Sampled(at, nil, nil)
+		return
+	}
+	if said[-1] != "" {
+		g.log.Print("utilization sampled: the vendor's tool is there")
+		delete(said, -1)
+	}
 	for _, id := range g.inv.IDs {
 		line := ""
 		if err := errs[id]; err != nil {
@@ -112,10 +140,13 @@ func (g *Ledger) sampleUtil(ctx context.Context, wait time.Duration, said map[in
 }
 
 // Sampled joins a sample taken at at, of what the tool answered (got)
-// and why it did not (errs), to the devices and the leases held.
+// and why it did not (errs), to the devices and the leases held. No
+// answer and no reason (got and errs nil) is no tool to ask: nothing is
+// known, and the board says the broker does not sample.
 func (g *Ledger) Sampled(at time.Time, got map[int]npu.Util, errs map[int]error) {
 	below := g.policy().Idle.Below
 	g.mu.Lock()
+	g.utilNone = got == nil && errs == nil
 	g.util = got
 	g.utilErr = make(map[int]string, len(errs))
 	for id, err := range errs {
@@ -191,21 +222,17 @@ func mapKeys[V any](m map[int]V) func(func(int) bool) {
 }
 
 // utilInfoLocked is how the board says the broker samples: nil where it
-// does not.
+// does not, and before its first sample.
 func (g *Ledger) utilInfoLocked() *wire.UtilInfo {
-	if !g.utilOn() {
+	if !g.utilOn() || g.utilNone || g.utilAt.IsZero() {
 		return nil
 	}
-	ui := &wire.UtilInfo{IntervalMS: g.policy().Status.UtilInterval.Milliseconds(), Below: g.policy().Idle.Below}
-	if !g.utilAt.IsZero() {
-		ui.Last = g.utilAt.UnixMilli()
-	}
-	return ui
+	return &wire.UtilInfo{IntervalMS: g.policy().Status.UtilInterval.Milliseconds(), Below: g.policy().Idle.Below, Last: g.utilAt.UnixMilli()}
 }
 
 // deviceUtilLocked puts device ds's last sample on the board.
 func (g *Ledger) deviceUtilLocked(ds *wire.DeviceState) {
-	if g.utilAt.IsZero() || !g.utilOn() {
+	if g.utilAt.IsZero() || !g.utilOn() || g.utilNone {
 		return
 	}
 	u, ok := g.util[ds.ID]
@@ -243,7 +270,7 @@ func leaseUtilInfo(e *entry, li *wire.LeaseInfo) {
 // utilMetricsLocked is the utilization's metrics: each device's last
 // sample, and how long each lease held has been idle, by device.
 func (g *Ledger) utilMetricsLocked(now time.Time) []prometheus.Metric {
-	if g.utilAt.IsZero() || !g.utilOn() {
+	if g.utilAt.IsZero() || !g.utilOn() || g.utilNone {
 		return nil
 	}
 	var out []prometheus.Metric

@@ -226,3 +226,59 @@ func TestUtilShare(t *testing.T) {
 		return len(s) == 2 && s[0].IdleSince > 0 && s[1].IdleSince > 0
 	})
 }
+
+// TestUtilAscendTool: on Ascend the broker asks npu-smi info -t usages
+// -i CARD -c CHIP for each device, through the runner the health checks
+// use: a card that answers with a 910B's layout is read; one whose
+// npu-smi hangs is unknown ("-") once the round's time (the interval) is
+// up, and the other devices are still sampled the next round; with no
+// npu-smi at all nothing is sampled, said once, and status has no UTIL.
+func TestUtilAscendTool(t *testing.T) {
+	dev := harness.FakeDev(t, 2)
+	dir := harness.SharedDir(t)
+	busy := filepath.Join(harness.Root(), "npu", "testdata", "usages", "910b-busy.txt")
+	smi := filepath.Join(dir, "npu-smi")
+	script := `#!/bin/sh
+[ "$1 $2 $3 $4 $6 $7" = "info -t usages -i -c 0" ] || exit 2
+case $5 in
+0) exec cat ` + busy + ` ;;
+*) exec sleep 60 ;;
+esac
+`
+	if err := os.WriteFile(smi, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf := strings.Replace(harness.AscendConfig(dev, 2, "[status]\nutil_interval = \"1s\"\n"), "/nonexistent/npu-smi", smi, 1)
+	b := harness.StartBroker(t, conf)
+	h := harness.Hold(t, b, "h", "-d", "0")
+	defer h.Release()
+	bd := harness.WaitBoard(t, b, func(x *wire.Board) bool {
+		return is(harness.Device(t, x, 0).Util, 97) && harness.Device(t, x, 1).UtilUnknown != "" && leaseOn(x, 0) != nil && leaseOn(x, 0).Util != nil
+	})
+	if d := harness.Device(t, bd, 0); d.MemTotal != 65536 || d.MemUsed != 30147 {
+		t.Errorf("npu0's memory: %d of %d MiB, want 30147 of 65536", d.MemUsed, d.MemTotal)
+	}
+	if d := harness.Device(t, bd, 1); !strings.Contains(d.UtilUnknown, "no answer in time") {
+		t.Errorf("npu1, whose npu-smi hangs: unknown for %q, want no answer in time", d.UtilUnknown)
+	}
+	bd = nextSamples(t, b, bd, 1)
+	if !is(harness.Device(t, bd, 0).Util, 97) {
+		t.Errorf("npu0 not sampled after a round that hung on npu1: %v", harness.Device(t, bd, 0).Util)
+	}
+	out := b.Status(t)
+	if !regexp.MustCompile(`(?m)^npu0 +default +leased .* 97% / 97% +[0-9]+s$`).MatchString(out) || !regexp.MustCompile(`(?m)^npu1 +default +free +-$`).MatchString(out) {
+		t.Errorf("status:\n%s", out)
+	}
+
+	none := harness.StartBroker(t, harness.AscendConfig(harness.FakeDev(t, 2), 2, "[status]\nutil_interval = \"1s\"\n"))
+	none.WaitLog(0, "utilization not sampled: no such tool: run /nonexistent/npu-smi info -t usages -i 0 -c 0: ")
+	if bd := none.Board(t); bd.Util != nil || harness.Device(t, bd, 0).UtilUnknown != "" {
+		t.Errorf("with no npu-smi, the board says it samples: %+v", bd.Util)
+	}
+	if out := none.Status(t); strings.Contains(out, "UTIL") {
+		t.Errorf("with no npu-smi, status has UTIL:\n%s", out)
+	}
+	if n := strings.Count(none.Log(), "utilization not sampled"); n != 1 {
+		t.Errorf("no npu-smi said %d times, want once:\n%s", n, none.Log())
+	}
+}
