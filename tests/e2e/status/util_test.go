@@ -282,3 +282,33 @@ esac
 		t.Errorf("no npu-smi said %d times, want once:\n%s", n, none.Log())
 	}
 }
+
+// TestUtilReload: a reload takes up [status] util_interval (from "0",
+// never, to a sample a second: the sampling starts) and [idle] below
+// (a lease at 30% becomes idle under 50%), for leases already held.
+func TestUtilReload(t *testing.T) {
+	u := newUtilFiles(t)
+	u.set(0, "30")
+	conf := func(every, below string) string {
+		return harness.FakeConfig(2) + fmt.Sprintf("fake_util = %q\n[status]\nutil_interval = %q\n[idle]\nbelow = %s\n", u.dir, every, below)
+	}
+	b := harness.StartBroker(t, conf("0", "5"))
+	h := harness.Hold(t, b, "h", "-d", "0")
+	defer h.Release()
+	if bd := b.Board(t); bd.Util != nil || leaseOn(bd, 0).Util != nil {
+		t.Fatalf("util_interval \"0\" samples: %+v", bd.Util)
+	}
+	harness.WriteConf(t, b, conf("1s", "5"))
+	if code, info, errs := harness.Reload(t, b); code != 0 || !strings.Contains(strings.Join(info.Changed, " "), "[status]") {
+		t.Fatalf("reload: exit %d, %+v, %s", code, info, errs)
+	}
+	bd := harness.WaitBoard(t, b, func(x *wire.Board) bool { return x.Util != nil && is(leaseOn(x, 0).Util, 30) })
+	if l := leaseOn(bd, 0); l.IdleSince != 0 {
+		t.Errorf("a lease at 30%% is idle under 5%%: since %d", l.IdleSince)
+	}
+	harness.WriteConf(t, b, conf("1s", "50"))
+	if code, info, errs := harness.Reload(t, b); code != 0 || !strings.Contains(strings.Join(info.Changed, " "), "[idle]") {
+		t.Fatalf("reload: exit %d, %+v, %s", code, info, errs)
+	}
+	harness.WaitBoard(t, b, func(x *wire.Board) bool { return x.Util != nil && x.Util.Below == 50 && leaseOn(x, 0).IdleSince > 0 })
+}
