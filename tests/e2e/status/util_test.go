@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/npurun/npurun/tests/harness"
 	"github.com/npurun/npurun/wire"
@@ -311,4 +312,30 @@ func TestUtilReload(t *testing.T) {
 		t.Fatalf("reload: exit %d, %+v, %s", code, info, errs)
 	}
 	harness.WaitBoard(t, b, func(x *wire.Board) bool { return x.Util != nil && x.Util.Below == 50 && leaseOn(x, 0).IdleSince > 0 })
+}
+
+// TestUtilRestart: the figures live in the broker's memory, as the docs
+// say: after a kill -9 and a restart the lease held on goes on, and its
+// idle clock and its mean count again from the new broker's first sample.
+func TestUtilRestart(t *testing.T) {
+	u := newUtilFiles(t)
+	u.set(0, "1")
+	b := harness.StartBroker(t, harness.FakeConfig(1)+u.conf())
+	h := harness.Hold(t, b, "h", "-d", "0")
+	defer h.Release()
+	bd := harness.WaitBoard(t, b, func(x *wire.Board) bool { l := leaseOn(x, 0); return l != nil && l.IdleSince > 0 })
+	before := leaseOn(bd, 0).IdleSince
+	nextSamples(t, b, bd, 1)
+	b.Kill()
+	u.set(0, "3")
+	restart := time.Now()
+	b.Start()
+	bd = harness.WaitBoard(t, b, func(x *wire.Board) bool { l := leaseOn(x, 0); return l != nil && l.IdleSince > 0 })
+	l := leaseOn(bd, 0)
+	if l.IdleSince < restart.UnixMilli() || l.IdleSince <= before {
+		t.Errorf("after a restart at %d the lease is idle since %d (before: %d); want the new broker's first sample", restart.UnixMilli(), l.IdleSince, before)
+	}
+	if !is(l.UtilHeld, 3) {
+		t.Errorf("after a restart the lease's mean is %v, want 3%%: the new broker's samples alone", l.UtilHeld)
+	}
 }
