@@ -15,7 +15,7 @@ import (
 // Utilization joined to leases (issue 29). Each [status] util_interval
 // WatchUtil asks the vendor's tool what every device is doing, in one
 // round bounded by the interval (at most maxUtilWait), holding no lock
-// while it runs, and Sampled joins the answer to the leases held: each
+// while it runs, and sampled joins the answer to the leases held: each
 // lease keeps its devices' utilization now, its mean since its start,
 // and since when every sample found all its devices under [idle] below.
 // A device the tool did not answer for is unknown, and unknown is never
@@ -54,7 +54,7 @@ func (g *Ledger) WatchUtil(ctx context.Context, wake <-chan struct{}) {
 	if g == nil {
 		return
 	}
-	said := map[int]string{}
+	said := &utilSaid{dev: map[int]string{}}
 	next := time.Now()
 	for {
 		var tick <-chan time.Time
@@ -82,8 +82,14 @@ func (g *Ledger) WatchUtil(ctx context.Context, wake <-chan struct{}) {
 	}
 }
 
+// utilSaid is what WatchUtil last logged, to log each change once.
+type utilSaid struct {
+	none string         // the tool is not there at all: why
+	dev  map[int]string // each device's unknown utilization: why
+}
+
 // sampleUtil is one round of WatchUtil.
-func (g *Ledger) sampleUtil(ctx context.Context, wait time.Duration, said map[int]string) {
+func (g *Ledger) sampleUtil(ctx context.Context, wait time.Duration, said *utilSaid) {
 	cfg := g.policy()
 	cctx, cancel := context.WithTimeout(ctx, wait)
 	at := time.Now()
@@ -107,17 +113,17 @@ func (g *Ledger) sampleUtil(ctx context.Context, wait time.Duration, said map[in
 				break
 			}
 		}
-		if line := "utilization not sampled: " + why; said[-1] != line {
+		if line := "utilization not sampled: " + why; said.none != line {
 			g.log.Print(line)
-			clear(said)
-			said[-1] = line
+			clear(said.dev)
+			said.none = line
 		}
-		g.Sampled(at, nil, nil)
+		g.sampled(at, nil, nil)
 		return
 	}
-	if said[-1] != "" {
+	if said.none != "" {
 		g.log.Print("utilization sampled: the vendor's tool is there")
-		delete(said, -1)
+		said.none = ""
 	}
 	for _, id := range g.inv.IDs {
 		line := ""
@@ -126,24 +132,24 @@ func (g *Ledger) sampleUtil(ctx context.Context, wait time.Duration, said map[in
 		} else if _, ok := got[id]; !ok {
 			line = "utilization of " + g.deviceName(id) + " unknown: not in the answer"
 		}
-		if line != said[id] {
+		if line != said.dev[id] {
 			switch {
 			case line != "":
 				g.log.Print(line)
-			case said[id] != "":
+			case said.dev[id] != "":
 				g.log.Printf("utilization of %s known again", g.deviceName(id))
 			}
-			said[id] = line
+			said.dev[id] = line
 		}
 	}
-	g.Sampled(at, got, errs)
+	g.sampled(at, got, errs)
 }
 
-// Sampled joins a sample taken at at, of what the tool answered (got)
+// sampled joins a sample taken at at, of what the tool answered (got)
 // and why it did not (errs), to the devices and the leases held. No
 // answer and no reason (got and errs nil) is no tool to ask: nothing is
 // known, and the board says the broker does not sample.
-func (g *Ledger) Sampled(at time.Time, got map[int]npu.Util, errs map[int]error) {
+func (g *Ledger) sampled(at time.Time, got map[int]npu.Util, errs map[int]error) {
 	below := g.policy().Idle.Below
 	g.mu.Lock()
 	g.utilNone = got == nil && errs == nil
