@@ -162,7 +162,9 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 		}
 		b.Unleased = append(b.Unleased, g.unleasedInfo(u, show(u.uid)))
 	}
-	b.Util = g.utilInfoLocked()
+	if b.Util = g.utilInfoLocked(); b.Util == nil {
+		noUtil(b) // sampling off since: what the leases kept is not shown
+	}
 	b.Scan = wire.ScanInfo{IntervalMS: g.policy().Status.ScanInterval.Milliseconds(), GraceMS: g.policy().Status.UnleasedGrace.Milliseconds()}
 	if ls := g.lastScan; ls != nil {
 		b.Scan.Last = ls.at.UnixMilli()

@@ -56,12 +56,20 @@ func (g *Ledger) WatchUtil(ctx context.Context, wake <-chan struct{}) {
 	}
 	said := &utilSaid{dev: map[int]string{}}
 	next := time.Now()
+	on := false
 	for {
 		var tick <-chan time.Time
 		var t *time.Timer
-		if g.utilOn() {
+		switch {
+		case g.utilOn():
 			t = time.NewTimer(time.Until(next))
 			tick = t.C
+			on = true
+		case on:
+			// Turned off by a reload: nothing is known from now on, and
+			// an idle run does not go on through the time unsampled.
+			g.sampled(time.Now(), nil, nil)
+			on = false
 		}
 		select {
 		case <-ctx.Done():
@@ -234,6 +242,20 @@ func (g *Ledger) utilInfoLocked() *wire.UtilInfo {
 		return nil
 	}
 	return &wire.UtilInfo{IntervalMS: g.policy().Status.UtilInterval.Milliseconds(), Below: g.policy().Idle.Below, Last: g.utilAt.UnixMilli()}
+}
+
+// noUtil takes the leases' utilization off board b, whose broker does
+// not sample (any more).
+func noUtil(b *wire.Board) {
+	for i := range b.Devices {
+		d := &b.Devices[i]
+		if d.Lease != nil {
+			d.Lease.Util, d.Lease.UtilHeld, d.Lease.IdleSince = nil, nil, 0
+		}
+		for j := range d.Shares {
+			d.Shares[j].Util, d.Shares[j].UtilHeld, d.Shares[j].IdleSince = nil, nil, 0
+		}
+	}
 }
 
 // deviceUtilLocked puts device ds's last sample on the board.

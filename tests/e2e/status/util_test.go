@@ -312,6 +312,16 @@ func TestUtilReload(t *testing.T) {
 		t.Fatalf("reload: exit %d, %+v, %s", code, info, errs)
 	}
 	harness.WaitBoard(t, b, func(x *wire.Board) bool { return x.Util != nil && x.Util.Below == 50 && leaseOn(x, 0).IdleSince > 0 })
+
+	// Off again: no figures on the board, the lease's included.
+	harness.WriteConf(t, b, conf("0", "50"))
+	if code, _, errs := harness.Reload(t, b); code != 0 {
+		t.Fatalf("reload: exit %d, %s", code, errs)
+	}
+	harness.WaitBoard(t, b, func(x *wire.Board) bool {
+		l := leaseOn(x, 0)
+		return x.Util == nil && harness.Device(t, x, 0).Util == nil && l.Util == nil && l.UtilHeld == nil && l.IdleSince == 0
+	})
 }
 
 // TestUtilRestart: the figures live in the broker's memory, as the docs
