@@ -101,6 +101,9 @@ type Server struct {
 	// healthWake tells watchHealth that a reload may have changed
 	// [devices] health_interval (a send that never waits).
 	healthWake chan struct{}
+	// utilWake tells the utilization sampling that a reload may have
+	// changed [status] util_interval or [devices] fake_util.
+	utilWake chan struct{}
 	// capacityAsk tells askCapacities that a share request came that a
 	// device whose memory is not known yet could serve (a send that
 	// never waits: the lease table's Config.Ask).
@@ -161,6 +164,7 @@ func New(o Options) (*Server, error) {
 		byPlaceholder: map[uint32]*conn{},
 		cfgPath:       o.ConfigPath,
 		healthWake:    make(chan struct{}, 1),
+		utilWake:      make(chan struct{}, 1),
 		runDir:        o.RunDir,
 	}
 	s.capacityAsk = make(chan struct{}, 1)
@@ -400,11 +404,12 @@ func (s *Server) Serve(ctx context.Context, ln *net.UnixListener) error {
 	s.status.ServeMetrics(ctx)
 	hctx, endHealth := context.WithCancel(ctx)
 	defer endHealth()
-	go s.watchHealth(hctx)           // [devices] health_interval
-	go s.askCapacities(hctx)         // a shared device's memory the vendor's tool could not say at start
-	defer s.status.Stop()            // every lease it knows in the accounting log, written
-	defer s.tasks.Close(time.Second) // a broker that stops leaves no idle supervisor
-	defer s.tasks.Stop()             // nor a task armed
+	go s.watchHealth(hctx)                  // [devices] health_interval
+	go s.status.WatchUtil(hctx, s.utilWake) // [status] util_interval
+	go s.askCapacities(hctx)                // a shared device's memory the vendor's tool could not say at start
+	defer s.status.Stop()                   // every lease it knows in the accounting log, written
+	defer s.tasks.Close(time.Second)        // a broker that stops leaves no idle supervisor
+	defer s.tasks.Stop()                    // nor a task armed
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {

@@ -78,6 +78,10 @@ func (s *Server) Reload() (*wire.ReloadInfo, error) {
 	case s.healthWake <- struct{}{}: // [devices] health_interval, from the next round
 	default:
 	}
+	select {
+	case s.utilWake <- struct{}{}: // [status] util_interval, [devices] fake_util
+	default:
+	}
 	s.mu.Lock()
 	s.scheduleLocked() // the new pools and limits may let waiters through
 	s.progressLocked() // and the reasons they wait change

@@ -26,6 +26,8 @@ type Tools struct {
 	NPUSmi    string // Ascend: "" means the Inventory's, or npu-smi in PATH
 	NVIDIASmi string // NVIDIA: "" means nvidia-smi in PATH
 	FakeFile  string // the fake vendor's health file ([devices] fake_health)
+
+	FakeUtilDir string // the fake vendor's utilization files, npuN each ([devices] fake_util)
 }
 
 // maxToolOutput bounds what is read of a health tool's answer.

@@ -41,6 +41,7 @@ type Config struct {
 	NVIDIASmi         string        // "" when absent: nvidia-smi in PATH
 	HealthInterval    time.Duration // [devices] health_interval: how often the vendor's tool is asked; 0: never
 	FakeHealth        string        // [devices] fake_health: the fake vendor's health file
+	FakeUtil          string        // [devices] fake_util: the directory of the fake vendor's utilization files
 	MaxConnections    int
 	MaxWaitingPerUser int
 	DefaultPool       string
@@ -56,6 +57,7 @@ type Config struct {
 	Slurm             Slurm            // [slurm]
 	Containers        Containers       // [containers]: npurun-runtime's
 	Share             Share            // [share]: devices that hold shares of their memory
+	Idle              Idle             // [idle]: when a lease is idle
 
 	file string    // the file name as given to Parse, for warnings
 	idx  lineIndex // where each table and key is, for warnings
@@ -375,6 +377,16 @@ func (p *parser) health(table []string, t map[string]any, c *Config) {
 	default:
 		c.FakeHealth = s
 	}
+	s, ok = p.str(table, t, "fake_util")
+	switch {
+	case !ok:
+	case c.Vendor != "fake":
+		p.errorf(table, "fake_util", "is the fake vendor's utilization directory: vendor %q asks its own tool", c.Vendor)
+	case !filepath.IsAbs(s) || s != filepath.Clean(s):
+		p.errorf(table, "fake_util", "must be a clean absolute path to a directory, not %q", s)
+	default:
+		c.FakeUtil = s
+	}
 }
 
 func (p *parser) ids(table []string, t map[string]any, key string) ([]int, string, bool) {
@@ -415,12 +427,12 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		switch k {
-		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict", "slurm", "containers", "share":
+		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict", "slurm", "containers", "share", "idle":
 			continue
 		}
 		if _, isTable := raw[k].(map[string]any); isTable {
 			p.errs = append(p.errs, Error{File: p.file, Line: p.idx.line(k), Key: "[" + k + "]",
-				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, user.NAME, group.NAME)"})
+				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, user.NAME, group.NAME)"})
 		} else {
 			p.errorf(nil, k, "unknown key (keys belong in a table such as [devices])")
 		}
@@ -430,7 +442,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	devices := []string{"devices"}
 	var idsText string
 	if t, ok := p.table(nil, raw, "devices"); ok {
-		p.unknown(devices, t, "vendor", "ids", "dev_dir", "npu_smi", "nvidia_smi", "health_interval", "fake_health")
+		p.unknown(devices, t, "vendor", "ids", "dev_dir", "npu_smi", "nvidia_smi", "health_interval", "fake_health", "fake_util")
 		if v, ok := p.str(devices, t, "vendor"); ok {
 			switch v {
 			case "ascend", "nvidia", "fake", "auto":
@@ -611,6 +623,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	}
 	p.status(raw, c)
 	p.usage(raw, c)
+	p.idle(raw, c)
 
 	c.Restrict = p.restrict(raw, c, poolExists)
 	c.Slurm = p.slurm(raw, c)

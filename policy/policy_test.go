@@ -131,6 +131,9 @@ func TestParseGood(t *testing.T) {
 			if tt.want.Containers.Unleased == "" {
 				tt.want.Containers = Containers{Unleased: DefaultContainersUnleased, StateDir: DefaultContainersStateDir}
 			}
+			if tt.want.Idle == (Idle{}) {
+				tt.want.Idle = Idle{Below: DefaultIdleBelow}
+			}
 			if tt.want.Share.OverDeclared == "" {
 				tt.want.Share = Share{Margin: DefaultShareMargin, OverDeclared: OverReport}
 			}
@@ -166,7 +169,7 @@ func TestParseBad(t *testing.T) {
 		{
 			name: "unknown table",
 			conf: "[devices]\nvendor = \"auto\"\n[device]\nids = \"1\"\n",
-			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, user.NAME, group.NAME)"},
+			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, user.NAME, group.NAME)"},
 		},
 		{
 			name: "key outside a table",

@@ -17,9 +17,10 @@ import (
 // named as the file names it ("[devices] ids"); none: n may be taken up.
 // The socket and the run directory are command-line options, not the
 // file's, and never change. Everything else is reloaded: the pools,
-// [limits], [user.NAME], [group.NAME], [restrict], [status], [devices]
-// health_interval, nvidia_smi and fake_health (from the health checks'
-// next round), [broker] max_connections, max_waiting_per_user and default_pool, [tasks]
+// [limits], [user.NAME], [group.NAME], [restrict], [status] (util_interval
+// from the next sample), [idle], [devices]
+// health_interval, nvidia_smi, fake_health and fake_util (from the health
+// checks' and the utilization's next round), [broker] max_connections, max_waiting_per_user and default_pool, [tasks]
 // time_limit, max_time, max_tasks, kill_grace, cpu_threads,
 // idle_priority, [containers] (npurun-runtime's, read by it) and [share]
 // over_declared.
@@ -61,8 +62,8 @@ func (c *Config) Changed(n *Config) []string {
 			out = append(out, name)
 		}
 	}
-	diff("[devices]", []any{c.Vendor, c.IDs, c.DevDir, c.NPUSmi, c.NVIDIASmi, c.HealthInterval, c.FakeHealth},
-		[]any{n.Vendor, n.IDs, n.DevDir, n.NPUSmi, n.NVIDIASmi, n.HealthInterval, n.FakeHealth})
+	diff("[devices]", []any{c.Vendor, c.IDs, c.DevDir, c.NPUSmi, c.NVIDIASmi, c.HealthInterval, c.FakeHealth, c.FakeUtil},
+		[]any{n.Vendor, n.IDs, n.DevDir, n.NPUSmi, n.NVIDIASmi, n.HealthInterval, n.FakeHealth, n.FakeUtil})
 	diff("[pools]", c.Pools, n.Pools)
 	diff("[broker]", []any{c.MaxConnections, c.MaxWaitingPerUser, c.DefaultPool, c.MetricsListen},
 		[]any{n.MaxConnections, n.MaxWaitingPerUser, n.DefaultPool, n.MetricsListen})
@@ -76,5 +77,6 @@ func (c *Config) Changed(n *Config) []string {
 	diff("[slurm]", c.Slurm, n.Slurm)
 	diff("[containers]", c.Containers, n.Containers)
 	diff("[share]", c.Share, n.Share)
+	diff("[idle]", c.Idle, n.Idle)
 	return out
 }

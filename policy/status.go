@@ -6,12 +6,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
 // Defaults of the [status] and [usage] tables.
 const (
 	DefaultScanInterval  = 10 * time.Second
+	DefaultUtilInterval  = 30 * time.Second
+	MinUtilInterval      = time.Second
 	DefaultUnleasedGrace = 30 * time.Second
 	DefaultUsageMaxMB    = 16
 	DefaultUsageKeep     = 4
@@ -44,6 +47,7 @@ const (
 // ([status]).
 type Status struct {
 	ScanInterval         time.Duration // the background /proc scan runs at most this often
+	UtilInterval         time.Duration // how often each device's utilization is read; 0: never
 	UnleasedGrace        time.Duration // how long an account uses a device node without a lease before it is reported
 	UnleasedUse          string        // UnleasedReport, UnleasedTerm or UnleasedKill (restricted accounts only)
 	UnleasedExemptUsers  []string      // accounts whose processes are never reported
@@ -107,6 +111,7 @@ type Usage struct {
 func defaultStatus() Status {
 	return Status{
 		ScanInterval:        DefaultScanInterval,
+		UtilInterval:        DefaultUtilInterval,
 		UnleasedGrace:       DefaultUnleasedGrace,
 		UnleasedUse:         UnleasedReport,
 		UnleasedExemptUsers: slices.Clone(DefaultUnleasedExemptUsers),
@@ -146,12 +151,21 @@ func (p *parser) status(raw map[string]any, c *Config) {
 	if !ok {
 		return
 	}
-	p.unknown(table, t, "scan_interval", "unleased_grace", "unleased_use", "unleased_exempt_users", "unleased_exempt_groups", "show_commands", "unleased_exempt")
+	p.unknown(table, t, "scan_interval", "util_interval", "unleased_grace", "unleased_use", "unleased_exempt_users", "unleased_exempt_groups", "show_commands", "unleased_exempt")
 	if d, ok := p.duration(table, t, "scan_interval"); ok {
 		if d < time.Second {
 			p.errorf(table, "scan_interval", "must be at least \"1s\"")
 		} else {
 			c.Status.ScanInterval = d
+		}
+	}
+	if _, given := t["util_interval"]; given {
+		if d, ok := p.duration(table, t, "util_interval"); ok {
+			if d != 0 && d < MinUtilInterval {
+				p.errorf(table, "util_interval", "must be at least %q (or \"0\": never), not %q", "1s", t["util_interval"])
+			} else {
+				c.Status.UtilInterval = d
+			}
 		}
 	}
 	if d, ok := p.duration(table, t, "unleased_grace"); ok {
@@ -238,4 +252,53 @@ func (p *parser) stringList(table []string, t map[string]any, key string) ([]str
 		}
 	}
 	return out, true
+}
+
+// DefaultIdleBelow is [idle] below: a device under this utilization, in
+// percent, is idle.
+const DefaultIdleBelow = 5.0
+
+// Idle is the [idle] table: when a lease counts as idle.
+type Idle struct {
+	// Below is the utilization, in percent, under which a device is
+	// idle: a lease is idle while every sample of all its devices is
+	// under it.
+	Below float64
+}
+
+// idle reads the [idle] table.
+func (p *parser) idle(raw map[string]any, c *Config) {
+	c.Idle = Idle{Below: DefaultIdleBelow}
+	table := []string{"idle"}
+	t, ok := p.table(nil, raw, "idle")
+	if !ok {
+		return
+	}
+	p.unknown(table, t, "below")
+	v, ok := t["below"]
+	if !ok {
+		return
+	}
+	var pct float64
+	switch x := v.(type) {
+	case int64:
+		pct = float64(x)
+	case float64:
+		pct = x
+	case string:
+		n, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(x), "%"), 64)
+		if err != nil || !strings.HasSuffix(strings.TrimSpace(x), "%") {
+			p.errorf(table, "below", "want a percentage such as 5 or \"5%%\", not %q", x)
+			return
+		}
+		pct = n
+	default:
+		p.errorf(table, "below", "must be a number (a percentage such as 5), not %s", typeName(v))
+		return
+	}
+	if !(pct > 0 && pct <= 100) {
+		p.errorf(table, "below", "must be a percentage above 0 and at most 100, not %v", pct)
+		return
+	}
+	c.Idle.Below = pct
 }

@@ -35,7 +35,7 @@ groups = ["students"]
 	if c.MetricsListen != "127.0.0.1:9464" {
 		t.Errorf("MetricsListen = %q", c.MetricsListen)
 	}
-	wantStatus := Status{ScanInterval: 2 * time.Second, UnleasedGrace: 5 * time.Second, UnleasedUse: UnleasedTerm,
+	wantStatus := Status{ScanInterval: 2 * time.Second, UtilInterval: DefaultUtilInterval, UnleasedGrace: 5 * time.Second, UnleasedUse: UnleasedTerm,
 		UnleasedExemptUsers: []string{"root", "dcgm"}, UnleasedExemptGroups: []string{"monitors"}, ShowCommands: ShowCommandsOwn}
 	if !reflect.DeepEqual(c.Status, wantStatus) {
 		t.Errorf("Status = %+v, want %+v", c.Status, wantStatus)
@@ -115,7 +115,7 @@ keep = 101
 		`npurun.conf:6: [status] unleased_use: want "report", "term" or "kill", not "shoot"`,
 		`npurun.conf:7: [status] unleased_exempt_users: must be an array of user names, not one holding an integer`,
 		`npurun.conf:8: [status] show_commands: want "all" or "own", not "mine"`,
-		`npurun.conf:9: [status] colour: unknown key (known: scan_interval, unleased_grace, unleased_use, unleased_exempt_users, unleased_exempt_groups, show_commands, unleased_exempt)`,
+		`npurun.conf:9: [status] colour: unknown key (known: scan_interval, util_interval, unleased_grace, unleased_use, unleased_exempt_users, unleased_exempt_groups, show_commands, unleased_exempt)`,
 		`npurun.conf:11: [usage] log: must be an absolute path, not "usage.log"`,
 		`npurun.conf:12: [usage] max_size_mb: must be at least 1, not 0`,
 		`npurun.conf:13: [usage] keep: must be at most 100, not 101`,

@@ -68,7 +68,16 @@ type Board struct {
 	Waiting   []Line        `json:"waiting"`  // one per pool, in the configuration's order
 	Unleased  []Unleased    `json:"unleased"` // reported unleased use, past its grace window
 	Scan      ScanInfo      `json:"scan"`
+	Util      *UtilInfo     `json:"util,omitempty"`      // the utilization sampling; nil where the broker does not sample (no interval, no tool), and before its first sample
 	Truncated bool          `json:"truncated,omitempty"` // lists were cut to fit one message
+}
+
+// UtilInfo says how the broker samples the devices' utilization ([status]
+// util_interval) and when a lease is idle ([idle] below).
+type UtilInfo struct {
+	IntervalMS int64   `json:"interval_ms"`
+	Below      float64 `json:"below"` // percent: a lease whose devices are all under it is idle
+	Last       int64   `json:"last"`  // Unix ms of the last sample
 }
 
 // DeviceState is one device on the board.
@@ -81,6 +90,15 @@ type DeviceState struct {
 	Lease       *LeaseInfo  `json:"lease,omitempty"`
 	ReservedFor *WaiterInfo `json:"reserved_for,omitempty"`
 	Drain       *DrainInfo  `json:"drain,omitempty"` // drained (drain.go): State is DeviceDrained, or a lease's that runs on
+
+	// The last sample of its utilization (Board.Util): compute in percent,
+	// memory in use and in all in MiB (0: the tool does not say). Util is
+	// nil where it is unknown: UtilUnknown says why (the tool failed, hung
+	// or printed what does not parse).
+	Util        *float64 `json:"util,omitempty"`
+	MemUsed     int64    `json:"mem_used,omitempty"`
+	MemTotal    int64    `json:"mem_total,omitempty"`
+	UtilUnknown string   `json:"util_unknown,omitempty"`
 
 	// A device that holds shares (npurun --mem): State is DeviceShared
 	// while it holds any, Shares are their leases in grant order, and
@@ -134,6 +152,18 @@ type LeaseInfo struct {
 	Used int64 `json:"used,omitempty"`
 	Peak int64 `json:"peak,omitempty"`
 	Over bool  `json:"over,omitempty"`
+
+	// Its devices' utilization (Board.Util), in percent: now, the mean of
+	// its devices at the last sample (nil: any of them unknown); held, the
+	// mean of the samples known since its start (since the broker's
+	// start, for one held from before: figures are not kept across a
+	// restart); IdleSince, Unix ms of the first of the samples, up to the
+	// last, that found all its devices under [idle] below (0: not idle).
+	// A share has its device's figures: the hardware does not split
+	// compute by process.
+	Util      *float64 `json:"util,omitempty"`
+	UtilHeld  *float64 `json:"util_held,omitempty"`
+	IdleSince int64    `json:"idle_since,omitempty"`
 }
 
 // Holder is a process that holds a lease's lock descriptor.

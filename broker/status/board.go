@@ -90,6 +90,7 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 	for _, d := range snap.Devices {
 		id := d.ID
 		ds := wire.DeviceState{ID: id, Name: g.deviceName(id), Pool: d.Pool, State: states[id]}
+		g.deviceUtilLocked(&ds)
 		if dr := d.Drain; dr != nil {
 			ds.Drain = &wire.DrainInfo{Drained: true, By: dr.By, Reason: dr.Reason, Since: dr.Since.UnixMilli()}
 			if d.State == lease.Drained {
@@ -160,6 +161,9 @@ func (g *Ledger) boardLocked(asker uint32, snap lease.Snapshot, cpu []*lease.Wai
 			break
 		}
 		b.Unleased = append(b.Unleased, g.unleasedInfo(u, show(u.uid)))
+	}
+	if b.Util = g.utilInfoLocked(); b.Util == nil {
+		noUtil(b) // sampling off since: what the leases kept is not shown
 	}
 	b.Scan = wire.ScanInfo{IntervalMS: g.policy().Status.ScanInterval.Milliseconds(), GraceMS: g.policy().Status.UnleasedGrace.Milliseconds()}
 	if ls := g.lastScan; ls != nil {
@@ -237,6 +241,7 @@ func leaseInfo(e *entry, id int, show func(uint32) bool) *wire.LeaseInfo {
 	if m := e.mem; m != nil {
 		li.Used, li.Peak, li.Over = m.used, m.peak, m.over
 	}
+	leaseUtilInfo(e, li)
 	li.Holders, li.MoreHolders = holdersInfo(e, id, show)
 	if !e.checked.IsZero() {
 		li.Checked = e.checked.UnixMilli()

@@ -169,6 +169,12 @@ type Ledger struct {
 	sums usageSums
 
 	containers containerNames // container id -> its name, as the runtime told (containers.go)
+
+	// the last utilization sample (util.go)
+	util     map[int]npu.Util // the devices the tool answered for
+	utilErr  map[int]string   // why it did not, for the others
+	utilAt   time.Time        // when; zero before the first
+	utilNone bool             // the vendor's tool is not there: nothing sampled
 }
 
 // entry is one grant while any of its devices is held.
@@ -196,6 +202,8 @@ type entry struct {
 	containerPID int
 
 	mem *memUse // a share's use of its device's memory, as the vendor's tool showed it (memory.go)
+
+	util *leaseUtil // what the utilization samples said of it (util.go); nil before the first
 }
 
 // ended is a device's end heard before its lease's start.

@@ -38,6 +38,10 @@ var (
 	waitersDesc  = prometheus.NewDesc("npurun_waiters", "Requests waiting, by pool (\"cpu\": tasks waiting for a CPU slot).", []string{"pool"}, nil)
 	unleasedDesc = prometheus.NewDesc("npurun_unleased_processes", "Processes reported with a device node open without a lease, past the grace window.", nil, nil)
 	tasksDesc    = prometheus.NewDesc("npurun_tasks", "Tasks the broker knows, by state.", []string{"state"}, nil)
+	utilDesc     = prometheus.NewDesc("npurun_device_utilization_percent", "Each device's compute utilization at the last sample ([status] util_interval), as the vendor's tool says it; absent while unknown.", []string{"device"}, nil)
+	memUsedDesc  = prometheus.NewDesc("npurun_device_memory_used_bytes", "Each device's memory in use at the last utilization sample; absent while unknown.", []string{"device"}, nil)
+	memTotalDesc = prometheus.NewDesc("npurun_device_memory_total_bytes", "Each device's memory, as the vendor's tool says it at the last utilization sample.", []string{"device"}, nil)
+	idleDesc     = prometheus.NewDesc("npurun_lease_idle_seconds", "How long every sample has found all of a lease's devices under [idle] below (0: busy, or unknown), per device of each lease held.", []string{"user", "kind", "device"}, nil)
 	droppedDesc  = prometheus.NewDesc("npurun_usage_records_dropped_total", "Accounting log records that could not be written since the broker started.", nil, nil)
 )
 
@@ -79,7 +83,7 @@ func (m *metrics) scanned(res *procscan.Result) {
 type stateCollector struct{ g *Ledger }
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{devicesDesc, waitersDesc, unleasedDesc, tasksDesc, droppedDesc} {
+	for _, d := range []*prometheus.Desc{devicesDesc, waitersDesc, unleasedDesc, tasksDesc, droppedDesc, utilDesc, memUsedDesc, memTotalDesc, idleDesc} {
 		ch <- d
 	}
 }
@@ -92,7 +96,11 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	g.mu.Lock()
 	states, _ := g.statesLocked(snap)
 	unleased := len(g.reported)
+	utils := g.utilMetricsLocked(time.Now())
 	g.unlock()
+	for _, m := range utils {
+		ch <- m
+	}
 	byState := map[string]int{}
 	for _, st := range states {
 		byState[st]++

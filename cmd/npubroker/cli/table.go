@@ -15,6 +15,16 @@ import (
 // Table writes the board for people, fitting the command column to width
 // (0: no limit); durations count to now.
 //
+// Where the broker samples the devices' utilization ([status]
+// util_interval), a UTIL column says each device's utilization at the
+// last sample and, for a lease, the mean of its devices since its start;
+// a lease whose devices every sample has found idle is marked so:
+//
+//	DEVICE  POOL     STATE   USER   PID   COMMAND           UTIL (now / held)  SINCE
+//	npu0    default  leased  alice  4121  python train.py   97% / 88%          2h13m
+//	npu1    default  leased  bob    5120  jupyter-lab       0% / 3%            1d4h   idle 26h
+//	npu2    default  free                                   0%
+//
 //	DEVICE  POOL         STATE     USER     PID    COMMAND                    SINCE
 //	npu0    interactive  leased    alice    4121   python train.py            2h13m
 //	npu1    interactive  free
@@ -52,9 +62,12 @@ func Table(b *wire.Board, width int, now time.Time) string {
 	if shared {
 		rows[0] = []string{"DEVICE", "POOL", "STATE", "USER", "PID", "COMMAND", "MEM", "SINCE"}
 	}
+	if b.Util != nil {
+		rows[0] = append(rows[0][:len(rows[0])-1:len(rows[0])-1], "UTIL (now / held)", "SINCE")
+	}
 	for _, d := range b.Devices {
 		if !shared {
-			rows = append(rows, deviceRow(b, d, now))
+			rows = append(rows, utilRow(b, d, d.Lease, deviceRow(b, d, now), now))
 			continue
 		}
 		rows = append(rows, shareRows(b, d, now)...)
@@ -385,7 +398,7 @@ func shareRows(b *wire.Board, d wire.DeviceState, now time.Time) [][]string {
 		if d.CapacityUnknown != "" {
 			mem = "unknown"
 		}
-		return [][]string{append(row[:len(row)-1:len(row)-1], mem, row[len(row)-1])}
+		return [][]string{utilRow(b, d, d.Lease, append(row[:len(row)-1:len(row)-1], mem, row[len(row)-1]), now)}
 	}
 	var rows [][]string
 	for i := range d.Shares {
@@ -408,7 +421,36 @@ func shareRows(b *wire.Board, d wire.DeviceState, now time.Time) [][]string {
 		if l.Over {
 			mem += "  over!"
 		}
-		rows = append(rows, append(row[:len(row)-1:len(row)-1], mem, row[len(row)-1]))
+		rows = append(rows, utilRow(b, d, l, append(row[:len(row)-1:len(row)-1], mem, row[len(row)-1]), now))
 	}
 	return rows
+}
+
+// utilRow puts the UTIL column in row, the row of device d (and lease
+// l, or nil), before its last (SINCE), where the broker samples
+// utilization: the device's utilization now and, for a lease, the mean
+// of its devices since its start ("97% / 88%"; "-" where unknown), and
+// after SINCE, a lease that has been idle since a sample, for how long
+// ("idle 26h").
+func utilRow(b *wire.Board, d wire.DeviceState, l *wire.LeaseInfo, row []string, now time.Time) []string {
+	if b.Util == nil {
+		return row
+	}
+	cell := percent(d.Util)
+	if l != nil {
+		cell += " / " + percent(l.UtilHeld)
+	}
+	row = append(row[:len(row)-1:len(row)-1], cell, row[len(row)-1])
+	if l != nil && l.IdleSince > 0 {
+		row = append(row, "idle "+quantity.Approx(now.Sub(time.UnixMilli(l.IdleSince))))
+	}
+	return row
+}
+
+// percent is a utilization for people: "97%", "-" where unknown.
+func percent(p *float64) string {
+	if p == nil {
+		return "-"
+	}
+	return strconv.FormatFloat(*p, 'f', 0, 64) + "%"
 }
