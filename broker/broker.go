@@ -86,7 +86,9 @@ type Options struct {
 // (taskRoomOwner, a connection waiting for a task's end) holding none of
 // its own, so no room's lock is ever held under one that comes after it
 // here; a release goes from the table to the status room (Ended) without
-// Server.mu. The task room's journal (package tasks/journal) and its
+// Server.mu. A request that is not to wait lets Server.mu go while it
+// waits for the lease ends under way (awaitEndsLocked): their watchers
+// take it to serve the line. The task room's journal (package tasks/journal) and its
 // runner share its lock. TestRoomsLockOrder runs all of them at once under -race.
 type Server struct {
 	// cfg is the policy, read without a lock (policy) and replaced, never

@@ -61,6 +61,9 @@ func (s *Server) acquire(c *conn, req *wire.Request) bool {
 	if c.w == nil {
 		return true // granted at once
 	}
+	if req.NoWait && s.awaitEndsLocked(c, w) {
+		return true // granted as a device came free, or the connection closed meanwhile
+	}
 	if req.NoWait {
 		why := s.table.Reason(w) // a drain, or the user's cap, that holds it back
 		s.table.Remove(w)
@@ -71,6 +74,45 @@ func (s *Server) acquire(c *conn, req *wire.Request) bool {
 	}
 	s.progressLocked() // its place, soon: a short wait costs no message
 	return true
+}
+
+// endingWait bounds how long a request that is not to wait waits for the
+// watchers of leases whose holders are gone to end them (awaitEndsLocked):
+// a moment, unless a device's gate cannot close it (then it is out of
+// service, and the request refused).
+const endingWait = 5 * time.Second
+
+// awaitEndsLocked is the wait of request w on connection c, not granted
+// and not to wait (longer): npurun --no-wait, a login whose on_busy wait
+// is over. It waits for the leases of devices w may take whose holders
+// are gone already while their watchers have not ended them yet
+// (lease.Table.Ending): the previous holder's command has exited, so the
+// device is not in use. It lets s.mu go meanwhile: a watcher's end serves
+// the line (tableOwner.Freed), w in it. It tells whether w is settled
+// (granted, or its connection closed); false: w waits still, and is to be
+// refused.
+func (s *Server) awaitEndsLocked(c *conn, w *lease.Waiter) bool {
+	ends := s.table.Ending(w)
+	if len(ends) == 0 {
+		return false
+	}
+	s.mu.Unlock()
+	bound := time.NewTimer(endingWait)
+wait:
+	for _, end := range ends {
+		select {
+		case <-end:
+		case <-bound.C:
+			break wait
+		}
+	}
+	bound.Stop()
+	s.mu.Lock()
+	if c.w != w {
+		return true
+	}
+	s.scheduleLocked()
+	return c.w == nil
 }
 
 // admitLocked checks a request for n devices (or exactly devices) from pool

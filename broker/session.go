@@ -127,14 +127,16 @@ func (s *Server) session(c *conn, req *wire.Request) bool {
 		return true // granted at once, or the grant failed and said so
 	}
 	if d.Wait == 0 {
-		s.busyLocked(c, l)
+		if !s.awaitEndsLocked(c, w) {
+			s.busyLocked(c, l)
+		}
 		return true
 	}
 	c.sendLocked(&wire.Reply{Type: wire.TypeQueued, Pool: w.Pool, WaitMS: d.Wait.Milliseconds()})
 	time.AfterFunc(d.Wait, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if c.w == w && !c.closed {
+		if c.w == w && !c.closed && !s.awaitEndsLocked(c, w) && !c.closed {
 			s.busyLocked(c, l)
 		}
 	})

@@ -56,6 +56,11 @@ type share struct {
 	spare int // a second open, for its watcher; -1 once closed
 	ended atomic.Bool
 	poke  chan struct{} // Abandon's: its holders are gone (abandon.go)
+
+	// waiting is spare as its watcher waits on it, from Commit (or Open)
+	// until the watcher has seen its lock go (Ending); under the table's
+	// lock.
+	waiting *ending
 }
 
 // SharePath is the lock file of share slot k of device id in dir.
@@ -292,12 +297,23 @@ func unlinkIf(path string, file fileid.ID) {
 // gate closes the device to its user (unless another share of theirs is
 // there), and its room is free.
 func (t *Table) watchShare(d *device, s *share) {
+	t.mu.Lock()
+	e := s.waiting
+	t.mu.Unlock()
 	stale, err := t.waitRelease(s.spare, s.poke, func() bool { return true })
+	releaseSeen(d.id)
 	if err != nil {
 		// Keep its room taken rather than risk packing over it.
 		t.log.Printf("npu %d: wait for the release of share %d: %v; its room stays taken", d.id, s.slot, err)
+		t.mu.Lock()
+		s.waiting = nil // its descriptor stays the watcher's: Ending must not try it
+		t.mu.Unlock()
+		close(e.over)
 		return
 	}
+	t.mu.Lock()
+	t.seen(d, &s.waiting) // its descriptor closes from now on
+	t.mu.Unlock()
 	if stale != nil {
 		t.outlive(d, s.lease, s.spare, stale)
 		s.spare = -1
@@ -335,6 +351,7 @@ func (t *Table) watchShare(d *device, s *share) {
 	d.closing--
 	t.mu.Unlock()
 	t.owner.Freed()
+	t.over(d, e)
 }
 
 // findShares finds the shares held at Open in the lock directory: a share
@@ -384,7 +401,7 @@ func (t *Table) findShares(dir string) error {
 		}
 		l := &Lease{Pool: t.pc.Load().poolOf[id], Devices: []int{id}, Files: []fileid.ID{file}, Mem: mem, Since: time.Now(), Adopted: true}
 		l.ID = t.newIDLocked(time.Now())
-		s := &share{lease: l, slot: slot, mem: mem, path: path, file: file, fd: -1, spare: fd, poke: make(chan struct{}, 1)}
+		s := &share{lease: l, slot: slot, mem: mem, path: path, file: file, fd: -1, spare: fd, poke: make(chan struct{}, 1), waiting: newEnding(fd)}
 		d.shares = append(d.shares, s)
 		d.leases = append(d.leases, l)
 		switch {

@@ -164,7 +164,9 @@ type device struct {
 	drain    *Drain    // drained: granted to nobody until undrained (drain.go)
 	freed    time.Time // when its last lease ended; zero while leased, and once granted again
 
-	watch chan int // descriptors for the watcher to wait on, one a lease
+	watch   chan *ending // the leases for the watcher to wait on, one at a time
+	waiting *ending      // the lease it waits on now, until it has seen its lock go (Ending)
+	ending  []*ending    // the leases (whole, or shares) whose lock is gone, until the device is in service again
 
 	// abandoned is the lock file of the lease Abandon ended (its holders
 	// gone, its lock held by a descriptor no process has), poke wakes the
@@ -223,7 +225,7 @@ func Open(c Config) (*Table, error) {
 	}
 	t.devs = make([]*device, maxID+1)
 	for _, id := range t.ids {
-		d := &device{id: id, path: LockPath(c.Dir, id), fd: -1, spare: -1, watch: make(chan int, 1), poke: make(chan struct{}, 1), capacity: c.Capacity[id], unknown: c.Unknown[id]}
+		d := &device{id: id, path: LockPath(c.Dir, id), fd: -1, spare: -1, watch: make(chan *ending, 1), poke: make(chan struct{}, 1), capacity: c.Capacity[id], unknown: c.Unknown[id]}
 		t.sharing = t.sharing || d.capacity > 0 || d.unknown != ""
 		fd, isFree, err := tryLock(d.path)
 		if err != nil {
@@ -369,7 +371,11 @@ func (t *Table) Start(closed map[int]error) {
 	for _, id := range t.ids {
 		d := t.devs[id]
 		if fd, ok := found[id]; ok {
-			d.watch <- fd
+			e := newEnding(fd)
+			t.mu.Lock()
+			d.waiting = e
+			t.mu.Unlock()
+			d.watch <- e
 			continue
 		}
 		old := old[id]
@@ -393,7 +399,8 @@ func (t *Table) Start(closed map[int]error) {
 // tree is gone; then the lease is over, and d is free once its gate has
 // closed it and the fresh file is in place.
 func (t *Table) watch(d *device) {
-	for fd := range d.watch {
+	for e := range d.watch {
+		fd := e.fd
 		d.ended.Store(nil)
 		// The next lease's lock file is made while this one runs, not
 		// after: a lease's end, when waiters are many and descriptors
@@ -405,14 +412,19 @@ func (t *Table) watch(d *device) {
 			defer t.mu.Unlock()
 			return ferr == nil && d.abandoned == file
 		})
+		releaseSeen(d.id)
 		if err != nil {
 			// Nothing else can be done with this device; keep it out of
 			// use rather than risk a double grant.
 			t.log.Printf("npu %d: wait for release: %v; device taken out of service", d.id, err)
+			t.mu.Lock()
+			d.waiting = nil // fd is closed now: Ending must not try it
+			t.mu.Unlock()
 			unix.Close(fd)
 			if next := ahead(); next != nil {
 				next.discard()
 			}
+			close(e.over) // d is out of service
 			continue
 		}
 		if ferr == nil {
@@ -436,6 +448,7 @@ func (t *Table) watch(d *device) {
 			t.gate.Close(d.id, nil, nil) // before the device can be granted again; fail closed: granted to nobody meanwhile
 		}
 		t.renew(d, fd, next)
+		t.over(d, e) // d is in service again (renew told the owner: Freed)
 	}
 }
 
@@ -446,6 +459,7 @@ func (t *Table) releasedLocked(d *device, now time.Time) ([]*Lease, []bool) {
 	defer t.mu.Unlock()
 	ended := d.leases
 	d.leases, d.freed = nil, now
+	t.seen(d, &d.waiting)
 	if d.counted && len(ended) > 0 {
 		uid := ended[0].UID
 		if t.held[uid]--; t.held[uid] <= 0 {
@@ -1067,6 +1081,7 @@ func (t *Table) Commit(h *Handover) *Lease {
 		for i, id := range h.Devices {
 			d, s := t.devs[id], h.shares[i]
 			s.lease, s.h, s.fd = l, nil, -1 // the owner closes the locked descriptor once delivered
+			s.waiting = newEnding(s.spare)
 			d.leases = append(d.leases, l)
 			d.freed = time.Time{}
 			go t.watchShare(d, s)
@@ -1082,8 +1097,10 @@ func (t *Table) Commit(h *Handover) *Lease {
 		d.leases = []*Lease{l}
 		d.counted = counted
 		d.freed = time.Time{}
+		e := newEnding(d.spare)
+		d.waiting = e
 		select {
-		case d.watch <- d.spare: // its watcher is idle: the device was free
+		case d.watch <- e: // its watcher is idle: the device was free
 		default:
 			// Its watcher waits on a lease: this device is granted twice.
 			// Crash rather than wait (a broker's crash releases nothing,

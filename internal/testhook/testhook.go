@@ -1,7 +1,8 @@
-// Package testhook stops a broker at a named point, or makes a named fault
-// happen once, for a test that must kill it inside a window too narrow to
-// hit by chance. It imports only the standard library, and a hook does
-// nothing unless a test's environment names it.
+// Package testhook stops a broker at a named point, holds it there a
+// while, or makes a named fault happen once, for a test that must kill it
+// (or reach it) inside a window too narrow to hit by chance. It imports
+// only the standard library, and a hook does nothing unless a test's
+// environment names it.
 package testhook
 
 import (
@@ -10,12 +11,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // The points are named by NPUBROKER_TEST_HOOK in the broker's
 // environment, separated by commas, read once at start; unset, as in
-// production, Stop and Fails do nothing. The points are named where they
-// are used (broker/tasks/testhook.go, broker/drain.go).
+// production, Stop, Pause and Fails do nothing. The points are named
+// where they are used (broker/tasks/testhook.go, broker/drain.go,
+// broker/lease/ending.go).
 var (
 	points = strings.Split(os.Getenv("NPUBROKER_TEST_HOOK"), ",")
 	mu     sync.Mutex
@@ -49,4 +52,13 @@ func Fails(at string) bool {
 	}
 	failed[at] = true
 	return true
+}
+
+// Pause, at a point named by NPUBROKER_TEST_HOOK, holds the calling
+// goroutine for d: a window that a loaded machine opens now and then,
+// opened every time.
+func Pause(at string, d time.Duration) {
+	if named(at) {
+		time.Sleep(d)
+	}
 }
