@@ -164,6 +164,15 @@ type LeaseInfo struct {
 	Util      *float64 `json:"util,omitempty"`
 	UtilHeld  *float64 `json:"util_held,omitempty"`
 	IdleSince int64    `json:"idle_since,omitempty"`
+	// What the [idle] policy says of it while it is idle: the action
+	// that applies ("report", "warn", "reclaim"; "": none), whether its
+	// holders were warned, for "reclaim" when it is ended unless it is
+	// used (IdleEnds, Unix ms) and, once it is, when (Reclaimed, Unix
+	// ms: the lease is ending).
+	IdleAction string `json:"idle_action,omitempty"`
+	Warned     bool   `json:"idle_warned,omitempty"`
+	IdleEnds   int64  `json:"idle_ends,omitempty"`
+	Reclaimed  int64  `json:"reclaimed,omitempty"`
 }
 
 // Holder is a process that holds a lease's lock descriptor.

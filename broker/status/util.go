@@ -35,6 +35,7 @@ type leaseUtil struct {
 	sum       float64   // of the known samples' means since its start
 	n         int       // known samples since its start
 	idleSince time.Time // the first of the current run of samples all under below; zero: not idle
+	idle      idleState // what the [idle] policy said of the current run (idle.go)
 }
 
 // utilOn tells whether the broker samples utilization: an interval, and
@@ -191,6 +192,7 @@ func (g *Ledger) sampled(at time.Time, got map[int]npu.Util, errs map[int]error)
 		u.known = n > 0
 		if !u.known {
 			u.idleSince = time.Time{} // unknown is never idle
+			u.idle.endRun()
 			continue
 		}
 		u.now = sum / float64(n)
@@ -199,12 +201,16 @@ func (g *Ledger) sampled(at time.Time, got map[int]npu.Util, errs map[int]error)
 		switch {
 		case !idle:
 			u.idleSince = time.Time{}
+			u.idle.endRun()
 		case u.idleSince.IsZero():
 			u.idleSince = at
 		}
 	}
 	g.changedLocked()
 	g.unlock()
+	if got != nil {
+		g.judgeIdle(at)
+	}
 }
 
 // leasesHeldLocked is every lease held, whole or share, once each.

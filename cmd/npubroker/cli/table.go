@@ -22,7 +22,7 @@ import (
 //
 //	DEVICE  POOL     STATE   USER   PID   COMMAND           UTIL (now / held)  SINCE
 //	npu0    default  leased  alice  4121  python train.py   97% / 88%          2h13m
-//	npu1    default  leased  bob    5120  jupyter-lab       0% / 3%            1d4h   idle 26h
+//	npu1    default  leased  bob    5120  jupyter-lab       0% / 3%            1d4h   idle 26h, reclaim at 16:00
 //	npu2    default  free                                   0%
 //
 //	DEVICE  POOL         STATE     USER     PID    COMMAND                    SINCE
@@ -441,10 +441,30 @@ func utilRow(b *wire.Board, d wire.DeviceState, l *wire.LeaseInfo, row []string,
 		cell += " / " + percent(l.UtilHeld)
 	}
 	row = append(row[:len(row)-1:len(row)-1], cell, row[len(row)-1])
-	if l != nil && l.IdleSince > 0 {
-		row = append(row, "idle "+quantity.Approx(now.Sub(time.UnixMilli(l.IdleSince))))
+	if l != nil && (l.IdleSince > 0 || l.Reclaimed > 0) {
+		row = append(row, idleMark(l, now))
 	}
 	return row
+}
+
+// idleMark says of lease l, idle, for how long, and what the [idle]
+// policy does about it: "idle 26h", "idle 25h, warned", "idle 25h,
+// reclaim at 16:00" (it ends then unless it is used), "idle 26h,
+// reclaimed at 16:00" (it is ending).
+func idleMark(l *wire.LeaseInfo, now time.Time) string {
+	mark := "idle"
+	if l.IdleSince > 0 {
+		mark += " " + quantity.Approx(now.Sub(time.UnixMilli(l.IdleSince)))
+	}
+	switch {
+	case l.Reclaimed > 0:
+		mark += ", reclaimed at " + time.UnixMilli(l.Reclaimed).Format("15:04")
+	case l.IdleEnds > 0:
+		mark += ", reclaim at " + time.UnixMilli(l.IdleEnds).Format("15:04")
+	case l.Warned:
+		mark += ", warned"
+	}
+	return mark
 }
 
 // percent is a utilization for people: "97%", "-" where unknown.
