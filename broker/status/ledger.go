@@ -382,6 +382,10 @@ func (g *Ledger) endLocked(e *entry, id int, now time.Time) {
 		if e.mem != nil {
 			rec.Peak = e.mem.peak
 		}
+		rec.Util, rec.IdleMS = e.util.figures()
+		if e.util != nil && !e.util.idle.reclaimed.IsZero() {
+			rec.How = endReclaimed
+		}
 		g.usage.add(rec)
 	} else {
 		g.sums.add(e, now)

@@ -367,15 +367,35 @@ func trimLine(out *strings.Builder) {
 //	USER   KIND    POOL         LEASES  DEVICE-HOURS
 //	alice  inline  interactive  12      3.42
 //	TOTAL                       12      3.42
+//
+// Where the broker sampled utilization, BUSY (the device-hours weighted
+// by utilization, in percent), IDLE-HOURS (idle device-hours) and
+// RECLAIMED (leases the [idle] policy ended) follow:
+//
+//	USER   KIND    POOL         LEASES  DEVICE-HOURS  BUSY  IDLE-HOURS  RECLAIMED
+//	bob    inline  interactive  3       96.00         6%    88.50       2
 func UsageTable(rep *wire.UsageReport) string {
 	rows := [][]string{{"USER", "KIND", "POOL", "LEASES", "DEVICE-HOURS"}}
-	leases, hours := 0, 0.0
+	if rep.Sampled {
+		rows[0] = append(rows[0], "BUSY", "IDLE-HOURS", "RECLAIMED")
+	}
+	leases, hours, idle, reclaimed := 0, 0.0, 0.0, 0
 	for _, r := range rep.Rows {
-		rows = append(rows, []string{r.User, r.Kind, orDash(r.Pool), strconv.Itoa(r.Leases), strconv.FormatFloat(r.DeviceHours, 'f', 2, 64)})
+		row := []string{r.User, r.Kind, orDash(r.Pool), strconv.Itoa(r.Leases), strconv.FormatFloat(r.DeviceHours, 'f', 2, 64)}
+		if rep.Sampled {
+			row = append(row, percent(r.Busy), strconv.FormatFloat(r.IdleDeviceHours, 'f', 2, 64), strconv.Itoa(r.Reclaimed))
+		}
+		rows = append(rows, row)
 		leases += r.Leases
 		hours += r.DeviceHours
+		idle += r.IdleDeviceHours
+		reclaimed += r.Reclaimed
 	}
-	rows = append(rows, []string{"TOTAL", "", "", strconv.Itoa(leases), strconv.FormatFloat(hours, 'f', 2, 64)})
+	total := []string{"TOTAL", "", "", strconv.Itoa(leases), strconv.FormatFloat(hours, 'f', 2, 64)}
+	if rep.Sampled {
+		total = append(total, "", strconv.FormatFloat(idle, 'f', 2, 64), strconv.Itoa(reclaimed))
+	}
+	rows = append(rows, total)
 	var out strings.Builder
 	fmt.Fprintf(&out, "since %s\n", time.UnixMilli(rep.Since).Format("2006-01-02 15:04"))
 	writeColumns(&out, rows, -1, 0)

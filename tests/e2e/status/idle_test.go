@@ -379,3 +379,48 @@ esac
 		t.Errorf("the lease of npu1, whose utilization is unknown, was reclaimed:\n%s", b.Log())
 	}
 }
+
+// TestIdleUsage: npubroker usage sums what the samples said: a lease at
+// 40% and a lease idle until it is reclaimed give a busy share between
+// them, idle device-hours of at least the reclaimed one's window, one
+// lease reclaimed; the accounting log's end says "reclaimed".
+func TestIdleUsage(t *testing.T) {
+	u := newUtilFiles(t)
+	u.set(0, "40")
+	u.set(1, "0")
+	b := harness.StartBroker(t, harness.FakeConfig(2)+u.conf()+idleConf)
+	busy := harness.Hold(t, b, "busy", "-d", "0")
+	idle := harness.Hold(t, b, "idle", "-d", "1")
+	b.WaitLog(0, "is reclaimed ([idle] after = 3s)")
+	if _, sig := idle.Wait(); sig != syscall.SIGTERM {
+		t.Errorf("the idle lease's holder: signal %v, want SIGTERM", sig)
+	}
+	harness.WaitBoard(t, b, func(x *wire.Board) bool { return leaseOn(x, 1) == nil })
+	busy.Release()
+	harness.WaitBoard(t, b, func(x *wire.Board) bool { return leaseOn(x, 0) == nil })
+
+	rep := usageReport(t, b, "--since", "1h")
+	if len(rep.Rows) != 1 || !rep.Sampled {
+		t.Fatalf("usage: %+v", rep)
+	}
+	r := rep.Rows[0]
+	if r.Leases != 2 || r.Reclaimed != 1 || r.Busy == nil || !(*r.Busy > 0 && *r.Busy < 40) || r.IdleDeviceHours < 3.0/3600 || r.IdleDeviceHours > r.DeviceHours {
+		t.Errorf("usage row: %+v (busy %v); want 2 leases, 1 reclaimed, busy between 0 and 40%%, idle at least 3s", r, r.Busy)
+	}
+	log, err := os.ReadFile(filepath.Join(b.StateDir, "usage.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`"ev":"end".*"device":1,"how":"reclaimed".*"util":0,"idle_ms":[0-9]+`).Match(log) ||
+		!regexp.MustCompile(`"ev":"end".*"device":0,"how":"released".*"util":40[,}]`).Match(log) {
+		t.Errorf("usage.log's ends lack the figures and how:\n%s", log)
+	}
+	out, err := exec.Command(b.Bin.Broker, "usage", "--since", "1h", "--socket", b.Socket).Output()
+	if err != nil {
+		t.Fatalf("npubroker usage: %v", err)
+	}
+	if !regexp.MustCompile(`(?m)^USER +KIND +POOL +LEASES +DEVICE-HOURS +BUSY +IDLE-HOURS +RECLAIMED$`).Match(out) ||
+		!regexp.MustCompile(`(?m)^\S+ +inline +default +2 +[0-9.]+ +[0-9]+% +[0-9.]+ +1$`).Match(out) {
+		t.Errorf("usage table:\n%s", out)
+	}
+}
