@@ -208,6 +208,10 @@ func TestIdleReclaim(t *testing.T) {
 		t.Errorf("the warned lease on the board: action %q, warned %v, ends %d; the warning said %s", l.IdleAction, l.Warned, l.IdleEnds, warned[1])
 	}
 
+	if out := b.Status(t); !regexp.MustCompile(`(?m)^npu0 +default +(leased .* idle [0-9]+s, reclaim(ed)? at [0-9:]+|free .*)$`).MatchString(out) {
+		t.Errorf("status does not mark the warned lease:\n%s", out)
+	}
+
 	// The reclaim: the log says why, the processes get SIGTERM.
 	b.WaitLog(0, "on npu0 for ")
 	b.WaitLog(0, "is reclaimed ([idle] after = 3s)")
@@ -423,4 +427,27 @@ func TestIdleUsage(t *testing.T) {
 		!regexp.MustCompile(`(?m)^\S+ +inline +default +2 +[0-9.]+ +[0-9]+% +[0-9.]+ +1$`).Match(out) {
 		t.Errorf("usage table:\n%s", out)
 	}
+}
+
+// TestIdleWarnOnly: [user.NAME] idle_action = "warn" overrides [idle]
+// action = "reclaim" for that user: the lease is warned once, logged
+// once past after, marked, and never ended.
+func TestIdleWarnOnly(t *testing.T) {
+	u := newUtilFiles(t)
+	u.set(0, "0")
+	b := harness.StartBroker(t, harness.FakeConfig(1)+u.conf()+idleConf+"\n[user.root]\nidle_action = \"warn\"\n")
+	h := harness.Hold(t, b, "h", "-d", "0")
+	b.WaitLog(0, "its holders are warned")
+	b.WaitLog(0, "([idle] after = 3s, action = warn)")
+	bd := nextSamples(t, b, b.Board(t), 3)
+	if l := leaseOn(bd, 0); l == nil || l.IdleAction != "warn" || !l.Warned || l.IdleEnds != 0 || l.Reclaimed != 0 {
+		t.Errorf("the warned lease: %+v", l)
+	}
+	if !regexp.MustCompile(`(?m)^npu0 +default +leased .* idle [0-9]+s, warned$`).MatchString(b.Status(t)) {
+		t.Errorf("status does not mark the lease warned:\n%s", b.Status(t))
+	}
+	if h.Exited() || strings.Contains(b.Log(), "is reclaimed") || strings.Count(b.Log(), "its holders are warned") != 1 || strings.Count(b.Log(), "action = warn)") != 1 {
+		t.Errorf("a lease under action = \"warn\" was ended, or warned or logged more than once:\n%s", b.Log())
+	}
+	h.Release()
 }
