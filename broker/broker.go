@@ -237,7 +237,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.status = status.Open(status.Config{Policy: s.policy(), Inventory: s.inv, StateDir: stateDir, Scanner: s.scanner,
 		Table: (*tableView)(s), Tasks: (*taskView)(s), Account: s.users.nameGroups, Log: s.log, Repeat: s.rlog.Printf,
-		Jobs: s.slurmJobs()}, found, s.table)
+		Jobs: s.slurmJobs(), Idle: (*idleOwner)(s)}, found, s.table)
 	s.closeToSharers()
 	// The task room, before the table is in service: a device that comes
 	// into service serves the line, tasks' and all.

@@ -206,11 +206,15 @@ func (o *slurmOwner) Extern(l *lease.Lease, pid int, start uint64) {
 	o.status.FirstHolder(l, pid, start)
 }
 
-// Holders are the processes that hold l's lock files: those status last
-// saw, or else those a sweep of /proc finds (every process, whatever the
-// background scan's budgets, whose cursors it leaves alone).
+// Holders are the processes that hold l's lock files (Server.holdersOf).
 func (o *slurmOwner) Holders(l *lease.Lease) []slurmjobs.Proc {
-	s := (*Server)(o)
+	return (*Server)(o).holdersOf(l)
+}
+
+// holdersOf are the processes that hold lease l's lock files: those
+// status last saw, or else those a sweep of /proc finds (every process,
+// whatever the background scan's budgets, whose cursors it leaves alone).
+func (s *Server) holdersOf(l *lease.Lease) []slurmjobs.Proc {
 	var out []slurmjobs.Proc
 	for _, h := range s.status.Holders(l) {
 		out = append(out, slurmjobs.Proc{PID: h.PID, Start: h.Start})

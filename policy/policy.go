@@ -146,7 +146,12 @@ type Limit struct {
 	MaxQueued  int      // tasks waiting (pending or blocked) at once; 0: no limit
 	MaxRunning int      // tasks running at once; 0: no limit
 	Pools      []string // pools allowed; nil: all
-	Source     string   // where the limit came from, for denial messages: "user alice", "group students", "the default [limits]"
+	// IdleAfter and IdleAction override [idle] after and action for the
+	// user or group ([user.NAME], [group.NAME]: idle_after, idle_action);
+	// nil and "": not given (Config.IdleFor).
+	IdleAfter  *time.Duration
+	IdleAction string
+	Source     string // where the limit came from, for denial messages: "user alice", "group students", "the default [limits]"
 }
 
 // AllowsPool reports whether the limit lets its user ask for pool name.
@@ -764,8 +769,21 @@ func (p *parser) names(table []string, t map[string]any, key, kind string) []str
 
 // limit reads a limits table over base.
 func (p *parser) limit(table []string, t map[string]any, base Limit, poolExists func(string) bool) Limit {
-	p.unknown(table, t, "max_devices", "max_queued_tasks", "max_running_tasks", "pools")
+	if table[0] == "limits" {
+		p.unknown(table, t, "max_devices", "max_queued_tasks", "max_running_tasks", "pools")
+	} else {
+		p.unknown(table, t, "max_devices", "max_queued_tasks", "max_running_tasks", "pools", "idle_after", "idle_action")
+	}
 	l := base
+	l.IdleAfter, l.IdleAction = nil, ""
+	if table[0] != "limits" {
+		if d, ok := p.duration(table, t, "idle_after"); ok {
+			l.IdleAfter = &d
+		}
+		if s, ok := p.idleAction(table, t, "idle_action"); ok {
+			l.IdleAction = s
+		}
+	}
 	if n, ok := p.integer(table, t, "max_devices", 0); ok {
 		l.MaxDevices = n
 	}

@@ -131,8 +131,8 @@ func TestParseGood(t *testing.T) {
 			if tt.want.Containers.Unleased == "" {
 				tt.want.Containers = Containers{Unleased: DefaultContainersUnleased, StateDir: DefaultContainersStateDir}
 			}
-			if tt.want.Idle == (Idle{}) {
-				tt.want.Idle = Idle{Below: DefaultIdleBelow}
+			if tt.want.Idle.Below == 0 {
+				tt.want.Idle = Idle{Below: DefaultIdleBelow, Action: IdleReport, WarnBefore: DefaultIdleWarnBefore, Kinds: DefaultIdleKinds}
 			}
 			if tt.want.Share.OverDeclared == "" {
 				tt.want.Share = Share{Margin: DefaultShareMargin, OverDeclared: OverReport}

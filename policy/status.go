@@ -254,27 +254,136 @@ func (p *parser) stringList(table []string, t map[string]any, key string) ([]str
 	return out, true
 }
 
-// DefaultIdleBelow is [idle] below: a device under this utilization, in
-// percent, is idle.
-const DefaultIdleBelow = 5.0
+// Defaults of the [idle] table.
+const (
+	// DefaultIdleBelow is [idle] below: a device under this
+	// utilization, in percent, is idle.
+	DefaultIdleBelow = 5.0
+	// DefaultIdleWarnBefore is [idle] warn_before: how long before
+	// after the holder is warned.
+	DefaultIdleWarnBefore = time.Hour
+)
 
-// Idle is the [idle] table: when a lease counts as idle.
+// What the broker does about a lease idle for [idle] after.
+const (
+	IdleReport  = "report"  // log it and mark it in status
+	IdleWarn    = "warn"    // and tell its holders, once, warn_before ahead
+	IdleReclaim = "reclaim" // and end the lease at after, as a time limit does
+)
+
+// idleActions are the actions, mildest first.
+var idleActions = []string{IdleReport, IdleWarn, IdleReclaim}
+
+// DefaultIdleKinds are the lease kinds [idle] acts on unless kinds says
+// otherwise: tasks and Slurm jobs have time limits, containers say.
+var DefaultIdleKinds = []string{"inline", "login"}
+
+// idleKinds are the kinds [idle] kinds may name (lease.Kind's values).
+var idleKinds = []string{"inline", "login", "task", "slurm", "container"}
+
+// Idle is the [idle] table: when a lease counts as idle, and what is done
+// about a lease idle for long.
 type Idle struct {
 	// Below is the utilization, in percent, under which a device is
 	// idle: a lease is idle while every sample of all its devices is
 	// under it.
 	Below float64
+	// After is how long a lease may be idle before Action; 0: never
+	// act. [user.NAME] and [group.NAME] override it and Action
+	// (idle_after, idle_action): Config.IdleFor.
+	After      time.Duration
+	Action     string        // IdleReport, IdleWarn or IdleReclaim
+	WarnBefore time.Duration // for IdleWarn and IdleReclaim: the warning comes this long before After
+	Kinds      []string      // the lease kinds it acts on
+}
+
+// Applies tells whether [idle] acts on leases of kind.
+func (i Idle) Applies(kind string) bool { return slices.Contains(i.Kinds, kind) }
+
+// IdleFor returns how long a lease of user, a member of groups, may be
+// idle (0: for ever) and what is done then: [user.NAME]'s idle_after
+// and idle_action where given, else its groups' (the most lenient:
+// the longest after, 0 longest of all, the mildest action), else
+// [idle]'s.
+func (c *Config) IdleFor(user string, groups []string) (time.Duration, string) {
+	after, action := c.Idle.After, c.Idle.Action
+	if l, ok := c.Users[user]; ok {
+		if l.IdleAfter != nil {
+			after = *l.IdleAfter
+		}
+		if l.IdleAction != "" {
+			action = l.IdleAction
+		}
+		return after, action
+	}
+	var found []string
+	for _, g := range groups {
+		l, ok := c.Groups[g]
+		if !ok || slices.Contains(found, g) {
+			continue
+		}
+		a, act := c.Idle.After, c.Idle.Action
+		if l.IdleAfter != nil {
+			a = *l.IdleAfter
+		}
+		if l.IdleAction != "" {
+			act = l.IdleAction
+		}
+		if len(found) == 0 {
+			after, action = a, act
+		} else {
+			if after != 0 && (a == 0 || a > after) {
+				after = a
+			}
+			if slices.Index(idleActions, act) < slices.Index(idleActions, action) {
+				action = act
+			}
+		}
+		found = append(found, g)
+	}
+	return after, action
+}
+
+// idleAction reads an action of [idle] (action) or of [user.NAME] and
+// [group.NAME] (idle_action).
+func (p *parser) idleAction(table []string, t map[string]any, key string) (string, bool) {
+	s, ok := p.str(table, t, key)
+	if !ok {
+		return "", false
+	}
+	if !slices.Contains(idleActions, s) {
+		p.errorf(table, key, "want \"report\", \"warn\" or \"reclaim\", not %q", s)
+		return "", false
+	}
+	return s, true
 }
 
 // idle reads the [idle] table.
 func (p *parser) idle(raw map[string]any, c *Config) {
-	c.Idle = Idle{Below: DefaultIdleBelow}
+	c.Idle = Idle{Below: DefaultIdleBelow, Action: IdleReport, WarnBefore: DefaultIdleWarnBefore, Kinds: slices.Clone(DefaultIdleKinds)}
 	table := []string{"idle"}
 	t, ok := p.table(nil, raw, "idle")
 	if !ok {
 		return
 	}
-	p.unknown(table, t, "below")
+	p.unknown(table, t, "below", "after", "action", "warn_before", "kinds")
+	if d, ok := p.duration(table, t, "after"); ok {
+		c.Idle.After = d
+	}
+	if s, ok := p.idleAction(table, t, "action"); ok {
+		c.Idle.Action = s
+	}
+	if d, ok := p.duration(table, t, "warn_before"); ok {
+		c.Idle.WarnBefore = d
+	}
+	if kinds, ok := p.stringList(table, t, "kinds"); ok {
+		for _, k := range kinds {
+			if !slices.Contains(idleKinds, k) {
+				p.errorf(table, "kinds", "unknown lease kind %q (known: %s)", k, strings.Join(idleKinds, ", "))
+			}
+		}
+		c.Idle.Kinds = kinds
+	}
 	v, ok := t["below"]
 	if !ok {
 		return

@@ -35,7 +35,7 @@ func TestParseUtil(t *testing.T) {
 		fake + "[idle]\nbelow = 101\n":                             "npurun.conf:5: [idle] below: must be a percentage above 0 and at most 100, not 101",
 		fake + "[idle]\nbelow = \"five\"\n":                        "npurun.conf:5: [idle] below: want a percentage such as 5",
 		fake + "[idle]\nbelow = true\n":                            "npurun.conf:5: [idle] below: must be a number",
-		fake + "[idle]\nbellow = 5\n":                              "npurun.conf:5: [idle] bellow: unknown key (known: below)",
+		fake + "[idle]\nbellow = 5\n":                              "npurun.conf:5: [idle] bellow: unknown key (known: below, after, action, warn_before, kinds)",
 		"[devices]\nvendor = \"ascend\"\nfake_util = \"/run/u\"\n": "npurun.conf:3: [devices] fake_util: is the fake vendor's utilization directory",
 		fake + "fake_util = \"util\"\n":                            "npurun.conf:4: [devices] fake_util: must be a clean absolute path",
 	} {

@@ -164,6 +164,15 @@ type LeaseInfo struct {
 	Util      *float64 `json:"util,omitempty"`
 	UtilHeld  *float64 `json:"util_held,omitempty"`
 	IdleSince int64    `json:"idle_since,omitempty"`
+	// What the [idle] policy says of it while it is idle: the action
+	// that applies ("report", "warn", "reclaim"; "": none), whether its
+	// holders were warned, for "reclaim" when it is ended unless it is
+	// used (IdleEnds, Unix ms) and, once it is, when (Reclaimed, Unix
+	// ms: the lease is ending).
+	IdleAction string `json:"idle_action,omitempty"`
+	Warned     bool   `json:"idle_warned,omitempty"`
+	IdleEnds   int64  `json:"idle_ends,omitempty"`
+	Reclaimed  int64  `json:"reclaimed,omitempty"`
 }
 
 // Holder is a process that holds a lease's lock descriptor.
@@ -239,6 +248,9 @@ type UsageReport struct {
 	Incomplete int        `json:"incomplete,omitempty"` // leases whose end was never recorded (counted as 0)
 	Dropped    int64      `json:"dropped,omitempty"`    // records the broker could not write since it started
 	Oldest     int64      `json:"oldest,omitempty"`     // Unix ms of the oldest record left, where older files were rotated away
+	// Sampled tells that some row has utilization figures (Busy,
+	// IdleDeviceHours, Reclaimed): the broker sampled the devices.
+	Sampled bool `json:"sampled,omitempty"`
 }
 
 // UsageRow is one user's use of one pool by one kind of lease.
@@ -249,6 +261,15 @@ type UsageRow struct {
 	Leases        int     `json:"leases"`
 	DeviceSeconds float64 `json:"device_seconds"`
 	DeviceHours   float64 `json:"device_hours"`
+	// Where the broker sampled utilization ([status] util_interval):
+	// Busy, the device time weighted by each lease's mean utilization,
+	// in percent of the device time of the leases sampled (nil: none
+	// was); IdleDeviceHours, the device time between samples that both
+	// found a lease idle ([idle] below); Reclaimed, the leases the [idle]
+	// policy ended.
+	Busy            *float64 `json:"busy,omitempty"`
+	IdleDeviceHours float64  `json:"idle_device_hours,omitempty"`
+	Reclaimed       int      `json:"reclaimed,omitempty"`
 }
 
 // Status returns the board.

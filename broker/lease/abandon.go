@@ -43,7 +43,10 @@ const (
 var ErrStaleFull = errors.New("too many lock files of ended leases are held by descriptors no process has")
 
 // Abandon ends lease l on device id although its lock is held still:
-// the owner has seen its holders gone and no process hold its lock file.
+// the owner has seen its holders gone and no process hold its lock file,
+// or has taken the device from a login whose lease the [idle] policy
+// reclaimed (leaseend.Ender.Detach), whose descriptors hold nothing from
+// then on.
 // The device's watcher ends it as it ends any (the owner is told through
 // Released, from the watcher's goroutine). It is a no-op where l holds id
 // no more.
@@ -156,7 +159,7 @@ func (t *Table) outlive(d *device, l *Lease, fd int, stale <-chan error) {
 	t.staleUser[uid]++
 	t.staleFDs.Add(1)
 	t.mu.Unlock()
-	t.log.Printf("%s has ended with its holders; a descriptor that no process has (sent over a socket and not received) keeps its old lock file locked, which holds nothing now", what)
+	t.log.Printf("%s has ended; its old lock file, which holds nothing now, is kept locked by a descriptor still open (one sent over a socket and not received, or a login's whose lease the [idle] policy reclaimed)", what)
 	go func() {
 		<-stale
 		closeFD(fd)

@@ -160,6 +160,26 @@ func (e *Ender) End(held []lease.Holding, why string) {
 	}
 }
 
+// Detach ends the holdings held without a signal to anyone: the
+// restricted entries of their devices go at once, as End's do, and the
+// lease is let go of (Abandon) while its holders live on, their lock
+// descriptors stale from then on (the next lease has a fresh lock file).
+// It is how the [idle] policy reclaims a login's lease: the device, not
+// the login. A process that had opened the device node keeps what it
+// opened; the background scan reports it as unleased use.
+func (e *Ender) Detach(held []lease.Holding, why string) {
+	for _, h := range held {
+		if e.c.Access != nil {
+			if err := e.c.Access.Revoke(h.Device, e.c.Table.Keep(h.Device, h.Lease)); err != nil {
+				e.c.Log.Printf("%s: %v", why, err)
+			}
+		}
+		if err := e.c.Table.Abandon(h.Lease, h.Device); err != nil {
+			e.c.Log.Printf("%s: %v", why, err)
+		}
+	}
+}
+
 // chase signals the processes that hold held's lock files: SIGTERM, then
 // SIGKILL to those that hold them still after grace; once none does,
 // what is held still is let go of.

@@ -242,6 +242,7 @@ func leaseInfo(e *entry, id int, show func(uint32) bool) *wire.LeaseInfo {
 		li.Used, li.Peak, li.Over = m.used, m.peak, m.over
 	}
 	leaseUtilInfo(e, li)
+	leaseIdleInfo(e, li)
 	li.Holders, li.MoreHolders = holdersInfo(e, id, show)
 	if !e.checked.IsZero() {
 		li.Checked = e.checked.UnixMilli()

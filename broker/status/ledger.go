@@ -105,6 +105,9 @@ type Config struct {
 	Log     *log.Logger
 	// Repeat logs a line that a lasting cause repeats, at a bounded rate.
 	Repeat func(format string, args ...any)
+	// Idle acts on leases idle past [idle] after (idle.go); nil: they
+	// are only reported.
+	Idle IdleOwner
 }
 
 // Ledger is the status room.
@@ -127,6 +130,7 @@ type Ledger struct {
 	table     Table
 	tasks     Tasks
 	account   func(uid uint32) (string, []string, bool)
+	idle      IdleOwner           // acts on the [idle] policy's judgements; nil: none
 	scanner   *procscan.Scanner   // safe for concurrent use
 	usage     *usageLog           // the accounting log: a writer goroutine of its own
 	nodes     map[uint64]npu.Node // the device and control nodes watched, by device number
@@ -253,7 +257,7 @@ func (e *entry) fileOf(id int) (fileid.ID, bool) {
 // the background scan and the sums' writer started.
 func Open(c Config, held map[int]fileid.ID, adopter Adopter) *Ledger {
 	g := &Ledger{inv: c.Inventory, log: c.Log, repeat: c.Repeat, table: c.Table, tasks: c.Tasks,
-		account: c.Account, scanner: c.Scanner, nodes: map[uint64]npu.Node{}, kick: make(chan struct{}, 1),
+		account: c.Account, idle: c.Idle, scanner: c.Scanner, nodes: map[uint64]npu.Node{}, kick: make(chan struct{}, 1),
 		leases: map[int]*entry{}, shares: map[int][]*entry{}, early: map[*lease.Lease][]ended{}, seen: map[useKey]*use{},
 		streaks: map[streakKey]*streak{}, logLimit: logLimit{}, sums: usageSums{}}
 	g.cfg.Store(c.Policy)
@@ -377,6 +381,10 @@ func (g *Ledger) endLocked(e *entry, id int, now time.Time) {
 		rec := usageRec{T: now.UnixMilli(), Ev: "end", Lease: e.ID, Device: &id, How: endReleased, DurMS: now.Sub(e.Since).Milliseconds()}
 		if e.mem != nil {
 			rec.Peak = e.mem.peak
+		}
+		rec.Util, rec.IdleMS = e.util.figures()
+		if e.util != nil && !e.util.idle.reclaimed.IsZero() {
+			rec.How = endReclaimed
 		}
 		g.usage.add(rec)
 	} else {

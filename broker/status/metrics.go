@@ -31,6 +31,9 @@ type metrics struct {
 	handoffH prometheus.Histogram
 	scanDur  prometheus.Gauge
 	scanN    prometheus.Gauge
+	// reclaimed counts the leases the [idle] policy ended, by user
+	// (idle.go).
+	reclaimed *prometheus.CounterVec
 }
 
 var (
@@ -56,13 +59,14 @@ func newMetrics(g *Ledger) *metrics {
 		handoffH: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "npurun_handoff_seconds",
 			Help:    "Time from a lease's end to the grant of its device to a request that was waiting.",
 			Buckets: []float64{0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}}),
-		scanDur: prometheus.NewGauge(prometheus.GaugeOpts{Name: "npurun_scan_duration_seconds", Help: "How long the last background /proc scan took."}),
-		scanN:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "npurun_scan_processes", Help: "Processes the last background /proc scan looked at."}),
+		scanDur:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "npurun_scan_duration_seconds", Help: "How long the last background /proc scan took."}),
+		scanN:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "npurun_scan_processes", Help: "Processes the last background /proc scan looked at."}),
+		reclaimed: newReclaimed(),
 	}
 	for _, kind := range []string{wire.KindInline, wire.KindTask, wire.KindLogin, wire.KindContainer} {
 		m.grants.WithLabelValues(kind)
 	}
-	m.reg.MustRegister(m.grants, m.wait, m.handoffH, m.scanDur, m.scanN, stateCollector{g},
+	m.reg.MustRegister(m.grants, m.reclaimed, m.wait, m.handoffH, m.scanDur, m.scanN, stateCollector{g},
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -53,6 +53,9 @@ const maxUsageLine = 64 << 10
 const (
 	endReleased = "released"      // its last holder closed the lock or exited
 	endGone     = "gone-at-start" // ended while the broker was down; closed when found
+	// endReclaimed: the [idle] policy ended it (idle.go); its holders
+	// were signalled, or a login's let go of it
+	endReclaimed = "reclaimed"
 )
 
 // usageRec is one line of the accounting log.
@@ -94,6 +97,12 @@ type usageRec struct {
 	How    string `json:"how,omitempty"`
 	DurMS  int64  `json:"dur_ms,omitempty"`
 	Peak   int64  `json:"peak,omitempty"` // a share's: the most device memory its processes were seen to use, MiB
+	// The lease's utilization, where sampled ([status] util_interval):
+	// the mean of its known samples since its start (or the broker's
+	// start: the figures are the broker's memory), and its idle time,
+	// the time between samples that both found it idle ([idle] below).
+	Util   *float64 `json:"util,omitempty"`
+	IdleMS int64    `json:"idle_ms,omitempty"`
 
 	// sum (Lease 0; Kind, User, UID, Pool as a start's): leases of one
 	// user, kind and pool past the user's rate, that ended between From
@@ -392,11 +401,12 @@ type openLease struct {
 // lease with no end counts until until if the lease is live, else not at
 // all (its end was lost). Sum records (usagelimit.go) count their leases
 // and the part of their device time within since to until.
-func sumUsage(files [][]usageRec, since, until time.Time, user string, live func(uint64) bool) *wire.UsageReport {
+func sumUsage(files [][]usageRec, since, until time.Time, user string, live func(uint64) bool, liveFigs func(uint64) (*float64, int64)) *wire.UsageReport {
 	type key struct{ user, kind, pool string }
 	starts := map[uint64]usageRec{}
 	var order []uint64
 	ends := map[uint64]map[int]int64{}
+	endRecs := map[uint64]map[int]usageRec{}
 	var sums []usageRec
 	rep := &wire.UsageReport{Since: since.UnixMilli(), Until: until.UnixMilli()}
 	for _, recs := range files {
@@ -416,6 +426,10 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 						ends[r.Lease] = map[int]int64{}
 					}
 					ends[r.Lease][*r.Device] = r.T
+					if endRecs[r.Lease] == nil {
+						endRecs[r.Lease] = map[int]usageRec{}
+					}
+					endRecs[r.Lease][*r.Device] = r
 				}
 			case "sum":
 				sums = append(sums, r)
@@ -438,6 +452,10 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 		}
 		return row
 	}
+	// The utilization's sums, by row: device time weighted by the
+	// lease's mean utilization, and the device time of leases sampled.
+	type utilSum struct{ busy, sampled float64 }
+	utils := map[key]*utilSum{}
 	lo, hi := since.UnixMilli(), until.UnixMilli()
 	for _, id := range order {
 		st := starts[id]
@@ -445,19 +463,35 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 			continue
 		}
 		var ms int64
-		counted := false
+		var busy, sampled, idle float64
+		counted, reclaimed := false, false
 		for _, d := range st.Devices {
 			end, ok := ends[id][d]
-			if !ok {
+			var util *float64
+			var idleMS int64
+			if ok {
+				er := endRecs[id][d]
+				util, idleMS = er.Util, er.IdleMS
+				reclaimed = reclaimed || er.How == endReclaimed
+			} else {
 				if !live(id) {
 					rep.Incomplete++
 					continue
 				}
 				end = hi
+				util, idleMS = liveFigs(id)
 			}
 			a, b := max(st.T, lo), min(end, hi)
 			if b > a {
 				ms += b - a
+				// The lease's figures, in the part of it in the window.
+				if util != nil {
+					busy += float64(b-a) * *util / 100
+					sampled += float64(b - a)
+				}
+				if full := end - st.T; full > 0 && idleMS > 0 {
+					idle += float64(idleMS) * float64(b-a) / float64(full)
+				}
 			}
 			if end >= lo && st.T <= hi {
 				counted = true
@@ -468,10 +502,23 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 		}
 		if st.Share > 0 && st.Share < 1 {
 			ms = int64(float64(ms) * st.Share) // a share weighs its part of the device
+			busy, sampled, idle = busy*st.Share, sampled*st.Share, idle*st.Share
 		}
-		row := rowOf(key{st.User, sumKind(st.Kind), st.Pool})
+		k := key{st.User, sumKind(st.Kind), st.Pool}
+		row := rowOf(k)
 		row.Leases++
 		row.DeviceSeconds += float64(ms) / 1000
+		row.IdleDeviceHours += idle / 3600e3
+		if reclaimed {
+			row.Reclaimed++
+		}
+		if sampled > 0 {
+			if utils[k] == nil {
+				utils[k] = &utilSum{}
+			}
+			utils[k].busy += busy
+			utils[k].sampled += sampled
+		}
 	}
 	for _, r := range sums {
 		if user != "" && r.User != user {
@@ -502,6 +549,12 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 	for _, k := range keys {
 		row := rows[k]
 		row.DeviceHours = row.DeviceSeconds / 3600
+		if u := utils[k]; u != nil {
+			b := 100 * u.busy / u.sampled
+			row.Busy = &b
+			rep.Sampled = true
+		}
+		rep.Sampled = rep.Sampled || row.Reclaimed > 0 || row.IdleDeviceHours > 0
 		rep.Rows = append(rep.Rows, *row)
 	}
 	return rep
@@ -693,14 +746,23 @@ func (g *Ledger) Usage(q *wire.UsageQuery) (*wire.UsageReport, error) {
 	}
 	g.mu.Lock()
 	live := map[uint64]bool{}
+	type figs struct {
+		util   *float64
+		idleMS int64
+	}
+	liveFigs := map[uint64]figs{}
 	for _, e := range g.leases {
 		live[e.ID] = true
+		var f figs
+		f.util, f.idleMS = e.util.figures()
+		liveFigs[e.ID] = f
 	}
 	// Leases past their user's rate that ended lately are not in the log
 	// yet: counted all the same.
 	files = append(files, g.sums.pending())
 	g.unlock()
-	rep := sumUsage(files, time.UnixMilli(q.SinceMS), now, q.User, func(id uint64) bool { return live[id] })
+	rep := sumUsage(files, time.UnixMilli(q.SinceMS), now, q.User, func(id uint64) bool { return live[id] },
+		func(id uint64) (*float64, int64) { f := liveFigs[id]; return f.util, f.idleMS })
 	rep.Dropped = g.usage.dropped.Load()
 	rep.Oldest = 0
 	if cut {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,6 +36,9 @@ func (s *syncBuffer) String() string {
 
 func dev(id int) *int { return &id }
 
+// noFigs is a live lease's utilization where none was sampled.
+func noFigs(uint64) (*float64, int64) { return nil, 0 }
+
 func startRec(id uint64, t int64, user, kind string, devices ...int) usageRec {
 	return usageRec{T: t, Ev: "start", Lease: id, User: user, Kind: kind, Pool: "default", Devices: devices}
 }
@@ -59,7 +63,7 @@ func TestSumUsage(t *testing.T) {
 		{T: 4000, Ev: "open", Lease: 3, User: "alice", Kind: wire.KindInline, Pool: "default", Devices: []int{3}}, // a repeat: counted once
 	}
 	live := func(id uint64) bool { return id == 3 || id == 2 }
-	rep := sumUsage([][]usageRec{recs}, time.UnixMilli(2000), time.UnixMilli(6000), "", live)
+	rep := sumUsage([][]usageRec{recs}, time.UnixMilli(2000), time.UnixMilli(6000), "", live, noFigs)
 	want := []wire.UsageRow{
 		// alice: lease 1 from 2000 to 5000 on npu0 and to 3000 on npu1, lease 3 from 4000 to 6000
 		{User: "alice", Kind: wire.KindInline, Pool: "default", Leases: 2, DeviceSeconds: 6},
@@ -74,7 +78,7 @@ func TestSumUsage(t *testing.T) {
 	if rep.Incomplete != 1 || rep.Since != 2000 || rep.Until != 6000 {
 		t.Errorf("report: %+v", rep)
 	}
-	rep = sumUsage([][]usageRec{recs}, time.UnixMilli(0), time.UnixMilli(6000), "dave", live)
+	rep = sumUsage([][]usageRec{recs}, time.UnixMilli(0), time.UnixMilli(6000), "dave", live, noFigs)
 	if len(rep.Rows) != 1 || rep.Rows[0].Kind != "held" || rep.Rows[0].DeviceSeconds != 1.4 {
 		t.Errorf("dave's rows: %+v", rep.Rows)
 	}
@@ -170,7 +174,7 @@ func TestUsageLogRotates(t *testing.T) {
 	if err != nil || len(files) != 3 || !cut {
 		t.Fatalf("readAll: %d files, cut %v, %v", len(files), cut, err)
 	}
-	rep := sumUsage(files, time.UnixMilli(0), time.UnixMilli(10000), "alice", func(id uint64) bool { return id == 1 })
+	rep := sumUsage(files, time.UnixMilli(0), time.UnixMilli(10000), "alice", func(id uint64) bool { return id == 1 }, noFigs)
 	if len(rep.Rows) != 1 || rep.Rows[0].DeviceSeconds != 9 || rep.Rows[0].Leases != 1 {
 		t.Errorf("alice's open lease over rotations: %+v, want 9 s", rep.Rows)
 	}
@@ -221,11 +225,11 @@ func TestUsageSums(t *testing.T) {
 		startRec(1, 1000, "alice", wire.KindLogin, 0),
 		endRec(1, 3000, 0),
 	}
-	rep := sumUsage([][]usageRec{recs}, time.UnixMilli(1500), time.UnixMilli(10000), "alice", func(uint64) bool { return false })
+	rep := sumUsage([][]usageRec{recs}, time.UnixMilli(1500), time.UnixMilli(10000), "alice", func(uint64) bool { return false }, noFigs)
 	if len(rep.Rows) != 1 || rep.Rows[0].Leases != 301 || rep.Rows[0].DeviceSeconds != 1.5+0.3 {
 		t.Errorf("alice from 1.5 s: %+v, want 301 leases, 1.8 s (1.5 of the lease, half the sum's 0.6)", rep.Rows)
 	}
-	rep = sumUsage([][]usageRec{recs}, time.UnixMilli(0), time.UnixMilli(10000), "", func(uint64) bool { return false })
+	rep = sumUsage([][]usageRec{recs}, time.UnixMilli(0), time.UnixMilli(10000), "", func(uint64) bool { return false }, noFigs)
 	if len(rep.Rows) != 2 || rep.Rows[0].User != "alice" || rep.Rows[0].Leases != 301 || rep.Rows[1].Leases != 2 || rep.Rows[1].DeviceSeconds != 0.01 {
 		t.Errorf("everyone: %+v", rep.Rows)
 	}
@@ -291,5 +295,71 @@ func TestReadSinceSkipsOld(t *testing.T) {
 	files, _, _, err = u.readSince(time.Time{})
 	if err != nil || len(files) != 2 {
 		t.Errorf("everything: %d files, %v", len(files), err)
+	}
+}
+
+// TestSumUsageUtil: where leases were sampled, busy is the device time
+// weighted by each lease's mean utilization over the device time of the
+// leases sampled; idle device-hours are each device's idle time, in the
+// part of the lease in the window; reclaimed counts a lease once; a live
+// lease has the ledger's figures; a share weighs its part.
+func TestSumUsageUtil(t *testing.T) {
+	pct := func(f float64) *float64 { return &f }
+	end := func(id uint64, at int64, d int, util *float64, idleMS int64, how string) usageRec {
+		r := endRec(id, at, d)
+		r.Util, r.IdleMS = util, idleMS
+		if how != "" {
+			r.How = how
+		}
+		return r
+	}
+	share := startRec(5, 0, "carol", wire.KindInline, 5)
+	share.Share = 0.5
+	recs := []usageRec{
+		// bob: 2 devices, 3600 s each, 10% busy, idle 1800 s, reclaimed.
+		startRec(1, 0, "bob", wire.KindInline, 0, 1),
+		end(1, 3600_000, 0, pct(10), 1800_000, endReclaimed),
+		end(1, 3600_000, 1, pct(10), 1800_000, endReclaimed),
+		// bob: 1 device, 3600 s, 70% busy.
+		startRec(2, 0, "bob", wire.KindInline, 2),
+		end(2, 3600_000, 2, pct(70), 0, ""),
+		// bob: 1 device, 3600 s, never sampled: device time only.
+		startRec(3, 0, "bob", wire.KindInline, 3),
+		end(3, 3600_000, 3, nil, 0, ""),
+		// alice: live since 0, the ledger's figures: 90%, idle 360 s.
+		startRec(4, 0, "alice", wire.KindInline, 4),
+		// carol: half a device, 0% busy, idle all its 3600 s.
+		share,
+		end(5, 3600_000, 5, pct(0), 3600_000, ""),
+	}
+	live := func(id uint64) bool { return id == 4 }
+	figs := func(id uint64) (*float64, int64) {
+		if id == 4 {
+			return pct(90), 360_000
+		}
+		return nil, 0
+	}
+	rep := sumUsage([][]usageRec{recs}, time.UnixMilli(0), time.UnixMilli(3600_000), "", live, figs)
+	if !rep.Sampled {
+		t.Errorf("report not marked sampled")
+	}
+	got := map[string]wire.UsageRow{}
+	for _, r := range rep.Rows {
+		got[r.User] = r
+	}
+	check := func(user string, busy float64, idleH float64, reclaimed int) {
+		t.Helper()
+		r := got[user]
+		if r.Busy == nil || math.Abs(*r.Busy-busy) > 1e-9 || math.Abs(r.IdleDeviceHours-idleH) > 1e-9 || r.Reclaimed != reclaimed {
+			t.Errorf("%s: busy %v, idle %v h, reclaimed %d; want %v, %v, %d", user, r.Busy, r.IdleDeviceHours, r.Reclaimed, busy, idleH, reclaimed)
+		}
+	}
+	check("bob", (10+10+70)/3.0, 1, 1) // two idle half hours; one lease reclaimed
+	check("alice", 90, 0.1, 0)
+	check("carol", 0, 0.5, 0)
+	// Half the window: half of each lease's idle time.
+	rep = sumUsage([][]usageRec{recs}, time.UnixMilli(1800_000), time.UnixMilli(3600_000), "bob", live, figs)
+	if len(rep.Rows) != 1 || math.Abs(rep.Rows[0].IdleDeviceHours-0.5) > 1e-9 {
+		t.Errorf("bob's last half hour: %+v", rep.Rows)
 	}
 }

@@ -30,11 +30,28 @@ const maxUtilWait = 15 * time.Second
 
 // leaseUtil is what the samples said of one lease.
 type leaseUtil struct {
-	now       float64   // its devices' mean at the last sample
-	known     bool      // now is known: the tool answered for every one of its devices
-	sum       float64   // of the known samples' means since its start
-	n         int       // known samples since its start
-	idleSince time.Time // the first of the current run of samples all under below; zero: not idle
+	now       float64       // its devices' mean at the last sample
+	known     bool          // now is known: the tool answered for every one of its devices
+	sum       float64       // of the known samples' means since its start
+	n         int           // known samples since its start
+	idleSince time.Time     // the first of the current run of samples all under below; zero: not idle
+	idle      idleState     // what the [idle] policy said of the current run (idle.go)
+	idleTotal time.Duration // the time between samples that both found it idle, since its start: its idle time, for usage
+	lastAt    time.Time     // its last sample
+}
+
+// figures are what the accounting log keeps of u at an end of its lease:
+// the held mean (nil before a known sample) and the idle time.
+func (u *leaseUtil) figures() (*float64, int64) {
+	if u == nil {
+		return nil, 0
+	}
+	var held *float64
+	if u.n > 0 {
+		m := u.sum / float64(u.n)
+		held = &m
+	}
+	return held, u.idleTotal.Milliseconds()
 }
 
 // utilOn tells whether the broker samples utilization: an interval, and
@@ -191,20 +208,29 @@ func (g *Ledger) sampled(at time.Time, got map[int]npu.Util, errs map[int]error)
 		u.known = n > 0
 		if !u.known {
 			u.idleSince = time.Time{} // unknown is never idle
+			u.idle.endRun()
 			continue
 		}
 		u.now = sum / float64(n)
 		u.sum += u.now
 		u.n++
+		if idle && !u.idleSince.IsZero() && !u.lastAt.IsZero() {
+			u.idleTotal += at.Sub(u.lastAt)
+		}
+		u.lastAt = at
 		switch {
 		case !idle:
 			u.idleSince = time.Time{}
+			u.idle.endRun()
 		case u.idleSince.IsZero():
 			u.idleSince = at
 		}
 	}
 	g.changedLocked()
 	g.unlock()
+	if got != nil {
+		g.judgeIdle(at)
+	}
 }
 
 // leasesHeldLocked is every lease held, whole or share, once each.

@@ -21,5 +21,9 @@ const (
 	// placeholder job through which the command held its devices
 	// (scancel, its time limit, preemption), and the command was ended
 	// with it: 128+SIGTERM, as a shell reports a command SIGTERM ended.
+	// It is also what a shell reports of an npurun whose lease the
+	// broker reclaimed as idle ([idle] action = "reclaim"): npurun is its
+	// command by then, and the broker ends it with SIGTERM. npurun(1)
+	// says both.
 	SlurmEnded = 143
 )

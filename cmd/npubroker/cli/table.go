@@ -22,7 +22,7 @@ import (
 //
 //	DEVICE  POOL     STATE   USER   PID   COMMAND           UTIL (now / held)  SINCE
 //	npu0    default  leased  alice  4121  python train.py   97% / 88%          2h13m
-//	npu1    default  leased  bob    5120  jupyter-lab       0% / 3%            1d4h   idle 26h
+//	npu1    default  leased  bob    5120  jupyter-lab       0% / 3%            1d4h   idle 26h, reclaim at 16:00
 //	npu2    default  free                                   0%
 //
 //	DEVICE  POOL         STATE     USER     PID    COMMAND                    SINCE
@@ -367,15 +367,35 @@ func trimLine(out *strings.Builder) {
 //	USER   KIND    POOL         LEASES  DEVICE-HOURS
 //	alice  inline  interactive  12      3.42
 //	TOTAL                       12      3.42
+//
+// Where the broker sampled utilization, BUSY (the device-hours weighted
+// by utilization, in percent), IDLE-HOURS (idle device-hours) and
+// RECLAIMED (leases the [idle] policy ended) follow:
+//
+//	USER   KIND    POOL         LEASES  DEVICE-HOURS  BUSY  IDLE-HOURS  RECLAIMED
+//	bob    inline  interactive  3       96.00         6%    88.50       2
 func UsageTable(rep *wire.UsageReport) string {
 	rows := [][]string{{"USER", "KIND", "POOL", "LEASES", "DEVICE-HOURS"}}
-	leases, hours := 0, 0.0
+	if rep.Sampled {
+		rows[0] = append(rows[0], "BUSY", "IDLE-HOURS", "RECLAIMED")
+	}
+	leases, hours, idle, reclaimed := 0, 0.0, 0.0, 0
 	for _, r := range rep.Rows {
-		rows = append(rows, []string{r.User, r.Kind, orDash(r.Pool), strconv.Itoa(r.Leases), strconv.FormatFloat(r.DeviceHours, 'f', 2, 64)})
+		row := []string{r.User, r.Kind, orDash(r.Pool), strconv.Itoa(r.Leases), strconv.FormatFloat(r.DeviceHours, 'f', 2, 64)}
+		if rep.Sampled {
+			row = append(row, percent(r.Busy), strconv.FormatFloat(r.IdleDeviceHours, 'f', 2, 64), strconv.Itoa(r.Reclaimed))
+		}
+		rows = append(rows, row)
 		leases += r.Leases
 		hours += r.DeviceHours
+		idle += r.IdleDeviceHours
+		reclaimed += r.Reclaimed
 	}
-	rows = append(rows, []string{"TOTAL", "", "", strconv.Itoa(leases), strconv.FormatFloat(hours, 'f', 2, 64)})
+	total := []string{"TOTAL", "", "", strconv.Itoa(leases), strconv.FormatFloat(hours, 'f', 2, 64)}
+	if rep.Sampled {
+		total = append(total, "", strconv.FormatFloat(idle, 'f', 2, 64), strconv.Itoa(reclaimed))
+	}
+	rows = append(rows, total)
 	var out strings.Builder
 	fmt.Fprintf(&out, "since %s\n", time.UnixMilli(rep.Since).Format("2006-01-02 15:04"))
 	writeColumns(&out, rows, -1, 0)
@@ -441,10 +461,30 @@ func utilRow(b *wire.Board, d wire.DeviceState, l *wire.LeaseInfo, row []string,
 		cell += " / " + percent(l.UtilHeld)
 	}
 	row = append(row[:len(row)-1:len(row)-1], cell, row[len(row)-1])
-	if l != nil && l.IdleSince > 0 {
-		row = append(row, "idle "+quantity.Approx(now.Sub(time.UnixMilli(l.IdleSince))))
+	if l != nil && (l.IdleSince > 0 || l.Reclaimed > 0) {
+		row = append(row, idleMark(l, now))
 	}
 	return row
+}
+
+// idleMark says of lease l, idle, for how long, and what the [idle]
+// policy does about it: "idle 26h", "idle 25h, warned", "idle 25h,
+// reclaim at 16:00" (it ends then unless it is used), "idle 26h,
+// reclaimed at 16:00" (it is ending).
+func idleMark(l *wire.LeaseInfo, now time.Time) string {
+	mark := "idle"
+	if l.IdleSince > 0 {
+		mark += " " + quantity.Approx(now.Sub(time.UnixMilli(l.IdleSince)))
+	}
+	switch {
+	case l.Reclaimed > 0:
+		mark += ", reclaimed at " + time.UnixMilli(l.Reclaimed).Format("15:04")
+	case l.IdleEnds > 0:
+		mark += ", reclaim at " + time.UnixMilli(l.IdleEnds).Format("15:04")
+	case l.Warned:
+		mark += ", warned"
+	}
+	return mark
 }
 
 // percent is a utilization for people: "97%", "-" where unknown.
