@@ -126,7 +126,7 @@ func (s *Server) watchStatus(c *conn) bool {
 // usageOp sums the accounting log for npubroker usage.
 func (s *Server) usageOp(c *conn, q *wire.UsageQuery) bool {
 	rep, err := s.status.Usage(q)
-	if errors.Is(err, status.ErrBadQuery) {
+	if errors.Is(err, status.ErrBadQuery) || errors.Is(err, status.ErrBadBy) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		c.sendLocked(errReply(wire.CodeBadRequest, err.Error(), ""))

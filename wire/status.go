@@ -57,7 +57,14 @@ const (
 type UsageQuery struct {
 	SinceMS int64  `json:"since_ms"`       // Unix milliseconds: count from then to now
 	User    string `json:"user,omitempty"` // one user's rows only; "" for everyone's
+	By      string `json:"by,omitempty"`   // the rows: UsageByUser ("" too) or UsageByDevice
 }
+
+// What npubroker usage sums by (UsageQuery.By, UsageReport.By).
+const (
+	UsageByUser   = "user"   // a row per user, kind of lease and pool
+	UsageByDevice = "device" // a row per device and pool
+)
 
 // Board is the broker's answer to status: every device, the lines of
 // waiters and the processes using a device without a lease.
@@ -251,12 +258,20 @@ type UsageReport struct {
 	// Sampled tells that some row has utilization figures (Busy,
 	// IdleDeviceHours, Reclaimed): the broker sampled the devices.
 	Sampled bool `json:"sampled,omitempty"`
+	// By is what the rows are summed by: UsageByDevice where the query
+	// asked for it (a broker that does not know it leaves it empty), else
+	// empty (per user).
+	By string `json:"by,omitempty"`
 }
 
-// UsageRow is one user's use of one pool by one kind of lease.
+// UsageRow is one user's use of one pool by one kind of lease, or, summed
+// by device, the use of one device (Device, its name, and Pool; no User
+// or Kind). Leases that the accounting log summed past a user's rate
+// name no device: by device they make a row with no Device.
 type UsageRow struct {
-	User          string  `json:"user"`
-	Kind          string  `json:"kind"`
+	User          string  `json:"user,omitempty"`
+	Kind          string  `json:"kind,omitempty"`
+	Device        string  `json:"device,omitempty"`
 	Pool          string  `json:"pool"`
 	Leases        int     `json:"leases"`
 	DeviceSeconds float64 `json:"device_seconds"`

@@ -397,18 +397,35 @@ type openLease struct {
 }
 
 // sumUsage adds up device time from since to until per user, kind and
+// pool (sumUsageBy, by user).
+func sumUsage(files [][]usageRec, since, until time.Time, user string, live func(uint64) bool, liveFigs func(uint64) (*float64, int64)) *wire.UsageReport {
+	return sumUsageBy(files, since, until, user, "", nil, live, liveFigs)
+}
+
+// sumUsageBy adds up device time from since to until per user, kind and
+// pool, or with by = wire.UsageByDevice per device (named by name) and
 // pool, from the records of the log's files, oldest first. A device of a
 // lease with no end counts until until if the lease is live, else not at
 // all (its end was lost). Sum records (usagelimit.go) count their leases
-// and the part of their device time within since to until.
-func sumUsage(files [][]usageRec, since, until time.Time, user string, live func(uint64) bool, liveFigs func(uint64) (*float64, int64)) *wire.UsageReport {
-	type key struct{ user, kind, pool string }
+// and the part of their device time within since to until; they name no
+// device, so by device they make a row of their own with none.
+func sumUsageBy(files [][]usageRec, since, until time.Time, user, by string, name func(int) string, live func(uint64) bool, liveFigs func(uint64) (*float64, int64)) *wire.UsageReport {
+	byDevice := by == wire.UsageByDevice
+	// key is a row's: user, kind and pool, or (by device) the device
+	// (-1: none) and pool.
+	type key struct {
+		user, kind, pool string
+		dev              int
+	}
 	starts := map[uint64]usageRec{}
 	var order []uint64
 	ends := map[uint64]map[int]int64{}
 	endRecs := map[uint64]map[int]usageRec{}
 	var sums []usageRec
 	rep := &wire.UsageReport{Since: since.UnixMilli(), Until: until.UnixMilli()}
+	if byDevice {
+		rep.By = wire.UsageByDevice
+	}
 	for _, recs := range files {
 		for _, r := range recs {
 			if r.Ev != "open" && (rep.Oldest == 0 || r.T < rep.Oldest) {
@@ -447,6 +464,9 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 		row := rows[k]
 		if row == nil {
 			row = &wire.UsageRow{User: k.user, Kind: k.kind, Pool: k.pool}
+			if k.dev >= 0 && name != nil {
+				row.Device = name(k.dev)
+			}
 			rows[k] = row
 			keys = append(keys, k)
 		}
@@ -456,23 +476,44 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 	// lease's mean utilization, and the device time of leases sampled.
 	type utilSum struct{ busy, sampled float64 }
 	utils := map[key]*utilSum{}
+	// part is what one device of a lease adds to a row.
+	type part struct {
+		ms                  int64
+		busy, sampled, idle float64
+		counted, reclaimed  bool
+	}
+	add := func(k key, p part) {
+		row := rowOf(k)
+		row.Leases++
+		row.DeviceSeconds += float64(p.ms) / 1000
+		row.IdleDeviceHours += p.idle / 3600e3
+		if p.reclaimed {
+			row.Reclaimed++
+		}
+		if p.sampled > 0 {
+			if utils[k] == nil {
+				utils[k] = &utilSum{}
+			}
+			utils[k].busy += p.busy
+			utils[k].sampled += p.sampled
+		}
+	}
 	lo, hi := since.UnixMilli(), until.UnixMilli()
 	for _, id := range order {
 		st := starts[id]
 		if user != "" && st.User != user {
 			continue
 		}
-		var ms int64
-		var busy, sampled, idle float64
-		counted, reclaimed := false, false
-		for _, d := range st.Devices {
+		parts := make([]part, len(st.Devices))
+		for i, d := range st.Devices {
+			p := &parts[i]
 			end, ok := ends[id][d]
 			var util *float64
 			var idleMS int64
 			if ok {
 				er := endRecs[id][d]
 				util, idleMS = er.Util, er.IdleMS
-				reclaimed = reclaimed || er.How == endReclaimed
+				p.reclaimed = er.How == endReclaimed
 			} else {
 				if !live(id) {
 					rep.Incomplete++
@@ -483,41 +524,43 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 			}
 			a, b := max(st.T, lo), min(end, hi)
 			if b > a {
-				ms += b - a
+				p.ms = b - a
 				// The lease's figures, in the part of it in the window.
 				if util != nil {
-					busy += float64(b-a) * *util / 100
-					sampled += float64(b - a)
+					p.busy = float64(b-a) * *util / 100
+					p.sampled = float64(b - a)
 				}
 				if full := end - st.T; full > 0 && idleMS > 0 {
-					idle += float64(idleMS) * float64(b-a) / float64(full)
+					p.idle = float64(idleMS) * float64(b-a) / float64(full)
 				}
 			}
-			if end >= lo && st.T <= hi {
-				counted = true
+			p.counted = end >= lo && st.T <= hi
+			if st.Share > 0 && st.Share < 1 {
+				// a share weighs its part of the device
+				p.ms = int64(float64(p.ms) * st.Share)
+				p.busy, p.sampled, p.idle = p.busy*st.Share, p.sampled*st.Share, p.idle*st.Share
 			}
 		}
-		if !counted {
+		if byDevice {
+			for i, d := range st.Devices {
+				if parts[i].counted {
+					add(key{pool: st.Pool, dev: d}, parts[i])
+				}
+			}
 			continue
 		}
-		if st.Share > 0 && st.Share < 1 {
-			ms = int64(float64(ms) * st.Share) // a share weighs its part of the device
-			busy, sampled, idle = busy*st.Share, sampled*st.Share, idle*st.Share
+		// By user: the lease once, its devices' parts summed.
+		var all part
+		for _, p := range parts {
+			all.ms += p.ms
+			all.busy += p.busy
+			all.sampled += p.sampled
+			all.idle += p.idle
+			all.counted = all.counted || p.counted
+			all.reclaimed = all.reclaimed || p.reclaimed
 		}
-		k := key{st.User, sumKind(st.Kind), st.Pool}
-		row := rowOf(k)
-		row.Leases++
-		row.DeviceSeconds += float64(ms) / 1000
-		row.IdleDeviceHours += idle / 3600e3
-		if reclaimed {
-			row.Reclaimed++
-		}
-		if sampled > 0 {
-			if utils[k] == nil {
-				utils[k] = &utilSum{}
-			}
-			utils[k].busy += busy
-			utils[k].sampled += sampled
+		if all.counted {
+			add(key{user: st.User, kind: sumKind(st.Kind), pool: st.Pool, dev: -1}, all)
 		}
 	}
 	for _, r := range sums {
@@ -525,12 +568,25 @@ func sumUsage(files [][]usageRec, since, until time.Time, user string, live func
 			continue
 		}
 		if n, ms := usageSum(r, lo, hi); n > 0 || ms > 0 {
-			row := rowOf(key{r.User, sumKind(r.Kind), r.Pool})
+			k := key{user: r.User, kind: sumKind(r.Kind), pool: r.Pool, dev: -1}
+			if byDevice {
+				k = key{pool: r.Pool, dev: -1}
+			}
+			row := rowOf(k)
 			row.Leases += n
 			row.DeviceSeconds += ms / 1000
 		}
 	}
 	slices.SortFunc(keys, func(a, b key) int {
+		if byDevice { // in the devices' order, the summed leases last
+			if a.dev != b.dev {
+				if a.dev < 0 || b.dev < 0 {
+					return cmp.Compare(b.dev, a.dev)
+				}
+				return cmp.Compare(a.dev, b.dev)
+			}
+			return cmp.Compare(a.pool, b.pool)
+		}
 		if c := rows[b].DeviceSeconds - rows[a].DeviceSeconds; c != 0 {
 			if c > 0 {
 				return 1
@@ -726,6 +782,10 @@ func readSpan(f *os.File, size int64) (span, bool) {
 // past.
 var ErrBadQuery = errors.New("usage needs a start time in the past")
 
+// ErrBadBy is the answer to a usage query that sums by neither user nor
+// device.
+var ErrBadBy = errors.New("usage sums by user or by device")
+
 // usageReads bounds the usage queries reading the accounting log at once.
 var usageReads = make(chan struct{}, 2)
 
@@ -736,6 +796,9 @@ func (g *Ledger) Usage(q *wire.UsageQuery) (*wire.UsageReport, error) {
 	now := time.Now()
 	if q == nil || q.SinceMS < 0 || q.SinceMS > now.UnixMilli() {
 		return nil, ErrBadQuery
+	}
+	if q.By != "" && q.By != wire.UsageByUser && q.By != wire.UsageByDevice {
+		return nil, ErrBadBy
 	}
 	usageReads <- struct{}{}
 	g.usage.flush(time.Second)
@@ -761,7 +824,7 @@ func (g *Ledger) Usage(q *wire.UsageQuery) (*wire.UsageReport, error) {
 	// yet: counted all the same.
 	files = append(files, g.sums.pending())
 	g.unlock()
-	rep := sumUsage(files, time.UnixMilli(q.SinceMS), now, q.User, func(id uint64) bool { return live[id] },
+	rep := sumUsageBy(files, time.UnixMilli(q.SinceMS), now, q.User, q.By, g.deviceName, func(id uint64) bool { return live[id] },
 		func(id uint64) (*float64, int64) { f := liveFigs[id]; return f.util, f.idleMS })
 	rep.Dropped = g.usage.dropped.Load()
 	rep.Oldest = 0

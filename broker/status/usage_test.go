@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -361,5 +362,86 @@ func TestSumUsageUtil(t *testing.T) {
 	rep = sumUsage([][]usageRec{recs}, time.UnixMilli(1800_000), time.UnixMilli(3600_000), "bob", live, figs)
 	if len(rep.Rows) != 1 || math.Abs(rep.Rows[0].IdleDeviceHours-0.5) > 1e-9 {
 		t.Errorf("bob's last half hour: %+v", rep.Rows)
+	}
+}
+
+// TestSumUsageByDevice: summed by device, each device of a lease counts
+// the lease once, its own device time, busy share, idle time and reclaim
+// (a share its part); the rows come in the devices' order, named by the
+// name given, with no user or kind; the leases summed past a user's rate
+// name no device and make a row of their own, last; the per-device rows
+// add up to the per-user ones.
+func TestSumUsageByDevice(t *testing.T) {
+	pct := func(f float64) *float64 { return &f }
+	end := func(id uint64, at int64, d int, util *float64, idleMS int64, how string) usageRec {
+		r := endRec(id, at, d)
+		r.Util, r.IdleMS = util, idleMS
+		if how != "" {
+			r.How = how
+		}
+		return r
+	}
+	share := startRec(3, 0, "carol", wire.KindInline, 2)
+	share.Share = 0.5
+	recs := []usageRec{
+		// bob: npu0 and npu1, 3600 s each, 10% busy, idle 1800 s, reclaimed.
+		startRec(1, 0, "bob", wire.KindInline, 0, 1),
+		end(1, 3600_000, 1, pct(10), 1800_000, endReclaimed),
+		end(1, 3600_000, 0, pct(10), 1800_000, endReclaimed),
+		// alice: npu1 after bob, 3600 s, 70% busy.
+		startRec(2, 3600_000, "alice", wire.KindInline, 1),
+		end(2, 7200_000, 1, pct(70), 0, ""),
+		// carol: half of npu2, 0% busy, idle all its 3600 s.
+		share,
+		end(3, 3600_000, 2, pct(0), 3600_000, ""),
+		// dave: 4 leases past the rate, 7200 s of device time, no device.
+		{T: 7200_000, Ev: "sum", User: "dave", Kind: wire.KindInline, Pool: "default", From: 0, Leases: 4, DevMS: 7200_000},
+	}
+	name := func(id int) string { return "npu" + strconv.Itoa(id) }
+	live := func(uint64) bool { return false }
+	rep := sumUsageBy([][]usageRec{recs}, time.UnixMilli(0), time.UnixMilli(7200_000), "", wire.UsageByDevice, name, live, noFigs)
+	if rep.By != wire.UsageByDevice || !rep.Sampled {
+		t.Errorf("report by %q, sampled %v; want by device, sampled", rep.By, rep.Sampled)
+	}
+	type want struct {
+		device      string
+		leases      int
+		hours, busy float64
+		idleH       float64
+		reclaimed   int
+	}
+	wants := []want{
+		{"npu0", 1, 1, 10, 0.5, 1},
+		{"npu1", 2, 2, 40, 0.5, 1}, // (10 + 70) / 2
+		{"npu2", 1, 0.5, 0, 0.5, 0},
+		{"", 4, 2, -1, 0, 0}, // the summed leases: no device, no figures
+	}
+	if len(rep.Rows) != len(wants) {
+		t.Fatalf("rows %+v, want %d", rep.Rows, len(wants))
+	}
+	for i, w := range wants {
+		r := rep.Rows[i]
+		busyOK := (w.busy < 0 && r.Busy == nil) || (r.Busy != nil && math.Abs(*r.Busy-w.busy) < 1e-9)
+		if r.Device != w.device || r.User != "" || r.Kind != "" || r.Pool != "default" || r.Leases != w.leases ||
+			math.Abs(r.DeviceHours-w.hours) > 1e-9 || !busyOK || math.Abs(r.IdleDeviceHours-w.idleH) > 1e-9 || r.Reclaimed != w.reclaimed {
+			t.Errorf("row %d = %+v (busy %v), want %+v", i, r, r.Busy, w)
+		}
+	}
+	// The same records by user: the device-hours and idle hours add up.
+	byUser := sumUsage([][]usageRec{recs}, time.UnixMilli(0), time.UnixMilli(7200_000), "", live, noFigs)
+	var hu, hd, iu, id float64
+	for _, r := range byUser.Rows {
+		hu, iu = hu+r.DeviceHours, iu+r.IdleDeviceHours
+	}
+	for _, r := range rep.Rows {
+		hd, id = hd+r.DeviceHours, id+r.IdleDeviceHours
+	}
+	if math.Abs(hu-hd) > 1e-9 || math.Abs(iu-id) > 1e-9 {
+		t.Errorf("by user %v h (idle %v), by device %v h (idle %v): they differ", hu, iu, hd, id)
+	}
+	// One user's leases only, by device.
+	rep = sumUsageBy([][]usageRec{recs}, time.UnixMilli(0), time.UnixMilli(7200_000), "alice", wire.UsageByDevice, name, live, noFigs)
+	if len(rep.Rows) != 1 || rep.Rows[0].Device != "npu1" || rep.Rows[0].DeviceHours != 1 {
+		t.Errorf("alice's by device: %+v", rep.Rows)
 	}
 }

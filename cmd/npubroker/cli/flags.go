@@ -74,6 +74,9 @@ var (
 		{Short: 'w', Long: "watch", Help: "print again whenever something changes, until interrupted"},
 	}
 	UsageOptions = []completion.Option{
+		{Long: "by", Value: "WHAT", Default: wire.UsageByUser, Words: []string{wire.UsageByUser, wire.UsageByDevice},
+			Help:    "sum per user, kind of lease and pool (user) or per device (device)",
+			Summary: `sum per user, kind of lease and pool (user) or per device (device) (default "` + wire.UsageByUser + `")`},
 		{Long: "json", Help: "print the sums as JSON"},
 		{Long: "since", Value: "DUR", Default: DefaultUsageSince, Help: "how far back to count: a duration such as 7d, 24h or 90m",
 			Summary: `how far back to count: a duration such as 7d, 24h or 90m (default "` + DefaultUsageSince + `")`},

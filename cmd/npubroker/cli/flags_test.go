@@ -59,6 +59,7 @@ func TestHelpFromTable(t *testing.T) {
 	}
 	_, opts, _ := strings.Cut(out.String(), "Options:\n")
 	want := "" +
+		"      --by string           sum per user, kind of lease and pool (user) or per device (device) (default \"user\")\n" +
 		"      --json[=true|false]   print the sums as JSON\n" +
 		"      --since string        how far back to count: a duration such as 7d, 24h or 90m (default \"7d\")\n" +
 		"      --socket string       the broker's socket (default $NPURUN_SOCKET, or /run/npurun/broker.sock)\n" +

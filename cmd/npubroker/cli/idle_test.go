@@ -49,3 +49,24 @@ func TestUsageTableUtil(t *testing.T) {
 		t.Errorf("usage table:\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestUsageTableByDevice: a report summed by device has DEVICE and POOL
+// in place of USER, KIND and POOL; the row of the leases that name no
+// device shows "-".
+func TestUsageTableByDevice(t *testing.T) {
+	pct := func(f float64) *float64 { return &f }
+	got := UsageTable(&wire.UsageReport{Since: time.Date(2026, 1, 2, 3, 4, 0, 0, time.Local).UnixMilli(), Sampled: true, By: wire.UsageByDevice, Rows: []wire.UsageRow{
+		{Device: "npu0", Pool: "default", Leases: 9, DeviceHours: 160, Busy: pct(85), IdleDeviceHours: 4},
+		{Device: "npu1", Pool: "default", Leases: 6, DeviceHours: 246.2, Busy: pct(38), IdleDeviceHours: 96.5, Reclaimed: 2},
+		{Pool: "default", Leases: 40, DeviceHours: 0.5},
+	}})
+	want := "since 2026-01-02 03:04\n" +
+		"DEVICE  POOL     LEASES  DEVICE-HOURS  BUSY  IDLE-HOURS  RECLAIMED\n" +
+		"npu0    default  9       160.00        85%   4.00        0\n" +
+		"npu1    default  6       246.20        38%   96.50       2\n" +
+		"-       default  40      0.50          -     0.00        0\n" +
+		"TOTAL            55      406.70              100.50      2\n"
+	if got != want {
+		t.Errorf("usage table:\n%s\nwant\n%s", got, want)
+	}
+}

@@ -31,7 +31,7 @@ import (
 const StatusUsage = "npubroker status [--json] [--watch] [--socket PATH]"
 
 // UsageUsage is the usage command's line of npubroker's usage.
-const UsageUsage = "npubroker usage [--since DUR] [--user USER] [--json] [--socket PATH]"
+const UsageUsage = "npubroker usage [--since DUR] [--user USER] [--by user|device] [--json] [--socket PATH]"
 
 const statusHelp = `Usage:
   ` + StatusUsage + `
@@ -51,7 +51,8 @@ const usageHelp = `Usage:
 
 Sum the device-hours of leases per user, kind of lease (inline: npurun;
 task; login) and pool, from the broker's accounting log, over the last DUR
-(such as 7d, 24h, 90m; 7d without --since). Any user may ask.
+(such as 7d, 24h, 90m; 7d without --since); with --by device, the same
+sums per device. Any user may ask.
 
 Options:
 `
@@ -134,7 +135,14 @@ func Usage(args []string, env Env) int {
 	if code, done := parse(fs, args, env); done {
 		return code
 	}
-	user, asJSON, socket := fs.String("user"), fs.Bool("json"), fs.String("socket")
+	user, asJSON, socket, by := fs.String("user"), fs.Bool("json"), fs.String("socket"), fs.String("by")
+	if by != wire.UsageByUser && by != wire.UsageByDevice {
+		fmt.Fprintf(env.Stderr, "npubroker: bad value %q for --by: want %s or %s\n", by, wire.UsageByUser, wire.UsageByDevice)
+		return exitcode.Usage
+	}
+	if by == wire.UsageByUser {
+		by = "" // as a broker that knows no --by sums
+	}
 	since, err := ParseSince(fs.String("since"))
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
@@ -146,9 +154,14 @@ func Usage(args []string, env Env) int {
 		return code
 	}
 	defer c.Close()
-	rep, err := c.Usage(wire.UsageQuery{SinceMS: time.Now().Add(-since).UnixMilli(), User: user})
+	rep, err := c.Usage(wire.UsageQuery{SinceMS: time.Now().Add(-since).UnixMilli(), User: user, By: by})
 	if err != nil {
 		return fail(env, err)
+	}
+	if rep.By != by {
+		fmt.Fprintln(env.Stderr, "npubroker: the broker does not sum usage by device")
+		fmt.Fprintln(env.Stderr, "npubroker: hint: it is older than this npubroker: restart it with the version installed")
+		return exitcode.Failure
 	}
 	if rep.Dropped > 0 {
 		fmt.Fprintf(env.Stderr, "npubroker: warning: the broker could not write %d accounting records since it started: totals may be short\n", rep.Dropped)

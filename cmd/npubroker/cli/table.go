@@ -375,13 +375,21 @@ func trimLine(out *strings.Builder) {
 //	USER   KIND    POOL         LEASES  DEVICE-HOURS  BUSY  IDLE-HOURS  RECLAIMED
 //	bob    inline  interactive  3       96.00         6%    88.50       2
 func UsageTable(rep *wire.UsageReport) string {
+	byDevice := rep.By == wire.UsageByDevice
 	rows := [][]string{{"USER", "KIND", "POOL", "LEASES", "DEVICE-HOURS"}}
+	if byDevice {
+		rows = [][]string{{"DEVICE", "POOL", "LEASES", "DEVICE-HOURS"}}
+	}
 	if rep.Sampled {
 		rows[0] = append(rows[0], "BUSY", "IDLE-HOURS", "RECLAIMED")
 	}
 	leases, hours, idle, reclaimed := 0, 0.0, 0.0, 0
 	for _, r := range rep.Rows {
-		row := []string{r.User, r.Kind, orDash(r.Pool), strconv.Itoa(r.Leases), strconv.FormatFloat(r.DeviceHours, 'f', 2, 64)}
+		row := []string{r.User, r.Kind, orDash(r.Pool)}
+		if byDevice {
+			row = []string{orDash(r.Device), orDash(r.Pool)}
+		}
+		row = append(row, strconv.Itoa(r.Leases), strconv.FormatFloat(r.DeviceHours, 'f', 2, 64))
 		if rep.Sampled {
 			row = append(row, percent(r.Busy), strconv.FormatFloat(r.IdleDeviceHours, 'f', 2, 64), strconv.Itoa(r.Reclaimed))
 		}
@@ -391,7 +399,11 @@ func UsageTable(rep *wire.UsageReport) string {
 		idle += r.IdleDeviceHours
 		reclaimed += r.Reclaimed
 	}
-	total := []string{"TOTAL", "", "", strconv.Itoa(leases), strconv.FormatFloat(hours, 'f', 2, 64)}
+	total := []string{"TOTAL", "", ""}
+	if byDevice {
+		total = total[:2]
+	}
+	total = append(total, strconv.Itoa(leases), strconv.FormatFloat(hours, 'f', 2, 64))
 	if rep.Sampled {
 		total = append(total, "", strconv.FormatFloat(idle, 'f', 2, 64), strconv.Itoa(reclaimed))
 	}

@@ -229,7 +229,8 @@ func TestCompletionBash(t *testing.T) {
 
 		{words: []string{"npubroker", ""}, want: []string{"serve", "check-config", "status", "usage", "drain", "undrain", "reload"}},
 		{words: []string{"npubroker", "status", "--"}, want: []string{"--json", "--socket", "--watch", "--help"}},
-		{words: []string{"npubroker", "usage", "--"}, want: []string{"--json", "--since", "--socket", "--user", "--help"}},
+		{words: []string{"npubroker", "usage", "--"}, want: []string{"--by", "--json", "--since", "--socket", "--user", "--help"}},
+		{words: []string{"npubroker", "usage", "--by", ""}, want: []string{"user", "device"}},
 		{words: []string{"npubroker", "serve", "--log", ""}, want: []string{"auto", "stderr", "syslog"}},
 		{words: []string{"npubroker", "serve", "--cgroup", "o"}, some: true, want: []string{"off"}},
 		{words: []string{"npubroker", "check-config", e.dir + "/ba"}, want: []string{e.dir + "/bash"}},

@@ -427,6 +427,36 @@ func TestIdleUsage(t *testing.T) {
 		!regexp.MustCompile(`(?m)^\S+ +inline +default +2 +[0-9.]+ +[0-9]+% +[0-9.]+ +1$`).Match(out) {
 		t.Errorf("usage table:\n%s", out)
 	}
+
+	// --by device: the same figures, per device, adding up to the user's.
+	dev := usageReport(t, b, "--since", "1h", "--by", "device")
+	if dev.By != wire.UsageByDevice || len(dev.Rows) != 2 || !dev.Sampled {
+		t.Fatalf("usage --by device: %+v", dev)
+	}
+	d0, d1 := dev.Rows[0], dev.Rows[1]
+	if d0.Device != "npu0" || d0.User != "" || d0.Leases != 1 || d0.Reclaimed != 0 || !is(d0.Busy, 40) || d0.IdleDeviceHours != 0 {
+		t.Errorf("npu0's row: %+v (busy %v); want 1 lease, 40%% busy, not idle, not reclaimed", d0, d0.Busy)
+	}
+	if d1.Device != "npu1" || d1.Leases != 1 || d1.Reclaimed != 1 || !is(d1.Busy, 0) || d1.IdleDeviceHours < 3.0/3600 {
+		t.Errorf("npu1's row: %+v (busy %v); want 1 lease, 0%% busy, idle at least 3s, reclaimed", d1, d1.Busy)
+	}
+	if sum := d0.DeviceSeconds + d1.DeviceSeconds; sum < r.DeviceSeconds*0.99 || sum > r.DeviceSeconds*1.01+1 {
+		t.Errorf("by device %v s, by user %v s", sum, r.DeviceSeconds)
+	}
+	out, err = exec.Command(b.Bin.Broker, "usage", "--since", "1h", "--by", "device", "--socket", b.Socket).Output()
+	if err != nil {
+		t.Fatalf("npubroker usage --by device: %v", err)
+	}
+	if !regexp.MustCompile(`(?m)^DEVICE +POOL +LEASES +DEVICE-HOURS +BUSY +IDLE-HOURS +RECLAIMED$`).Match(out) ||
+		!regexp.MustCompile(`(?m)^npu0 +default +1 +[0-9.]+ +40% +0\.00 +0$`).Match(out) ||
+		!regexp.MustCompile(`(?m)^npu1 +default +1 +[0-9.]+ +0% +[0-9.]+ +1$`).Match(out) ||
+		!regexp.MustCompile(`(?m)^TOTAL +2 +[0-9.]+ +[0-9.]+ +1$`).Match(out) {
+		t.Errorf("usage --by device table:\n%s", out)
+	}
+	cmd := exec.Command(b.Bin.Broker, "usage", "--by", "pool", "--socket", b.Socket)
+	if code, msg := harness.ExitCode(t, cmd); code != 2 || !strings.Contains(msg, `npubroker: bad value "pool" for --by: want user or device`) {
+		t.Errorf("usage --by pool: exit %d, %q; want 2 and the values", code, msg)
+	}
 }
 
 // TestIdleWarnOnly: [user.NAME] idle_action = "warn" overrides [idle]
