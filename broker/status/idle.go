@@ -233,7 +233,7 @@ func leaseIdleInfo(e *entry, li *wire.LeaseInfo) {
 		li.Reclaimed = st.reclaimed.UnixMilli()
 		return
 	}
-	if u.idleSince.IsZero() {
+	if u.idleSince.IsZero() || u.resumed {
 		return
 	}
 	li.IdleAction = st.action
