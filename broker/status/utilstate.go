@@ -39,7 +39,10 @@ import (
 // the last sample before it and the first after it both found the lease
 // idle, as between any two samples; a first sample that finds it busy or
 // unknown ends the run (and what was said of it) as it would have. Until
-// that first sample the lease shows its mean, and no idle mark.
+// that first sample the lease shows its mean, and no idle mark. A run
+// whose holders were not warned before the restart may have passed
+// [idle] after meanwhile: it is warned at that first sample, and
+// reclaimed no sooner than warn_before later (idle.go), never unwarned.
 
 // utilStateName is the file's name in the state directory.
 const utilStateName = "util.json"
@@ -69,6 +72,7 @@ type utilRecord struct {
 	LastMS    int64   `json:"last_ms,omitempty"` // its last sample
 	Warned    bool    `json:"warned,omitempty"`
 	Reported  bool    `json:"reported,omitempty"`
+	LateMS    int64   `json:"late_ms,omitempty"` // warned after a restart: not reclaimed before (idleState.late)
 }
 
 // utilStatePath is the file's path; "" without a state directory.
@@ -140,6 +144,9 @@ func (g *Ledger) utilRecordsLocked() []utilRecord {
 		if !u.lastAt.IsZero() {
 			r.LastMS = u.lastAt.UnixMilli()
 		}
+		if !u.idle.late.IsZero() {
+			r.LateMS = u.idle.late.UnixMilli()
+		}
 		out = append(out, r)
 	}
 	return out
@@ -207,6 +214,12 @@ func (g *Ledger) restoreUtil(path string) {
 		if r.IdleSince > 0 {
 			u.idleSince = time.UnixMilli(r.IdleSince)
 			u.idle.warned, u.idle.reported = r.Warned, r.Reported
+			// Not warned before: it may have passed after while the
+			// broker was down, and is warned before it is reclaimed.
+			u.idle.unwarned = !r.Warned
+			if r.LateMS > 0 {
+				u.idle.late = time.UnixMilli(r.LateMS)
+			}
 		}
 		e.util = u
 		kept++

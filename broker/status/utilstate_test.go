@@ -43,8 +43,8 @@ type keepRoom struct {
 	log *syncBuf
 }
 
-func newKeepRoom(t *testing.T) keepRoom {
-	r, usage := newRoom(t, 3, "fake_util = \"/nonexistent\"\n[status]\nutil_interval = \"1s\"\n")
+func newKeepRoom(t *testing.T, extra ...string) keepRoom {
+	r, usage := newRoom(t, 3, "fake_util = \"/nonexistent\"\n[status]\nutil_interval = \"1s\"\n"+strings.Join(extra, ""))
 	lb := &syncBuf{}
 	r.g.log = log.New(lb, "", 0)
 	r.g.repeat = r.g.log.Printf
@@ -273,5 +273,58 @@ func TestUtilStateWrites(t *testing.T) {
 	k.g.sampled(t0.Add(4*time.Second), samples(0, 3, 0), nil)
 	if !strings.Contains(k.log.String(), "the leases' figures are not kept across a restart") {
 		t.Errorf("log %q", k.log.String())
+	}
+}
+
+// TestUtilStateWarnFirst: a lease whose idle run is kept across a
+// restart, its holders not warned before it, may have passed [idle]
+// after while the broker was down: the first sample warns it, and it is
+// reclaimed no sooner than warn_before later (kept across a second
+// restart too), never at once; one warned before the restart, whose end
+// the warning gave passed meanwhile, is reclaimed at the first sample.
+func TestUtilStateWarnFirst(t *testing.T) {
+	const reclaim = "\n[idle]\nafter = \"1h\"\naction = \"reclaim\"\nwarn_before = \"10m\"\n"
+	at := time.Now().Truncate(time.Millisecond)
+	t0 := at.Add(-3 * time.Hour)
+	rec := utilRecord{Lease: 7, Since: t0.UnixMilli(), Sum: 1, N: 1, IdleSince: t0.Add(time.Minute).UnixMilli(), LastMS: t0.Add(time.Minute).UnixMilli()}
+
+	k := newKeepRoom(t, reclaim)
+	e := k.adopted(t, 7, 0, t0, true)
+	k.g.restoreUtil(k.write(t, encodeUtilState(t0, []utilRecord{rec})))
+	k.g.sampled(at, samples(1), nil)
+	li := info(e)
+	if !li.Warned || li.Reclaimed != 0 || li.IdleEnds != at.Add(10*time.Minute).UnixMilli() {
+		t.Fatalf("first sample after the restart, not warned before it: %+v; want warned, to end at %d", li, at.Add(10*time.Minute).UnixMilli())
+	}
+	if lg := k.log.String(); !strings.Contains(lg, "its holders are warned") || strings.Contains(lg, "is reclaimed") {
+		t.Errorf("log %q; want a warning and no reclaim", lg)
+	}
+	k.g.sampled(at.Add(5*time.Minute), samples(1), nil)
+	if li := info(e); li.Reclaimed != 0 {
+		t.Fatalf("reclaimed 5m after its warning, warn_before 10m: %+v", li)
+	}
+	// A second restart keeps when it ends.
+	data, _ := os.ReadFile(k.g.utilPath)
+	k2 := newKeepRoom(t, reclaim)
+	e2 := k2.adopted(t, 7, 0, t0, true)
+	k2.g.restoreUtil(k2.write(t, data))
+	k2.g.sampled(at.Add(6*time.Minute), samples(1), nil)
+	if li := info(e2); li.Reclaimed != 0 || li.IdleEnds != at.Add(10*time.Minute).UnixMilli() || strings.Contains(k2.log.String(), "its holders are warned") {
+		t.Fatalf("after a second restart: %+v, log %q; want still to end at %d, not warned again", li, k2.log.String(), at.Add(10*time.Minute).UnixMilli())
+	}
+	k2.g.sampled(at.Add(10*time.Minute), samples(1), nil)
+	if li := info(e2); li.Reclaimed != at.Add(10*time.Minute).UnixMilli() {
+		t.Errorf("warn_before after its warning: %+v; want reclaimed", li)
+	}
+
+	// Warned before the restart: its end passed while the broker was
+	// down, so the first sample reclaims it.
+	rec.Warned = true
+	k3 := newKeepRoom(t, reclaim)
+	e3 := k3.adopted(t, 7, 0, t0, true)
+	k3.g.restoreUtil(k3.write(t, encodeUtilState(t0, []utilRecord{rec})))
+	k3.g.sampled(at, samples(1), nil)
+	if li := info(e3); li.Reclaimed != at.UnixMilli() {
+		t.Errorf("warned before the restart, its end passed: %+v; want reclaimed at the first sample", li)
 	}
 }
