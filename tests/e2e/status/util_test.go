@@ -365,7 +365,11 @@ func TestUtilRestart(t *testing.T) {
 				t.Fatalf("after the restart: %+v; want lease %d taken up, now %v%%", l, before.ID, tc.after)
 			}
 			if l.UtilHeld == nil || *l.UtilHeld <= 1 || *l.UtilHeld >= tc.after {
-				t.Errorf("after the restart the held mean is %v; want the samples before it (1%%) and after (%v%%) both counted", l.UtilHeld, tc.after)
+				held := "none"
+				if l.UtilHeld != nil {
+					held = fmt.Sprint(*l.UtilHeld)
+				}
+				t.Errorf("after the restart the held mean is %s; want the samples before it (1%%) and after (%v%%) both counted", held, tc.after)
 			}
 			switch {
 			case tc.after < 5 && (l.IdleSince != before.IdleSince || !l.Warned):
