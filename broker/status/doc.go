@@ -2,8 +2,9 @@
 // the ledger of leases (the lease table's record of each grant joined with
 // who /proc shows holding it now), the looks at the holders and the
 // background scan with the unleased use it finds, the accounting log and
-// npubroker usage, the board and its watchers, and the Prometheus metrics;
-// at start, the leases held from before, taken up from the accounting log
+// npubroker usage, the board and its watchers, the Prometheus metrics, and
+// the devices' utilization joined to the leases (kept across a restart in
+// the state directory's util.json); at start, the leases held from before, taken up from the accounting log
 // (or the Slurm room's job records, or found in /proc: a Slurm job's where
 // its extern step holds it) and handed to the lease table to adopt. The
 // broker tells it of each grant, release and change (Started, Ended,

@@ -44,12 +44,19 @@ type idleState struct {
 	warned    bool      // its holders were warned
 	reported  bool      // its idleness past after was logged
 	reclaimed time.Time // when it was reclaimed; zero: not
+	// A run kept across a broker restart (utilstate.go) whose holders
+	// were not warned before it may have passed after while the broker
+	// was down: it is warned first, and reclaimed no sooner than
+	// warn_before after that warning (late), never at once.
+	unwarned bool      // kept across a restart, not warned before it
+	late     time.Time // the earliest it is reclaimed, so; zero: since + after
 }
 
 // endRun forgets what was said of an idle run that a busy or unknown
 // sample ended; a reclaim, begun, goes on.
 func (st *idleState) endRun() {
 	st.action, st.ends, st.warned, st.reported = "", time.Time{}, false, false
+	st.unwarned, st.late = false, time.Time{}
 }
 
 // idleAct is one thing the judgement does, once the ledger's lock is let
@@ -113,14 +120,21 @@ func (g *Ledger) judgeIdle(at time.Time) {
 		}
 		st.action = r.action
 		st.ends = time.Time{}
-		if r.action == policy.IdleReclaim {
-			st.ends = c.since.Add(r.after)
-		}
 		idle := at.Sub(c.since)
 		devs := g.heldDevicesLocked(e)
 		what := fmt.Sprintf("%s %s been idle (under %s%%)", devs, hasHave(e), pct(cfg.Idle.Below))
 		warnAt := max(r.after-cfg.Idle.WarnBefore, 0)
-		if r.action != policy.IdleReport && !st.warned && idle >= warnAt && st.reclaimed.IsZero() {
+		warnNow := r.action != policy.IdleReport && !st.warned && idle >= warnAt && st.reclaimed.IsZero()
+		if warnNow && st.unwarned {
+			st.unwarned, st.late = false, at.Add(cfg.Idle.WarnBefore)
+		}
+		if r.action == policy.IdleReclaim {
+			st.ends = c.since.Add(r.after)
+			if st.late.After(st.ends) {
+				st.ends = st.late
+			}
+		}
+		if warnNow {
 			st.warned = true
 			msg := "npurun: " + what + " for " + approx(idle) + "; "
 			if r.action == policy.IdleReclaim {
@@ -140,7 +154,7 @@ func (g *Ledger) judgeIdle(at time.Time) {
 			acts = append(acts, idleAct{log: fmt.Sprintf("lease %d of %s: %s for %s ([idle] after = %s, action = %s)",
 				e.ID, e.User, what, approx(idle), approx(r.after), r.action)})
 		}
-		if r.action == policy.IdleReclaim && st.reclaimed.IsZero() {
+		if r.action == policy.IdleReclaim && st.reclaimed.IsZero() && !at.Before(st.ends) {
 			st.reclaimed = at
 			g.metrics.reclaimed.WithLabelValues(e.User).Inc()
 			told := "npurun: " + what + " for " + approx(idle) + ": its lease is reclaimed"
@@ -233,7 +247,7 @@ func leaseIdleInfo(e *entry, li *wire.LeaseInfo) {
 		li.Reclaimed = st.reclaimed.UnixMilli()
 		return
 	}
-	if u.idleSince.IsZero() {
+	if u.idleSince.IsZero() || u.resumed {
 		return
 	}
 	li.IdleAction = st.action

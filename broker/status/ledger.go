@@ -179,6 +179,11 @@ type Ledger struct {
 	utilErr  map[int]string   // why it did not, for the others
 	utilAt   time.Time        // when; zero before the first
 	utilNone bool             // the vendor's tool is not there: nothing sampled
+
+	// the figures kept across a restart (utilstate.go): the sampling's
+	// alone, no lock
+	utilPath  string // the file; "" without a state directory
+	utilSaved []byte // what it holds, its time left out; nil: unknown
 }
 
 // entry is one grant while any of its devices is held.
@@ -289,6 +294,8 @@ func Open(c Config, held map[int]fileid.ID, adopter Adopter) *Ledger {
 		adopter.NoteID(r.Lease)
 	}
 	g.adoptLeases(openLeases(recs), held, adopter, c.Jobs)
+	g.utilPath = utilStatePath(c.StateDir)
+	g.restoreUtil(g.utilPath)
 	g.capacity = map[int]int64{}
 	for _, d := range g.table.Snapshot().Devices {
 		if d.Capacity > 0 {

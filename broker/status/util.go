@@ -20,9 +20,9 @@ import (
 // and since when every sample found all its devices under [idle] below.
 // A device the tool did not answer for is unknown, and unknown is never
 // idle: it ends a lease's idle run as a busy sample does. A share has its
-// device's figures. The figures live in the broker's memory only: after a
-// restart (kill -9 alike) a lease's mean and idle clock start again from
-// the new broker's first sample.
+// device's figures. The figures are kept across a restart, kill -9 alike
+// (utilstate.go): the mean goes on, and the idle run where the first
+// sample after the restart finds the lease idle still.
 
 // maxUtilWait bounds one round of the vendor's tool, whatever the
 // interval.
@@ -38,6 +38,7 @@ type leaseUtil struct {
 	idle      idleState     // what the [idle] policy said of the current run (idle.go)
 	idleTotal time.Duration // the time between samples that both found it idle, since its start: its idle time, for usage
 	lastAt    time.Time     // its last sample
+	resumed   bool          // kept from before this start (utilstate.go), not yet sampled: its idle run is not shown until a sample says it goes on
 }
 
 // figures are what the accounting log keeps of u at an end of its lease:
@@ -206,6 +207,7 @@ func (g *Ledger) sampled(at time.Time, got map[int]npu.Util, errs map[int]error)
 			idle = idle && d.Percent < below
 		}
 		u.known = n > 0
+		u.resumed = false
 		if !u.known {
 			u.idleSince = time.Time{} // unknown is never idle
 			u.idle.endRun()
@@ -231,6 +233,7 @@ func (g *Ledger) sampled(at time.Time, got map[int]npu.Util, errs map[int]error)
 	if got != nil {
 		g.judgeIdle(at)
 	}
+	g.saveUtil(at)
 }
 
 // leasesHeldLocked is every lease held, whole or share, once each.
@@ -316,7 +319,7 @@ func leaseUtilInfo(e *entry, li *wire.LeaseInfo) {
 		held := u.sum / float64(u.n)
 		li.UtilHeld = &held
 	}
-	if !u.idleSince.IsZero() {
+	if !u.idleSince.IsZero() && !u.resumed {
 		li.IdleSince = u.idleSince.UnixMilli()
 	}
 }
@@ -349,7 +352,7 @@ func (g *Ledger) utilMetricsLocked(now time.Time) []prometheus.Metric {
 	var order []key
 	for _, e := range g.leasesHeldLocked() {
 		secs := 0.0
-		if e.util != nil && !e.util.idleSince.IsZero() {
+		if e.util != nil && !e.util.idleSince.IsZero() && !e.util.resumed {
 			secs = max(now.Sub(e.util.idleSince).Seconds(), 0)
 		}
 		for _, id := range e.Devices {

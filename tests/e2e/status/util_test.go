@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/npurun/npurun/tests/harness"
 	"github.com/npurun/npurun/wire"
@@ -324,28 +323,66 @@ func TestUtilReload(t *testing.T) {
 	})
 }
 
-// TestUtilRestart: the figures live in the broker's memory, as the docs
-// say: after a kill -9 and a restart the lease held on goes on, and its
-// idle clock and its mean count again from the new broker's first sample.
+// TestUtilRestart: a lease's figures are kept across a broker restart,
+// SIGTERM or kill -9 alike, as the docs say: after the restart the lease
+// taken up again keeps its held mean (the new samples added to the old),
+// and its idle clock and the warning given where the first new sample
+// finds it idle still (idle since the same time, not warned again); a
+// first sample that finds it busy ends the idle run, the mean going on.
 func TestUtilRestart(t *testing.T) {
-	u := newUtilFiles(t)
-	u.set(0, "1")
-	b := harness.StartBroker(t, harness.FakeConfig(1)+u.conf())
-	h := harness.Hold(t, b, "h", "-d", "0")
-	defer h.Release()
-	bd := harness.WaitBoard(t, b, func(x *wire.Board) bool { l := leaseOn(x, 0); return l != nil && l.IdleSince > 0 })
-	before := leaseOn(bd, 0).IdleSince
-	nextSamples(t, b, bd, 1)
-	b.Kill()
-	u.set(0, "3")
-	restart := time.Now()
-	b.Start()
-	bd = harness.WaitBoard(t, b, func(x *wire.Board) bool { l := leaseOn(x, 0); return l != nil && l.IdleSince > 0 })
-	l := leaseOn(bd, 0)
-	if l.IdleSince < restart.UnixMilli() || l.IdleSince <= before {
-		t.Errorf("after a restart at %d the lease is idle since %d (before: %d); want the new broker's first sample", restart.UnixMilli(), l.IdleSince, before)
-	}
-	if !is(l.UtilHeld, 3) {
-		t.Errorf("after a restart the lease's mean is %v, want 3%%: the new broker's samples alone", l.UtilHeld)
+	// Warned at once, never acted on: the warned mark is kept too.
+	const warnNow = "\n[idle]\nafter = \"1h\"\naction = \"warn\"\nwarn_before = \"1h\"\n"
+	for _, tc := range []struct {
+		name  string
+		stop  func(*harness.Broker)
+		after float64 // the utilization from the restart on
+	}{
+		{"SIGTERM", (*harness.Broker).Stop, 3},
+		{"kill-9", (*harness.Broker).Kill, 3},
+		{"kill-9-busy", (*harness.Broker).Kill, 50},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := newUtilFiles(t)
+			u.set(0, "1")
+			b := harness.StartBroker(t, harness.FakeConfig(1)+u.conf()+warnNow)
+			h := harness.Hold(t, b, "h", "-d", "0")
+			defer h.Release()
+			bd := harness.WaitBoard(t, b, func(x *wire.Board) bool { l := leaseOn(x, 0); return l != nil && l.IdleSince > 0 && l.Warned })
+			before := *leaseOn(bd, 0)
+			bd = nextSamples(t, b, bd, 2)
+			if l := leaseOn(bd, 0); !is(l.UtilHeld, 1) || l.IdleSince != before.IdleSince {
+				t.Fatalf("before the restart: %+v; want held 1%%, idle since %d", l, before.IdleSince)
+			}
+			if st, err := os.Stat(filepath.Join(b.StateDir, "util.json")); err != nil || st.Mode().Perm() != 0o600 {
+				t.Errorf("the state directory's util.json: %v, %v; want it, mode 0600", st, err)
+			}
+			tc.stop(b)
+			u.set(0, fmt.Sprint(tc.after))
+			b.Start()
+			bd = harness.WaitBoard(t, b, func(x *wire.Board) bool { return x.Util != nil && leaseOn(x, 0) != nil })
+			l := leaseOn(bd, 0)
+			if l.ID != before.ID || !is(l.Util, tc.after) {
+				t.Fatalf("after the restart: %+v; want lease %d taken up, now %v%%", l, before.ID, tc.after)
+			}
+			if l.UtilHeld == nil || *l.UtilHeld <= 1 || *l.UtilHeld >= tc.after {
+				held := "none"
+				if l.UtilHeld != nil {
+					held = fmt.Sprint(*l.UtilHeld)
+				}
+				t.Errorf("after the restart the held mean is %s; want the samples before it (1%%) and after (%v%%) both counted", held, tc.after)
+			}
+			switch {
+			case tc.after < 5 && (l.IdleSince != before.IdleSince || !l.Warned):
+				t.Errorf("still idle after the restart: idle since %d, warned %v; want %d kept, and the warning", l.IdleSince, l.Warned, before.IdleSince)
+			case tc.after >= 5 && (l.IdleSince != 0 || l.Warned):
+				t.Errorf("busy after the restart: idle since %d, warned %v; want the idle run ended", l.IdleSince, l.Warned)
+			}
+			if !strings.Contains(b.Log(), "utilization: the figures of 1 lease(s) from before this start go on") {
+				t.Errorf("the restart does not say the figures go on")
+			}
+			if n := strings.Count(b.Log(), "its holders are warned"); n != 1 {
+				t.Errorf("warned %d times; want once, before the restart", n)
+			}
+		})
 	}
 }
