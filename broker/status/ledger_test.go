@@ -158,7 +158,10 @@ func newRoom(t *testing.T, n int, extra string) (*room, string) {
 }
 
 // quiet waits until every device is free again, each on a fresh lock
-// file: the test has let every lease go.
+// file: the test has let every lease go; and then until the accounting
+// log's writer has written the records of their ends, which it does on
+// its own goroutine (without that, the test's directory was at times
+// removed while it wrote: "directory not empty", TestSampledIdle).
 func (r *room) quiet(t *testing.T) {
 	t.Helper()
 	deadline := time.After(wait)
@@ -170,6 +173,7 @@ func (r *room) quiet(t *testing.T) {
 			}
 		}
 		if free == len(r.tbl.Snapshot().Devices) {
+			r.g.usage.flush(wait)
 			return
 		}
 		select {
