@@ -368,6 +368,21 @@ func (b *Broker) endSupervisors() {
 // Kill kills the broker with SIGKILL and waits for it to be gone.
 func (b *Broker) Kill() { b.Signal(syscall.SIGKILL) }
 
+// FlushAccounting has the broker write the accounting records it has
+// queued: npubroker usage has its writer, the broker's own goroutine,
+// write them before it reads. A test that kills the broker with SIGKILL
+// and wants the next broker to name a lease's holder from the accounting
+// log calls it first: a kill -9 loses what the writer has not written
+// (TestShareRestrictedUsers lost a grant's record so in CI).
+func (b *Broker) FlushAccounting(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command(b.Bin.Broker, "usage", "--json")
+	cmd.Env = b.Env()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npubroker usage: %v\n%s", err, out)
+	}
+}
+
 // Stop stops the broker with SIGTERM and waits for it to be gone.
 func (b *Broker) Stop() { b.Signal(syscall.SIGTERM) }
 

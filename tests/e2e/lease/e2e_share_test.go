@@ -338,6 +338,7 @@ func TestShareRestart(t *testing.T) {
 	b := harness.StartBroker(t, harness.ShareConfig(1, "16G"))
 	w := harness.NewWorkload(t)
 	h := harness.Hold(t, b, "held", "--mem", "10G")
+	b.FlushAccounting(t) // the record that names its holder, before the kill
 	b.Kill()
 	b.Start()
 	b.WaitLog(0, "npu 0 holds a share of 10240 MiB from before this start")
@@ -399,6 +400,7 @@ func TestShareRestrictedUsers(t *testing.T) {
 	}
 	// A broker's restart takes nobody's access from a share held, and
 	// takes it from the user of a share that ended while no broker ran.
+	b.FlushAccounting(t) // the records that name the shares' holders, before the kill
 	b.Kill()
 	a.Release()
 	b.Start()
