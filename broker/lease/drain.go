@@ -1,12 +1,9 @@
 package lease
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -67,33 +64,18 @@ func (t *Table) readDrains(path string) (map[int]Drain, error) {
 	if path == "" {
 		return nil, nil
 	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	var df drainFile
+	found, err := atomicfile.ReadJSON(path, maxDrainFile, &df)
 	switch {
-	case errors.Is(err, unix.ENOENT):
-		return nil, nil
 	case errors.Is(err, unix.ENOTDIR):
 		// The state directory cannot be had now (it is a file): as the
 		// task journal, it does not keep leases from being served.
-		t.log.Printf("drain file %s: %v: no device is drained; drain again once the state directory is back", path, err)
+		t.log.Printf("drain file %v: no device is drained; drain again once the state directory is back", err)
 		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w %s: %v", ErrDrainFile, path, err)
-	}
-	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxDrainFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("%w %s: %v", ErrDrainFile, path, err)
-	}
-	if len(data) > maxDrainFile {
-		return nil, fmt.Errorf("%w %s: larger than %d bytes", ErrDrainFile, path, maxDrainFile)
-	}
-	var df drainFile
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&df); err != nil {
-		return nil, fmt.Errorf("%w %s: %v", ErrDrainFile, path, err)
+	case err != nil:
+		return nil, fmt.Errorf("%w %w", ErrDrainFile, err)
+	case !found:
+		return nil, nil
 	}
 	if df.V != 1 {
 		return nil, fmt.Errorf("%w %s: version %d, this broker reads version 1", ErrDrainFile, path, df.V)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -87,30 +86,13 @@ func utilStatePath(stateDir string) string {
 // error for a file that cannot be read as one (a link, larger than
 // maxUtilState, not its JSON, another version).
 func readUtilState(path string) ([]utilRecord, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+	var sf utilStateFile
+	found, err := atomicfile.ReadJSON(path, maxUtilState, &sf)
+	if errors.Is(err, unix.ENOTDIR) || (err == nil && !found) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w %s: %v", errUtilState, path, err)
-	}
-	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w %s: not a regular file", errUtilState, path)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxUtilState+1))
-	if err != nil {
-		return nil, fmt.Errorf("%w %s: %v", errUtilState, path, err)
-	}
-	if len(data) > maxUtilState {
-		return nil, fmt.Errorf("%w %s: larger than %d bytes", errUtilState, path, maxUtilState)
-	}
-	var sf utilStateFile
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&sf); err != nil {
-		return nil, fmt.Errorf("%w %s: %v", errUtilState, path, err)
+		return nil, fmt.Errorf("%w %w", errUtilState, err)
 	}
 	if sf.V != 1 {
 		return nil, fmt.Errorf("%w %s: version %d, this broker reads version 1", errUtilState, path, sf.V)

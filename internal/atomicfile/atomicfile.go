@@ -1,10 +1,14 @@
-// Package atomicfile writes a small file whole: a reader, or the next
+// Package atomicfile writes a small file whole, and reads one back: a reader, or the next
 // start after a crash at any moment, sees the old content or the new,
 // never a part.
 package atomicfile
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -56,4 +60,38 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
+}
+
+// ReadJSON reads the JSON file that Write made at path into v, as it is
+// read back at a start: not following a link, not blocking on what is not
+// a regular file, at most max bytes, no field v does not name. It tells
+// false, and no error, where there is no file. Its errors read
+// "PATH: what is wrong" and wrap the system's (unix.ENOTDIR: the
+// directory is a file).
+func ReadJSON(path string, max int, v any) (bool, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return false, fmt.Errorf("%s: not a regular file", path)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, int64(max)+1))
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(data) > max {
+		return false, fmt.Errorf("%s: larger than %d bytes", path, max)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return false, fmt.Errorf("%s: %w", path, err)
+	}
+	return true, nil
 }
