@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Util is what the vendor's tool says a device is doing: its compute
@@ -169,8 +171,8 @@ func ParseNPUSmiUsages(out []byte) (Util, error) {
 			continue
 		}
 		key = strings.ToLower(strings.Join(strings.Fields(key), " "))
-		v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(val), "%"), 64)
-		if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+		v, ok := parsePercent(strings.TrimSpace(val), math.Inf(1))
+		if !ok {
 			continue
 		}
 		vals[key] = v
@@ -234,8 +236,8 @@ func ParseGPUUtil(out []byte) (got map[int]Util, bad map[int]string) {
 		if err != nil || id < 0 {
 			continue
 		}
-		pct, err := strconv.ParseFloat(f[1], 64)
-		if err != nil || pct < 0 || pct > 100 {
+		pct, ok := parsePercent(f[1], 100)
+		if !ok {
 			bad[id] = f[1]
 			continue
 		}
@@ -259,11 +261,17 @@ const maxFakeUtil = 4096
 // as the tests write it. A missing file, or one that does not parse, is
 // an error: the device's utilization is unknown.
 func ReadFakeUtil(path string) (Util, error) {
-	f, err := os.Open(path)
+	// Not a link, and not a FIFO the sampler would wait on for ever.
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return Util{}, err
+		return Util{}, &os.PathError{Op: "open", Path: path, Err: err}
 	}
+	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return Util{}, fmt.Errorf("%s: not a regular file", path)
+	}
+	var ok bool
 	buf := make([]byte, maxFakeUtil)
 	n, _ := f.Read(buf)
 	line, _, _ := strings.Cut(string(buf[:n]), "\n")
@@ -273,7 +281,7 @@ func ReadFakeUtil(path string) (Util, error) {
 	if len(fields) != 1 && len(fields) != 3 {
 		return bad()
 	}
-	if u.Percent, err = strconv.ParseFloat(strings.TrimSuffix(fields[0], "%"), 64); err != nil || u.Percent < 0 || u.Percent > 100 {
+	if u.Percent, ok = parsePercent(fields[0], 100); !ok {
 		return bad()
 	}
 	if len(fields) == 3 {
@@ -285,4 +293,16 @@ func ReadFakeUtil(path string) (Util, error) {
 		u.MemUsed, u.MemTotal = used, total
 	}
 	return u, nil
+}
+
+// parsePercent reads a figure of the tools (a trailing "%" allowed): a
+// number from 0 to max, never NaN (strconv takes "nan", and a NaN would
+// reach status's JSON, which cannot encode it). One reading for npu-smi,
+// nvidia-smi and the fake vendor's files.
+func parsePercent(s string, max float64) (float64, bool) {
+	v, err := strconv.ParseFloat(strings.TrimSuffix(s, "%"), 64)
+	if err != nil || math.IsNaN(v) || v < 0 || v > max {
+		return 0, false
+	}
+	return v, true
 }

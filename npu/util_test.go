@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestParseNPUSmiUsages reads every layout and key alias of npu-smi info
@@ -151,5 +153,21 @@ func TestReadFakeUtil(t *testing.T) {
 	}
 	if _, errs := inv.Utilization(context.Background(), inv.IDs, Tools{}); len(errs) != 5 {
 		t.Errorf("no directory: errs %v, want all unknown", errs)
+	}
+	// NaN (strconv reads "nan"), a FIFO (the sampler would wait on it for
+	// ever) and a link are unknown, not figures.
+	write("5", "nan\n")
+	if err := unix.Mkfifo(filepath.Join(dir, "npu6"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dir, "npu1"), filepath.Join(dir, "npu7")); err != nil {
+		t.Fatal(err)
+	}
+	odd := &Inventory{Vendor: Fake, IDs: []int{5, 6, 7}}
+	if got, errs := odd.Utilization(context.Background(), odd.IDs, Tools{FakeUtilDir: dir}); len(got) != 0 || len(errs) != 3 {
+		t.Errorf("nan, a FIFO, a link: got %+v, errs %v; want all unknown", got, errs)
+	}
+	if _, ok := parsePercent("NaN", 100); ok {
+		t.Error("parsePercent takes NaN")
 	}
 }
