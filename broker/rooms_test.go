@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log"
 	"os"
 	"os/exec"
@@ -82,7 +81,7 @@ func TestRoomsLockOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, err := New(Options{Config: cfg, ConfigPath: confFile, Inventory: inv, RunDir: run, StateDir: filepath.Join(run, "spool"),
-		Socket: sock, Cgroup: "off", Self: filepath.Join(bin, "npubroker"), Log: log.New(io.Discard, "", 0)})
+		Socket: sock, Cgroup: "off", Self: filepath.Join(bin, "npubroker"), Log: failLog(t)})
 	if err != nil {
 		ln.Close()
 		t.Fatal(err)
@@ -240,6 +239,7 @@ func TestRoomsLockOrder(t *testing.T) {
 				id       uint64
 				cancel   bool
 				noDevice bool
+				log      string
 			}
 			var all []sent
 			for k := range tasksEach {
@@ -254,7 +254,7 @@ func TestRoomsLockOrder(t *testing.T) {
 					t.Errorf("submitter %d: task %d: %v", i, k, err)
 					return
 				}
-				all = append(all, sent{r.ID, !sub.NoDevice && k%3 == 0, sub.NoDevice})
+				all = append(all, sent{r.ID, !sub.NoDevice && k%3 == 0, sub.NoDevice, sub.Log})
 				if k%3 == 0 && !sub.NoDevice {
 					if _, err := c.Cancel(r.ID); err != nil {
 						t.Errorf("submitter %d: cancel task %d: %v", i, r.ID, err)
@@ -271,7 +271,9 @@ func TestRoomsLockOrder(t *testing.T) {
 					t.Errorf("submitter %d: wait for task %d: %v", i, st.id, err)
 				case ti.State == wire.StateCancelled && st.cancel:
 				case ti.State != wire.StateDone || ti.Exit == nil || *ti.Exit != 0:
-					t.Errorf("submitter %d: task %d (no device: %v) ended %s, exit %v (%s); want done, exit 0", i, st.id, st.noDevice, ti.State, ti.Exit, ti.Reason)
+					out, _ := os.ReadFile(st.log)
+					t.Errorf("submitter %d: task %d (no device: %v) ended %s, exit %v, signal %q (%s); want done, exit 0; its log:\n%s",
+						i, st.id, st.noDevice, ti.State, ti.Exit, ti.Signal, ti.Reason, out)
 				}
 			}
 		}()
@@ -302,3 +304,30 @@ func TestRoomsLockOrder(t *testing.T) {
 		}
 	}
 }
+
+// failLog is a broker's log kept for the test's failure: shown then, and
+// never otherwise.
+func failLog(t *testing.T) *log.Logger {
+	var mu sync.Mutex
+	var buf []byte
+	t.Cleanup(func() {
+		if t.Failed() {
+			mu.Lock()
+			t.Logf("the broker's log:\n%s", buf)
+			mu.Unlock()
+		}
+	})
+	return log.New(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(buf) < 1<<20 {
+			buf = append(buf, p...)
+		}
+		return len(p), nil
+	}), "", log.Lmicroseconds)
+}
+
+// writerFunc is a function as an io.Writer.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

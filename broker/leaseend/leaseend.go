@@ -226,6 +226,15 @@ func (e *Ender) sweep(held []lease.Holding, why string, sig unix.Signal) (found 
 			return nil, true
 		}
 		for f, h := range devOf {
+			if !e.c.Table.Holds(h.Lease, h.Device) {
+				// Released while /proc was read: its lock file may be
+				// gone and its inode number given to a later lease's
+				// file, whose holders the sweep then found under it.
+				// Held still, the file was this lease's all along (the
+				// table keeps it open while the lease holds it).
+				delete(devOf, f)
+				continue
+			}
 			for _, pid := range res.Files[f] {
 				pi := res.Info[pid]
 				if pi == nil || pid <= 1 {

@@ -318,3 +318,100 @@ func waitDescriptors(t *testing.T, e *Ender, n int) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// meanwhile is the real /proc scanner with something done during its
+// first sweep, before /proc is read, and the signals it was asked to send.
+type meanwhile struct {
+	*procscan.Scanner
+	during  func()
+	mu      sync.Mutex
+	signals []int
+}
+
+func (m *meanwhile) Sweep(t procscan.Targets) (*procscan.Result, error) {
+	if d := m.during; d != nil {
+		m.during = nil
+		d()
+	}
+	return m.Scanner.Sweep(t)
+}
+
+func (m *meanwhile) Signal(pid int, start uint64, sig unix.Signal) error {
+	m.mu.Lock()
+	m.signals = append(m.signals, pid)
+	m.mu.Unlock()
+	return m.Scanner.Signal(pid, start, sig)
+}
+
+// holdIn starts a process that holds the lock descriptor fd (closed here).
+func holdIn(t *testing.T, fd int) *exec.Cmd {
+	t.Helper()
+	lockFile := os.NewFile(uintptr(fd), "lock")
+	defer lockFile.Close()
+	p := exec.Command("sleep", "60")
+	p.ExtraFiles = []*os.File{lockFile}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Process.Kill(); p.Wait() })
+	return p
+}
+
+// TestSweepLeaseEndedMeanwhile: a task's lease is ended (End), and while
+// the sweep that looks for its holders runs, the lease is released and
+// its device granted on, its old lock file gone and its inode number
+// given to a later lease's file (the file system reuses freed inodes, as
+// ext4 does): the process holding that later file is found under the old
+// lease's file identity, and must not be signalled. The sweep trusts what
+// it found only for a lease that holds its device still once /proc has
+// been read (TestRoomsLockOrder had a task killed as "cancelled" so, in
+// CI).
+func TestSweepLeaseEndedMeanwhile(t *testing.T) {
+	f := newFixture(t, lease.Holder{Kind: lease.Task, UID: uint32(os.Geteuid()), User: "alice", Task: 7})
+	old := f.l.Files[0]
+	first := holdIn(t, f.fd)
+	held := f.table.HeldBy(f.l)
+	scanner := f.ender.c.Holders.(*procscan.Scanner)
+	var later *exec.Cmd
+	reused := false
+	m := &meanwhile{Scanner: scanner, during: func() {
+		first.Process.Kill()
+		first.Wait()
+		f.waitFree(t, "its holder killed")
+		// Leases come and go on npu 0 until one is on a file with the
+		// old file's identity.
+		for range 200 {
+			w, err := f.table.Admit(lease.Request{Holder: lease.Holder{Kind: lease.Inline, UID: uint32(os.Geteuid()), User: "bob"}, N: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.table.Add(w)
+			hs := f.table.Schedule(nil)
+			if len(hs) != 1 {
+				t.Fatalf("%d grants for one request on a free device", len(hs))
+			}
+			f.table.Commit(hs[0])
+			fd := hs[0].FDs()[0]
+			if fileOf(t, fd) == old {
+				later, reused = holdIn(t, fd), true
+				return
+			}
+			unix.Close(fd)
+			f.waitFree(t, "a lease let go")
+		}
+	}}
+	f.ender.c.Holders = m
+	found, done := f.ender.sweep(held, "task 7 has ended", unix.SIGTERM)
+	if !reused {
+		t.Logf("no later lock file took the inode number of the old one in 200 leases (%s does not reuse them): nothing to check", f.dir)
+		return
+	}
+	if len(found) != 0 || !done {
+		t.Errorf("the sweep for an ended lease found %d holders (done: %v); want none", len(found), done)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.signals) != 0 {
+		t.Errorf("signalled pids %v, the later lease's holder being %d: the ended lease's sweep signalled another lease's holder", m.signals, later.Process.Pid)
+	}
+}

@@ -163,11 +163,13 @@ func TestCutLookKeepsHolders(t *testing.T) {
 		Devices: []int{0}, Files: []fileid.ID{fid}, Since: time.Now()})
 	g.leases = map[int]*entry{0: l}
 	g.scanner = scanner
-	targets := procscan.Targets{Files: map[fileid.ID]bool{fid: true}}
+	g.mu.Lock()
+	targets := g.scanSetLocked()
+	g.unlock()
 
 	fullScan := func() {
 		t.Helper()
-		res, err := scanner.Scan(targets)
+		res, err := scanner.Scan(targets.Targets)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -191,7 +193,7 @@ func TestCutLookKeepsHolders(t *testing.T) {
 	if len(all) != n+1 || !slices.Contains(all, sh.Process.Pid) {
 		t.Fatalf("the full scan found %d holders, want the shell and %d sleeps", len(all), n)
 	}
-	if r := scanner.Tree(append([]int{sh.Process.Pid}, all...), targets, maxTree); !r.Cut {
+	if r := scanner.Tree(append([]int{sh.Process.Pid}, all...), targets.Targets, maxTree); !r.Cut {
 		t.Fatalf("a look at %d holders was not cut at %d", len(all), maxTree)
 	}
 	if got := look(); !slices.Equal(got, all) {
@@ -232,7 +234,7 @@ func BenchmarkUnleased(b *testing.B) {
 		res.Info[h.PID] = h
 		ancestors[h.PID] = []int{h.PPID}
 	}
-	targets := procscan.Targets{Files: map[fileid.ID]bool{l.files[0]: true}, Nodes: map[uint64]bool{7: true}}
+	targets := g.scanSetLocked()
 	for b.Loop() {
 		if acts := g.unleasedLocked(res, targets, &judgement{ancestors: ancestors}); len(acts) != 0 || len(g.seen) != 0 {
 			b.Fatalf("holders taken for unleased use: %d", len(g.seen))
@@ -248,7 +250,7 @@ func TestUnleasedAcrossSlowScans(t *testing.T) {
 	g := testLedger(&npu.Inventory{Vendor: npu.Ascend, IDs: []int{0}},
 		&policy.Config{Status: policy.Status{UnleasedGrace: 3 * time.Second, UnleasedUse: policy.UnleasedReport}})
 	g.nodes = map[uint64]npu.Node{7: {Path: "/dev/davinci0", Device: 0, Number: 7}}
-	targets := procscan.Targets{Files: map[fileid.ID]bool{}, Nodes: map[uint64]bool{7: true}}
+	targets := g.scanSetLocked()
 	p := &procscan.Proc{PID: 100, PPID: 1, UID: 1000, Start: 5, Cmdline: []string{"python", "x.py"}}
 	t0 := time.Now()
 	for i, at := range []time.Time{t0, t0.Add(5 * time.Second)} {
@@ -282,5 +284,62 @@ func TestCommandLineWholeRunes(t *testing.T) {
 				t.Errorf("got %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestScanJudgesOnlyLeasesHeldThroughout: a lease let go of while /proc
+// is read, and a later lease on a file with the same identity (its inode
+// number given out again), hold a process the scan finds under that
+// identity: it is not taken for the later lease's holder, which was
+// granted after the scan began (the next scan judges it). The identity
+// alone once decided, and the ender's sweep signalled another lease's
+// holder so (leaseend's TestSweepLeaseEndedMeanwhile).
+func TestScanJudgesOnlyLeasesHeldThroughout(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "lock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fid, err := fileid.Of(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scanner, err := procscan.New("/proc", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	scanner.UserBudget = 1 << 30
+	sleep := exec.Command("sleep", "60")
+	sleep.ExtraFiles = []*os.File{f}
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleep.Process.Kill(); sleep.Wait() }()
+	pid := sleep.Process.Pid
+	g := testLedger(&npu.Inventory{Vendor: npu.Fake, IDs: []int{0}}, &policy.Config{})
+	g.scanner = scanner
+	holder := lease.Holder{Kind: lease.Inline, UID: uint32(os.Getuid()), User: "u", PID: pid}
+	before := newEntry(&lease.Lease{Holder: holder, Devices: []int{0}, Files: []fileid.ID{fid}, Since: time.Now()})
+	g.leases = map[int]*entry{0: before}
+	g.mu.Lock()
+	set := g.scanSetLocked()
+	// Meanwhile: the lease let go of, a later one on a file of the same
+	// identity (here the very file: what the scan finds is the same).
+	later := newEntry(&lease.Lease{Holder: holder, Devices: []int{0}, Files: []fileid.ID{fid}, Since: time.Now()})
+	g.leases = map[int]*entry{0: later}
+	g.unlock()
+	res, err := scanner.Scan(set.Targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(res.Files[fid], pid) {
+		t.Fatalf("the scan did not find pid %d holding the file: %v", pid, res.Files)
+	}
+	g.mu.Lock()
+	g.holdersFromScanLocked(res, set, nil)
+	got := holderPIDs(later, 0)
+	g.unlock()
+	if len(got) != 0 {
+		t.Errorf("the later lease's holders, from a scan begun before its grant: %v; want none yet", got)
 	}
 }

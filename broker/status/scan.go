@@ -172,20 +172,10 @@ func threadCPU() time.Duration {
 // scanOnce scans /proc for the holders of every lease and for device
 // nodes used without a lease, then acts on what it found.
 func (g *Ledger) scanOnce() {
-	targets := procscan.Targets{Files: map[fileid.ID]bool{}, Nodes: map[uint64]bool{}}
-	for rdev := range g.nodes {
-		targets.Nodes[rdev] = true
-	}
 	g.mu.Lock()
-	for _, e := range g.uniqueLocked() {
-		for i, id := range e.Devices {
-			if e.held[id] {
-				targets.Files[e.files[i]] = true
-			}
-		}
-	}
+	targets := g.scanSetLocked()
 	g.unlock()
-	res, err := g.scanner.Scan(targets)
+	res, err := g.scanner.Scan(targets.Targets)
 	if err != nil {
 		g.log.Printf("scan /proc: %v", err)
 		return
@@ -236,10 +226,40 @@ func (g *Ledger) scanOnce() {
 	}
 }
 
+// scanSet is what a scan looks for: the device nodes, the lock files of
+// the leases held as it begins, and those leases. Only they are judged by
+// it: a file is known by its device and inode number, and a lease let go
+// of while /proc is read may leave its number to a later lease's file
+// (the file system gives a freed inode out again), whose holders the scan
+// then finds under it; a lease held from the scan's start to its end kept
+// its file (the table holds it open), so what was found under it is its
+// own. The ender's sweep (package leaseend) judges by the same rule.
+type scanSet struct {
+	procscan.Targets
+	leases map[*entry]bool
+}
+
+// scanSetLocked is what a scan beginning now looks for.
+func (g *Ledger) scanSetLocked() scanSet {
+	set := scanSet{Targets: procscan.Targets{Files: map[fileid.ID]bool{}, Nodes: map[uint64]bool{}}, leases: map[*entry]bool{}}
+	for rdev := range g.nodes {
+		set.Nodes[rdev] = true
+	}
+	for _, e := range g.uniqueLocked() {
+		for i, id := range e.Devices {
+			if e.held[id] {
+				set.Files[e.files[i]] = true
+				set.leases[e] = true
+			}
+		}
+	}
+	return set
+}
+
 // holdersFromScanLocked takes each lease's holders from a full scan. A
 // holder the scan did not read to the end (its user's work was cut
 // short) stays until a scan does.
-func (g *Ledger) holdersFromScanLocked(res *procscan.Result, targets procscan.Targets, names map[uint32]string) {
+func (g *Ledger) holdersFromScanLocked(res *procscan.Result, targets scanSet, names map[uint32]string) {
 	for _, l := range g.uniqueLocked() {
 		found := map[int][]*procscan.Proc{}
 		scanned := true
@@ -247,7 +267,7 @@ func (g *Ledger) holdersFromScanLocked(res *procscan.Result, targets procscan.Ta
 			if !l.held[id] {
 				continue
 			}
-			if !targets.Files[l.files[i]] {
+			if !targets.leases[l] {
 				scanned = false // granted after the scan began
 				break
 			}
@@ -271,7 +291,7 @@ func (g *Ledger) holdersFromScanLocked(res *procscan.Result, targets procscan.Ta
 // unleasedLocked judges the device nodes used in res: it keeps the uses
 // seen and their accounts' streaks, reports those past the grace window,
 // and returns those the policy acts on now.
-func (g *Ledger) unleasedLocked(res *procscan.Result, targets procscan.Targets, j *judgement) []use {
+func (g *Ledger) unleasedLocked(res *procscan.Result, targets scanSet, j *judgement) []use {
 	st := g.policy().Status
 	seen := map[useKey]bool{}
 	// An account's use goes on through a gap shorter than the grace
@@ -288,10 +308,8 @@ func (g *Ledger) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 	var anyLease map[int]bool
 	fresh := map[uint32]bool{}
 	for _, l := range g.uniqueLocked() {
-		for i, id := range l.Devices {
-			if l.held[id] && !targets.Files[l.files[i]] {
-				fresh[l.UID] = true
-			}
+		if !targets.leases[l] && slices.ContainsFunc(l.Devices, func(id int) bool { return l.held[id] }) {
+			fresh[l.UID] = true
 		}
 	}
 	var acts []use
@@ -314,7 +332,7 @@ func (g *Ledger) unleasedLocked(res *procscan.Result, targets procscan.Targets, 
 			holders = anyLease
 		case l != nil:
 			fid, _ := l.fileOf(nd.Device)
-			if !targets.Files[fid] {
+			if !targets.leases[l] {
 				continue // leased after the scan began: judged next time
 			}
 			holders = make(map[int]bool, len(res.Files[fid]))
