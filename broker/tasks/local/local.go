@@ -51,7 +51,7 @@ import (
 // Notice set and nothing after it. It runs the command as the end
 // notification is run (the same environment, NPURUN_TASK_STATE=idle,
 // killed after wire.NotifyFor) and exits; the broker runs nothing of the
-// user's itself. At most maxNotices run at once.
+// user's itself. At most MaxNotices run at once.
 //
 // A task's processes are started in one place, execSupervisor (directly
 // in the task's control group, where there are control groups: cgroup.go;

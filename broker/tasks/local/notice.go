@@ -11,9 +11,10 @@ import (
 	"github.com/npurun/npurun/wire"
 )
 
-// maxNotices bounds the notify-only supervisors running at once; a notice
-// beyond it is not sent (the log says so).
-const maxNotices = 8
+// MaxNotices bounds the notify-only supervisors running at once, each
+// holding a pidfd while it runs (the broker's descriptor reserve counts
+// them); a notice beyond it is not sent (the log says so).
+const MaxNotices = 8
 
 // Notice readies a notify-only supervisor for running task t (the
 // package's doc): the function returned starts it, unlocked, as t's
@@ -25,8 +26,8 @@ func (l *local) Notice(t *tasks.Task, spec *wire.Spec) func() {
 	if l.supBin == nil || lt.ended || (t.Boot != "" && t.Boot != l.boot) {
 		return nil
 	}
-	if l.notices >= maxNotices {
-		l.log.Printf("task %d: its notify command is not told %q: %d notices run already", t.ID, spec.Notice, maxNotices)
+	if l.notices >= MaxNotices {
+		l.log.Printf("task %d: its notify command is not told %q: %d notices run already", t.ID, spec.Notice, MaxNotices)
 		return nil
 	}
 	l.notices++
