@@ -55,7 +55,7 @@ func (s *Server) fdReserve() {
 	if ents, err := os.ReadDir("/proc/self/fd"); err == nil {
 		base = len(ents) - 1 // less ReadDir's own
 	}
-	procs := len(s.inv.IDs) + s.policy().Tasks.CPUSlots + local.MaxReady
+	procs := len(s.inv.IDs) + s.policy().Tasks.CPUSlots + local.MaxReady + local.MaxNotices
 	s.fdKeep = base + 2*len(s.inv.IDs) + 2*procs + status.MaxMetricsConns + fdMargin
 	if n := nofile(); n-s.fdKeep < minConns {
 		s.log.Printf("warning: RLIMIT_NOFILE is %d, and the broker keeps %d descriptors for its devices, tasks and itself: it serves %d connections at once at most; raise the limit (LimitNOFILE= in the service)", n, s.fdKeep, minConns)

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker/lease"
+	"github.com/npurun/npurun/wire"
 )
 
 // idleOwner is the broker as the [idle] policy's hands (status.IdleOwner):
@@ -17,9 +18,16 @@ import (
 type idleOwner Server
 
 // Warn tells lease l's holders msg where they will see it: on each
-// terminal of theirs (as write(1) does), and the log has said it.
+// terminal of theirs (as write(1) does), and, for a task's lease, through
+// the task's notify command, run with NPURUN_TASK_STATE=idle by a
+// notify-only supervisor (tasks.Room.Notice); the log has said it. (The
+// reclaim that may follow reaches the notify command as the task's end.)
 func (o *idleOwner) Warn(l *lease.Lease, msg string) {
-	(*Server)(o).tellTerminals(l, msg)
+	s := (*Server)(o)
+	s.tellTerminals(l, msg)
+	if l.Kind == lease.Task && l.Task != 0 {
+		s.tasks.Notice(l.Task, wire.NoticeIdle)
+	}
 }
 
 // Reclaim ends lease l, idle past [idle] after, through the one path by

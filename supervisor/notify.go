@@ -36,8 +36,12 @@ var notifyVars = []string{"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "L
 // notifyFor bounds a notify command (a variable: tests shorten it).
 var notifyFor = wire.NotifyFor
 
+// The same command is run, the same way, by a supervisor launched for a
+// notice alone (wire.Spec.Notice): NPURUN_TASK_STATE=idle while the task
+// runs, with NPURUN_TASK_EXIT and NPURUN_TASK_SIGNAL empty.
+
 // notifyEnv is the environment of spec's notify command for a task that
-// ended with st.
+// ended with st; st nil: a notice (spec.Notice) while it runs.
 func notifyEnv(spec *wire.Spec, st *wire.Status) []string {
 	var env []string
 	for _, name := range notifyVars {
@@ -48,12 +52,16 @@ func notifyEnv(spec *wire.Spec, st *wire.Status) []string {
 	if _, ok := lookupVar(env, "PATH"); !ok {
 		env = append(env, "PATH=/usr/local/bin:/usr/bin:/bin")
 	}
-	info := wire.TaskInfo{State: wire.EndState(st), Exit: st.Exit, Signal: st.Signal}
+	state, exit, signal := spec.Notice, "", ""
+	if st != nil {
+		info := wire.TaskInfo{State: wire.EndState(st), Exit: st.Exit, Signal: st.Signal}
+		state, exit, signal = info.State, strconv.Itoa(info.ExitStatus()), st.Signal
+	}
 	env = append(env,
 		wire.NotifyID+"="+strconv.FormatUint(spec.ID, 10),
-		wire.NotifyState+"="+info.State,
-		wire.NotifyExit+"="+strconv.Itoa(info.ExitStatus()),
-		wire.NotifySignal+"="+st.Signal,
+		wire.NotifyState+"="+state,
+		wire.NotifyExit+"="+exit,
+		wire.NotifySignal+"="+signal,
 		wire.NotifyName+"="+spec.Name,
 		wire.NotifyLog+"="+spec.Log)
 	return env
@@ -70,8 +78,9 @@ func lookupVar(env []string, name string) (string, bool) {
 	return value, ok
 }
 
-// notify runs spec's notify command for a task that ended with st, and
-// says in the task's log how it went when it did not go well.
+// notify runs spec's notify command for a task that ended with st (nil:
+// a notice while it runs), and says in the task's log how it went when it
+// did not go well.
 func notify(spec *wire.Spec, st *wire.Status) {
 	log, err := openLog(spec.Log)
 	if err != nil {

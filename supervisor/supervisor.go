@@ -15,6 +15,11 @@ package supervisor
 // lock descriptors. A supervisor started for task ID gets its Spec at once;
 // one started without an ID is idle, kept ready for the submitter's next
 // task, and gets its Spec (any task of its uid) when the broker gives it one.
+// One whose Spec is a notice (wire.Spec.Notice: the [idle] policy's
+// warning to a running task) runs the task's notify command with
+// NPURUN_TASK_STATE set to it, as at the task's end, and exits: the task
+// runs under another supervisor, and this one gets no go-ahead and
+// reports nothing.
 // If the broker drops it instead of a go-ahead (the task was cancelled, or
 // its start could not be recorded), or closes an idle supervisor's socket,
 // the supervisor exits having run nothing. If the socket closes without a
@@ -79,6 +84,16 @@ func Main(args []string) int {
 	if err != nil {
 		warn("%v", err)
 		return 2
+	}
+	if spec.Notice != "" {
+		// A notify-only launch (wire.Spec.Notice): nothing more comes.
+		if err := releaseStdin(); err != nil {
+			warn("%v", err)
+		}
+		if spec.Notify != "" {
+			notify(spec, nil)
+		}
+		return 0
 	}
 	prep := prepare(spec)
 	leases, err := awaitGoAhead(spec)
@@ -241,6 +256,8 @@ func checkSpec(spec *wire.Spec, id uint64, uid uint32) error {
 		return fmt.Errorf("spec of task %d names no broker socket", id)
 	case len(spec.Devices) > wire.MaxDevices:
 		return fmt.Errorf("spec of task %d names %d devices, more than %d", id, len(spec.Devices), wire.MaxDevices)
+	case spec.Notice != "" && spec.Notice != wire.NoticeIdle:
+		return fmt.Errorf("spec of task %d asks for a notice %q, not %q", id, spec.Notice, wire.NoticeIdle)
 	}
 	return nil
 }

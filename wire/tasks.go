@@ -156,6 +156,12 @@ const (
 	NotifyLog    = "NPURUN_TASK_LOG"
 )
 
+// NoticeIdle is NPURUN_TASK_STATE of a notice the notify command gets
+// while its task runs (Spec.Notice): the [idle] policy's warning that
+// the task's devices have been idle, sent before its lease is reclaimed;
+// NPURUN_TASK_EXIT and NPURUN_TASK_SIGNAL are empty then.
+const NoticeIdle = "idle"
+
 // NotifyFor bounds a notify command's run: SIGKILL to its process group
 // after it.
 const NotifyFor = time.Minute
@@ -274,6 +280,11 @@ type Spec struct {
 	// Drop, in place of a go-ahead, tells a supervisor that its task will
 	// not start under it: it exits having run nothing.
 	Drop bool `json:"drop,omitempty"`
+	// Notice makes the supervisor a notify-only launch: it runs Notify
+	// with NPURUN_TASK_STATE=Notice (NoticeIdle, the one there is) for the
+	// task, which runs under another supervisor, and exits; no go-ahead
+	// comes, and it reports nothing.
+	Notice string `json:"notice,omitempty"`
 }
 
 // Started is a supervisor's word to the broker, on the socket its Spec

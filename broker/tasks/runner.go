@@ -74,6 +74,12 @@ type Runner interface {
 	Kill(t *Task)
 	// Usage is what t used: CPU time and peak memory, where measured.
 	Usage(t *Task) (cpu time.Duration, peak int64)
+	// Notice readies running task t's notify command's run with spec (a
+	// Spec whose Notice says what to tell), as its submitter, where
+	// the task's processes run, for wire.NotifyFor at most. The function
+	// it returns runs it, unlocked, without waiting for its end; nil: it
+	// runs none now (too many are running).
+	Notice(t *Task, spec *wire.Spec) func()
 	// Ended lets go what the runner holds for t, which has ended: nothing
 	// of it runs on.
 	Ended(t *Task)

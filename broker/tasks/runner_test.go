@@ -26,10 +26,11 @@ import (
 // as its process would. It shows what a runner beside the local one (a
 // Slurm batch runner) gets from the room, and in which order.
 type testRunner struct {
-	dir    string // the journal's directory
-	mu     sync.Mutex
-	events []string
-	starts chan testStart
+	dir     string // the journal's directory
+	mu      sync.Mutex
+	events  []string
+	starts  chan testStart
+	notices chan struct{} // a notice run (Notice), where set
 }
 
 type testStart struct {
@@ -62,7 +63,15 @@ func (r *testRunner) Stop(t *Task)                                 { r.note("sto
 func (r *testRunner) Kill(t *Task)                                 { r.note("kill %d", t.ID) }
 func (r *testRunner) Usage(*Task) (time.Duration, int64)           { return 0, 0 }
 func (r *testRunner) Ended(t *Task)                                { r.note("ended %d", t.ID) }
-func (r *testRunner) Close(time.Duration)                          {}
+func (r *testRunner) Notice(t *Task, s *wire.Spec) func() {
+	return func() {
+		r.note("notice %d %s %q", t.ID, s.Notice, s.Notify)
+		if r.notices != nil {
+			r.notices <- struct{}{}
+		}
+	}
+}
+func (r *testRunner) Close(time.Duration) {}
 
 func (r *testRunner) Prepare(t *Task, spec func() *wire.Spec, _ bool) func() (Proc, error) {
 	s := spec()
@@ -158,7 +167,7 @@ func TestRunnerStart(t *testing.T) {
 	}
 	table.Start(nil)
 	dir := t.TempDir()
-	run := &testRunner{dir: dir, starts: make(chan testStart, 1)}
+	run := &testRunner{dir: dir, starts: make(chan testStart, 1), notices: make(chan struct{}, 1)}
 	room := New(Config{Policy: &policy.Config{Tasks: policy.Tasks{MaxTasks: 100}}, Inventory: &npu.Inventory{Vendor: npu.Fake, IDs: []int{0}},
 		Table: table, Owner: owner, Accounts: &testAccounts{}, Socket: "/run/npurun/broker.sock", Log: log.New(io.Discard, "", 0), Runner: func(Host) Runner { return run },
 		Claim: func(string) error { return nil }})
@@ -169,7 +178,7 @@ func TestRunnerStart(t *testing.T) {
 	uid := uint32(os.Geteuid())
 	acct := &Account{Name: "alice", Home: t.TempDir(), Shell: "/bin/sh", Known: true}
 	sub, err := room.Submit(Submitter{UID: uid, Account: acct},
-		&wire.Submission{Argv: []string{"train"}, Cwd: "/", Log: filepath.Join(t.TempDir(), "log")}, func() bool { return false })
+		&wire.Submission{Argv: []string{"train"}, Cwd: "/", Log: filepath.Join(t.TempDir(), "log"), Notify: "notify-send x"}, func() bool { return false })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,6 +206,17 @@ func TestRunnerStart(t *testing.T) {
 		t.Errorf("submission answered %+v; want running, starting on npu 0", sub)
 	}
 
+	// The [idle] policy's notice reaches the running task's notify
+	// command through its runner; an unknown task's is dropped.
+	if !room.Notice(sub.ID, wire.NoticeIdle) || room.Notice(sub.ID+1, wire.NoticeIdle) {
+		t.Errorf("notices: want one for running task %d, none for unknown task %d", sub.ID, sub.ID+1)
+	}
+	select {
+	case <-run.notices:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the runner ran no notice")
+	}
+
 	ended := make(endWatcher, 1)
 	if ti, err := room.Wait(ended, uid, sub.ID); ti != nil || err != nil {
 		t.Fatalf("wait for a running task: %+v, %v", ti, err)
@@ -219,7 +239,7 @@ func TestRunnerStart(t *testing.T) {
 	run.mu.Lock()
 	events := fmt.Sprint(run.events)
 	run.mu.Unlock()
-	if want := fmt.Sprintf("[prepare %d [train] ended %d]", sub.ID, sub.ID); events != want {
+	if want := fmt.Sprintf("[prepare %d [train] notice %d idle \"notify-send x\" ended %d]", sub.ID, sub.ID, sub.ID); events != want {
 		t.Errorf("the runner was told %s; want %s", events, want)
 	}
 	for _, fd := range st.fds {

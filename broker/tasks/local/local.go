@@ -43,6 +43,16 @@ import (
 //     idleFor; the next task of that user (submitted to an idle queue, or
 //     granted from the line) takes it instead of starting one.
 //
+// A running task's notify command is run for a notice (the [idle]
+// policy's warning: Room.Notice) by a third kind of launch, a notify-only
+// supervisor (notice.go): the same program, started the same way
+// (execSupervisor: as the submitter, in the task's control group where
+// there is one, which must exist already), given the task's Spec with
+// Notice set and nothing after it. It runs the command as the end
+// notification is run (the same environment, NPURUN_TASK_STATE=idle,
+// killed after wire.NotifyFor) and exits; the broker runs nothing of the
+// user's itself. At most MaxNotices run at once.
+//
 // A task's processes are started in one place, execSupervisor (directly
 // in the task's control group, where there are control groups: cgroup.go;
 // an idle supervisor is moved into its task's group before it is given its
@@ -77,8 +87,9 @@ type local struct {
 	cgReady bool           // cg was set up (once the state directory is ours)
 	found   map[uint64]bool
 
-	warm map[*tasks.Task]*supervisor // supervisors started for tasks still waiting
-	idle idlePool                    // idle supervisors, one per user at most (idle.go)
+	warm    map[*tasks.Task]*supervisor // supervisors started for tasks still waiting
+	idle    idlePool                    // idle supervisors, one per user at most (idle.go)
+	notices int                         // notify-only supervisors running (notice.go)
 }
 
 // localTask is what the local runner holds for a task (tasks.Task.RunnerData).
@@ -225,6 +236,8 @@ type supervisor struct {
 	expire  *time.Timer   // idle: lets it go after idleFor
 	group   uint64        // idle: its own control group, idle-N (0: none)
 
+	notice bool // a notify-only launch (notice.go): neither idle nor a task's
+
 	mu   sync.Mutex // dead, against a move of its pid once it may be reused
 	dead bool       // exited; its pid may be reaped at any moment
 }
@@ -355,18 +368,8 @@ var errUnknownUser = errors.New("is not in the user database now: its groups are
 // startSupervisor starts a supervisor for t as the submitter, in t's
 // control group, and gives it its Spec.
 func (l *local) startSupervisor(t *tasks.Task, sup *supervisor, spec *wire.Spec, acct *tasks.Account) error {
-	sup.uid = t.UID
-	if !l.unpriv {
-		if acct == nil || !acct.Known {
-			acct = l.host.Lookup(t.UID)
-		}
-		if err := acct.Unanswered(); err != nil {
-			return fmt.Errorf("look up uid %d: %w: %w", t.UID, tasks.ErrLookup, err)
-		}
-		if !acct.Known {
-			return fmt.Errorf("uid %d %w", t.UID, errUnknownUser)
-		}
-		sup.gid, sup.gids = acct.GID, acct.GIDs
+	if err := l.credentials(sup, t.UID, acct); err != nil {
+		return err
 	}
 	cgfd := -1
 	if l.cg != nil {
@@ -383,6 +386,26 @@ func (l *local) startSupervisor(t *tasks.Task, sup *supervisor, spec *wire.Spec,
 		return err
 	}
 	return sendSpec(sup, spec)
+}
+
+// credentials gives sup the credentials of account acct, uid's (looked
+// up again where acct is not known), unless the broker is unprivileged.
+func (l *local) credentials(sup *supervisor, uid uint32, acct *tasks.Account) error {
+	sup.uid = uid
+	if l.unpriv {
+		return nil
+	}
+	if acct == nil || !acct.Known {
+		acct = l.host.Lookup(uid)
+	}
+	if err := acct.Unanswered(); err != nil {
+		return fmt.Errorf("look up uid %d: %w: %w", uid, tasks.ErrLookup, err)
+	}
+	if !acct.Known {
+		return fmt.Errorf("uid %d %w", uid, errUnknownUser)
+	}
+	sup.gid, sup.gids = acct.GID, acct.GIDs
+	return nil
 }
 
 // execSupervisor starts the supervisor program with sup's credentials
@@ -470,6 +493,10 @@ func sendSpec(sup *supervisor, spec *wire.Spec) error {
 func (l *local) supervisorExited(sup *supervisor) {
 	l.host.Lock()
 	defer l.host.Unlock()
+	if sup.notice {
+		l.notices-- // notice.go
+		return
+	}
 	if sup.t == nil {
 		// Idle, and now out of the pool: nothing else will close its
 		// socket (its user may kill it at will).
