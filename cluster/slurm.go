@@ -108,8 +108,11 @@ func (s *Slurm) Args(r *Request) ([]string, error) {
 		}
 		a = append(a, "--dependency=afterok:"+strings.Join(ids, ":"), "--kill-on-invalid-dep=yes")
 	}
-	if r.Name != "" {
+	switch {
+	case r.Name != "":
 		a = append(a, "--job-name="+r.Name)
+	case FirstWord(r.Command) != "":
+		a = append(a, "--job-name="+FirstWord(r.Command))
 	}
 	switch {
 	case r.Pool != "":
@@ -700,4 +703,14 @@ func Load(path string) (*Slurm, error) {
 		return nil, nil
 	}
 	return &Slurm{Conf: c.Cluster}, nil
+}
+
+// FirstWord is the first word of a command line: the name Slurm gives a
+// job without one is "wrap"; npurun names it by its command instead.
+func FirstWord(cmd string) string {
+	f := strings.Fields(cmd)
+	if len(f) == 0 {
+		return ""
+	}
+	return filepath.Base(f[0])
 }
