@@ -306,5 +306,8 @@ func Main(args []string, version string) int {
 	if cmd.o.Login {
 		return Login(cmd.o)
 	}
+	if loginNode() {
+		return runCluster(cmd.o, cmd.argv)
+	}
 	return Run(cmd.o, cmd.argv)
 }

@@ -132,6 +132,9 @@ func Run(args []string, version string) int {
 	if len(args) > 0 && args[0] == "__complete" {
 		return completeValues(args[1:], os.Stdout)
 	}
+	if len(args) > 0 && args[0] == "__npurun" {
+		return runSrun(args[1:])
+	}
 	if len(args) > 0 && args[0] == "__script" {
 		return printScript(args[1:], os.Stdout)
 	}
