@@ -282,4 +282,3 @@ func since(now time.Time, ms int64) string {
 func oneLine(s string) string {
 	return strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }), " ")
 }
-
