@@ -187,6 +187,7 @@ func runSrun(args []string) int {
 		}
 		code := ws.ExitStatus()
 		if code == 1 && progress.refused() {
+			npurunWarn("hint: Slurm did not start the command; try again later (scontrol ping)")
 			return exitcode.TempFail
 		}
 		return code
