@@ -174,7 +174,7 @@ func TestLoginCluster(t *testing.T) {
 			t.Errorf("hold: %d %q %q", code, out, errs)
 		}
 		out, _, _ := ts("list")
-		if !regexp.MustCompile(`(?m)^` + waiter + ` +` + u.Name + ` +held `).MatchString(out) || !regexp.MustCompile(`(?m)^` + long + ` +` + u.Name + ` +running +n[12] +0-3 .* long$`).MatchString(out) {
+		if !regexp.MustCompile(`(?m)^`+waiter+` +`+u.Name+` +held `).MatchString(out) || !regexp.MustCompile(`(?m)^`+long+` +`+u.Name+` +running +n[12] +0-3 .* long$`).MatchString(out) {
 			t.Errorf("list shows no held %s and running %s:\n%s", waiter, long, out)
 		}
 		out, _, _ = ts("show", long)
