@@ -215,21 +215,34 @@ func TestLoginCluster(t *testing.T) {
 		if code != 0 || !regexp.MustCompile(`(?m)^n[12] +[0-3] +held +`+held+` +`+u.Name+` `).MatchString(out) || !regexp.MustCompile(`(?m)^`+u.Name+` +3 +1 +0$`).MatchString(out) {
 			t.Errorf("status --cluster: %d, said %q:\n%s", code, errs, out)
 		}
-		// A node whose slurmd is gone is down once Slurm finds it not
-		// responding (SlurmdTimeout=6).
-		other := "n1"
-		if regexp.MustCompile(`(?m)^n1 +[0-3] +held +` + held).MatchString(out) {
-			other = "n2"
+		// A node whose slurmd is gone mid-job is shown down once Slurm
+		// finds it not responding (SlurmdTimeout=6), and its batch job is
+		// handled as Slurm does: requeued (JobRequeue=1, Slurm's default),
+		// to wait or run again, on the other node.
+		node := "n1"
+		if !regexp.MustCompile(`(?m)^n1 +[0-3] +held +` + held).MatchString(out) {
+			node = "n2"
 		}
-		c.StopDaemon("slurmd " + other)
+		c.StopDaemon("slurmd " + node)
 		deadline := time.Now().Add(60 * time.Second)
 		for {
 			out, _, _ = loginRun(c.Login(&u, bins.Npurun, "status", "--cluster"))
-			if regexp.MustCompile(`(?m)^` + other + ` +0 +down`).MatchString(out) {
+			if regexp.MustCompile(`(?m)^` + node + ` +0 +down`).MatchString(out) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s not shown down:\n%s", other, out)
+				t.Fatalf("%s not shown down:\n%s", node, out)
+			}
+			time.Sleep(time.Second)
+		}
+		for {
+			show, _, _ := ts("show", held)
+			if strings.Contains(show, "state: pending") || strings.Contains(show, "state: running") && !strings.Contains(show, "node: "+node+"\n") {
+				t.Logf("task %s on a node gone down, as Slurm left it:\n%s", held, show)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("task %s on %s, gone down, not requeued:\n%s", held, node, show)
 			}
 			time.Sleep(time.Second)
 		}
