@@ -25,7 +25,8 @@ import (
 type SlurmClusterOptions struct {
 	Devices int    // each node's devices, davinci0..Devices-1 (default 4), all Slurm's
 	Login   string // more of the login node's [cluster] table
-	Extra   string // more slurm.conf lines
+	Extra   string // more slurm.conf lines, before the nodes
+	More    string // more partition lines, after the nodes and partition npu
 }
 
 // SlurmClusterNode is one node: its Slurm name, broker and devices.
@@ -125,7 +126,7 @@ MinJobAge=600
 SlurmdTimeout=6
 %[6]s
 %[7]sPartitionName=npu Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
-`, os.Getpid(), ports[0], dir, prolog, epilog, o.Extra, nodes.String())
+%[8]s`, os.Getpid(), ports[0], dir, prolog, epilog, o.Extra, nodes.String(), o.More)
 	if err := os.WriteFile(c.Conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ SlurmdTimeout=6
 		c.start("slurmd "+n.Name, "slurmd", "-D", "-N", n.Name)
 	}
 	c.await("both nodes to be idle", func() bool {
-		out, _ := c.Command("sinfo", "-h", "-N", "-o", "%N %t").Output()
+		out, _ := c.Command("sinfo", "-h", "-N", "-p", "npu", "-o", "%N %t").Output()
 		return strings.TrimSpace(string(out)) == "n1 idle\nn2 idle"
 	})
 	return c
