@@ -406,7 +406,7 @@ func parseJobs(data []byte) ([]Job, error) {
 		if j.Command == "" {
 			j.Command = r.Command
 		}
-		if j.State != StatePending {
+		if j.State != StatePending && r.Nodes != "" { // a job cancelled while it waited has a start time, and no node
 			j.Started = unix(r.Start)
 		}
 		if j.Over() {

@@ -177,13 +177,16 @@ func taskOf(j *cluster.Job) clusterTask {
 		}
 	}
 	if j.Over() {
-		if sig := j.Signal(); sig != 0 {
+		t.NeverRan = j.Started.IsZero() || j.Node == ""
+		switch sig := j.Signal(); {
+		case sig != 0:
 			t.Signal = unix.SignalName(sig)
-		} else {
+		case t.NeverRan || t.State == wire.StateLost:
+			// No command ran to its end: no status of its own.
+		default:
 			code := j.ExitStatus()
 			t.Exit = &code
 		}
-		t.NeverRan = j.Started.IsZero() || !j.Started.Before(j.Ended) && j.Node == ""
 	}
 	ct.TaskInfo = t
 	return ct
