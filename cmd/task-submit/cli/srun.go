@@ -178,6 +178,11 @@ func runSrun(args []string) int {
 	signal.Stop(sigs)
 	var ee *exec.ExitError
 	switch {
+	case err == nil && progress.wasInterrupted():
+		// Ctrl-C ended the job, and srun tells of its end as a success
+		// where the step's tasks were killed after KillWait: the status
+		// is the interrupted command's, as on a box.
+		return 128 + int(unix.SIGINT)
 	case err == nil:
 		return 0
 	case errors.As(err, &ee):
@@ -321,6 +326,12 @@ func (p *srunProgress) interrupted() {
 	if id != 0 {
 		go p.s.Cancel(id)
 	}
+}
+
+func (p *srunProgress) wasInterrupted() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cancel
 }
 
 func (p *srunProgress) refused() bool {

@@ -1,9 +1,11 @@
 package slurm
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/tests/harness"
 )
@@ -153,6 +157,40 @@ func TestLoginCluster(t *testing.T) {
 				t.Errorf("npurun's output %q", out)
 			}
 		}
+		// Signals: SIGUSR1 reaches the command through srun; SIGINT
+		// (Ctrl-C) ends the job, and npurun exits 130.
+		for _, tc := range []struct {
+			sig  unix.Signal
+			code int
+			out  string
+		}{{unix.SIGUSR1, 0, "started\ngot USR1\n"}, {unix.SIGINT, 130, "started\n"}} {
+			cmd := c.Login(&u, bins.Npurun, "-n", "1", "sh", "-c", `trap "echo got USR1; exit 0" USR1; echo started; sleep 60 & wait`)
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var errb bytes.Buffer
+			cmd.Stderr = &errb
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			r := bufio.NewReader(stdout)
+			first, _ := r.ReadString('\n')
+			cmd.Process.Signal(tc.sig)
+			rest, _ := io.ReadAll(r)
+			err = cmd.Wait()
+			code := 0
+			if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+				code = ee.ExitCode()
+			}
+			if code != tc.code || first+string(rest) != tc.out {
+				t.Errorf("npurun sent %v: status %d, printed %q; want %d, %q; said %q", tc.sig, code, first+string(rest), tc.code, tc.out, errb.String())
+			}
+		}
+		if out, _, _ := loginRun(c.Command("squeue", "-h", "-t", "PD,R", "-o", "%i")); strings.TrimSpace(out) != "" {
+			t.Errorf("jobs left after npurun's interrupted: %s", out)
+		}
+
 		// Both nodes full: npurun -v waits, saying its place, then runs.
 		a := submit(t, c, &u, "-n", "4", "--", "sleep", "3")
 		b := submit(t, c, &u, "-n", "4", "--", "sleep", "3")
