@@ -682,13 +682,15 @@ func ConfigPath() string {
 }
 
 // Load is the Slurm of the configuration at path when it has a [cluster]
-// table; nil, nil when it has none or there is no file (work goes to this
-// machine's broker). A file that cannot be read for another reason, or
-// does not parse, is an error.
+// table; nil, nil when it has none, there is no file or the caller may
+// not read it (work goes to this machine's broker). A file that cannot be
+// read for another reason, or does not parse, is an error.
 func Load(path string) (*Slurm, error) {
 	data, err := os.ReadFile(path)
 	switch {
-	case errors.Is(err, os.ErrNotExist):
+	case errors.Is(err, os.ErrNotExist), errors.Is(err, os.ErrPermission):
+		// No file, or a box's that only its broker may read: work goes
+		// to this machine's broker, as npurun's check says (shim).
 		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("read config: %w", err)

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -85,5 +87,35 @@ func TestParseNodes(t *testing.T) {
 	nodes := parseNodes([]byte("n1|mixed|npu*|npu:4|npu:2|none\nn2|down|npu*|npu:4|npu:0|test\nn2|down|other|npu:4|npu:0|test\n"))
 	if len(nodes) != 2 || nodes[0].Down() || !nodes[1].Down() || nodes[1].Reason != "test" || nodes[0].Partition != "npu" {
 		t.Errorf("got %+v", nodes)
+	}
+}
+
+// TestLoad: a [cluster] table is a login node's; none, no file or a file
+// the caller may not read is a box's; a bad table is an error.
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if s, err := Load(write("login", "[cluster]\nscheduler = \"slurm\"\ngres_name = \"npu\"\n", 0o644)); err != nil || s == nil || s.Conf.GRES != "npu" {
+		t.Errorf("login: %+v, %v", s, err)
+	}
+	if s, err := Load(write("box", "[devices]\nvendor = \"auto\"\n", 0o644)); err != nil || s != nil {
+		t.Errorf("box: %+v, %v", s, err)
+	}
+	if s, err := Load(filepath.Join(dir, "none")); err != nil || s != nil {
+		t.Errorf("no file: %+v, %v", s, err)
+	}
+	if _, err := Load(write("bad", "[cluster]\nscheduler = \"pbs\"\n", 0o644)); err == nil {
+		t.Error("a bad [cluster] taken")
+	}
+	if os.Geteuid() != 0 {
+		if s, err := Load(write("private", "[cluster]\nscheduler = \"slurm\"\n", 0o000)); err != nil || s != nil {
+			t.Errorf("unreadable: %+v, %v", s, err)
+		}
 	}
 }
