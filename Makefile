@@ -139,7 +139,7 @@ build: $(BINARIES) spank
 # to LDAP would be unknown to the broker.
 $(BUILDDIR)/npurun: $(SOURCES)
 	@mkdir -p $(BUILDDIR)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X github.com/npurun/npurun/shim.InstalledBroker=$(SBINDIR)/npubroker" -o $@ ./cmd/npurun
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X github.com/npurun/npurun/shim.InstalledBroker=$(SBINDIR)/npubroker -X github.com/npurun/npurun/shim.InstalledTaskSubmit=$(BINDIR)/task-submit" -o $@ ./cmd/npurun
 
 $(BUILDDIR)/task-submit: $(SOURCES)
 	@mkdir -p $(BUILDDIR)

@@ -169,7 +169,7 @@ func TestParseBad(t *testing.T) {
 		{
 			name: "unknown table",
 			conf: "[devices]\nvendor = \"auto\"\n[device]\nids = \"1\"\n",
-			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, user.NAME, group.NAME)"},
+			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, cluster, user.NAME, group.NAME)"},
 		},
 		{
 			name: "key outside a table",

@@ -27,7 +27,7 @@ const usageHead = `Usage:
   npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
   npurun --login [-q] [--socket PATH]
-  npurun status [--json] [--watch] [--socket PATH]
+  npurun status [--json] [--watch] [--cluster] [--socket PATH]
   npurun usage [--since DUR] [--user USER] [--json] [--socket PATH]
 
 Wait for free accelerator devices, lease them from npubroker, set
@@ -305,6 +305,9 @@ func Main(args []string, version string) int {
 	}
 	if cmd.o.Login {
 		return Login(cmd.o)
+	}
+	if loginNode() {
+		return runCluster(cmd.o, cmd.argv)
 	}
 	return Run(cmd.o, cmd.argv)
 }

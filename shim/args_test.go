@@ -88,7 +88,7 @@ func TestUsage(t *testing.T) {
   npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
   npurun --login [-q] [--socket PATH]
-  npurun status [--json] [--watch] [--socket PATH]
+  npurun status [--json] [--watch] [--cluster] [--socket PATH]
   npurun usage [--since DUR] [--user USER] [--json] [--socket PATH]
 
 Wait for free accelerator devices, lease them from npubroker, set

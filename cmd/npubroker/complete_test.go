@@ -22,7 +22,7 @@ func TestCompletionOptions(t *testing.T) {
 		"serve": {{0, "cgroup", true, completion.Dirs}, {0, "config", true, completion.Files}, {0, "log", true, completion.None},
 			{0, "run-dir", true, completion.Dirs}, {0, "socket", true, completion.Files}, {0, "state-dir", true, completion.Dirs}, {'h', "help", false, completion.None}},
 		"check-config": {{0, "socket", true, completion.Files}, {'h', "help", false, completion.None}},
-		"status":       {{0, "json", false, completion.None}, {0, "socket", true, completion.Files}, {'w', "watch", false, completion.None}, {'h', "help", false, completion.None}},
+		"status":       {{0, "json", false, completion.None}, {0, "socket", true, completion.Files}, {'w', "watch", false, completion.None}, {0, "cluster", false, completion.None}, {'h', "help", false, completion.None}},
 		"usage": {{0, "by", true, completion.None}, {0, "json", false, completion.None}, {0, "since", true, completion.None}, {0, "socket", true, completion.Files},
 			{0, "user", true, completion.Users}, {'h', "help", false, completion.None}},
 		"drain":   {{0, "json", false, completion.None}, {0, "reason", true, completion.None}, {0, "socket", true, completion.Files}, {'h', "help", false, completion.None}},

@@ -72,6 +72,7 @@ var (
 		{Long: "json", Help: "print the broker's answer as JSON (one object per line with --watch)"},
 		socketOption,
 		{Short: 'w', Long: "watch", Help: "print again whenever something changes, until interrupted"},
+		{Long: "cluster", Help: "on a login node ([cluster] in npurun.conf): every node's devices and their jobs, the line and each user's use, from Slurm"},
 	}
 	UsageOptions = []completion.Option{
 		{Long: "by", Value: "WHAT", Default: wire.UsageByUser, Words: []string{wire.UsageByUser, wire.UsageByDevice},

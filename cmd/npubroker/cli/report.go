@@ -28,7 +28,7 @@ import (
 )
 
 // StatusUsage is the status command's line of npubroker's usage.
-const StatusUsage = "npubroker status [--json] [--watch] [--socket PATH]"
+const StatusUsage = "npubroker status [--json] [--watch] [--cluster] [--socket PATH]"
 
 // UsageUsage is the usage command's line of npubroker's usage.
 const UsageUsage = "npubroker usage [--since DUR] [--user USER] [--by user|device] [--json] [--socket PATH]"
@@ -78,6 +78,13 @@ func Status(args []string, env Env) int {
 		return code
 	}
 	asJSON, watch, socket := fs.Bool("json"), fs.Bool("watch"), fs.String("socket")
+	if fs.Bool("cluster") {
+		if watch {
+			fmt.Fprintln(env.Stderr, "npubroker: --cluster and --watch exclude each other (Slurm tells no one of changes: watch -n 5 npurun status --cluster)")
+			return exitcode.Usage
+		}
+		return clusterStatus(env, asJSON)
+	}
 	c, code := dial(socket, env)
 	if c == nil {
 		return code

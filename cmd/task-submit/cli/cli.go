@@ -107,6 +107,7 @@ type options struct {
 	follow  bool          // logs
 	id      uint64        // show, logs, wait, cancel, hold, release, requeue
 	sub     wire.Submission
+	cpus    int // --cpus: through Slurm only
 	version bool
 	// completion is the shell whose completion script was asked for
 	// (--completion SHELL).
@@ -130,6 +131,9 @@ var errHelp = errors.New("help requested")
 func Run(args []string, version string) int {
 	if len(args) > 0 && args[0] == "__complete" {
 		return completeValues(args[1:], os.Stdout)
+	}
+	if len(args) > 0 && args[0] == "__npurun" {
+		return runSrun(args[1:])
 	}
 	if len(args) > 0 && args[0] == "__script" {
 		return printScript(args[1:], os.Stdout)
@@ -187,6 +191,7 @@ var submitOptions = []completion.Option{
 	{Short: 'd', Long: "device", Value: "LIST", Many: true, Complete: completion.Devices,
 		Help: "exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)"},
 	{Long: "no-device", Help: "take no device; run when a CPU slot is free"},
+	{Long: "cpus", Value: "N", Help: "through a cluster's Slurm ([cluster]): CPUs for the task (--cpus-per-task)"},
 	{Short: 'p', Long: "pool", Value: "POOL", Complete: completion.Pools, Help: "pool to take devices from (default: the policy's default pool)"},
 	{Short: 'm', Long: "mem", Value: "SIZE", Help: "a share of each device, of SIZE of its memory (12G, 512M; a bare number is GiB)"},
 	{Long: "oom-retries", Value: "N", Help: "with --mem: submit the task again, up to N times, if it fails out of device memory, declaring 1.25x its peak"},
@@ -210,6 +215,7 @@ func submitFlags(o *options, a *submitArgs) *flagSet {
 	fs.countVar(&o.sub.N, "devices", "device count", "-n takes a number of devices, such as -n 2")
 	fs.listVar(&a.devices, "device", false)
 	fs.switchVar(&o.sub.NoDevice, "no-device")
+	fs.countVar(&o.cpus, "cpus", "CPU count", "--cpus takes a number of CPUs, such as --cpus 4")
 	fs.stringVar(&o.sub.Pool, "pool")
 	fs.stringVar(&a.mem, "mem")
 	fs.countVar(&o.sub.OOMRetries, "oom-retries", "retry count", "--oom-retries takes a number of retries, such as --oom-retries 2")
@@ -303,6 +309,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usagef("--no-device takes no device, count or pool")
 	case s.NoDevice && fs.changed["mem"]:
 		return nil, usagef("--no-device and --mem exclude each other")
+	case fs.changed["cpus"] && (o.cpus < 1 || o.cpus > 4096):
+		return nil, usagef("--cpus takes 1 to 4096 CPUs")
 	case fs.changed["oom-retries"] && (s.OOMRetries < 0 || s.OOMRetries > 100):
 		return nil, usagef("--oom-retries takes 0 to 100 retries")
 	case s.OOMRetries > 0 && !fs.changed["mem"]:

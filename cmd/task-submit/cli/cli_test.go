@@ -251,6 +251,7 @@ func TestHelpOptions(t *testing.T) {
   -n, --devices N         number of devices (default 1)
   -d, --device LIST       exactly these devices: a LIST of physical ids and ranges, such as 3 or 0-3,8 (may be repeated)
       --no-device         take no device; run when a CPU slot is free
+      --cpus N            through a cluster's Slurm ([cluster]): CPUs for the task (--cpus-per-task)
   -p, --pool POOL         pool to take devices from (default: the policy's default pool)
   -m, --mem SIZE          a share of each device, of SIZE of its memory (12G, 512M; a bare number is GiB)
       --oom-retries N     with --mem: submit the task again, up to N times, if it fails out of device memory, declaring 1.25x its peak

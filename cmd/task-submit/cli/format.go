@@ -100,6 +100,13 @@ func writeHistory(w io.Writer, ts []wire.TaskInfo, all bool, now time.Time) erro
 // writeTaskRows writes a table of tasks: ID, USER where all, then the
 // columns head names, each task's cells as cells gives them.
 func writeTaskRows(w io.Writer, ts []wire.TaskInfo, all bool, head []string, cells func(*wire.TaskInfo) []string) error {
+	return writeTaskRowsLast(w, ts, all, head, cells, nil)
+}
+
+// writeTaskRowsLast is writeTaskRows with each row's last cell as last
+// gives it (the task and its index in ts) instead of its name or command;
+// nil for that.
+func writeTaskRowsLast(w io.Writer, ts []wire.TaskInfo, all bool, head []string, cells func(*wire.TaskInfo) []string, last func(*wire.TaskInfo, int) string) error {
 	first := []string{"ID"}
 	if all {
 		first = append(first, "USER")
@@ -113,7 +120,7 @@ func writeTaskRows(w io.Writer, ts []wire.TaskInfo, all bool, head []string, cel
 		}
 		rows = append(rows, append(row, cells(t)...))
 	}
-	return writeRows(w, rows, ts)
+	return writeRowsLast(w, rows, ts, last)
 }
 
 // sortEnded orders a history by end, oldest first (ties by id).
@@ -156,7 +163,13 @@ func endCell(t *wire.TaskInfo) string {
 // more than text (tabs, line breaks, its escape byte) go through
 // tabwriter itself; list's cells never do (oneLine, valid UTF-8).
 func writeRows(w io.Writer, rows [][]string, ts []wire.TaskInfo) error {
-	widths, lasts := layoutRows(rows, ts)
+	return writeRowsLast(w, rows, ts, nil)
+}
+
+// writeRowsLast is writeRows with each row's last cell from last (nil:
+// the name or command).
+func writeRowsLast(w io.Writer, rows [][]string, ts []wire.TaskInfo, last func(*wire.TaskInfo, int) string) error {
+	widths, lasts := layoutRows(rows, ts, last)
 	bw := bufio.NewWriterSize(w, 64<<10)
 	if !plainCells(rows, lasts) {
 		return writeRowsTabwriter(bw, rows, lasts)
@@ -166,7 +179,10 @@ func writeRows(w io.Writer, rows [][]string, ts []wire.TaskInfo) error {
 
 // layoutRows is the width of each column of rows as tabwriter makes it,
 // and each row's last cell: its task's name or command, shortened to fit.
-func layoutRows(rows [][]string, ts []wire.TaskInfo) (widths []int, lasts []string) {
+func layoutRows(rows [][]string, ts []wire.TaskInfo, last func(*wire.TaskInfo, int) string) (widths []int, lasts []string) {
+	if last == nil {
+		last = func(t *wire.TaskInfo, _ int) string { return nameOrCommand(t) }
+	}
 	head := rows[0]
 	widths = make([]int, len(head))
 	// The last column starts where tabwriter will put it: after every
@@ -184,7 +200,7 @@ func layoutRows(rows [][]string, ts []wire.TaskInfo) (widths []int, lasts []stri
 	lasts = make([]string, len(rows))
 	lasts[0] = "NAME/COMMAND"
 	for i := 1; i < len(rows); i++ {
-		lasts[i] = truncate(nameOrCommand(&ts[i-1]), room)
+		lasts[i] = truncate(last(&ts[i-1], i-1), room)
 	}
 	return widths, lasts
 }

@@ -37,7 +37,7 @@ func TestRowsAsTabwriter(t *testing.T) {
 				ts = append(ts, wire.TaskInfo{Name: word(rng.IntN(120))})
 			}
 		}
-		widths, lasts := layoutRows(rows, ts)
+		widths, lasts := layoutRows(rows, ts, nil)
 		if !plainCells(rows, lasts) {
 			t.Fatalf("round %d: cells without tabs or line breaks taken for special", round)
 		}
@@ -59,7 +59,7 @@ func TestRowsAsTabwriter(t *testing.T) {
 	for _, odd := range []string{"a\tb", "a\nb", "a\vb", "a\fb", "a\xffb\xff"} {
 		rows := [][]string{{"ID", "STATE"}, {"1", odd}}
 		ts := []wire.TaskInfo{{Name: "x"}}
-		_, lasts := layoutRows(rows, ts)
+		_, lasts := layoutRows(rows, ts, nil)
 		if plainCells(rows, lasts) {
 			t.Errorf("cell %q taken for plain text", odd)
 		}

@@ -24,6 +24,16 @@ var stdout io.Writer = os.Stdout
 
 // run carries out a parsed command line and returns the exit status.
 func run(o *options) int {
+	if s, code := loginCluster(); s != nil || code != 0 {
+		if s == nil {
+			return code
+		}
+		return runCluster(o, s)
+	}
+	if o.cpus != 0 {
+		warn("--cpus is for a cluster's Slurm ([cluster] in npurun.conf); this box's broker gives each task a CPU slot")
+		return exitcode.Usage
+	}
 	switch o.cmd {
 	case "submit":
 		return submit(o)

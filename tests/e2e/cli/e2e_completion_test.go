@@ -228,7 +228,7 @@ func TestCompletionBash(t *testing.T) {
 		{words: []string{"task-submit", "--run", "sh", ""}, want: []string{"list", "show", "logs", "wait", "cancel", "hold", "release", "requeue"}},
 
 		{words: []string{"npubroker", ""}, want: []string{"serve", "check-config", "status", "usage", "drain", "undrain", "reload"}},
-		{words: []string{"npubroker", "status", "--"}, want: []string{"--json", "--socket", "--watch", "--help"}},
+		{words: []string{"npubroker", "status", "--"}, want: []string{"--json", "--socket", "--watch", "--cluster", "--help"}},
 		{words: []string{"npubroker", "usage", "--"}, want: []string{"--by", "--json", "--since", "--socket", "--user", "--help"}},
 		{words: []string{"npubroker", "usage", "--by", ""}, want: []string{"user", "device"}},
 		{words: []string{"npubroker", "serve", "--log", ""}, want: []string{"auto", "stderr", "syslog"}},
@@ -352,7 +352,7 @@ func TestCompletionZsh(t *testing.T) {
 		{words: []string{"task-submit", "show", ""}, want: []string{d, l}},
 		{words: []string{"task-submit", "cancel", ""}, want: []string{l}},
 		{words: []string{"task-submit", "logs", "--"}, want: []string{"--follow", "--socket", "--help"}},
-		{words: []string{"npubroker", "status", "--"}, want: []string{"--json", "--socket", "--watch", "--help"}},
+		{words: []string{"npubroker", "status", "--"}, want: []string{"--json", "--socket", "--watch", "--cluster", "--help"}},
 		{words: []string{"npubroker", "serve", "--log", ""}, want: []string{"auto", "stderr", "syslog"}},
 	} {
 		var scripts []string
@@ -404,7 +404,7 @@ func TestCompletionFish(t *testing.T) {
 		{words: []string{"task-submit", "cancel", ""}, want: []string{l}},
 		{words: []string{"task-submit", "--after", d + ","}, want: []string{d + "," + d, d + "," + l}},
 		{words: []string{"task-submit", "-n", "2", "--", "tru"}, some: true, want: []string{"true"}},
-		{words: []string{"npubroker", "status", "--"}, want: []string{"--json", "--socket", "--watch", "--help"}},
+		{words: []string{"npubroker", "status", "--"}, want: []string{"--json", "--socket", "--watch", "--cluster", "--help"}},
 		{words: []string{"npubroker", "serve", "--log", ""}, want: []string{"auto", "stderr", "syslog"}},
 	} {
 		var got []string

@@ -48,7 +48,7 @@ func TestNpurunStatusUsage(t *testing.T) {
 	if r := run("status", "--bogus"); r.Code != 2 || !strings.Contains(r.Stderr, "unknown flag: --bogus") {
 		t.Errorf("npurun status --bogus: %s; want npubroker's usage error, 2", r)
 	}
-	if r := run("status", "--help"); r.Code != 0 || !strings.Contains(r.Stderr, "status [--json] [--watch] [--socket PATH]") {
+	if r := run("status", "--help"); r.Code != 0 || !strings.Contains(r.Stderr, "status [--json] [--watch] [--cluster] [--socket PATH]") {
 		t.Errorf("npurun status --help: %s", r)
 	}
 
