@@ -53,6 +53,7 @@ type Config struct {
 	MetricsListen     string           // [broker] metrics_listen: host:port for Prometheus; "" for none
 	Status            Status           // [status]
 	Usage             Usage            // [usage]
+	Board             Board            // [board]: npuboard's
 	Restrict          Restrict         // [restrict]
 	Slurm             Slurm            // [slurm]
 	Containers        Containers       // [containers]: npurun-runtime's
@@ -432,12 +433,12 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		switch k {
-		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict", "slurm", "containers", "share", "idle":
+		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict", "slurm", "containers", "share", "idle", "board":
 			continue
 		}
 		if _, isTable := raw[k].(map[string]any); isTable {
 			p.errs = append(p.errs, Error{File: p.file, Line: p.idx.line(k), Key: "[" + k + "]",
-				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, user.NAME, group.NAME)"})
+				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, board, user.NAME, group.NAME)"})
 		} else {
 			p.errorf(nil, k, "unknown key (keys belong in a table such as [devices])")
 		}
@@ -628,6 +629,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	}
 	p.status(raw, c)
 	p.usage(raw, c)
+	p.board(raw, c)
 	p.idle(raw, c)
 
 	c.Restrict = p.restrict(raw, c, poolExists)
