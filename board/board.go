@@ -235,8 +235,8 @@ func (s *Server) noteLocked(b *wire.Board) {
 	s.util.add(at, b.Devices)
 	for _, d := range b.Devices {
 		leases := d.Shares
-		if d.Lease != nil {
-			leases = append([]wire.LeaseInfo{*d.Lease}, leases...)
+		if d.Lease != nil && len(d.Shares) == 0 {
+			leases = []wire.LeaseInfo{*d.Lease}
 		}
 		for _, l := range leases {
 			if l.IdleSince == 0 {

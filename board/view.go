@@ -32,6 +32,9 @@ const (
 	usageWidth = 300.0
 	// maxWaitersDrawn bounds the waiters the page lists per line.
 	maxWaitersDrawn = 20
+	// minBar is the narrowest bar drawn: a lease of a few seconds is
+	// seen (a pixel of a 1000-wide day is 86 s).
+	minBar = 2.0
 	// maxBarsPerDevice bounds a timeline row's bars: the newest kept.
 	maxBarsPerDevice = 2000
 )
@@ -236,7 +239,7 @@ func deviceOf(d wire.DeviceState, samples []Sample, now time.Time) deviceView {
 		dv.Since = ago(d.Since, now)
 	}
 	leases := d.Shares
-	if d.Lease != nil {
+	if d.Lease != nil && !slices.ContainsFunc(leases, func(l wire.LeaseInfo) bool { return l.ID == d.Lease.ID }) {
 		leases = append([]wire.LeaseInfo{*d.Lease}, leases...)
 	}
 	var users, kinds, notes []string
@@ -345,7 +348,7 @@ func timelineOf(st *wire.Board, h *wire.HistoryReport, idle map[uint64][]Gap, no
 				continue
 			}
 			bar := barView{X: x(e.Start), Y: tv.Rows[i].Y + 2, Fill: colour(e.User)}
-			bar.W = max(x(end)-bar.X, 0.5)
+			bar.W = max(x(end)-bar.X, minBar)
 			what := e.Kind
 			if e.Task != 0 {
 				what += " " + strconv.FormatUint(e.Task, 10)

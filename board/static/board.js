@@ -7,6 +7,7 @@
   var body = document.body;
   var every = (parseInt(body.getAttribute("data-refresh"), 10) || 5) * 1000;
   var fresh = document.getElementById("fresh");
+  var updates = 0;
   function tick() {
     fetch("/?part=boxes", { cache: "no-store", credentials: "omit" })
       .then(function (r) {
@@ -25,6 +26,7 @@
           next = document.adoptNode(next);
           next.querySelectorAll("details").forEach(function (d, i) { if (open[i]) { d.open = true; } });
           cur.replaceWith(next);
+          body.setAttribute("data-updated", String(++updates));
         }
         var f = doc.getElementById("fresh");
         if (f && fresh) { fresh.textContent = f.textContent; fresh.classList.remove("stale"); }
