@@ -308,7 +308,7 @@ func (s *Server) apiStatus(w http.ResponseWriter, r *http.Request) {
 		s.brokerDown(w, err)
 		return
 	}
-	s.writeJSON(w, b)
+	s.writeJSON(w, b, true)
 }
 
 func (s *Server) apiHistory(w http.ResponseWriter, r *http.Request) {
@@ -321,7 +321,7 @@ func (s *Server) apiHistory(w http.ResponseWriter, r *http.Request) {
 		s.brokerDown(w, err)
 		return
 	}
-	s.writeJSON(w, h)
+	s.writeJSON(w, h, true)
 }
 
 func (s *Server) apiUsage(w http.ResponseWriter, r *http.Request) {
@@ -334,7 +334,7 @@ func (s *Server) apiUsage(w http.ResponseWriter, r *http.Request) {
 		s.brokerDown(w, err)
 		return
 	}
-	s.writeJSON(w, u)
+	s.writeJSON(w, u, true)
 }
 
 func (s *Server) apiBox(w http.ResponseWriter, r *http.Request) {
@@ -343,7 +343,7 @@ func (s *Server) apiBox(w http.ResponseWriter, r *http.Request) {
 		s.brokerDown(w, errors.New(box.Down))
 		return
 	}
-	s.writeJSON(w, box)
+	s.writeJSON(w, box, false) // for peers: compact, a day of history is large
 }
 
 // sinceParam reads ?since= (24h, 7d, 90m), at most most.
@@ -360,10 +360,11 @@ func sinceParam(w http.ResponseWriter, r *http.Request, def, most time.Duration)
 	return d, true
 }
 
-// writeJSON writes v as npubroker status --json prints it.
-func (s *Server) writeJSON(w http.ResponseWriter, v any) {
+// writeJSON writes v as npubroker status --json prints it (indented, or
+// as one line).
+func (s *Server) writeJSON(w http.ResponseWriter, v any, indent bool) {
 	var buf bytes.Buffer
-	if err := cli.WriteJSON(&buf, v, true); err != nil {
+	if err := cli.WriteJSON(&buf, v, indent); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"runtime/debug"
 	"strconv"
 	"syscall"
 	"time"
@@ -36,6 +37,9 @@ broker as any user does, and never runs as root: as root it needs --user.
 
 Options:
 `
+
+// memoryLimit is npuboard's soft heap limit.
+const memoryLimit = 20 << 20
 
 // DefaultConfig is the configuration file npuboard reads [board] from.
 const DefaultConfig = "/etc/npurun/npurun.conf"
@@ -85,6 +89,12 @@ func Run(args []string, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "npuboard: hint: run it as a user of its own (the package's unit runs it as npuboard), or as root with --user npuboard")
 		}
 		return exitcode.Failure
+	}
+	// A soft limit on the heap (GOMEMLIMIT overrides it): npuboard's
+	// garbage is the pages it draws, and a small daemon beside the
+	// users' jobs should give it back rather than grow to twice its heap.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(memoryLimit)
 	}
 	lg := log.New(stderr, "npuboard: ", 0)
 	s := New(Config{Socket: *socket, Host: *host, Refresh: cfg.Board.Refresh, Peers: cfg.Board.Peers, Log: lg})

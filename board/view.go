@@ -35,8 +35,9 @@ const (
 	// minBar is the narrowest bar drawn: a lease of a few seconds is
 	// seen (a pixel of a 1000-wide day is 86 s).
 	minBar = 2.0
-	// maxBarsPerDevice bounds a timeline row's bars: the newest kept.
-	maxBarsPerDevice = 2000
+	// maxTableRows bounds the leases listed in the table under the
+	// timeline: the newest.
+	maxTableRows = 200
 )
 
 type pageView struct {
@@ -100,6 +101,8 @@ type timelineView struct {
 	Rows          []tlRowView
 	Ticks         []tickView
 	Entries       int
+	Table         []leaseRowView // the newest leases, for the table under the chart
+	SVG           template.HTML  // the chart: drawTimeline's
 }
 
 type tlRowView struct {
@@ -108,11 +111,52 @@ type tlRowView struct {
 	Bars []barView
 }
 
+// barView is a bar of the timeline: one lease, or several whose starts
+// fall within minBar of each other (N of them).
 type barView struct {
 	X, W, Y float64
 	Fill    string
 	Title   string
 	Idle    []segView
+	N       int
+	users   []userTime // a merged bar's users and their time, for its colour
+	first   int64      // its first start and last end, Unix ms
+	last    int64
+	entry   int // its (first) lease's index in the history
+}
+
+// userTime is a user's time in a merged bar, ms.
+type userTime struct {
+	user string
+	ms   int64
+}
+
+// addUser adds ms of user's to a merged bar.
+func (b *barView) addUser(user string, ms int64) {
+	for i := range b.users {
+		if b.users[i].user == user {
+			b.users[i].ms += ms
+			return
+		}
+	}
+	b.users = append(b.users, userTime{user, ms})
+}
+
+// entryKind is how the timeline names a lease's kind.
+func entryKind(e *wire.HistoryEntry) string {
+	what := e.Kind
+	if e.Task != 0 {
+		what += " " + strconv.FormatUint(e.Task, 10)
+	}
+	return cmp.Or(what, "held")
+}
+
+// idleOf is how long a lease was found idle, "" for not at all.
+func idleOf(e *wire.HistoryEntry) string {
+	if e.IdleMS <= 0 {
+		return ""
+	}
+	return quantity.Duration(time.Duration(e.IdleMS) * time.Millisecond)
 }
 
 type segView struct{ X, W float64 }
@@ -120,6 +164,10 @@ type segView struct{ X, W float64 }
 type tickView struct {
 	X     float64
 	Label string
+}
+
+type leaseRowView struct {
+	Device, User, Kind, From, To, Idle string
 }
 
 type usageView struct {
@@ -331,9 +379,32 @@ func timelineOf(st *wire.Board, h *wire.HistoryReport, idle map[uint64][]Gap, no
 		rows[d.ID] = len(tv.Rows)
 		tv.Rows = append(tv.Rows, tlRowView{Name: d.Name, Y: float64(len(tv.Rows)) * tlRow})
 	}
+	// Users' colours and times of day by the minute, each made once.
+	colours := map[string]string{}
+	colourOf := func(user string) string {
+		c, ok := colours[user]
+		if !ok {
+			c = colour(user)
+			colours[user] = c
+		}
+		return c
+	}
+	clocks := map[int64]string{}
+	clockOf := func(ms int64) string {
+		if ms == 0 {
+			return ""
+		}
+		m := ms / 60000
+		c, ok := clocks[m]
+		if !ok {
+			c = clock(ms, now)
+			clocks[m] = c
+		}
+		return c
+	}
 	if h != nil {
 		tv.Entries = len(h.Entries)
-		for _, e := range h.Entries {
+		for k, e := range h.Entries { // in the order of their starts
 			i, ok := rows[e.Device]
 			if !ok {
 				i = len(tv.Rows)
@@ -347,36 +418,143 @@ func timelineOf(st *wire.Board, h *wire.HistoryReport, idle map[uint64][]Gap, no
 			if end < lo {
 				continue
 			}
-			bar := barView{X: x(e.Start), Y: tv.Rows[i].Y + 2, Fill: colour(e.User)}
-			bar.W = max(x(end)-bar.X, minBar)
-			what := e.Kind
-			if e.Task != 0 {
-				what += " " + strconv.FormatUint(e.Task, 10)
+			if len(h.Entries)-k <= maxTableRows {
+				tv.Table = append(tv.Table, leaseRowView{Device: e.Name, User: e.User, Kind: entryKind(&e), From: clock(e.Start, now), To: cmp.Or(clock(e.End, now), "now"), Idle: idleOf(&e)})
 			}
-			bar.Title = fmt.Sprintf("%s: %s, %s, %s–%s", e.Name, e.User, cmp.Or(what, "held"), clock(e.Start, now), cmp.Or(clock(e.End, now), "now"))
-			if e.IdleMS > 0 {
-				bar.Title += ", idle " + quantity.Duration(time.Duration(e.IdleMS)*time.Millisecond)
-			}
+			x0, x1 := x(e.Start), x(end)
+			var gaps []segView
 			for _, g := range idle[e.Lease] {
 				a, b := x(max(g.From, e.Start)), x(min(g.To, end))
 				if b > a {
-					bar.Idle = append(bar.Idle, segView{X: a, W: b - a})
+					gaps = append(gaps, segView{X: a, W: b - a})
 				}
 			}
-			tv.Rows[i].Bars = append(tv.Rows[i].Bars, bar)
+			row := &tv.Rows[i]
+			if n := len(row.Bars); n > 0 && x0-row.Bars[n-1].X < minBar {
+				// Too close to the last bar to be seen apart: one bar.
+				bar := &row.Bars[n-1]
+				bar.W = max(bar.W, x1-bar.X, minBar)
+				if bar.N == 1 {
+					bar.addUser(h.Entries[bar.entry].User, bar.last-bar.first)
+				}
+				bar.N++
+				bar.addUser(e.User, end-e.Start)
+				bar.Idle = append(bar.Idle, gaps...)
+				bar.last = max(bar.last, end)
+				continue
+			}
+			row.Bars = append(row.Bars, barView{X: x0, W: max(x1-x0, minBar), Y: row.Y + 2, N: 1, Idle: gaps, first: e.Start, last: end, entry: k})
 		}
 	}
+	var names []string // a merged bar's users, reused
 	for i := range tv.Rows {
-		if n := len(tv.Rows[i].Bars); n > maxBarsPerDevice {
-			tv.Rows[i].Bars = tv.Rows[i].Bars[n-maxBarsPerDevice:]
+		for j := range tv.Rows[i].Bars {
+			bar := &tv.Rows[i].Bars[j]
+			e := &h.Entries[bar.entry]
+			if bar.N == 1 {
+				bar.Fill = colourOf(e.User)
+				bar.Title = e.Name + ": " + e.User + ", " + entryKind(e) + ", " + clockOf(e.Start) + "–" + cmp.Or(clockOf(e.End), "now")
+				if idle := idleOf(e); idle != "" {
+					bar.Title += ", idle " + idle
+				}
+				continue
+			}
+			top, most := "", int64(-1)
+			names = names[:0]
+			for _, ut := range bar.users {
+				names = append(names, ut.user)
+				if ut.ms > most || ut.ms == most && ut.user < top {
+					top, most = ut.user, ut.ms
+				}
+			}
+			slices.Sort(names)
+			if len(names) > 5 {
+				names = append(names[:5], "…")
+			}
+			bar.Fill = colourOf(top)
+			to := "now"
+			if bar.last < hi {
+				to = clockOf(bar.last)
+			}
+			bar.Title = e.Name + ": " + strconv.Itoa(bar.N) + " leases, " + clockOf(bar.first) + "–" + to + " (" + strings.Join(names, ", ") + ")"
 		}
 	}
+	slices.Reverse(tv.Table) // newest first
 	tv.Axis = float64(len(tv.Rows)) * tlRow
 	tv.Height = tv.Axis + 14
 	for t := time.UnixMilli(lo).Truncate(time.Hour).Add(time.Hour); t.UnixMilli() < hi; t = t.Add(3 * time.Hour) {
 		tv.Ticks = append(tv.Ticks, tickView{X: x(t.UnixMilli()), Label: t.Format("15:04")})
 	}
+	tv.SVG = drawTimeline(&tv)
 	return tv
+}
+
+// drawTimeline draws the timeline as SVG. It is written here rather than
+// by the template, for speed (a day of a busy box is thousands of bars):
+// every string in it that is not a number or one of its own words
+// (device and user names, kinds) goes through template.HTMLEscapeString,
+// which escapes < > & ' " , in a text node or a quoted attribute alike.
+func drawTimeline(tv *timelineView) template.HTML {
+	var b strings.Builder
+	n := 0
+	for _, r := range tv.Rows {
+		n += len(r.Bars)
+	}
+	b.Grow(1024 + 160*n)
+	var scratch [32]byte
+	num := func(v float64) { b.Write(strconv.AppendFloat(scratch[:0], v, 'f', 1, 64)) }
+	esc := template.HTMLEscapeString
+	b.WriteString(`<svg class="timeline" viewBox="0 0 `)
+	num(tv.Width)
+	b.WriteByte(' ')
+	num(tv.Height)
+	b.WriteString(`" width="`)
+	num(tv.Width)
+	b.WriteString(`" height="`)
+	num(tv.Height)
+	b.WriteString(`" role="img" aria-label="leases of the last 24 hours, one row per device">` + "\n")
+	for _, t := range tv.Ticks {
+		b.WriteString(`<line x1="`)
+		num(t.X)
+		b.WriteString(`" x2="`)
+		num(t.X)
+		b.WriteString(`" y1="0" y2="`)
+		num(tv.Axis)
+		b.WriteString(`" stroke="#ccc"/>`)
+	}
+	for _, r := range tv.Rows {
+		b.WriteString(`<g class="tlrow" data-device="` + esc(r.Name) + `"><text x="2" y="`)
+		num(r.Y)
+		b.WriteString(`" dy="12" class="tlname">` + esc(r.Name) + "</text>\n")
+		for _, bar := range r.Bars {
+			b.WriteString(`<rect class="lease" x="`)
+			num(bar.X)
+			b.WriteString(`" y="`)
+			num(bar.Y)
+			b.WriteString(`" width="`)
+			num(bar.W)
+			b.WriteString(`" height="12" fill="` + esc(bar.Fill) + `"><title>` + esc(bar.Title) + `</title></rect>`)
+			for _, g := range bar.Idle {
+				b.WriteString(`<rect class="idle" x="`)
+				num(g.X)
+				b.WriteString(`" y="`)
+				num(bar.Y)
+				b.WriteString(`" width="`)
+				num(g.W)
+				b.WriteString(`" height="12" fill="url(#hatch)"/>`)
+			}
+		}
+		b.WriteString("</g>\n")
+	}
+	for _, t := range tv.Ticks {
+		b.WriteString(`<text x="`)
+		num(t.X)
+		b.WriteString(`" y="`)
+		num(tv.Axis)
+		b.WriteString(`" dy="11" class="ticklabel">` + esc(t.Label) + `</text>`)
+	}
+	b.WriteString("</svg>")
+	return template.HTML(b.String()) // every part escaped or numeric above
 }
 
 func usageOf(u *wire.UsageReport) ([]usageView, string) {
