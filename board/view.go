@@ -182,11 +182,20 @@ type usageView struct {
 
 func f1(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
 
+// drawing bounds the pages drawn at once.
+var drawing = make(chan struct{}, 4)
+
 // page serves the page, or with ?part=boxes the panels alone.
 func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 	part := r.URL.Query().Get("part")
 	if part != "" && part != "boxes" {
 		http.Error(w, "bad part: want boxes", http.StatusBadRequest)
+		return
+	}
+	select { // a bounded number drawn at once; the others wait their turn
+	case drawing <- struct{}{}:
+		defer func() { <-drawing }()
+	case <-r.Context().Done():
 		return
 	}
 	now := time.Now()

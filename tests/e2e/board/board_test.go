@@ -363,3 +363,50 @@ func TestBoard(t *testing.T) {
 		t.Errorf("screenshot %s: %d bytes, %v", shot, len(data), err)
 	}
 }
+
+// TestBoardNotRoot: npuboard refuses to serve as root; with --user it
+// serves as that user, every id of it (real, effective, saved, file
+// system; no supplementary group), and the broker sees that user.
+func TestBoardNotRoot(t *testing.T) {
+	harness.NeedRoot(t)
+	b := harness.StartBroker(t, harness.FakeConfig(1))
+	cmd := exec.Command(harness.Npuboard(t), "--socket", b.Socket, "--listen", harness.FreePort(t), "--config", "/dev/null")
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "npuboard: refusing to serve as root") {
+		t.Errorf("npuboard as root: %v\n%s", err, out)
+	}
+	u := harness.NewUser(t)
+	conf := filepath.Join(t.TempDir(), "npurun.conf")
+	if err := os.WriteFile(conf, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addr := harness.FreePort(t)
+	p := harness.StartBoard(t, b, conf, addr, "box", u.Name)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := fmt.Sprintf("%d\t%d\t%d\t%d", u.UID, u.UID, u.UID, u.UID)
+	gids := fmt.Sprintf("%d\t%d\t%d\t%d", u.GID, u.GID, u.GID, u.GID)
+	for _, want := range []string{"\nUid:\t" + ids + "\n", "\nGid:\t" + gids + "\n", "\nGroups:\t \n"} {
+		if !strings.Contains(string(status), want) {
+			t.Errorf("npuboard --user %s: /proc status lacks %q:\n%s", u.Name, want, status)
+		}
+	}
+	// The broker answers it as that user: the history, which any user
+	// may ask for.
+	body, _, _ := get(t, "http://"+addr+"/api/history?since=1h")
+	if !strings.Contains(body, `"entries": []`) {
+		t.Errorf("/api/history as %s: %s", u.Name, body)
+	}
+	for _, bad := range []string{"since=8d", "since=-1h", "since=soon"} {
+		resp, err := http.Get("http://" + addr + "/api/history?" + bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("/api/history?%s: %s, want 400", bad, resp.Status)
+		}
+	}
+}
