@@ -220,6 +220,7 @@ func (s *Server) localData(force bool) *Box {
 			box.DownSince = lc.box.DownSince
 		}
 	} else {
+		intern(box)
 		s.noteLocked(box.Status)
 	}
 	box.Util = s.util.series()

@@ -126,6 +126,7 @@ func (p *peer) ask() (*Box, error) {
 		box.History = &wire.HistoryReport{}
 	}
 	box.URL = p.url
+	intern(&box)
 	return &box, nil
 }
 

@@ -1,6 +1,7 @@
 package board
 
 import (
+	"bufio"
 	"cmp"
 	"fmt"
 	"hash/fnv"
@@ -102,7 +103,12 @@ type timelineView struct {
 	Ticks         []tickView
 	Entries       int
 	Table         []leaseRowView // the newest leases, for the table under the chart
-	SVG           template.HTML  // the chart: drawTimeline's
+
+	// what drawTimeline draws the chart from
+	h        *wire.HistoryReport
+	hi       int64
+	colourOf func(string) string
+	clockOf  func(int64) string
 }
 
 type tlRowView struct {
@@ -115,8 +121,6 @@ type tlRowView struct {
 // fall within minBar of each other (N of them).
 type barView struct {
 	X, W, Y float64
-	Fill    string
-	Title   string
 	Idle    []segView
 	N       int
 	users   []userTime // a merged bar's users and their time, for its colour
@@ -211,8 +215,31 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// Render draws the view v with the template name ("page", "part").
-func Render(w io.Writer, name string, v *pageView) error { return page.ExecuteTemplate(w, name, v) }
+// Render draws the view v: the page ("page"), or its panels alone
+// ("part"). The template draws each panel around its timeline, which
+// drawTimeline writes between.
+func Render(w io.Writer, name string, v *pageView) error {
+	bw := bufio.NewWriterSize(w, 32<<10)
+	if err := page.ExecuteTemplate(bw, name, v); err != nil {
+		return err
+	}
+	for i := range v.Boxes {
+		box := &v.Boxes[i]
+		if err := page.ExecuteTemplate(bw, "box-open", box); err != nil {
+			return err
+		}
+		if box.Down == "" {
+			drawTimeline(bw, &box.Timeline)
+		}
+		if err := page.ExecuteTemplate(bw, "box-close", box); err != nil {
+			return err
+		}
+	}
+	if err := page.ExecuteTemplate(bw, name+"-close", v); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
 
 // View makes the page's view of boxes at now (for benchmarks and tests).
 func (s *Server) View(boxes []*Box, now time.Time) *pageView { return s.view(boxes, now) }
@@ -413,7 +440,13 @@ func timelineOf(st *wire.Board, h *wire.HistoryReport, idle map[uint64][]Gap, no
 	}
 	if h != nil {
 		tv.Entries = len(h.Entries)
-		for k, e := range h.Entries { // in the order of their starts
+		if len(st.Devices) > 0 {
+			for i := range tv.Rows {
+				tv.Rows[i].Bars = make([]barView, 0, min(len(h.Entries)/len(st.Devices)+8, int(tlWidth/minBar)+8))
+			}
+		}
+		for k := range h.Entries { // in the order of their starts
+			e := &h.Entries[k]
 			i, ok := rows[e.Device]
 			if !ok {
 				i = len(tv.Rows)
@@ -428,7 +461,7 @@ func timelineOf(st *wire.Board, h *wire.HistoryReport, idle map[uint64][]Gap, no
 				continue
 			}
 			if len(h.Entries)-k <= maxTableRows {
-				tv.Table = append(tv.Table, leaseRowView{Device: e.Name, User: e.User, Kind: entryKind(&e), From: clock(e.Start, now), To: cmp.Or(clock(e.End, now), "now"), Idle: idleOf(&e)})
+				tv.Table = append(tv.Table, leaseRowView{Device: e.Name, User: e.User, Kind: entryKind(e), From: clock(e.Start, now), To: cmp.Or(clock(e.End, now), "now"), Idle: idleOf(e)})
 			}
 			x0, x1 := x(e.Start), x(end)
 			var gaps []segView
@@ -455,62 +488,26 @@ func timelineOf(st *wire.Board, h *wire.HistoryReport, idle map[uint64][]Gap, no
 			row.Bars = append(row.Bars, barView{X: x0, W: max(x1-x0, minBar), Y: row.Y + 2, N: 1, Idle: gaps, first: e.Start, last: end, entry: k})
 		}
 	}
-	var names []string // a merged bar's users, reused
-	for i := range tv.Rows {
-		for j := range tv.Rows[i].Bars {
-			bar := &tv.Rows[i].Bars[j]
-			e := &h.Entries[bar.entry]
-			if bar.N == 1 {
-				bar.Fill = colourOf(e.User)
-				bar.Title = e.Name + ": " + e.User + ", " + entryKind(e) + ", " + clockOf(e.Start) + "–" + cmp.Or(clockOf(e.End), "now")
-				if idle := idleOf(e); idle != "" {
-					bar.Title += ", idle " + idle
-				}
-				continue
-			}
-			top, most := "", int64(-1)
-			names = names[:0]
-			for _, ut := range bar.users {
-				names = append(names, ut.user)
-				if ut.ms > most || ut.ms == most && ut.user < top {
-					top, most = ut.user, ut.ms
-				}
-			}
-			slices.Sort(names)
-			if len(names) > 5 {
-				names = append(names[:5], "…")
-			}
-			bar.Fill = colourOf(top)
-			to := "now"
-			if bar.last < hi {
-				to = clockOf(bar.last)
-			}
-			bar.Title = e.Name + ": " + strconv.Itoa(bar.N) + " leases, " + clockOf(bar.first) + "–" + to + " (" + strings.Join(names, ", ") + ")"
-		}
-	}
 	slices.Reverse(tv.Table) // newest first
 	tv.Axis = float64(len(tv.Rows)) * tlRow
 	tv.Height = tv.Axis + 14
 	for t := time.UnixMilli(lo).Truncate(time.Hour).Add(time.Hour); t.UnixMilli() < hi; t = t.Add(3 * time.Hour) {
 		tv.Ticks = append(tv.Ticks, tickView{X: x(t.UnixMilli()), Label: t.Format("15:04")})
 	}
-	tv.SVG = drawTimeline(&tv)
+	tv.h, tv.hi, tv.colourOf, tv.clockOf = h, hi, colourOf, clockOf
 	return tv
 }
 
-// drawTimeline draws the timeline as SVG. It is written here rather than
-// by the template, for speed (a day of a busy box is thousands of bars):
+// drawTimeline draws the timeline as SVG, straight to the answer. It is
+// written here rather than by the template, for speed and memory (a day
+// of a busy box is thousands of bars):
 // every string in it that is not a number or one of its own words
 // (device and user names, kinds) goes through template.HTMLEscapeString,
 // which escapes < > & ' " , in a text node or a quoted attribute alike.
-func drawTimeline(tv *timelineView) template.HTML {
-	var b strings.Builder
-	n := 0
-	for _, r := range tv.Rows {
-		n += len(r.Bars)
-	}
-	b.Grow(1024 + 160*n)
+func drawTimeline(b *bufio.Writer, tv *timelineView) {
+	h, hi, colourOf, clockOf := tv.h, tv.hi, tv.colourOf, tv.clockOf
 	var scratch [32]byte
+	var names []string // a merged bar's users, reused
 	num := func(v float64) { b.Write(strconv.AppendFloat(scratch[:0], v, 'f', 1, 64)) }
 	esc := template.HTMLEscapeString
 	b.WriteString(`<svg class="timeline" viewBox="0 0 `)
@@ -535,14 +532,68 @@ func drawTimeline(tv *timelineView) template.HTML {
 		b.WriteString(`<g class="tlrow" data-device="` + esc(r.Name) + `"><text x="2" y="`)
 		num(r.Y)
 		b.WriteString(`" dy="12" class="tlname">` + esc(r.Name) + "</text>\n")
-		for _, bar := range r.Bars {
+		for j := range r.Bars {
+			bar := &r.Bars[j]
+			e := &h.Entries[bar.entry]
+			fill := e.User
+			names = names[:0]
+			if bar.N > 1 {
+				most := int64(-1)
+				for _, ut := range bar.users {
+					names = append(names, ut.user)
+					if ut.ms > most || ut.ms == most && ut.user < fill {
+						fill, most = ut.user, ut.ms
+					}
+				}
+				slices.Sort(names)
+			}
 			b.WriteString(`<rect class="lease" x="`)
 			num(bar.X)
 			b.WriteString(`" y="`)
 			num(bar.Y)
 			b.WriteString(`" width="`)
 			num(bar.W)
-			b.WriteString(`" height="12" fill="` + esc(bar.Fill) + `"><title>` + esc(bar.Title) + `</title></rect>`)
+			b.WriteString(`" height="12" fill="`)
+			b.WriteString(esc(colourOf(fill)))
+			b.WriteString(`"><title>`)
+			b.WriteString(esc(e.Name))
+			b.WriteString(": ")
+			if bar.N == 1 {
+				b.WriteString(esc(e.User))
+				b.WriteString(", ")
+				b.WriteString(esc(entryKind(e)))
+				b.WriteString(", ")
+				b.WriteString(clockOf(e.Start))
+				b.WriteString("–")
+				b.WriteString(cmp.Or(clockOf(e.End), "now"))
+				if idle := idleOf(e); idle != "" {
+					b.WriteString(", idle ")
+					b.WriteString(idle)
+				}
+			} else {
+				b.WriteString(strconv.Itoa(bar.N))
+				b.WriteString(" leases, ")
+				b.WriteString(clockOf(bar.first))
+				b.WriteString("–")
+				if bar.last < hi {
+					b.WriteString(clockOf(bar.last))
+				} else {
+					b.WriteString("now")
+				}
+				b.WriteString(" (")
+				for k, u := range names {
+					if k == 5 {
+						b.WriteString(", …")
+						break
+					}
+					if k > 0 {
+						b.WriteString(", ")
+					}
+					b.WriteString(esc(u))
+				}
+				b.WriteString(")")
+			}
+			b.WriteString(`</title></rect>`)
 			for _, g := range bar.Idle {
 				b.WriteString(`<rect class="idle" x="`)
 				num(g.X)
@@ -563,7 +614,6 @@ func drawTimeline(tv *timelineView) template.HTML {
 		b.WriteString(`" dy="11" class="ticklabel">` + esc(t.Label) + `</text>`)
 	}
 	b.WriteString("</svg>")
-	return template.HTML(b.String()) // every part escaped or numeric above
 }
 
 func usageOf(u *wire.UsageReport) ([]usageView, string) {
