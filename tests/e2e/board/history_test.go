@@ -34,7 +34,7 @@ func TestLeaseHistoryBounds(t *testing.T) {
 	}
 	const n = 10050
 	for i := range n {
-		start := now - (23*time.Hour).Milliseconds() + int64(i)*1000
+		start := now - (23 * time.Hour).Milliseconds() + int64(i)*1000
 		rec(100+i, start, start+500)
 	}
 	if err := os.WriteFile(filepath.Join(br.StateDir, "usage.log"), buf.Bytes(), 0o600); err != nil {
