@@ -5,7 +5,7 @@
 #   DESTDIR     staging root for packagers: prepended to every path
 #               written, never to the paths written into files  (empty)
 #   BINDIR      user commands: npurun, task-submit      ($(PREFIX)/bin)
-#   SBINDIR     the daemon: npubroker                   ($(PREFIX)/sbin)
+#   SBINDIR     the daemons: npubroker, npuboard        ($(PREFIX)/sbin)
 #               The path is built into npurun, whose status and usage
 #               commands run npubroker's for users without sbin in PATH
 #               (one beside npurun's own executable first: a build directory)
@@ -120,7 +120,7 @@ GOFLAGS_BUILD = -trimpath -ldflags "-s -w -X main.version=$(VERSION)"
 SUPERVISOR = $(LIBEXECDIR)/npurun/npurun-supervise
 RUNTIME    = $(LIBEXECDIR)/npurun/npurun-runtime
 RUNTIME_CREATE = $(LIBEXECDIR)/npurun/npurun-runtime-create
-BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise $(BUILDDIR)/npurun-slurm $(BUILDDIR)/npurun-runtime $(BUILDDIR)/npurun-runtime-create $(BUILDDIR)/pam_npurun.so
+BINARIES = $(BUILDDIR)/npubroker $(BUILDDIR)/npuboard $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDIR)/npurun-supervise $(BUILDDIR)/npurun-slurm $(BUILDDIR)/npurun-runtime $(BUILDDIR)/npurun-runtime-create $(BUILDDIR)/pam_npurun.so
 SLURM_SCRIPT = $(LIBEXECDIR)/npurun/npurun-slurm
 SOURCES = $(shell find . -name '*.go' -not -path './.git/*') go.mod go.sum
 MAN1 = $(wildcard man/*.1)
@@ -169,6 +169,13 @@ $(BUILDDIR)/npubroker: $(SOURCES)
 	@mkdir -p $(BUILDDIR)
 	@$(call need_cgo,npubroker)
 	CGO_ENABLED=1 $(GO) build $(BROKER_GOFLAGS) -trimpath -ldflags "-s -w $(BROKER_LDFLAGS) -X main.version=$(VERSION) -X github.com/npurun/npurun/broker/tasks/local.InstalledSupervisor=$(SUPERVISOR)" -o $@ ./cmd/npubroker
+
+# npuboard, the web page of the boxes (npuboard(8)): a client of the
+# broker like npurun, static; it looks up only --user, in /etc/passwd.
+# It has no version to stamp.
+$(BUILDDIR)/npuboard: $(SOURCES) $(wildcard board/templates/* board/static/*)
+	@mkdir -p $(BUILDDIR)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./cmd/npuboard
 
 # The OCI runtime that hands a lease into a container: a small C program
 # that an engine runs for every step of a container (create, start, state,
@@ -246,9 +253,13 @@ fuzz-spank: slurm/spank/spank_npurun.c c/npurun_wire.c slurm/spank/fuzz/fuzz_spa
 # leaves the other's.
 UNIT_HEADER = \# Installed by npurun's make install: SBINDIR=$(SBINDIR) SYSCONFDIR=$(SYSCONFDIR)
 
-units: $(BUILDDIR)/npubroker.service $(BUILDDIR)/npubroker.socket
+units: $(BUILDDIR)/npubroker.service $(BUILDDIR)/npubroker.socket $(BUILDDIR)/npuboard.service
 
 $(BUILDDIR)/npubroker.service $(BUILDDIR)/npubroker.socket: $(BUILDDIR)/%: broker/dist/% FORCE
+	@mkdir -p $(BUILDDIR)
+	@{ echo "$(UNIT_HEADER)"; sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|/etc/npurun/npurun.conf|$(SYSCONFDIR)/npurun/npurun.conf|g' $<; } > $@.tmp && mv $@.tmp $@
+
+$(BUILDDIR)/npuboard.service: board/dist/npuboard.service FORCE
 	@mkdir -p $(BUILDDIR)
 	@{ echo "$(UNIT_HEADER)"; sed -e 's|@SBINDIR@|$(SBINDIR)|g' -e 's|/etc/npurun/npurun.conf|$(SYSCONFDIR)/npurun/npurun.conf|g' $<; } > $@.tmp && mv $@.tmp $@
 
@@ -313,6 +324,7 @@ install: build units completions
 	install -m 0755 $(BUILDDIR)/npurun $(DESTDIR)$(BINDIR)/npurun
 	install -m 0755 $(BUILDDIR)/task-submit $(DESTDIR)$(BINDIR)/task-submit
 	install -m 0755 $(BUILDDIR)/npubroker $(DESTDIR)$(SBINDIR)/npubroker
+	install -m 0755 $(BUILDDIR)/npuboard $(DESTDIR)$(SBINDIR)/npuboard
 	install -m 0755 $(BUILDDIR)/npurun-supervise $(DESTDIR)$(SUPERVISOR)
 	install -m 0755 $(BUILDDIR)/npurun-slurm $(DESTDIR)$(SLURM_SCRIPT)
 	if [ "$(SPANK)" != no ] && [ -e $(BUILDDIR)/spank_npurun.so ]; then install -d $(DESTDIR)$(SPANKDIR) && install -m 0644 $(BUILDDIR)/spank_npurun.so $(DESTDIR)$(SPANKDIR)/spank_npurun.so; fi
@@ -325,6 +337,7 @@ install: build units completions
 	install -m 0644 $(MAN8) $(DESTDIR)$(MANDIR)/man8/
 	install -m 0644 $(BUILDDIR)/npubroker.service $(DESTDIR)$(SYSTEMDDIR)/npubroker.service
 	install -m 0644 $(BUILDDIR)/npubroker.socket $(DESTDIR)$(SYSTEMDDIR)/npubroker.socket
+	install -m 0644 $(BUILDDIR)/npuboard.service $(DESTDIR)$(SYSTEMDDIR)/npuboard.service
 	for p in $(COMPLETION_PROGS); do \
 		install -m 0644 $(BUILDDIR)/completion/bash/$$p $(DESTDIR)$(BASHCOMPDIR)/$$p && \
 		install -m 0644 $(BUILDDIR)/completion/zsh/_$$p $(DESTDIR)$(ZSHCOMPDIR)/_$$p && \
@@ -355,6 +368,7 @@ uninstall: build units completions
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/npurun,$(BUILDDIR)/npurun)
 	@$(call remove_same,$(DESTDIR)$(BINDIR)/task-submit,$(BUILDDIR)/task-submit)
 	@$(call remove_same,$(DESTDIR)$(SBINDIR)/npubroker,$(BUILDDIR)/npubroker)
+	@$(call remove_same,$(DESTDIR)$(SBINDIR)/npuboard,$(BUILDDIR)/npuboard)
 	@$(call remove_same,$(DESTDIR)$(SUPERVISOR),$(BUILDDIR)/npurun-supervise)
 	@$(call remove_same,$(DESTDIR)$(SLURM_SCRIPT),$(BUILDDIR)/npurun-slurm)
 	@if [ -e $(BUILDDIR)/spank_npurun.so ]; then $(call remove_same,$(DESTDIR)$(SPANKDIR)/spank_npurun.so,$(BUILDDIR)/spank_npurun.so); fi
@@ -369,6 +383,7 @@ uninstall: build units completions
 	@$(foreach p,$(MAN8),$(call remove_same,$(DESTDIR)$(MANDIR)/man8/$(notdir $(p)),$(p));)
 	@$(call remove_same,$(DESTDIR)$(SYSTEMDDIR)/npubroker.service,$(BUILDDIR)/npubroker.service)
 	@$(call remove_same,$(DESTDIR)$(SYSTEMDDIR)/npubroker.socket,$(BUILDDIR)/npubroker.socket)
+	@$(call remove_same,$(DESTDIR)$(SYSTEMDDIR)/npuboard.service,$(BUILDDIR)/npuboard.service)
 	@$(foreach p,$(COMPLETION_PROGS),$(call remove_same,$(DESTDIR)$(BASHCOMPDIR)/$(p),$(BUILDDIR)/completion/bash/$(p)); \
 		$(call remove_same,$(DESTDIR)$(ZSHCOMPDIR)/_$(p),$(BUILDDIR)/completion/zsh/_$(p)); \
 		$(call remove_same,$(DESTDIR)$(FISHCOMPDIR)/$(p).fish,$(BUILDDIR)/completion/fish/$(p).fish);)

@@ -417,7 +417,7 @@ func (c *conn) serve(req *wire.Request) bool {
 	case wire.OpSubmit, wire.OpList, wire.OpShow, wire.OpCancel, wire.OpWait, wire.OpTaskDone, wire.OpNotStarted,
 		wire.OpHold, wire.OpRelease, wire.OpRequeue, wire.OpHistory:
 		return s.taskOp(c, req)
-	case wire.OpStatus, wire.OpUsage:
+	case wire.OpStatus, wire.OpUsage, wire.OpLeaseHistory:
 		return s.statusOp(c, req)
 	case wire.OpSlurmProlog, wire.OpSlurmEpilog, wire.OpSlurmHold, wire.OpSlurmTask:
 		return s.slurmOp(c, req)

@@ -11,8 +11,8 @@ import (
 	"github.com/npurun/npurun/wire"
 )
 
-// statusOp serves status (once, or watched) and usage, from the status
-// room (package status). Any user may ask.
+// statusOp serves status (once, or watched), usage and lease-history,
+// from the status room (package status). Any user may ask.
 func (s *Server) statusOp(c *conn, req *wire.Request) bool {
 	switch req.Op {
 	case wire.OpStatus:
@@ -21,6 +21,8 @@ func (s *Server) statusOp(c *conn, req *wire.Request) bool {
 		}
 		b, _ := s.status.Board(c.uid)
 		return c.sendRaw(status.EncodeBoard(b)) == nil
+	case wire.OpLeaseHistory:
+		return s.leaseHistoryOp(c, req.History)
 	default:
 		return s.usageOp(c, req.Usage)
 	}
@@ -163,6 +165,43 @@ func (c *conn) sendUsage(rep *wire.UsageReport) error {
 		}
 		if len(rows) == 0 {
 			return nil
+		}
+	}
+}
+
+// leaseHistoryOp serves who held which device when, from the accounting
+// log, in as many replies as the entries take.
+func (s *Server) leaseHistoryOp(c *conn, q *wire.HistoryQuery) bool {
+	rep, err := s.status.LeaseHistory(q)
+	if errors.Is(err, status.ErrBadQuery) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		c.sendLocked(errReply(wire.CodeBadRequest, "lease-history needs a start time in the past", ""))
+		return false
+	}
+	if err != nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		c.sendLocked(errReply("usage-log", err.Error(), ""))
+		return true
+	}
+	entries := rep.Entries
+	for {
+		part := *rep
+		n, size := 0, 1024
+		for n < len(entries) && size < wire.MaxMessage/2 {
+			b, _ := json.Marshal(&entries[n])
+			size += len(b) + 1
+			n++
+		}
+		part.Entries = entries[:n]
+		entries = entries[n:]
+		data, err := json.Marshal(&wire.Reply{V: wire.Version, Type: wire.TypeLeaseHistory, History: &part, More: len(entries) > 0})
+		if err != nil || c.sendRaw(data) != nil {
+			return false
+		}
+		if len(entries) == 0 {
+			return true
 		}
 	}
 }

@@ -53,6 +53,7 @@ type Config struct {
 	MetricsListen     string           // [broker] metrics_listen: host:port for Prometheus; "" for none
 	Status            Status           // [status]
 	Usage             Usage            // [usage]
+	Board             Board            // [board]: npuboard's
 	Restrict          Restrict         // [restrict]
 	Slurm             Slurm            // [slurm]
 	Containers        Containers       // [containers]: npurun-runtime's
@@ -412,6 +413,10 @@ func (p *parser) ids(table []string, t map[string]any, key string) ([]int, strin
 	return ids, s, true
 }
 
+// tables are npurun.conf's tables, but for [user.NAME] and [group.NAME],
+// in the order an error lists them.
+var tables = []string{"devices", "broker", "pools", "limits", "tasks", "status", "usage", "restrict", "slurm", "containers", "share", "idle", "cluster", "board"}
+
 func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	c := &Config{
 		Vendor:            "auto",
@@ -432,13 +437,12 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 		},
 	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
-		switch k {
-		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict", "slurm", "containers", "share", "idle", "cluster":
+		if slices.Contains(tables, k) || k == "user" || k == "group" {
 			continue
 		}
 		if _, isTable := raw[k].(map[string]any); isTable {
 			p.errs = append(p.errs, Error{File: p.file, Line: p.idx.line(k), Key: "[" + k + "]",
-				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, cluster, user.NAME, group.NAME)"})
+				Msg: "unknown table (known: " + strings.Join(tables, ", ") + ", user.NAME, group.NAME)"})
 		} else {
 			p.errorf(nil, k, "unknown key (keys belong in a table such as [devices])")
 		}
@@ -629,6 +633,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	}
 	p.status(raw, c)
 	p.usage(raw, c)
+	p.board(raw, c)
 	p.idle(raw, c)
 
 	c.Restrict = p.restrict(raw, c, poolExists)

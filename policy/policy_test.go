@@ -123,7 +123,7 @@ func TestParseGood(t *testing.T) {
 				tt.want.Restrict = Restrict{LoginDevices: DefaultLoginDevices, OnBusy: DefaultOnBusy, OnBrokerDown: DefaultOnBrokerDown}
 			}
 			if tt.want.Status.ScanInterval == 0 {
-				tt.want.Status, tt.want.Usage = defaultStatus(), defaultUsage()
+				tt.want.Status, tt.want.Usage, tt.want.Board = defaultStatus(), defaultUsage(), defaultBoard()
 			}
 			if tt.want.Slurm.Mode == "" {
 				tt.want.Slurm = Slurm{Mode: ModeSplit, GRES: DefaultSlurmGRES, PollInterval: DefaultSlurmPollInterval}
@@ -169,7 +169,7 @@ func TestParseBad(t *testing.T) {
 		{
 			name: "unknown table",
 			conf: "[devices]\nvendor = \"auto\"\n[device]\nids = \"1\"\n",
-			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, cluster, user.NAME, group.NAME)"},
+			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, cluster, board, user.NAME, group.NAME)"},
 		},
 		{
 			name: "key outside a table",

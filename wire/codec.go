@@ -21,7 +21,7 @@ import (
 // appendRequest encodes an acquire, session, ping or submit request; ok is
 // false for any other request, which the caller encodes with the Codec.
 func appendRequest(b []byte, r *Request) ([]byte, bool) {
-	if r.Status != nil || r.ID != 0 || r.All || r.After != 0 || r.Ended || r.Since != 0 || r.Watch || r.Usage != nil || r.Container != nil || r.Device != "" || r.Reason != "" || r.Check != "" {
+	if r.Status != nil || r.ID != 0 || r.All || r.After != 0 || r.Ended || r.Since != 0 || r.Watch || r.Usage != nil || r.History != nil || r.Container != nil || r.Device != "" || r.Reason != "" || r.Check != "" {
 		return nil, false
 	}
 	if r.Job != nil || IsSlurmOp(r.Op) {
@@ -300,7 +300,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "slurm_job", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "slurm_job", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "lease_history", "drain", "reload"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool { return mightFoldInto(key, replyKeys) }
@@ -711,7 +711,7 @@ func (s *scanner) bool() (bool, error) {
 // encoding/json does; false for a reply with fields beyond it (tasks,
 // status, usage), which the caller encodes with the Codec.
 func AppendReply(b []byte, r *Reply) ([]byte, bool) {
-	if r.ID != 0 || r.State != "" || len(r.Tasks) > 0 || r.More || r.Next != 0 || r.Existing || r.Board != nil || r.Usage != nil || r.Drain != nil || r.Reload != nil {
+	if r.ID != 0 || r.State != "" || len(r.Tasks) > 0 || r.More || r.Next != 0 || r.Existing || r.Board != nil || r.Usage != nil || r.History != nil || r.Drain != nil || r.Reload != nil {
 		return nil, false
 	}
 	b = append(b, `{"v":`...)

@@ -139,6 +139,8 @@ type Request struct {
 	// status, usage (status.go)
 	Watch bool        `json:"watch,omitempty"` // status: again after every change
 	Usage *UsageQuery `json:"usage,omitempty"`
+	// lease-history (leasehistory.go)
+	History *HistoryQuery `json:"lease_history,omitempty"`
 
 	// a Slurm job (slurm.go)
 	Job *SlurmJob `json:"job,omitempty"`
@@ -198,6 +200,8 @@ type Reply struct {
 	// status, usage (status.go)
 	Board *Board       `json:"board,omitempty"`
 	Usage *UsageReport `json:"usage,omitempty"`
+	// lease-history (leasehistory.go)
+	History *HistoryReport `json:"lease_history,omitempty"`
 
 	// drained (drain.go)
 	Drain *DrainInfo `json:"drain,omitempty"`

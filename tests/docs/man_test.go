@@ -15,7 +15,7 @@ import (
 
 // manPages are the man pages whose SYNOPSIS is a command's usage, and how
 // that command prints it.
-func manPages(b *harness.Binaries) []struct {
+func manPages(t testing.TB, b *harness.Binaries) []struct {
 	page, bin  string
 	helpStderr bool     // where --help prints its usage
 	moreHelp   []string // other invocations whose flags the page documents
@@ -28,6 +28,7 @@ func manPages(b *harness.Binaries) []struct {
 		{page: "npurun.1", bin: b.Npurun, helpStderr: true},
 		{page: "npubroker.8", bin: b.Broker, helpStderr: false, moreHelp: []string{"serve", "check-config", "status", "usage", "drain", "undrain"}},
 		{page: "spank_npurun.8", bin: b.Slurm, helpStderr: true},
+		{page: "npuboard.8", bin: harness.Npuboard(t), helpStderr: true},
 	}
 }
 
@@ -55,7 +56,7 @@ func manHelp(t *testing.T, bin string, toStderr bool, args ...string) string {
 // command's --help, word for word, in order, and no more.
 func TestManSynopsis(t *testing.T) {
 	b := harness.Bins(t)
-	for _, p := range manPages(b) {
+	for _, p := range manPages(t, b) {
 		t.Run(p.page, func(t *testing.T) {
 			src := manRead(t, p.page)
 			got := manSynopsis(src)
@@ -76,7 +77,7 @@ func TestManSynopsis(t *testing.T) {
 func TestManOptions(t *testing.T) {
 	b := harness.Bins(t)
 	flag := regexp.MustCompile(`--[a-z][a-z0-9-]*`)
-	for _, p := range manPages(b) {
+	for _, p := range manPages(t, b) {
 		t.Run(p.page, func(t *testing.T) {
 			text := manPlain(manRead(t, p.page))
 			help := manHelp(t, p.bin, p.helpStderr)

@@ -683,10 +683,18 @@ func (r *debRun) checkInstalled(t *testing.T) {
 		"/lib/systemd/system/npubroker.service", "/lib/systemd/system/npubroker.socket", "/etc/npurun/npurun.conf",
 		"/usr/share/pam-configs/npurun", "/usr/share/man/man8/pam_npurun.8.gz", "/usr/share/man/man1/npurun.1.gz",
 		"/etc/systemd/system/sockets.target.wants/npubroker.socket", "/etc/systemd/system/multi-user.target.wants/npubroker.service",
+		"/usr/sbin/npuboard", "/lib/systemd/system/npuboard.service", "/usr/share/man/man8/npuboard.8.gz", "/etc/systemd/system/multi-user.target.wants/npuboard.service",
 		"/usr/share/bash-completion/completions/task-submit", "/usr/share/zsh/vendor-completions/_npurun", "/usr/share/fish/vendor_completions.d/npubroker.fish"} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("after the install: %v", err)
 		}
+	}
+	// npuboard's system user, which its unit runs it as.
+	if out, err := exec.Command("getent", "passwd", "npuboard").Output(); err != nil || !strings.Contains(string(out), ":/usr/sbin/nologin") {
+		t.Errorf("no system user npuboard after the install (%v): %q", err, out)
+	}
+	if unit, err := os.ReadFile("/lib/systemd/system/npuboard.service"); err != nil || !strings.Contains(string(unit), "\nUser=npuboard\n") || !strings.Contains(string(unit), "\nExecStart=/usr/sbin/npuboard ") {
+		t.Errorf("npuboard.service does not run /usr/sbin/npuboard as npuboard (%v):\n%s", err, unit)
 	}
 	if m, _ := filepath.Glob("/lib/*/security/pam_npurun.so"); len(m) != 1 {
 		t.Errorf("the module is not in the multiarch security directory: %v", m)
@@ -896,7 +904,8 @@ func (r *debRun) purgeLeftNothing(t *testing.T) {
 		}
 	}
 	for _, p := range []string{"/etc/npurun", "/var/spool/npurun", "/run/npurun", "/usr/libexec/npurun", "/usr/share/pam-configs/npurun",
-		"/etc/systemd/system/sockets.target.wants/npubroker.socket", "/etc/systemd/system/multi-user.target.wants/npubroker.service"} {
+		"/etc/systemd/system/sockets.target.wants/npubroker.socket", "/etc/systemd/system/multi-user.target.wants/npubroker.service",
+		"/etc/systemd/system/multi-user.target.wants/npuboard.service", "/usr/sbin/npuboard"} {
 		if _, err := os.Lstat(p); err == nil {
 			t.Errorf("%s is still there after the purge", p)
 		}

@@ -20,7 +20,7 @@ var liveInstallPaths = []string{
 	"/lib/systemd/system/npubroker.service", "/lib/systemd/system/npubroker.socket",
 	"/etc/systemd/system/npubroker.service", "/usr/lib/systemd/system/npubroker.service",
 	"/usr/local/lib/systemd/system/npubroker.service",
-	"/usr/local/bin/npurun", "/usr/local/bin/task-submit", "/usr/local/sbin/npubroker",
+	"/usr/local/bin/npurun", "/usr/local/bin/task-submit", "/usr/local/sbin/npubroker", "/usr/local/sbin/npuboard", "/lib/systemd/system/npuboard.service",
 	"/usr/local/libexec/npurun", "/usr/local/libexec/npurun/npurun-supervise", "/usr/local/libexec/npurun/npurun-runtime", "/usr/local/libexec/npurun/npurun-runtime-create",
 	"/usr/local/share/man/man1/npurun.1", "/lib/security",
 	"/usr/local/share/bash-completion/completions/npurun", "/usr/local/share/zsh/site-functions/_npurun",
@@ -79,6 +79,7 @@ func TestMakeInstallPrefix(t *testing.T) {
 	}
 	harness.NeedPAMHeaders(t) // make install builds pam_npurun.so
 	b := harness.Bins(t)
+	harness.Npuboard(t) // beside the others in b.Dir
 	tmp := t.TempDir()
 	build := filepath.Join(tmp, "build")
 	prefix := filepath.Join(tmp, "prefix")
@@ -86,7 +87,7 @@ func TestMakeInstallPrefix(t *testing.T) {
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
+	for _, name := range []string{"npubroker", "npuboard", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
 		harness.CopyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
 	}
 	vars := []string{"PREFIX=" + prefix, "BUILDDIR=" + build}
@@ -110,9 +111,9 @@ func TestMakeInstallPrefix(t *testing.T) {
 		t.Fatalf("make install: %v\n%s", err, out)
 	}
 	checkLive("make install")
-	for _, p := range []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "libexec/npurun/npurun-supervise", "libexec/npurun/npurun-slurm", "libexec/npurun/npurun-runtime", "libexec/npurun/npurun-runtime-create", "share/man/man1/npurun.1", "share/man/man8/npurun-runtime.8",
-		"share/man/man1/task-submit.1", "share/man/man5/npurun.conf.5", "share/man/man8/npubroker.8",
-		"lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket", "etc/npurun/npurun.conf"} {
+	for _, p := range []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "sbin/npuboard", "libexec/npurun/npurun-supervise", "libexec/npurun/npurun-slurm", "libexec/npurun/npurun-runtime", "libexec/npurun/npurun-runtime-create", "share/man/man1/npurun.1", "share/man/man8/npurun-runtime.8",
+		"share/man/man1/task-submit.1", "share/man/man5/npurun.conf.5", "share/man/man8/npubroker.8", "share/man/man8/npuboard.8",
+		"lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket", "lib/systemd/system/npuboard.service", "etc/npurun/npurun.conf"} {
 		if _, err := os.Stat(filepath.Join(prefix, p)); err != nil {
 			t.Errorf("make install did not install %s: %v", p, err)
 		}
@@ -130,6 +131,10 @@ func TestMakeInstallPrefix(t *testing.T) {
 	unit := mustRead(t, filepath.Join(prefix, "lib/systemd/system/npubroker.service"))
 	if want := "ExecStart=" + prefix + "/sbin/npubroker serve --config " + prefix + "/etc/npurun/npurun.conf\n"; !strings.Contains(unit, want) {
 		t.Errorf("installed unit lacks %q:\n%s", want, unit)
+	}
+	board := mustRead(t, filepath.Join(prefix, "lib/systemd/system/npuboard.service"))
+	if want := "ExecStart=" + prefix + "/sbin/npuboard --config " + prefix + "/etc/npurun/npurun.conf\n"; !strings.Contains(board, want) || !strings.Contains(board, "\nUser=npuboard\n") {
+		t.Errorf("installed npuboard.service lacks %q or User=npuboard:\n%s", want, board)
 	}
 
 	// The administrator's configuration survives a second install.
@@ -156,7 +161,7 @@ func TestMakeInstallPrefix(t *testing.T) {
 		t.Fatalf("make uninstall: %v\n%s", err, out)
 	}
 	checkLive("make uninstall")
-	gone := []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "libexec/npurun/npurun-supervise", "libexec/npurun/npurun-runtime", "libexec/npurun/npurun-runtime-create", "libexec/npurun",
+	gone := []string{"bin/npurun", "bin/task-submit", "sbin/npubroker", "sbin/npuboard", "lib/systemd/system/npuboard.service", "libexec/npurun/npurun-supervise", "libexec/npurun/npurun-runtime", "libexec/npurun/npurun-runtime-create", "libexec/npurun",
 		"share/man/man1/npurun.1", "lib/systemd/system/npubroker.service", "lib/systemd/system/npubroker.socket"}
 	for _, c := range completionFiles("share/zsh/site-functions") {
 		gone = append(gone, c.path)
@@ -182,13 +187,14 @@ func TestMakeInstallStaged(t *testing.T) {
 	}
 	harness.NeedPAMHeaders(t) // make install builds pam_npurun.so
 	b := harness.Bins(t)
+	harness.Npuboard(t) // beside the others in b.Dir
 	tmp := t.TempDir()
 	build := filepath.Join(tmp, "build")
 	stage := filepath.Join(tmp, "stage")
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
+	for _, name := range []string{"npubroker", "npuboard", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
 		harness.CopyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
 	}
 	for _, tc := range []struct {
@@ -232,12 +238,13 @@ func TestMakeUninstallOtherPrefix(t *testing.T) {
 	}
 	harness.NeedPAMHeaders(t) // make install builds pam_npurun.so
 	b := harness.Bins(t)
+	harness.Npuboard(t) // beside the others in b.Dir
 	tmp := t.TempDir()
 	build := filepath.Join(tmp, "build")
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
+	for _, name := range []string{"npubroker", "npuboard", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
 		harness.CopyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
 	}
 	units := filepath.Join(tmp, "units")
@@ -276,12 +283,13 @@ func TestMakeUninstallPAMConfigured(t *testing.T) {
 	}
 	harness.NeedPAMHeaders(t)
 	b := harness.Bins(t)
+	harness.Npuboard(t) // beside the others in b.Dir
 	tmp := t.TempDir()
 	build := filepath.Join(tmp, "build")
 	if err := os.MkdirAll(build, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"npubroker", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
+	for _, name := range []string{"npubroker", "npuboard", "npurun", "task-submit", "npurun-supervise", "npurun-slurm", "npurun-runtime", "npurun-runtime-create"} {
 		harness.CopyFile(t, filepath.Join(b.Dir, name), filepath.Join(build, name), 0o755)
 	}
 	dest := filepath.Join(tmp, "stage")

@@ -249,16 +249,22 @@ func fail(env Env, err error) int {
 }
 
 func writeJSON(env Env, v any, indent bool) int {
-	enc := json.NewEncoder(env.Stdout)
-	enc.SetEscapeHTML(false)
-	if indent {
-		enc.SetIndent("", "  ")
-	}
-	if err := enc.Encode(v); err != nil {
+	if err := WriteJSON(env.Stdout, v, indent); err != nil {
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
 		return exitcode.Failure
 	}
 	return exitcode.OK
+}
+
+// WriteJSON writes v as npubroker status --json (usage --json) prints it:
+// indented, or one line for a watch; npuboard's /api/status is this too.
+func WriteJSON(w io.Writer, v any, indent bool) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	if indent {
+		enc.SetIndent("", "  ")
+	}
+	return enc.Encode(v)
 }
 
 // ParseSince reads a duration as --since takes it, as every command
