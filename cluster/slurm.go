@@ -170,23 +170,16 @@ func (s *Slurm) run(dir, name string, args ...string) ([]byte, error) {
 	if timeout == 0 {
 		timeout = DefaultTimeout
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	cmd := s.Command(ctx, dir, name, args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if err == nil {
-		return stdout.Bytes(), nil
-	}
-	if ctx.Err() != nil {
+	stdout, stderr, ws, err := output(s.Bin(name), append([]string{name}, args...), s.Env, dir, timeout)
+	switch {
+	case err == errTimedOut:
 		return nil, &Error{Command: name, Msg: "no answer within " + timeout.String(), Down: true}
-	}
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
+	case err != nil:
 		return nil, &Error{Command: name, Msg: err.Error(), Down: errors.Is(err, exec.ErrNotFound) || errors.Is(err, syscall.ENOENT)}
+	case ws.Exited() && ws.ExitStatus() == 0:
+		return stdout, nil
 	}
-	return nil, commandError(name, stderr.String())
+	return nil, commandError(name, string(stderr))
 }
 
 // commandError reads what a failed Slurm command said.
