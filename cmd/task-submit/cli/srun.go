@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"regexp"
 	"strconv"
 	"sync"
 	"syscall"
@@ -230,13 +229,6 @@ type srunProgress struct {
 	cancel  bool
 }
 
-var (
-	srunQueued  = regexp.MustCompile(`^srun: job (\d+) queued and waiting for resources`)
-	srunGranted = regexp.MustCompile(`^srun: job (\d+) has been allocated resources`)
-	srunExited  = regexp.MustCompile(`^srun: error: \S+: task \d+: Exited with exit code \d+\s*$`)
-	srunRefused = regexp.MustCompile(`^srun: error: (Unable to allocate resources|Unable to contact slurm controller|.*Socket timed out|.*Immediate execution impossible)`)
-)
-
 func (p *srunProgress) relay(r io.Reader) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
@@ -251,8 +243,8 @@ func (p *srunProgress) relay(r io.Reader) {
 }
 
 func (p *srunProgress) line(line string) {
-	if m := srunQueued.FindStringSubmatch(line); m != nil {
-		id, _ := strconv.ParseUint(m[1], 10, 64)
+	if m := srunQueued(line); m != "" {
+		id, _ := strconv.ParseUint(m, 10, 64)
 		p.mu.Lock()
 		p.job = id
 		cancel := p.cancel
@@ -263,19 +255,19 @@ func (p *srunProgress) line(line string) {
 		go p.watch(id)
 		return
 	}
-	if m := srunGranted.FindStringSubmatch(line); m != nil {
+	if m := srunGranted(line); m != "" {
 		p.mu.Lock()
 		p.granted = true
 		p.mu.Unlock()
 		if p.show {
-			npurunWarn("job %s started", m[1])
+			npurunWarn("job %s started", m)
 		}
 		return
 	}
-	if srunExited.MatchString(line) {
+	if srunExited(line) {
 		return // the status is npurun's own, as a box's npurun says nothing of it
 	}
-	if srunRefused.MatchString(line) {
+	if srunRefused(line) {
 		p.mu.Lock()
 		p.refusal = true
 		p.mu.Unlock()
