@@ -23,7 +23,6 @@ package cluster
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -153,15 +152,6 @@ func (s *Slurm) Bin(name string) string {
 		return filepath.Join(s.Conf.Bin, name)
 	}
 	return name
-}
-
-// Command prepares Slurm's command name with args, in dir ("" for this
-// one's).
-func (s *Slurm) Command(ctx context.Context, dir, name string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, s.Bin(name), args...)
-	cmd.Env = s.Env
-	cmd.Dir = dir
-	return cmd
 }
 
 // run runs Slurm's command name and returns its standard output.

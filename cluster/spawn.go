@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -25,20 +26,75 @@ const maxStderr = 1 << 20
 // errTimedOut: the command did not end within its time and was killed.
 var errTimedOut = syscall.ETIMEDOUT
 
-// output runs bin with args (args[0] the command's name) in dir ("" for
-// this one's) with env, and returns its standard output, its standard
-// error and its wait status; an error where it could not be started
-// (exec.ErrNotFound, an errno) or was killed after timeout (errTimedOut).
-func output(bin string, args, env []string, dir string, timeout time.Duration) (stdout, stderr []byte, ws syscall.WaitStatus, err error) {
+// Process is a Slurm command started by Start.
+type Process struct {
+	Pid    int
+	mu     sync.Mutex
+	reaped bool
+}
+
+// Start starts Slurm's command name with args in dir ("" for this
+// one's), files its standard input, output and error.
+func (s *Slurm) Start(dir, name string, files [3]uintptr, args ...string) (*Process, error) {
+	return start(s.Bin(name), append([]string{name}, args...), s.Env, dir, files)
+}
+
+func start(bin string, args, env []string, dir string, files [3]uintptr) (*Process, error) {
 	path := bin
 	if !containsSlash(bin) {
+		var err error
 		if path, err = exec.LookPath(bin); err != nil {
-			return nil, nil, 0, err
+			return nil, err
 		}
 	}
 	if env == nil {
 		env = os.Environ()
 	}
+	pid, err := syscall.ForkExec(path, args, &syscall.ProcAttr{Dir: dir, Env: env, Files: files[:]})
+	if err != nil {
+		return nil, err
+	}
+	return &Process{Pid: pid}, nil
+}
+
+// Signal sends sig to the command while it is not reaped, never after:
+// its pid may be another's then.
+func (p *Process) Signal(sig syscall.Signal) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.reaped {
+		return false
+	}
+	sys.Kill(p.Pid, sig)
+	return true
+}
+
+// Wait waits for the command's end and reaps it.
+func (p *Process) Wait() (syscall.WaitStatus, error) {
+	var info sys.Siginfo
+	for {
+		// Wait for its end without reaping it, then let no signal go.
+		if err := sys.Waitid(sys.P_PID, p.Pid, &info, sys.WEXITED|sys.WNOWAIT, nil); err != sys.EINTR {
+			break
+		}
+	}
+	p.mu.Lock()
+	p.reaped = true
+	p.mu.Unlock()
+	var ws syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(p.Pid, &ws, 0, nil)
+		if err != syscall.EINTR {
+			return ws, err
+		}
+	}
+}
+
+// output runs bin with args (args[0] the command's name) in dir ("" for
+// this one's) with env, and returns its standard output, its standard
+// error and its wait status; an error where it could not be started
+// (exec.ErrNotFound, an errno) or was killed after timeout (errTimedOut).
+func output(bin string, args, env []string, dir string, timeout time.Duration) (stdout, stderr []byte, ws syscall.WaitStatus, err error) {
 	null, err := sys.Open(os.DevNull, sys.O_RDONLY|sys.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, 0, err
@@ -53,23 +109,16 @@ func output(bin string, args, env []string, dir string, timeout time.Duration) (
 	if err := sys.Pipe2(p[:], sys.O_CLOEXEC); err != nil {
 		return nil, nil, 0, err
 	}
-	pid, err := syscall.ForkExec(path, args, &syscall.ProcAttr{Dir: dir, Env: env, Files: []uintptr{uintptr(null), uintptr(p[1]), uintptr(errFile)}})
+	proc, err := start(bin, args, env, dir, [3]uintptr{uintptr(null), uintptr(p[1]), uintptr(errFile)})
 	sys.Close(p[1])
 	if err != nil {
 		sys.Close(p[0])
 		return nil, nil, 0, err
 	}
-
-	// The deadline kills the command until it is reaped, never after:
-	// its pid may be another's then.
-	var mu sync.Mutex
-	reaped, killed := false, false
+	var killed atomic.Bool
 	timer := time.AfterFunc(timeout, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if !reaped {
-			killed = true
-			sys.Kill(pid, sys.SIGKILL)
+		if proc.Signal(sys.SIGKILL) {
+			killed.Store(true)
 		}
 	})
 	buf := make([]byte, 32<<10)
@@ -84,23 +133,8 @@ func output(bin string, args, env []string, dir string, timeout time.Duration) (
 		stdout = append(stdout, buf[:n]...)
 	}
 	sys.Close(p[0])
-	var info sys.Siginfo
-	for {
-		// Wait for its end without reaping it, then stop the deadline.
-		if werr := sys.Waitid(sys.P_PID, pid, &info, sys.WEXITED|sys.WNOWAIT, nil); werr != sys.EINTR {
-			break
-		}
-	}
-	mu.Lock()
-	reaped = true
+	ws, _ = proc.Wait()
 	timer.Stop()
-	wasKilled := killed
-	mu.Unlock()
-	for {
-		if _, werr := syscall.Wait4(pid, &ws, 0, nil); werr != syscall.EINTR {
-			break
-		}
-	}
 	var st sys.Stat_t
 	if sys.Fstat(errFile, &st) == nil && st.Size > 0 {
 		from := max(st.Size-maxStderr, 0) // its last words say most
@@ -108,7 +142,7 @@ func output(bin string, args, env []string, dir string, timeout time.Duration) (
 		n, _ := sys.Pread(errFile, stderr, from)
 		stderr = stderr[:max(n, 0)]
 	}
-	if wasKilled {
+	if killed.Load() {
 		return stdout, stderr, ws, errTimedOut
 	}
 	return stdout, stderr, ws, nil

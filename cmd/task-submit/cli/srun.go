@@ -2,12 +2,10 @@ package cli
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"sync"
@@ -130,29 +128,28 @@ func runSrun(args []string) int {
 	sargs = append(sargs, "--")
 	sargs = append(sargs, o.argv...)
 
-	cmd := s.Command(context.Background(), "", "srun", sargs...)
-	cmd.Stdin, cmd.Stdout = os.Stdin, os.Stdout
-	errPipe, err := cmd.StderrPipe()
-	if err != nil {
+	// srun's standard error comes through npurun: its lines about the
+	// job are the progress line. srun is started with a bare fork and
+	// exec (cluster.Start), as Slurm's other commands are.
+	var ep [2]int
+	if err := unix.Pipe2(ep[:], unix.O_CLOEXEC); err != nil {
 		npurunWarn("%v", err)
 		return exitcode.Failure
 	}
+	errPipe := os.NewFile(uintptr(ep[0]), "srun's standard error")
+	defer errPipe.Close()
 	// Signals: npurun stays to report srun's end; srun gets them (a
 	// terminal's go to the whole foreground group, srun among it) and
 	// relays them to the command.
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGCONT)
-	if err := cmd.Start(); err != nil {
+	proc, err := s.Start("", "srun", [3]uintptr{0, 1, uintptr(ep[1])}, sargs...)
+	unix.Close(ep[1])
+	if err != nil {
 		npurunWarn("srun: %v", err)
-		if errors.Is(err, exec.ErrNotFound) {
-			return exitcode.TempFail
-		}
 		return exitcode.TempFail
 	}
 	progress := &srunProgress{s: s, show: !o.quiet && (o.verbose || isTerminal(2)), stop: make(chan struct{})}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); progress.relay(errPipe) }()
 	done := make(chan struct{})
 	go func() {
 		for {
@@ -164,31 +161,29 @@ func runSrun(args []string) int {
 				if fromTerminal(sig) {
 					continue // srun has it already, from the terminal
 				}
-				cmd.Process.Signal(sig)
+				proc.Signal(sig.(syscall.Signal))
 			case <-done:
 				return
 			}
 		}
 	}()
-	wg.Wait() // srun's standard error closed: it is ending
-	err = cmd.Wait()
+	progress.relay(errPipe) // until srun's standard error closes: it is ending
+	ws, err := proc.Wait()
 	close(done)
 	close(progress.stop)
 	signal.Stop(sigs)
-	var ee *exec.ExitError
 	switch {
-	case err == nil && progress.wasInterrupted():
+	case err != nil:
+	case ws.Exited() && ws.ExitStatus() == 0 && progress.wasInterrupted():
 		// Ctrl-C ended the job, and srun tells of its end as a success
 		// where the step's tasks were killed after KillWait: the status
 		// is the interrupted command's, as on a box.
 		return 128 + int(unix.SIGINT)
-	case err == nil:
+	case ws.Exited() && ws.ExitStatus() == 0:
 		return 0
-	case errors.As(err, &ee):
-		ws := ee.Sys().(syscall.WaitStatus)
-		if ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
+	case ws.Signaled():
+		return 128 + int(ws.Signal())
+	default:
 		code := ws.ExitStatus()
 		if code == 1 && progress.refused() {
 			npurunWarn("hint: Slurm did not start the command; try again later (scontrol ping)")
