@@ -23,7 +23,6 @@ package cluster
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -155,38 +154,22 @@ func (s *Slurm) Bin(name string) string {
 	return name
 }
 
-// Command prepares Slurm's command name with args, in dir ("" for this
-// one's).
-func (s *Slurm) Command(ctx context.Context, dir, name string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, s.Bin(name), args...)
-	cmd.Env = s.Env
-	cmd.Dir = dir
-	return cmd
-}
-
 // run runs Slurm's command name and returns its standard output.
 func (s *Slurm) run(dir, name string, args ...string) ([]byte, error) {
 	timeout := s.Timeout
 	if timeout == 0 {
 		timeout = DefaultTimeout
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var stdout, stderr bytes.Buffer
-	cmd := s.Command(ctx, dir, name, args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if err == nil {
-		return stdout.Bytes(), nil
-	}
-	if ctx.Err() != nil {
+	stdout, stderr, ws, err := output(s.Bin(name), append([]string{name}, args...), s.Env, dir, timeout)
+	switch {
+	case err == errTimedOut:
 		return nil, &Error{Command: name, Msg: "no answer within " + timeout.String(), Down: true}
-	}
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
+	case err != nil:
 		return nil, &Error{Command: name, Msg: err.Error(), Down: errors.Is(err, exec.ErrNotFound) || errors.Is(err, syscall.ENOENT)}
+	case ws.Exited() && ws.ExitStatus() == 0:
+		return stdout, nil
 	}
-	return nil, commandError(name, stderr.String())
+	return nil, commandError(name, string(stderr))
 }
 
 // commandError reads what a failed Slurm command said.

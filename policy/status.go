@@ -2,7 +2,6 @@ package policy
 
 import (
 	"fmt"
-	"net"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -130,8 +129,8 @@ func (p *parser) metricsListen(table []string, t map[string]any, c *Config) {
 	if !ok || s == "" {
 		return
 	}
-	host, port, err := net.SplitHostPort(s)
-	if err != nil {
+	host, port, ok := splitHostPort(s)
+	if !ok {
 		p.errorf(table, "metrics_listen", "want host:port such as \"127.0.0.1:9464\", not %q", s)
 		return
 	}
@@ -141,6 +140,33 @@ func (p *parser) metricsListen(table []string, t map[string]any, c *Config) {
 	}
 	_ = host // "" listens on every address, as net.Listen does
 	c.MetricsListen = s
+}
+
+// splitHostPort is net.SplitHostPort's split of "host:port",
+// "[v6]:port" or ":port", false where it would fail: package net stays
+// out of the programs that read npurun.conf in front of every task
+// (task-submit on a login node; its start pays every package it links).
+func splitHostPort(s string) (host, port string, ok bool) {
+	if rest, found := strings.CutPrefix(s, "["); found {
+		host, port, found = strings.Cut(rest, "]")
+		if !found || !strings.HasPrefix(port, ":") || strings.ContainsAny(host, "[]") {
+			return "", "", false
+		}
+		port = port[1:]
+	} else {
+		i := strings.LastIndexByte(s, ':')
+		if i < 0 {
+			return "", "", false
+		}
+		host, port = s[:i], s[i+1:]
+		if strings.ContainsAny(host, ":[]") {
+			return "", "", false
+		}
+	}
+	if strings.ContainsAny(port, "[]") {
+		return "", "", false
+	}
+	return host, port, true
 }
 
 // status reads the [status] table.

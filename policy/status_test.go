@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"net"
 	"reflect"
 	"strings"
 	"testing"
@@ -155,6 +156,19 @@ users = ["guest"]
 	for i, w := range want {
 		if !strings.HasPrefix(ws[i].Error(), w) {
 			t.Errorf("warning %d: %q, want it to start %q", i, ws[i].Error(), w)
+		}
+	}
+}
+
+// TestSplitHostPort: the hand split of metrics_listen says what
+// net.SplitHostPort says (package net stays out of policy's graph).
+func TestSplitHostPort(t *testing.T) {
+	for _, s := range []string{"127.0.0.1:9464", ":9464", "[::1]:9464", "[::1]", "::1:9464", "host:", "9464", "",
+		"[::1]9464", "[[::1]]:9464", "a]:1", "a:[1]", "[a:b]:c", "[]:1", "x:y:z", "[::1]:"} {
+		h, p, ok := splitHostPort(s)
+		wh, wp, err := net.SplitHostPort(s)
+		if ok != (err == nil) || h != wh || p != wp {
+			t.Errorf("splitHostPort(%q) = %q, %q, %v; net says %q, %q, %v", s, h, p, ok, wh, wp, err)
 		}
 	}
 }

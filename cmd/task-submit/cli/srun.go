@@ -2,14 +2,11 @@ package cli
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
-	"regexp"
 	"strconv"
 	"sync"
 	"syscall"
@@ -131,29 +128,28 @@ func runSrun(args []string) int {
 	sargs = append(sargs, "--")
 	sargs = append(sargs, o.argv...)
 
-	cmd := s.Command(context.Background(), "", "srun", sargs...)
-	cmd.Stdin, cmd.Stdout = os.Stdin, os.Stdout
-	errPipe, err := cmd.StderrPipe()
-	if err != nil {
+	// srun's standard error comes through npurun: its lines about the
+	// job are the progress line. srun is started with a bare fork and
+	// exec (cluster.Start), as Slurm's other commands are.
+	var ep [2]int
+	if err := unix.Pipe2(ep[:], unix.O_CLOEXEC); err != nil {
 		npurunWarn("%v", err)
 		return exitcode.Failure
 	}
+	errPipe := os.NewFile(uintptr(ep[0]), "srun's standard error")
+	defer errPipe.Close()
 	// Signals: npurun stays to report srun's end; srun gets them (a
 	// terminal's go to the whole foreground group, srun among it) and
 	// relays them to the command.
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2, unix.SIGCONT)
-	if err := cmd.Start(); err != nil {
+	proc, err := s.Start("", "srun", [3]uintptr{0, 1, uintptr(ep[1])}, sargs...)
+	unix.Close(ep[1])
+	if err != nil {
 		npurunWarn("srun: %v", err)
-		if errors.Is(err, exec.ErrNotFound) {
-			return exitcode.TempFail
-		}
 		return exitcode.TempFail
 	}
 	progress := &srunProgress{s: s, show: !o.quiet && (o.verbose || isTerminal(2)), stop: make(chan struct{})}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); progress.relay(errPipe) }()
 	done := make(chan struct{})
 	go func() {
 		for {
@@ -165,31 +161,29 @@ func runSrun(args []string) int {
 				if fromTerminal(sig) {
 					continue // srun has it already, from the terminal
 				}
-				cmd.Process.Signal(sig)
+				proc.Signal(sig.(syscall.Signal))
 			case <-done:
 				return
 			}
 		}
 	}()
-	wg.Wait() // srun's standard error closed: it is ending
-	err = cmd.Wait()
+	progress.relay(errPipe) // until srun's standard error closes: it is ending
+	ws, err := proc.Wait()
 	close(done)
 	close(progress.stop)
 	signal.Stop(sigs)
-	var ee *exec.ExitError
 	switch {
-	case err == nil && progress.wasInterrupted():
+	case err != nil:
+	case ws.Exited() && ws.ExitStatus() == 0 && progress.wasInterrupted():
 		// Ctrl-C ended the job, and srun tells of its end as a success
 		// where the step's tasks were killed after KillWait: the status
 		// is the interrupted command's, as on a box.
 		return 128 + int(unix.SIGINT)
-	case err == nil:
+	case ws.Exited() && ws.ExitStatus() == 0:
 		return 0
-	case errors.As(err, &ee):
-		ws := ee.Sys().(syscall.WaitStatus)
-		if ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
+	case ws.Signaled():
+		return 128 + int(ws.Signal())
+	default:
 		code := ws.ExitStatus()
 		if code == 1 && progress.refused() {
 			npurunWarn("hint: Slurm did not start the command; try again later (scontrol ping)")
@@ -230,13 +224,6 @@ type srunProgress struct {
 	cancel  bool
 }
 
-var (
-	srunQueued  = regexp.MustCompile(`^srun: job (\d+) queued and waiting for resources`)
-	srunGranted = regexp.MustCompile(`^srun: job (\d+) has been allocated resources`)
-	srunExited  = regexp.MustCompile(`^srun: error: \S+: task \d+: Exited with exit code \d+\s*$`)
-	srunRefused = regexp.MustCompile(`^srun: error: (Unable to allocate resources|Unable to contact slurm controller|.*Socket timed out|.*Immediate execution impossible)`)
-)
-
 func (p *srunProgress) relay(r io.Reader) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
@@ -251,8 +238,8 @@ func (p *srunProgress) relay(r io.Reader) {
 }
 
 func (p *srunProgress) line(line string) {
-	if m := srunQueued.FindStringSubmatch(line); m != nil {
-		id, _ := strconv.ParseUint(m[1], 10, 64)
+	if m := srunQueued(line); m != "" {
+		id, _ := strconv.ParseUint(m, 10, 64)
 		p.mu.Lock()
 		p.job = id
 		cancel := p.cancel
@@ -263,19 +250,19 @@ func (p *srunProgress) line(line string) {
 		go p.watch(id)
 		return
 	}
-	if m := srunGranted.FindStringSubmatch(line); m != nil {
+	if m := srunGranted(line); m != "" {
 		p.mu.Lock()
 		p.granted = true
 		p.mu.Unlock()
 		if p.show {
-			npurunWarn("job %s started", m[1])
+			npurunWarn("job %s started", m)
 		}
 		return
 	}
-	if srunExited.MatchString(line) {
+	if srunExited(line) {
 		return // the status is npurun's own, as a box's npurun says nothing of it
 	}
-	if srunRefused.MatchString(line) {
+	if srunRefused(line) {
 		p.mu.Lock()
 		p.refusal = true
 		p.mu.Unlock()
