@@ -1,9 +1,7 @@
 package policy
 
 import (
-	"net"
 	"net/url"
-	"strconv"
 	"time"
 )
 
@@ -37,13 +35,8 @@ func (p *parser) board(raw map[string]any, c *Config) {
 		return
 	}
 	p.unknown(table, t, "listen", "refresh", "peers")
-	if s, ok := p.str(table, t, "listen"); ok {
-		_, port, err := net.SplitHostPort(s)
-		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
-			p.errorf(table, "listen", "want host:port such as %q (or \"0.0.0.0:9401\" for every address), not %q", DefaultBoardListen, s)
-		} else {
-			c.Board.Listen = s
-		}
+	if s, ok := p.listen(table, t, "listen", DefaultBoardListen, "0.0.0.0:9401"); ok {
+		c.Board.Listen = s
 	}
 	if d, ok := p.duration(table, t, "refresh"); ok {
 		if d < MinBoardRefresh {

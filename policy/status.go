@@ -125,21 +125,30 @@ func defaultUsage() Usage {
 // metricsListen reads [broker] metrics_listen: a host:port to serve
 // Prometheus metrics on, "" for none.
 func (p *parser) metricsListen(table []string, t map[string]any, c *Config) {
-	s, ok := p.str(table, t, "metrics_listen")
+	if s, ok := p.listen(table, t, "metrics_listen", "127.0.0.1:9464", ""); ok {
+		c.MetricsListen = s
+	}
+}
+
+// listen reads key, an address to listen on: host:port ("" or no host
+// listens on every address, as net.Listen does), example shown where it
+// is not one; false where it is not given, or bad (said). With also, the
+// error names a second example, for every address.
+func (p *parser) listen(table []string, t map[string]any, key, example, also string) (string, bool) {
+	s, ok := p.str(table, t, key)
 	if !ok || s == "" {
-		return
+		return "", false
 	}
-	host, port, ok := splitHostPort(s)
-	if !ok {
-		p.errorf(table, "metrics_listen", "want host:port such as \"127.0.0.1:9464\", not %q", s)
-		return
+	_, port, ok := splitHostPort(s)
+	if n, err := strconv.Atoi(port); !ok || err != nil || n < 0 || n > 65535 {
+		if also != "" {
+			p.errorf(table, key, "want host:port such as %q (or %q for every address), not %q", example, also, s)
+		} else {
+			p.errorf(table, key, "want host:port such as %q, not %q", example, s)
+		}
+		return "", false
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		p.errorf(table, "metrics_listen", "bad port %q in %q", port, s)
-		return
-	}
-	_ = host // "" listens on every address, as net.Listen does
-	c.MetricsListen = s
+	return s, true
 }
 
 // splitHostPort is net.SplitHostPort's split of "host:port",
