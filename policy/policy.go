@@ -58,6 +58,7 @@ type Config struct {
 	Containers        Containers       // [containers]: npurun-runtime's
 	Share             Share            // [share]: devices that hold shares of their memory
 	Idle              Idle             // [idle]: when a lease is idle
+	Scheduling        Scheduling       // [scheduling]: how the line is served
 
 	file string    // the file name as given to Parse, for warnings
 	idx  lineIndex // where each table and key is, for warnings
@@ -432,12 +433,12 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	}
 	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		switch k {
-		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict", "slurm", "containers", "share", "idle":
+		case "devices", "broker", "pools", "limits", "user", "group", "tasks", "status", "usage", "restrict", "slurm", "containers", "share", "idle", "scheduling":
 			continue
 		}
 		if _, isTable := raw[k].(map[string]any); isTable {
 			p.errs = append(p.errs, Error{File: p.file, Line: p.idx.line(k), Key: "[" + k + "]",
-				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, user.NAME, group.NAME)"})
+				Msg: "unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, scheduling, user.NAME, group.NAME)"})
 		} else {
 			p.errorf(nil, k, "unknown key (keys belong in a table such as [devices])")
 		}
@@ -629,6 +630,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	p.status(raw, c)
 	p.usage(raw, c)
 	p.idle(raw, c)
+	p.scheduling(raw, c)
 
 	c.Restrict = p.restrict(raw, c, poolExists)
 	c.Slurm = p.slurm(raw, c)
