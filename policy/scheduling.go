@@ -1,5 +1,12 @@
 package policy
 
+import (
+	"fmt"
+	"time"
+
+	"github.com/npurun/npurun/internal/quantity"
+)
+
 // Scheduling is the [scheduling] table: how the line is served.
 type Scheduling struct {
 	// Backfill lets a request whose time limit is known (a task's
@@ -25,4 +32,14 @@ func (p *parser) scheduling(raw map[string]any, c *Config) {
 			p.errorf(table, "backfill", "must be a boolean, not %s", typeName(v))
 		}
 	}
+}
+
+// TimeRefusal says why a time limit is refused (a task's --time, or the
+// [tasks] time_limit it gets, and npurun's --time alike): it is longer
+// than max_time. "" where it is allowed.
+func (t Tasks) TimeRefusal(limit time.Duration) string {
+	if t.MaxTime > 0 && limit > t.MaxTime {
+		return fmt.Sprintf("time limit %s is longer than the %s allowed", quantity.Duration(limit), quantity.Duration(t.MaxTime))
+	}
+	return ""
 }

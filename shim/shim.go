@@ -30,6 +30,7 @@ type Options struct {
 	Mem      int64 // a share of each device, of this much memory in MiB (--mem); 0: whole devices
 	NoWait   bool
 	Timeout  time.Duration // 0: wait as long as it takes
+	Time     time.Duration // --time: the lease's time limit, after which its command is ended; 0: none
 	NoDevice bool
 	Verbose  bool
 	Quiet    bool
@@ -136,7 +137,8 @@ type waiter struct {
 }
 
 func (w *waiter) request() *wire.Request {
-	return &wire.Request{Op: wire.OpAcquire, N: w.o.N, Pool: w.o.Pool, Devices: w.o.Devices, NoWait: w.o.NoWait, Mem: w.o.Mem}
+	return &wire.Request{Op: wire.OpAcquire, N: w.o.N, Pool: w.o.Pool, Devices: w.o.Devices, NoWait: w.o.NoWait, Mem: w.o.Mem,
+		TimeSec: int64((w.o.Time + time.Second - 1) / time.Second)}
 }
 
 // acquire returns the grant and its descriptors, or nil and the exit

@@ -25,14 +25,14 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 		return nil, false
 	}
 	if r.Job != nil || IsSlurmOp(r.Op) {
-		if !IsSlurmOp(r.Op) || r.Job == nil || r.Task != nil || r.N != 0 || r.Pool != "" || r.Devices != nil || r.NoWait || r.Mem != 0 ||
+		if !IsSlurmOp(r.Op) || r.Job == nil || r.Task != nil || r.N != 0 || r.Pool != "" || r.Devices != nil || r.NoWait || r.Mem != 0 || r.TimeSec != 0 ||
 			r.User != "" || r.Service != "" || r.TTY != "" || r.RHost != "" || r.Login {
 			return nil, false
 		}
 		return appendSlurm(b, r), true
 	}
 	switch {
-	case r.Op == OpSubmit && r.Task != nil && r.N == 0 && r.Pool == "" && r.Devices == nil && !r.NoWait && r.Mem == 0 &&
+	case r.Op == OpSubmit && r.Task != nil && r.N == 0 && r.Pool == "" && r.Devices == nil && !r.NoWait && r.Mem == 0 && r.TimeSec == 0 &&
 		r.User == "" && r.Service == "" && r.TTY == "" && r.RHost == "" && !r.Login:
 		return appendSubmit(b, r), true
 	case (r.Op != OpAcquire && r.Op != OpPing && r.Op != OpSession) || r.Task != nil:
@@ -60,6 +60,10 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	if r.Mem != 0 {
 		b = append(b, `,"mem":`...)
 		b = strconv.AppendInt(b, r.Mem, 10)
+	}
+	if r.TimeSec != 0 {
+		b = append(b, `,"time_sec":`...)
+		b = strconv.AppendInt(b, r.TimeSec, 10)
 	}
 	for _, f := range [...]struct{ key, value string }{{"user", r.User}, {"service", r.Service}, {"tty", r.TTY}, {"rhost", r.RHost}} {
 		if f.value != "" {
@@ -672,6 +676,8 @@ func DecodeRequest(data []byte) (*Request, bool) {
 			r.NoWait, err = s.bool()
 		case "mem":
 			r.Mem, err = s.int()
+		case "time_sec":
+			r.TimeSec, err = s.int()
 		case "user":
 			r.User, err = s.string()
 		case "service":

@@ -114,11 +114,12 @@ const (
 type Request struct {
 	V       int    `json:"v"`
 	Op      string `json:"op"`
-	N       int    `json:"n,omitempty"`       // devices wanted (acquire)
-	Pool    string `json:"pool,omitempty"`    // pool to take them from; "" is the default pool
-	Devices []int  `json:"devices,omitempty"` // exactly these physical ids
-	NoWait  bool   `json:"no_wait,omitempty"` // fail with "busy" instead of queueing
-	Mem     int64  `json:"mem,omitempty"`     // a share of each device: the device memory declared, in MiB (npurun --mem); 0: whole devices
+	N       int    `json:"n,omitempty"`        // devices wanted (acquire)
+	Pool    string `json:"pool,omitempty"`     // pool to take them from; "" is the default pool
+	Devices []int  `json:"devices,omitempty"`  // exactly these physical ids
+	NoWait  bool   `json:"no_wait,omitempty"`  // fail with "busy" instead of queueing
+	Mem     int64  `json:"mem,omitempty"`      // a share of each device: the device memory declared, in MiB (npurun --mem); 0: whole devices
+	TimeSec int64  `json:"time_sec,omitempty"` // a time limit, in seconds (npurun --time): the lease ends after it as a task's does; 0: none
 
 	// sessions (and acquire on behalf of another user)
 	User    string `json:"user,omitempty"`    // the account asked for; only uid 0 may name one
