@@ -300,6 +300,9 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 	if !isLogin {
 		r.SlurmJob = h.W.SlurmJob // an npurun stays to hear if Slurm ends it
 	}
+	if b := h.Backfill; b != nil {
+		r.EndsBy, r.Before = b.EndsBy.UnixMilli(), b.Of()
+	}
 	if err := c.sendLocked(r, h.FDs()...); err != nil {
 		// A client that has gone (its npurun killed while it waited, the
 		// connection not yet seen closed) is the common case, and no news.

@@ -260,6 +260,10 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 				err = errSyntax
 			}
 			r.SlurmJob = uint32(n)
+		case "ends_by":
+			r.EndsBy, err = s.int()
+		case "before":
+			r.Before, err = s.string()
 		case "code":
 			r.Code, err = s.string()
 		case "message":
@@ -304,7 +308,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "slurm_job", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "slurm_job", "ends_by", "before", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool { return mightFoldInto(key, replyKeys) }
@@ -738,6 +742,8 @@ func AppendReply(b []byte, r *Reply) ([]byte, bool) {
 	b = appendStrings(b, `,"env":`, r.Env)
 	b = appendInt(b, `,"waited_ms":`, r.WaitedMS)
 	b = appendInt(b, `,"slurm_job":`, int64(r.SlurmJob))
+	b = appendInt(b, `,"ends_by":`, r.EndsBy)
+	b = appendField(b, `,"before":`, r.Before)
 	b = appendField(b, `,"code":`, r.Code)
 	b = appendField(b, `,"message":`, r.Message)
 	b = appendField(b, `,"hint":`, r.Hint)

@@ -61,6 +61,7 @@ import (
 	"fmt"
 	"github.com/npurun/npurun/internal/quantity"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -179,6 +180,10 @@ type Reply struct {
 	// mode's placeholder allocation), 0 for none; ended: the job Slurm
 	// ended
 	SlurmJob uint32 `json:"slurm_job,omitempty"`
+	// grant, backfilled (npubroker(8), Scheduling): its time limit ends
+	// it by EndsBy (Unix ms), before the start of Before ("task 118")
+	EndsBy int64  `json:"ends_by,omitempty"`
+	Before string `json:"before,omitempty"`
 
 	// error
 	Code    string `json:"code,omitempty"`
@@ -256,6 +261,29 @@ func StartBy(startMS int64, now time.Time) string {
 		return "starts by " + at.Format("15:04")
 	}
 	return "starts by " + at.Format("Jan 2 15:04")
+}
+
+// Backfill says of a backfilled lease (npubroker(8), Scheduling) what it
+// went ahead of: the request whose reserved devices it took, that starts
+// first.
+type Backfill struct {
+	EndsBy      int64  `json:"ends_by"`                // Unix ms: its time limit ends it by then
+	Before      string `json:"before"`                 // that request: "task 118", "alice's request (pid 4242)"
+	BeforeStart int64  `json:"before_start,omitempty"` // its estimated start at the grant, Unix ms
+}
+
+// Backfilled is what npurun, status and task-submit show of a backfilled
+// lease: "backfilled (ends by 14:05, before task 118's start)".
+func Backfilled(endsByMS int64, before string, now time.Time) string {
+	at := time.UnixMilli(endsByMS)
+	when := at.Format("15:04")
+	if y, m, d := at.Date(); y != now.Year() || m != now.Month() || d != now.Day() {
+		when = at.Format("Jan 2 15:04")
+	}
+	if strings.HasPrefix(before, "task ") {
+		return "backfilled (ends by " + when + ", before " + before + "'s start)"
+	}
+	return "backfilled (ends by " + when + ", before the start of " + before + ")"
 }
 
 // Error is an error reply from the broker, usable with errors.As.
