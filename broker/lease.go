@@ -301,7 +301,7 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 		r.SlurmJob = h.W.SlurmJob // an npurun stays to hear if Slurm ends it
 	}
 	if b := h.Backfill; b != nil {
-		r.EndsBy, r.Before = b.EndsBy.UnixMilli(), b.Of()
+		r.EndsBy, r.Before, r.Beside = b.EndsBy.UnixMilli(), b.Of(), b.Beside
 	}
 	if err := c.sendLocked(r, h.FDs()...); err != nil {
 		// A client that has gone (its npurun killed while it waited, the

@@ -342,7 +342,7 @@ func (w *waiter) granted(r *wire.Reply, waited time.Duration) {
 	w.clear()
 	if r.EndsBy > 0 && !w.o.Quiet && (w.tty || w.o.Verbose) {
 		// Backfilled: it must end before a request ahead starts.
-		warn("%s", wire.Backfilled(r.EndsBy, r.Before, time.Now()))
+		warn("%s", wire.Backfilled(r.EndsBy, r.Before, r.Beside, time.Now()))
 	}
 	if w.o.Mem > 0 && r.Message != "" && !w.o.Quiet && (w.tty || w.o.Verbose) {
 		// A share: what it was granted, and what else the device holds.

@@ -264,6 +264,8 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 			r.EndsBy, err = s.int()
 		case "before":
 			r.Before, err = s.string()
+		case "beside":
+			r.Beside, err = s.bool()
 		case "code":
 			r.Code, err = s.string()
 		case "message":
@@ -308,7 +310,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "slurm_job", "ends_by", "before", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "slurm_job", "ends_by", "before", "beside", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "drain", "reload"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool { return mightFoldInto(key, replyKeys) }
@@ -744,6 +746,9 @@ func AppendReply(b []byte, r *Reply) ([]byte, bool) {
 	b = appendInt(b, `,"slurm_job":`, int64(r.SlurmJob))
 	b = appendInt(b, `,"ends_by":`, r.EndsBy)
 	b = appendField(b, `,"before":`, r.Before)
+	if r.Beside {
+		b = append(b, `,"beside":true`...)
+	}
 	b = appendField(b, `,"code":`, r.Code)
 	b = appendField(b, `,"message":`, r.Message)
 	b = appendField(b, `,"hint":`, r.Hint)

@@ -74,6 +74,7 @@ func appendTaskInfo(b []byte, t *TaskInfo, plain *[256]bool) []byte {
 		b = strconv.AppendInt(append(b, `,"backfill":{"ends_by":`...), bf.EndsBy, 10)
 		b = appendJSONStringPlain(append(b, `,"before":`...), bf.Before, plain)
 		b = appendInt(b, `,"before_start":`, bf.BeforeStart)
+		b = appendBool(b, `,"beside":true`, bf.Beside)
 		b = append(b, '}')
 	}
 	b = appendInt(b, `,"start":`, t.Start)
@@ -249,8 +250,10 @@ func (s *scanner) task(t *TaskInfo) (unsure bool, err error) {
 					bf.Before, err = s.string()
 				case "before_start":
 					bf.BeforeStart, err = s.int()
+				case "beside":
+					bf.Beside, err = s.bool()
 				default:
-					unsure = unsure || mightFoldInto(key, []string{"ends_by", "before", "before_start"})
+					unsure = unsure || mightFoldInto(key, []string{"ends_by", "before", "before_start", "beside"})
 					err = s.skip()
 				}
 				return err

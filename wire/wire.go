@@ -184,6 +184,7 @@ type Reply struct {
 	// it by EndsBy (Unix ms), before the start of Before ("task 118")
 	EndsBy int64  `json:"ends_by,omitempty"`
 	Before string `json:"before,omitempty"`
+	Beside bool   `json:"beside,omitempty"`
 
 	// error
 	Code    string `json:"code,omitempty"`
@@ -270,15 +271,21 @@ type Backfill struct {
 	EndsBy      int64  `json:"ends_by"`                // Unix ms: its time limit ends it by then
 	Before      string `json:"before"`                 // that request: "task 118", "alice's request (pid 4242)"
 	BeforeStart int64  `json:"before_start,omitempty"` // its estimated start at the grant, Unix ms
+	Beside      bool   `json:"beside,omitempty"`       // it took devices that request will not need by its start, and may end after it
 }
 
 // Backfilled is what npurun, status and task-submit show of a backfilled
-// lease: "backfilled (ends by 14:05, before task 118's start)".
-func Backfilled(endsByMS int64, before string, now time.Time) string {
+// lease: "backfilled (ends by 14:05, before task 118's start)", or, for
+// one that took devices that request will not need (beside), "backfilled
+// (ends by 16:30, beside task 118, which does not need its devices)".
+func Backfilled(endsByMS int64, before string, beside bool, now time.Time) string {
 	at := time.UnixMilli(endsByMS)
 	when := at.Format("15:04")
 	if y, m, d := at.Date(); y != now.Year() || m != now.Month() || d != now.Day() {
 		when = at.Format("Jan 2 15:04")
+	}
+	if beside {
+		return "backfilled (ends by " + when + ", beside " + before + ", which does not need its devices)"
 	}
 	if strings.HasPrefix(before, "task ") {
 		return "backfilled (ends by " + when + ", before " + before + "'s start)"

@@ -79,6 +79,28 @@ func TestBackfillLines(t *testing.T) {
 	}
 }
 
+// TestBackfillBeside: a head of 3 devices with npu0 and npu1 free and
+// npu2 and npu3 leased until +20 min starts at +20 on one free device and
+// the two that come free then: it does not need the other free one, which
+// a request with a limit may take however long it runs (EASY's "extra"
+// devices), one only; a request without a limit may not.
+func TestBackfillBeside(t *testing.T) {
+	const m = int64(time.Minute)
+	now := int64(1_000_000) * m
+	all := []int{0, 1, 2, 3}
+	free := []bool{true, true, false, false}
+	room := Room{Backfill: true, Now: now, FreeAt: []int64{now, now, now + 20*m, now + 20*m}}
+	head := &Waiter{Holder: Holder{Kind: Task, Task: 118, Limit: time.Hour}, N: 3, Cand: all}
+	long := func(limit time.Duration) *Waiter {
+		return &Waiter{Holder: Holder{Kind: Task, Task: 200, Limit: limit}, N: 1, Cand: all}
+	}
+	a, b, c := long(3*time.Hour), long(3*time.Hour), long(0)
+	gs := Plan([]*Waiter{head, c, a, b}, free, room)
+	if len(gs) != 1 || gs[0].W != a || !slices.Equal(gs[0].Devices, []int{0}) || !gs[0].Beside || gs[0].Before != head || gs[0].BeforeAt != now+20*m {
+		t.Errorf("grants %+v; want the first 3-hour request on npu0, beside the head", gs)
+	}
+}
+
 // TestBackfillNeverLate: over 10,000 random lines run to their end in
 // simulated time, each request running for no longer than its limit, no
 // request whose reservation a backfill took starts later than its
@@ -185,7 +207,7 @@ func simulateLine(seed uint64) (int, error) {
 			j.start, j.end = now, now+j.run
 			if g.Before != nil {
 				backfills++
-				if g.W.Holder.Limit <= 0 || now+int64(g.W.Holder.Limit) > g.BeforeAt {
+				if g.W.Holder.Limit <= 0 || !g.Beside && now+int64(g.W.Holder.Limit) > g.BeforeAt {
 					return backfills, fmt.Errorf("a backfill of limit %v at %s goes past %s", g.W.Holder.Limit, rel(now, 0), rel(g.BeforeAt, 0))
 				}
 				b := g.Before.Ref.(*job)

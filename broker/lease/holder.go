@@ -103,6 +103,7 @@ type Backfilled struct {
 	EndsBy   time.Time // its limit ends it by then
 	Before   Holder    // the request whose reservation it took that starts first
 	BeforeAt time.Time // that request's estimated start at the grant
+	Beside   bool      // it took devices that request will not need by then (it may end later)
 }
 
 // Of names the request a backfilled lease went ahead of: "task 118", or

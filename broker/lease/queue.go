@@ -229,6 +229,9 @@ type Grant struct {
 	// otherwise.
 	Before   *Waiter
 	BeforeAt int64
+	// Beside: it took devices Before will not need by its start (it has
+	// others coming free by then), so it may end after that start.
+	Beside bool
 }
 
 // Room is how much more each user may take, by uid; a user absent from a
@@ -298,9 +301,10 @@ func (w *Waiter) drainBlocked(drained []bool) bool {
 // round, and a share after at most SharePatience of them.
 //
 // With Room.Backfill, a waiter with a time limit that cannot be served
-// from the devices left may take devices a waiter ahead reserved (or
-// closed to shares), where it ends before that one's estimated start
-// (backfill.go); its Grant names that waiter (Before).
+// from the devices left may take devices its pool's head reserved (or
+// closed to shares), where it ends before the head's estimated start, or
+// where the head will not need them by then (backfill.go); its Grant
+// names the head (Before).
 func Plan(order []*Waiter, free []bool, room Room) []Grant {
 	avail := make([]bool, len(free))
 	n := 0
@@ -359,10 +363,15 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 		ok := len(got) == w.N && (!w.Exact || len(got) == len(w.Cand))
 		var before *Waiter
 		var beforeAt int64
+		beside := false
 		if !ok && bf != nil {
-			if all, b, at := bf.fill(w, got); all != nil {
-				got, ok, before, beforeAt = all, true, b, at
+			if all, b, at, bs := bf.fill(w, got); all != nil {
+				got, ok, before, beforeAt, beside = all, true, b, at, bs
 			}
+		}
+		head := false
+		if bf != nil && !ok {
+			head = bf.head(w, room, len(got), avail)
 		}
 		for _, id := range got {
 			wasFree := avail[id]
@@ -375,7 +384,7 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 				if shareRoom != nil {
 					r = shareRoom[id]
 				}
-				bf.reserve(w, id, wasFree, r)
+				bf.reserve(w, id, head, wasFree, r)
 			}
 			switch {
 			case shareRoom == nil || shareRoom[id] < 0:
@@ -395,13 +404,13 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 			// ones behind would have used meanwhile.
 			var mark func(id int, wasFree bool, room int64)
 			if bf != nil {
-				mark = func(id int, wasFree bool, room int64) { bf.reserve(w, id, wasFree, room) }
+				mark = func(id int, wasFree bool, room int64) { bf.reserve(w, id, head, wasFree, room) }
 			}
 			shares -= closeToShares(w, len(got), shareRoom, avail, &n, mark)
 			shareHeld = shareHeld || w.Mem > 0
 		}
 		if ok {
-			grants = append(grants, Grant{W: w, Devices: got, Before: before, BeforeAt: beforeAt})
+			grants = append(grants, Grant{W: w, Devices: got, Before: before, BeforeAt: beforeAt, Beside: beside})
 			if _, limited := room.Devices[w.UID]; limited {
 				if used == nil {
 					used = map[uint32]int{}

@@ -956,7 +956,7 @@ func (t *Table) scheduleLocked(running map[uint32]int) []*Handover {
 		h := &Handover{W: g.W, Devices: g.Devices, fds: make([]int, len(g.Devices)),
 			files: make([]fileid.ID, len(g.Devices)), freed: make([]time.Time, len(g.Devices))}
 		if g.Before != nil {
-			h.Backfill = &Backfilled{EndsBy: time.Unix(0, room.Now).Add(g.W.Holder.Limit), Before: g.Before.Holder, BeforeAt: time.Unix(0, g.BeforeAt)}
+			h.Backfill = &Backfilled{EndsBy: time.Unix(0, room.Now).Add(g.W.Holder.Limit), Before: g.Before.Holder, BeforeAt: time.Unix(0, g.BeforeAt), Beside: g.Beside}
 		}
 		if g.W.Mem > 0 {
 			h.shares = make([]*share, len(g.Devices))

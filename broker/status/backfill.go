@@ -12,7 +12,7 @@ func backfillInfo(l *lease.Lease) *wire.Backfill {
 		return nil
 	}
 	b := l.Backfill
-	return &wire.Backfill{EndsBy: b.EndsBy.UnixMilli(), Before: b.Of(), BeforeStart: b.BeforeAt.UnixMilli()}
+	return &wire.Backfill{EndsBy: b.EndsBy.UnixMilli(), Before: b.Of(), BeforeStart: b.BeforeAt.UnixMilli(), Beside: b.Beside}
 }
 
 // TaskBackfill is what task id's lease held now went ahead of, if it was

@@ -212,7 +212,7 @@ func deviceRow(b *wire.Board, d wire.DeviceState, now time.Time) []string {
 		}
 		cmd = inContainer(l, cmd)
 		if bf := l.Backfill; bf != nil {
-			cmd += "; " + wire.Backfilled(bf.EndsBy, bf.Before, now)
+			cmd += "; " + wire.Backfilled(bf.EndsBy, bf.Before, bf.Beside, now)
 		}
 		row = append(row, orDash(l.User), pid, cmd, since)
 		if d.Drain != nil {

@@ -371,7 +371,7 @@ func writeShow(w io.Writer, t *wire.TaskInfo, loc *time.Location) error {
 		line("started", fullTime(t.Started, loc))
 	}
 	if bf := t.Backfill; bf != nil {
-		line("scheduling", wire.Backfilled(bf.EndsBy, bf.Before, time.Now()))
+		line("scheduling", wire.Backfilled(bf.EndsBy, bf.Before, bf.Beside, time.Now()))
 	}
 	if t.Ended != 0 {
 		end := fullTime(t.Ended, loc)
