@@ -138,7 +138,7 @@ func TestParseGood(t *testing.T) {
 				tt.want.Share = Share{Margin: DefaultShareMargin, OverDeclared: OverReport}
 			}
 			tt.want.Scheduling = Scheduling{Backfill: true} // none of these has [scheduling]: TestScheduling
-			got.file, got.idx = "", nil // for Warnings; see TestWarnings
+			got.file, got.idx = "", nil                     // for Warnings; see TestWarnings
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", got, tt.want)
 			}
