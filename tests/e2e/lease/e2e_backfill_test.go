@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -138,4 +139,39 @@ func TestBackfillWithLimit(t *testing.T) {
 		t.Errorf("L, with no limit, started at %d, before H at %d", li.Started, hi.Started)
 	}
 	harness.RunTaskCmd(t, b.TaskSubmit("cancel", harness.IDStr(x)))
+}
+
+// TestBackfillReload: [scheduling] backfill = false keeps a task with a
+// limit waiting behind a head's reservation; a reload that turns it on
+// backfills it at once.
+func TestBackfillReload(t *testing.T) {
+	harness.NeedRoot(t)
+	conf := harness.TaskConfig(2)
+	b := harness.StartBroker(t, conf+"[scheduling]\nbackfill = false\n")
+	x := harness.SubmitTask(t, b, nil, "/", "-d", "1", "--time", "1m", "--", "sleep", "600")
+	harness.WaitBoard(t, b, func(bd *wire.Board) bool { return boardDevice(t, bd, 1).Lease != nil })
+	h := harness.SubmitTask(t, b, nil, "/", "-n", "2", "--time", "1m", "--", "true")
+	bt := harness.SubmitTask(t, b, nil, "/", "-n", "1", "--time", "5s", "--", "sleep", "600")
+	harness.WaitBoard(t, b, func(bd *wire.Board) bool {
+		waiting := 0
+		for _, ln := range bd.Waiting {
+			for _, wi := range ln.Waiters {
+				if wi.Task == h || wi.Task == bt {
+					waiting++
+				}
+			}
+		}
+		return waiting == 2 && boardDevice(t, bd, 0).Lease == nil
+	})
+	harness.WriteConf(t, b, conf)
+	if code, info, errs := harness.Reload(t, b); code != 0 || !slices.Contains(info.Changed, "[scheduling]") {
+		t.Fatalf("reload: status %d, %+v, %s", code, info, errs)
+	}
+	bd := harness.WaitBoard(t, b, func(bd *wire.Board) bool { return boardDevice(t, bd, 0).Lease != nil })
+	if l := boardDevice(t, bd, 0).Lease; l.Task != bt || l.Backfill == nil {
+		t.Errorf("after the reload npu0 holds %+v, want task %d backfilled", l, bt)
+	}
+	for _, id := range []uint64{x, h, bt} {
+		harness.RunTaskCmd(t, b.TaskSubmit("cancel", harness.IDStr(id)))
+	}
 }
