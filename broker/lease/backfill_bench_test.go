@@ -366,6 +366,18 @@ func BenchmarkBackfill(b *testing.B) {
 				b.ReportMetric(r.makespan/bound, "shares-"+mix.name+"/bound")
 			}
 		}
+		// References: every share that fits, in arrival order, no
+		// reservation at all (a share may wait for ever behind smaller
+		// ones); and the best order this search finds, run times known
+		// (BenchmarkPlanMakespan's).
+		arrival := make([]int, len(sim))
+		for i := range arrival {
+			arrival[i] = i
+		}
+		greedy := simulate(sim, arrival, anyFit)
+		fmt.Fprintf(&rows, "%-26s %-10s %8.2fs %8.2fs %8.2f×  (no reservation: starvation possible)\n", mix.name, "any fit", greedy, bound, greedy/bound)
+		known := bestKnown(sim, 2, 2000)
+		fmt.Fprintf(&rows, "%-26s %-10s %8.2fs %8.2fs %8.2f×  (the best order found knowing run times: offline)\n", mix.name, "best order", known, bound, known/bound)
 	}
 	b.Logf("== backfill in simulated time: Plan with backfill, the reference EASY, Plan without ==\n%s", rows.String())
 }
