@@ -127,7 +127,7 @@ MAN1 = $(wildcard man/*.1)
 MAN5 = $(wildcard man/*.5)
 MAN8 = $(wildcard man/*.8)
 
-.PHONY: all build test race demo bench man install uninstall clean units completions fuzz-pam fuzz-spank deb deb-vendor deb-test spank
+.PHONY: all build test race demo bench bench-slurm man install uninstall clean units completions fuzz-pam fuzz-spank deb deb-vendor deb-test spank
 
 all: build
 
@@ -314,6 +314,11 @@ demo: $(BUILDDIR)/npubroker $(BUILDDIR)/npurun $(BUILDDIR)/task-submit $(BUILDDI
 
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 30m -p 1 ./tests/bench/ ./broker/lease/
+
+# Backfill against a real Slurm (issue 31): a private single-node Slurm
+# beside the broker, half an hour; not in make bench, make test or CI.
+bench-slurm: build
+	NPURUN_BENCH_SLURM=1 $(GO) test -run '^$$' -bench 'BenchmarkBackfillSlurm' -benchtime 1x -count 1 -timeout 60m -v ./tests/bench/
 
 man:
 	@ls man/*.[0-9]

@@ -201,6 +201,7 @@ func New(o Options) (*Server, error) {
 	}); err != nil {
 		return nil, err
 	}
+	s.table.SetBackfill(s.policy().Scheduling.Backfill)
 	if s.inv.Note != "" {
 		s.log.Print(s.inv.Note)
 	}

@@ -27,6 +27,7 @@ type conn struct {
 	acct *account
 
 	w      *lease.Waiter // the request waiting, nil when none
+	time   time.Duration // its time limit (npurun --time); 0: none
 	told   told          // what it was last told of its place (reportLocked)
 	closed bool
 	unread int // bytes sent that the client had not read when last looked at (SIOCOUTQ)

@@ -46,8 +46,16 @@ func (s *Server) acquire(c *conn, req *wire.Request) bool {
 		c.sendLocked(errReply(wire.CodeDenied, fmt.Sprintf("uid %d may not name container %.12s: it is another user's", c.uid, req.Container.ID), ""))
 		return true
 	}
+	if rep := s.timeLimit(req); rep != nil {
+		c.sendLocked(rep)
+		return rep.Code != wire.CodeBadRequest
+	}
 	h := c.holder(kind, uid, acct)
 	h.Container = req.Container.Label()
+	c.time = time.Duration(req.TimeSec) * time.Second
+	if c.time > 0 {
+		h.Limit = c.time + s.policy().Tasks.KillGrace
+	}
 	w, rep := s.admitLocked(h, acct, req.N, req.Devices, req.Pool, req.Mem)
 	if rep != nil {
 		c.sendLocked(rep)
@@ -292,6 +300,9 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 	if !isLogin {
 		r.SlurmJob = h.W.SlurmJob // an npurun stays to hear if Slurm ends it
 	}
+	if b := h.Backfill; b != nil {
+		r.EndsBy, r.Before, r.Beside = b.EndsBy.UnixMilli(), b.Of(), b.Beside
+	}
 	if err := c.sendLocked(r, h.FDs()...); err != nil {
 		// A client that has gone (its npurun killed while it waited, the
 		// connection not yet seen closed) is the common case, and no news.
@@ -313,6 +324,9 @@ func (s *Server) grantLocked(c *conn, h *lease.Handover) bool {
 	}
 	s.status.Started(l, h)
 	s.ender.Follow(l) // it ends with the client's process tree, whatever becomes of its descriptors
+	if c.time > 0 {
+		s.armTimeLimit(l, c.time)
+	}
 	return true
 }
 

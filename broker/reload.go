@@ -61,6 +61,7 @@ func (s *Server) Reload() (*wire.ReloadInfo, error) {
 	s.cfg.Store(n)
 	s.tasks.SetPolicy(n, func() {
 		refused, tableErr = s.table.Reconfigure(pools, n.DefaultPool, limitOf)
+		s.table.SetBackfill(n.Scheduling.Backfill)
 	})
 	tasksRefused = s.refuseLocked(refused, "the broker's configuration, reloaded, refuses this request: ")
 	s.mu.Unlock()

@@ -49,6 +49,9 @@ func (s *Server) taskOp(c *conn, req *wire.Request) bool {
 		return s.history(c, req.All, req.Since)
 	case wire.OpShow:
 		ti, err := s.tasks.Show(c.uid, req.ID)
+		if err == nil && ti.State == wire.StateRunning {
+			ti.Backfill = s.status.TaskBackfill(ti.ID)
+		}
 		s.answer(c, tasksReply(ti), err)
 	case wire.OpWait:
 		ti, err := s.tasks.Wait(c, c.uid, req.ID)

@@ -60,6 +60,7 @@ type Config struct {
 	Share             Share            // [share]: devices that hold shares of their memory
 	Idle              Idle             // [idle]: when a lease is idle
 	Cluster           Cluster          // [cluster]: a login node's scheduler
+	Scheduling        Scheduling       // [scheduling]: how the line is served
 
 	file string    // the file name as given to Parse, for warnings
 	idx  lineIndex // where each table and key is, for warnings
@@ -415,7 +416,7 @@ func (p *parser) ids(table []string, t map[string]any, key string) ([]int, strin
 
 // tables are npurun.conf's tables, but for [user.NAME] and [group.NAME],
 // in the order an error lists them.
-var tables = []string{"devices", "broker", "pools", "limits", "tasks", "status", "usage", "restrict", "slurm", "containers", "share", "idle", "cluster", "board"}
+var tables = []string{"devices", "broker", "pools", "limits", "tasks", "status", "usage", "restrict", "slurm", "containers", "share", "idle", "scheduling", "cluster", "board"}
 
 func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	c := &Config{
@@ -635,6 +636,7 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	p.usage(raw, c)
 	p.board(raw, c)
 	p.idle(raw, c)
+	p.scheduling(raw, c)
 
 	c.Restrict = p.restrict(raw, c, poolExists)
 	c.Slurm = p.slurm(raw, c)

@@ -137,7 +137,8 @@ func TestParseGood(t *testing.T) {
 			if tt.want.Share.OverDeclared == "" {
 				tt.want.Share = Share{Margin: DefaultShareMargin, OverDeclared: OverReport}
 			}
-			got.file, got.idx = "", nil // for Warnings; see TestWarnings
+			tt.want.Scheduling = Scheduling{Backfill: true} // none of these has [scheduling]: TestScheduling
+			got.file, got.idx = "", nil                     // for Warnings; see TestWarnings
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", got, tt.want)
 			}
@@ -169,7 +170,7 @@ func TestParseBad(t *testing.T) {
 		{
 			name: "unknown table",
 			conf: "[devices]\nvendor = \"auto\"\n[device]\nids = \"1\"\n",
-			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, cluster, board, user.NAME, group.NAME)"},
+			want: []string{"npurun.conf:3: [device]: unknown table (known: devices, broker, pools, limits, tasks, status, usage, restrict, slurm, containers, share, idle, scheduling, cluster, board, user.NAME, group.NAME)"},
 		},
 		{
 			name: "key outside a table",

@@ -22,8 +22,8 @@ import (
 // health_interval, nvidia_smi, fake_health and fake_util (from the health
 // checks' and the utilization's next round), [broker] max_connections, max_waiting_per_user and default_pool, [tasks]
 // time_limit, max_time, max_tasks, kill_grace, cpu_threads,
-// idle_priority, [containers] (npurun-runtime's, read by it) and [share]
-// over_declared.
+// idle_priority, [containers] (npurun-runtime's, read by it), [scheduling] and
+// [share] over_declared.
 func (c *Config) NeedsRestart(n *Config) []string {
 	var out []string
 	diff := func(name string, a, b any) {
@@ -78,5 +78,6 @@ func (c *Config) Changed(n *Config) []string {
 	diff("[containers]", c.Containers, n.Containers)
 	diff("[share]", c.Share, n.Share)
 	diff("[idle]", c.Idle, n.Idle)
+	diff("[scheduling]", c.Scheduling, n.Scheduling)
 	return out
 }

@@ -6,11 +6,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/npurun/npurun/internal/completion"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
+	"github.com/npurun/npurun/wire"
 )
 
 // npurun's command line. The parser is written out here rather than taken
@@ -23,8 +25,8 @@ import (
 
 // usageHead is what --help prints before the options.
 const usageHead = `Usage:
-  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
-  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
+  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [--time DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
+  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [--time DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
   npurun --login [-q] [--socket PATH]
   npurun status [--json] [--watch] [--cluster] [--socket PATH]
@@ -59,6 +61,7 @@ var options = []completion.Option{
 	{Short: 'm', Long: "mem", Value: "SIZE", Help: "a share of each device, of SIZE of its memory (12G, 512M;\na bare number is GiB), on a device the policy shares"},
 	{Long: "no-wait", Help: "fail at once with status 75 if nothing is free"},
 	{Long: "timeout", Value: "DURATION", Help: "give up after this long (e.g. 10m), with status 75"},
+	{Long: "time", Value: "DURATION", Help: "time limit of the lease (e.g. 30m): the command is sent SIGTERM\nafter it, SIGKILL after [tasks] kill_grace; lets it backfill"},
 	{Long: "no-device", Help: "run without a lease, with every device hidden"},
 	{Long: "container", Value: "ENGINE", Words: []string{"docker", "podman"},
 		Help: "COMMAND is this engine's (docker or podman), whatever its name:\nits run's container gets the lease (automatic for docker, podman)"},
@@ -210,6 +213,15 @@ func (c *command) set(opt *completion.Option, name, value string) error {
 			return badUsage(de.For(name), "--timeout takes "+quantity.DurationHelp)
 		}
 		o.Timeout = d
+	case "time":
+		d, err := quantity.ParseDuration(value)
+		if de := (*quantity.DurationError)(nil); errors.As(err, &de) {
+			return badUsage(de.For(name), "--time takes "+quantity.DurationHelp)
+		}
+		if d > wire.MaxTimeSec*time.Second {
+			return badUsage("bad duration "+strconv.Quote(value)+" for "+name+": longer than "+quantity.Duration(wire.MaxTimeSec*time.Second)+", the most", "")
+		}
+		o.Time = d
 	case "no-device":
 		o.NoDevice = true
 	case "container":
@@ -242,7 +254,7 @@ func (c *command) set(opt *completion.Option, name, value string) error {
 func (c *command) check() error {
 	o := &c.o
 	if o.Login {
-		if len(c.argv) > 0 || o.NoDevice || o.Container != "" || c.nSet || len(o.Devices) > 0 || o.Pool != "" || o.NoWait || o.Timeout != 0 || o.Verbose || o.Mem != 0 {
+		if len(c.argv) > 0 || o.NoDevice || o.Container != "" || c.nSet || len(o.Devices) > 0 || o.Pool != "" || o.NoWait || o.Timeout != 0 || o.Verbose || o.Mem != 0 || o.Time != 0 {
 			return badUsage("--login takes no command and no other option but -q and --socket",
 				"the policy's [restrict] says what a login gets; sshd passes a command in SSH_ORIGINAL_COMMAND")
 		}
@@ -269,6 +281,10 @@ func (c *command) check() error {
 		return badUsage("-n "+strconv.Itoa(o.N)+" does not match the "+quantity.Count(len(o.Devices), "device", "devices")+" named", "")
 	case o.Timeout < 0 || (o.Timeout > 0 && o.NoWait):
 		return badUsage("--timeout takes a positive duration and excludes --no-wait", "")
+	case o.Time < 0:
+		return badUsage("--time takes a positive duration, such as 30m or 6h", "")
+	case o.Time > 0 && o.NoDevice:
+		return badUsage("--no-device and --time exclude each other", "--time limits a lease; a command without one is not the broker's to end")
 	}
 	return nil
 }

@@ -84,8 +84,8 @@ func TestParseArgsRefuses(t *testing.T) {
 // page's SYNOPSIS follows the usage lines; tests/docs/man_test.go).
 func TestUsage(t *testing.T) {
 	want := `Usage:
-  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
-  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
+  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [--time DURATION] [-v | -q] [--socket PATH] [--] COMMAND [ARG...]
+  npurun [-n N | -d LIST] [-p POOL] [-m SIZE] [--no-wait] [--timeout DURATION] [--time DURATION] [-v | -q] [--socket PATH] [--container ENGINE] [--] docker|podman run [RUN-OPTION...] IMAGE [ARG...]
   npurun --no-device [--] COMMAND [ARG...]
   npurun --login [-q] [--socket PATH]
   npurun status [--json] [--watch] [--cluster] [--socket PATH]
@@ -110,6 +110,8 @@ Options:
                            a bare number is GiB), on a device the policy shares
       --no-wait            fail at once with status 75 if nothing is free
       --timeout DURATION   give up after this long (e.g. 10m), with status 75
+      --time DURATION      time limit of the lease (e.g. 30m): the command is sent SIGTERM
+                           after it, SIGKILL after [tasks] kill_grace; lets it backfill
       --no-device          run without a lease, with every device hidden
       --container ENGINE   COMMAND is this engine's (docker or podman), whatever its name:
                            its run's container gets the lease (automatic for docker, podman)

@@ -30,6 +30,7 @@ type Options struct {
 	Mem      int64 // a share of each device, of this much memory in MiB (--mem); 0: whole devices
 	NoWait   bool
 	Timeout  time.Duration // 0: wait as long as it takes
+	Time     time.Duration // --time: the lease's time limit, after which its command is ended; 0: none
 	NoDevice bool
 	Verbose  bool
 	Quiet    bool
@@ -136,7 +137,8 @@ type waiter struct {
 }
 
 func (w *waiter) request() *wire.Request {
-	return &wire.Request{Op: wire.OpAcquire, N: w.o.N, Pool: w.o.Pool, Devices: w.o.Devices, NoWait: w.o.NoWait, Mem: w.o.Mem}
+	return &wire.Request{Op: wire.OpAcquire, N: w.o.N, Pool: w.o.Pool, Devices: w.o.Devices, NoWait: w.o.NoWait, Mem: w.o.Mem,
+		TimeSec: int64((w.o.Time + time.Second - 1) / time.Second)}
 }
 
 // acquire returns the grant and its descriptors, or nil and the exit
@@ -338,6 +340,10 @@ func (w *waiter) clear() {
 
 func (w *waiter) granted(r *wire.Reply, waited time.Duration) {
 	w.clear()
+	if r.EndsBy > 0 && !w.o.Quiet && (w.tty || w.o.Verbose) {
+		// Backfilled: it must end before a request ahead starts.
+		warn("%s", wire.Backfilled(r.EndsBy, r.Before, r.Beside, time.Now()))
+	}
 	if w.o.Mem > 0 && r.Message != "" && !w.o.Quiet && (w.tty || w.o.Verbose) {
 		// A share: what it was granted, and what else the device holds.
 		warn("%s", r.Message)

@@ -72,7 +72,7 @@ func TestParserIsTable(t *testing.T) {
 	// things.
 	samples := map[string][2]string{
 		"devices": {"2", "3"}, "device": {"1", "2"}, "pool": {"a", "b"}, "mem": {"1G", "2G"},
-		"timeout": {"1m", "2m"}, "container": {"docker", "podman"}, "socket": {"/a", "/b"},
+		"timeout": {"1m", "2m"}, "time": {"1m", "2m"}, "container": {"docker", "podman"}, "socket": {"/a", "/b"},
 		"completion": {"bash", "zsh"},
 	}
 	base, err := parseArgs([]string{"sh"})

@@ -25,14 +25,14 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 		return nil, false
 	}
 	if r.Job != nil || IsSlurmOp(r.Op) {
-		if !IsSlurmOp(r.Op) || r.Job == nil || r.Task != nil || r.N != 0 || r.Pool != "" || r.Devices != nil || r.NoWait || r.Mem != 0 ||
+		if !IsSlurmOp(r.Op) || r.Job == nil || r.Task != nil || r.N != 0 || r.Pool != "" || r.Devices != nil || r.NoWait || r.Mem != 0 || r.TimeSec != 0 ||
 			r.User != "" || r.Service != "" || r.TTY != "" || r.RHost != "" || r.Login {
 			return nil, false
 		}
 		return appendSlurm(b, r), true
 	}
 	switch {
-	case r.Op == OpSubmit && r.Task != nil && r.N == 0 && r.Pool == "" && r.Devices == nil && !r.NoWait && r.Mem == 0 &&
+	case r.Op == OpSubmit && r.Task != nil && r.N == 0 && r.Pool == "" && r.Devices == nil && !r.NoWait && r.Mem == 0 && r.TimeSec == 0 &&
 		r.User == "" && r.Service == "" && r.TTY == "" && r.RHost == "" && !r.Login:
 		return appendSubmit(b, r), true
 	case (r.Op != OpAcquire && r.Op != OpPing && r.Op != OpSession) || r.Task != nil:
@@ -60,6 +60,10 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	if r.Mem != 0 {
 		b = append(b, `,"mem":`...)
 		b = strconv.AppendInt(b, r.Mem, 10)
+	}
+	if r.TimeSec != 0 {
+		b = append(b, `,"time_sec":`...)
+		b = strconv.AppendInt(b, r.TimeSec, 10)
 	}
 	for _, f := range [...]struct{ key, value string }{{"user", r.User}, {"service", r.Service}, {"tty", r.TTY}, {"rhost", r.RHost}} {
 		if f.value != "" {
@@ -256,6 +260,12 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 				err = errSyntax
 			}
 			r.SlurmJob = uint32(n)
+		case "ends_by":
+			r.EndsBy, err = s.int()
+		case "before":
+			r.Before, err = s.string()
+		case "beside":
+			r.Beside, err = s.bool()
 		case "code":
 			r.Code, err = s.string()
 		case "message":
@@ -300,7 +310,7 @@ func decodeReply(data []byte) (r *Reply, ok bool, err error) {
 	return nil, false, nil
 }
 
-var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "slurm_job", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "lease_history", "drain", "reload"}
+var replyKeys = []string{"v", "type", "pool", "position", "ahead", "reason", "start", "devices", "vendor", "env", "waited_ms", "slurm_job", "ends_by", "before", "beside", "wait_ms", "code", "message", "hint", "id", "state", "tasks", "more", "next", "existing", "board", "usage", "lease_history", "drain", "reload"}
 
 // mightFold tells whether encoding/json could take key for one of Reply's.
 func mightFold(key string) bool { return mightFoldInto(key, replyKeys) }
@@ -672,6 +682,8 @@ func DecodeRequest(data []byte) (*Request, bool) {
 			r.NoWait, err = s.bool()
 		case "mem":
 			r.Mem, err = s.int()
+		case "time_sec":
+			r.TimeSec, err = s.int()
 		case "user":
 			r.User, err = s.string()
 		case "service":
@@ -732,6 +744,11 @@ func AppendReply(b []byte, r *Reply) ([]byte, bool) {
 	b = appendStrings(b, `,"env":`, r.Env)
 	b = appendInt(b, `,"waited_ms":`, r.WaitedMS)
 	b = appendInt(b, `,"slurm_job":`, int64(r.SlurmJob))
+	b = appendInt(b, `,"ends_by":`, r.EndsBy)
+	b = appendField(b, `,"before":`, r.Before)
+	if r.Beside {
+		b = append(b, `,"beside":true`...)
+	}
 	b = appendField(b, `,"code":`, r.Code)
 	b = appendField(b, `,"message":`, r.Message)
 	b = appendField(b, `,"hint":`, r.Hint)

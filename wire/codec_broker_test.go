@@ -93,6 +93,7 @@ func FuzzDecodeRequest(f *testing.F) {
 
 var leaseReplies = []Reply{
 	{V: 1, Type: TypeGrant, Devices: []int{0, 3}, Vendor: "fake", Env: []string{"NPURUN_DEVICES=0,3", "ASCEND_RT_VISIBLE_DEVICES=0,3"}, WaitedMS: 41000},
+	{V: 1, Type: TypeGrant, Devices: []int{1}, Vendor: "fake", EndsBy: 1795703034000, Before: "task 118", Beside: true},
 	{V: 1, Type: TypeQueued, Pool: "default", Position: 3, Ahead: []string{"alice", "bob"}, Reason: "alice holds 4 of 4 devices allowed (user alice)"},
 	{V: 1, Type: TypeError, Code: CodeDenied, Message: "pool \"q<u>e&ue\" is not open to bob\n\ttab \\ \b\f\r\x01\x1f\x7f é \xff \u2028\u2029 😀", Hint: "pools: a, b"},
 	{V: 1, Type: TypePong},

@@ -70,6 +70,13 @@ func appendTaskInfo(b []byte, t *TaskInfo, plain *[256]bool) []byte {
 	}
 	b = appendInt(b, `,"time_sec":`, t.TimeSec)
 	b = appendInt(b, `,"position":`, int64(t.Position))
+	if bf := t.Backfill; bf != nil {
+		b = strconv.AppendInt(append(b, `,"backfill":{"ends_by":`...), bf.EndsBy, 10)
+		b = appendJSONStringPlain(append(b, `,"before":`...), bf.Before, plain)
+		b = appendInt(b, `,"before_start":`, bf.BeforeStart)
+		b = appendBool(b, `,"beside":true`, bf.Beside)
+		b = append(b, '}')
+	}
 	b = appendInt(b, `,"start":`, t.Start)
 	b = append(b, `,"submitted":`...)
 	b = strconv.AppendInt(b, t.Submitted, 10)
@@ -228,6 +235,30 @@ func (s *scanner) task(t *TaskInfo) (unsure bool, err error) {
 			t.From, err = s.uint()
 		case "source":
 			t.Source, err = s.shared()
+		case "backfill":
+			bf := &Backfill{}
+			err = s.object(func(key string) error {
+				if s.peek() == 'n' {
+					unsure = true
+					return s.literal("null")
+				}
+				var err error
+				switch key {
+				case "ends_by":
+					bf.EndsBy, err = s.int()
+				case "before":
+					bf.Before, err = s.string()
+				case "before_start":
+					bf.BeforeStart, err = s.int()
+				case "beside":
+					bf.Beside, err = s.bool()
+				default:
+					unsure = unsure || mightFoldInto(key, []string{"ends_by", "before", "before_start", "beside"})
+					err = s.skip()
+				}
+				return err
+			})
+			t.Backfill = bf
 		default:
 			unsure = unsure || mightFoldInto(key, taskKeys)
 			err = s.skip()

@@ -18,6 +18,7 @@ var taskSamples = []TaskInfo{
 		Started: 2, Ended: 3, Exit: intp(-3), Signal: "SIGKILL", Reason: "time limit", CPUMs: 5, MemPeak: 6, DevPeak: 7, Token: "tok",
 		Held: true, From: 9, Source: SourceAccounting},
 	{ID: 2, State: StateDone, Exit: intp(0), Devices: []int{}, After: []uint64{}, Env: []string{}},
+	{ID: 3, State: StateRunning, Submitted: 1, Backfill: &Backfill{EndsBy: 1795703034000, Before: "task <118>", BeforeStart: 1795703035000, Beside: true}},
 	{},
 }
 

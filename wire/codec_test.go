@@ -73,6 +73,7 @@ func TestAppendRequestAgreesWithJSON(t *testing.T) {
 		{V: 1, Op: OpAcquire},
 		{V: 1, Op: OpAcquire, N: 2, Pool: "queue", NoWait: true},
 		{V: 1, Op: OpAcquire, N: 2, Pool: "share", Mem: 12288},
+		{V: 1, Op: OpAcquire, N: 1, TimeSec: 600},
 		{V: 1, Op: OpAcquire, Devices: []int{9, 3}, Pool: "we\"ird\\ \n\x01 é \xff"},
 		{V: 1, Op: OpPing},
 		{V: 1, Op: OpSession, Login: true},

@@ -155,10 +155,13 @@ type LeaseInfo struct {
 	// whole lease); what its processes use now and used at most, as the
 	// vendor's tool shows them (MiB); Over: it was seen over its
 	// declaration.
-	Mem  int64 `json:"mem,omitempty"`
-	Used int64 `json:"used,omitempty"`
-	Peak int64 `json:"peak,omitempty"`
-	Over bool  `json:"over,omitempty"`
+	Mem int64 `json:"mem,omitempty"`
+	// Backfill: it was backfilled ([scheduling] backfill) ahead of a
+	// request that had reserved some of its devices; nil otherwise.
+	Backfill *Backfill `json:"backfill,omitempty"`
+	Used     int64     `json:"used,omitempty"`
+	Peak     int64     `json:"peak,omitempty"`
+	Over     bool      `json:"over,omitempty"`
 
 	// Its devices' utilization (Board.Util), in percent: now, the mean of
 	// its devices at the last sample (nil: any of them unknown); held, the

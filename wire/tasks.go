@@ -191,40 +191,41 @@ const MaxToken = 128
 // Cwd, Env and Log are left out for another user's task unless the asker
 // is root.
 type TaskInfo struct {
-	ID         uint64   `json:"id"`
-	User       string   `json:"user"`
-	UID        uint32   `json:"uid"`
-	Name       string   `json:"name,omitempty"`
-	State      string   `json:"state"`
-	Command    string   `json:"command,omitempty"`
-	Cwd        string   `json:"cwd,omitempty"`
-	Env        []string `json:"env,omitempty"`
-	Log        string   `json:"log,omitempty"`
-	N          int      `json:"n,omitempty"`
-	Pool       string   `json:"pool,omitempty"`
-	Mem        int64    `json:"mem,omitempty"`         // a share of each device: the device memory declared, in MiB
-	OOMRetries int      `json:"oom_retries,omitempty"` // retries left after a failure out of device memory
-	RetryOf    uint64   `json:"retry_of,omitempty"`    // the task this one retries
-	NoDevice   bool     `json:"no_device,omitempty"`
-	Devices    []int    `json:"devices,omitempty"` // granted, once running
-	After      []uint64 `json:"after,omitempty"`
-	TimeSec    int64    `json:"time_sec,omitempty"`
-	Position   int      `json:"position,omitempty"` // place in line while pending
-	Start      int64    `json:"start,omitempty"`    // while pending for devices: when it starts at the latest (Unix ms), by the time limits of what holds them and waits ahead; absent: unknown
-	Submitted  int64    `json:"submitted"`          // Unix milliseconds
-	Started    int64    `json:"started,omitempty"`
-	Ended      int64    `json:"ended,omitempty"`
-	NeverRan   bool     `json:"never_ran,omitempty"`   // it ended without running: failed before its start (an --after task that did not succeed, a command that could not start) or cancelled while it waited
-	Exit       *int     `json:"exit,omitempty"`        // exit code, when it exited
-	Signal     string   `json:"signal,omitempty"`      // or the signal that ended it
-	Reason     string   `json:"reason,omitempty"`      // why it failed, was cancelled or lost
-	CPUMs      int64    `json:"cpu_ms,omitempty"`      // CPU time its processes used, where it had a control group
-	MemPeak    int64    `json:"mem_peak,omitempty"`    // their peak memory in bytes, where the memory controller measured it
-	DevPeak    int64    `json:"device_peak,omitempty"` // a share's: the most device memory its processes were seen to use, MiB
-	Token      string   `json:"token,omitempty"`       // its submission's token (the submitter's and root's to see)
-	Held       bool     `json:"held,omitempty"`        // waiting, held in its place: task-submit release lets it start
-	From       uint64   `json:"from,omitempty"`        // requeued from this ended task
-	Source     string   `json:"source,omitempty"`      // history: SourceAccounting for a task the broker keeps no more
+	ID         uint64    `json:"id"`
+	User       string    `json:"user"`
+	UID        uint32    `json:"uid"`
+	Name       string    `json:"name,omitempty"`
+	State      string    `json:"state"`
+	Command    string    `json:"command,omitempty"`
+	Cwd        string    `json:"cwd,omitempty"`
+	Env        []string  `json:"env,omitempty"`
+	Log        string    `json:"log,omitempty"`
+	N          int       `json:"n,omitempty"`
+	Pool       string    `json:"pool,omitempty"`
+	Mem        int64     `json:"mem,omitempty"`         // a share of each device: the device memory declared, in MiB
+	OOMRetries int       `json:"oom_retries,omitempty"` // retries left after a failure out of device memory
+	RetryOf    uint64    `json:"retry_of,omitempty"`    // the task this one retries
+	NoDevice   bool      `json:"no_device,omitempty"`
+	Devices    []int     `json:"devices,omitempty"` // granted, once running
+	After      []uint64  `json:"after,omitempty"`
+	TimeSec    int64     `json:"time_sec,omitempty"`
+	Position   int       `json:"position,omitempty"` // place in line while pending
+	Backfill   *Backfill `json:"backfill,omitempty"` // running, backfilled ([scheduling] backfill): what it went ahead of (show)
+	Start      int64     `json:"start,omitempty"`    // while pending for devices: when it starts at the latest (Unix ms), by the time limits of what holds them and waits ahead; absent: unknown
+	Submitted  int64     `json:"submitted"`          // Unix milliseconds
+	Started    int64     `json:"started,omitempty"`
+	Ended      int64     `json:"ended,omitempty"`
+	NeverRan   bool      `json:"never_ran,omitempty"`   // it ended without running: failed before its start (an --after task that did not succeed, a command that could not start) or cancelled while it waited
+	Exit       *int      `json:"exit,omitempty"`        // exit code, when it exited
+	Signal     string    `json:"signal,omitempty"`      // or the signal that ended it
+	Reason     string    `json:"reason,omitempty"`      // why it failed, was cancelled or lost
+	CPUMs      int64     `json:"cpu_ms,omitempty"`      // CPU time its processes used, where it had a control group
+	MemPeak    int64     `json:"mem_peak,omitempty"`    // their peak memory in bytes, where the memory controller measured it
+	DevPeak    int64     `json:"device_peak,omitempty"` // a share's: the most device memory its processes were seen to use, MiB
+	Token      string    `json:"token,omitempty"`       // its submission's token (the submitter's and root's to see)
+	Held       bool      `json:"held,omitempty"`        // waiting, held in its place: task-submit release lets it start
+	From       uint64    `json:"from,omitempty"`        // requeued from this ended task
+	Source     string    `json:"source,omitempty"`      // history: SourceAccounting for a task the broker keeps no more
 }
 
 // ExitStatus is the status a shell would give for the task: its exit

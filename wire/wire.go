@@ -61,6 +61,7 @@ import (
 	"fmt"
 	"github.com/npurun/npurun/internal/quantity"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -114,11 +115,12 @@ const (
 type Request struct {
 	V       int    `json:"v"`
 	Op      string `json:"op"`
-	N       int    `json:"n,omitempty"`       // devices wanted (acquire)
-	Pool    string `json:"pool,omitempty"`    // pool to take them from; "" is the default pool
-	Devices []int  `json:"devices,omitempty"` // exactly these physical ids
-	NoWait  bool   `json:"no_wait,omitempty"` // fail with "busy" instead of queueing
-	Mem     int64  `json:"mem,omitempty"`     // a share of each device: the device memory declared, in MiB (npurun --mem); 0: whole devices
+	N       int    `json:"n,omitempty"`        // devices wanted (acquire)
+	Pool    string `json:"pool,omitempty"`     // pool to take them from; "" is the default pool
+	Devices []int  `json:"devices,omitempty"`  // exactly these physical ids
+	NoWait  bool   `json:"no_wait,omitempty"`  // fail with "busy" instead of queueing
+	Mem     int64  `json:"mem,omitempty"`      // a share of each device: the device memory declared, in MiB (npurun --mem); 0: whole devices
+	TimeSec int64  `json:"time_sec,omitempty"` // a time limit, in seconds (npurun --time): the lease ends after it as a task's does; 0: none
 
 	// sessions (and acquire on behalf of another user)
 	User    string `json:"user,omitempty"`    // the account asked for; only uid 0 may name one
@@ -180,6 +182,11 @@ type Reply struct {
 	// mode's placeholder allocation), 0 for none; ended: the job Slurm
 	// ended
 	SlurmJob uint32 `json:"slurm_job,omitempty"`
+	// grant, backfilled (npubroker(8), Scheduling): its time limit ends
+	// it by EndsBy (Unix ms), before the start of Before ("task 118")
+	EndsBy int64  `json:"ends_by,omitempty"`
+	Before string `json:"before,omitempty"`
+	Beside bool   `json:"beside,omitempty"`
 
 	// error
 	Code    string `json:"code,omitempty"`
@@ -259,6 +266,35 @@ func StartBy(startMS int64, now time.Time) string {
 		return "starts by " + at.Format("15:04")
 	}
 	return "starts by " + at.Format("Jan 2 15:04")
+}
+
+// Backfill says of a backfilled lease (npubroker(8), Scheduling) what it
+// went ahead of: the request whose reserved devices it took, that starts
+// first.
+type Backfill struct {
+	EndsBy      int64  `json:"ends_by"`                // Unix ms: its time limit ends it by then
+	Before      string `json:"before"`                 // that request: "task 118", "alice's request (pid 4242)"
+	BeforeStart int64  `json:"before_start,omitempty"` // its estimated start at the grant, Unix ms
+	Beside      bool   `json:"beside,omitempty"`       // it took devices that request will not need by its start, and may end after it
+}
+
+// Backfilled is what npurun, status and task-submit show of a backfilled
+// lease: "backfilled (ends by 14:05, before task 118's start)", or, for
+// one that took devices that request will not need (beside), "backfilled
+// (ends by 16:30, beside task 118, which does not need its devices)".
+func Backfilled(endsByMS int64, before string, beside bool, now time.Time) string {
+	at := time.UnixMilli(endsByMS)
+	when := at.Format("15:04")
+	if y, m, d := at.Date(); y != now.Year() || m != now.Month() || d != now.Day() {
+		when = at.Format("Jan 2 15:04")
+	}
+	if beside {
+		return "backfilled (ends by " + when + ", beside " + before + ", which does not need its devices)"
+	}
+	if strings.HasPrefix(before, "task ") {
+		return "backfilled (ends by " + when + ", before " + before + "'s start)"
+	}
+	return "backfilled (ends by " + when + ", before the start of " + before + ")"
 }
 
 // Error is an error reply from the broker, usable with errors.As.

@@ -2,7 +2,6 @@ package lease
 
 import (
 	"math"
-	"slices"
 	"time"
 )
 
@@ -30,53 +29,9 @@ const never = math.MaxInt64
 // before its limit.
 func Estimate(now int64, free []int64, line []*Waiter, blocked func(*Waiter) bool) []int64 {
 	starts := make([]int64, len(line))
-	type slot struct {
-		at int64
-		id int
-	}
-	var c []slot
-	finite := 0 // devices that some known time frees
-	for _, at := range free {
-		if at != never {
-			finite++
-		}
-	}
+	e := newEstimator(now, free)
 	for i, w := range line {
-		starts[i] = never
-		if finite == 0 || (blocked != nil && blocked(w)) || w.N <= 0 {
-			continue
-		}
-		c = c[:0]
-		for _, id := range w.Cand {
-			if id >= 0 && id < len(free) {
-				c = append(c, slot{max(free[id], now), id})
-			}
-		}
-		if len(c) < w.N {
-			continue
-		}
-		slices.SortFunc(c, func(a, b slot) int {
-			if a.at != b.at {
-				if a.at < b.at {
-					return -1
-				}
-				return 1
-			}
-			return a.id - b.id
-		})
-		start, end := c[w.N-1].at, int64(never)
-		if start != never {
-			starts[i] = start
-			if w.Holder.Limit > 0 {
-				end = start + int64(w.Holder.Limit)
-			}
-		}
-		for _, s := range c[:w.N] {
-			if free[s.id] != never && end == never {
-				finite--
-			}
-			free[s.id] = end
-		}
+		starts[i] = e.next(w, blocked != nil && blocked(w))
 	}
 	return starts
 }

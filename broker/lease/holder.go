@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/npurun/npurun/internal/fileid"
@@ -91,6 +92,30 @@ type Lease struct {
 	// device's shares may declare together (Device.Capacity), at most 1,
 	// of the first of Devices; 0 for a whole lease, which weighs 1.
 	Share float64
+	// Backfill: the lease was backfilled ahead of a request that had
+	// reserved some of its devices, and ends before its start; nil
+	// otherwise.
+	Backfill *Backfilled
+}
+
+// Backfilled is what a backfilled lease (Room.Backfill) went ahead of.
+type Backfilled struct {
+	EndsBy   time.Time // its limit ends it by then
+	Before   Holder    // the request whose reservation it took that starts first
+	BeforeAt time.Time // that request's estimated start at the grant
+	Beside   bool      // it took devices that request will not need by then (it may end later)
+}
+
+// Of names the request a backfilled lease went ahead of: "task 118", or
+// "alice's request (pid 4242)".
+func (b *Backfilled) Of() string {
+	switch {
+	case b.Before.Kind == Task:
+		return "task " + strconv.FormatUint(b.Before.Task, 10)
+	case b.Before.PID > 0:
+		return b.Before.User + "'s request (pid " + strconv.Itoa(b.Before.PID) + ")"
+	}
+	return b.Before.User + "'s request"
 }
 
 // FileOf returns the lock file of device id in l.

@@ -222,6 +222,16 @@ func (q *Queue) Readd(w *Waiter) {
 type Grant struct {
 	W       *Waiter
 	Devices []int
+
+	// Before is, for a grant backfilled (Room.Backfill), the request
+	// whose reserved devices it took that starts first, and BeforeAt its
+	// estimated start (Unix ns), which the grant ends before; nil
+	// otherwise.
+	Before   *Waiter
+	BeforeAt int64
+	// Beside: it took devices Before will not need by its start (it has
+	// others coming free by then), so it may end after that start.
+	Beside bool
 }
 
 // Room is how much more each user may take, by uid; a user absent from a
@@ -239,6 +249,15 @@ type Room struct {
 	// share; below 0 where it can take none now (not shared, leased
 	// whole, drained, out of service). nil: no device is shared.
 	Share []int64
+
+	// Backfill lets a request with a time limit start on devices a
+	// request ahead of it reserved, where it ends before that one's
+	// estimated start (backfill.go). FreeAt is when each device comes
+	// free (Estimate's free: Unix ns, never where unknown), Now the time
+	// of the plan (Unix ns); without FreeAt nothing is backfilled.
+	Backfill bool
+	Now      int64
+	FreeAt   []int64
 }
 
 // drainBlocked tells whether w waits for a drained device: fewer of its
@@ -280,6 +299,12 @@ func (w *Waiter) drainBlocked(drained []bool) bool {
 // SharePatience requests behind it have started while it waited. So a
 // stream of shares serves a whole-device waiter ahead of it within one
 // round, and a share after at most SharePatience of them.
+//
+// With Room.Backfill, a waiter with a time limit that cannot be served
+// from the devices left may take devices its pool's head reserved (or
+// closed to shares), where it ends before the head's estimated start, or
+// where the head will not need them by then (backfill.go); its Grant
+// names the head (Before).
 func Plan(order []*Waiter, free []bool, room Room) []Grant {
 	avail := make([]bool, len(free))
 	n := 0
@@ -299,9 +324,19 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 	var used, started map[uint32]int
 	var grants []Grant
 	shareHeld := false // a share waiting keeps a device already
+	var bf *backfill
+	if room.Backfill && room.FreeAt != nil {
+		bf = newBackfill(room, len(free))
+	}
 	for _, w := range order {
+		if bf != nil {
+			bf.cur = bf.est.next(w, planBlocked(w, room))
+		}
 		if n == 0 && shares == 0 {
-			break
+			if bf == nil || bf.open == 0 || bf.tests >= MaxBackfillTests {
+				break
+			}
+			bf.tests++
 		}
 		if w.Held || w.External || w.drainBlocked(room.Drained) {
 			continue
@@ -326,10 +361,30 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 			}
 		}
 		ok := len(got) == w.N && (!w.Exact || len(got) == len(w.Cand))
+		var before *Waiter
+		var beforeAt int64
+		beside := false
+		if !ok && bf != nil {
+			if all, b, at, bs := bf.fill(w, got); all != nil {
+				got, ok, before, beforeAt, beside = all, true, b, at, bs
+			}
+		}
+		head := false
+		if bf != nil && !ok {
+			head = bf.head(w, room, len(got), avail)
+		}
 		for _, id := range got {
+			wasFree := avail[id]
 			if avail[id] {
 				avail[id] = false // taken, or reserved by a waiter ahead
 				n--
+			}
+			if bf != nil && !ok {
+				r := int64(-1)
+				if shareRoom != nil {
+					r = shareRoom[id]
+				}
+				bf.reserve(w, id, head, wasFree, r)
 			}
 			switch {
 			case shareRoom == nil || shareRoom[id] < 0:
@@ -347,11 +402,15 @@ func Plan(order []*Waiter, free []bool, room Room) []Grant {
 			// and only once it has let SharePatience of them pass: a
 			// device closed empties of all its shares, room that the
 			// ones behind would have used meanwhile.
-			shares -= closeToShares(w, len(got), shareRoom, avail, &n)
+			var mark func(id int, wasFree bool, room int64)
+			if bf != nil {
+				mark = func(id int, wasFree bool, room int64) { bf.reserve(w, id, head, wasFree, room) }
+			}
+			shares -= closeToShares(w, len(got), shareRoom, avail, &n, mark)
 			shareHeld = shareHeld || w.Mem > 0
 		}
 		if ok {
-			grants = append(grants, Grant{W: w, Devices: got})
+			grants = append(grants, Grant{W: w, Devices: got, Before: before, BeforeAt: beforeAt, Beside: beside})
 			if _, limited := room.Devices[w.UID]; limited {
 				if used == nil {
 					used = map[uint32]int{}
@@ -418,7 +477,7 @@ func placeShares(w *Waiter, shareRoom []int64) []int {
 // those with most room; for a whole-device waiter, those with shares
 // whose declarations leave most room (they empty first). Free ones among
 // them are reserved (avail, n). It returns how many it closed.
-func closeToShares(w *Waiter, have int, shareRoom []int64, avail []bool, n *int) int {
+func closeToShares(w *Waiter, have int, shareRoom []int64, avail []bool, n *int, mark func(id int, wasFree bool, room int64)) int {
 	closed := 0
 	for ; have < w.N; have++ {
 		best := -1
@@ -432,6 +491,9 @@ func closeToShares(w *Waiter, have int, shareRoom []int64, avail []bool, n *int)
 		}
 		if best < 0 {
 			break
+		}
+		if mark != nil {
+			mark(best, avail[best], shareRoom[best])
 		}
 		shareRoom[best] = -1
 		closed++

@@ -145,7 +145,15 @@ type Table struct {
 	stale     int
 	staleUser map[uint32]int
 	staleFDs  atomic.Int64 // stale, read without the lock (Stale)
+
+	// backfill is the policy's [scheduling] backfill (SetBackfill).
+	backfill atomic.Bool
 }
+
+// SetBackfill turns backfilling (Room.Backfill) on or off: the policy's
+// [scheduling] backfill, at start and at each reload; from the next
+// Schedule on.
+func (t *Table) SetBackfill(on bool) { t.backfill.Store(on) }
 
 // device is one accelerator: its lock file and who holds it: one whole
 // lease on that file, or, on a device that may be shared, shares, each on
@@ -858,6 +866,10 @@ type Handover struct {
 	W       *Waiter
 	Devices []int
 
+	// Backfill: it was backfilled (Room.Backfill), ahead of a request
+	// that reserved some of its devices; nil otherwise.
+	Backfill *Backfilled
+
 	fds    []int       // the lock files' locked descriptors, in the order of Devices
 	files  []fileid.ID // those files
 	freed  []time.Time // when each device's last lease ended
@@ -926,6 +938,10 @@ func (t *Table) scheduleLocked(running map[uint32]int) []*Handover {
 			}
 		}
 	}
+	if t.backfill.Load() {
+		now := time.Now()
+		room.Backfill, room.Now, room.FreeAt = true, now.UnixNano(), t.freeTimesLocked(now)
+	}
 	order := t.q.Waiters()
 	grants := Plan(order, free, room)
 	if len(grants) == 0 {
@@ -939,6 +955,9 @@ func (t *Table) scheduleLocked(running map[uint32]int) []*Handover {
 		t.removeLocked(g.W, true)
 		h := &Handover{W: g.W, Devices: g.Devices, fds: make([]int, len(g.Devices)),
 			files: make([]fileid.ID, len(g.Devices)), freed: make([]time.Time, len(g.Devices))}
+		if g.Before != nil {
+			h.Backfill = &Backfilled{EndsBy: time.Unix(0, room.Now).Add(g.W.Holder.Limit), Before: g.Before.Holder, BeforeAt: time.Unix(0, g.BeforeAt), Beside: g.Beside}
+		}
 		if g.W.Mem > 0 {
 			h.shares = make([]*share, len(g.Devices))
 			for j, id := range g.Devices {
@@ -1070,6 +1089,11 @@ func (t *Table) Commit(h *Handover) *Lease {
 	h.done = true
 	now := time.Now()
 	l := &Lease{Holder: h.W.Holder, Pool: h.W.Pool, Devices: slices.Clone(h.Devices), Files: h.files, Since: now, Mem: h.W.Mem}
+	if h.Backfill != nil {
+		b := *h.Backfill
+		b.EndsBy = now.Add(l.Limit)
+		l.Backfill = &b
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l.ID = t.newIDLocked(now)

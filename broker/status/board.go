@@ -237,7 +237,7 @@ func (g *Ledger) deviceName(id int) string {
 func leaseInfo(e *entry, id int, show func(uint32) bool) *wire.LeaseInfo {
 	li := &wire.LeaseInfo{ID: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, PID: e.pid, Task: e.Task,
 		Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed, Devices: e.Devices, Since: e.Since.UnixMilli(), Adopted: e.Adopted,
-		SlurmJob: e.SlurmJob, Container: e.container, Mem: e.Mem}
+		SlurmJob: e.SlurmJob, Container: e.container, Mem: e.Mem, Backfill: backfillInfo(e.Lease)}
 	if m := e.mem; m != nil {
 		li.Used, li.Peak, li.Over = m.used, m.peak, m.over
 	}

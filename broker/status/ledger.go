@@ -404,7 +404,7 @@ func (g *Ledger) endLocked(e *entry, id int, now time.Time) {
 func (e *entry) record(ev string) usageRec {
 	r := usageRec{T: e.Since.UnixMilli(), Ev: ev, Lease: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, Pool: e.Pool,
 		Devices: e.Devices, Task: e.Task, PID: e.pid, PIDStart: e.pidStart, Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed,
-		SlurmJob: e.SlurmJob, Container: e.container, Mem: e.Mem, Share: e.Share}
+		SlurmJob: e.SlurmJob, Container: e.container, Mem: e.Mem, Share: e.Share, Backfill: backfillInfo(e.Lease)}
 	for _, f := range e.files {
 		r.FSDev = f.Dev
 		r.Inodes = append(r.Inodes, f.Ino)

@@ -87,6 +87,10 @@ type usageRec struct {
 	// over what the device's shares may declare together).
 	Mem   int64   `json:"mem,omitempty"`
 	Share float64 `json:"share,omitempty"`
+	// Backfilled ([scheduling] backfill): it started ahead of a request
+	// that had reserved some of its devices, and its limit ends it before
+	// that one's estimated start.
+	Backfill *wire.Backfill `json:"backfill,omitempty"`
 
 	// start, open, kind ("kind": the lease is a container's from T on,
 	// Kind and Container its new kind and container)

@@ -538,8 +538,8 @@ func (room *Room) admitLocked(by Submitter, t *Task, freed int) error {
 	if limit == 0 {
 		limit = room.policy().Tasks.MaxTime // a cap applies to tasks that name no limit too
 	}
-	if max := room.policy().Tasks.MaxTime; max > 0 && limit > max {
-		return refusal.New(ErrDenied, "", "time limit %s is longer than the %s allowed", quantity.Duration(limit), quantity.Duration(max))
+	if why := room.policy().Tasks.TimeRefusal(limit); why != "" {
+		return refusal.New(ErrDenied, "", "%s", why)
 	}
 	t.TimeSec = int64(limit / time.Second)
 	if t.Notify == "" && !sub.NoNotify && room.policy().Tasks.Notify != "" {

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"net"
 	"os"
@@ -95,6 +96,7 @@ type SlurmOptions struct {
 	Extra     string // more slurm.conf lines
 	CPUs      int    // the node's CPUs (default 2: one per job step at a time, each job one)
 	Partition string // more of the partition's line ("DefaultTime=1")
+	Scheduler string // slurm.conf SchedulerParameters= (default "sched_interval=1")
 }
 
 // slurmCluster is a running private Slurm.
@@ -219,11 +221,11 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
 ReturnToService=2
-SchedulerParameters=sched_interval=1
+SchedulerParameters=%[5]s
 PrologFlags=Alloc,Contain
 KillWait=5
 MinJobAge=2
-`, os.Getpid(), ports[0], ports[1], dir)
+`, os.Getpid(), ports[0], ports[1], dir, cmp.Or(o.Scheduler, "sched_interval=1"))
 	if o.Prolog != "" {
 		conf += "Prolog=" + o.Prolog + "\n"
 	}

@@ -210,7 +210,11 @@ func deviceRow(b *wire.Board, d wire.DeviceState, now time.Time) []string {
 				cmd += fmt.Sprintf(" (+%d)", more)
 			}
 		}
-		row = append(row, orDash(l.User), pid, inContainer(l, cmd), since)
+		cmd = inContainer(l, cmd)
+		if bf := l.Backfill; bf != nil {
+			cmd += "; " + wire.Backfilled(bf.EndsBy, bf.Before, bf.Beside, now)
+		}
+		row = append(row, orDash(l.User), pid, cmd, since)
 		if d.Drain != nil {
 			row[2] += ", drained"
 		}

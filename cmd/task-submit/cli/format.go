@@ -386,6 +386,9 @@ func writeShow(w io.Writer, t *wire.TaskInfo, loc *time.Location) error {
 	case t.Started != 0:
 		line("started", fullTime(t.Started, loc))
 	}
+	if bf := t.Backfill; bf != nil {
+		line("scheduling", wire.Backfilled(bf.EndsBy, bf.Before, bf.Beside, time.Now()))
+	}
 	if t.Ended != 0 {
 		end := fullTime(t.Ended, loc)
 		if t.Started != 0 && t.Ended >= t.Started {
