@@ -75,6 +75,21 @@ func runCluster(o Options, argv []string) int {
 		hint("give a count instead: npurun -n N COMMAND")
 		return exitcode.Usage
 	}
+	args := ClusterArgs(o, argv)
+	path := beside("task-submit", InstalledTaskSubmit)
+	err := unix.Exec(path, args, os.Environ())
+	warn("%s: %v", path, err)
+	hint("on a login node ([cluster] in %s) npurun runs its command through task-submit: install task-submit", clusterConfig())
+	if err == unix.ENOENT {
+		return exitcode.NotFound
+	}
+	return exitcode.NoExec
+}
+
+// ClusterArgs is the command line npurun on a login node becomes:
+// `task-submit __npurun OPTIONS -- COMMAND`, with o's options that a
+// cluster's scheduler takes (task-submit's parseSrun reads them back).
+func ClusterArgs(o Options, argv []string) []string {
 	args := []string{"task-submit", "__npurun"}
 	if o.N > 0 {
 		args = append(args, "-n", strconv.Itoa(o.N))
@@ -91,6 +106,9 @@ func runCluster(o Options, argv []string) int {
 	if o.NoWait {
 		args = append(args, "--no-wait")
 	}
+	if o.Time > 0 {
+		args = append(args, "--time", strconv.FormatInt(int64((o.Time+time.Second-1)/time.Second), 10)+"s")
+	}
 	if o.Timeout > 0 {
 		args = append(args, "--timeout", strconv.FormatInt(int64((o.Timeout+time.Second-1)/time.Second), 10)+"s")
 	}
@@ -101,15 +119,7 @@ func runCluster(o Options, argv []string) int {
 		args = append(args, "-q")
 	}
 	args = append(args, "--")
-	args = append(args, argv...)
-	path := beside("task-submit", InstalledTaskSubmit)
-	err := unix.Exec(path, args, os.Environ())
-	warn("%s: %v", path, err)
-	hint("on a login node ([cluster] in %s) npurun runs its command through task-submit: install task-submit", clusterConfig())
-	if err == unix.ENOENT {
-		return exitcode.NotFound
-	}
-	return exitcode.NoExec
+	return append(args, argv...)
 }
 
 // beside is the program name beside npurun's executable (a build

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/npurun/npurun/cluster"
+	"github.com/npurun/npurun/shim"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -62,8 +63,8 @@ func TestClusterTable(t *testing.T) {
 }
 
 func TestParseSrun(t *testing.T) {
-	o, err := parseSrun([]string{"-n", "2", "-p", "big", "-m", "4096M", "--timeout", "90s", "-v", "--", "python", "x.py"})
-	if err != nil || o.req.N != 2 || o.req.Pool != "big" || o.req.Mem != 4096 || o.timeout != 90*time.Second || !o.verbose || !slices.Equal(o.argv, []string{"python", "x.py"}) {
+	o, err := parseSrun([]string{"-n", "2", "-p", "big", "-m", "4096M", "--time", "1m30s", "--timeout", "90s", "-v", "--", "python", "x.py"})
+	if err != nil || o.req.N != 2 || o.req.Pool != "big" || o.req.Mem != 4096 || o.req.TimeSec != 90 || o.timeout != 90*time.Second || !o.verbose || !slices.Equal(o.argv, []string{"python", "x.py"}) {
 		t.Errorf("got %+v, %v", o, err)
 	}
 	if o, err := parseSrun([]string{"--no-device", "--", "true"}); err != nil || o.req.N != 0 {
@@ -73,5 +74,23 @@ func TestParseSrun(t *testing.T) {
 		if _, err := parseSrun(bad); err == nil {
 			t.Errorf("%q taken", bad)
 		}
+	}
+}
+
+// TestSrunArgsRoundTrip: what npurun on a login node writes
+// (shim.ClusterArgs) __npurun reads back whole (parseSrun): every option
+// npurun passes on, --time included.
+func TestSrunArgsRoundTrip(t *testing.T) {
+	o := shim.Options{N: 3, Pool: "big", Mem: 2048, Time: 90 * time.Second, Timeout: 2 * time.Minute, Verbose: true}
+	args := shim.ClusterArgs(o, []string{"python", "x.py"})
+	if len(args) < 2 || args[0] != "task-submit" || args[1] != "__npurun" {
+		t.Fatalf("npurun becomes %q", args)
+	}
+	got, err := parseSrun(args[2:])
+	if err != nil {
+		t.Fatalf("__npurun refuses %q: %v", args, err)
+	}
+	if got.req.N != 3 || got.req.Pool != "big" || got.req.Mem != 2048 || got.req.TimeSec != 90 || got.timeout != 2*time.Minute || !got.verbose || !slices.Equal(got.argv, []string{"python", "x.py"}) {
+		t.Errorf("%q read back as %+v", args, got)
 	}
 }

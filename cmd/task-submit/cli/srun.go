@@ -69,6 +69,12 @@ func parseSrun(args []string) (*srunOptions, error) {
 			if v, err = value(); err == nil {
 				o.req.Mem, err = quantity.ParseSize(v)
 			}
+		case "--time":
+			var d time.Duration
+			if v, err = value(); err == nil {
+				d, err = quantity.ParseDuration(v)
+				o.req.TimeSec = int64((d + time.Second - 1) / time.Second)
+			}
 		case "--no-device":
 			o.req.N = 0
 		case "--no-wait":
