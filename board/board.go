@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/npurun/npurun/board/fetch"
 	"github.com/npurun/npurun/cmd/npubroker/cli"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/wire"
@@ -59,8 +60,8 @@ type Config struct {
 
 // Defaults of the peers' fetches.
 const (
-	DefaultPeerTimeout = 2 * time.Second
-	DefaultPeerMax     = 4 << 20
+	DefaultPeerTimeout = fetch.DefaultTimeout
+	DefaultPeerMax     = fetch.DefaultMax
 )
 
 // CSP is the Content-Security-Policy of every answer.
@@ -107,7 +108,7 @@ func New(cfg Config) *Server {
 		cfg.Log = log.New(os.Stderr, "npuboard: ", 0)
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), util: newUtilRing(sparkSpan), idle: map[uint64][]Gap{}, fetch: make(chan struct{}, 1)}
-	client := &http.Client{Timeout: cfg.PeerTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	client := fetch.Client(cfg.PeerTimeout)
 	for _, u := range cfg.Peers {
 		s.peers = append(s.peers, &peer{url: strings.TrimSuffix(u, "/"), client: client, max: cfg.PeerMax, timeout: cfg.PeerTimeout, refresh: cfg.Refresh})
 	}

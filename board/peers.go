@@ -1,16 +1,12 @@
 package board
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
+	"github.com/npurun/npurun/board/fetch"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -83,41 +79,11 @@ func (p *peer) fetch(done chan struct{}) {
 	close(done)
 }
 
-// errTooBig is a peer's answer over the size bound.
-var errTooBig = errors.New("answer too large")
-
 // ask fetches and parses the peer's /api/box.
 func (p *peer) ask() (*Box, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url+"/api/box", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("no answer within %s", p.timeout)
-		}
-		return nil, fmt.Errorf("unreachable: %w", errors.Unwrap(err))
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("answered %s", strconv.Quote(resp.Status))
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, p.max+1))
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("no whole answer within %s", p.timeout)
-		}
-		return nil, fmt.Errorf("answer cut: %w", err)
-	}
-	if int64(len(body)) > p.max {
-		return nil, fmt.Errorf("%w: more than %d bytes", errTooBig, p.max)
-	}
 	var box Box
-	if err := json.Unmarshal(body, &box); err != nil {
-		return nil, errors.New("answered what is not npuboard's JSON")
+	if err := fetch.JSON(p.client, p.url+"/api/box", p.timeout, p.max, &box); err != nil {
+		return nil, err
 	}
 	if box.Status == nil || box.Name == "" {
 		return nil, errors.New("answered what is not npuboard's JSON (no status)")

@@ -51,12 +51,20 @@ func (p *parser) board(raw map[string]any, c *Config) {
 			return
 		}
 		for _, s := range peers {
-			u, err := url.Parse(s)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" || (u.Path != "" && u.Path != "/") {
+			if !BoardURL(s) {
 				p.errorf(table, "peers", "want URLs of npuboards such as \"http://box2:9401\", not %q", s)
 				return
 			}
 		}
 		c.Board.Peers = peers
 	}
+}
+
+// BoardURL tells whether s is an npuboard's URL as [board] peers and
+// [cluster.boards] take it: http(s)://host[:port], no user, path, query
+// or fragment.
+func BoardURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.User == nil &&
+		u.RawQuery == "" && u.Fragment == "" && (u.Path == "" || u.Path == "/")
 }

@@ -16,7 +16,14 @@ type Cluster struct {
 	Shares    string // how --mem is asked for: SharesNone, SharesShard
 	ShardMem  int64  // SharesShard: the device memory of one Slurm shard, MiB
 	Bin       string // the directory of Slurm's commands; "" for $PATH
+	// Boards are the nodes' npuboards ([cluster.boards] NODE = URL), which
+	// status --cluster asks for each node's holders; a node with none is
+	// shown from Slurm's view.
+	Boards map[string]string
 }
+
+// MaxClusterBoards bounds [cluster.boards].
+const MaxClusterBoards = 1024
 
 // Schedulers and share forms of [cluster].
 const (
@@ -39,7 +46,7 @@ func (p *parser) cluster(raw map[string]any) Cluster {
 	if !ok {
 		return Cluster{}
 	}
-	p.unknown(table, t, "scheduler", "gres_name", "partition", "shares", "shard_mem", "slurm_bin")
+	p.unknown(table, t, "scheduler", "gres_name", "partition", "shares", "shard_mem", "slurm_bin", "boards")
 	if v, ok := p.str(table, t, "scheduler"); ok {
 		if v == SchedulerSlurm {
 			c.Scheduler = v
@@ -90,6 +97,26 @@ func (p *parser) cluster(raw map[string]any) Cluster {
 			p.errorf(table, "slurm_bin", "must be an absolute path, not %q", v)
 		} else {
 			c.Bin = v
+		}
+	}
+	if bt, ok := p.table(table, t, "boards"); ok {
+		btable := []string{"cluster", "boards"}
+		if len(bt) > MaxClusterBoards {
+			p.errorf(table, "boards", "at most %d nodes, not %d", MaxClusterBoards, len(bt))
+			return c
+		}
+		c.Boards = map[string]string{}
+		for node := range bt {
+			u, ok := p.str(btable, bt, node)
+			switch {
+			case !ok:
+			case !slurmName.MatchString(node) || len(node) > 256:
+				p.errorf(btable, node, "bad node name %q (letters, digits, _, . and -)", node)
+			case !BoardURL(u):
+				p.errorf(btable, node, "want the URL of the node's npuboard such as \"http://%s:9401\", not %q", node, u)
+			default:
+				c.Boards[node] = strings.TrimSuffix(u, "/")
+			}
 		}
 	}
 	return c

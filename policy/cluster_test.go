@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -22,6 +23,13 @@ func TestParseCluster(t *testing.T) {
 		{name: "shard without mem", conf: "[cluster]\nscheduler = \"slurm\"\nshares = \"shard\"\n", err: "needs shard_mem"},
 		{name: "mem without shard", conf: "[cluster]\nscheduler = \"slurm\"\nshard_mem = \"4G\"\n", err: "applies to shares = \"shard\" only"},
 		{name: "unknown key", conf: "[cluster]\nscheduler = \"slurm\"\nnodes = 2\n", err: "nodes: unknown key"},
+		{name: "boards", conf: "[cluster]\nscheduler = \"slurm\"\n[cluster.boards]\nn1 = \"http://n1:9401/\"\n\"gpu-2\" = \"https://gpu-2.lab:9401\"\n",
+			want: Cluster{Scheduler: "slurm", GRES: "gpu", Shares: "none", Boards: map[string]string{"n1": "http://n1:9401", "gpu-2": "https://gpu-2.lab:9401"}}},
+		{name: "board not a URL", conf: "[cluster]\nscheduler = \"slurm\"\n[cluster.boards]\nn1 = \"n1:9401\"\n", err: `npurun.conf:4: [cluster.boards] n1: want the URL of the node's npuboard such as "http://n1:9401", not "n1:9401"`},
+		{name: "board with a path", conf: "[cluster]\nscheduler = \"slurm\"\n[cluster.boards]\nn1 = \"http://n1:9401/api/status\"\n", err: `[cluster.boards] n1: want the URL`},
+		{name: "board not a string", conf: "[cluster]\nscheduler = \"slurm\"\n[cluster.boards]\nn1 = 9401\n", err: `[cluster.boards] n1: must be a string`},
+		{name: "boards not a table", conf: "[cluster]\nscheduler = \"slurm\"\nboards = [\"http://n1:9401\"]\n", err: `[cluster] boards: must be a table`},
+		{name: "board of a bad node name", conf: "[cluster]\nscheduler = \"slurm\"\n[cluster.boards]\n\"n 1\" = \"http://n1:9401\"\n", err: `bad node name "n 1"`},
 		{name: "relative bin", conf: "[cluster]\nscheduler = \"slurm\"\nslurm_bin = \"bin\"\n", err: "must be an absolute path"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -35,7 +43,7 @@ func TestParseCluster(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.Cluster != tc.want {
+			if !reflect.DeepEqual(c.Cluster, tc.want) {
 				t.Errorf("got %+v, want %+v", c.Cluster, tc.want)
 			}
 		})

@@ -3,12 +3,14 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/npurun/npurun/board/fetch"
 	"github.com/npurun/npurun/cluster"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
@@ -22,8 +24,18 @@ import (
 // Slurm's order, and the devices and jobs per user. It is npubroker's
 // status (npurun status --cluster runs it), for a login node has no
 // broker of its own to ask, and the table's code stays out of npurun.
-// The nodes' own brokers, on their own Unix sockets, are not reached
-// from here: their holders per process are each node's `npurun status`.
+// A node whose npuboard the configuration names ([cluster.boards]) is
+// shown as its own broker sees it: its board's /api/status (npubroker
+// status --json of that node: holders with their pids and commands as
+// that node's privacy settings let any user see them, shares,
+// utilization, unleased use), asked of every board at once while Slurm is
+// asked, each within fetch.DefaultTimeout and fetch.DefaultMax. A node
+// whose board does not answer, or that has none, is shown from Slurm's
+// view, and one whose board does not answer says so ("board down, from
+// Slurm"). The fetch is package board/fetch, npuboard's own for its
+// peers: net/http it brings is in npubroker already (the broker's
+// metrics), and npurun status --cluster runs npubroker, so npurun's own
+// start links none of it.
 
 // ClusterBoard is status --cluster's answer (--json).
 type ClusterBoard struct {
@@ -40,7 +52,13 @@ type ClusterNode struct {
 	Down      bool            `json:"down,omitempty"`
 	Reason    string          `json:"reason,omitempty"`
 	Partition string          `json:"partition,omitempty"`
-	Devices   []ClusterDevice `json:"devices"`
+	Devices   []ClusterDevice `json:"devices"` // Slurm's view
+	// From is where the node's devices are shown from: "board" (Status,
+	// its broker's board through its npuboard) or "slurm" (Devices).
+	From      string      `json:"from"`
+	Board     string      `json:"board,omitempty"`      // its npuboard's URL, where [cluster.boards] names one
+	BoardDown string      `json:"board_down,omitempty"` // why its npuboard did not answer
+	Status    *wire.Board `json:"status,omitempty"`
 }
 
 // ClusterDevice is one GRES device of a node: free, or a job's.
@@ -86,7 +104,7 @@ func clusterStatus(env Env, asJSON bool) int {
 		fmt.Fprintf(env.Stderr, "npubroker: hint: a login node's npurun.conf names its scheduler: [cluster] scheduler = \"slurm\"\n")
 		return exitcode.Usage
 	}
-	b, err := ReadClusterBoard(s, time.Now())
+	b, err := ReadClusterBoard(s, time.Now(), fetch.DefaultTimeout)
 	if err != nil {
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
 		var ce *cluster.Error
@@ -105,8 +123,11 @@ func clusterStatus(env Env, asJSON bool) int {
 	return exitcode.OK
 }
 
-// ReadClusterBoard asks Slurm for its nodes, jobs and estimated starts.
-func ReadClusterBoard(s *cluster.Slurm, now time.Time) (*ClusterBoard, error) {
+// ReadClusterBoard asks Slurm for its nodes, jobs and estimated starts,
+// and the nodes' npuboards ([cluster.boards]) for their brokers' boards,
+// each within timeout.
+func ReadClusterBoard(s *cluster.Slurm, now time.Time, timeout time.Duration) (*ClusterBoard, error) {
+	boards := askBoards(s.Conf.Boards, timeout)
 	nodes, err := s.Nodes()
 	if err != nil {
 		return nil, err
@@ -127,7 +148,16 @@ func ReadClusterBoard(s *cluster.Slurm, now time.Time) (*ClusterBoard, error) {
 		return u
 	}
 	for _, n := range nodes {
-		cn := ClusterNode{Name: n.Name, State: n.State, Down: n.Down(), Reason: n.Reason, Partition: n.Partition, Devices: []ClusterDevice{}}
+		cn := ClusterNode{Name: n.Name, State: n.State, Down: n.Down(), Reason: n.Reason, Partition: n.Partition, Devices: []ClusterDevice{}, From: "slurm"}
+		if ask, ok := boards[n.Name]; ok {
+			a := <-ask
+			cn.Board = s.Conf.Boards[n.Name]
+			if a.err != nil {
+				cn.BoardDown = a.err.Error()
+			} else {
+				cn.Status, cn.From = a.b, "board"
+			}
+		}
 		for i := range gresCount(n.GRES, s.Conf.GRES) {
 			cn.Devices = append(cn.Devices, ClusterDevice{Index: i})
 		}
@@ -185,6 +215,36 @@ func ReadClusterBoard(s *cluster.Slurm, now time.Time) (*ClusterBoard, error) {
 	return b, nil
 }
 
+// boardAnswer is a node's board, or why it did not answer.
+type boardAnswer struct {
+	b   *wire.Board
+	err error
+}
+
+// askBoards asks every node's npuboard for its /api/status at once; each
+// answer comes on the node's channel, within timeout.
+func askBoards(urls map[string]string, timeout time.Duration) map[string]chan boardAnswer {
+	out := make(map[string]chan boardAnswer, len(urls))
+	client := fetch.Client(timeout)
+	for node, url := range urls {
+		ch := make(chan boardAnswer, 1)
+		out[node] = ch
+		go func() {
+			var b wire.Board
+			err := fetch.JSON(client, url+"/api/status", timeout, fetch.DefaultMax, &b)
+			if err == nil && (b.Time == 0 || b.Devices == nil) {
+				err = errors.New("answered what is not a broker's board (no devices)")
+			}
+			if err != nil {
+				ch <- boardAnswer{err: err}
+				return
+			}
+			ch <- boardAnswer{b: &b}
+		}()
+	}
+	return out
+}
+
 // gresCount is how many devices of gres a node's GRES ("gpu:4",
 // "gpu:910b:8(S:0)", "gpu:2,shard:8") has.
 func gresCount(gres, name string) int {
@@ -205,8 +265,15 @@ func gresCount(gres, name string) int {
 func writeClusterBoard(env Env, b *ClusterBoard) error {
 	now := time.UnixMilli(b.Time)
 	tw := tabwriter.NewWriter(env.Stdout, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tDEVICE\tSTATE\tJOB\tUSER\tSINCE\tCOMMAND")
+	header := false
 	for _, n := range b.Nodes {
+		if n.Status != nil {
+			continue // below, from its board
+		}
+		if !header {
+			fmt.Fprintln(tw, "NODE\tDEVICE\tSTATE\tJOB\tUSER\tSINCE\tCOMMAND")
+			header = true
+		}
 		if len(n.Devices) == 0 {
 			fmt.Fprintf(tw, "%s\t-\t%s\t-\t-\t-\t%s\n", n.Name, nodeState(&n), oneLine(n.Reason))
 		}
@@ -227,6 +294,23 @@ func writeClusterBoard(env Env, b *ClusterBoard) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, n := range b.Nodes {
+		if n.BoardDown != "" {
+			fmt.Fprintf(env.Stdout, "%s: board down, from Slurm (%s: %s)\n", n.Name, oneLine(n.Board), oneLine(n.BoardDown))
+		}
+	}
+	for i, n := range b.Nodes {
+		if n.Status == nil {
+			continue
+		}
+		if header || i > 0 {
+			fmt.Fprintln(env.Stdout)
+		}
+		fmt.Fprintf(env.Stdout, "%s: %s, from its board (%s)\n", n.Name, nodeState(&n), oneLine(n.Board))
+		if _, err := io.WriteString(env.Stdout, Table(n.Status, termWidth(env), now)); err != nil {
+			return err
+		}
 	}
 	if len(b.Line) > 0 {
 		fmt.Fprintln(env.Stdout)

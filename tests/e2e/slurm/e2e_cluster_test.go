@@ -3,6 +3,7 @@ package slurm
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,7 +19,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/cmd/npubroker/cli"
 	"github.com/npurun/npurun/tests/harness"
+	"github.com/npurun/npurun/wire"
 )
 
 // loginRun runs a login-side program and returns its standard output,
@@ -73,14 +77,22 @@ func awaitRunning(t *testing.T, c *harness.SlurmCluster, u *harness.TestUser, id
 // list, show, logs, wait, cancel, hold and release, --after; npurun
 // streams the command's output and passes its status (0, 3, killed by a
 // signal) and shows its place in Slurm's line while it waits; status
-// --cluster shows the nodes' devices and holders and a node down; with
+// --cluster shows the nodes' devices and holders and a node down, n1's
+// from its npuboard (its broker's holders, pids and commands) and n2's,
+// whose board does not answer, from Slurm, saying so; with
 // slurmctld stopped task-submit and npurun exit 75 and nothing is
 // submitted. 12 tasks rather than the issue's 40: each waits for Slurm's
 // scheduling cycle, and this machine has 2 cores.
 func TestLoginCluster(t *testing.T) {
-	c := harness.StartSlurmCluster(t, harness.SlurmClusterOptions{})
+	board1, board2 := harness.FreePort(t), harness.FreePort(t) // n2's: nothing listens there
+	c := harness.StartSlurmCluster(t, harness.SlurmClusterOptions{Login: fmt.Sprintf("[cluster.boards]\nn1 = \"http://%s\"\nn2 = \"http://%s\"\n", board1, board2)})
 	bins := harness.Bins(t)
 	u := harness.NewUser(t)
+	boardConf := filepath.Join(t.TempDir(), "npurun.conf")
+	if err := os.WriteFile(boardConf, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	harness.StartBoard(t, c.Nodes[0].B, boardConf, board1, "n1", u.Name)
 	marks := harness.SharedDir(t)
 	for _, n := range c.Nodes {
 		if err := os.Mkdir(filepath.Join(marks, n.Name), 0o1777); err != nil {
@@ -247,20 +259,48 @@ func TestLoginCluster(t *testing.T) {
 	})
 
 	t.Run("status", func(t *testing.T) {
+		// Two jobs of 3 devices, one on each node (4 devices each).
 		held := submit(t, c, &u, "-n", "3", "--", "sleep", "60")
+		other := submit(t, c, &u, "-n", "3", "--", "sleep", "60")
 		awaitRunning(t, c, &u, held)
+		awaitRunning(t, c, &u, other)
+		defer func() { ts("cancel", other) }()
+		jobs := held + "|" + other
+		// n1's board shows its job's lease as n1's broker has it: the
+		// job, its user, and its holder's pid and command once the
+		// broker's scan finds one ("?" before: in this harness, with no
+		// extern step, none is found; TestSlurmNodeJobLeaseStatus has them).
+		fromBoard := regexp.MustCompile(`(?m)^n1: \S+, from its board \(http://` + regexp.QuoteMeta(board1) + `\)\nDEVICE +POOL +STATE +USER +PID +COMMAND`)
+		holder := regexp.MustCompile(`(?m)^\w+ +\S+ +job (` + jobs + `) +` + u.Name + ` +([0-9]+|\?) +\S`)
 		out, errs, code := loginRun(c.Login(&u, bins.Npurun, "status", "--cluster"))
-		if code != 0 || !regexp.MustCompile(`(?m)^n[12] +[0-3] +held +`+held+` +`+u.Name+` `).MatchString(out) || !regexp.MustCompile(`(?m)^`+u.Name+` +3 +1 +0$`).MatchString(out) {
+		if code != 0 || !fromBoard.MatchString(out) || !holder.MatchString(out) ||
+			!regexp.MustCompile(`(?m)^n2 +[0-3] +held +(`+jobs+`) +`+u.Name+` `).MatchString(out) || regexp.MustCompile(`(?m)^n1 +[0-3] `).MatchString(out) ||
+			!regexp.MustCompile(`(?m)^n2: board down, from Slurm \(http://`+regexp.QuoteMeta(board2)+`: unreachable: `).MatchString(out) ||
+			!regexp.MustCompile(`(?m)^`+u.Name+` +6 +2 +0$`).MatchString(out) {
 			t.Errorf("status --cluster: %d, said %q:\n%s", code, errs, out)
+		}
+		js, errs, code := loginRun(c.Login(&u, bins.Npurun, "status", "--cluster", "--json"))
+		var cb cli.ClusterBoard
+		if err := json.Unmarshal([]byte(js), &cb); code != 0 || err != nil || len(cb.Nodes) != 2 {
+			t.Fatalf("status --cluster --json: %d, %v, said %q:\n%s", code, err, errs, js)
+		}
+		n1, n2 := cb.Nodes[0], cb.Nodes[1]
+		if n1.From != "board" || n1.Status == nil || !slices.ContainsFunc(n1.Status.Devices, func(d wire.DeviceState) bool {
+			return d.Lease != nil && d.Lease.User == u.Name && strings.Contains("|"+jobs+"|", fmt.Sprintf("|%d|", d.Lease.SlurmJob))
+		}) || n2.From != "slurm" || n2.Status != nil || n2.BoardDown == "" || n2.Board != "http://"+board2 {
+			t.Errorf("status --cluster --json: n1 %+v, n2 %+v", n1, n2)
+		}
+		// n2, shown from Slurm's view, is the node stopped below; its job
+		// is the one of the two that Slurm's job list puts there.
+		node := "n2"
+		out, _, _ = loginRun(c.Command("squeue", "-h", "-j", held, "-o", "%N"))
+		if strings.TrimSpace(out) != node {
+			held, other = other, held
 		}
 		// A node whose slurmd is gone mid-job is shown down once Slurm
 		// finds it not responding (SlurmdTimeout=6), and its batch job is
 		// handled as Slurm does: requeued (JobRequeue=1, Slurm's default),
 		// to wait or run again, on the other node.
-		node := "n1"
-		if !regexp.MustCompile(`(?m)^n1 +[0-3] +held +` + held).MatchString(out) {
-			node = "n2"
-		}
 		c.StopDaemon("slurmd " + node)
 		deadline := time.Now().Add(60 * time.Second)
 		for {
