@@ -677,19 +677,11 @@ func clock(ms int64, now time.Time) string {
 	return t.Format("Jan 2 15:04")
 }
 
-// ago is how long ago ms was, in whole units.
+// ago is how long ago ms was, cut to what a glance needs
+// (quantity.Approx); "" for none.
 func ago(ms int64, now time.Time) string {
 	if ms == 0 {
 		return ""
 	}
-	d := now.Sub(time.UnixMilli(ms))
-	switch {
-	case d < time.Minute:
-		return strconv.Itoa(max(0, int(d/time.Second))) + "s"
-	case d < time.Hour:
-		return strconv.Itoa(int(d/time.Minute)) + "m"
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
-	}
-	return strconv.Itoa(int(d/(24*time.Hour))) + "d"
+	return quantity.Approx(now.Sub(time.UnixMilli(ms)))
 }

@@ -145,25 +145,33 @@ func (s *Server) usageOp(c *conn, q *wire.UsageQuery) bool {
 
 // sendUsage sends rep's rows in as many replies as their size takes.
 func (c *conn) sendUsage(rep *wire.UsageReport) error {
-	rows := rep.Rows
-	for {
+	return sendInParts(c, rep.Rows, func(rows []wire.UsageRow, more bool) *wire.Reply {
 		part := *rep
+		part.Rows = rows
+		return &wire.Reply{V: wire.Version, Type: wire.TypeUsage, Usage: &part, More: more}
+	})
+}
+
+// sendInParts sends items in as many replies as their size takes, each
+// made by reply from its part, more telling whether parts follow.
+func sendInParts[T any](c *conn, items []T, reply func(part []T, more bool) *wire.Reply) error {
+	for {
 		n, size := 0, 1024
-		for n < len(rows) && size < wire.MaxMessage/2 {
-			b, _ := json.Marshal(&rows[n])
+		for n < len(items) && size < wire.MaxMessage/2 {
+			b, _ := json.Marshal(&items[n])
 			size += len(b) + 1
 			n++
 		}
-		part.Rows = rows[:n]
-		rows = rows[n:]
-		data, err := json.Marshal(&wire.Reply{V: wire.Version, Type: wire.TypeUsage, Usage: &part, More: len(rows) > 0})
+		part := items[:n]
+		items = items[n:]
+		data, err := json.Marshal(reply(part, len(items) > 0))
 		if err != nil {
 			return err
 		}
 		if err := c.sendRaw(data); err != nil {
 			return err
 		}
-		if len(rows) == 0 {
+		if len(items) == 0 {
 			return nil
 		}
 	}
@@ -185,23 +193,9 @@ func (s *Server) leaseHistoryOp(c *conn, q *wire.HistoryQuery) bool {
 		c.sendLocked(errReply("usage-log", err.Error(), ""))
 		return true
 	}
-	entries := rep.Entries
-	for {
+	return sendInParts(c, rep.Entries, func(entries []wire.HistoryEntry, more bool) *wire.Reply {
 		part := *rep
-		n, size := 0, 1024
-		for n < len(entries) && size < wire.MaxMessage/2 {
-			b, _ := json.Marshal(&entries[n])
-			size += len(b) + 1
-			n++
-		}
-		part.Entries = entries[:n]
-		entries = entries[n:]
-		data, err := json.Marshal(&wire.Reply{V: wire.Version, Type: wire.TypeLeaseHistory, History: &part, More: len(entries) > 0})
-		if err != nil || c.sendRaw(data) != nil {
-			return false
-		}
-		if len(entries) == 0 {
-			return true
-		}
-	}
+		part.Entries = entries
+		return &wire.Reply{V: wire.Version, Type: wire.TypeLeaseHistory, History: &part, More: more}
+	}) == nil
 }

@@ -360,7 +360,7 @@ func since(now time.Time, ms int64) string {
 	if ms <= 0 {
 		return "-"
 	}
-	return quantity.Duration(now.Sub(time.UnixMilli(ms)).Truncate(time.Second))
+	return quantity.Approx(now.Sub(time.UnixMilli(ms)))
 }
 
 func oneLine(s string) string {

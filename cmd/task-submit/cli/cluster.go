@@ -14,6 +14,7 @@ import (
 
 	"github.com/npurun/npurun/cluster"
 	"github.com/npurun/npurun/internal/exitcode"
+	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/wire"
 )
@@ -303,16 +304,7 @@ func sinceCell(t *wire.TaskInfo, now time.Time) string {
 	if at == 0 {
 		return "-"
 	}
-	d := now.Sub(time.UnixMilli(at))
-	switch {
-	case d < time.Minute:
-		return strconv.Itoa(max(0, int(d/time.Second))) + "s"
-	case d < time.Hour:
-		return strconv.Itoa(int(d/time.Minute)) + "m"
-	case d < 48*time.Hour:
-		return strconv.Itoa(int(d/time.Hour)) + "h"
-	}
-	return strconv.Itoa(int(d/(24*time.Hour))) + "d"
+	return quantity.Approx(now.Sub(time.UnixMilli(at)))
 }
 
 // clusterJob is one of the caller's jobs (root: anyone's).
