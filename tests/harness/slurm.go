@@ -241,19 +241,7 @@ MinJobAge=2
 	c.Env = append(os.Environ(), "SLURM_CONF="+c.Conf)
 	t.Cleanup(c.Stop)
 
-	key := filepath.Join(dir, "munge.key")
-	if out, err := exec.Command("mungekey", "--create", "--keyfile="+key).CombinedOutput(); err != nil {
-		t.Fatalf("mungekey: %v\n%s", err, out)
-	}
-	sock := filepath.Join(dir, "munge", "munge.sock")
-	c.start("munged", "munged", "-F", "--socket="+sock, "--key-file="+key, "--pid-file="+filepath.Join(dir, "munge", "munged.pid"),
-		"--log-file="+filepath.Join(dir, "munged.log"), "--seed-file="+filepath.Join(dir, "munge", "munged.seed"))
-	c.await("munged's socket", func() bool { _, err := os.Stat(sock); return err == nil })
-	c.start("slurmctld", "slurmctld", "-D", "-i")
-	c.await("slurmctld to answer scontrol ping", func() bool {
-		out, _ := c.Command("scontrol", "ping").CombinedOutput()
-		return strings.Contains(string(out), "is UP")
-	})
+	c.startController(t, dir)
 	c.start("slurmd", "slurmd", "-D", "-N", c.Node)
 	c.await("the node to be idle", func() bool {
 		out, _ := c.Command("sinfo", "-h", "-n", c.Node, "-o", "%t").Output()
@@ -298,6 +286,25 @@ func (c *slurmCluster) await(what string, ready func() bool) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// startController starts munged with a fresh key and slurmctld, from
+// the configuration and state in dir, and waits until slurmctld answers.
+func (c *slurmCluster) startController(t testing.TB, dir string) {
+	t.Helper()
+	key := filepath.Join(dir, "munge.key")
+	if out, err := exec.Command("mungekey", "--create", "--keyfile="+key).CombinedOutput(); err != nil {
+		t.Fatalf("mungekey: %v\n%s", err, out)
+	}
+	sock := filepath.Join(dir, "munge", "munge.sock")
+	c.start("munged", "munged", "-F", "--socket="+sock, "--key-file="+key, "--pid-file="+filepath.Join(dir, "munge", "munged.pid"),
+		"--log-file="+filepath.Join(dir, "munged.log"), "--seed-file="+filepath.Join(dir, "munge", "munged.seed"))
+	c.await("munged's socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	c.start("slurmctld", "slurmctld", "-D", "-i")
+	c.await("slurmctld to answer scontrol ping", func() bool {
+		out, _ := c.Command("scontrol", "ping").CombinedOutput()
+		return strings.Contains(string(out), "is UP")
+	})
 }
 
 // Logs are the daemons' log files, for a failure's message.

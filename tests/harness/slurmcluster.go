@@ -140,19 +140,7 @@ SlurmdTimeout=6
 		n.B.Start()
 	}
 
-	key := filepath.Join(dir, "munge.key")
-	if out, err := exec.Command("mungekey", "--create", "--keyfile="+key).CombinedOutput(); err != nil {
-		t.Fatalf("mungekey: %v\n%s", err, out)
-	}
-	sock := filepath.Join(dir, "munge", "munge.sock")
-	c.start("munged", "munged", "-F", "--socket="+sock, "--key-file="+key, "--pid-file="+filepath.Join(dir, "munge", "munged.pid"),
-		"--log-file="+filepath.Join(dir, "munged.log"), "--seed-file="+filepath.Join(dir, "munge", "munged.seed"))
-	c.await("munged's socket", func() bool { _, err := os.Stat(sock); return err == nil })
-	c.start("slurmctld", "slurmctld", "-D", "-i")
-	c.await("slurmctld to answer scontrol ping", func() bool {
-		out, _ := c.Command("scontrol", "ping").CombinedOutput()
-		return strings.Contains(string(out), "is UP")
-	})
+	c.startController(t, dir)
 	for _, n := range c.Nodes {
 		c.start("slurmd "+n.Name, "slurmd", "-D", "-N", n.Name)
 	}
