@@ -16,10 +16,13 @@ import (
 // n2, each with its name, port, spool and log, and each with its own
 // npubroker on its own fake device tree in split mode ([slurm] of all its
 // devices), fed by the Prolog and Epilog (npurun-slurm, one script for
-// both nodes, routed by SLURMD_NODENAME). No SPANK plugin: plugstack.conf
-// takes one broker socket for all nodes, and both nodes share it here; a
-// job's lease is held by its node's broker until the Epilog. A login
-// configuration ([cluster]) sends task-submit and npurun to the cluster.
+// both nodes, routed by SLURMD_NODENAME). Each node's jobs hold their
+// leases through spank_npurun.so in their extern step, as on a real node:
+// plugstack.conf names one broker socket, so each slurmd reads a
+// slurm.conf of its own (slurm.NODE.conf: the cluster's, and
+// PlugStackConfig naming the node's plugstack.NODE.conf), the login side
+// the cluster's, with no plugin. A login configuration ([cluster]) sends
+// task-submit and npurun to the cluster.
 
 // SlurmClusterOptions describe the cluster a test wants.
 type SlurmClusterOptions struct {
@@ -48,6 +51,7 @@ type SlurmCluster struct {
 // idle; it is stopped when the test ends.
 func StartSlurmCluster(t testing.TB, o SlurmClusterOptions) *SlurmCluster {
 	t.Helper()
+	plugin := SpankPlugin(t)
 	NeedSlurm(t)
 	if o.Devices == 0 {
 		o.Devices = 4
@@ -80,6 +84,10 @@ func StartSlurmCluster(t testing.TB, o SlurmClusterOptions) *SlurmCluster {
 		b := NewBroker(t, conf, "SLURM_CONF="+c.Conf)
 		c.Nodes = append(c.Nodes, &SlurmClusterNode{Name: name, B: b, Dev: dev})
 		route += fmt.Sprintf("%s) exec %s --socket %s ;;\n", name, b.Bin.Slurm, b.Socket)
+		plugstack := "required " + plugin + " socket=" + b.Socket + " timeout=10\n"
+		if err := os.WriteFile(filepath.Join(dir, "plugstack."+name+".conf"), []byte(plugstack), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	route += "esac\necho \"no broker for node $SLURMD_NODENAME\" >&2\nexit 1\n"
 	for _, s := range []string{prolog, epilog} {
@@ -118,7 +126,7 @@ SelectTypeParameters=CR_Core
 GresTypes=gpu
 ReturnToService=2
 SchedulerParameters=sched_interval=1
-PrologFlags=Alloc
+PrologFlags=Alloc,Contain
 Prolog=%[4]s
 Epilog=%[5]s
 KillWait=2
@@ -129,6 +137,12 @@ SlurmdTimeout=6
 %[8]s`, os.Getpid(), ports[0], dir, prolog, epilog, o.Extra, nodes.String(), o.More)
 	if err := os.WriteFile(c.Conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
+	}
+	for _, n := range c.Nodes {
+		own := conf + "PlugStackConfig=" + filepath.Join(dir, "plugstack."+n.Name+".conf") + "\n"
+		if err := os.WriteFile(c.nodeConf(n.Name), []byte(own), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c.LoginConf = filepath.Join(dir, "login.conf")
 	login := "[cluster]\nscheduler = \"slurm\"\ngres_name = \"gpu\"\npartition = \"npu\"\n" + o.Login
@@ -142,13 +156,24 @@ SlurmdTimeout=6
 
 	c.startController(t, dir)
 	for _, n := range c.Nodes {
-		c.start("slurmd "+n.Name, "slurmd", "-D", "-N", n.Name)
+		c.start("slurmd "+n.Name, c.SlurmdArgs(n.Name)...)
 	}
 	c.await("both nodes to be idle", func() bool {
 		out, _ := c.Command("sinfo", "-h", "-N", "-p", "npu", "-o", "%N %t").Output()
 		return strings.TrimSpace(string(out)) == "n1 idle\nn2 idle"
 	})
 	return c
+}
+
+// nodeConf is the slurm.conf node name's slurmd reads.
+func (c *SlurmCluster) nodeConf(name string) string {
+	return filepath.Join(c.Dir, "slurm."+name+".conf")
+}
+
+// SlurmdArgs is the command line that starts node name's slurmd (for
+// Restart).
+func (c *SlurmCluster) SlurmdArgs(name string) []string {
+	return []string{"slurmd", "-D", "-N", name, "-f", c.nodeConf(name)}
 }
 
 // stop cancels every job, waits for the queue to empty, then stops the

@@ -71,7 +71,7 @@ func awaitRunning(t *testing.T, c *harness.SlurmCluster, u *harness.TestUser, id
 
 // TestLoginCluster: on a login node ([cluster] scheduler = "slurm") of a
 // private cluster of two nodes, each with its npubroker on its own fake
-// devices in split mode: 12 tasks of 1 to 4 devices submitted with
+// devices in split mode: 40 tasks of 1 to 4 devices submitted with
 // task-submit all run once, on both nodes, no device of a node given to
 // two at once (the workload's O_EXCL markers, one directory per node);
 // list, show, logs, wait, cancel, hold and release, --after; npurun
@@ -81,8 +81,7 @@ func awaitRunning(t *testing.T, c *harness.SlurmCluster, u *harness.TestUser, id
 // from its npuboard (its broker's holders, pids and commands) and n2's,
 // whose board does not answer, from Slurm, saying so; with
 // slurmctld stopped task-submit and npurun exit 75 and nothing is
-// submitted. 12 tasks rather than the issue's 40: each waits for Slurm's
-// scheduling cycle, and this machine has 2 cores.
+// submitted.
 func TestLoginCluster(t *testing.T) {
 	board1, board2 := harness.FreePort(t), harness.FreePort(t) // n2's: nothing listens there
 	c := harness.StartSlurmCluster(t, harness.SlurmClusterOptions{Login: fmt.Sprintf("[cluster.boards]\nn1 = \"http://%s\"\nn2 = \"http://%s\"\n", board1, board2)})
@@ -107,7 +106,7 @@ func TestLoginCluster(t *testing.T) {
 	}
 
 	t.Run("tasks", func(t *testing.T) {
-		const tasks = 12
+		const tasks = 40
 		var ids []string
 		for i := range tasks {
 			job := fmt.Sprintf("NPURUN_DEVICES=$SLURM_JOB_GPUS exec %s -markers %s/$SLURMD_NODENAME -tag $SLURMD_NODENAME.t%d -hold 300ms -log %s", bins.Workload, marks, i, runLog)
@@ -267,13 +266,29 @@ func TestLoginCluster(t *testing.T) {
 		defer func() { ts("cancel", other) }()
 		jobs := held + "|" + other
 		// n1's board shows its job's lease as n1's broker has it: the
-		// job, its user, and its holder's pid and command once the
-		// broker's scan finds one ("?" before: in this harness, with no
-		// extern step, none is found; TestSlurmNodeJobLeaseStatus has them).
+		// job, its user, and its holder, the job's extern step holding
+		// the lease through spank_npurun.so, once the broker's scan has
+		// found it (the first reads may come before).
 		fromBoard := regexp.MustCompile(`(?m)^n1: \S+, from its board \(http://` + regexp.QuoteMeta(board1) + `\)\nDEVICE +POOL +STATE +USER +PID +COMMAND`)
-		holder := regexp.MustCompile(`(?m)^\w+ +\S+ +job (` + jobs + `) +` + u.Name + ` +([0-9]+|\?) +\S`)
-		out, errs, code := loginRun(c.Login(&u, bins.Npurun, "status", "--cluster"))
-		if code != 0 || !fromBoard.MatchString(out) || !holder.MatchString(out) ||
+		holder := regexp.MustCompile(`(?m)^\w+ +\S+ +job (` + jobs + `) +` + u.Name + ` +([0-9]+) +slurmstepd`)
+		var out, errs string
+		var code int
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			out, errs, code = loginRun(c.Login(&u, bins.Npurun, "status", "--cluster"))
+			if m := holder.FindStringSubmatch(out); m != nil {
+				pid, _ := strconv.Atoi(m[2])
+				if cmd := harness.ProcCmdline(pid); !strings.Contains(cmd, "slurmstepd") || !strings.Contains(cmd, "["+m[1]+".extern]") {
+					t.Errorf("the holder shown of job %s is pid %d, %q, not the job's extern step", m[1], pid, cmd)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("status --cluster shows no holder process of n1's job within 30s:\n%s", out)
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if code != 0 || !fromBoard.MatchString(out) ||
 			!regexp.MustCompile(`(?m)^n2 +[0-3] +held +(`+jobs+`) +`+u.Name+` `).MatchString(out) || regexp.MustCompile(`(?m)^n1 +[0-3] `).MatchString(out) ||
 			!regexp.MustCompile(`(?m)^n2: board down, from Slurm \(http://`+regexp.QuoteMeta(board2)+`: unreachable: `).MatchString(out) ||
 			!regexp.MustCompile(`(?m)^`+u.Name+` +6 +2 +0$`).MatchString(out) {
@@ -286,7 +301,7 @@ func TestLoginCluster(t *testing.T) {
 		}
 		n1, n2 := cb.Nodes[0], cb.Nodes[1]
 		if n1.From != "board" || n1.Status == nil || !slices.ContainsFunc(n1.Status.Devices, func(d wire.DeviceState) bool {
-			return d.Lease != nil && d.Lease.User == u.Name && strings.Contains("|"+jobs+"|", fmt.Sprintf("|%d|", d.Lease.SlurmJob))
+			return d.Lease != nil && d.Lease.User == u.Name && strings.Contains("|"+jobs+"|", fmt.Sprintf("|%d|", d.Lease.SlurmJob)) && len(d.Lease.Holders) > 0
 		}) || n2.From != "slurm" || n2.Status != nil || n2.BoardDown == "" || n2.Board != "http://"+board2 {
 			t.Errorf("status --cluster --json: n1 %+v, n2 %+v", n1, n2)
 		}
