@@ -57,6 +57,7 @@ func (e *Error) Is(target error) bool { return target == ErrUnavailable && e.Dow
 // Slurm runs Slurm's commands for one login configuration.
 type Slurm struct {
 	Conf    policy.Cluster
+	Notify  string        // the notify command of a task that names none: the login configuration's [tasks] notify
 	Env     []string      // the commands' environment; nil: this process's
 	Timeout time.Duration // each command's; 0: DefaultTimeout
 }
@@ -77,6 +78,7 @@ type Request struct {
 	Hold    bool     // submit held
 	Log     string   // output file; "" for Slurm's default (slurm-%j.out in the working directory)
 	Command string   // the command line, for the job's comment (what list shows)
+	Notify  string   // a command line run once the command has ended (notifyScript); "" for none
 }
 
 // Args is the one table from a request to Slurm's options, the same for
@@ -87,8 +89,10 @@ func (s *Slurm) Args(r *Request) ([]string, error) {
 	var a []string
 	gres := s.Conf.GRES
 	switch {
-	case r.Mem > 0 && s.Conf.Shares != policy.SharesShard:
+	case r.Mem > 0 && s.Conf.Shares == policy.SharesNone:
 		return nil, fmt.Errorf("--mem asks for a share of a device, and this cluster's nodes take whole devices only ([cluster] shares = %q)", s.Conf.Shares)
+	case r.Mem > 0 && s.Conf.Shares == policy.SharesNpurun:
+		// No GRES: the node's npurun takes the share (Command).
 	case r.Mem > 0 && r.N > 1:
 		return nil, fmt.Errorf("--mem through Slurm is a share of one device (Slurm's shards are of one device), not of %d", r.N)
 	case r.Mem > 0:
@@ -132,6 +136,21 @@ func (s *Slurm) Args(r *Request) ([]string, error) {
 		a = append(a, "--comment="+commentOf(r.Command))
 	}
 	return a, nil
+}
+
+// Command is what the job runs for argv: argv itself, or, where --mem is
+// a share of the nodes' own npurun devices ([cluster] shares =
+// "npurun"), npurun --mem on the node (the one of the job's PATH), which
+// waits for its broker's share there and becomes argv.
+func (s *Slurm) Command(r *Request, argv []string) []string {
+	if r.Mem <= 0 || s.Conf.Shares != policy.SharesNpurun {
+		return argv
+	}
+	w := []string{"npurun", "--mem=" + strconv.FormatInt(r.Mem, 10) + "M"}
+	if r.N > 0 {
+		w = append(w, "-n", strconv.Itoa(r.N))
+	}
+	return append(append(w, "--"), argv...)
 }
 
 // maxComment bounds the command kept in a job's comment.
@@ -207,6 +226,12 @@ func (s *Slurm) Submit(r *Request, dir, shell string) (uint64, string, error) {
 		return 0, "", err
 	}
 	args = append([]string{"--parsable"}, args...)
+	if w := s.Command(r, []string{"/bin/sh", "-c", shell}); w[0] != "/bin/sh" {
+		shell = "exec " + ShellJoin(w)
+	}
+	if r.Notify != "" {
+		shell = notifyScript(shell, r.Notify, r.Name, r.Log)
+	}
 	args = append(args, "--wrap="+shell)
 	out, err := s.run(dir, "sbatch", args...)
 	if err != nil {
@@ -687,7 +712,7 @@ func Load(path string) (*Slurm, error) {
 	if !c.Cluster.Active() {
 		return nil, nil
 	}
-	return &Slurm{Conf: c.Cluster}, nil
+	return &Slurm{Conf: c.Cluster, Notify: c.Tasks.Notify}, nil
 }
 
 // FirstWord is the first word of a command line: the name Slurm gives a

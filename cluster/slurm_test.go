@@ -32,9 +32,24 @@ func TestArgs(t *testing.T) {
 			}
 		})
 	}
+	if c := s.Command(&Request{N: 1, Mem: 5000}, []string{"x"}); !slices.Equal(c, []string{"x"}) {
+		t.Errorf("Command with shard shares = %q, want the command alone", c)
+	}
 	s.Conf.Shares = policy.SharesNone
 	if _, err := s.Args(&Request{N: 1, Mem: 100}); err == nil {
 		t.Error("--mem taken where the nodes take no shares")
+	}
+	// shares = "npurun": no GRES; the command runs under the node's npurun.
+	s.Conf.Shares = policy.SharesNpurun
+	r := Request{N: 2, Mem: 5000}
+	if got, err := s.Args(&r); err != nil || !slices.Equal(got, []string{"--partition=npu"}) {
+		t.Errorf("Args with npurun shares = %q, %v; want no GRES", got, err)
+	}
+	if c := s.Command(&r, []string{"python", "a b"}); !slices.Equal(c, []string{"npurun", "--mem=5000M", "-n", "2", "--", "python", "a b"}) {
+		t.Errorf("Command with npurun shares = %q", c)
+	}
+	if c := s.Command(&Request{N: 2}, []string{"x"}); !slices.Equal(c, []string{"x"}) {
+		t.Errorf("Command without --mem = %q, want the command alone", c)
 	}
 }
 

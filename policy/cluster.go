@@ -13,7 +13,7 @@ type Cluster struct {
 	Scheduler string // SchedulerSlurm; "" when [cluster] is absent
 	GRES      string // the GRES name of the nodes' devices in --gres ("gpu", "npu")
 	Partition string // the partition when no --pool is given; "" for Slurm's default
-	Shares    string // how --mem is asked for: SharesNone, SharesShard
+	Shares    string // how --mem is asked for: SharesNone, SharesShard, SharesNpurun
 	ShardMem  int64  // SharesShard: the device memory of one Slurm shard, MiB
 	Bin       string // the directory of Slurm's commands; "" for $PATH
 	// Boards are the nodes' npuboards ([cluster.boards] NODE = URL), which
@@ -33,6 +33,11 @@ const (
 	// SharesShard: --mem is asked of Slurm as shards of one device
 	// (--gres=shard:K), K = the memory over shard_mem, rounded up.
 	SharesShard = "shard"
+	// SharesNpurun: --mem is a share of the node's own npurun devices
+	// (split mode: the devices not Slurm's, in pools with shares): the
+	// job asks Slurm for no GRES, and runs its command under npurun --mem
+	// on the node, whose broker grants the share.
+	SharesNpurun = "npurun"
 )
 
 // Active tells whether work goes to a cluster's scheduler.
@@ -69,10 +74,10 @@ func (p *parser) cluster(raw map[string]any) Cluster {
 		}
 	}
 	if v, ok := p.str(table, t, "shares"); ok {
-		if v == SharesNone || v == SharesShard {
+		if v == SharesNone || v == SharesShard || v == SharesNpurun {
 			c.Shares = v
 		} else {
-			p.errorf(table, "shares", "unknown share form %q (want %q or %q)", v, SharesNone, SharesShard)
+			p.errorf(table, "shares", "unknown share form %q (want %q, %q or %q)", v, SharesNone, SharesShard, SharesNpurun)
 		}
 	}
 	if v, ok := p.str(table, t, "shard_mem"); ok {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -86,8 +87,8 @@ func clusterSubmit(o *options, s *cluster.Slurm) int {
 		warn("-d names devices of one box; Slurm places the task on a node")
 		hint("give a count instead: -n %d", len(sub.Devices))
 		return exitcode.Usage
-	case sub.OOMRetries > 0, sub.Notify != "", sub.Token != "":
-		warn("--oom-retries, --notify and --token are a box's broker's; Slurm does not carry them")
+	case sub.OOMRetries > 0, sub.Token != "":
+		warn("--oom-retries and --token are a box's broker's; Slurm does not carry them")
 		return exitcode.Usage
 	}
 	cwd, err := os.Getwd()
@@ -107,6 +108,9 @@ func clusterSubmit(o *options, s *cluster.Slurm) int {
 		shell = cluster.ShellJoin(sub.Argv)
 	}
 	r.Command = shell
+	if !sub.NoNotify {
+		r.Notify = cmp.Or(sub.Notify, s.Notify)
+	}
 	id, partition, err := s.Submit(r, cwd, shell)
 	if err != nil {
 		code := clusterFailure(err, 0)

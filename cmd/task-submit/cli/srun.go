@@ -132,7 +132,7 @@ func runSrun(args []string) int {
 		sargs = append(sargs, "--immediate="+strconv.FormatInt(int64((o.timeout+time.Second-1)/time.Second), 10))
 	}
 	sargs = append(sargs, "--")
-	sargs = append(sargs, o.argv...)
+	sargs = append(sargs, s.Command(&r, o.argv)...)
 
 	// srun's standard error comes through npurun: its lines about the
 	// job are the progress line. srun is started with a bare fork and

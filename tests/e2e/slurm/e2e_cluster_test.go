@@ -214,7 +214,21 @@ func TestLoginCluster(t *testing.T) {
 	})
 
 	t.Run("controls", func(t *testing.T) {
-		long := submit(t, c, &u, "-n", "4", "--name", "long", "--", "sleep", "60")
+		// The notify command runs in the job, once its command has ended.
+		notify := "env | grep ^NPURUN_TASK_ | sort > " + marks + "/told-$NPURUN_TASK_ID"
+		told := func(id string) string {
+			t.Helper()
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				if data, err := os.ReadFile(filepath.Join(marks, "told-"+id)); err == nil && len(data) > 0 {
+					return string(data)
+				}
+				if time.Now().After(deadline) {
+					t.Errorf("task %s's notify command did not run within 30s:\n%s", id, c.NodeLogs())
+					return ""
+				}
+			}
+		}
+		long := submit(t, c, &u, "-n", "4", "--name", "long", "--notify", notify, "--", "sleep", "60")
 		long2 := submit(t, c, &u, "-n", "4", "--", "sleep", "60")
 		awaitRunning(t, c, &u, long)
 		awaitRunning(t, c, &u, long2)
@@ -231,7 +245,7 @@ func TestLoginCluster(t *testing.T) {
 			t.Errorf("show %s:\n%s", long, out)
 		}
 		ok := submit(t, c, &u, "--after", waiter, "--", "echo", "after-ok")
-		bad := submit(t, c, &u, "--no-device", "--", "sh", "-c", "exit 3")
+		bad := submit(t, c, &u, "--no-device", "--notify", notify, "--", "sh", "-c", "exit 3")
 		never := submit(t, c, &u, "--after", bad, "--", "echo", "never")
 		for _, id := range []string{long, long2} {
 			if out, errs, code := ts("cancel", id); code != 0 || !strings.Contains(out, "task "+id) {
@@ -248,6 +262,14 @@ func TestLoginCluster(t *testing.T) {
 			if _, errs, code := ts("wait", id); code != want {
 				t.Errorf("wait %s: status %d, want %d; said %q", id, code, want, errs)
 			}
+		}
+		for id, want := range map[string]string{long: "STATE=cancelled\n", bad: "EXIT=3\nNPURUN_TASK_ID=" + bad + "\n"} {
+			if got := told(id); !strings.Contains(got, want) {
+				t.Errorf("task %s's notify command was told %q, nothing of %q", id, got, want)
+			}
+		}
+		if got := told(bad); !strings.Contains(got, "STATE=failed\n") {
+			t.Errorf("task %s's notify command was told %q", bad, got)
 		}
 		if out, errs, code := ts("logs", ok); code != 0 || out != "after-ok\n" {
 			t.Errorf("logs %s: %d %q %q", ok, code, out, errs)
