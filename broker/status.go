@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -145,36 +144,11 @@ func (s *Server) usageOp(c *conn, q *wire.UsageQuery) bool {
 
 // sendUsage sends rep's rows in as many replies as their size takes.
 func (c *conn) sendUsage(rep *wire.UsageReport) error {
-	return sendInParts(c, rep.Rows, func(rows []wire.UsageRow, more bool) *wire.Reply {
+	return sendInParts(c, rep.Rows, "rows", func(rows []wire.UsageRow, more bool) *wire.Reply {
 		part := *rep
 		part.Rows = rows
 		return &wire.Reply{V: wire.Version, Type: wire.TypeUsage, Usage: &part, More: more}
 	})
-}
-
-// sendInParts sends items in as many replies as their size takes, each
-// made by reply from its part, more telling whether parts follow.
-func sendInParts[T any](c *conn, items []T, reply func(part []T, more bool) *wire.Reply) error {
-	for {
-		n, size := 0, 1024
-		for n < len(items) && size < wire.MaxMessage/2 {
-			b, _ := json.Marshal(&items[n])
-			size += len(b) + 1
-			n++
-		}
-		part := items[:n]
-		items = items[n:]
-		data, err := json.Marshal(reply(part, len(items) > 0))
-		if err != nil {
-			return err
-		}
-		if err := c.sendRaw(data); err != nil {
-			return err
-		}
-		if len(items) == 0 {
-			return nil
-		}
-	}
 }
 
 // leaseHistoryOp serves who held which device when, from the accounting
@@ -193,7 +167,7 @@ func (s *Server) leaseHistoryOp(c *conn, q *wire.HistoryQuery) bool {
 		c.sendLocked(errReply("usage-log", err.Error(), ""))
 		return true
 	}
-	return sendInParts(c, rep.Entries, func(entries []wire.HistoryEntry, more bool) *wire.Reply {
+	return sendInParts(c, rep.Entries, "entries", func(entries []wire.HistoryEntry, more bool) *wire.Reply {
 		part := *rep
 		part.Entries = entries
 		return &wire.Reply{V: wire.Version, Type: wire.TypeLeaseHistory, History: &part, More: more}

@@ -39,6 +39,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/npu"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -201,7 +202,7 @@ func (h *Handover) serveOne(c int) {
 		wire.SendMsg(c, []byte("refused bad request"), nil, 0)
 		return
 	}
-	reply := "lease 1 " + h.vendor + " " + joinInts(h.devices)
+	reply := "lease 1 " + h.vendor + " " + npu.JoinIDs(h.devices)
 	if err := wire.SendMsg(c, []byte(reply), h.fds, 0); err != nil {
 		return
 	}
@@ -373,15 +374,4 @@ func closeFDs(fds []int) {
 	for _, fd := range fds {
 		unix.Close(fd)
 	}
-}
-
-func joinInts(ids []int) string {
-	var b strings.Builder
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(id))
-	}
-	return b.String()
 }

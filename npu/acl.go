@@ -203,6 +203,22 @@ func openNode(path string) (*node, error) {
 
 func (n *node) close() { unix.Close(n.fd) }
 
+// openACL opens the device node at path and reads its ACL: the one read
+// of AllowUser, RemoveUsers and ACLUsers. The caller closes the node; on
+// an error there is none.
+func openACL(path string) (*node, acl, error) {
+	n, err := openNode(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	a, err := n.read()
+	if err != nil {
+		n.close()
+		return nil, nil, fmt.Errorf("read ACL of %s: %w", path, err)
+	}
+	return n, a, nil
+}
+
 // read returns the node's ACL: its xattr, or its mode bits where it has
 // none.
 func (n *node) read() (acl, error) {
@@ -241,15 +257,11 @@ func (n *node) write(a acl) error {
 // with an ACL entry user:UID:rw, and leaves every other entry as it was.
 // It does nothing where the entry is there already.
 func AllowUser(path string, uid uint32) error {
-	n, err := openNode(path)
+	n, a, err := openACL(path)
 	if err != nil {
 		return err
 	}
 	defer n.close()
-	a, err := n.read()
-	if err != nil {
-		return fmt.Errorf("read ACL of %s: %w", path, err)
-	}
 	found := false
 	for _, e := range a {
 		if e.tag == aclUser && e.id == uid && e.perm&aclRW == aclRW && a.maskAllows(aclRW) {
@@ -286,15 +298,11 @@ func (a acl) maskAllows(perm uint16) bool {
 // user entries whose uid managed returns true for, and returns those uids.
 // Every other entry stays.
 func RemoveUsers(path string, managed func(uid uint32) bool) ([]uint32, error) {
-	n, err := openNode(path)
+	n, a, err := openACL(path)
 	if err != nil {
 		return nil, err
 	}
 	defer n.close()
-	a, err := n.read()
-	if err != nil {
-		return nil, fmt.Errorf("read ACL of %s: %w", path, err)
-	}
 	var removed []uint32
 	kept := a[:0:0]
 	for _, e := range a.folded() {
@@ -315,14 +323,10 @@ func RemoveUsers(path string, managed func(uid uint32) bool) ([]uint32, error) {
 
 // ACLUsers returns the uids that the ACL of the device node at path names.
 func ACLUsers(path string) ([]uint32, error) {
-	n, err := openNode(path)
+	n, a, err := openACL(path)
 	if err != nil {
 		return nil, err
 	}
 	defer n.close()
-	a, err := n.read()
-	if err != nil {
-		return nil, fmt.Errorf("read ACL of %s: %w", path, err)
-	}
 	return a.users(), nil
 }

@@ -27,12 +27,12 @@ import (
 // the ids inside the container (0 to k-1), and the vendor's container
 // runtime's variable with the physical ids.
 func ContainerEnv(vendor Vendor, devices []int) []string {
-	phys := joinInts(devices)
+	phys := JoinIDs(devices)
 	inside := make([]int, len(devices))
 	for i := range inside {
 		inside[i] = i
 	}
-	in := joinInts(inside)
+	in := JoinIDs(inside)
 	if vendor == NVIDIA {
 		return []string{"NPURUN_DEVICES=" + phys, "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=" + in, "NVIDIA_VISIBLE_DEVICES=" + phys}
 	}

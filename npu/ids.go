@@ -92,6 +92,22 @@ func FormatIDs(ids []int) string {
 	return b.String()
 }
 
+// JoinIDs writes ids as they are, in their order, separated by commas and
+// without ranges: "2,0,1". This is the syntax of the variables that select
+// devices (NPURUN_DEVICES, CUDA_VISIBLE_DEVICES, ASCEND_RT_VISIBLE_DEVICES),
+// where the order is the numbering the program sees, and of the container
+// handover's reply. FormatIDs is the one for people.
+func JoinIDs(ids []int) string {
+	var b strings.Builder
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(id))
+	}
+	return b.String()
+}
+
 // Unknown is the vendor of a device list whose vendor a client cannot
 // know (before the broker's grant tells it).
 const Unknown Vendor = ""

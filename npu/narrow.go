@@ -50,7 +50,7 @@ func Narrow(lookup func(string) (string, bool), ids []int, n int) ([]string, []i
 	for k, i := range pick {
 		chosen[k] = phys[i]
 	}
-	env := []string{"NPURUN_DEVICES=" + joinInts(chosen)}
+	env := []string{"NPURUN_DEVICES=" + JoinIDs(chosen)}
 	paired := false
 	for _, name := range visibleVars {
 		val, set := lookup(name)
@@ -62,7 +62,7 @@ func Narrow(lookup func(string) (string, bool), ids []int, n int) ([]string, []i
 		for k, i := range pick {
 			out[k] = list[i]
 		}
-		env = append(env, name+"="+joinInts(out))
+		env = append(env, name+"="+JoinIDs(out))
 		paired = true
 	}
 	if !paired {

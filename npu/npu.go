@@ -290,7 +290,7 @@ func runNPUSmi(bin string, args ...string) ([]byte, error) {
 func (inv *Inventory) Env(physical []int) []string {
 	phys := sortedUnique(physical)
 	if inv.Vendor == NVIDIA {
-		return []string{"NPURUN_DEVICES=" + joinInts(phys), "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=" + joinInts(phys)}
+		return []string{"NPURUN_DEVICES=" + JoinIDs(phys), "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=" + JoinIDs(phys)}
 	}
 	logical := make([]int, len(phys))
 	for i, p := range phys {
@@ -310,7 +310,7 @@ func (inv *Inventory) Env(physical []int) []string {
 	for i, k := range order {
 		physOut[i], logOut[i] = phys[k], logical[k]
 	}
-	return []string{"NPURUN_DEVICES=" + joinInts(physOut), "ASCEND_RT_VISIBLE_DEVICES=" + joinInts(logOut)}
+	return []string{"NPURUN_DEVICES=" + JoinIDs(physOut), "ASCEND_RT_VISIBLE_DEVICES=" + JoinIDs(logOut)}
 }
 
 // HiddenEnv returns the environment entries of a command run with no lease:
@@ -405,15 +405,4 @@ func sortedUnique(ids []int) []int {
 	s := slices.Clone(ids)
 	slices.Sort(s)
 	return slices.Compact(s)
-}
-
-func joinInts(ids []int) string {
-	var b strings.Builder
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(id))
-	}
-	return b.String()
 }

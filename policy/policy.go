@@ -749,29 +749,15 @@ func (p *parser) restrict(raw map[string]any, c *Config, poolExists func(string)
 
 // names reads an array of account names.
 func (p *parser) names(table []string, t map[string]any, key, kind string) []string {
-	v, ok := t[key]
-	if !ok {
-		return nil
-	}
-	list, ok := v.([]any)
-	if !ok {
-		p.errorf(table, key, "must be an array of %s names, not %s", kind, typeName(v))
-		return nil
-	}
-	var names []string
-	for _, item := range list {
-		s, ok := item.(string)
-		if !ok {
-			p.errorf(table, key, "must be an array of %s names, not one holding %s", kind, typeName(item))
-			return nil
-		}
+	names, _ := p.list(table, t, key, kind+" names", func(s string) bool {
 		if !accountName.MatchString(s) || len(s) > 256 {
 			p.errorf(table, key, "bad %s name %q", kind, s)
-			continue
+			return false
 		}
-		if !slices.Contains(names, s) {
-			names = append(names, s)
-		}
+		return true
+	})
+	if len(names) == 0 {
+		return nil // none named: as absent
 	}
 	return names
 }
@@ -802,31 +788,16 @@ func (p *parser) limit(table []string, t map[string]any, base Limit, poolExists 
 	if n, ok := p.integer(table, t, "max_running_tasks", 0); ok {
 		l.MaxRunning = n
 	}
-	v, ok := t["pools"]
-	if !ok {
-		return l
-	}
-	list, ok := v.([]any)
-	if !ok {
-		p.errorf(table, "pools", "must be an array of pool names, not %s", typeName(v))
-		return l
-	}
-	names := make([]string, 0, len(list))
-	for _, item := range list {
-		s, ok := item.(string)
-		if !ok {
-			p.errorf(table, "pools", "must be an array of pool names, not one holding %s", typeName(item))
-			return l
-		}
+	pools, ok := p.list(table, t, "pools", "pool names", func(s string) bool {
 		if !poolExists(s) {
 			p.errorf(table, "pools", "no pool %q in [pools]", s)
-			continue
+			return false
 		}
-		if !slices.Contains(names, s) {
-			names = append(names, s)
-		}
+		return true
+	})
+	if ok {
+		l.Pools = pools
 	}
-	l.Pools = names
 	return l
 }
 

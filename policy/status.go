@@ -266,21 +266,34 @@ func (p *parser) usage(raw map[string]any, c *Config) {
 
 // stringList reads an array of strings, dropping repeats.
 func (p *parser) stringList(table []string, t map[string]any, key string) ([]string, bool) {
+	return p.list(table, t, key, "strings", nil)
+}
+
+// list reads the array of strings at key: the one reader of the file's
+// arrays of words (stringList, account names, a limit's pools). ok is
+// false where the key is absent, or is not an array of strings, which is
+// said with noun ("must be an array of pool names, not a string"). An item
+// that keep (where not nil) refuses, saying why, is left out, and so is a
+// repeat.
+func (p *parser) list(table []string, t map[string]any, key, noun string, keep func(string) bool) ([]string, bool) {
 	v, ok := t[key]
 	if !ok {
 		return nil, false
 	}
-	list, ok := v.([]any)
+	items, ok := v.([]any)
 	if !ok {
-		p.errorf(table, key, "must be an array of strings, not %s", typeName(v))
+		p.errorf(table, key, "must be an array of %s, not %s", noun, typeName(v))
 		return nil, false
 	}
-	out := make([]string, 0, len(list))
-	for _, item := range list {
+	out := make([]string, 0, len(items))
+	for _, item := range items {
 		s, ok := item.(string)
 		if !ok {
-			p.errorf(table, key, "must be an array of strings, not one holding %s", typeName(item))
+			p.errorf(table, key, "must be an array of %s, not one holding %s", noun, typeName(item))
 			return nil, false
+		}
+		if keep != nil && !keep(s) {
+			continue
 		}
 		if !slices.Contains(out, s) {
 			out = append(out, s)

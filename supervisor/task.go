@@ -505,17 +505,11 @@ func signalName(sig syscall.Signal) string {
 	return "SIG" + strconv.Itoa(int(sig))
 }
 
-// describe says how the task ended, for the log's last line.
+// describe says how the task ended, for the log's last line, in
+// task-submit's words (wire.EndHow).
 func describe(st *wire.Status) string {
-	how := "status unknown"
-	switch {
-	case st.Exit != nil:
-		how = "exit " + strconv.Itoa(*st.Exit)
-	case st.Signal != "":
-		how = "killed by " + st.Signal
+	if how := wire.EndHow(st.Exit, st.Signal, st.Reason); how != "" {
+		return how
 	}
-	if st.Reason != "" {
-		how += " (" + st.Reason + ")"
-	}
-	return how
+	return "status unknown"
 }

@@ -21,11 +21,10 @@ import (
 func (room *Room) Hold(uid uint32, id uint64, held bool) (wire.TaskInfo, error) {
 	room.mu.Lock()
 	defer room.unlock()
-	t, err := room.taskFor(uid, id)
+	t, j, err := room.jobFor(uid, id)
 	if err != nil {
 		return wire.TaskInfo{}, err
 	}
-	j := room.jobs[t.ID]
 	verb := "held"
 	if !held {
 		verb = "released"
@@ -54,11 +53,7 @@ func (room *Room) Hold(uid uint32, id uint64, held bool) (wire.TaskInfo, error) 
 	} else {
 		room.serveLocked()
 	}
-	ti := Info(t, true, room.positionLocked(j))
-	if t.IsWaiting() {
-		ti.Reason = room.waitReasonLocked(j)
-	}
-	return ti, nil
+	return room.infoLocked(t, j), nil
 }
 
 // HeldWhy is why a task its owner holds waits, as status shows it.

@@ -168,20 +168,37 @@ func (room *Room) taskFor(uid uint32, id uint64) (*journal.Task, error) {
 	return t, nil
 }
 
+// jobFor is taskFor, and the task's entry in the line (nil: none, as for
+// an ended task): the one lookup of what is asked of a task by id (show,
+// wait, hold, release, cancel).
+func (room *Room) jobFor(uid uint32, id uint64) (*journal.Task, *Task, error) {
+	t, err := room.taskFor(uid, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, room.jobs[t.ID], nil
+}
+
+// infoLocked is task t, whose entry in the line is j (nil: none), as its
+// owner sees it, with its place in line and why it waits.
+func (room *Room) infoLocked(t *journal.Task, j *Task) wire.TaskInfo {
+	ti := Info(t, true, room.positionLocked(j))
+	if j != nil && t.IsWaiting() {
+		ti.Reason = room.waitReasonLocked(j)
+	}
+	return ti
+}
+
 // Show is task id as its owner (uid, or root) sees it, with its place in
 // line and why it waits.
 func (room *Room) Show(uid uint32, id uint64) (wire.TaskInfo, error) {
 	room.mu.Lock()
 	defer room.unlock()
-	t, err := room.taskFor(uid, id)
+	t, j, err := room.jobFor(uid, id)
 	if err != nil {
 		return wire.TaskInfo{}, err
 	}
-	ti := Info(t, true, room.positionLocked(room.jobs[t.ID]))
-	if j := room.jobs[t.ID]; j != nil && t.IsWaiting() {
-		ti.Reason = room.waitReasonLocked(j)
-	}
-	return ti, nil
+	return room.infoLocked(t, j), nil
 }
 
 // Wait has w told of task id's end (Watcher.TaskEnded), for asker uid.
@@ -190,11 +207,10 @@ func (room *Room) Show(uid uint32, id uint64) (wire.TaskInfo, error) {
 func (room *Room) Wait(w Watcher, uid uint32, id uint64) (*wire.TaskInfo, error) {
 	room.mu.Lock()
 	defer room.unlock()
-	t, err := room.taskFor(uid, id)
+	t, j, err := room.jobFor(uid, id)
 	if err != nil {
 		return nil, err
 	}
-	j := room.jobs[t.ID]
 	if t.IsEnded() || j == nil {
 		ti := Info(t, true, 0)
 		return &ti, nil
@@ -243,11 +259,10 @@ func (room *Room) unwatchLocked(w Watcher, t *Task) {
 func (room *Room) Cancel(uid uint32, who string, id uint64) (wire.TaskInfo, error) {
 	room.mu.Lock()
 	defer room.unlock()
-	t, err := room.taskFor(uid, id)
+	t, j, err := room.jobFor(uid, id)
 	if err != nil {
 		return wire.TaskInfo{}, err
 	}
-	j := room.jobs[t.ID]
 	switch {
 	case t.Busy():
 		return wire.TaskInfo{}, refusal.New(ErrBusy, "", "task %d is being cancelled already", t.ID)

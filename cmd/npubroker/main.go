@@ -12,7 +12,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/broker"
@@ -108,16 +107,9 @@ var checkConfigOptions = []completion.Option{
 }
 
 func checkConfig(args []string) int {
-	fs := cli.NewFlags("npubroker check-config", checkConfigOptions)
-	fs.Usage = func() {
-		fmt.Fprint(os.Stderr, usage, "\n", checkConfigHelp)
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return exitcode.OK
-		}
-		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
-		return exitcode.Usage
+	fs, code, done := cli.Parse("npubroker check-config", checkConfigOptions, usage+"\n"+checkConfigHelp, false, args, os.Stderr)
+	if done {
+		return code
 	}
 	path := broker.DefaultConfig
 	switch fs.NArg() {
@@ -221,24 +213,15 @@ var serveOptions = []completion.Option{
 }
 
 func serve(args []string) int {
-	fs := cli.NewFlags("npubroker serve", serveOptions)
-	fs.Usage = func() {
-		fmt.Fprint(os.Stderr, usage, "\nOptions of serve:\n")
-		fs.PrintDefaults()
+	fs, code, done := cli.Parse("npubroker serve", serveOptions, usage+"\nOptions of serve:\n", true, args, os.Stderr)
+	if done {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return exitcode.OK
-		}
-		fmt.Fprintf(os.Stderr, "npubroker: %v\n", err)
-		return exitcode.Usage
+	if code, done := fs.NoArgs(os.Stderr); done {
+		return code
 	}
 	config, runDir, socket := fs.String("config"), fs.String("run-dir"), fs.String("socket")
 	stateDir, cgroup, logTo := fs.String("state-dir"), fs.String("cgroup"), fs.String("log")
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "npubroker: serve takes no arguments, got %q\n", fs.Arg(0))
-		return exitcode.Usage
-	}
 	if socket == "" {
 		socket = filepath.Join(runDir, "broker.sock")
 	}

@@ -6,8 +6,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/spf13/pflag"
-
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/printable"
 	"github.com/npurun/npurun/wire"
@@ -48,18 +46,9 @@ func drainCmd(op string, args []string, env Env) int {
 	if op == "drain" {
 		table = DrainOptions
 	}
-	fs := NewFlags("npubroker "+op, table)
-	fs.SetOutput(env.Stderr)
-	fs.Usage = func() {
-		fmt.Fprint(env.Stderr, drainHelp)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return exitcode.OK
-		}
-		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-		return exitcode.Usage
+	fs, code, done := Parse("npubroker "+op, table, drainHelp, true, args, env.Stderr)
+	if done {
+		return code
 	}
 	asJSON, socket := fs.Bool("json"), fs.String("socket")
 	if fs.NArg() != 1 {

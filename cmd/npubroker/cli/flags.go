@@ -1,9 +1,15 @@
 package cli
 
 import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
 	"github.com/spf13/pflag"
 
 	"github.com/npurun/npurun/internal/completion"
+	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -38,6 +44,41 @@ func NewFlags(name string, table []completion.Option) *Flags {
 		}
 	}
 	return &Flags{FlagSet: fs, table: table}
+}
+
+// Parse makes the flag set named name (npubroker serve) from table and
+// parses args: the one prologue of every npubroker command. -h, --help
+// writes help to stderr, then the options unless help already says them
+// all (options false), and ends the command with 0; an option it does not
+// know or a missing value is said as "npubroker: …" and ends it with 2
+// (usage). done says the command ends there, with code.
+func Parse(name string, table []completion.Option, help string, options bool, args []string, stderr io.Writer) (f *Flags, code int, done bool) {
+	f = NewFlags(name, table)
+	f.SetOutput(stderr)
+	f.Usage = func() {
+		fmt.Fprint(stderr, help)
+		if options {
+			f.PrintDefaults()
+		}
+	}
+	if err := f.FlagSet.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return f, exitcode.OK, true
+		}
+		fmt.Fprintf(stderr, "npubroker: %v\n", err)
+		return f, exitcode.Usage, true
+	}
+	return f, 0, false
+}
+
+// NoArgs ends a command that takes no arguments where it was given one,
+// with 2 (usage) and the first of them named; done says it ends.
+func (f *Flags) NoArgs(stderr io.Writer) (code int, done bool) {
+	if f.NArg() > 0 {
+		fmt.Fprintf(stderr, "npubroker: %s takes no arguments, got %q\n", strings.TrimPrefix(f.Name(), "npubroker "), f.Arg(0))
+		return exitcode.Usage, true
+	}
+	return 0, false
 }
 
 // String is the value of the string option long, as parsed.

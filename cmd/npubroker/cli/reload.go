@@ -1,11 +1,8 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/spf13/pflag"
 
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
@@ -35,22 +32,12 @@ Options:
 
 // Reload runs npubroker reload ARGS and returns its exit status.
 func Reload(args []string, env Env) int {
-	fs := NewFlags("npubroker reload", ReloadOptions)
-	fs.SetOutput(env.Stderr)
-	fs.Usage = func() {
-		fmt.Fprint(env.Stderr, reloadHelp)
-		fs.PrintDefaults()
+	fs, code, done := Parse("npubroker reload", ReloadOptions, reloadHelp, true, args, env.Stderr)
+	if done {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return exitcode.OK
-		}
-		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-		return exitcode.Usage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(env.Stderr, "npubroker: reload takes no arguments, got %q\n", fs.Arg(0))
-		return exitcode.Usage
+	if code, done := fs.NoArgs(env.Stderr); done {
+		return code
 	}
 	asJSON, socket := fs.Bool("json"), fs.String("socket")
 	c, code := dial(socket, env)

@@ -13,11 +13,9 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/internal/exitcode"
@@ -68,13 +66,11 @@ func OSEnv() Env { return Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.G
 
 // Status runs `npubroker status ARGS` and returns its exit status.
 func Status(args []string, env Env) int {
-	fs := NewFlags("npubroker status", StatusOptions)
-	fs.SetOutput(env.Stderr)
-	fs.Usage = func() {
-		fmt.Fprint(env.Stderr, statusHelp)
-		fs.PrintDefaults()
+	fs, code, done := Parse("npubroker status", StatusOptions, statusHelp, true, args, env.Stderr)
+	if done {
+		return code
 	}
-	if code, done := parse(fs, args, env); done {
+	if code, done := fs.NoArgs(env.Stderr); done {
 		return code
 	}
 	asJSON, watch, socket := fs.Bool("json"), fs.Bool("watch"), fs.String("socket")
@@ -133,13 +129,11 @@ const DefaultUsageSince = "7d"
 
 // Usage runs `npubroker usage ARGS` and returns its exit status.
 func Usage(args []string, env Env) int {
-	fs := NewFlags("npubroker usage", UsageOptions)
-	fs.SetOutput(env.Stderr)
-	fs.Usage = func() {
-		fmt.Fprint(env.Stderr, usageHelp)
-		fs.PrintDefaults()
+	fs, code, done := Parse("npubroker usage", UsageOptions, usageHelp, true, args, env.Stderr)
+	if done {
+		return code
 	}
-	if code, done := parse(fs, args, env); done {
+	if code, done := fs.NoArgs(env.Stderr); done {
 		return code
 	}
 	user, asJSON, socket, by := fs.String("user"), fs.Bool("json"), fs.String("socket"), fs.String("by")
@@ -184,22 +178,6 @@ func Usage(args []string, env Env) int {
 	}
 	io.WriteString(env.Stdout, UsageTable(rep))
 	return exitcode.OK
-}
-
-// parse parses the flags; done says the command ends with code.
-func parse(fs *Flags, args []string, env Env) (int, bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return exitcode.OK, true
-		}
-		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
-		return exitcode.Usage, true
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(env.Stderr, "npubroker: %s takes no arguments, got %q\n", strings.TrimPrefix(fs.Name(), "npubroker "), fs.Arg(0))
-		return exitcode.Usage, true
-	}
-	return 0, false
 }
 
 // socketPath is the broker's socket: flag's, or $NPURUN_SOCKET, or the

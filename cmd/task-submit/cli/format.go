@@ -433,31 +433,20 @@ func ended(t *wire.TaskInfo) bool {
 // "failed: exit 3", "failed: killed by SIGKILL (time limit 1h0m0s
 // reached)", "cancelled", "lost (…)".
 func describeEnd(t *wire.TaskInfo) string {
-	how := ""
-	switch {
-	case t.Exit != nil:
-		how = "exit " + strconv.Itoa(*t.Exit)
-	case t.Signal != "":
-		how = "killed by " + t.Signal
-	}
+	how := wire.EndHow(t.Exit, t.Signal, "")
 	reason := oneLine(t.Reason)
 	switch t.State {
 	case wire.StateDone:
 		return "succeeded"
 	case wire.StateFailed:
 		failed := "failed"
-		if t.NeverRan {
+		if t.NeverRan && how == "" {
 			failed = "failed without running"
 		}
-		switch {
-		case how == "" && reason == "":
-			return failed
-		case how == "":
-			return failed + ": " + reason
-		case reason == "":
-			return "failed: " + how
+		if end := wire.EndHow(t.Exit, t.Signal, reason); end != "" {
+			return failed + ": " + end
 		}
-		return "failed: " + how + " (" + reason + ")"
+		return failed
 	case wire.StateCancelled, wire.StateLost:
 		base := t.State
 		var notes []string
