@@ -14,8 +14,8 @@ import (
 // A private Slurm of two nodes on one machine (../shared/slurm-single-node.md,
 // "Two nodes on one machine"): munged, slurmctld and two slurmd, n1 and
 // n2, each with its name, port, spool and log, and each with its own
-// npubroker on its own fake device tree in split mode ([slurm] of all its
-// devices), fed by the Prolog and Epilog (npurun-slurm, one script for
+// npubroker on its own fake device tree in split mode ([slurm] of its first
+// Devices, npurun's own the Own after them), fed by the Prolog and Epilog (npurun-slurm, one script for
 // both nodes, routed by SLURMD_NODENAME). Each node's jobs hold their
 // leases through spank_npurun.so in their extern step, as on a real node:
 // plugstack.conf names one broker socket, so each slurmd reads a
@@ -26,7 +26,9 @@ import (
 
 // SlurmClusterOptions describe the cluster a test wants.
 type SlurmClusterOptions struct {
-	Devices int    // each node's devices, davinci0..Devices-1 (default 4), all Slurm's
+	Devices int    // each node's Slurm devices, davinci0..Devices-1 (default 4)
+	Own     int    // each node's devices of npurun's own after Slurm's (split mode: not Slurm's)
+	Node    string // more of each node's npurun.conf ([share], pools)
 	Login   string // more of the login node's [cluster] table
 	Extra   string // more slurm.conf lines, before the nodes
 	More    string // more partition lines, after the nodes and partition npu
@@ -75,12 +77,12 @@ func StartSlurmCluster(t testing.TB, o SlurmClusterOptions) *SlurmCluster {
 	var gres, nodes strings.Builder
 	route := "#!/bin/sh\ncase \"$SLURMD_NODENAME\" in\n"
 	for i, name := range []string{"n1", "n2"} {
-		dev := NewDevTree(t, o.Devices)
+		dev := NewDevTree(t, o.Devices+o.Own)
 		last := o.Devices - 1
 		fmt.Fprintf(&gres, "NodeName=%s Name=gpu File=%s/davinci[0-%d]\n", name, dev.Dir, last)
 		fmt.Fprintf(&nodes, "NodeName=%s NodeHostname=localhost NodeAddr=127.0.0.1 Port=%d CPUs=2 RealMemory=1000 Gres=gpu:%d State=UNKNOWN\n", name, ports[1+i], o.Devices)
-		conf := dev.Config(fmt.Sprintf("0-%d", last), fmt.Sprintf("[slurm]\ngres_devices = \"0-%d\"\nmode = \"split\"\nnode = %q\ngres_conf = %q\n",
-			last, name, filepath.Join(dir, "gres.conf")))
+		conf := dev.Config(fmt.Sprintf("0-%d", last+o.Own), fmt.Sprintf("[slurm]\ngres_devices = \"0-%d\"\nmode = \"split\"\nnode = %q\ngres_conf = %q\n%s",
+			last, name, filepath.Join(dir, "gres.conf"), o.Node))
 		b := NewBroker(t, conf, "SLURM_CONF="+c.Conf)
 		c.Nodes = append(c.Nodes, &SlurmClusterNode{Name: name, B: b, Dev: dev})
 		route += fmt.Sprintf("%s) exec %s --socket %s ;;\n", name, b.Bin.Slurm, b.Socket)
