@@ -12,8 +12,10 @@ import (
 // of a submitter's at a job's end but mail, so the job's batch script
 // runs it, on the job's node, as the job's user, once the command has
 // ended, with the box's variables (wire.Notify*): the job's id, the state
-// as list shows it (done, failed; cancelled where Slurm ended the job by
-// SIGTERM: scancel, its time limit, a preemption), the exit status (128+N
+// as list shows it (done, failed; cancelled where the job, or its
+// command, was ended by SIGTERM, as Slurm ends one: scancel, its time
+// limit, a preemption; the command's end may come before the script's
+// own SIGTERM), the exit status (128+N
 // for signal N), the signal's name, the task's name and its log. It runs
 // by /bin/sh in the job's directory, its input /dev/null and its outputs
 // appended to the job's output, killed after wire.NotifyFor; the job's
@@ -37,7 +39,7 @@ func notifyScript(shell, notify, name, log string) string {
 	b.WriteString(`npurun_s=$?
 npurun_sig=
 if [ "$npurun_s" -gt 128 ] && [ "$npurun_s" -lt 193 ]; then npurun_sig=$(kill -l $((npurun_s - 128)) 2>/dev/null); fi
-if [ -n "$npurun_term" ]; then npurun_state=cancelled; elif [ "$npurun_s" -eq 0 ]; then npurun_state=done; else npurun_state=failed; fi
+if [ -n "$npurun_term" ] || [ "$npurun_s" -eq 143 ]; then npurun_state=cancelled; elif [ "$npurun_s" -eq 0 ]; then npurun_state=done; else npurun_state=failed; fi
 `)
 	b.WriteString(wire.NotifyID + `="$SLURM_JOB_ID" ` + wire.NotifyState + `="$npurun_state" ` + wire.NotifyExit + `="$npurun_s" ` +
 		wire.NotifySignal + `="${npurun_sig:+SIG$npurun_sig}" ` + wire.NotifyName + "=" + ShellJoin([]string{name}) + " " + wire.NotifyLog + "=" + log + " \\\n")

@@ -25,6 +25,9 @@ func TestNotifyScript(t *testing.T) {
 		{"failed", "exit 3", false, "failed", "3", "", "exit status 3"},
 		{"killed", "kill -KILL $$", false, "failed", "137", "SIGKILL", "signal: killed"},
 		{"cancelled", "touch started; sleep 30", true, "cancelled", "143", "SIGTERM", "signal: terminated"},
+		// Slurm's SIGTERM may reach the command and end it before the
+		// script has it.
+		{"terminated", "kill -TERM $$", false, "cancelled", "143", "SIGTERM", "signal: terminated"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

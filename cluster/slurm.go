@@ -79,6 +79,7 @@ type Request struct {
 	Log     string   // output file; "" for Slurm's default (slurm-%j.out in the working directory)
 	Command string   // the command line, for the job's comment (what list shows)
 	Notify  string   // a command line run once the command has ended (notifyScript); "" for none
+	Token   string   // names the submission (the job's comment keeps it): ByToken finds its job
 }
 
 // Args is the one table from a request to Slurm's options, the same for
@@ -132,8 +133,8 @@ func (s *Slurm) Args(r *Request) ([]string, error) {
 	if r.Log != "" {
 		a = append(a, "--output="+r.Log)
 	}
-	if r.Command != "" {
-		a = append(a, "--comment="+commentOf(r.Command))
+	if r.Command != "" || r.Token != "" {
+		a = append(a, "--comment="+commentOf(r.Command, r.Token))
 	}
 	return a, nil
 }
@@ -156,13 +157,39 @@ func (s *Slurm) Command(r *Request, argv []string) []string {
 // maxComment bounds the command kept in a job's comment.
 const maxComment = 1000
 
-// commentOf is the command line as a job's comment: one line, bounded.
-func commentOf(cmd string) string {
+// tokenMark begins the comment of a job submitted with a token: the
+// token, then a space and the command.
+const tokenMark = "npurun-token="
+
+// commentOf is the command line as a job's comment, after the
+// submission's token if it has one: one line, bounded.
+func commentOf(cmd, token string) string {
 	cmd = strings.Join(strings.Fields(cmd), " ")
+	if token != "" {
+		cmd = tokenMark + token + " " + cmd
+	}
 	if len(cmd) > maxComment {
 		cmd = cmd[:maxComment]
 	}
 	return cmd
+}
+
+// ByToken is the caller's job whose submission token was token, while
+// slurmctld keeps it (MinJobAge after its end), or nil. Two submissions
+// with one token are one job where the second asks after the first has
+// its id: the caller serialises its own.
+func (s *Slurm) ByToken(token string) (*Job, error) {
+	jobs, err := s.Jobs()
+	if err != nil {
+		return nil, err
+	}
+	uid := uint32(os.Getuid())
+	for i := range jobs {
+		if jobs[i].Token == token && jobs[i].UID == uid {
+			return &jobs[i], nil
+		}
+	}
+	return nil, nil
 }
 
 // Bin is the path of Slurm's command name.
@@ -306,6 +333,7 @@ type Job struct {
 	GRES      string // what it asked for: "gpu:2"
 	Partition string
 	Command   string // the comment npurun gave it, else Slurm's command
+	Token     string // the token of its submission, kept in its comment
 	Cwd       string
 	Output    string // the output file, its %j, %u, %x, %N, %% expanded
 	Submitted time.Time
@@ -411,6 +439,9 @@ func parseJobs(data []byte) ([]Job, error) {
 			}
 		}
 		j.Command = r.Comment
+		if rest, ok := strings.CutPrefix(j.Command, tokenMark); ok {
+			j.Token, j.Command, _ = strings.Cut(rest, " ")
+		}
 		if j.Command == "" {
 			j.Command = r.Command
 		}

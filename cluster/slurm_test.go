@@ -134,3 +134,23 @@ func TestLoad(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenComment: a submission's token goes into its job's comment,
+// before the command, and comes back out of squeue --json apart from it.
+func TestTokenComment(t *testing.T) {
+	s := &Slurm{Conf: policy.Cluster{Scheduler: "slurm", GRES: "gpu"}}
+	got, err := s.Args(&Request{N: 1, Command: "python  train.py", Token: "run-7"})
+	if err != nil || !slices.Contains(got, "--comment=npurun-token=run-7 python train.py") {
+		t.Errorf("Args with a token = %q, %v", got, err)
+	}
+	jobs, err := parseJobs([]byte(`{"jobs":[{"job_id":9,"user_id":1001,"job_state":"PENDING","comment":"npurun-token=run-7 python train.py"},{"job_id":10,"user_id":1001,"job_state":"PENDING","comment":"npurun-token=t2 "}]}`))
+	if err != nil || len(jobs) != 2 {
+		t.Fatalf("parseJobs: %v, %v", jobs, err)
+	}
+	if jobs[0].Token != "run-7" || jobs[0].Command != "python train.py" {
+		t.Errorf("job 9 read as token %q, command %q", jobs[0].Token, jobs[0].Command)
+	}
+	if jobs[1].Token != "t2" {
+		t.Errorf("job 10 read as token %q", jobs[1].Token)
+	}
+}

@@ -87,8 +87,8 @@ func clusterSubmit(o *options, s *cluster.Slurm) int {
 		warn("-d names devices of one box; Slurm places the task on a node")
 		hint("give a count instead: -n %d", len(sub.Devices))
 		return exitcode.Usage
-	case sub.OOMRetries > 0, sub.Token != "":
-		warn("--oom-retries and --token are a box's broker's; Slurm does not carry them")
+	case sub.OOMRetries > 0:
+		warn("--oom-retries is a box's broker's: Slurm sees no device's memory")
 		return exitcode.Usage
 	}
 	cwd, err := os.Getwd()
@@ -111,7 +111,8 @@ func clusterSubmit(o *options, s *cluster.Slurm) int {
 	if !sub.NoNotify {
 		r.Notify = cmp.Or(sub.Notify, s.Notify)
 	}
-	id, partition, err := s.Submit(r, cwd, shell)
+	r.Token = sub.Token
+	id, partition, existing, err := clusterSubmitOnce(s, r, cwd, shell)
 	if err != nil {
 		code := clusterFailure(err, 0)
 		if code == exitcode.TempFail {
@@ -119,8 +120,11 @@ func clusterSubmit(o *options, s *cluster.Slurm) int {
 		}
 		return code
 	}
+	if existing {
+		warn("token %s names task %d, submitted already: no other task was made", r.Token, id)
+	}
 	if o.json {
-		err = writeJSON(stdout, submitted{ID: id, Pool: partition, State: wire.StatePending})
+		err = writeJSON(stdout, submitted{ID: id, Pool: partition, State: wire.StatePending, Token: r.Token, Existing: existing})
 	} else {
 		where := ""
 		if partition != "" {
@@ -135,6 +139,64 @@ func clusterSubmit(o *options, s *cluster.Slurm) int {
 	return 0
 }
 
+// clusterSubmitOnce submits r, or, where its token names a job of the
+// caller's that slurmctld keeps, finds that job instead (existing). The
+// caller's submissions with tokens take turns (tokenLock), so two at
+// once with one token make one job; without a lock file to take they go
+// on, as Slurm's own do.
+func clusterSubmitOnce(s *cluster.Slurm, r *cluster.Request, cwd, shell string) (id uint64, partition string, existing bool, err error) {
+	if r.Token == "" {
+		id, partition, err = s.Submit(r, cwd, shell)
+		return id, partition, false, err
+	}
+	if f := tokenLock(); f != nil {
+		defer f.Close()
+	}
+	j, err := s.ByToken(r.Token)
+	switch {
+	case err != nil:
+		return 0, "", false, err
+	case j != nil:
+		return j.ID, j.Partition, true, nil
+	}
+	id, partition, err = s.Submit(r, cwd, shell)
+	return id, partition, false, err
+}
+
+// tokenLock takes the caller's lock of submissions with tokens, the file
+// cluster-token.lock in ~/.local/state/npurun (a shared home's lock is
+// every login node's), else in $XDG_RUNTIME_DIR; nil where neither can
+// be made. Closing the file lets it go.
+func tokenLock() *os.File {
+	var dirs []string
+	if home, err := os.UserHomeDir(); err == nil {
+		dirs = append(dirs, filepath.Join(home, filepath.Dir(wire.DefaultLogDir)))
+	}
+	if run := os.Getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(run) {
+		dirs = append(dirs, run)
+	}
+	for _, dir := range dirs {
+		if os.MkdirAll(dir, 0o700) != nil {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(dir, "cluster-token.lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			continue
+		}
+		for {
+			err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+			if err != unix.EINTR {
+				break
+			}
+		}
+		if err == nil {
+			return f
+		}
+		f.Close()
+	}
+	return nil
+}
+
 // clusterTask is a Slurm job as task-submit shows it: a task, and the
 // node it runs on.
 type clusterTask struct {
@@ -145,7 +207,7 @@ type clusterTask struct {
 
 // taskOf turns a Slurm job into a task.
 func taskOf(j *cluster.Job) clusterTask {
-	t := wire.TaskInfo{ID: j.ID, User: j.User, UID: j.UID, Command: j.Command, Cwd: j.Cwd, Log: j.Output,
+	t := wire.TaskInfo{ID: j.ID, User: j.User, UID: j.UID, Command: j.Command, Cwd: j.Cwd, Log: j.Output, Token: j.Token,
 		Pool: j.Partition, TimeSec: j.TimeSec, Held: j.Held, Submitted: unixMs(j.Submitted), Started: unixMs(j.Started), Ended: unixMs(j.Ended)}
 	if j.Name != "wrap" && j.Name != cluster.FirstWord(j.Command) {
 		t.Name = j.Name

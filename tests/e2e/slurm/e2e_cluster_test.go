@@ -271,6 +271,50 @@ func TestLoginCluster(t *testing.T) {
 		if got := told(bad); !strings.Contains(got, "STATE=failed\n") {
 			t.Errorf("task %s's notify command was told %q", bad, got)
 		}
+		// A token names one submission: three at once with one token make
+		// one job, and two of them say so.
+		type answer struct {
+			out, errs string
+			code      int
+		}
+		home := filepath.Join(marks, "home")
+		if err := os.Mkdir(home, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		os.Chown(home, int(u.UID), int(u.GID))
+		answers := make(chan answer, 3)
+		for range 3 {
+			go func() {
+				cmd := c.Login(&u, bins.TaskSubmit, "--token", "tok-1", "--no-device", "--", "echo", "tokened")
+				cmd.Env = append(cmd.Env, "HOME="+home)
+				out, errs, code := loginRun(cmd)
+				answers <- answer{out, errs, code}
+			}()
+		}
+		ids, already := map[string]bool{}, 0
+		for range 3 {
+			a := <-answers
+			m := submittedRE.FindStringSubmatch(a.out)
+			if a.code != 0 || m == nil {
+				t.Errorf("task-submit --token tok-1: status %d, printed %q, said %q", a.code, a.out, a.errs)
+				continue
+			}
+			ids[m[1]] = true
+			if strings.Contains(a.errs, "token tok-1 names task "+m[1]+", submitted already: no other task was made") {
+				already++
+			}
+		}
+		if len(ids) != 1 || already != 2 {
+			t.Errorf("three submissions with one token made tasks %v, %d of them said submitted already", ids, already)
+		}
+		for id := range ids {
+			if out, _, _ := ts("show", id); !strings.Contains(out, "token: tok-1\n") || !strings.Contains(out, "command: echo tokened\n") {
+				t.Errorf("show %s:\n%s", id, out)
+			}
+			if out, errs, code := ts("wait", id); code != 0 {
+				t.Errorf("wait %s: %d %q %q", id, code, out, errs)
+			}
+		}
 		if out, errs, code := ts("logs", ok); code != 0 || out != "after-ok\n" {
 			t.Errorf("logs %s: %d %q %q", ok, code, out, errs)
 		}
