@@ -18,7 +18,7 @@ import (
 // Samples of the login-side benchmarks (issue 32), on a private cluster of
 // two nodes on this machine (each with its npubroker in split mode).
 const (
-	benchClusterSamples = 15  // each side, interleaved
+	benchClusterSamples = 15   // each side, interleaved
 	benchClusterSubmits = 1000 // each side, 8 clients, as the issue asks
 	benchClusterClients = 8
 )
