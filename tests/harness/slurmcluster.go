@@ -75,7 +75,6 @@ func StartSlurmCluster(t testing.TB, o SlurmClusterOptions) *SlurmCluster {
 
 	prolog, epilog := filepath.Join(dir, "prolog"), filepath.Join(dir, "epilog")
 	var gres, nodes strings.Builder
-	route := "#!/bin/sh\ncase \"$SLURMD_NODENAME\" in\n"
 	for i, name := range []string{"n1", "n2"} {
 		dev := NewDevTree(t, o.Devices+o.Own)
 		last := o.Devices - 1
@@ -85,17 +84,13 @@ func StartSlurmCluster(t testing.TB, o SlurmClusterOptions) *SlurmCluster {
 			last, name, filepath.Join(dir, "gres.conf"), o.Node))
 		b := NewBroker(t, conf, "SLURM_CONF="+c.Conf)
 		c.Nodes = append(c.Nodes, &SlurmClusterNode{Name: name, B: b, Dev: dev})
-		route += fmt.Sprintf("%s) exec %s --socket %s ;;\n", name, b.Bin.Slurm, b.Socket)
 		plugstack := "required " + plugin + " socket=" + b.Socket + " timeout=10\n"
 		if err := os.WriteFile(filepath.Join(dir, "plugstack."+name+".conf"), []byte(plugstack), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	route += "esac\necho \"no broker for node $SLURMD_NODENAME\" >&2\nexit 1\n"
 	for _, s := range []string{prolog, epilog} {
-		if err := os.WriteFile(s, []byte(route), 0o755); err != nil {
-			t.Fatal(err)
-		}
+		c.WriteRoute(s, func(n *SlurmClusterNode) string { return n.B.Bin.Slurm + " --socket " + n.B.Socket })
 	}
 	if err := os.WriteFile(filepath.Join(dir, "gres.conf"), []byte(gres.String()), 0o644); err != nil {
 		t.Fatal(err)
@@ -165,6 +160,22 @@ SlurmdTimeout=6
 		return strings.TrimSpace(string(out)) == "n1 idle\nn2 idle"
 	})
 	return c
+}
+
+// WriteRoute writes a script at path that runs, on each node (by
+// SLURMD_NODENAME, as Slurm sets it in a job and its Prolog), the
+// command line cmd gives for the node with the script's arguments: one
+// machine's two nodes each reach their own broker.
+func (c *SlurmCluster) WriteRoute(path string, cmd func(n *SlurmClusterNode) string) {
+	c.t.Helper()
+	route := "#!/bin/sh\ncase \"$SLURMD_NODENAME\" in\n"
+	for _, n := range c.Nodes {
+		route += n.Name + ") exec " + cmd(n) + " \"$@\" ;;\n"
+	}
+	route += "esac\necho \"no broker for node $SLURMD_NODENAME\" >&2\nexit 1\n"
+	if err := os.WriteFile(path, []byte(route), 0o755); err != nil {
+		c.t.Fatal(err)
+	}
 }
 
 // nodeConf is the slurm.conf node name's slurmd reads.

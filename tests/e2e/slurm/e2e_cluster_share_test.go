@@ -27,14 +27,7 @@ func TestLoginClusterShares(t *testing.T) {
 	// The jobs' npurun: the node's, talking to its own broker (one
 	// machine, two brokers: routed by the node's name, as the Prolog is).
 	path := harness.SharedDir(t)
-	route := "#!/bin/sh\ncase \"$SLURMD_NODENAME\" in\n"
-	for _, n := range c.Nodes {
-		route += fmt.Sprintf("%s) exec %s --socket %s \"$@\" ;;\n", n.Name, bins.Npurun, n.B.Socket)
-	}
-	route += "esac\necho \"no broker for node $SLURMD_NODENAME\" >&2\nexit 1\n"
-	if err := os.WriteFile(filepath.Join(path, "npurun"), []byte(route), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	c.WriteRoute(filepath.Join(path, "npurun"), func(n *harness.SlurmClusterNode) string { return bins.Npurun + " --socket " + n.B.Socket })
 	login := func(program string, args ...string) (string, string, int) {
 		cmd := c.Login(&u, program, args...)
 		cmd.Env = append(cmd.Env, "PATH="+path+":"+os.Getenv("PATH"))
