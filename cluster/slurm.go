@@ -134,7 +134,7 @@ func (s *Slurm) Args(r *Request) ([]string, error) {
 		a = append(a, "--output="+r.Log)
 	}
 	if r.Command != "" || r.Token != "" {
-		a = append(a, "--comment="+commentOf(r.Command, r.Token))
+		a = append(a, "--comment="+commentOf(r))
 	}
 	return a, nil
 }
@@ -157,21 +157,54 @@ func (s *Slurm) Command(r *Request, argv []string) []string {
 // maxComment bounds the command kept in a job's comment.
 const maxComment = 1000
 
-// tokenMark begins the comment of a job submitted with a token: the
-// token, then a space and the command.
-const tokenMark = "npurun-token="
+// A job's comment is its command line after what Slurm's own record of
+// the job does not keep of the request, each a word "npurun-KEY=VALUE ":
+// the submission's token (ByToken), and a share's memory in MiB and its
+// device count (a shard job's GRES counts shards; a job of the nodes'
+// own npurun shares has none).
+const (
+	commentMark  = "npurun-"
+	commentToken = "token"
+	commentMem   = "mem"
+	commentN     = "n"
+)
 
-// commentOf is the command line as a job's comment, after the
-// submission's token if it has one: one line, bounded.
-func commentOf(cmd, token string) string {
-	cmd = strings.Join(strings.Fields(cmd), " ")
-	if token != "" {
-		cmd = tokenMark + token + " " + cmd
+// commentOf is r's comment: its command line, after its token and share
+// if it has them; one line, bounded.
+func commentOf(r *Request) string {
+	var b strings.Builder
+	word := func(key, value string) { b.WriteString(commentMark + key + "=" + value + " ") }
+	if r.Token != "" {
+		word(commentToken, r.Token)
 	}
+	if r.Mem > 0 {
+		word(commentMem, strconv.FormatInt(r.Mem, 10))
+		word(commentN, strconv.Itoa(max(r.N, 1)))
+	}
+	b.WriteString(strings.Join(strings.Fields(r.Command), " "))
+	cmd := b.String()
 	if len(cmd) > maxComment {
 		cmd = cmd[:maxComment]
 	}
 	return cmd
+}
+
+// readComment fills j's command, token and share from its comment.
+func (j *Job) readComment(comment string) {
+	for strings.HasPrefix(comment, commentMark) {
+		var w string
+		w, comment, _ = strings.Cut(comment, " ")
+		key, value, _ := strings.Cut(strings.TrimPrefix(w, commentMark), "=")
+		switch key {
+		case commentToken:
+			j.Token = value
+		case commentMem:
+			j.Mem, _ = strconv.ParseInt(value, 10, 64)
+		case commentN:
+			j.MemN, _ = strconv.Atoi(value)
+		}
+	}
+	j.Command = comment
 }
 
 // ByToken is the caller's job whose submission token was token, while
@@ -334,6 +367,8 @@ type Job struct {
 	Partition string
 	Command   string // the comment npurun gave it, else Slurm's command
 	Token     string // the token of its submission, kept in its comment
+	Mem       int64  // a share's memory of each device, MiB, kept in its comment; 0: whole devices
+	MemN      int    // with Mem: the devices it shares
 	Cwd       string
 	Output    string // the output file, its %j, %u, %x, %N, %% expanded
 	Submitted time.Time
@@ -438,10 +473,7 @@ func parseJobs(data []byte) ([]Job, error) {
 				j.Devices = append(j.Devices, parseIndices(strings.TrimSuffix(idx, ")"))...)
 			}
 		}
-		j.Command = r.Comment
-		if rest, ok := strings.CutPrefix(j.Command, tokenMark); ok {
-			j.Token, j.Command, _ = strings.Cut(rest, " ")
-		}
+		j.readComment(r.Comment)
 		if j.Command == "" {
 			j.Command = r.Command
 		}

@@ -135,16 +135,21 @@ func TestLoad(t *testing.T) {
 	}
 }
 
-// TestTokenComment: a submission's token goes into its job's comment,
-// before the command, and comes back out of squeue --json apart from it.
-func TestTokenComment(t *testing.T) {
-	s := &Slurm{Conf: policy.Cluster{Scheduler: "slurm", GRES: "gpu"}}
+// TestCommentWords: a submission's token and share go into its job's comment,
+// before the command, and come back out of squeue --json apart from it.
+func TestCommentWords(t *testing.T) {
+	s := &Slurm{Conf: policy.Cluster{Scheduler: "slurm", GRES: "gpu", Shares: policy.SharesNpurun}}
 	got, err := s.Args(&Request{N: 1, Command: "python  train.py", Token: "run-7"})
 	if err != nil || !slices.Contains(got, "--comment=npurun-token=run-7 python train.py") {
 		t.Errorf("Args with a token = %q, %v", got, err)
 	}
-	jobs, err := parseJobs([]byte(`{"jobs":[{"job_id":9,"user_id":1001,"job_state":"PENDING","comment":"npurun-token=run-7 python train.py"},{"job_id":10,"user_id":1001,"job_state":"PENDING","comment":"npurun-token=t2 "}]}`))
-	if err != nil || len(jobs) != 2 {
+	got, err = s.Args(&Request{N: 2, Mem: 6144, Command: "x", Token: "t"})
+	if err != nil || !slices.Contains(got, "--comment=npurun-token=t npurun-mem=6144 npurun-n=2 x") {
+		t.Errorf("Args of a share = %q, %v", got, err)
+	}
+	jobs, err := parseJobs([]byte(`{"jobs":[{"job_id":9,"user_id":1001,"job_state":"PENDING","comment":"npurun-token=run-7 python train.py"},{"job_id":10,"user_id":1001,"job_state":"PENDING","comment":"npurun-token=t2 "},` +
+		`{"job_id":11,"user_id":1001,"job_state":"PENDING","comment":"npurun-mem=6144 npurun-n=1 npurun-unknown=1 python npurun-x"}]}`))
+	if err != nil || len(jobs) != 3 {
 		t.Fatalf("parseJobs: %v, %v", jobs, err)
 	}
 	if jobs[0].Token != "run-7" || jobs[0].Command != "python train.py" {
@@ -152,5 +157,8 @@ func TestTokenComment(t *testing.T) {
 	}
 	if jobs[1].Token != "t2" {
 		t.Errorf("job 10 read as token %q", jobs[1].Token)
+	}
+	if j := jobs[2]; j.Token != "" || j.Mem != 6144 || j.MemN != 1 || j.Command != "python npurun-x" {
+		t.Errorf("job 11 read as %+v", j)
 	}
 }

@@ -217,6 +217,9 @@ func taskOf(j *cluster.Job) clusterTask {
 	}
 	t.NoDevice = j.GRES == ""
 	t.Devices = j.Devices
+	if j.Mem > 0 { // a share: of Slurm's shards, or of the node's own npurun devices (no GRES)
+		t.Mem, t.N, t.NoDevice = j.Mem, j.MemN, false
+	}
 	ct := clusterTask{Node: j.Node}
 	switch j.State {
 	case cluster.StatePending:

@@ -69,6 +69,14 @@ done`, marks, tasks)
 	if nodes["n1"] != 2 || nodes["n2"] != 2 {
 		t.Errorf("the tasks ran %v, not two on each node", nodes)
 	}
+	// list and show tell a share by its memory, as on a box (Slurm's job
+	// has no GRES: the job's comment keeps it).
+	if out, _, _ := login(bins.TaskSubmit, "show", ids[0]); !strings.Contains(out, "memory: 6G declared (a share of each device)\n") || !strings.Contains(out, "devices: 1 wanted") {
+		t.Errorf("show %s:\n%s", ids[0], out)
+	}
+	if out, _, _ := login(bins.TaskSubmit, "list", "--ended"); strings.Count(out, " 1 wanted (6G) ") != tasks {
+		t.Errorf("list --ended shows not %d shares of 6G:\n%s", tasks, out)
+	}
 	out, errs, code := login(bins.Npurun, "--mem", "4G", "--", "sh", "-c", "echo $ASCEND_RT_VISIBLE_DEVICES; exit 3")
 	if code != 3 || out != "1\n" {
 		t.Errorf("npurun --mem 4G on the login side: status %d, printed %q, said %q", code, out, errs)
