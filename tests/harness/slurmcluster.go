@@ -53,8 +53,8 @@ type SlurmCluster struct {
 // idle; it is stopped when the test ends.
 func StartSlurmCluster(t testing.TB, o SlurmClusterOptions) *SlurmCluster {
 	t.Helper()
-	plugin := SpankPlugin(t)
 	NeedSlurm(t)
+	plugin := SpankPlugin(t)
 	if o.Devices == 0 {
 		o.Devices = 4
 	}
