@@ -149,6 +149,39 @@ func freePorts(t testing.TB, n int) []int {
 	return ports
 }
 
+// slurmConfBase is what the private clusters' slurm.conf files share:
+// root daemons, munge on its socket in dir, state, spool, pid and log
+// files in dir (each node's named by node, Slurm's "%n", where node is
+// given), and the plugins a test machine can run.
+func slurmConfBase(dir, node string) string {
+	spool, file := "", ""
+	if node != "" {
+		spool, file = "/"+node, "."+node
+	}
+	return fmt.Sprintf(`SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=%[1]s/munge/munge.sock
+CredType=cred/munge
+StateSaveLocation=%[1]s/state
+SlurmdSpoolDir=%[1]s/spool%[2]s
+SlurmctldPidFile=%[1]s/slurmctld.pid
+SlurmdPidFile=%[1]s/slurmd%[3]s.pid
+SlurmctldLogFile=%[1]s/slurmctld.log
+SlurmdLogFile=%[1]s/slurmd%[3]s.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+ReturnToService=2
+`, dir, spool, file)
+}
+
 // StartSlurm starts a private single-node Slurm and returns once its node
 // is idle; it is stopped when the test ends.
 func StartSlurm(t testing.TB, o SlurmOptions) *slurmCluster {
@@ -199,33 +232,12 @@ func StartSlurm(t testing.TB, o SlurmOptions) *slurmCluster {
 SlurmctldHost=localhost
 SlurmctldPort=%d
 SlurmdPort=%d
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=%[4]s/munge/munge.sock
-CredType=cred/munge
-StateSaveLocation=%[4]s/state
-SlurmdSpoolDir=%[4]s/spool
-SlurmctldPidFile=%[4]s/slurmctld.pid
-SlurmdPidFile=%[4]s/slurmd.pid
-SlurmctldLogFile=%[4]s/slurmctld.log
-SlurmdLogFile=%[4]s/slurmd.log
-SlurmdDebug=debug2
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-SwitchType=switch/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-GresTypes=gpu
-ReturnToService=2
+%[4]sSlurmdDebug=debug2
 SchedulerParameters=%[5]s
 PrologFlags=Alloc,Contain
 KillWait=5
 MinJobAge=2
-`, os.Getpid(), ports[0], ports[1], dir, cmp.Or(o.Scheduler, "sched_interval=1"))
+`, os.Getpid(), ports[0], ports[1], slurmConfBase(dir, ""), cmp.Or(o.Scheduler, "sched_interval=1"))
 	if o.Prolog != "" {
 		conf += "Prolog=" + o.Prolog + "\n"
 	}

@@ -101,28 +101,7 @@ func StartSlurmCluster(t testing.TB, o SlurmClusterOptions) *SlurmCluster {
 	conf := fmt.Sprintf(`ClusterName=npurun%d
 SlurmctldHost=localhost
 SlurmctldPort=%d
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=%[3]s/munge/munge.sock
-CredType=cred/munge
-StateSaveLocation=%[3]s/state
-SlurmdSpoolDir=%[3]s/spool/%%n
-SlurmctldPidFile=%[3]s/slurmctld.pid
-SlurmdPidFile=%[3]s/slurmd.%%n.pid
-SlurmctldLogFile=%[3]s/slurmctld.log
-SlurmdLogFile=%[3]s/slurmd.%%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-SwitchType=switch/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-GresTypes=gpu
-ReturnToService=2
-SchedulerParameters=sched_interval=1
+%[3]sSchedulerParameters=sched_interval=1
 PrologFlags=Alloc,Contain
 Prolog=%[4]s
 Epilog=%[5]s
@@ -131,7 +110,7 @@ MinJobAge=600
 SlurmdTimeout=6
 %[6]s
 %[7]sPartitionName=npu Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
-%[8]s`, os.Getpid(), ports[0], dir, prolog, epilog, o.Extra, nodes.String(), o.More)
+%[8]s`, os.Getpid(), ports[0], slurmConfBase(dir, "%n"), prolog, epilog, o.Extra, nodes.String(), o.More)
 	if err := os.WriteFile(c.Conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
