@@ -97,12 +97,8 @@ func (p *parser) cluster(raw map[string]any) Cluster {
 	case c.Shares != SharesShard && set:
 		p.errorf(table, "shard_mem", "applies to shares = %q only", SharesShard)
 	}
-	if v, ok := p.str(table, t, "slurm_bin"); ok {
-		if !strings.HasPrefix(v, "/") {
-			p.errorf(table, "slurm_bin", "must be an absolute path, not %q", v)
-		} else {
-			c.Bin = v
-		}
+	if v, ok := p.absPath(table, t, "slurm_bin"); ok {
+		c.Bin = v
 	}
 	if bt, ok := p.table(table, t, "boards"); ok {
 		btable := []string{"cluster", "boards"}

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"strings"
 	"time"
 )
 
@@ -56,11 +55,7 @@ func (p *parser) containers(raw map[string]any, c *Config) {
 			c.Containers.RestartWait = d
 		}
 	}
-	if s, ok := p.str(table, t, "state_dir"); ok {
-		if !strings.HasPrefix(s, "/") {
-			p.errorf(table, "state_dir", "must be an absolute path, not %q", s)
-		} else {
-			c.Containers.StateDir = s
-		}
+	if s, ok := p.absPath(table, t, "state_dir"); ok {
+		c.Containers.StateDir = s
 	}
 }

@@ -319,6 +319,17 @@ func (p *parser) str(table []string, t map[string]any, key string) (string, bool
 	return s, ok
 }
 
+// absPath is key's string, which must be an absolute path: a relative
+// one is an error, and not ok.
+func (p *parser) absPath(table []string, t map[string]any, key string) (string, bool) {
+	s, ok := p.str(table, t, key)
+	if ok && !filepath.IsAbs(s) {
+		p.errorf(table, key, "must be an absolute path, not %q", s)
+		return "", false
+	}
+	return s, ok
+}
+
 func (p *parser) integer(table []string, t map[string]any, key string, lowest int) (int, bool) {
 	v, ok := t[key]
 	if !ok {
@@ -573,12 +584,8 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 	tasks := []string{"tasks"}
 	if t, ok := p.table(nil, raw, "tasks"); ok {
 		p.unknown(tasks, t, "state_dir", "cpu_slots", "cpu_threads", "idle_priority", "max_tasks", "keep_ended", "keep_ended_per_user", "kill_grace", "time_limit", "max_time", "cgroup", "notify")
-		if s, ok := p.str(tasks, t, "state_dir"); ok {
-			if !strings.HasPrefix(s, "/") {
-				p.errorf(tasks, "state_dir", "must be an absolute path, not %q", s)
-			} else {
-				c.Tasks.StateDir = s
-			}
+		if s, ok := p.absPath(tasks, t, "state_dir"); ok {
+			c.Tasks.StateDir = s
 		}
 		if n, ok := p.integer(tasks, t, "cpu_slots", 0); ok {
 			c.Tasks.CPUSlots = n

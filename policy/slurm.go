@@ -141,12 +141,8 @@ func (p *parser) slurm(raw map[string]any, c *Config) Slurm {
 			}
 		}
 	}
-	if v, ok := p.str(table, t, "gres_conf"); ok {
-		if !strings.HasPrefix(v, "/") {
-			p.errorf(table, "gres_conf", "must be an absolute path, not %q", v)
-		} else {
-			s.GresConf = v
-		}
+	if v, ok := p.absPath(table, t, "gres_conf"); ok {
+		s.GresConf = v
 	}
 	if d, ok := p.duration(table, t, "poll_interval"); ok {
 		if d < MinSlurmPollInterval {
