@@ -27,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -243,8 +242,10 @@ func (s *Slurm) run(dir, name string, args ...string) ([]byte, error) {
 	switch {
 	case err == errTimedOut:
 		return nil, &Error{Command: name, Msg: "no answer within " + timeout.String(), Down: true}
+	case err == errTooLong:
+		return nil, &Error{Command: name, Msg: fmt.Sprintf("answered more than %d MiB", maxStdout>>20)}
 	case err != nil:
-		return nil, &Error{Command: name, Msg: err.Error(), Down: errors.Is(err, exec.ErrNotFound) || errors.Is(err, syscall.ENOENT)}
+		return nil, s.startError(name, err)
 	case ws.Exited() && ws.ExitStatus() == 0:
 		return stdout, nil
 	}

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"sync"
@@ -26,6 +27,9 @@ const maxStderr = 1 << 20
 // errTimedOut: the command did not end within its time and was killed.
 var errTimedOut = syscall.ETIMEDOUT
 
+// errTooLong: the command's output passed maxStdout; it was killed.
+var errTooLong = syscall.EFBIG
+
 // Process is a Slurm command started by Start.
 type Process struct {
 	Pid    int
@@ -36,8 +40,30 @@ type Process struct {
 // Start starts Slurm's command name with args in dir ("" for this
 // one's), files its standard input, output and error.
 func (s *Slurm) Start(dir, name string, files [3]uintptr, args ...string) (*Process, error) {
-	return start(s.Bin(name), append([]string{name}, args...), s.Env, dir, files)
+	p, err := start(s.Bin(name), append([]string{name}, args...), s.Env, dir, files)
+	if err != nil {
+		return nil, s.startError(name, err)
+	}
+	return p, nil
 }
+
+// startError is why Slurm's command name could not be started: where it
+// is not there, what to install or set (not a controller down: trying
+// again will not help).
+func (s *Slurm) startError(name string, err error) *Error {
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, syscall.ENOENT) {
+		where := "in PATH"
+		if s.Conf.Bin != "" {
+			where = "in " + s.Conf.Bin + " ([cluster] slurm_bin)"
+		}
+		return &Error{Command: name, Msg: "not found " + where + ": install Slurm's client commands (Debian: slurm-client)"}
+	}
+	return &Error{Command: name, Msg: err.Error()}
+}
+
+// maxStdout bounds what is read of a command's standard output (squeue
+// --json of Slurm's default MaxJobCount of 10,000 jobs is some 40 MiB).
+var maxStdout = 256 << 20 // a variable: tests shorten it
 
 func start(bin string, args, env []string, dir string, files [3]uintptr) (*Process, error) {
 	path := bin
@@ -129,6 +155,13 @@ func output(bin string, args, env []string, dir string, timeout time.Duration) (
 		}
 		if n <= 0 || rerr != nil {
 			break
+		}
+		if len(stdout)+n > maxStdout {
+			proc.Signal(sys.SIGKILL)
+			sys.Close(p[0])
+			proc.Wait()
+			timer.Stop()
+			return nil, nil, 0, errTooLong
 		}
 		stdout = append(stdout, buf[:n]...)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/npurun/npurun/policy"
 )
 
 // TestRun runs real commands standing for Slurm's: what they print, how
@@ -56,7 +58,32 @@ func TestRun(t *testing.T) {
 	}
 
 	s.Conf.Bin = filepath.Join(dir, "none")
-	if err := s.Cancel(1); !errors.Is(err, ErrUnavailable) {
-		t.Errorf("Cancel with no scancel = %v, want unavailable", err)
+	// Not there: no controller down (trying again will not help), but
+	// what to install.
+	if err := s.Cancel(1); err == nil || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "scancel: not found in ") {
+		t.Errorf("Cancel with no scancel = %v, want not found, not unavailable", err)
+	}
+}
+
+// TestCommandMissingOrTooLong: a Slurm command that is not there is said
+// to be missing, with what to install, and is no controller down; one
+// whose answer passes the bound is killed and its answer refused.
+func TestCommandMissingOrTooLong(t *testing.T) {
+	dir := t.TempDir()
+	s := &Slurm{Conf: policy.Cluster{Scheduler: "slurm", Bin: dir}}
+	_, _, err := s.Submit(&Request{N: 1}, "", "true")
+	if err == nil || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "sbatch: not found in "+dir+" ([cluster] slurm_bin): install Slurm's client commands") {
+		t.Errorf("sbatch missing: %v (unavailable: %v)", err, errors.Is(err, ErrUnavailable))
+	}
+	if _, err := s.Start("", "srun", [3]uintptr{0, 1, 2}); err == nil || !strings.Contains(err.Error(), "srun: not found in "+dir) {
+		t.Errorf("srun missing: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "squeue"), []byte("#!/bin/sh\nexec head -c 5000000 /dev/zero\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer func(was int) { maxStdout = was }(maxStdout)
+	maxStdout = 1 << 20
+	if _, err := s.Jobs(); err == nil || !strings.Contains(err.Error(), "squeue: answered more than 1 MiB") {
+		t.Errorf("squeue answering 5 MB: %v", err)
 	}
 }

@@ -152,7 +152,7 @@ func runSrun(args []string) int {
 	proc, err := s.Start("", "srun", [3]uintptr{0, 1, uintptr(ep[1])}, sargs...)
 	unix.Close(ep[1])
 	if err != nil {
-		npurunWarn("srun: %v", err)
+		npurunWarn("%v", err)
 		return exitcode.TempFail
 	}
 	progress := &srunProgress{s: s, show: !o.quiet && (o.verbose || isTerminal(2)), stop: make(chan struct{})}
