@@ -130,6 +130,12 @@ type Server struct {
 
 	stateClaim *os.File // held for the broker's life: no other broker replays this spool
 
+	// limits are the timers of the leases with time limits (timelimit.go),
+	// stopped when the lease ends: a timer of a century is not kept for a
+	// lease gone a second after its start.
+	limitsMu sync.Mutex
+	limits   map[*lease.Lease]*time.Timer
+
 	mu         sync.Mutex
 	places     []lease.Place // the line, as the last progress report read it (reused)
 	conns      int
@@ -164,6 +170,7 @@ func New(o Options) (*Server, error) {
 		unread:        map[uint32]int{},
 		leaseWaits:    map[uint32]int{},
 		byPlaceholder: map[uint32]*conn{},
+		limits:        map[*lease.Lease]*time.Timer{},
 		cfgPath:       o.ConfigPath,
 		healthWake:    make(chan struct{}, 1),
 		utilWake:      make(chan struct{}, 1),
@@ -327,6 +334,7 @@ func (o *tableOwner) Released(l *lease.Lease, id int, at time.Time, last bool) {
 	o.status.Ended(l, id, at)
 	if last {
 		o.ender.Released(l) // its follow ends
+		(*Server)(o).stopTimeLimit(l)
 	}
 	if o.slurm != nil {
 		o.slurm.Released(l, id, last)

@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log"
@@ -16,8 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/internal/testfs"
-	"github.com/npurun/npurun/npu"
-	"github.com/npurun/npurun/policy"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -54,14 +51,6 @@ func TestRoomsLockOrder(t *testing.T) {
 	})
 	defer watchdog.Stop()
 	confText := fmt.Sprintf("[devices]\nvendor = \"fake\"\nids = \"0-%d\"\n[tasks]\ncpu_slots = 1\n", devices-1)
-	confFile := filepath.Join(t.TempDir(), "npurun.conf")
-	if err := os.WriteFile(confFile, []byte(confText), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := policy.Load(confFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The supervisor program, beside the broker's executable as a build
 	// directory has it.
 	bin := t.TempDir()
@@ -70,29 +59,7 @@ func TestRoomsLockOrder(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the supervisor: %v\n%s", err, out)
 	}
-	inv, err := npu.Discover(npu.Vendor(cfg.Vendor), cfg.IDs, cfg.DevDir, cfg.NPUSmi)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := t.TempDir()
-	sock := filepath.Join(run, "broker.sock")
-	ln, err := Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Options{Config: cfg, ConfigPath: confFile, Inventory: inv, RunDir: run, StateDir: filepath.Join(run, "spool"),
-		Socket: sock, Cgroup: "off", Self: filepath.Join(bin, "npubroker"), Log: failLog(t)})
-	if err != nil {
-		ln.Close()
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		stop()
-		<-served
-	})
+	s, sock, confFile := startServer(t, confText, bin)
 
 	marks := t.TempDir()
 	done := make(chan struct{})

@@ -34,9 +34,11 @@ func (s *Server) timeLimit(req *wire.Request) *wire.Reply {
 }
 
 // armTimeLimit ends lease l, granted on c with a time limit of d, once d
-// has passed since its start.
+// has passed since its start. The timer is stopped at the lease's end
+// (stopTimeLimit), an end before it was kept included.
 func (s *Server) armTimeLimit(l *lease.Lease, d time.Duration) {
-	time.AfterFunc(time.Until(l.Since.Add(d)), func() {
+	timer := time.AfterFunc(time.Until(l.Since.Add(d)), func() {
+		s.stopTimeLimit(l)
 		held := s.table.HeldBy(l)
 		if len(held) == 0 {
 			return // ended meanwhile
@@ -45,4 +47,28 @@ func (s *Server) armTimeLimit(l *lease.Lease, d time.Duration) {
 		s.log.Print(why)
 		s.ender.End(held, why)
 	})
+	s.limitsMu.Lock()
+	s.limits[l] = timer
+	s.limitsMu.Unlock()
+	if len(s.table.HeldBy(l)) == 0 {
+		s.stopTimeLimit(l) // it ended before its timer was kept
+	}
+}
+
+// stopTimeLimit stops lease l's time limit, if it has one.
+func (s *Server) stopTimeLimit(l *lease.Lease) {
+	s.limitsMu.Lock()
+	timer := s.limits[l]
+	delete(s.limits, l)
+	s.limitsMu.Unlock()
+	if timer != nil {
+		timer.Stop()
+	}
+}
+
+// timeLimits is how many leases have a time limit armed (for tests).
+func (s *Server) timeLimits() int {
+	s.limitsMu.Lock()
+	defer s.limitsMu.Unlock()
+	return len(s.limits)
 }
