@@ -72,6 +72,10 @@ const (
 	DefaultMaxTasks  = 100000
 	DefaultKeepEnded = 10000
 	DefaultKillGrace = 10 * time.Second
+	// MaxKillGrace bounds kill_grace: a day between SIGTERM and SIGKILL
+	// is more than any command takes to end, and a limit plus it stays
+	// far from a duration's range.
+	MaxKillGrace = 24 * time.Hour
 	// DefaultMaxQueued caps one user's waiting tasks unless the policy
 	// says otherwise (max_queued_tasks = 0 lifts it).
 	DefaultMaxQueued = 1000
@@ -610,7 +614,11 @@ func (p *parser) config(raw map[string]any, keys []toml.Key) *Config {
 			c.Tasks.KeepEndedPer = n
 		}
 		if d, ok := p.duration(tasks, t, "kill_grace"); ok {
-			c.Tasks.KillGrace = d
+			if d > MaxKillGrace {
+				p.errorf(tasks, "kill_grace", "must be at most %s, not %s", quantity.Duration(MaxKillGrace), quantity.Duration(d))
+			} else {
+				c.Tasks.KillGrace = d
+			}
 		}
 		if d, ok := p.duration(tasks, t, "time_limit"); ok {
 			c.Tasks.TimeLimit = d

@@ -485,6 +485,10 @@ max_queued_tasks = 0
 	if err == nil || err.Error() != wantErr {
 		t.Errorf("bad [tasks]: got\n%v\nwant\n%s", err, wantErr)
 	}
+	_, err = Parse("npurun.conf", []byte("[tasks]\nkill_grace = \"2d\"\n"))
+	if err == nil || err.Error() != "npurun.conf:2: [tasks] kill_grace: must be at most 1d, not 2d" {
+		t.Errorf("kill_grace of two days: %v", err)
+	}
 }
 
 func TestParseIDs(t *testing.T) {

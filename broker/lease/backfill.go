@@ -91,7 +91,7 @@ func (e *estimator) next(w *Waiter, blocked bool) int64 {
 	})
 	start, end := e.c[w.N-1].at, int64(never)
 	if start != never && w.Holder.Limit > 0 {
-		end = start + int64(w.Holder.Limit)
+		end = until(start, w.Holder.Limit)
 	}
 	if start != never {
 		by := w.N

@@ -247,3 +247,19 @@ func simulateLine(seed uint64) (int, error) {
 	}
 	return backfills, nil
 }
+
+// TestUntilSaturates: an end a century's limit after another's, chained
+// on one device, stays at never rather than wrap round to the past.
+func TestUntilSaturates(t *testing.T) {
+	now := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC).UnixNano()
+	century := 100 * 365 * 24 * time.Hour
+	if got := until(now, century); got != now+int64(century) {
+		t.Errorf("until(now, a century) = %d", got)
+	}
+	if got := until(until(until(now, century), century), century); got != never {
+		t.Errorf("three centuries chained = %d, want never", got)
+	}
+	if got := until(never, time.Second); got != never {
+		t.Errorf("until(never, 1s) = %d, want never", got)
+	}
+}

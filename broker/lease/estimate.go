@@ -10,6 +10,16 @@ import (
 // drained.
 const never = math.MaxInt64
 
+// until is d after at (Unix nanoseconds), never where that passes an
+// int64's range: ends chained on one device (a waiter of a century's
+// limit after another's) add up.
+func until(at int64, d time.Duration) int64 {
+	if at == never || d > 0 && at > never-int64(d) {
+		return never
+	}
+	return at + int64(d)
+}
+
 // Estimate reckons when each waiter of line, in service order, starts at
 // the latest, as Slurm's backfill reckons a pending job's start from the
 // time limits of the jobs that run and of those ahead of it: free[id] is
