@@ -22,7 +22,6 @@
 package cluster
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,6 +33,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/npurun/npurun/internal/clusterconf"
 	"github.com/npurun/npurun/policy"
 )
 
@@ -744,30 +744,14 @@ func ShellJoin(argv []string) string {
 	return strings.Join(words, " ")
 }
 
-// ConfigPath is the npurun.conf a client reads for [cluster]:
-// $NPURUN_CONF, else /etc/npurun/npurun.conf.
-func ConfigPath() string {
-	if p := os.Getenv("NPURUN_CONF"); p != "" {
-		return p
-	}
-	return "/etc/npurun/npurun.conf"
-}
-
 // Load is the Slurm of the configuration at path when it has a [cluster]
 // table; nil, nil when it has none, there is no file or the caller may
 // not read it (work goes to this machine's broker). A file that cannot be
 // read for another reason, or does not parse, is an error.
 func Load(path string) (*Slurm, error) {
-	data, err := os.ReadFile(path)
-	switch {
-	case errors.Is(err, os.ErrNotExist), errors.Is(err, os.ErrPermission):
-		// No file, or a box's that only its broker may read: work goes
-		// to this machine's broker, as npurun's check says (shim).
-		return nil, nil
-	case err != nil:
-		return nil, fmt.Errorf("read config: %w", err)
-	case !bytes.Contains(data, []byte("[cluster]")):
-		return nil, nil // the common case, without parsing
+	data, has, err := clusterconf.Read(path) // the test npurun makes (shim)
+	if err != nil || !has {
+		return nil, err // no [cluster], the common case, without parsing
 	}
 	c, err := policy.Parse(path, data)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/internal/clusterconf"
 	"github.com/npurun/npurun/internal/exitcode"
 )
 
@@ -21,51 +22,16 @@ import (
 // sets it to $(BINDIR)/task-submit).
 var InstalledTaskSubmit = "/usr/bin/task-submit"
 
-// clusterConfig is the npurun.conf that may send work to a cluster:
-// $NPURUN_CONF, else /etc/npurun/npurun.conf.
-func clusterConfig() string {
-	if p := os.Getenv("NPURUN_CONF"); p != "" {
-		return p
-	}
-	return "/etc/npurun/npurun.conf"
-}
-
-// maxConfig bounds what is read of the configuration here.
-const maxConfig = 1 << 20
-
 // loginNode tells whether this machine's configuration sends npurun's
-// work to a cluster's scheduler: a line "[cluster]" in it. Inside a Slurm
-// job (SLURM_JOB_ID) it never does: a nested npurun is the job's.
+// work to a cluster's scheduler (clusterconf: the test task-submit makes
+// too). Inside a Slurm job (SLURM_JOB_ID) it never does: a nested npurun
+// is the job's.
 func loginNode() bool {
 	if os.Getenv("SLURM_JOB_ID") != "" {
 		return false
 	}
-	fd, err := unix.Open(clusterConfig(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false
-	}
-	defer unix.Close(fd)
-	buf := make([]byte, 64<<10)
-	var data []byte
-	for len(data) < maxConfig {
-		n, err := unix.Read(fd, buf)
-		if n <= 0 || err != nil {
-			break
-		}
-		data = append(data, buf[:n]...)
-	}
-	for len(data) > 0 {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
-		if string(bytes.TrimSpace(line)) == "[cluster]" {
-			return true
-		}
-	}
-	return false
+	_, has, _ := clusterconf.Read(clusterconf.Path())
+	return has
 }
 
 // runCluster becomes task-submit __npurun with o and argv.
@@ -79,7 +45,7 @@ func runCluster(o Options, argv []string) int {
 	path := beside("task-submit", InstalledTaskSubmit)
 	err := unix.Exec(path, args, os.Environ())
 	warn("%s: %v", path, err)
-	hint("on a login node ([cluster] in %s) npurun runs its command through task-submit: install task-submit", clusterConfig())
+	hint("on a login node ([cluster] in %s) npurun runs its command through task-submit: install task-submit", clusterconf.Path())
 	if err == unix.ENOENT {
 		return exitcode.NotFound
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/npurun/npurun/board/fetch"
 	"github.com/npurun/npurun/cluster"
+	"github.com/npurun/npurun/internal/clusterconf"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/wire"
@@ -94,13 +95,13 @@ type ClusterUserSummary struct {
 
 // clusterStatus is status --cluster.
 func clusterStatus(env Env, asJSON bool) int {
-	s, err := cluster.Load(cluster.ConfigPath())
+	s, err := cluster.Load(clusterconf.Path())
 	switch {
 	case err != nil:
 		fmt.Fprintf(env.Stderr, "npubroker: %v\n", err)
 		return exitcode.Failure
 	case s == nil:
-		fmt.Fprintf(env.Stderr, "npubroker: status --cluster: no [cluster] in %s\n", cluster.ConfigPath())
+		fmt.Fprintf(env.Stderr, "npubroker: status --cluster: no [cluster] in %s\n", clusterconf.Path())
 		fmt.Fprintf(env.Stderr, "npubroker: hint: a login node's npurun.conf names its scheduler: [cluster] scheduler = \"slurm\"\n")
 		return exitcode.Usage
 	}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/cluster"
+	"github.com/npurun/npurun/internal/clusterconf"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/npu"
@@ -32,7 +33,7 @@ var clusterPollInterval = time.Second
 // loginCluster is the cluster of this node's configuration, or nil; a
 // configuration that does not parse is reported, with its exit status.
 func loginCluster() (*cluster.Slurm, int) {
-	s, err := cluster.Load(cluster.ConfigPath())
+	s, err := cluster.Load(clusterconf.Path())
 	if err != nil {
 		warn("%v", err)
 		return nil, exitcode.Failure

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/npurun/npurun/cluster"
+	"github.com/npurun/npurun/internal/clusterconf"
 	"github.com/npurun/npurun/internal/exitcode"
 	"github.com/npurun/npurun/internal/quantity"
 	"github.com/npurun/npurun/wire"
@@ -112,7 +113,7 @@ func runSrun(args []string) int {
 	s, code := loginCluster()
 	if s == nil {
 		if code == 0 {
-			npurunWarn("no [cluster] in %s", cluster.ConfigPath())
+			npurunWarn("no [cluster] in %s", clusterconf.Path())
 			code = exitcode.Usage
 		}
 		return code
