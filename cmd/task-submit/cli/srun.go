@@ -1,7 +1,7 @@
 package cli
 
 import (
-	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -226,22 +226,69 @@ type srunProgress struct {
 
 	mu      sync.Mutex
 	job     uint64
+	watched bool // a watch of the job's place runs
 	granted bool
 	refusal bool // srun said it could not get the job an allocation
 	cancel  bool
 }
 
+// srunStderr is where the command's standard error goes on (a variable:
+// tests read it).
+var srunStderr io.Writer = os.Stderr
+
+// srunLineMax bounds the start of a line relay holds back while it may
+// be srun's own.
+const srunLineMax = 64 << 10
+
+// relay reads srun's standard error until it closes. A whole line goes to
+// line; the start of a line that cannot be srun's ("srun: …") goes on at
+// once, and the rest of that line as it comes: a command's progress
+// bar, redrawn with \r and no newline, is seen as it is drawn.
 func (p *srunProgress) relay(r io.Reader) {
-	br := bufio.NewReaderSize(r, 64<<10)
+	buf := make([]byte, 32<<10)
+	var pend []byte // a line begun that may be srun's
+	mid := false    // a line of the command's goes on as it comes, to its newline
 	for {
-		line, err := br.ReadString('\n')
-		if line != "" {
-			p.line(line)
+		n, err := r.Read(buf)
+		data := buf[:max(n, 0)]
+		for len(data) > 0 {
+			i := bytes.IndexByte(data, '\n')
+			switch {
+			case mid:
+				end := len(data)
+				if i >= 0 {
+					end = i + 1
+				}
+				srunStderr.Write(data[:end])
+				data, mid = data[end:], i < 0
+			case i >= 0:
+				line := string(pend) + string(data[:i+1])
+				pend, data = pend[:0], data[i+1:]
+				p.line(line)
+			default:
+				pend, data = append(pend, data...), nil
+				if !mayBeSrun(pend) || len(pend) >= srunLineMax {
+					srunStderr.Write(pend)
+					pend, mid = pend[:0], true
+				}
+			}
 		}
 		if err != nil {
+			if len(pend) > 0 {
+				p.line(string(pend))
+			}
 			return
 		}
 	}
+}
+
+// mayBeSrun tells whether b may begin a line of srun's own.
+func mayBeSrun(b []byte) bool {
+	const prefix = "srun: "
+	if len(b) < len(prefix) {
+		return prefix[:len(b)] == string(b)
+	}
+	return string(b[:len(prefix)]) == prefix
 }
 
 func (p *srunProgress) line(line string) {
@@ -250,11 +297,15 @@ func (p *srunProgress) line(line string) {
 		p.mu.Lock()
 		p.job = id
 		cancel := p.cancel
+		watch := p.show && !p.watched // the place in line is asked of Slurm only to be shown, once
+		p.watched = p.watched || watch
 		p.mu.Unlock()
 		if cancel {
 			p.s.Cancel(id)
 		}
-		go p.watch(id)
+		if watch {
+			go p.watch(id)
+		}
 		return
 	}
 	if m := srunGranted(line); m != "" {
@@ -274,7 +325,7 @@ func (p *srunProgress) line(line string) {
 		p.refusal = true
 		p.mu.Unlock()
 	}
-	os.Stderr.WriteString(line)
+	io.WriteString(srunStderr, line)
 }
 
 // watch says the job's place in Slurm's line while it waits, when it
