@@ -208,12 +208,14 @@ func (b *backfill) fits(id int, lim time.Duration) bool {
 // head will not need (then it may end after that start).
 func (b *backfill) fill(w *Waiter, got []int) ([]int, *Waiter, int64, bool) {
 	lim := w.Holder.Limit
-	if lim <= 0 {
+	if lim <= 0 || b.open == 0 {
+		// No limit, or no reserved device left that is not taken whole
+		// (shares too need one): nothing to fill with, nothing allocated.
 		return nil, nil, 0, false
 	}
 	out := slices.Clone(got)
 	var extra []int
-	used := map[*Waiter]int{} // of the heads' extra devices
+	var used map[*Waiter]int // of the heads' extra devices, made at the first
 	usable := func(id int, beside bool) bool {
 		if id < 0 || id >= len(b.by) || slices.Contains(out, id) || b.by[id] == nil || b.at[id] == never || b.whole[id] {
 			return false
@@ -234,6 +236,9 @@ func (b *backfill) fill(w *Waiter, got []int) ([]int, *Waiter, int64, bool) {
 		extra = append(extra, id)
 		out = append(out, id)
 		if beside {
+			if used == nil {
+				used = map[*Waiter]int{}
+			}
 			used[b.by[id]]++
 		}
 	}
