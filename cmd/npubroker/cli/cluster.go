@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,13 +205,7 @@ func ReadClusterBoard(s *cluster.Slurm, now time.Time, timeout time.Duration) (*
 		}
 		return a.Place - c.Place
 	})
-	for _, name := range slices.Sorted(func(yield func(string) bool) {
-		for k := range users {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, name := range slices.Sorted(maps.Keys(users)) {
 		b.Users = append(b.Users, *users[name])
 	}
 	return b, nil
@@ -222,15 +217,23 @@ type boardAnswer struct {
 	err error
 }
 
-// askBoards asks every node's npuboard for its /api/status at once; each
-// answer comes on the node's channel, within timeout.
+// maxBoardAsks bounds the boards asked at once (each answer may be
+// fetch.DefaultMax).
+const maxBoardAsks = 32
+
+// askBoards asks every node's npuboard for its /api/status, at most
+// maxBoardAsks at once; each answer comes on the node's channel, each
+// within timeout of its asking.
 func askBoards(urls map[string]string, timeout time.Duration) map[string]chan boardAnswer {
 	out := make(map[string]chan boardAnswer, len(urls))
 	client := fetch.Client(timeout)
+	asks := make(chan struct{}, maxBoardAsks)
 	for node, url := range urls {
 		ch := make(chan boardAnswer, 1)
 		out[node] = ch
 		go func() {
+			asks <- struct{}{}
+			defer func() { <-asks }()
 			var b wire.Board
 			err := fetch.JSON(client, url+"/api/status", timeout, fetch.DefaultMax, &b)
 			if err == nil && (b.Time == 0 || b.Devices == nil) {
