@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -67,7 +68,7 @@ var maxStdout = 256 << 20 // a variable: tests shorten it
 
 func start(bin string, args, env []string, dir string, files [3]uintptr) (*Process, error) {
 	path := bin
-	if !containsSlash(bin) {
+	if !strings.Contains(bin, "/") {
 		var err error
 		if path, err = exec.LookPath(bin); err != nil {
 			return nil, err
@@ -179,13 +180,4 @@ func output(bin string, args, env []string, dir string, timeout time.Duration) (
 		return stdout, stderr, ws, errTimedOut
 	}
 	return stdout, stderr, ws, nil
-}
-
-func containsSlash(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == '/' {
-			return true
-		}
-	}
-	return false
 }
