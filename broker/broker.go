@@ -277,8 +277,9 @@ func New(o Options) (*Server, error) {
 // followAdopted follows, at start, each lease taken up from before it
 // that a process tree holds (an npurun's, a login's, a container's, one
 // found with no record), as grantLocked follows those it grants: it ends
-// once its holders are gone, whatever became of its descriptors. A task's
-// ends with the task, a Slurm job's with the job.
+// once its holders are gone, whatever became of its descriptors, or at
+// its time limit (the accounting log keeps it). A task's ends with the
+// task, a Slurm job's with the job.
 func (s *Server) followAdopted() {
 	var done []*lease.Lease
 	for _, d := range s.table.Snapshot().Devices {
@@ -290,6 +291,9 @@ func (s *Server) followAdopted() {
 			switch l.Kind {
 			case lease.Inline, lease.Login, lease.Container, lease.Found:
 				s.ender.Follow(l)
+				if l.Limit > 0 { // npurun --time: its limit runs on (a task's is its supervisor's)
+					s.armTimeLimit(l, max(l.Limit-s.policy().Tasks.KillGrace, 0))
+				}
 			}
 		}
 	}

@@ -404,7 +404,7 @@ func (g *Ledger) endLocked(e *entry, id int, now time.Time) {
 func (e *entry) record(ev string) usageRec {
 	r := usageRec{T: e.Since.UnixMilli(), Ev: ev, Lease: e.ID, Kind: e.kind(), User: e.User, UID: e.UID, Pool: e.Pool,
 		Devices: e.Devices, Task: e.Task, PID: e.pid, PIDStart: e.pidStart, Service: e.Service, TTY: e.TTY, RHost: e.RHost, Claimed: e.Claimed,
-		SlurmJob: e.SlurmJob, Container: e.container, Mem: e.Mem, Share: e.Share, Backfill: backfillInfo(e.Lease)}
+		SlurmJob: e.SlurmJob, Container: e.container, Mem: e.Mem, Share: e.Share, Backfill: backfillInfo(e.Lease), LimitMS: e.Limit.Milliseconds()}
 	for _, f := range e.files {
 		r.FSDev = f.Dev
 		r.Inodes = append(r.Inodes, f.Ino)
@@ -563,9 +563,7 @@ func (g *Ledger) adoptLeases(open map[uint64]*openLease, held map[int]fileid.ID,
 		l := adopted[ol.rec.Lease]
 		if l == nil {
 			r := ol.rec
-			l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true,
-				Holder: lease.Holder{Kind: lease.Kind(r.Kind), UID: r.UID, User: r.User, PID: r.PID, PIDStart: r.PIDStart, Task: r.Task,
-					Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob, Container: r.Container}}
+			l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true, Holder: r.holder()}
 			adopted[r.Lease] = l
 			order = append(order, l)
 		}

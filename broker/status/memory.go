@@ -237,9 +237,7 @@ func (g *Ledger) adoptShares(byFile map[fileid.ID]*openLease, a Adopter) {
 			if ol := byFile[fid]; ol != nil && ol.held[id] {
 				r := ol.rec
 				l = &lease.Lease{ID: r.Lease, Pool: r.Pool, Since: time.UnixMilli(r.T), Adopted: true, Devices: []int{id}, Files: []fileid.ID{fid},
-					Mem: found.Mem, Share: r.Share,
-					Holder: lease.Holder{Kind: lease.Kind(r.Kind), UID: r.UID, User: r.User, PID: r.PID, PIDStart: r.PIDStart, Task: r.Task,
-						Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob, Container: r.Container}}
+					Mem: found.Mem, Share: r.Share, Holder: r.holder()}
 				if err := a.AdoptShare(found, l); err != nil {
 					g.log.Print(err) // it ended meanwhile: its end is found's, below
 					l = found

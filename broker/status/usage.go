@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/npurun/npurun/broker/lease"
 	"github.com/npurun/npurun/wire"
 )
 
@@ -58,6 +59,14 @@ const (
 	endReclaimed = "reclaimed"
 )
 
+// holder is the holder of the lease that start record r names, as a
+// broker started after it takes the lease up.
+func (r *usageRec) holder() lease.Holder {
+	return lease.Holder{Kind: lease.Kind(r.Kind), UID: r.UID, User: r.User, PID: r.PID, PIDStart: r.PIDStart, Task: r.Task,
+		Service: r.Service, TTY: r.TTY, RHost: r.RHost, Claimed: r.Claimed, SlurmJob: r.SlurmJob, Container: r.Container,
+		Limit: time.Duration(r.LimitMS) * time.Millisecond}
+}
+
 // usageRec is one line of the accounting log.
 type usageRec struct {
 	T     int64  `json:"t"`     // Unix ms: a start's (and open's) start, an end's end
@@ -91,6 +100,9 @@ type usageRec struct {
 	// that had reserved some of its devices, and its limit ends it before
 	// that one's estimated start.
 	Backfill *wire.Backfill `json:"backfill,omitempty"`
+	// LimitMS: its holder's limit (npurun --time and [tasks] kill_grace),
+	// which a broker started after takes up with the lease
+	LimitMS int64 `json:"limit_ms,omitempty"`
 
 	// start, open, kind ("kind": the lease is a container's from T on,
 	// Kind and Container its new kind and container)

@@ -53,6 +53,30 @@ func TestNpurunTime(t *testing.T) {
 	}
 }
 
+// TestNpurunTimeAfterRestart: an npurun --time lease outlives a broker
+// killed with SIGKILL, and the broker started after it takes up its time
+// limit with it (the accounting log keeps it): the command gets SIGTERM
+// once its time has passed since its grant, not never.
+func TestNpurunTimeAfterRestart(t *testing.T) {
+	harness.NeedRoot(t)
+	b := harness.StartBroker(t, harness.TaskConfig(1))
+	cmd := exec.Command("sh", "-c", `"$NPURUN" --time 4s -- sh -c 'echo granted; exec sleep 60'; echo "status $?"`)
+	cmd.Env = append(b.Env(), "NPURUN="+b.Bin.Npurun)
+	t0 := time.Now()
+	p := harness.StartProc(t, "npurun --time 4s", cmd)
+	p.WaitLine("granted")
+	b.FlushAccounting(t)
+	b.Kill()
+	b.Start()
+	p.WaitLine("status 143")
+	if took := time.Since(t0); took < 4*time.Second || took > 15*time.Second {
+		t.Errorf("the command ended %s after its start, not about its 4s limit", took.Round(time.Millisecond))
+	}
+	if log := b.Log(); !strings.Contains(log, "time limit 4s reached") {
+		t.Errorf("the broker started after does not say it ended the lease at its limit:\n%s", log)
+	}
+}
+
 // TestBackfillWithLimit: three devices; task X holds npu2 with --time 15s; task H
 // wants all three, reserves npu0 and npu1, and starts by X's end (its
 // estimate: X's start, its limit and kill_grace, 1s). Task B (--time 3s)
