@@ -704,28 +704,34 @@ func parseNodes(out []byte) []Node {
 }
 
 // Place is a waiting job's place in its partition's line: 1 for the
-// next, by priority then id; 0 where it does not wait.
-func Place(jobs []Job, id uint64) int {
-	var me *Job
+// next, by priority then id (held jobs behind none); 0 where it does not
+// wait.
+func Place(jobs []Job, id uint64) int { return Places(jobs)[id] }
+
+// Places are the waiting jobs' places (Place), all at once: each
+// partition's line sorted once.
+func Places(jobs []Job) map[uint64]int {
+	ahead := func(a, b *Job) bool { return a.Priority > b.Priority || a.Priority == b.Priority && a.ID < b.ID }
+	lines := map[string][]*Job{} // each partition's waiting jobs that are not held, first first
 	for i := range jobs {
-		if jobs[i].ID == id {
-			me = &jobs[i]
+		if j := &jobs[i]; j.State == StatePending && !j.Held {
+			lines[j.Partition] = append(lines[j.Partition], j)
 		}
 	}
-	if me == nil || me.State != StatePending {
-		return 0
+	for _, line := range lines {
+		sort.Slice(line, func(a, b int) bool { return ahead(line[a], line[b]) })
 	}
-	place := 1
+	places := map[uint64]int{}
 	for i := range jobs {
-		j := &jobs[i]
-		if j.ID == id || j.State != StatePending || j.Held || j.Partition != me.Partition {
+		me := &jobs[i]
+		if me.State != StatePending {
 			continue
 		}
-		if j.Priority > me.Priority || j.Priority == me.Priority && j.ID < me.ID {
-			place++
-		}
+		line := lines[me.Partition]
+		n := sort.Search(len(line), func(k int) bool { return !ahead(line[k], me) || line[k] == me })
+		places[me.ID] = n + 1
 	}
-	return place
+	return places
 }
 
 // ShellJoin is argv as one command line for /bin/sh, each word quoted

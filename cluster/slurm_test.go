@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -160,5 +161,36 @@ func TestCommentWords(t *testing.T) {
 	}
 	if j := jobs[2]; j.Token != "" || j.Mem != 6144 || j.MemN != 1 || j.Command != "python npurun-x" {
 		t.Errorf("job 11 read as %+v", j)
+	}
+}
+
+// TestPlaces: each waiting job's place, sorted once per partition, is the
+// count of the jobs not held ahead of it in its partition's line, plus one.
+func TestPlaces(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	var jobs []Job
+	for id := range 400 {
+		st := StatePending
+		if r.IntN(4) == 0 {
+			st = StateRunning
+		}
+		jobs = append(jobs, Job{ID: uint64(id + 1), State: st, Held: r.IntN(5) == 0, Priority: int64(r.IntN(6)), Partition: []string{"a", "b"}[r.IntN(2)]})
+	}
+	places := Places(jobs)
+	for i := range jobs {
+		me := &jobs[i]
+		want := 0
+		if me.State == StatePending {
+			want = 1
+			for k := range jobs {
+				j := &jobs[k]
+				if j != me && j.State == StatePending && !j.Held && j.Partition == me.Partition && (j.Priority > me.Priority || j.Priority == me.Priority && j.ID < me.ID) {
+					want++
+				}
+			}
+		}
+		if places[me.ID] != want {
+			t.Fatalf("job %+v: place %d, want %d", *me, places[me.ID], want)
+		}
 	}
 }

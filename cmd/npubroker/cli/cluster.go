@@ -176,11 +176,12 @@ func ReadClusterBoard(s *cluster.Slurm, now time.Time, timeout time.Duration) (*
 		}
 		b.Nodes = append(b.Nodes, cn)
 	}
+	places := cluster.Places(jobs)
 	for i := range jobs {
 		j := &jobs[i]
 		switch {
 		case j.State == cluster.StatePending:
-			w := ClusterWaiting{Job: j.ID, User: j.User, Partition: j.Partition, Place: cluster.Place(jobs, j.ID), Devices: j.GRES,
+			w := ClusterWaiting{Job: j.ID, User: j.User, Partition: j.Partition, Place: places[j.ID], Devices: j.GRES,
 				Reason: j.Reason, Held: j.Held, Submitted: j.Submitted.UnixMilli(), Command: j.Command}
 			if st, ok := starts[j.ID]; ok && !st.At.IsZero() {
 				w.Start = st.At.UnixMilli()
